@@ -1,0 +1,8 @@
+"""Thin entry point: `python main.py ...` is the same as the `quant-workbench` command."""
+
+import sys
+
+from workbench.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Helpers shared by the CLI commands: model argument, JSON output, progress."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from ..progress import TextProgress, run
+
+
+def default_model_path() -> Path:
+    return Path(__file__).resolve().parents[2] / "resources" / "demo_model" / "model.safetensors"
+
+
+def add_model_arg(p) -> None:
+    p.add_argument("model", nargs="?", default=None,
+                   help="checkpoint file or folder (default: the bundled demo model)")
+
+
+def model_path(args) -> str:
+    return str(args.model) if args.model else str(default_model_path())
+
+
+def open_model_arg(args):
+    from ..loaders import open_model
+    return open_model(model_path(args))
+
+
+def json_safe(obj):
+    """Replace non-finite floats by None so the output is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if hasattr(obj, "item") and hasattr(obj, "dtype"):
+        return json_safe(obj.item())
+    return obj
+
+
+def print_json(obj) -> None:
+    json.dump(json_safe(obj), sys.stdout, indent=2, allow_nan=False)
+    sys.stdout.write("\n")
+
+
+def drive(job, quiet: bool = False):
+    """Run a progress job with a text bar on stderr."""
+    bar = TextProgress(enabled=None if not quiet else False)
+    try:
+        return run(job, bar)
+    finally:
+        bar.close()
+
+
+def add_scheme_or_plan(p) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--scheme", help="one scheme for every weight matrix (see `schemes`)")
+    g.add_argument("--plan", help="a plan JSON file (see `export --format plan`)")
+
+
+def plan_from_args(args):
+    from ..plan import Plan
+    if getattr(args, "plan", None):
+        return Plan.load(args.plan)
+    return Plan(default=args.scheme)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n}"

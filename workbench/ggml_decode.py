@@ -1,0 +1,24 @@
+"""Dequantize raw GGML block rows (from a GGUF file) to float32."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import WorkbenchError
+
+
+def dequantize_ggml_rows(raw: np.ndarray, type_name: str) -> np.ndarray:
+    """raw: uint8 (rows x bytes-per-row) of GGML blocks of type `type_name`."""
+    try:
+        from .schemes import get_scheme
+        scheme = get_scheme(type_name.lower())
+    except WorkbenchError:
+        scheme = None
+    if scheme is not None and hasattr(scheme, "dequantize_blocks"):
+        return scheme.dequantize_blocks(np.ascontiguousarray(raw))
+    import gguf
+    try:
+        qtype = gguf.GGMLQuantizationType[type_name]
+        return np.asarray(gguf.quants.dequantize(np.ascontiguousarray(raw), qtype), dtype=np.float32)
+    except (KeyError, NotImplementedError) as exc:
+        raise WorkbenchError(f"GGML type {type_name} cannot be dequantized") from exc

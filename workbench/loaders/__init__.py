@@ -1,0 +1,65 @@
+"""`open_model(path)`: open any supported checkpoint lazily (headers only)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import WorkbenchError
+from ..model import Model
+
+SAFETENSORS_MAGIC_HINT = b"{"
+TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def detect_format(path: Path) -> str:
+    if path.is_dir():
+        if list(path.glob("*.safetensors")) or list(path.glob("*.safetensors.index.json")):
+            return "safetensors"
+        if list(path.glob("*.gguf")):
+            return "gguf"
+        bins = [p for p in path.iterdir() if p.suffix in TORCH_SUFFIXES]
+        if bins:
+            return "pytorch"
+        raise WorkbenchError("folder has no model files (.safetensors, .gguf, .bin, .pt)",
+                             path=str(path))
+    name = path.name.lower()
+    if name.endswith(".safetensors") or name.endswith(".safetensors.index.json"):
+        return "safetensors"
+    if name.endswith(".gguf"):
+        return "gguf"
+    if name.endswith(TORCH_SUFFIXES):
+        return "pytorch"
+    # sniff the content
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read ({exc.strerror})", path=str(path)) from None
+    if head[:4] == b"GGUF":
+        return "gguf"
+    if head[:2] == b"PK" or head[:1] == b"\x80":
+        return "pytorch"
+    if len(head) >= 9 and head[8:9] == SAFETENSORS_MAGIC_HINT:
+        return "safetensors"
+    raise WorkbenchError("unrecognised model file (expected safetensors, GGUF or PyTorch)",
+                         path=str(path))
+
+
+def open_model(path: str | os.PathLike) -> Model:
+    """Open a checkpoint by path. Reads headers only; data is memory-mapped on demand."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise WorkbenchError("file not found", path=str(p))
+    fmt = detect_format(p)
+    if fmt == "safetensors":
+        from .safetensors_format import open_safetensors
+        return open_safetensors(p)
+    if fmt == "gguf":
+        from .gguf_format import open_gguf
+        target = p if p.is_file() else sorted(p.glob("*.gguf"))[0]
+        return open_gguf(target)
+    from .torch_format import open_torch
+    if p.is_dir():
+        p = sorted(q for q in p.iterdir() if q.suffix in TORCH_SUFFIXES)[0]
+    return open_torch(p)

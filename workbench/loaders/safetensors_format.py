@@ -1,0 +1,175 @@
+"""safetensors: a single file, a sharded checkpoint (index JSON) or a Hugging Face folder.
+
+The header is parsed here (8-byte little-endian length, then JSON) so it can be validated
+strictly and fuzzed; tensor data is memory-mapped on demand, one tensor at a time, so a
+model of any size opens in milliseconds and statistics run in bounded resident memory.
+Format: https://github.com/huggingface/safetensors (header rules: offsets relative to the
+end of the header, contiguous, non-overlapping, sizes = numel * itemsize).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..dtypes import STORAGE
+from ..errors import WorkbenchError
+from ..model import Model, TensorInfo
+
+MAX_HEADER = 100 * 1024 * 1024
+QUANT_META_KEY = "quant_workbench"
+
+
+def parse_header(buf: bytes, file_size: int, path: str = "") -> tuple[dict, dict, int]:
+    """Validate a safetensors header. Returns (entries, metadata, data_start).
+
+    `buf` holds at least the first 8 + header-length bytes of the file.
+    entries: name -> (dtype, shape tuple, begin, end) with offsets relative to data_start.
+    """
+    if len(buf) < 8 or file_size < 8:
+        raise WorkbenchError("truncated file: no safetensors header", path=path)
+    n = int.from_bytes(buf[:8], "little")
+    if n == 0 or n > MAX_HEADER:
+        raise WorkbenchError(f"not a safetensors file (header length {n} is invalid)", path=path)
+    if 8 + n > file_size:
+        raise WorkbenchError(f"truncated file: header says {n} bytes, file has {file_size - 8}",
+                             path=path)
+    raw = bytes(buf[8:8 + n])
+    if len(raw) < n:
+        raise WorkbenchError("truncated header", path=path)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise WorkbenchError(f"corrupt safetensors header ({type(exc).__name__})", path=path) from None
+    if not isinstance(header, dict):
+        raise WorkbenchError("corrupt safetensors header (not a JSON object)", path=path)
+    data_start = 8 + n
+    data_size = file_size - data_start
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise WorkbenchError("corrupt safetensors header (__metadata__ is not an object)", path=path)
+    entries = {}
+    spans = []
+    for name, e in header.items():
+        if not isinstance(e, dict):
+            raise WorkbenchError("header entry is not an object", path=path, tensor=name)
+        dtype, shape, offs = e.get("dtype"), e.get("shape"), e.get("data_offsets")
+        if not isinstance(dtype, str):
+            raise WorkbenchError("header entry has no dtype", path=path, tensor=name)
+        if dtype not in STORAGE:
+            raise WorkbenchError(f"unsupported dtype {dtype}", path=path, tensor=name)
+        if (not isinstance(shape, list)
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
+            raise WorkbenchError(f"invalid shape {shape!r}", path=path, tensor=name)
+        if (not isinstance(offs, list) or len(offs) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
+            raise WorkbenchError(f"invalid data_offsets {offs!r}", path=path, tensor=name)
+        begin, end = offs
+        expected = math.prod(shape) * STORAGE[dtype][1]
+        if begin < 0 or end < begin:
+            raise WorkbenchError(f"invalid data_offsets {offs}", path=path, tensor=name)
+        if end - begin != expected:
+            raise WorkbenchError(f"header says {end - begin} bytes but shape {shape} of {dtype} "
+                                 f"needs {expected}", path=path, tensor=name)
+        if end > data_size:
+            raise WorkbenchError(f"data ends at byte {end} but the file has only {data_size} data "
+                                 "bytes (truncated or lying header)", path=path, tensor=name)
+        entries[name] = (dtype, tuple(shape), begin, end)
+        if end > begin:
+            spans.append((begin, end, name))
+    spans.sort()
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise WorkbenchError(f"tensors '{n0}' and '{n1}' overlap in the file", path=path)
+    return entries, {str(k): str(v) for k, v in metadata.items()}, data_start
+
+
+class _File:
+    """One safetensors file: header parsed eagerly, data mapped per tensor on demand."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise WorkbenchError("file not found", path=self.path) from None
+        except OSError as exc:
+            raise WorkbenchError(f"cannot open ({exc.strerror})", path=self.path) from None
+        try:
+            size = os.fstat(fd).st_size
+            head = os.pread(fd, 8, 0)
+            n = int.from_bytes(head, "little") if len(head) == 8 else 0
+            buf = head + (os.pread(fd, min(n, MAX_HEADER), 8) if 0 < n <= MAX_HEADER else b"")
+        finally:
+            os.close(fd)
+        self.size = size
+        self.entries, self.metadata, self.data_start = parse_header(buf, size, self.path)
+
+    def raw(self, name: str) -> np.ndarray:
+        dtype, shape, begin, end = self.entries[name]
+        np_dtype = STORAGE[dtype][0]
+        n = math.prod(shape)
+        if n == 0:
+            return np.zeros(shape, dtype=np_dtype)
+        try:
+            # a memmap of just this tensor's bytes: unmapped when the array is released
+            return np.memmap(self.path, dtype=np_dtype, mode="r", offset=self.data_start + begin,
+                             shape=(n,)).reshape(shape)
+        except (OSError, ValueError) as exc:
+            raise WorkbenchError(f"cannot map tensor data ({exc})", path=self.path,
+                                 tensor=name) from None
+
+
+def _shard_files(path: Path) -> list[Path]:
+    """Files that make up the checkpoint at `path` (file, index JSON or folder)."""
+    if path.is_dir():
+        idx = sorted(path.glob("*.safetensors.index.json"))
+        if idx:
+            return _shard_files(idx[0])
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise WorkbenchError("folder has no .safetensors files", path=str(path))
+        return files
+    if path.name.endswith(".index.json"):
+        try:
+            index = json.loads(path.read_text(encoding="utf-8"))
+            weight_map = index["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except FileNotFoundError:
+            raise WorkbenchError("file not found", path=str(path)) from None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise WorkbenchError(f"malformed safetensors index ({type(exc).__name__}: {exc})",
+                                 path=str(path)) from None
+        return [path.parent / s for s in shards]
+    return [path]
+
+
+def open_safetensors(path: str | os.PathLike) -> Model:
+    root = Path(path)
+    files = [_File(p) for p in _shard_files(root)]
+    owner: dict[str, _File] = {}
+    tensors: dict[str, TensorInfo] = {}
+    metadata: dict = {}
+    for f in files:
+        metadata.update(f.metadata)
+        for name, (dtype, shape, begin, end) in f.entries.items():
+            if name in owner:
+                raise WorkbenchError(f"tensor appears in two shards ({owner[name].path})",
+                                     path=f.path, tensor=name)
+            owner[name] = f
+            tensors[name] = TensorInfo(name, shape, dtype, end - begin, f.path)
+
+    if QUANT_META_KEY in metadata:
+        from ..export.quantized_safetensors import open_quantized
+        return open_quantized(str(root), files, tensors, owner, metadata)
+
+    def raw(name: str) -> np.ndarray:
+        info = tensors[name]
+        return owner[name].raw(name).reshape(info.matrix_shape)
+
+    return Model(str(root), "safetensors", tensors, raw, metadata)

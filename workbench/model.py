@@ -1,0 +1,149 @@
+"""The tensor catalog of an opened checkpoint: lazy, header-only until data is asked for."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from . import catalog
+from .dtypes import decode_rows, is_float
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What the catalog knows about a tensor without reading its data."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str          # F32, BF16, ... or a GGML type name such as Q4_K
+    nbytes: int         # bytes on disk
+    file: str = ""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def rows(self) -> int:
+        """Output channels: dim 0 (1 for 0-d/1-d tensors)."""
+        return self.shape[0] if self.ndim >= 2 else 1
+
+    @property
+    def cols(self) -> int:
+        """Input dimension: product of all dims after the first."""
+        if self.ndim >= 2:
+            return math.prod(self.shape[1:])
+        return self.shape[0] if self.ndim == 1 else 1
+
+    @property
+    def matrix_shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    @property
+    def is_float(self) -> bool:
+        return is_float(self.dtype)
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.nbytes / self.numel if self.numel else 0.0
+
+    @property
+    def role(self) -> str:
+        return catalog.infer_role(self.name, self.ndim)
+
+    @property
+    def block(self) -> int | None:
+        return catalog.block_index(self.name)
+
+    @property
+    def group(self) -> str:
+        return catalog.group_of(self.name, self.role)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+                "params": self.numel, "bytes": self.nbytes, "block": self.block,
+                "role": self.role}
+
+
+@dataclass
+class Model:
+    """An opened checkpoint.
+
+    Subclass-free: each loader builds a Model from the infos and a `raw` callable that
+    returns the tensor's storage as a 2-D array (rows x storage items per row), usually a
+    memory-mapped view. :func:`workbench.dtypes.decode_rows` turns row chunks of it into
+    float32, so a tensor can be streamed in bounded memory.
+    """
+
+    path: str
+    format: str
+    tensors: dict[str, TensorInfo]
+    _raw: Callable[[str], np.ndarray]
+    metadata: dict = field(default_factory=dict)
+    _closer: Callable[[], None] | None = None
+    source: object = None  # the loader's own handle (e.g. a GGUFReader), for exporters
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def names(self) -> list[str]:
+        return list(self.tensors)
+
+    def info(self, name: str) -> TensorInfo:
+        from .errors import WorkbenchError
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise WorkbenchError("no such tensor in this model", path=self.path, tensor=name) from None
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's storage as a 2-D array (rows x storage items), memory-mapped."""
+        self.info(name)
+        return self._raw(name)
+
+    def read_matrix(self, name: str) -> np.ndarray:
+        """The tensor as a float32 2-D (output channels x inputs) array."""
+        info = self.info(name)
+        return decode_rows(self._raw(name), info)
+
+    def read(self, name: str) -> np.ndarray:
+        """The whole tensor as float32 in its original shape."""
+        return self.read_matrix(name).reshape(self.info(name).shape)
+
+    def iter_rows(self, name: str, max_elements: int = 1 << 22) -> Iterator[tuple[int, np.ndarray]]:
+        """Stream a tensor as float32 row chunks of at most ~max_elements: (row_start, chunk)."""
+        info = self.info(name)
+        rows, cols = info.matrix_shape
+        raw = self._raw(name)
+        step = max(1, max_elements // max(cols, 1))
+        for r0 in range(0, rows, step):
+            yield r0, decode_rows(raw[r0:r0 + step], info)
+
+    @property
+    def total_params(self) -> int:
+        return sum(t.numel for t in self.tensors.values())
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    def close(self) -> None:
+        if self._closer is not None:
+            self._closer()
+            self._closer = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,195 @@
+"""Mixed-precision plans: versioned data that survive JSON (DESIGN.md example 4).
+
+A plan maps every tensor to a scheme by ordered rules:
+  1. an exact tensor name,
+  2. then ``re:`` patterns in order (first match wins, ``re.search`` semantics),
+  3. then the default — except that 1-D / 0-D tensors and non-float tensors default to
+     ``keep`` (stored unchanged in their own dtype).
+
+JSON form (version 1)::
+
+    {"format": "quant-workbench-plan", "version": 1,
+     "default": "int8-channel",
+     "rules": [{"match": "model.embed_tokens.weight", "scheme": "fp16"},
+               {"match": "re:\\.mlp\\.down_proj\\.", "scheme": "int8-channel"}]}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .atomic import write_text_atomic
+from .errors import WorkbenchError
+
+PLAN_FORMAT = "quant-workbench-plan"
+PLAN_VERSION = 1
+KEEP = "keep"
+
+
+@dataclass(frozen=True)
+class Rule:
+    match: str
+    scheme: str
+
+    @property
+    def is_regex(self) -> bool:
+        return self.match.startswith("re:")
+
+    def to_dict(self) -> dict:
+        return {"match": self.match, "scheme": self.scheme}
+
+
+def _check_scheme(name: str, where: str, path=None) -> str:
+    if name == KEEP:
+        return name
+    from .schemes import get_scheme
+    try:
+        return get_scheme(name).name
+    except WorkbenchError:
+        raise WorkbenchError(f"{where}: unknown scheme '{name}'", path=path) from None
+
+
+@dataclass
+class Plan:
+    default: str = "int8-channel"
+    rules: list[Rule] = field(default_factory=list)
+    version: int = PLAN_VERSION
+
+    def __post_init__(self):
+        self.default = _check_scheme(self.default, "default")
+        self.rules = [r if isinstance(r, Rule) else Rule(**r) for r in self.rules]
+        for r in self.rules:
+            self._validate_rule(r)
+        self._compiled = None
+
+    @staticmethod
+    def _validate_rule(rule: Rule, path=None) -> None:
+        _check_scheme(rule.scheme, f"rule '{rule.match}'", path)
+        if rule.is_regex:
+            try:
+                re.compile(rule.match[3:])
+            except re.error as exc:
+                raise WorkbenchError(f"rule '{rule.match}': bad regular expression ({exc})",
+                                     path=path) from None
+
+    # ---- resolution ---------------------------------------------------------------------
+    def _index(self):
+        if self._compiled is None:
+            exact = {}
+            regex = []
+            for r in self.rules:
+                if r.is_regex:
+                    regex.append((re.compile(r.match[3:]), r.scheme))
+                else:
+                    exact.setdefault(r.match, r.scheme)
+            self._compiled = (exact, regex)
+        return self._compiled
+
+    def scheme_for(self, name: str, ndim: int = 2, is_float: bool = True) -> str:
+        """The scheme name for a tensor (or ``keep``)."""
+        exact, regex = self._index()
+        if name in exact:
+            return exact[name]
+        for pat, scheme in regex:
+            if pat.search(name):
+                return scheme
+        if ndim < 2 or not is_float:
+            return KEEP
+        return self.default
+
+    def resolve(self, model) -> dict[str, str]:
+        """Scheme for every tensor of a model (non-float tensors are always kept)."""
+        out = {}
+        for info in model.tensors.values():
+            s = self.scheme_for(info.name, info.ndim, info.is_float)
+            out[info.name] = s if info.is_float else KEEP
+        return out
+
+    # ---- edits (return a new plan; commands in the GUI keep the old one for undo) -------
+    def with_assignments(self, assignments: dict[str, str]) -> "Plan":
+        """Exact-name assignments replacing any earlier exact rule for those names."""
+        keep = [r for r in self.rules if r.is_regex or r.match not in assignments]
+        new = [Rule(n, _check_scheme(s, f"tensor '{n}'")) for n, s in assignments.items()]
+        return Plan(self.default, keep + new, self.version)
+
+    def with_rule(self, match: str, scheme: str, index: int | None = None) -> "Plan":
+        rules = list(self.rules)
+        rule = Rule(match, scheme)
+        rules.insert(len(rules) if index is None else index, rule)
+        return Plan(self.default, rules, self.version)
+
+    def without_rule(self, index: int) -> "Plan":
+        rules = list(self.rules)
+        del rules[index]
+        return Plan(self.default, rules, self.version)
+
+    def with_default(self, scheme: str) -> "Plan":
+        return Plan(scheme, list(self.rules), self.version)
+
+    # ---- JSON ---------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"format": PLAN_FORMAT, "version": self.version, "default": self.default,
+                "rules": [r.to_dict() for r in self.rules]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data, path=None) -> "Plan":
+        if not isinstance(data, dict):
+            raise WorkbenchError("plan must be a JSON object", path=path)
+        if data.get("format", PLAN_FORMAT) != PLAN_FORMAT:
+            raise WorkbenchError(f"not a plan file (format is {data.get('format')!r})", path=path)
+        version = data.get("version")
+        if version != PLAN_VERSION:
+            raise WorkbenchError(f"unsupported plan version {version!r} (expected {PLAN_VERSION})",
+                                 path=path)
+        default = data.get("default", "int8-channel")
+        if not isinstance(default, str):
+            raise WorkbenchError("'default' must be a scheme name", path=path)
+        raw_rules = data.get("rules", [])
+        if not isinstance(raw_rules, list):
+            raise WorkbenchError("'rules' must be a list", path=path)
+        rules = []
+        for i, r in enumerate(raw_rules):
+            if not (isinstance(r, dict) and isinstance(r.get("match"), str)
+                    and isinstance(r.get("scheme"), str)):
+                raise WorkbenchError(f"rule {i} must be an object with string 'match' and 'scheme'",
+                                     path=path)
+            rule = Rule(r["match"], r["scheme"])
+            cls._validate_rule(rule, path)
+            rules.append(rule)
+        try:
+            default = _check_scheme(default, "default", path)
+        except WorkbenchError as exc:
+            raise WorkbenchError(str(exc)) from None
+        return cls(default, rules, version)
+
+    @classmethod
+    def from_json(cls, text: str, path=None) -> "Plan":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise WorkbenchError(f"malformed plan JSON ({exc.msg} at line {exc.lineno})",
+                                 path=path) from None
+        return cls.from_dict(data, path)
+
+    @classmethod
+    def load(cls, path) -> "Plan":
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise WorkbenchError("plan file not found", path=str(p)) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise WorkbenchError(f"cannot read plan ({exc})", path=str(p)) from None
+        return cls.from_json(text, str(p))
+
+    def save(self, path) -> None:
+        write_text_atomic(path, self.to_json())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Plan) and self.to_dict() == other.to_dict()

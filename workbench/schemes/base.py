@@ -1,0 +1,174 @@
+"""The scheme base class, the quantized-tensor container and the registry.
+
+One scheme = one small class, registered once (DESIGN.md example 1). A class that sets
+``name`` is one scheme; a class that implements ``names()`` and ``parse()`` is a family of
+parametric schemes (``int4-g128-asym@mse``). The GUI pickers, the CLI's ``--scheme``
+choices and the test matrix all come from :func:`list_schemes`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import ClassVar
+
+import numpy as np
+
+from ..errors import WorkbenchError
+
+
+@dataclass
+class QuantizedTensor:
+    """A tensor in a scheme's real storage layout: its bytes are its real size."""
+
+    scheme: str
+    shape: tuple[int, ...]
+    arrays: dict[str, np.ndarray]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in self.arrays.values()))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def matrix_shape(self) -> tuple[int, int]:
+        return matrix_shape(self.shape)
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.nbytes / self.numel if self.numel else 0.0
+
+
+def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
+    """Rows = output channels (dim 0), cols = everything after. 0-d/1-d are one row."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) >= 2:
+        return shape[0], math.prod(shape[1:])
+    return 1, (shape[0] if shape else 1)
+
+
+class Scheme:
+    """Base of every scheme. Subclasses implement `_quantize` / `_dequantize` on 2-D data."""
+
+    name: ClassVar[str] = ""
+    #: a coarse precision class used for the tier board and sorting: 32, 16, 8, 6, 5, 4, 3, 2
+    nominal_bits: ClassVar[float] = 0
+    #: the input dimension (cols) must be a multiple of this (None: any length)
+    block_size: ClassVar[int | None] = None
+    #: float casts pass NaN/Inf through; quantizers refuse them
+    accepts_nonfinite: ClassVar[bool] = False
+
+    _fixed: ClassVar[dict[str, type]] = {}
+    _families: ClassVar[list[type]] = []
+
+    def __init_subclass__(cls, register: bool = True, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not register:
+            return
+        if "name" in cls.__dict__ and cls.__dict__["name"]:
+            if cls.name in Scheme._fixed:
+                raise RuntimeError(f"scheme {cls.name} registered twice")
+            Scheme._fixed[cls.name] = cls
+        elif "parse" in cls.__dict__:
+            Scheme._families.append(cls)
+
+    # ---- family protocol (parametric schemes override) -------------------------------
+    @classmethod
+    def names(cls) -> list[str]:
+        return [cls.name] if cls.name else []
+
+    @classmethod
+    def parse(cls, name: str) -> "Scheme | None":
+        return cls() if name == cls.name else None
+
+    # ---- sizes --------------------------------------------------------------------------
+    def nbytes(self, shape: tuple[int, ...]) -> int:
+        """Exact stored bytes of a tensor of this shape (codes + scales + zero points)."""
+        raise NotImplementedError
+
+    def bits_per_weight(self, shape: tuple[int, ...] | None = None) -> float:
+        """Exact bits per weight including scale overhead (for `shape`, or a 4096x4096 matrix)."""
+        shape = (4096, 4096) if shape is None else tuple(shape)
+        n = math.prod(shape)
+        return 8.0 * self.nbytes(shape) / n if n else 0.0
+
+    def ineligible_reason(self, shape: tuple[int, ...]) -> str | None:
+        """None when this scheme can take a tensor of `shape`, else why not."""
+        rows, cols = matrix_shape(shape)
+        if self.block_size and cols % self.block_size:
+            return (f"{self.name} needs the input dimension to be a multiple of "
+                    f"{self.block_size}, got {cols}")
+        return None
+
+    def can_take(self, shape: tuple[int, ...]) -> bool:
+        return self.ineligible_reason(shape) is None
+
+    # ---- the public API -----------------------------------------------------------------
+    def quantize(self, w: np.ndarray, *, tensor: str | None = None) -> QuantizedTensor:
+        w = np.asarray(w)
+        shape = tuple(int(s) for s in w.shape)
+        reason = self.ineligible_reason(shape)
+        if reason:
+            raise WorkbenchError(reason, tensor=tensor)
+        w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(matrix_shape(shape))
+        if not self.accepts_nonfinite and w2.size and not np.isfinite(w2).all():
+            bad = int(np.count_nonzero(~np.isfinite(w2)))
+            raise WorkbenchError(f"cannot quantize with {self.name}: {bad} NaN/Inf weight(s)",
+                                 tensor=tensor)
+        arrays = self._quantize(w2)
+        return QuantizedTensor(self.name, shape, arrays)
+
+    def dequantize(self, qt: QuantizedTensor) -> np.ndarray:
+        if qt.scheme != self.name:
+            raise WorkbenchError(f"tensor was quantized with {qt.scheme}, not {self.name}")
+        rows, cols = matrix_shape(qt.shape)
+        out = self._dequantize(qt.arrays, rows, cols)
+        return out.reshape(qt.shape)
+
+    def _quantize(self, w: np.ndarray) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def _dequantize(self, arrays: dict[str, np.ndarray], rows: int, cols: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<Scheme {self.name}>"
+
+
+def _import_all() -> None:
+    # importing the modules registers their classes
+    from . import floats, integer, codebook  # noqa: F401
+    try:
+        from . import ggml  # noqa: F401  (GGML block formats)
+    except ImportError:
+        pass
+
+
+@lru_cache(maxsize=None)
+def get_scheme(name: str) -> Scheme:
+    """The scheme called `name` (canonical or with explicit default suffixes)."""
+    _import_all()
+    key = str(name).strip().lower()
+    cls = Scheme._fixed.get(key)
+    if cls is not None:
+        return cls()
+    for fam in Scheme._families:
+        s = fam.parse(key)
+        if s is not None:
+            return s if s.name == key else get_scheme(s.name)
+    raise WorkbenchError(f"unknown scheme '{name}' (see `quant-workbench schemes`)")
+
+
+def list_schemes(variants: bool = False) -> list[str]:
+    """Canonical scheme names. With variants=True, also the @clip/@pot variants."""
+    _import_all()
+    names = list(Scheme._fixed)
+    for fam in Scheme._families:
+        names.extend(fam.names(variants=variants) if "variants" in fam.names.__code__.co_varnames
+                     else fam.names())
+    return names

@@ -1,0 +1,70 @@
+"""Codebook schemes: NF4 (QLoRA / bitsandbytes) and ternary, both in blocks of 64 along the input.
+
+nf4-g64:     4-bit codes into the 16-value NF4 codebook; one float32 absmax per block.
+             code = index of the nearest codebook value to w/absmax (ties to the lower index).
+ternary-g64: codes {-1, 0, +1} (stored as 2-bit code+1); one float16 scale per block,
+             scale = mean |w| of the block (BitNet b1.58 absmean); q = clip(rint(w/scale), -1, 1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Scheme, matrix_shape
+from .packing import pack_bits, packed_nbytes, unpack_bits
+
+NF4_CODEBOOK = np.array([
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0], dtype=np.float32)
+NF4_MIDPOINTS = ((NF4_CODEBOOK[1:] + NF4_CODEBOOK[:-1]) / 2).astype(np.float32)
+
+
+class NF4(Scheme):
+    name = "nf4-g64"
+    nominal_bits = 4
+    block_size = 64
+
+    def nbytes(self, shape) -> int:
+        r, c = matrix_shape(shape)
+        return packed_nbytes(r * c, 4) + 4 * (r * c // 64)
+
+    def _quantize(self, w):
+        b = w.reshape(-1, 64)
+        absmax = np.abs(b).max(axis=1).astype(np.float32) if b.size else np.zeros(0, np.float32)
+        with np.errstate(divide="ignore"):
+            inv = np.where(absmax > 0, np.float32(1.0) / absmax, np.float32(0.0)).astype(np.float32)
+        normed = b * inv[:, None]
+        codes = np.searchsorted(NF4_MIDPOINTS, normed, side="left").astype(np.uint8)
+        return {"codes": pack_bits(codes, 4), "absmax": absmax}
+
+    def _dequantize(self, arrays, rows, cols):
+        codes = unpack_bits(arrays["codes"], 4, rows * cols).reshape(-1, 64)
+        vals = NF4_CODEBOOK[codes] * arrays["absmax"].astype(np.float32)[:, None]
+        return vals.reshape(rows, cols)
+
+
+class Ternary(Scheme):
+    name = "ternary-g64"
+    nominal_bits = 1.58
+    block_size = 64
+
+    def nbytes(self, shape) -> int:
+        r, c = matrix_shape(shape)
+        return packed_nbytes(r * c, 2) + 2 * (r * c // 64)
+
+    def _quantize(self, w):
+        b = w.reshape(-1, 64)
+        scale = (np.abs(b).astype(np.float64).mean(axis=1) if b.size else np.zeros(0))
+        scale = np.minimum(scale, 65504.0).astype(np.float16)
+        s32 = scale.astype(np.float32)
+        with np.errstate(divide="ignore"):
+            inv = np.where(s32 > 0, np.float32(1.0) / s32, np.float32(0.0)).astype(np.float32)
+        q = np.clip(np.rint(b * inv[:, None]), -1, 1)
+        return {"codes": pack_bits((q + 1).astype(np.uint8), 2), "scales": scale}
+
+    def _dequantize(self, arrays, rows, cols):
+        codes = unpack_bits(arrays["codes"], 2, rows * cols).reshape(-1, 64)
+        q = codes.astype(np.float32) - np.float32(1.0)
+        return (q * arrays["scales"].astype(np.float32)[:, None]).reshape(rows, cols)

@@ -1,0 +1,114 @@
+"""Float schemes: keep/convert (fp32, fp16, bf16) and FP8 with a per-output-channel scale."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtypes import FP8_E4M3_TABLE, FP8_E5M2_TABLE, bf16_to_f32, f32_to_bf16
+from .base import Scheme, matrix_shape
+
+
+class _Cast(Scheme, register=False):
+    accepts_nonfinite = True
+    itemsize = 4
+
+    def nbytes(self, shape) -> int:
+        r, c = matrix_shape(shape)
+        return r * c * self.itemsize
+
+
+class FP32(_Cast):
+    name = "fp32"
+    nominal_bits = 32
+    itemsize = 4
+
+    def _quantize(self, w):
+        return {"data": w.astype(np.float32, copy=True)}
+
+    def _dequantize(self, arrays, rows, cols):
+        return arrays["data"].astype(np.float32).reshape(rows, cols)
+
+
+class FP16(_Cast):
+    name = "fp16"
+    nominal_bits = 16
+    itemsize = 2
+
+    def _quantize(self, w):
+        with np.errstate(over="ignore"):
+            return {"data": w.astype(np.float16)}
+
+    def _dequantize(self, arrays, rows, cols):
+        return arrays["data"].astype(np.float32).reshape(rows, cols)
+
+
+class BF16(_Cast):
+    name = "bf16"
+    nominal_bits = 16
+    itemsize = 2
+
+    def _quantize(self, w):
+        return {"data": f32_to_bf16(w)}
+
+    def _dequantize(self, arrays, rows, cols):
+        return bf16_to_f32(arrays["data"]).reshape(rows, cols)
+
+
+def _positive_grid(table: np.ndarray) -> np.ndarray:
+    """Finite non-negative values of an FP8 table, indexed by code 0..k (monotonic)."""
+    vals = table[:128]
+    k = int(np.argmax(~np.isfinite(vals))) if not np.isfinite(vals).all() else 128
+    return vals[:k].astype(np.float32)
+
+
+def round_to_fp8(x: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Round float32 to the nearest FP8 code (ties to even code), saturating at the max.
+
+    `grid` is the table of non-negative finite values by code. Returns uint8 codes with the
+    sign in bit 7.
+    """
+    a = np.abs(x).astype(np.float32)
+    idx = np.searchsorted(grid, a, side="left")            # grid[idx-1] < a <= grid[idx]
+    idx = np.clip(idx, 1, len(grid) - 1)
+    lo, hi = grid[idx - 1], grid[idx]
+    d_lo, d_hi = a - lo, hi - a
+    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & ((idx % 2) == 0))
+    code = np.where(pick_hi, idx, idx - 1).astype(np.uint8)
+    code = np.where(a >= grid[-1], len(grid) - 1, code).astype(np.uint8)
+    code[a == 0] = 0
+    return code | (np.signbit(x).astype(np.uint8) << 7)
+
+
+class _FP8(Scheme, register=False):
+    """FP8 codes with one float32 scale per output channel: scale = absmax / fp8_max."""
+
+    nominal_bits = 8
+    table: np.ndarray
+    fmax: float
+
+    def nbytes(self, shape) -> int:
+        r, c = matrix_shape(shape)
+        return r * c + 4 * r
+
+    def _quantize(self, w):
+        amax = np.abs(w).max(axis=1) if w.shape[1] else np.zeros(w.shape[0], np.float32)
+        scale = (amax / np.float32(self.fmax)).astype(np.float32)
+        safe = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
+        codes = round_to_fp8(w / safe[:, None], _positive_grid(self.table))
+        return {"codes": codes, "scales": scale}
+
+    def _dequantize(self, arrays, rows, cols):
+        vals = self.table[arrays["codes"].reshape(rows, cols)]
+        return (vals * arrays["scales"].astype(np.float32)[:, None]).astype(np.float32)
+
+
+class FP8E4M3(_FP8):
+    name = "fp8-e4m3"
+    table = FP8_E4M3_TABLE
+    fmax = 448.0
+
+
+class FP8E5M2(_FP8):
+    name = "fp8-e5m2"
+    table = FP8_E5M2_TABLE
+    fmax = 57344.0
