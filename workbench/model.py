@@ -21,6 +21,7 @@ class TensorInfo:
     dtype: str          # F32, BF16, ... or a GGML type name such as Q4_K
     nbytes: int         # bytes on disk
     file: str = ""
+    quant: str | None = None  # scheme of a tensor stored quantized (data decodes to float32)
 
     @property
     def numel(self) -> int:
@@ -66,8 +67,12 @@ class TensorInfo:
     def group(self) -> str:
         return catalog.group_of(self.name, self.role)
 
+    @property
+    def display_dtype(self) -> str:
+        return self.quant or self.dtype
+
     def to_dict(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.display_dtype,
                 "params": self.numel, "bytes": self.nbytes, "block": self.block,
                 "role": self.role}
 

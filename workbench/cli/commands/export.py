@@ -1,0 +1,31 @@
+"""`quant-workbench export [MODEL] (--scheme NAME | --plan PLAN.json) --format F -o OUT`."""
+
+from __future__ import annotations
+
+from ..common import add_model_arg, add_scheme_or_plan, drive, open_model_arg, plan_from_args, print_json
+
+
+def register(sub) -> None:
+    from ...export import list_exporters
+    formats = [e.name for e in list_exporters()]
+    help_lines = "; ".join(f"{e.name}: {e.description}" for e in list_exporters())
+    p = sub.add_parser("export", help="write the plan or the quantized weights",
+                       description=f"Formats — {help_lines}")
+    add_model_arg(p)
+    add_scheme_or_plan(p)
+    p.add_argument("--format", required=True, choices=formats)
+    p.add_argument("-o", "--output", required=True, help="output file")
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ...export import export
+    plan = plan_from_args(args)
+    model = open_model_arg(args)
+    info = drive(export(model, plan, args.format, args.output), quiet=args.json)
+    if args.json:
+        print_json(info)
+    else:
+        print(f"wrote {args.output} ({args.format})")
+    return 0

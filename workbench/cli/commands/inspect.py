@@ -1,0 +1,45 @@
+"""`quant-workbench inspect [MODEL] [--json]`: the tensor catalog with statistics."""
+
+from __future__ import annotations
+
+from ..common import add_model_arg, drive, fmt_bytes, open_model_arg, print_json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("inspect", help="list tensors with their statistics")
+    add_model_arg(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--arrays", action="store_true",
+                   help="with --json: include histograms and per-channel ranges")
+    p.add_argument("--no-stats", action="store_true", help="catalog only (headers, no data read)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ...stats import model_stats
+    model = open_model_arg(args)
+    stats = {} if args.no_stats else drive(model_stats(model), quiet=args.json)
+    rows = []
+    for info in model.tensors.values():
+        d = info.to_dict()
+        if info.name in stats:
+            d["stats"] = stats[info.name].to_dict(arrays=args.arrays)
+        rows.append(d)
+    if args.json:
+        print_json({"model": model.path, "format": model.format, "tensors": rows,
+                    "totals": {"tensors": len(rows), "params": model.total_params,
+                               "bytes": model.total_bytes}})
+        return 0
+    print(f"{model.path}  ({model.format}, {len(rows)} tensors, {model.total_params:,} params, "
+          f"{fmt_bytes(model.total_bytes)})")
+    print(f"{'name':<52} {'shape':<14} {'dtype':<7} {'role':<9} {'absmax':>9} {'std':>9} "
+          f"{'kurt':>7} {'outl%':>6} {'nan/inf':>7}")
+    for d in rows:
+        s = d.get("stats")
+        shape = "x".join(map(str, d["shape"])) or "scalar"
+        line = f"{d['name'][:52]:<52} {shape:<14} {d['dtype']:<7} {d['role']:<9}"
+        if s:
+            line += (f" {s['absmax']:>9.4g} {s['std']:>9.4g} {s['kurtosis']:>7.2f} "
+                     f"{100 * s['outlier_frac']:>6.3f} {s['nan'] + s['inf']:>7d}")
+        print(line)
+    return 0

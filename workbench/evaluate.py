@@ -1,0 +1,168 @@
+"""Error evaluation of a plan over a model: per-tensor metrics and model totals.
+
+`evaluate(model, plan)` is a job (generator with progress). `evaluate_tensor` does one
+tensor and is what the GUI calls after an edit; results are cached per
+(model, tensor, scheme) so re-assigning a scheme already measured is instant.
+Quantize / dequantize-and-measure go through the numba kernels when they are available
+(bit-identical to the numpy reference), else through the numpy reference.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import WorkbenchError
+from .metrics import ErrorSums, ModelTotals, TensorError, from_sums
+from .plan import KEEP
+from .progress import Progress
+from .schemes import get_scheme
+
+
+@dataclass
+class TensorResult:
+    name: str
+    scheme: str               # the scheme applied ("keep" when stored unchanged)
+    requested: str            # the scheme the plan asked for
+    shape: tuple
+    params: int
+    bytes_before: int
+    bytes: int
+    error: TensorError
+    note: str | None = None   # why the requested scheme was not applied
+    seconds: float = 0.0
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.bytes / self.params if self.params else 0.0
+
+    def to_dict(self) -> dict:
+        d = {"name": self.name, "scheme": self.scheme, "shape": list(self.shape),
+             "params": self.params, "bits_per_weight": self.bits_per_weight,
+             "bytes": self.bytes, **self.error.to_dict()}
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+@dataclass
+class Evaluation:
+    tensors: dict[str, TensorResult]
+    totals: ModelTotals
+
+    def to_dict(self) -> dict:
+        return {"tensors": [r.to_dict() for r in self.tensors.values()],
+                "totals": self.totals.to_dict()}
+
+
+def quantize(w: np.ndarray, scheme_name: str, tensor: str | None = None):
+    """QuantizedTensor of a matrix: the numba kernel when available, else the reference."""
+    scheme = get_scheme(scheme_name)
+    try:
+        import kernels
+        return kernels.quantize(scheme, w)
+    except (ImportError, AttributeError):
+        return scheme.quantize(w, tensor=tensor)
+    except WorkbenchError as exc:
+        raise WorkbenchError(str(exc).split(": ", 1)[-1], tensor=tensor) from None
+
+
+def quantize_measure(w: np.ndarray, scheme_name: str, tensor: str | None = None):
+    """(QuantizedTensor, ErrorSums) for a 2-D float32 matrix, kernels when available."""
+    scheme = get_scheme(scheme_name)
+    try:
+        import kernels
+        qt = kernels.quantize(scheme, w)
+        sums = kernels.dequant_error(w, qt)
+        return qt, sums
+    except (ImportError, AttributeError):
+        pass
+    except WorkbenchError as exc:
+        raise WorkbenchError(str(exc).split(": ", 1)[-1], tensor=tensor) from None
+    qt = scheme.quantize(w, tensor=tensor)
+    wq = scheme.dequantize(qt).reshape(w.shape)
+    return qt, ErrorSums.from_arrays(w, wq)
+
+
+class EvalCache:
+    def __init__(self):
+        self._data: dict[tuple, TensorResult] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            return self._data.get(key)
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._data[key] = value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+DEFAULT_EVAL_CACHE = EvalCache()
+
+
+def evaluate_tensor(model, name: str, scheme_name: str,
+                    cache: EvalCache | None = DEFAULT_EVAL_CACHE) -> TensorResult:
+    key = (model.path, name, scheme_name)
+    if cache is not None and (hit := cache.get(key)) is not None:
+        return hit
+    info = model.info(name)
+    t0 = time.perf_counter()
+    note = None
+    applied = scheme_name
+    if scheme_name != KEEP:
+        if not info.is_float:
+            applied, note = KEEP, f"{info.dtype} tensor is not quantized"
+        else:
+            reason = get_scheme(scheme_name).ineligible_reason(info.shape)
+            if reason:
+                applied, note = KEEP, reason
+    w = model.read_matrix(name)
+    if applied == KEEP:
+        if info.is_float:
+            finite = np.where(np.isfinite(w), w, 0)
+            sums = ErrorSums.zero(finite)
+        else:
+            sums = ErrorSums(info.numel, 0.0, 0.0, 0.0, 0.0, 0.0, np.zeros(info.rows),
+                             np.zeros(info.rows))
+        nbytes = info.nbytes
+    else:
+        qt, sums = quantize_measure(w, applied, tensor=name)
+        nbytes = qt.nbytes
+    res = TensorResult(name, applied, scheme_name, info.shape, info.numel, info.nbytes, nbytes,
+                       from_sums(sums), note, time.perf_counter() - t0)
+    if cache is not None:
+        cache.put(key, res)
+    return res
+
+
+def evaluate(model, plan, names=None, cache: EvalCache | None = DEFAULT_EVAL_CACHE):
+    """Job: evaluate `plan` on `model` (all tensors or `names`). Returns an Evaluation."""
+    assignment = plan.resolve(model)
+    names = list(model.tensors) if names is None else list(names)
+    total = sum(max(model.info(n).numel, 1) for n in names) or 1
+    done = 0
+    results: dict[str, TensorResult] = {}
+    totals = ModelTotals()
+    for n in names:
+        yield Progress(done, total, f"evaluating {n}")
+        r = evaluate_tensor(model, n, assignment[n], cache)
+        results[n] = r
+        totals.add(r.params, r.bytes_before, r.bytes, r.error.sig, r.error.sse)
+        done += max(model.info(n).numel, 1)
+    yield Progress(total, total, "done")
+    return Evaluation(results, totals)
+
+
+def totals_of(results) -> ModelTotals:
+    t = ModelTotals()
+    for r in results:
+        t.add(r.params, r.bytes_before, r.bytes, r.error.sig, r.error.sse)
+    return t

@@ -1,0 +1,128 @@
+"""Quantized safetensors: packed codes + scales per tensor, the scheme of each in metadata.
+
+Layout: a tensor `W` quantized with scheme S is stored as one safetensors tensor per storage
+array, named ``W::codes``, ``W::scales`` (and ``W::zeros`` ...), with exactly the bytes of
+``QuantizedTensor.arrays``. Kept tensors are stored unchanged under their own name.
+The header metadata key ``quant_workbench`` holds JSON::
+
+    {"version": 1, "plan": {...plan JSON...},
+     "tensors": {"W": {"scheme": "int4-g128", "shape": [4096, 4096], "dtype": "F32",
+                       "arrays": ["codes", "scales"]}, ...}}
+
+`open_model` recognises such a file and presents the original tensors, dequantized on
+demand with the registry's reference dequantize: exactly the reference result.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..errors import WorkbenchError
+from ..evaluate import quantize
+from ..model import Model, TensorInfo
+from ..plan import KEEP
+from ..progress import Progress
+from ..schemes import QuantizedTensor, get_scheme
+from . import register_exporter
+from .st_writer import StreamingSafetensorsWriter
+
+META_KEY = "quant_workbench"
+SEP = "::"
+
+
+@register_exporter("safetensors", ".safetensors",
+                   "quantized weights: packed codes + scales, scheme per tensor in metadata")
+def export_quantized_safetensors(model, plan, out_path):
+    assignment = plan.resolve(model)
+    names = list(model.tensors)
+    total = sum(max(model.info(n).numel, 1) for n in names) or 1
+    done = 0
+    index = {}
+    writer = StreamingSafetensorsWriter(out_path)
+    try:
+        for n in names:
+            info = model.info(n)
+            yield Progress(done, total, f"exporting {n}")
+            scheme = assignment[n]
+            if scheme != KEEP and get_scheme(scheme).ineligible_reason(info.shape):
+                scheme = KEEP
+            if scheme == KEEP:
+                raw = model.raw(n)
+                if info.quant or info.dtype not in ("F64", "F32", "F16", "BF16", "F8_E4M3",
+                                                    "F8_E5M2", "I64", "I32", "I16", "I8", "U64",
+                                                    "U32", "U16", "U8", "BOOL"):
+                    # e.g. a GGUF block type: store its float32 decoding
+                    writer.add(n, model.read(n).astype(np.float32))
+                else:
+                    writer.add(n, np.asarray(raw).reshape(info.shape), dtype=info.dtype)
+            else:
+                w = model.read_matrix(n)
+                qt = quantize(w, scheme, tensor=n)
+                for key, arr in qt.arrays.items():
+                    writer.add(f"{n}{SEP}{key}", arr)
+                index[n] = {"scheme": scheme, "shape": list(info.shape), "dtype": info.dtype,
+                            "arrays": list(qt.arrays)}
+            done += max(info.numel, 1)
+        writer.metadata[META_KEY] = json.dumps({"version": 1, "plan": plan.to_dict(),
+                                                "tensors": index})
+        yield Progress(total, total, "writing file")
+        writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    return {"path": str(out_path), "format": "safetensors", "quantized": len(index),
+            "tensors": len(names)}
+
+
+def open_quantized(path: str, files, tensors: dict, owner: dict, metadata: dict) -> Model:
+    """Present a quantized safetensors file as its original (dequantized) tensors."""
+    try:
+        meta = json.loads(metadata[META_KEY])
+        qindex = meta["tensors"]
+        if meta.get("version") != 1 or not isinstance(qindex, dict):
+            raise ValueError("unsupported version")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WorkbenchError(f"corrupt quant_workbench metadata ({exc})", path=path) from None
+    infos: dict[str, TensorInfo] = {}
+    storage: dict[str, tuple[str, list[str]]] = {}
+    claimed = set()
+    for name, entry in qindex.items():
+        try:
+            scheme = get_scheme(entry["scheme"])
+            arrays = [f"{name}{SEP}{k}" for k in entry["arrays"]]
+            shape = tuple(int(s) for s in entry["shape"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WorkbenchError(f"corrupt quant_workbench metadata ({exc})", path=path,
+                                 tensor=name) from None
+        missing = [a for a in arrays if a not in tensors]
+        if missing:
+            raise WorkbenchError(f"quantized tensor is missing its array {missing[0]}",
+                                 path=path, tensor=name)
+        nbytes = sum(tensors[a].nbytes for a in arrays)
+        infos[name] = TensorInfo(name, shape, "F32", nbytes, owner[arrays[0]].path,
+                                 quant=scheme.name)
+        storage[name] = (scheme.name, arrays)
+        claimed.update(arrays)
+    for name, info in tensors.items():
+        if name not in claimed:
+            infos[name] = info
+
+    def qtensor(name: str) -> QuantizedTensor:
+        scheme, arrays = storage[name]
+        data = {a.split(SEP)[-1]: np.array(owner[a].raw(a)) for a in arrays}
+        return QuantizedTensor(scheme, infos[name].shape, data)
+
+    def raw(name: str) -> np.ndarray:
+        info = infos[name]
+        if name in storage:
+            qt = qtensor(name)
+            return get_scheme(qt.scheme).dequantize(qt).reshape(info.matrix_shape)
+        return owner[name].raw(name).reshape(info.matrix_shape)
+
+    m = Model(path, "quantized-safetensors", infos, raw,
+              {k: v for k, v in metadata.items() if k != META_KEY})
+    m.source = qtensor
+    m.metadata["quant_workbench.plan"] = json.dumps(meta.get("plan"))
+    return m

@@ -1,0 +1,83 @@
+"""A streaming safetensors writer: tensors are written one at a time, never all held.
+
+The data section is streamed to a temporary file while the header is collected, then the
+final file (header + data) is assembled in a second temporary file and renamed over the
+target, so an existing file is never left half-written. The `safetensors` library's
+`save_file` needs every tensor in memory at once, which a multi-GB export cannot afford.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..atomic import atomic_write
+from ..dtypes import NUMPY_TO_ST
+from ..errors import WorkbenchError
+
+
+class StreamingSafetensorsWriter:
+    def __init__(self, path, metadata: dict[str, str] | None = None):
+        self.path = Path(path)
+        self.metadata = dict(metadata or {})
+        self.header: dict = {}
+        self.offset = 0
+        directory = self.path.parent if str(self.path.parent) else Path(".")
+        if not directory.is_dir():
+            raise WorkbenchError("output folder does not exist", path=str(self.path))
+        try:
+            fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".data",
+                                             dir=directory)
+        except OSError as exc:
+            raise WorkbenchError(f"cannot write here ({exc.strerror})", path=str(self.path)) from None
+        self._fh = os.fdopen(fd, "wb")
+
+    def add(self, name: str, array: np.ndarray, dtype: str | None = None) -> None:
+        """Append one tensor. `dtype` overrides the safetensors dtype (e.g. BF16 for uint16 bits)."""
+        if name in self.header:
+            raise WorkbenchError("duplicate tensor name in export", path=str(self.path), tensor=name)
+        arr = np.ascontiguousarray(array)
+        st = dtype or NUMPY_TO_ST.get(arr.dtype)
+        if st is None:
+            raise WorkbenchError(f"cannot store dtype {arr.dtype}", path=str(self.path), tensor=name)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        data = arr.tobytes()
+        try:
+            self._fh.write(data)
+        except OSError as exc:
+            self.abort()
+            raise WorkbenchError(f"write failed ({exc.strerror}); existing file left unchanged",
+                                 path=str(self.path)) from None
+        self.header[name] = {"dtype": st, "shape": list(arr.shape),
+                             "data_offsets": [self.offset, self.offset + len(data)]}
+        self.offset += len(data)
+
+    def finish(self) -> None:
+        try:
+            self._fh.close()
+            head = dict(self.header)
+            if self.metadata:
+                head["__metadata__"] = self.metadata
+            blob = json.dumps(head, separators=(",", ":")).encode("utf-8")
+            blob += b" " * ((-len(blob)) % 8)
+            with atomic_write(self.path, "wb") as out:
+                out.write(len(blob).to_bytes(8, "little"))
+                out.write(blob)
+                with open(self._tmp, "rb") as src:
+                    shutil.copyfileobj(src, out, 16 << 20)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        try:
+            if not self._fh.closed:
+                self._fh.close()
+        finally:
+            if os.path.exists(self._tmp):
+                os.unlink(self._tmp)

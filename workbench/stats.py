@@ -1,0 +1,236 @@
+"""Per-tensor statistics, streamed in bounded memory and cached per tensor.
+
+For every tensor: min, max, mean, std, absmax, (excess) kurtosis, NaN/Inf counts, the
+fraction of outliers (|w - mean| > 6 std), a histogram with a fixed bin count (with its
+edges) and per-output-channel min / max / absmax. NaN and Inf are counted and excluded from
+everything else. Rows are the output channels (dim 0); 0-d/1-d tensors are one row.
+
+Two passes over the data (range and moments, then histogram and central moments), run by
+numba kernels (kernels/stats_kernels.py) on row chunks of the memory-mapped storage, so a
+tensor is never fully converted to float32 in memory. :func:`reference_stats` is the plain
+numpy definition the kernels are tested against.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .progress import Progress
+
+BINS = 256
+OUTLIER_SIGMA = 6.0
+CHUNK_ELEMENTS = 1 << 23
+
+
+@dataclass
+class TensorStats:
+    name: str
+    count: int                      # finite values
+    nan: int
+    inf: int
+    min: float
+    max: float
+    mean: float
+    std: float
+    absmax: float
+    kurtosis: float                 # excess kurtosis (0 for a normal distribution)
+    outlier_frac: float
+    hist_counts: np.ndarray = field(repr=False)
+    hist_edges: np.ndarray = field(repr=False)
+    ch_min: np.ndarray = field(repr=False)
+    ch_max: np.ndarray = field(repr=False)
+    ch_absmax: np.ndarray = field(repr=False)
+
+    def to_dict(self, arrays: bool = False) -> dict:
+        d = {k: _num(getattr(self, k)) for k in ("count", "nan", "inf", "min", "max", "mean", "std",
+                                           "absmax", "kurtosis", "outlier_frac")}
+        if arrays:
+            d["histogram"] = {"counts": self.hist_counts.tolist(), "edges": self.hist_edges.tolist()}
+            d["channels"] = {"min": self.ch_min.tolist(), "max": self.ch_max.tolist(),
+                             "absmax": self.ch_absmax.tolist()}
+        return d
+
+
+def _num(v):
+    return int(v) if isinstance(v, (int, np.integer)) else float(v)
+
+
+def _storage_kind(raw: np.ndarray, dtype: str) -> tuple[np.ndarray, int]:
+    """(array the kernel reads, kind): kind 1 = bfloat16 bits, 0 = cast."""
+    if dtype == "BF16":
+        return raw, 1
+    if raw.dtype in (np.float32, np.float64, np.float16) or raw.dtype.kind in "iub":
+        if raw.dtype == np.float16 or raw.dtype == np.bool_:
+            return None, 0  # decode per chunk (numba has no float16)
+        return raw, 0
+    return None, 0
+
+
+def _chunks(model, name: str):
+    """Yield (row_start, 2-D array for the kernel, kind) in bounded chunks."""
+    info = model.info(name)
+    rows, cols = info.matrix_shape
+    raw = model.raw(name)
+    arr, kind = _storage_kind(raw, info.dtype)
+    step = max(1, CHUNK_ELEMENTS // max(cols, 1))
+    for r0 in range(0, rows, step):
+        if arr is not None:
+            yield r0, np.ascontiguousarray(arr[r0:r0 + step]), kind
+        else:
+            from .dtypes import decode_rows
+            yield r0, decode_rows(raw[r0:r0 + step], info), 0
+
+
+def tensor_stats(model, name: str, bins: int = BINS):
+    """Job: statistics of one tensor (yields Progress, returns TensorStats)."""
+    from kernels.stats_kernels import hist_central, row_moments
+    import numba
+
+    info = model.info(name)
+    rows, cols = info.matrix_shape
+    rmin = np.empty(rows, np.float64)
+    rmax = np.empty(rows, np.float64)
+    rabs = np.empty(rows, np.float64)
+    rsum = np.empty(rows, np.float64)
+    rsq = np.empty(rows, np.float64)
+    rnan = np.empty(rows, np.int64)
+    rinf = np.empty(rows, np.int64)
+    total_steps = 2 * rows
+    if info.numel:
+        for r0, chunk, kind in _chunks(model, name):
+            r1 = r0 + chunk.shape[0]
+            row_moments(chunk, kind, rmin[r0:r1], rmax[r0:r1], rabs[r0:r1], rsum[r0:r1],
+                        rsq[r0:r1], rnan[r0:r1], rinf[r0:r1])
+            yield Progress(r1, total_steps, name)
+    else:
+        rmin[:] = np.inf
+        rmax[:] = -np.inf
+        rabs[:] = -np.inf
+        rsum[:] = rsq[:] = 0
+        rnan[:] = rinf[:] = 0
+    nan, inf = int(rnan.sum()), int(rinf.sum())
+    count = info.numel - nan - inf
+    if count == 0:
+        return _empty_stats(name, rows, nan, inf, bins)
+    lo, hi = float(rmin.min()), float(rmax.max())
+    mean = float(rsum.sum()) / count
+    var_est = max(float(rsq.sum()) / count - mean * mean, 0.0)
+    thresh = OUTLIER_SIGMA * math.sqrt(var_est)
+    nthreads = numba.get_num_threads()
+    hist = np.zeros((nthreads, bins), np.int64)
+    moments = np.zeros(3, np.float64)
+    outliers = 0
+    for r0, chunk, kind in _chunks(model, name):
+        hist_t = np.zeros((nthreads, bins), np.int64)
+        mom_t = np.zeros((nthreads, 3), np.float64)
+        out_t = np.zeros(nthreads, np.int64)
+        hist_central(chunk, kind, lo, hi, mean, thresh, hist_t, mom_t, out_t)
+        hist += hist_t
+        moments += mom_t.sum(axis=0)
+        outliers += int(out_t.sum())
+        yield Progress(rows + r0 + chunk.shape[0], total_steps, name)
+    m2, m3, m4 = moments / count
+    std = math.sqrt(m2)
+    kurt = (m4 / (m2 * m2) - 3.0) if m2 > 0 else 0.0
+    edges = np.linspace(lo, hi, bins + 1) if hi > lo else np.linspace(lo - 0.5, hi + 0.5, bins + 1)
+    finite_rows = rmin <= rmax
+    ch_min = np.where(finite_rows, rmin, np.nan).astype(np.float32)
+    ch_max = np.where(finite_rows, rmax, np.nan).astype(np.float32)
+    ch_abs = np.where(finite_rows, rabs, np.nan).astype(np.float32)
+    return TensorStats(name, count, nan, inf, lo, hi, mean, std, max(abs(lo), abs(hi)), kurt,
+                       outliers / count, hist.sum(axis=0), edges, ch_min, ch_max, ch_abs)
+
+
+def _empty_stats(name, rows, nan, inf, bins) -> TensorStats:
+    nanv = float("nan")
+    return TensorStats(name, 0, nan, inf, nanv, nanv, nanv, nanv, nanv, nanv, 0.0,
+                       np.zeros(bins, np.int64), np.linspace(0, 1, bins + 1),
+                       np.full(rows, np.nan, np.float32), np.full(rows, np.nan, np.float32),
+                       np.full(rows, np.nan, np.float32))
+
+
+def reference_stats(w: np.ndarray, name: str = "", bins: int = BINS) -> TensorStats:
+    """The numpy definition of every statistic (used by tests; loads the whole tensor)."""
+    w = np.asarray(w, dtype=np.float64)
+    w2 = w.reshape(w.shape[0], -1) if w.ndim >= 2 else w.reshape(1, -1)
+    fin = np.isfinite(w2)
+    nan = int(np.isnan(w2).sum())
+    inf = int(np.isinf(w2).sum())
+    v = w2[fin]
+    if v.size == 0:
+        return _empty_stats(name, w2.shape[0], nan, inf, bins)
+    lo, hi = float(v.min()), float(v.max())
+    mean = float(v.mean())
+    d = v - mean
+    m2, m3, m4 = float((d ** 2).mean()), float((d ** 3).mean()), float((d ** 4).mean())
+    var_est = max(float((v * v).mean()) - mean * mean, 0.0)
+    outl = int((np.abs(d) > OUTLIER_SIGMA * math.sqrt(var_est)).sum())
+    edges = np.linspace(lo, hi, bins + 1) if hi > lo else np.linspace(lo - 0.5, hi + 0.5, bins + 1)
+    scale = bins / (hi - lo) if hi > lo else 0.0
+    idx = np.clip(((v - lo) * scale).astype(np.int64), 0, bins - 1)
+    counts = np.bincount(idx, minlength=bins)
+    masked_lo = np.where(fin, w2, np.inf).min(axis=1)
+    masked_hi = np.where(fin, w2, -np.inf).max(axis=1)
+    ok = masked_lo <= masked_hi
+    ch_min = np.where(ok, masked_lo, np.nan).astype(np.float32)
+    ch_max = np.where(ok, masked_hi, np.nan).astype(np.float32)
+    ch_abs = np.where(ok, np.maximum(np.abs(masked_lo), np.abs(masked_hi)), np.nan).astype(np.float32)
+    return TensorStats(name, int(v.size), nan, inf, lo, hi, mean, math.sqrt(m2),
+                       max(abs(lo), abs(hi)), m4 / (m2 * m2) - 3.0 if m2 > 0 else 0.0,
+                       outl / v.size, counts, edges, ch_min, ch_max, ch_abs)
+
+
+class StatsCache:
+    """Thread-safe per-tensor cache keyed by (model path, tensor name)."""
+
+    def __init__(self):
+        self._data: dict[tuple[str, str], TensorStats] = {}
+        self._lock = threading.Lock()
+
+    def get(self, model, name: str) -> TensorStats | None:
+        with self._lock:
+            return self._data.get((model.path, name))
+
+    def put(self, model, stats: TensorStats) -> None:
+        with self._lock:
+            self._data[(model.path, stats.name)] = stats
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+DEFAULT_CACHE = StatsCache()
+
+
+def model_stats(model, names=None, cache: StatsCache | None = DEFAULT_CACHE, bins: int = BINS):
+    """Job: statistics of many tensors (default: all), using and filling the cache.
+
+    Progress is measured in bytes so big tensors count for what they cost.
+    """
+    names = list(model.tensors) if names is None else list(names)
+    total = sum(max(model.info(n).nbytes, 1) for n in names) or 1
+    done = 0
+    out: dict[str, TensorStats] = {}
+    for n in names:
+        size = max(model.info(n).nbytes, 1)
+        st = cache.get(model, n) if cache is not None else None
+        if st is None:
+            job = tensor_stats(model, n, bins)
+            while True:
+                try:
+                    ev = next(job)
+                except StopIteration as stop:
+                    st = stop.value
+                    break
+                yield Progress(done + size * ev.fraction, total, f"statistics: {n}")
+            if cache is not None:
+                cache.put(model, st)
+        out[n] = st
+        done += size
+        yield Progress(done, total, f"statistics: {n}")
+    return out
