@@ -1,0 +1,164 @@
+"""The public entry points: dequantize, quantize, dequant_error, has_kernel, warmup.
+
+Every call picks a backend ("auto" | "cpu" | "cuda" | "numpy"), looks up the scheme's kernel
+spec (``spec.py``, by the scheme's attributes) and falls back to the numpy reference when no
+kernel covers the scheme. Results are bit-identical to the reference (tests/kernels).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import backend as _backend
+from .spec import spec_for
+
+
+def _scheme(s):
+    from workbench.schemes import get_scheme
+    return get_scheme(s) if isinstance(s, str) else s
+
+
+def has_kernel(scheme, op: str = "dequantize", backend: str = "cpu") -> bool:
+    """True when `op` ("dequantize" | "quantize" | "error") of `scheme` runs a fast kernel on
+    `backend` ("cpu" | "cuda"; "auto" = the backend auto picks), False when it uses numpy."""
+    b = _backend.backend_name() if backend == "auto" else backend
+    if b == "numpy":
+        return False
+    spec = spec_for(_scheme(scheme))
+    if spec is None:
+        return False
+    if op == "quantize":
+        if b == "cuda":
+            return spec.quant in ("int", "nf4", "fp8")
+        return spec.quant is not None
+    if op in ("dequantize", "error"):
+        return b in ("cpu", "cuda")
+    raise ValueError(f"unknown op {op!r}")
+
+
+def _out_array(out, shape, n):
+    if out is None:
+        return np.empty(shape, np.float32)
+    if out.dtype != np.float32 or out.size != n or not out.flags.c_contiguous:
+        raise ValueError("out must be a C-contiguous float32 array with one element per weight")
+    return out
+
+
+def dequantize(qt, backend: str = "auto", out: np.ndarray | None = None, device_array: bool = False):
+    """Dequantize a QuantizedTensor to float32 of its original shape.
+
+    backend: "auto" (CUDA when available, else CPU), "cpu", "cuda" or "numpy" (the reference).
+    out: an optional float32 array to write into (same number of elements).
+    device_array: with the CUDA backend, return the numba device array (no copy to the host).
+    """
+    from workbench.schemes.base import matrix_shape
+    scheme = _scheme(qt.scheme)
+    b = _backend.resolve(backend)
+    rows, cols = matrix_shape(qt.shape)
+    n = rows * cols
+    spec = spec_for(scheme)
+    if b == "numpy" or spec is None or n == 0:
+        res = scheme.dequantize(qt)
+        if out is not None:
+            o = _out_array(out, qt.shape, n)
+            o.reshape(res.shape)[...] = res
+            return o
+        if device_array and b == "cuda":
+            from numba import cuda
+            return cuda.to_device(np.ascontiguousarray(res))
+        return res
+    if b == "cuda":
+        from . import cuda_ops
+        dev = cuda_ops.dequantize(spec, qt, rows, cols)
+        if device_array:
+            return dev.reshape(qt.shape) if len(qt.shape) != 2 else dev
+        o = _out_array(out, qt.shape, n)
+        dev.copy_to_host(o.reshape(rows, cols))
+        return o.reshape(qt.shape) if out is None else o
+    o = _out_array(out, qt.shape, n)
+    from . import cpu_ops
+    cpu_ops.dequantize(spec, qt, o.reshape(rows, cols))
+    return o.reshape(qt.shape) if out is None else o
+
+
+def quantize(scheme, w: np.ndarray, backend: str = "auto", tensor: str | None = None):
+    """Quantize `w` with `scheme` (object or name): identical to ``scheme.quantize(w)``."""
+    from workbench.errors import WorkbenchError
+    from workbench.schemes.base import QuantizedTensor, matrix_shape
+    scheme = _scheme(scheme)
+    b = _backend.resolve(backend)
+    spec = spec_for(scheme)
+    w = np.asarray(w)
+    shape = tuple(int(s) for s in w.shape)
+    n = int(np.prod(shape)) if shape else 1
+    if (b == "numpy" or spec is None or spec.quant is None or n == 0
+            or (b == "cuda" and spec.quant not in ("int", "nf4", "fp8"))):
+        return scheme.quantize(w, tensor=tensor)
+    reason = scheme.ineligible_reason(shape)
+    if reason:
+        raise WorkbenchError(reason, tensor=tensor)
+    w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(matrix_shape(shape))
+    from . import cpu_ops
+    if not scheme.accepts_nonfinite:
+        bad = cpu_ops.count_nonfinite(w2)
+        if bad:
+            raise WorkbenchError(f"cannot quantize with {scheme.name}: {bad} NaN/Inf weight(s)",
+                                 tensor=tensor)
+    if b == "cuda":
+        from . import cuda_ops
+        arrays = cuda_ops.quantize(scheme, spec, w2)
+    else:
+        arrays = cpu_ops.quantize(scheme, spec, w2)
+    return QuantizedTensor(scheme.name, shape, arrays)
+
+
+def dequant_error(w: np.ndarray, qt, backend: str = "auto"):
+    """ErrorSums of `w` against the dequantized `qt`, in one pass, without writing the
+    dequantized tensor (float64 sums; max_abs_err exact)."""
+    from workbench.metrics import ErrorSums
+    from workbench.schemes.base import matrix_shape
+    scheme = _scheme(qt.scheme)
+    b = _backend.resolve(backend)
+    rows, cols = matrix_shape(qt.shape)
+    w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(rows, cols)
+    spec = spec_for(scheme)
+    if b == "numpy" or spec is None or rows * cols == 0:
+        return ErrorSums.from_arrays(w2, scheme.dequantize(qt).reshape(rows, cols))
+    if b == "cuda":
+        from . import cuda_ops
+        acc = cuda_ops.error_sums(spec, qt, w2)
+    else:
+        from . import cpu_ops
+        acc = cpu_ops.error_sums(spec, qt, w2)
+    return ErrorSums(n=rows * cols, sse=float(acc[:, 0].sum()), sig=float(acc[:, 1].sum()),
+                     deq=float(acc[:, 2].sum()), dot=float(acc[:, 3].sum()),
+                     max_abs_err=float(np.max(acc[:, 4])), ch_sse=acc[:, 0].copy(),
+                     ch_sig=acc[:, 1].copy())
+
+
+def warmup(schemes=None, backend: str = "auto") -> list[str]:
+    """Compile (or load from the on-disk cache) the kernels that `schemes` need, by running
+    each on a tiny tensor. Safe to call on a background thread. Returns the scheme names done."""
+    from workbench.schemes import get_scheme, list_schemes
+    b = _backend.resolve(backend)
+    if b == "numpy":
+        return []
+    names = list(schemes) if schemes is not None else list_schemes()
+    done, seen = [], set()
+    rng = np.random.default_rng(0)
+    for name in names:
+        scheme = _scheme(name)
+        spec = spec_for(scheme)
+        if spec is None:
+            continue
+        key = (spec.family, spec.quant, getattr(scheme, "clip", None))
+        cols = int(scheme.block_size or 1) * 2 if scheme.block_size else 64
+        cols = max(cols, 256) if spec.family == "ggml" else cols
+        w = rng.standard_normal((2, cols)).astype(np.float32)
+        if key not in seen:
+            qt = quantize(scheme, w, backend=b)
+            dequantize(qt, backend=b)
+            dequant_error(w, qt, backend=b)
+            seen.add(key)
+        done.append(scheme.name if hasattr(scheme, "name") else str(name))
+    return done

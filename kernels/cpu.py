@@ -1,0 +1,545 @@
+"""numba CPU kernels (``@njit(parallel=True, cache=True)``, parallel over rows).
+
+Few generic kernels rather than many specialisations (compile time is paid once per machine,
+the cache lives next to this file or in ``NUMBA_CACHE_DIR``):
+
+* ``affine_dequant`` / ``affine_error``   every packed-code family (int, NF4, ternary, FP8)
+* ``u16_dequant`` / ``u16_error``         fp16 / bf16 through a 65536-entry table
+* ``f32_copy`` / ``f32_error``            fp32
+* ``ggml_dequant`` / ``ggml_error``       GGML blocks; one block decoder per format
+* ``block_stats``, ``encode``             quantize: per-block ranges, then codes + packing
+* ``ggml_encode``                         Q4_0 / Q8_0 quantize
+
+Each ``*_row`` helper decodes one row into a float32 buffer; the ``*_error`` kernels decode a
+row into a small per-row scratch buffer and fold it into float64 sums at once, so the
+dequantized tensor is never written out.
+
+Arithmetic is float32 exactly as in the numpy references (numba does not contract a*b+c into
+an FMA without fastmath; only the float64 error sums use reassociation).
+Imported lazily by ``kernels.api``: importing this module compiles (or loads) nothing until a
+kernel is first called.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+_J = dict(cache=True, nogil=True)
+_P = dict(cache=True, nogil=True, parallel=True)
+
+F0 = np.float32(0.0)
+
+
+# ---------------------------------------------------------------- error accumulation
+@njit(fastmath={"reassoc", "contract"}, **_J)
+def _acc_row(w, q, acc):
+    """acc[0..4] = sum (w-q)^2, sum w^2, sum q^2, sum w*q, max |w-q| (float64; NaN propagates)."""
+    sse = 0.0
+    sig = 0.0
+    deq = 0.0
+    dot = 0.0
+    for i in range(w.shape[0]):
+        a = np.float64(w[i])
+        b = np.float64(q[i])
+        d = a - b
+        sse += d * d
+        sig += a * a
+        deq += b * b
+        dot += a * b
+    mx = 0.0
+    for i in range(w.shape[0]):
+        ad = abs(np.float64(w[i]) - np.float64(q[i]))
+        if ad > mx or ad != ad:
+            if mx == mx:
+                mx = ad
+    acc[0] = sse
+    acc[1] = sig
+    acc[2] = deq
+    acc[3] = dot
+    acc[4] = mx
+
+
+# ---------------------------------------------------------------- affine (packed codes)
+@njit(**_J)
+def _affine_row(codes, bits, lut, scales, zeros, has_zero, cols, gs, bpr, r, dst):
+    mask = (1 << bits) - 1
+    base = r * cols
+    nb = cols // gs
+    aligned = ((base * bits) & 7) == 0 and (gs & 7) == 0
+    ncodes = codes.shape[0]
+    for b in range(nb):
+        k = r * bpr + b
+        s = scales[k]
+        z = np.float32(zeros[k]) if has_zero else F0
+        c0 = b * gs
+        if aligned:
+            p = ((base + c0) * bits) >> 3
+            for c in range(c0, c0 + gs, 8):
+                v = np.int64(0)
+                for t in range(bits):
+                    v |= np.int64(codes[p + t]) << (8 * t)
+                p += bits
+                if has_zero:
+                    for j in range(8):
+                        dst[c + j] = (lut[(v >> (j * bits)) & mask] - z) * s
+                else:
+                    for j in range(8):
+                        dst[c + j] = lut[(v >> (j * bits)) & mask] * s
+        else:
+            for c in range(c0, c0 + gs):
+                bp = (base + c) * bits
+                i = bp >> 3
+                v = np.int64(codes[i])
+                if i + 1 < ncodes:
+                    v |= np.int64(codes[i + 1]) << 8
+                x = lut[(v >> (bp & 7)) & mask]
+                if has_zero:
+                    x = x - z
+                dst[c] = x * s
+
+
+@njit(**_P)
+def affine_dequant(codes, bits, lut, scales, zeros, has_zero, gs, bpr, out):
+    rows, cols = out.shape
+    for r in prange(rows):
+        _affine_row(codes, bits, lut, scales, zeros, has_zero, cols, gs, bpr, r, out[r])
+
+
+@njit(**_P)
+def affine_error(codes, bits, lut, scales, zeros, has_zero, gs, bpr, w, acc):
+    rows, cols = w.shape
+    for r in prange(rows):
+        buf = np.empty(cols, np.float32)
+        _affine_row(codes, bits, lut, scales, zeros, has_zero, cols, gs, bpr, r, buf)
+        _acc_row(w[r], buf, acc[r])
+
+
+# ---------------------------------------------------------------- 16-bit floats, fp32
+@njit(**_J)
+def _u16_row(data, table, dst):
+    for i in range(dst.shape[0]):
+        dst[i] = table[data[i]]
+
+
+@njit(**_P)
+def u16_dequant(data, table, out):
+    for r in prange(out.shape[0]):
+        _u16_row(data[r], table, out[r])
+
+
+@njit(**_P)
+def u16_error(data, table, w, acc):
+    rows, cols = w.shape
+    for r in prange(rows):
+        buf = np.empty(cols, np.float32)
+        _u16_row(data[r], table, buf)
+        _acc_row(w[r], buf, acc[r])
+
+
+@njit(**_P)
+def f32_copy(src, out):
+    for r in prange(out.shape[0]):
+        s = src[r]
+        d = out[r]
+        for i in range(d.shape[0]):
+            d[i] = s[i]
+
+
+@njit(**_P)
+def f32_error(src, w, acc):
+    for r in prange(w.shape[0]):
+        _acc_row(w[r], src[r], acc[r])
+
+
+# ---------------------------------------------------------------- GGML block decoders
+# Common signature: (src row bytes, byte offset of the block, f16 table, IQ4_NL levels,
+# dst row, element offset of the block).  Formats: ggml-common.h block layouts.
+
+@njit(inline="always", **_J)
+def _h(src, p, f16):
+    return f16[np.int64(src[p]) | (np.int64(src[p + 1]) << 8)]
+
+
+@njit(**_J)
+def _q4_0(src, p, f16, kv, dst, o):           # d f16 | qs[16]: lo nibble j, hi nibble j+16
+    d = _h(src, p, f16)
+    for j in range(16):
+        b = np.int64(src[p + 2 + j])
+        dst[o + j] = d * np.float32((b & 15) - 8)
+        dst[o + j + 16] = d * np.float32((b >> 4) - 8)
+
+
+@njit(**_J)
+def _q4_1(src, p, f16, kv, dst, o):           # d f16 | m f16 | qs[16]
+    d = _h(src, p, f16)
+    m = _h(src, p + 2, f16)
+    for j in range(16):
+        b = np.int64(src[p + 4 + j])
+        dst[o + j] = d * np.float32(b & 15) + m
+        dst[o + j + 16] = d * np.float32(b >> 4) + m
+
+
+@njit(inline="always", **_J)
+def _u32(src, p):
+    return (np.int64(src[p]) | (np.int64(src[p + 1]) << 8) | (np.int64(src[p + 2]) << 16)
+            | (np.int64(src[p + 3]) << 24))
+
+
+@njit(**_J)
+def _q5_0(src, p, f16, kv, dst, o):           # d f16 | qh u32 (5th bits) | qs[16]
+    d = _h(src, p, f16)
+    qh = _u32(src, p + 2)
+    for j in range(16):
+        b = np.int64(src[p + 6 + j])
+        dst[o + j] = d * np.float32(((b & 15) | (((qh >> j) & 1) << 4)) - 16)
+        dst[o + j + 16] = d * np.float32(((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16)
+
+
+@njit(**_J)
+def _q5_1(src, p, f16, kv, dst, o):           # d f16 | m f16 | qh u32 | qs[16]
+    d = _h(src, p, f16)
+    m = _h(src, p + 2, f16)
+    qh = _u32(src, p + 4)
+    for j in range(16):
+        b = np.int64(src[p + 8 + j])
+        dst[o + j] = d * np.float32((b & 15) | (((qh >> j) & 1) << 4)) + m
+        dst[o + j + 16] = d * np.float32((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m
+
+
+@njit(**_J)
+def _q8_0(src, p, f16, kv, dst, o):           # d f16 | qs int8[32]
+    d = _h(src, p, f16)
+    for j in range(32):
+        dst[o + j] = d * np.float32(np.int8(src[p + 2 + j]))
+
+
+@njit(**_J)
+def _iq4_nl(src, p, f16, kv, dst, o):         # d f16 | qs[16] indices into kvalues
+    d = _h(src, p, f16)
+    for j in range(16):
+        b = np.int64(src[p + 2 + j])
+        dst[o + j] = d * kv[b & 15]
+        dst[o + j + 16] = d * kv[b >> 4]
+
+
+@njit(**_J)
+def _q2_k(src, p, f16, kv, dst, o):           # scales[16] | qs[64] | d | dmin
+    d = _h(src, p + 80, f16)
+    dmin = _h(src, p + 82, f16)
+    for h in range(2):
+        for j in range(4):
+            for half in range(2):
+                sc = np.int64(src[p + h * 8 + 2 * j + half])
+                dl = d * np.float32(sc & 15)
+                ml = dmin * np.float32(sc >> 4)
+                for l in range(half * 16, half * 16 + 16):
+                    q = (np.int64(src[p + 16 + h * 32 + l]) >> (2 * j)) & 3
+                    dst[o + h * 128 + j * 32 + l] = dl * np.float32(q) - ml
+
+
+@njit(**_J)
+def _q3_k(src, p, f16, kv, dst, o):           # hmask[32] | qs[64] | scales[12] | d
+    d = _h(src, p + 108, f16)
+    for h in range(2):
+        for j in range(4):
+            for half in range(2):
+                i = h * 8 + 2 * j + half                     # 6-bit scale index 0..15
+                lo = np.int64(src[p + 96 + i]) & 15 if i < 8 else np.int64(src[p + 96 + i - 8]) >> 4
+                hi = (np.int64(src[p + 96 + 8 + (i & 3)]) >> (2 * (i >> 2))) & 3
+                dl = d * np.float32((lo | (hi << 4)) - 32)
+                m = 1 << (4 * h + j)
+                for l in range(half * 16, half * 16 + 16):
+                    q = (np.int64(src[p + 32 + h * 32 + l]) >> (2 * j)) & 3
+                    if (np.int64(src[p + l]) & m) == 0:
+                        q -= 4
+                    dst[o + h * 128 + j * 32 + l] = dl * np.float32(q)
+
+
+@njit(inline="always", **_J)
+def _scale_min_k4(src, s, j):
+    """6-bit (scale, min) of sub-block j from the 12 packed bytes at src[s:]."""
+    if j < 4:
+        return np.int64(src[s + j]) & 63, np.int64(src[s + j + 4]) & 63
+    a = np.int64(src[s + j + 4])
+    return ((a & 15) | ((np.int64(src[s + j - 4]) >> 6) << 4),
+            (a >> 4) | ((np.int64(src[s + j]) >> 6) << 4))
+
+
+@njit(**_J)
+def _q4_k(src, p, f16, kv, dst, o):           # d | dmin | scales[12] | qs[128]
+    d = _h(src, p, f16)
+    dmin = _h(src, p + 2, f16)
+    for c in range(4):
+        sc1, m1 = _scale_min_k4(src, p + 4, 2 * c)
+        sc2, m2 = _scale_min_k4(src, p + 4, 2 * c + 1)
+        d1 = d * np.float32(sc1)
+        n1 = dmin * np.float32(m1)
+        d2 = d * np.float32(sc2)
+        n2 = dmin * np.float32(m2)
+        for l in range(32):
+            b = np.int64(src[p + 16 + 32 * c + l])
+            dst[o + 64 * c + l] = d1 * np.float32(b & 15) - n1
+            dst[o + 64 * c + 32 + l] = d2 * np.float32(b >> 4) - n2
+
+
+@njit(**_J)
+def _q5_k(src, p, f16, kv, dst, o):           # d | dmin | scales[12] | qh[32] | qs[128]
+    d = _h(src, p, f16)
+    dmin = _h(src, p + 2, f16)
+    for c in range(4):
+        sc1, m1 = _scale_min_k4(src, p + 4, 2 * c)
+        sc2, m2 = _scale_min_k4(src, p + 4, 2 * c + 1)
+        d1 = d * np.float32(sc1)
+        n1 = dmin * np.float32(m1)
+        d2 = d * np.float32(sc2)
+        n2 = dmin * np.float32(m2)
+        for l in range(32):
+            b = np.int64(src[p + 48 + 32 * c + l])
+            hb = np.int64(src[p + 16 + l])
+            q1 = (b & 15) | (((hb >> (2 * c)) & 1) << 4)
+            q2 = (b >> 4) | (((hb >> (2 * c + 1)) & 1) << 4)
+            dst[o + 64 * c + l] = d1 * np.float32(q1) - n1
+            dst[o + 64 * c + 32 + l] = d2 * np.float32(q2) - n2
+
+
+@njit(**_J)
+def _q6_k(src, p, f16, kv, dst, o):           # ql[128] | qh[64] | scales int8[16] | d
+    d = _h(src, p + 208, f16)
+    for h in range(2):
+        for g in range(4):
+            for half in range(2):
+                dl = d * np.float32(np.int8(src[p + 192 + 8 * h + half + 2 * g]))
+                for l in range(half * 16, half * 16 + 16):
+                    b = np.int64(src[p + 64 * h + l + 32 * (g & 1)])
+                    lo = (b & 15) if g < 2 else (b >> 4)
+                    hi = (np.int64(src[p + 128 + 32 * h + l]) >> (2 * g)) & 3
+                    dst[o + 128 * h + 32 * g + l] = dl * np.float32((lo | (hi << 4)) - 32)
+
+
+@njit(**_J)
+def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
+    nb = dst.shape[0] // qk
+    for b in range(nb):
+        p = b * bpb
+        o = b * qk
+        if tid == 0:
+            _q4_0(src, p, f16, kv, dst, o)
+        elif tid == 1:
+            _q4_1(src, p, f16, kv, dst, o)
+        elif tid == 2:
+            _q5_0(src, p, f16, kv, dst, o)
+        elif tid == 3:
+            _q5_1(src, p, f16, kv, dst, o)
+        elif tid == 4:
+            _q8_0(src, p, f16, kv, dst, o)
+        elif tid == 5:
+            _q2_k(src, p, f16, kv, dst, o)
+        elif tid == 6:
+            _q3_k(src, p, f16, kv, dst, o)
+        elif tid == 7:
+            _q4_k(src, p, f16, kv, dst, o)
+        elif tid == 8:
+            _q5_k(src, p, f16, kv, dst, o)
+        elif tid == 9:
+            _q6_k(src, p, f16, kv, dst, o)
+        else:
+            _iq4_nl(src, p, f16, kv, dst, o)
+
+
+@njit(**_P)
+def ggml_dequant(blocks, tid, qk, bpb, f16, kv, out):
+    for r in prange(out.shape[0]):
+        _ggml_row(blocks[r], tid, qk, bpb, f16, kv, out[r])
+
+
+@njit(**_P)
+def ggml_error(blocks, tid, qk, bpb, f16, kv, w, acc):
+    rows, cols = w.shape
+    for r in prange(rows):
+        buf = np.empty(cols, np.float32)
+        _ggml_row(blocks[r], tid, qk, bpb, f16, kv, buf)
+        _acc_row(w[r], buf, acc[r])
+
+
+# ---------------------------------------------------------------- quantize
+@njit(**_P)
+def block_stats(w, gs, bpr, mode, o1, o2):
+    """Per block of (rows, cols) in group geometry: mode 0 o1 = max|w| (float32);
+    mode 1 o1 = min, o2 = max (float32); mode 2 o1 = mean|w| in float64, summed in numpy's
+    pairwise order for 8 <= gs <= 128, gs % 8 == 0 (eight interleaved partial sums)."""
+    rows, cols = w.shape
+    for r in prange(rows):
+        row = w[r]
+        for b in range(bpr):
+            c0 = b * gs
+            k = r * bpr + b
+            if mode == 0:
+                m = F0
+                for c in range(c0, c0 + gs):
+                    a = abs(row[c])
+                    if a > m:
+                        m = a
+                o1[k] = m
+            elif mode == 1:
+                lo = row[c0]
+                hi = row[c0]
+                for c in range(c0, c0 + gs):
+                    x = row[c]
+                    if x < lo:
+                        lo = x
+                    if x > hi:
+                        hi = x
+                o1[k] = lo
+                o2[k] = hi
+            else:
+                p0 = 0.0
+                p1 = 0.0
+                p2 = 0.0
+                p3 = 0.0
+                p4 = 0.0
+                p5 = 0.0
+                p6 = 0.0
+                p7 = 0.0
+                for c in range(c0, c0 + gs, 8):
+                    p0 += np.float64(abs(row[c]))
+                    p1 += np.float64(abs(row[c + 1]))
+                    p2 += np.float64(abs(row[c + 2]))
+                    p3 += np.float64(abs(row[c + 3]))
+                    p4 += np.float64(abs(row[c + 4]))
+                    p5 += np.float64(abs(row[c + 5]))
+                    p6 += np.float64(abs(row[c + 6]))
+                    p7 += np.float64(abs(row[c + 7]))
+                o1[k] = (((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))) / gs
+
+
+@njit(inline="always", **_J)
+def _fp8_code(x, man, bias, maxcode):
+    """Round float32 x to an FP8 code: nearest, ties to even, saturating at maxcode."""
+    u = np.int64(np.float32(x).view(np.uint32))
+    sign = (u >> 31) & 1
+    ab = u & 0x7FFFFFFF
+    e = (ab >> 23) - 127
+    if e >= 1 - bias:
+        sh = 23 - man
+        code = ((ab + (1 << (sh - 1)) - 1 + ((ab >> sh) & 1)) >> sh) - ((127 - bias) << man)
+    else:
+        a = np.float64(abs(x)) * (2.0 ** (bias - 1 + man))
+        code = np.int64(np.rint(a))
+    if code > maxcode:
+        code = maxcode
+    return code | (sign << 7)
+
+
+@njit(inline="always", **_J)
+def _enc1(mode, x, a, z, has_zero, qmin, qmax, offset, mids, man, bias, maxcode):
+    if mode == 0:                                  # integer affine
+        q = np.rint(x * a)
+        if has_zero:
+            q = q + z
+        if q < qmin:
+            q = qmin
+        elif q > qmax:
+            q = qmax
+        return np.int64(q) + offset
+    if mode == 1:                                  # codebook: count of midpoints < x*inv
+        v = x * a
+        n = 0
+        for i in range(mids.shape[0]):
+            if mids[i] < v:
+                n += 1
+        return np.int64(n)
+    return _fp8_code(x / a, man, bias, maxcode)    # FP8: x / row scale
+
+
+@njit(**_P)
+def encode(w, mode, bits, a, zf, has_zero, qmin, qmax, offset, mids, man, bias, maxcode,
+           gs, bpr, packed, out):
+    """Codes of w (rows, cols). mode 0 int (a = 1/scale, zf = zero), 1 codebook (a = 1/absmax),
+    2 FP8 (a = row scale). packed: out is the little-endian bit stream (needs cols % 8 == 0);
+    else out holds one uint8 code per element."""
+    rows, cols = w.shape
+    fqmin = np.float32(qmin)
+    fqmax = np.float32(qmax)
+    for r in prange(rows):
+        row = w[r]
+        if packed:
+            p = (r * cols * bits) >> 3
+            for c0 in range(0, cols, 8):
+                k = r * bpr + c0 // gs
+                ak = a[k]
+                zk = zf[k] if has_zero else F0
+                v = np.int64(0)
+                for j in range(8):
+                    v |= _enc1(mode, row[c0 + j], ak, zk, has_zero, fqmin, fqmax, offset, mids,
+                               man, bias, maxcode) << (j * bits)
+                for t in range(bits):
+                    out[p + t] = np.uint8((v >> (8 * t)) & 255)
+                p += bits
+        else:
+            for c in range(cols):
+                k = r * bpr + c // gs
+                zk = zf[k] if has_zero else F0
+                out[r * cols + c] = np.uint8(_enc1(mode, row[c], a[k], zk, has_zero, fqmin, fqmax,
+                                                   offset, mids, man, bias, maxcode))
+
+
+@njit(**_P)
+def ggml_encode(w, tid, bpb, blocks, dout):
+    """Q4_0 (tid 0) / Q8_0 (tid 4) blocks of w (rows, cols); the float32 block scale goes to
+    dout[r, b] (the caller stores it as float16 into the first two bytes of each block)."""
+    rows, cols = w.shape
+    nb = cols // 32
+    for r in prange(rows):
+        row = w[r]
+        dst = blocks[r]
+        for b in range(nb):
+            o = b * 32
+            p = b * bpb
+            if tid == 0:
+                am = np.float32(-1.0)
+                mx = F0
+                for j in range(32):
+                    x = row[o + j]
+                    if abs(x) > am:
+                        am = abs(x)
+                        mx = x
+                d = mx / np.float32(-8.0)
+                inv = F0 if d == 0 else np.float32(1.0) / d
+                for j in range(16):
+                    q0 = np.int64(row[o + j] * inv + np.float32(8.5))
+                    q1 = np.int64(row[o + j + 16] * inv + np.float32(8.5))
+                    q0 = min(max(q0, 0), 15)
+                    q1 = min(max(q1, 0), 15)
+                    dst[p + 2 + j] = np.uint8(q0 | (q1 << 4))
+            else:
+                am = F0
+                for j in range(32):
+                    x = abs(row[o + j])
+                    if x > am:
+                        am = x
+                d = am / np.float32(127.0)
+                inv = F0 if d == 0 else np.float32(1.0) / d
+                for j in range(32):
+                    v = row[o + j] * inv
+                    av = abs(v)
+                    fl = math.floor(av)
+                    q = fl + (1 if av - np.float32(fl) >= np.float32(0.5) else 0)
+                    if v < 0:
+                        q = -q
+                    dst[p + 2 + j] = np.uint8(q & 255)
+            dout[r, b] = d
+
+
+@njit(**_P)
+def count_nonfinite(w):
+    n = 0
+    for r in prange(w.shape[0]):
+        row = w[r]
+        for c in range(row.shape[0]):
+            x = row[c]
+            if x != x or x == np.inf or x == -np.inf:
+                n += 1
+    return n

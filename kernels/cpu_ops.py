@@ -1,0 +1,124 @@
+"""The CPU backend: prepares arguments (``host.py``) and calls the numba kernels (``cpu.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import host, tables
+from .spec import Spec
+
+
+def _k():
+    from . import cpu          # numba import + kernel load happen here, on first use
+    return cpu
+
+
+def dequantize(spec: Spec, qt, out2d: np.ndarray) -> None:
+    k = _k()
+    rows, cols = out2d.shape
+    if spec.family == "affine":
+        k.affine_dequant(*host.affine_args(spec, qt, rows, cols), out2d)
+    elif spec.family == "u16":
+        k.u16_dequant(*host.u16_args(spec, qt, rows, cols), out2d)
+    elif spec.family == "f32":
+        k.f32_copy(np.ascontiguousarray(qt.arrays["data"], dtype=np.float32).reshape(rows, cols), out2d)
+    elif spec.family == "ggml":
+        k.ggml_dequant(host.ggml_blocks(spec, qt, rows, cols), spec.ggml_id, spec.qk, spec.bpb,
+                       tables.f16_table(), tables.IQ4NL_VALUES, out2d)
+    else:
+        raise ValueError(spec.family)
+
+
+def error_sums(spec: Spec, qt, w2d: np.ndarray) -> np.ndarray:
+    """(rows, 5) float64: per row sse, sig, deq, dot, max|err|."""
+    k = _k()
+    rows, cols = w2d.shape
+    acc = np.zeros((rows, 5), np.float64)
+    if spec.family == "affine":
+        k.affine_error(*host.affine_args(spec, qt, rows, cols), w2d, acc)
+    elif spec.family == "u16":
+        k.u16_error(*host.u16_args(spec, qt, rows, cols), w2d, acc)
+    elif spec.family == "f32":
+        k.f32_error(np.ascontiguousarray(qt.arrays["data"], dtype=np.float32).reshape(rows, cols), w2d, acc)
+    elif spec.family == "ggml":
+        k.ggml_error(host.ggml_blocks(spec, qt, rows, cols), spec.ggml_id, spec.qk, spec.bpb,
+                     tables.f16_table(), tables.IQ4NL_VALUES, w2d, acc)
+    else:
+        raise ValueError(spec.family)
+    return acc
+
+
+# ------------------------------------------------------------------ quantize
+_NO_MIDS = np.zeros(1, np.float32)
+
+
+def _stats(w2d, gs, bpr, mode):
+    rows, _ = w2d.shape
+    n = rows * bpr
+    o1 = np.empty(n, np.float64 if mode == 2 else np.float32)
+    o2 = np.empty(n if mode == 1 else 1, np.float32)
+    _k().block_stats(w2d, gs, bpr, mode, o1, o2)
+    return o1, o2
+
+
+def _encode(w2d, mode, bits, a, zf, has_zero, qmin, qmax, offset, gs, bpr,
+            mids=_NO_MIDS, fp8=(0, 0, 0)):
+    """Codes of w2d: the packed bit stream (as pack_bits would give) and the flat codes when
+    cols % 8 != 0 (then packed with the reference packer)."""
+    rows, cols = w2d.shape
+    n = rows * cols
+    packed = cols % 8 == 0
+    out = np.empty((n * bits + 7) // 8 if packed else n, np.uint8)
+    _k().encode(w2d, mode, bits, a, zf, has_zero, qmin, qmax, offset, mids,
+                fp8[0], fp8[1], fp8[2], gs, bpr, packed, out)
+    if packed or bits == 8:
+        return out
+    from workbench.schemes.packing import pack_bits
+    return pack_bits(out, bits)
+
+
+def count_nonfinite(w2d) -> int:
+    return int(_k().count_nonfinite(w2d))
+
+
+def quantize(scheme, spec: Spec, w2d: np.ndarray) -> dict:
+    rows, cols = w2d.shape
+    q = spec.quant
+    if q == "int":
+        def minmax(gs, bpr):
+            return _stats(w2d, gs, bpr, 1)
+        scale, zero, inv, zf = host.int_qparams(scheme, spec, w2d, minmax)
+        gs, bpr = spec.geometry(rows, cols)
+        codes = _encode(w2d, 0, spec.bits, inv, zf, zero is not None, scheme.qmin, scheme.qmax,
+                        scheme.offset, gs, bpr)
+        out = {"codes": codes, "scales": scale}
+        if zero is not None:
+            out["zeros"] = zero
+        return out
+    if q == "nf4":
+        from workbench.schemes.codebook import NF4_MIDPOINTS
+        gs, bpr = spec.geometry(rows, cols)
+        absmax, _ = _stats(w2d, gs, bpr, 0)
+        codes = _encode(w2d, 1, 4, host.nf4_inv(absmax), host.DUMMY_F32, False, 0, 0, 0, gs, bpr,
+                        mids=NF4_MIDPOINTS)
+        return {"codes": codes, "absmax": absmax}
+    if q == "ternary":
+        gs, bpr = spec.geometry(rows, cols)
+        mean, _ = _stats(w2d, gs, bpr, 2)
+        scale, inv = host.ternary_scale(mean)
+        codes = _encode(w2d, 0, 2, inv, host.DUMMY_F32, False, -1, 1, 1, gs, bpr)
+        return {"codes": codes, "scales": scale}
+    if q == "fp8":
+        amax, _ = _stats(w2d, max(cols, 1), 1, 0)
+        scale, safe = host.fp8_scale(amax, scheme.fmax)
+        fmt = host.fp8_format(np.asarray(scheme.table, np.float32).tobytes())
+        codes = _encode(w2d, 2, 8, safe, host.DUMMY_F32, False, 0, 0, 0, max(cols, 1), 1, fp8=fmt)
+        return {"codes": codes.reshape(rows, cols), "scales": scale}
+    if q == "ggml":
+        nb = cols // spec.qk
+        blocks = np.empty((rows, nb * spec.bpb), np.uint8)
+        d = np.empty((rows, nb), np.float32)
+        _k().ggml_encode(w2d, spec.ggml_id, spec.bpb, blocks, d)
+        blocks.reshape(rows, nb, spec.bpb)[:, :, :2] = d.astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+        return {"blocks": blocks}
+    raise ValueError(f"no quantize kernel for {scheme.name}")

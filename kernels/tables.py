@@ -1,0 +1,50 @@
+"""Lookup tables shared by the CPU and CUDA kernels (plain numpy, built once, lazily).
+
+Every table is built *by numpy itself* from the reference decoders, so a kernel that looks a
+code up is bit-identical to the reference by construction:
+
+* ``f16_table()``  65536 float32: ``np.arange(65536, uint16).view(float16).astype(float32)``
+  (exactly what ``float16_array.astype(np.float32)`` gives, NaN payloads included).
+* ``bf16_table()`` 65536 float32 from :func:`workbench.dtypes.bf16_to_f32`.
+* ``int_lut(offset)`` 256 float32: ``float32(code - offset)`` for integer codes.
+* ``IQ4NL_VALUES``: the 16 IQ4_NL levels (llama.cpp ``kvalues_iq4nl``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10,
+                         1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32)
+
+
+@lru_cache(maxsize=None)
+def f16_table() -> np.ndarray:
+    t = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    t.setflags(write=False)
+    return t
+
+
+@lru_cache(maxsize=None)
+def bf16_table() -> np.ndarray:
+    from workbench.dtypes import bf16_to_f32
+    t = bf16_to_f32(np.arange(65536, dtype=np.uint32).astype(np.uint16)).astype(np.float32)
+    t.setflags(write=False)
+    return t
+
+
+@lru_cache(maxsize=None)
+def int_lut(offset: int) -> np.ndarray:
+    t = (np.arange(256, dtype=np.int32) - np.int32(offset)).astype(np.float32)
+    t.setflags(write=False)
+    return t
+
+
+def padded_lut(values: np.ndarray) -> np.ndarray:
+    """A 256-entry float32 table starting with `values` (codes never exceed their bit width)."""
+    t = np.zeros(256, dtype=np.float32)
+    v = np.asarray(values, dtype=np.float32).reshape(-1)[:256]
+    t[: v.size] = v
+    return t
