@@ -44,7 +44,8 @@ def parse_header(buf: bytes, file_size: int, path: str = "") -> tuple[dict, dict
         raise WorkbenchError("truncated header", path=path)
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # ValueError covers JSONDecodeError and integers beyond Python's digit limit
         raise WorkbenchError(f"corrupt safetensors header ({type(exc).__name__})", path=path) from None
     if not isinstance(header, dict):
         raise WorkbenchError("corrupt safetensors header (not a JSON object)", path=path)
