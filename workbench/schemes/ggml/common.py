@@ -113,10 +113,36 @@ def renormalize(v: np.ndarray, e: np.ndarray) -> np.ndarray:
     return denormalize(v, -e)
 
 
-def nearest_index(sorted_values: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Index of the nearest of `sorted_values` to each x (ties to the larger value)."""
-    mids = ((sorted_values[1:].astype(np.float32) + sorted_values[:-1]) * np.float32(0.5))
-    return np.searchsorted(mids, x, side="right").astype(np.uint8)
+class NearestIndex:
+    """Index of the nearest entry of a sorted codebook (ties to the larger entry).
+
+    Equivalent to searchsorted on the midpoints, but several times faster on big arrays: a
+    lookup table over unit cells of the value axis gives the index at the cell's left end,
+    and one comparison with the (at most one) midpoint inside the cell finishes the job.
+    Needs entries at least 2 apart (true for integer codebooks such as IQ4_NL's).
+    """
+
+    def __init__(self, values):
+        v = np.asarray(values, dtype=np.float64)
+        assert np.all(np.diff(v) >= 2), "codebook entries must be at least 2 apart"
+        self.mids = ((v[1:] + v[:-1]) / 2).astype(np.float32)
+        self.lo = int(np.floor(v[0])) - 2
+        hi = int(np.ceil(v[-1])) + 2
+        cells = np.arange(self.lo, hi + 1, dtype=np.float64)
+        self.base = np.searchsorted(self.mids, cells, side="right").astype(np.uint8)
+        nxt = np.full(cells.shape, np.inf, np.float32)
+        for m in self.mids:
+            k = int(np.floor(m))
+            if m > k:  # a midpoint strictly inside cell [k, k+1)
+                nxt[k - self.lo] = m
+        self.next_mid = nxt
+        self.n_cells = cells.size
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            cell = np.clip(np.floor(x), self.lo, self.lo + self.n_cells - 1).astype(np.intp)
+        cell -= self.lo
+        return self.base[cell] + (x >= self.next_mid[cell]).astype(np.uint8)
 
 
 class GGMLScheme(Scheme, register=False):

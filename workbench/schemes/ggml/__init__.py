@@ -1,0 +1,43 @@
+"""GGML block formats (llama.cpp / GGUF), byte-compatible with ggml.
+
+| scheme | weights/block | bytes/block | bits/weight |
+|--------|---------------|-------------|-------------|
+| q4_0   | 32  | 18  | 4.5    |
+| q4_1   | 32  | 20  | 5.0    |
+| q5_0   | 32  | 22  | 5.5    |
+| q5_1   | 32  | 24  | 6.0    |
+| q8_0   | 32  | 34  | 8.5    |
+| q2_k   | 256 | 84  | 2.625  |
+| q3_k   | 256 | 110 | 3.4375 |
+| q4_k   | 256 | 144 | 4.5    |
+| q5_k   | 256 | 176 | 5.5    |
+| q6_k   | 256 | 210 | 6.5625 |
+| iq4_nl | 32  | 18  | 4.5    |
+
+Every scheme stores ``{"blocks": uint8 (rows, cols/QK * bytes_per_block)}``: exactly the
+bytes a GGUF file holds for the tensor. Importing this package registers the schemes.
+"""
+
+from __future__ import annotations
+
+from .common import GGMLScheme
+from .iq4_nl import IQ4_NL
+from .legacy import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from .q2_k import Q2_K
+from .q3_k import Q3_K
+from .q4_k import Q4_K
+from .q5_k import Q5_K
+from .q6_k import Q6_K
+
+GGML_SCHEMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
+                "iq4_nl")
+
+__all__ = ["GGMLScheme", "GGML_SCHEMES", "IQ4_NL", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K",
+           "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "ggml_scheme_for_type"]
+
+
+def ggml_scheme_for_type(type_name: str) -> GGMLScheme | None:
+    """The scheme for a GGML type name such as 'Q4_K' (None if not implemented here)."""
+    from ..base import get_scheme
+    key = str(type_name).lower()
+    return get_scheme(key) if key in GGML_SCHEMES else None

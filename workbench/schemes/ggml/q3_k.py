@@ -1,0 +1,80 @@
+"""Q3_K: 256-weight super-blocks of sixteen 16-weight sub-blocks, signed 3-bit codes,
+3.4375 bits/weight.
+
+Layout (110 bytes): hmask[32] (bit e//32 of byte e%32 is the high bit of code e), qs[64]
+(low 2 bits, packed as Q2_K), scales[12] (sixteen 6-bit scales: low nibbles in bytes 0-7,
+sub-block j<8 low / j>=8 high nibble of byte j%8; bits 4-5 of scale j at bits 2*(j//4) of
+byte 8 + j%4; stored +32), d (fp16).
+
+    w = d * (s_j - 32) * (q - 4)          (q = low | high << 2, in 0..7)
+
+Quantize: per sub-block a symmetric search (weights rms + |w| as for Q4_K, codes -4..3, 19
+candidate scales (4 + 0.1k)/max plus refits); the scale of largest magnitude sets d (/ -32); 6-bit signed
+codes; the weights are re-rounded with the stored scales.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+
+from . import kcommon as kc
+from .common import GGMLScheme, block_dtype, denormalize, fp16_field, pow2_normalize, renormalize, to_fp16
+from .search import symmetric_search
+
+F = np.float32
+
+
+def pack_scales_q3(s: np.ndarray) -> np.ndarray:
+    s = s.astype(np.uint8)
+    out = np.empty((s.shape[0], 12), np.uint8)
+    out[:, :8] = (s[:, :8] & np.uint8(15)) | ((s[:, 8:] & np.uint8(15)) << np.uint8(4))
+    hi = (s >> np.uint8(4)).reshape(-1, 4, 4)  # (n, group j//4, j%4)
+    out[:, 8:] = hi[:, 0] | (hi[:, 1] << np.uint8(2)) | (hi[:, 2] << np.uint8(4)) | (hi[:, 3] << np.uint8(6))
+    return out
+
+
+def unpack_scales_q3(b: np.ndarray) -> np.ndarray:
+    lo = np.concatenate([b[:, :8] & np.uint8(15), b[:, :8] >> np.uint8(4)], axis=1)
+    shifts = (2 * np.arange(4, dtype=np.uint8)).reshape(1, 4, 1)
+    hi = ((b[:, None, 8:] >> shifts) & np.uint8(3)).reshape(-1, 16)
+    return lo | (hi << np.uint8(4))
+
+
+class Q3_K(GGMLScheme):
+    name = "q3_k"
+    nominal_bits = 3
+    block_size = 256
+    ggml_type = gguf.GGMLQuantizationType.Q3_K
+    block_dtype = block_dtype([("hmask", "u1", (32,)), ("qs", "u1", (64,)),
+                               ("scales", "u1", (12,)), ("d", "<f2")], 110)
+    steps = range(-9, 10)   # candidate scales (4 + 0.1k) / max
+    refine = 2              # re-round + refit rounds after the candidates
+
+    def encode(self, x):
+        nb = x.shape[0]
+        xn, e = pow2_normalize(x)
+        sub = kc.sub_blocks(xn, 16)
+        scale, _ = symmetric_search(sub, kc.k4_weights(sub), 4, self.steps, refine=self.refine)
+        scale = scale.reshape(nb, 16)
+        smax = kc.signed_absmax(scale)
+        has = smax != 0
+        iscale = np.where(has, F(-32) / np.where(has, smax, F(1)), F(0))
+        codes = np.clip(np.rint(iscale[:, None] * scale), -32, 31).astype(np.int16)
+        d16 = to_fp16(denormalize(np.where(has, smax / F(-32), F(0)), e))
+        d_eff = renormalize(d16.astype(F), e)
+        L = kc.requantize(xn.reshape(nb, 16, 16), d_eff[:, None] * codes.astype(F), -4, 3,
+                          empty=0).reshape(nb, 256) + 4
+        out = np.empty(nb, self.block_dtype)
+        out["hmask"] = kc.pack_high_bits(L, 2)
+        out["qs"] = kc.pack_2bit(L & 3)
+        out["scales"] = pack_scales_q3(codes + 32)
+        out["d"] = d16
+        return out
+
+    def decode(self, b):
+        s = unpack_scales_q3(b["scales"]).astype(np.int8) - np.int8(32)
+        dl = (fp16_field(b["d"])[:, None] * s.astype(F))[:, :, None]
+        L = kc.unpack_2bit(b["qs"]) | (kc.unpack_high_bits(b["hmask"]) << np.uint8(2))
+        q = (L.astype(np.int8) - np.int8(4)).reshape(-1, 16, 16).astype(F)
+        return (dl * q).reshape(-1, 256)

@@ -1,0 +1,35 @@
+"""Q5_K: like Q4_K with a fifth code bit, 5.5 bits/weight.
+
+Layout (176 bytes): d, dmin (fp16), scales[12] (as Q4_K), qh[32] (bit 4 of code e is bit
+e//32 of byte e%32), qs[128] (low nibbles, as Q4_K).
+
+    w = d * sc_j * q - dmin * m_j        (q in 0..31)
+
+Quantize: as Q4_K with codes 0..31 and candidate scales (31 - 0.5 + 0.1k)/range, k = 0..15.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+
+from . import kcommon as kc
+from .common import block_dtype
+from .q4_k import AffineK
+
+
+class Q5_K(AffineK):
+    name = "q5_k"
+    nominal_bits = 5
+    ggml_type = gguf.GGMLQuantizationType.Q5_K
+    nmax = 31
+    rmin, rdelta, nstep = -0.5, 0.1, 15
+    block_dtype = block_dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)),
+                               ("qh", "u1", (32,)), ("qs", "u1", (128,))], 176)
+
+    def _pack_codes(self, out, L):
+        out["qs"] = kc.pack_4bit_k(L)
+        out["qh"] = kc.pack_high_bits(L, 4)
+
+    def _unpack_codes(self, b):
+        return kc.unpack_4bit_k(b["qs"]) | (kc.unpack_high_bits(b["qh"]) << np.uint8(4))
