@@ -20,7 +20,15 @@ class WorkbenchError(Exception):
         if tensor:
             parts.append(f"tensor '{tensor}'")
         prefix = ": ".join(parts)
-        super().__init__(f"{prefix}: {message}" if prefix else message)
+        super().__init__(one_line(f"{prefix}: {message}" if prefix else message))
+
+
+def one_line(text: str) -> str:
+    """Escape line breaks and other control characters (e.g. in a tensor name from a file)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
 
 
 class Cancelled(Exception):
