@@ -2,9 +2,11 @@
 
 Pass 1 (`row_moments`): per row min / max / absmax over finite values, sum and sum of squares
 (float64) and NaN / Inf counts. Pass 2 (`hist_central`): histogram over [lo, hi], central
-moments m2, m3, m4 around the mean and the outlier count |w - mean| > k*std. Rows are split
-across threads; bfloat16 is decoded in the kernel from its uint16 bits (kind=1), other
-storage dtypes are cast (kind=0). The numpy reference is workbench.stats.reference_stats.
+moments m2, m3, m4 around the mean and the outlier count |w - mean| > thresh.
+Each row is first decoded into a float32 buffer (bfloat16 from its uint16 bits when
+kind == 1, a cast otherwise), then reduced by a branch-light loop the compiler vectorizes;
+rows that hold NaN/Inf take a careful second loop. Sums may be reassociated (vectorized),
+so they match the numpy reference (workbench.stats.reference_stats) to float64 rounding.
 """
 
 from __future__ import annotations
@@ -12,40 +14,56 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+_FM = {"reassoc", "nsz", "arcp", "contract"}  # no 'nnan'/'ninf': NaN tests stay valid
 
-@nb.njit(cache=True, inline="always")
-def _load(raw, i, j, kind, u32):
+
+@nb.njit(cache=True, fastmath=_FM)
+def _decode_row(raw, i, kind, buf, bits):
+    cols = raw.shape[1]
     if kind == 1:
-        u32[0] = np.uint32(raw[i, j]) << np.uint32(16)
-        return np.float64(u32.view(np.float32)[0])
-    return np.float64(raw[i, j])
+        for j in range(cols):
+            bits[j] = np.uint32(raw[i, j]) << np.uint32(16)
+    else:
+        for j in range(cols):
+            buf[j] = np.float32(raw[i, j])
 
 
-@nb.njit(parallel=True, cache=True)
+@nb.njit(parallel=True, cache=True, fastmath=_FM)
 def row_moments(raw, kind, rmin, rmax, rabs, rsum, rsq, rnan, rinf):
     rows, cols = raw.shape
     for i in nb.prange(rows):
-        u32 = np.zeros(1, np.uint32)
-        mn = np.inf
-        mx = -np.inf
+        bits = np.empty(cols, np.uint32)
+        buf = bits.view(np.float32)
+        _decode_row(raw, i, kind, buf, bits)
         s = 0.0
         q = 0.0
+        mn = np.float32(np.inf)
+        mx = np.float32(-np.inf)
+        for j in range(cols):
+            v = buf[j]
+            s += v
+            q += np.float64(v) * v
+            mn = min(mn, v)
+            mx = max(mx, v)
         n_nan = 0
         n_inf = 0
-        for j in range(cols):
-            v = _load(raw, i, j, kind, u32)
-            if v != v:
-                n_nan += 1
-                continue
-            if v == np.inf or v == -np.inf:
-                n_inf += 1
-                continue
-            if v < mn:
-                mn = v
-            if v > mx:
-                mx = v
-            s += v
-            q += v * v
+        if not (np.isfinite(s) and np.isfinite(q)):
+            # a NaN or Inf in this row: count them and redo the reductions without them
+            s = 0.0
+            q = 0.0
+            mn = np.float32(np.inf)
+            mx = np.float32(-np.inf)
+            for j in range(cols):
+                v = buf[j]
+                if v != v:
+                    n_nan += 1
+                elif v == np.inf or v == -np.inf:
+                    n_inf += 1
+                else:
+                    s += v
+                    q += np.float64(v) * v
+                    mn = min(mn, v)
+                    mx = max(mx, v)
         rmin[i] = mn
         rmax[i] = mx
         rabs[i] = max(abs(mn), abs(mx)) if mn <= mx else -np.inf
@@ -55,39 +73,106 @@ def row_moments(raw, kind, rmin, rmax, rabs, rsum, rsq, rnan, rinf):
         rinf[i] = n_inf
 
 
-@nb.njit(parallel=True, cache=True)
-def hist_central(raw, kind, lo, hi, mean, thresh, hist, moments, outliers):
-    """hist: (T, bins) int64; moments: (T, 3) float64; outliers: (T,) int64."""
+@nb.njit(parallel=True, cache=True, fastmath=_FM)
+def hist_central(raw, kind, lo, hi, mean, thresh, bad_rows, hist, moments, outliers):
+    """hist: (T, bins) int64; moments: (T, 3) float64; outliers: (T,) int64.
+
+    bad_rows[i] is true for rows that hold NaN/Inf (from pass 1); only those take the
+    branchy loop. Otherwise a vectorizable loop computes the bin of every value into a
+    buffer and the central moments, then a scalar loop scatters the bins.
+    """
     rows, cols = raw.shape
     nthreads, bins = hist.shape
     width = hi - lo
     scale = bins / width if width > 0 else 0.0
+    flo = np.float32(lo)
+    fscale = np.float32(scale)
+    fmean = np.float32(mean)
     per = (rows + nthreads - 1) // nthreads
     for t in nb.prange(nthreads):
-        u32 = np.zeros(1, np.uint32)
+        bits = np.empty(cols, np.uint32)
+        buf = bits.view(np.float32)
+        idx = np.empty(cols, np.int32)
+        local = np.zeros(bins, np.int64)
         m2 = 0.0
         m3 = 0.0
         m4 = 0.0
         out = 0
         for i in range(t * per, min(rows, (t + 1) * per)):
-            for j in range(cols):
-                v = _load(raw, i, j, kind, u32)
-                if v != v or v == np.inf or v == -np.inf:
-                    continue
-                b = int((v - lo) * scale)
-                if b >= bins:
-                    b = bins - 1
-                elif b < 0:
-                    b = 0
-                hist[t, b] += 1
-                d = v - mean
-                d2 = d * d
-                m2 += d2
-                m3 += d2 * d
-                m4 += d2 * d2
-                if abs(d) > thresh:
-                    out += 1
+            _decode_row(raw, i, kind, buf, bits)
+            r2 = 0.0
+            r3 = 0.0
+            r4 = 0.0
+            if bad_rows[i]:
+                for j in range(cols):
+                    v = buf[j]
+                    if not np.isfinite(v):
+                        idx[j] = -1
+                        continue
+                    idx[j] = min(max(np.int32((v - flo) * fscale), 0), bins - 1)
+                    d = np.float64(v) - mean
+                    d2 = d * d
+                    r2 += d2
+                    r3 += d2 * d
+                    r4 += d2 * d2
+                    out += abs(d) > thresh
+                for j in range(cols):
+                    if idx[j] >= 0:
+                        local[idx[j]] += 1
+            else:
+                for j in range(cols):
+                    v = buf[j]
+                    idx[j] = min(max(np.int32((v - flo) * fscale), 0), bins - 1)
+                    d = v - fmean
+                    d2 = d * d
+                    r2 += d2
+                    r3 += d2 * d
+                    r4 += d2 * d2
+                    out += abs(d) > thresh
+                for j in range(cols):
+                    local[idx[j]] += 1
+            m2 += r2
+            m3 += r3
+            m4 += r4
+        hist[t, :] = local
         moments[t, 0] = m2
         moments[t, 1] = m3
         moments[t, 2] = m4
         outliers[t] = out
+
+
+@nb.njit(parallel=True, cache=True, fastmath=_FM)
+def code_counts(raw, lut, rmin, rmax, counts):
+    """One pass for 16-bit storage (bf16/f16 bit patterns as uint16).
+
+    counts: (T, 65536) int64 per-thread occurrence counts of every bit pattern (from which
+    every global statistic follows exactly); rmin/rmax: per-row min/max of the finite
+    values decoded through `lut` (65536 float32).
+    """
+    rows, cols = raw.shape
+    nthreads = counts.shape[0]
+    per = (rows + nthreads - 1) // nthreads
+    for t in nb.prange(nthreads):
+        local = counts[t]
+        for i in range(t * per, min(rows, (t + 1) * per)):
+            mn = np.float32(np.inf)
+            mx = np.float32(-np.inf)
+            for j in range(cols):
+                c = raw[i, j]
+                local[c] += 1
+                v = lut[c]
+                mn = min(mn, v)
+                mx = max(mx, v)
+            if not (np.isfinite(mn) and np.isfinite(mx)):
+                # NaN/Inf in the row (or a NaN-poisoned min/max): exclude them explicitly
+                mn = np.float32(np.inf)
+                mx = np.float32(-np.inf)
+                for j in range(cols):
+                    v = lut[raw[i, j]]
+                    if np.isfinite(v):
+                        if v < mn:
+                            mn = v
+                        if v > mx:
+                            mx = v
+            rmin[i] = mn
+            rmax[i] = mx

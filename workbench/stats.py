@@ -85,8 +85,86 @@ def _chunks(model, name: str):
             yield r0, decode_rows(raw[r0:r0 + step], info), 0
 
 
+_LUT16: dict[str, np.ndarray] = {}
+
+
+def _lut16(dtype: str) -> np.ndarray:
+    """float32 value of every 16-bit pattern of bf16 / f16."""
+    if dtype not in _LUT16:
+        codes = np.arange(1 << 16, dtype=np.uint32)
+        if dtype == "BF16":
+            _LUT16[dtype] = (codes << 16).view(np.float32)
+        else:
+            _LUT16[dtype] = codes.astype(np.uint16).view(np.float16).astype(np.float32)
+    return _LUT16[dtype]
+
+
+def _stats_from_values(name, values, counts, rmin, rmax, bins) -> TensorStats:
+    """Exact statistics from a table of distinct values and their counts (+ row ranges)."""
+    with np.errstate(invalid="ignore"):  # signalling-NaN bit patterns in the table
+        vals = values.astype(np.float64)
+    nan = int(counts[np.isnan(vals)].sum())
+    inf = int(counts[np.isinf(vals)].sum())
+    keep = np.isfinite(vals) & (counts > 0)
+    v, c = vals[keep], counts[keep].astype(np.float64)
+    rows = rmin.shape[0]
+    n = int(c.sum())
+    if n == 0:
+        return _empty_stats(name, rows, nan, inf, bins)
+    lo, hi = float(v.min()), float(v.max())
+    mean = float((c * v).sum() / n)
+    var_est = max(float((c * v * v).sum() / n) - mean * mean, 0.0)
+    d = v - mean
+    m2, m3, m4 = (float((c * d ** k).sum() / n) for k in (2, 3, 4))
+    outl = int(c[np.abs(d) > OUTLIER_SIGMA * math.sqrt(var_est)].sum())
+    scale = bins / (hi - lo) if hi > lo else 0.0
+    idx = np.clip(((v - lo) * scale).astype(np.int64), 0, bins - 1)
+    hist = np.bincount(idx, weights=c, minlength=bins).astype(np.int64)
+    edges = np.linspace(lo, hi, bins + 1) if hi > lo else np.linspace(lo - 0.5, hi + 0.5, bins + 1)
+    return TensorStats(name, n, nan, inf, lo, hi, mean, math.sqrt(m2), max(abs(lo), abs(hi)),
+                       m4 / (m2 * m2) - 3.0 if m2 > 0 else 0.0, outl / n, hist, edges,
+                       *_channel_arrays(rmin, rmax))
+
+
+def _channel_arrays(rmin, rmax):
+    ok = rmin <= rmax
+    ch_min = np.where(ok, rmin, np.nan).astype(np.float32)
+    ch_max = np.where(ok, rmax, np.nan).astype(np.float32)
+    ch_abs = np.where(ok, np.maximum(np.abs(rmin), np.abs(rmax)), np.nan).astype(np.float32)
+    return ch_min, ch_max, ch_abs
+
+
+def _tensor_stats_16bit(model, name: str, bins: int):
+    """One pass over bf16/f16 storage: bit-pattern counts + per-row ranges."""
+    from kernels.stats_kernels import code_counts
+    import numba
+
+    info = model.info(name)
+    rows, cols = info.matrix_shape
+    lut = _lut16(info.dtype)
+    rmin = np.full(rows, np.inf, np.float32)
+    rmax = np.full(rows, -np.inf, np.float32)
+    counts = np.zeros((numba.get_num_threads(), 1 << 16), np.int64)
+    raw = model.raw(name)
+    step = max(1, CHUNK_ELEMENTS // max(cols, 1))
+    for r0 in range(0, rows, step):
+        chunk = np.ascontiguousarray(raw[r0:r0 + step]).view(np.uint16)
+        r1 = r0 + chunk.shape[0]
+        code_counts(chunk, lut, rmin[r0:r1], rmax[r0:r1], counts)
+        yield Progress(r1, rows, name)
+    return _stats_from_values(name, lut, counts.sum(axis=0), rmin.astype(np.float64),
+                              rmax.astype(np.float64), bins)
+
+
 def tensor_stats(model, name: str, bins: int = BINS):
     """Job: statistics of one tensor (yields Progress, returns TensorStats)."""
+    info = model.info(name)
+    if info.dtype in ("BF16", "F16") and not info.quant and info.numel:
+        return (yield from _tensor_stats_16bit(model, name, bins))
+    return (yield from _tensor_stats_two_pass(model, name, bins))
+
+
+def _tensor_stats_two_pass(model, name: str, bins: int):
     from kernels.stats_kernels import hist_central, row_moments
     import numba
 
@@ -128,7 +206,8 @@ def tensor_stats(model, name: str, bins: int = BINS):
         hist_t = np.zeros((nthreads, bins), np.int64)
         mom_t = np.zeros((nthreads, 3), np.float64)
         out_t = np.zeros(nthreads, np.int64)
-        hist_central(chunk, kind, lo, hi, mean, thresh, hist_t, mom_t, out_t)
+        bad = (rnan[r0:r0 + chunk.shape[0]] + rinf[r0:r0 + chunk.shape[0]]) > 0
+        hist_central(chunk, kind, lo, hi, mean, thresh, bad, hist_t, mom_t, out_t)
         hist += hist_t
         moments += mom_t.sum(axis=0)
         outliers += int(out_t.sum())
@@ -137,12 +216,8 @@ def tensor_stats(model, name: str, bins: int = BINS):
     std = math.sqrt(m2)
     kurt = (m4 / (m2 * m2) - 3.0) if m2 > 0 else 0.0
     edges = np.linspace(lo, hi, bins + 1) if hi > lo else np.linspace(lo - 0.5, hi + 0.5, bins + 1)
-    finite_rows = rmin <= rmax
-    ch_min = np.where(finite_rows, rmin, np.nan).astype(np.float32)
-    ch_max = np.where(finite_rows, rmax, np.nan).astype(np.float32)
-    ch_abs = np.where(finite_rows, rabs, np.nan).astype(np.float32)
     return TensorStats(name, count, nan, inf, lo, hi, mean, std, max(abs(lo), abs(hi)), kurt,
-                       outliers / count, hist.sum(axis=0), edges, ch_min, ch_max, ch_abs)
+                       outliers / count, hist.sum(axis=0), edges, *_channel_arrays(rmin, rmax))
 
 
 def _empty_stats(name, rows, nan, inf, bins) -> TensorStats:
@@ -175,13 +250,9 @@ def reference_stats(w: np.ndarray, name: str = "", bins: int = BINS) -> TensorSt
     counts = np.bincount(idx, minlength=bins)
     masked_lo = np.where(fin, w2, np.inf).min(axis=1)
     masked_hi = np.where(fin, w2, -np.inf).max(axis=1)
-    ok = masked_lo <= masked_hi
-    ch_min = np.where(ok, masked_lo, np.nan).astype(np.float32)
-    ch_max = np.where(ok, masked_hi, np.nan).astype(np.float32)
-    ch_abs = np.where(ok, np.maximum(np.abs(masked_lo), np.abs(masked_hi)), np.nan).astype(np.float32)
     return TensorStats(name, int(v.size), nan, inf, lo, hi, mean, math.sqrt(m2),
                        max(abs(lo), abs(hi)), m4 / (m2 * m2) - 3.0 if m2 > 0 else 0.0,
-                       outl / v.size, counts, edges, ch_min, ch_max, ch_abs)
+                       outl / v.size, counts, edges, *_channel_arrays(masked_lo, masked_hi))
 
 
 class StatsCache:

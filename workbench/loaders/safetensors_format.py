@@ -118,12 +118,34 @@ class _File:
         if n == 0:
             return np.zeros(shape, dtype=np_dtype)
         try:
-            # a memmap of just this tensor's bytes: unmapped when the array is released
-            return np.memmap(self.path, dtype=np_dtype, mode="r", offset=self.data_start + begin,
-                             shape=(n,)).reshape(shape)
+            return map_region(self.path, self.data_start + begin, end - begin, np_dtype).reshape(shape)
         except (OSError, ValueError) as exc:
             raise WorkbenchError(f"cannot map tensor data ({exc})", path=self.path,
                                  tensor=name) from None
+
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def map_region(path: str, offset: int, length: int, dtype) -> np.ndarray:
+    """A read-only memory map of just these bytes of the file, as a 1-D array.
+
+    The mapping is released when the array is. MAP_POPULATE (Linux) builds the page
+    tables in one call instead of one page fault per 4 KiB while a kernel reads it, which
+    made parallel statistics several times faster on page-cached files.
+    """
+    if not hasattr(mmap, "MAP_SHARED"):  # Windows
+        return np.memmap(path, dtype=dtype, mode="r", offset=offset,
+                         shape=(length // np.dtype(dtype).itemsize,))
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mm = mmap.mmap(fd, length + (offset - start), flags=mmap.MAP_SHARED | _POPULATE,
+                       prot=mmap.PROT_READ, offset=start)
+    finally:
+        os.close(fd)
+    dtype = np.dtype(dtype)
+    return np.frombuffer(mm, dtype=dtype, count=length // dtype.itemsize, offset=offset - start)
 
 
 def _shard_files(path: Path) -> list[Path]:
