@@ -77,7 +77,14 @@ def _spec_cached(scheme) -> Spec | None:
 
     ggml_type = getattr(scheme, "ggml_type", None)
     if ggml_type is not None:
-        name = getattr(ggml_type, "name", str(ggml_type)).upper()
+        name = getattr(ggml_type, "name", None)
+        if name is None:
+            try:
+                import gguf
+                name = gguf.GGMLQuantizationType(int(ggml_type)).name
+            except (ImportError, ValueError, TypeError):
+                name = str(ggml_type)
+        name = str(name).upper()
         if name not in GGML_TYPES:
             return None
         tid, qk, bpb = GGML_TYPES[name]
