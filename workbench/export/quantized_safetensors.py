@@ -19,6 +19,7 @@ import json
 
 import numpy as np
 
+from ..dtypes import STORAGE
 from ..errors import WorkbenchError
 from ..evaluate import quantize
 from ..model import Model, TensorInfo
@@ -50,10 +51,8 @@ def export_quantized_safetensors(model, plan, out_path):
                 scheme = KEEP
             if scheme == KEEP:
                 raw = model.raw(n)
-                if info.quant or info.dtype not in ("F64", "F32", "F16", "BF16", "F8_E4M3",
-                                                    "F8_E5M2", "I64", "I32", "I16", "I8", "U64",
-                                                    "U32", "U16", "U8", "BOOL"):
-                    # e.g. a GGUF block type: store its float32 decoding
+                if info.quant or info.dtype not in STORAGE:
+                    # a GGUF block type or an already-quantized tensor: store its float32 decoding
                     writer.add(n, model.read(n).astype(np.float32))
                 else:
                     writer.add(n, np.asarray(raw).reshape(info.shape), dtype=info.dtype)
