@@ -59,13 +59,19 @@ def _num(v):
     return int(v) if isinstance(v, (int, np.integer)) else float(v)
 
 
+# storage dtypes the kernels read directly by casting each element to float64
+_CAST_DTYPES = ("F64", "F32", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8")
+
+
 def _storage_kind(raw: np.ndarray, dtype: str) -> tuple[np.ndarray, int]:
-    """(array the kernel reads, kind): kind 1 = bfloat16 bits, 0 = cast."""
-    if dtype == "BF16":
+    """(array the kernel reads, kind): kind 1 = bfloat16 bits, 0 = cast; None = decode chunks.
+
+    Decided by the storage dtype name, not the numpy dtype: FP8 codes and GGML blocks are
+    uint8 arrays that must be decoded, not cast; numba has no float16 or bool arithmetic.
+    """
+    if dtype == "BF16" and raw.dtype == np.uint16:
         return raw, 1
-    if raw.dtype in (np.float32, np.float64, np.float16) or raw.dtype.kind in "iub":
-        if raw.dtype == np.float16 or raw.dtype == np.bool_:
-            return None, 0  # decode per chunk (numba has no float16)
+    if dtype in _CAST_DTYPES and raw.dtype.kind in "fiu":
         return raw, 0
     return None, 0
 
