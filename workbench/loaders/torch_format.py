@@ -67,9 +67,10 @@ def open_torch(path: str | os.PathLike) -> Model:
     except (EOFError, zipfile.BadZipFile) as exc:
         raise WorkbenchError(f"truncated or corrupt PyTorch checkpoint ({type(exc).__name__})",
                              path=p) from None
-    except (RuntimeError, ValueError, OSError, AttributeError, TypeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - torch.load of untrusted bytes fails in many ways
         msg = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise WorkbenchError(f"cannot load PyTorch checkpoint ({msg})", path=p) from None
+        raise WorkbenchError(f"cannot load PyTorch checkpoint ({type(exc).__name__}: {msg})",
+                             path=p) from None
     flat: dict = {}
     _flatten(_unwrap(obj), "", flat)
     if not flat:
