@@ -1,13 +1,18 @@
 """GGUF files, read with the `gguf` package's memory-mapped GGUFReader.
 
-Tensor shapes are reported in PyTorch order (outermost first); GGUF lists them innermost
-first. Quantized tensors keep their GGML type as dtype (Q4_K, ...) and are dequantized on
-demand, row chunk by row chunk.
+GGUF lists a tensor's dimensions innermost first (ggml's ne[0] is the row length); the
+catalog reports them in PyTorch order (outermost first), so a llama.cpp ``blk.0.attn_q.weight``
+of ne = [4096, 1024] is shape (1024, 4096): 1024 output channels of 4096 inputs. Each
+tensor keeps its GGML type as dtype (F32, F16, BF16, Q4_K, IQ4_NL, ...) and its real size on
+disk, so bits per weight and totals are the file's own. Quantized tensors are dequantized on
+demand, row chunk by row chunk (workbench.ggml_decode). ``Model.source`` is the reader, which
+the GGUF exporter uses to copy metadata and raw tensor bytes.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -15,22 +20,32 @@ import numpy as np
 from ..errors import WorkbenchError
 from ..model import Model, TensorInfo
 
+# GGUF type name -> catalog dtype (plain types share safetensors' names)
 _PLAIN = {"F32": "F32", "F16": "F16", "BF16": "BF16", "F64": "F64", "I8": "I8", "I16": "I16",
           "I32": "I32", "I64": "I64"}
+MAX_LISTED = 64  # metadata arrays longer than this are summarised for display
 
 
-def _field_value(field):
+def field_value(field, max_items: int | None = MAX_LISTED):
+    """A reader field as a Python value (long arrays summarised as '[N items]')."""
     import gguf
     try:
         if not field.types:
             return None
         if field.types[0] == gguf.GGUFValueType.ARRAY:
-            if len(field.data) > 64:
-                return f"[{len(field.data)} items]"
-            return [field.contents(i) for i in range(len(field.data))]
+            n = len(field.data)
+            if max_items is not None and n > max_items:
+                return f"[{n} items]"
+            return [field.contents(i) for i in range(n)]
         return field.contents()
-    except Exception:  # noqa: BLE001 - metadata display must not stop loading
+    except Exception:  # noqa: BLE001 - a strange field must not stop loading
         return None
+
+
+def torch_shape(reader_tensor) -> tuple[int, ...]:
+    """PyTorch-order shape of a GGUF tensor (GGUF stores ne[0] = innermost first)."""
+    dims = [int(x) for x in reader_tensor.shape]
+    return tuple(reversed(dims)) if dims else (1,)
 
 
 def open_gguf(path: str | os.PathLike) -> Model:
@@ -40,16 +55,15 @@ def open_gguf(path: str | os.PathLike) -> Model:
         raise WorkbenchError("file not found", path=p)
     try:
         reader = gguf.GGUFReader(p, "r")
-    except (ValueError, IndexError, KeyError, OSError, struct_error()) as exc:
+    except (ValueError, IndexError, KeyError, OSError, struct.error, TypeError,
+            UnicodeDecodeError, OverflowError) as exc:
         raise WorkbenchError(f"corrupt or truncated GGUF ({type(exc).__name__}: "
                              f"{str(exc)[:160]})", path=p) from None
     tensors: dict[str, TensorInfo] = {}
     by_name = {}
     for t in reader.tensors:
         type_name = t.tensor_type.name
-        shape = tuple(int(s) for s in reversed([int(x) for x in t.shape]))
-        while len(shape) > 1 and shape[0] == 1 and len(t.shape) > len(shape):
-            shape = shape[1:]
+        shape = torch_shape(t)
         dtype = _PLAIN.get(type_name, type_name)
         tensors[t.name] = TensorInfo(t.name, shape, dtype, int(t.n_bytes), p)
         by_name[t.name] = t
@@ -57,20 +71,14 @@ def open_gguf(path: str | os.PathLike) -> Model:
     for key, field in reader.fields.items():
         if key.startswith("GGUF."):
             continue
-        metadata[key] = _field_value(field)
+        metadata[key] = field_value(field)
 
     def raw(name: str) -> np.ndarray:
         t = by_name[name]
         info = tensors[name]
-        data = t.data
-        rows = info.rows
-        if info.dtype == "BF16":
-            return np.asarray(data).view(np.uint16).reshape(rows, -1)
-        return np.asarray(data).reshape(rows, -1)
+        data = np.asarray(t.data)
+        if info.dtype == "BF16":  # the reader gives BF16 as bytes
+            data = data.view(np.uint16)
+        return data.reshape(info.rows, -1)
 
     return Model(p, "gguf", tensors, raw, metadata, source=reader)
-
-
-def struct_error():
-    import struct
-    return struct.error

@@ -15,7 +15,6 @@ float16, and ``dequantize_blocks(raw_rows)`` used by the GGUF loader.
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import numpy as np
@@ -175,6 +174,15 @@ class GGMLScheme(Scheme, register=False):
             return 8.0 * self.type_size / self.block_size
         return super().bits_per_weight(shape)
 
+    def ineligible_reason(self, shape) -> str | None:
+        """GGML blocks run along the innermost dimension (ggml's ne[0], the row)."""
+        shape = tuple(int(s) for s in shape)
+        row = shape[-1] if shape else 1
+        if row % self.block_size:
+            return (f"{self.name} needs the row length (innermost dimension) to be a multiple "
+                    f"of {self.block_size}, got {row}")
+        return None
+
     # ---- public API ----------------------------------------------------------------------
     def quantize(self, w: np.ndarray, *, tensor: str | None = None) -> QuantizedTensor:
         try:
@@ -243,11 +251,3 @@ class GGMLScheme(Scheme, register=False):
     def __repr__(self) -> str:
         return f"<GGML scheme {self.name} ({self.bits_per_weight():g} bits/weight)>"
 
-
-def empty_blocks(dtype: np.dtype, n: int) -> np.ndarray:
-    return np.zeros(n, dtype=dtype)
-
-
-def n_blocks_of(shape, qk: int) -> int:
-    rows, cols = matrix_shape(shape)
-    return rows * math.ceil(cols / qk)

@@ -1,0 +1,290 @@
+"""Export a GGUF file (llama.cpp's format), each tensor encoded per the plan.
+
+* From a GGUF source: every key/value is copied (``general.architecture`` and
+  ``general.alignment`` included), then ``general.file_type`` is set to the llama_ftype of the
+  type that holds most weight parameters (the way llama-quantize labels its output; K-quants
+  map to the _M variants that llama-quantize's plain ``Q4_K`` etc. aliases name) and
+  ``general.quantization_version`` to 2. A ``keep`` tensor is copied byte for byte.
+* From safetensors / PyTorch: the tensors keep their original names (llama.cpp will not run
+  such a file, but every GGUF reader can open it); ``general.architecture`` is
+  ``quant_workbench``.
+* Both carry the plan as JSON in ``quant_workbench.plan``.
+
+Tensor types: ``keep`` (the source's own type; types GGUF lacks are widened exactly:
+U8->I16, U16->I32, U32->I64, BOOL->I8, FP8->F16), ``fp32``/``fp16``/``bf16`` (F32/F16/BF16) and
+every GGML block scheme (Q4_0 ... Q6_K, IQ4_NL), whose bytes are exactly
+``scheme.quantize(w).arrays["blocks"]``. Any other scheme, or a tensor whose row length
+(innermost dimension) is not a multiple of the GGML block, is refused with a WorkbenchError
+naming the tensor, before anything is written.
+
+Written with gguf.GGUFWriter: header, key/values and tensor infos first, then the tensors one
+at a time (each quantized in row chunks), so memory is bounded by one tensor's output.
+Atomic: a temporary file beside the target, renamed over it on success, removed on error or
+cancel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import WorkbenchError
+from ..plan import KEEP
+from ..progress import Progress
+from ..schemes import get_scheme
+from . import register_exporter
+
+ARCH_FOR_NON_GGUF = "quant_workbench"
+PLAN_KEY = "quant_workbench.plan"
+QUANTIZATION_VERSION = 2
+CHUNK_ELEMENTS = 1 << 22
+
+FLOAT_SCHEMES = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}
+# catalog dtype -> (GGUF type name, numpy dtype written) for `keep` from non-GGUF sources
+KEEP_TYPES = {
+    "F32": ("F32", np.float32), "F16": ("F16", np.float16), "BF16": ("BF16", np.uint16),
+    "F64": ("F64", np.float64), "I8": ("I8", np.int8), "I16": ("I16", np.int16),
+    "I32": ("I32", np.int32), "I64": ("I64", np.int64),
+    # GGUF has no unsigned or FP8 tensor types: widen exactly
+    "U8": ("I16", np.int16), "U16": ("I32", np.int32), "U32": ("I64", np.int64),
+    "U64": ("I64", np.int64), "BOOL": ("I8", np.int8),
+    "F8_E4M3": ("F16", np.float16), "F8_E5M2": ("F16", np.float16),
+}
+# metadata keys never copied from a GGUF source (rewritten here or meaningless in one file)
+SKIP_KEYS = {"general.architecture", "general.file_type", "general.quantization_version",
+             "general.alignment", "split.no", "split.count", "split.tensors.count",
+             PLAN_KEY, "quant_workbench.source_format"}
+# GGML type -> llama_ftype name (llama-quantize's aliases: Q3_K = Q3_K_M, Q4_K = Q4_K_M, ...)
+FTYPE_OF = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q4_0": "MOSTLY_Q4_0",
+            "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1",
+            "Q8_0": "MOSTLY_Q8_0", "Q2_K": "MOSTLY_Q2_K", "Q3_K": "MOSTLY_Q3_K_M",
+            "Q4_K": "MOSTLY_Q4_K_M", "Q5_K": "MOSTLY_Q5_K_M", "Q6_K": "MOSTLY_Q6_K",
+            "IQ4_NL": "MOSTLY_IQ4_NL"}
+
+
+@dataclass
+class _Item:
+    name: str
+    shape: tuple
+    gtype: str        # GGUF type name written
+    nbytes: int
+    how: str          # "copy" | "keep" | "scheme"
+    scheme: str       # scheme name ("keep" for copies)
+
+
+def _gtype(name: str):
+    import gguf
+    return gguf.GGMLQuantizationType[name]
+
+
+def _type_nbytes(gtype: str, shape: tuple) -> int:
+    import gguf
+    block, size = gguf.GGML_QUANT_SIZES[_gtype(gtype)]
+    n = int(np.prod(shape)) if shape else 1
+    return n // block * size
+
+
+def _plan_items(model, plan, from_gguf: bool) -> list[_Item]:
+    """What each tensor becomes; raises before anything is written if one cannot."""
+    from ..schemes.ggml import GGMLScheme
+    assignment = plan.resolve(model)
+    items = []
+    for name, info in model.tensors.items():
+        shape = tuple(int(s) for s in info.shape) or (1,)
+        scheme = assignment[name]
+        if scheme == KEEP:
+            if from_gguf:
+                items.append(_Item(name, shape, info.dtype, info.nbytes, "copy", KEEP))
+                continue
+            if info.quant or info.dtype not in KEEP_TYPES:
+                gt = "F32"  # stored quantized in a non-GGUF container: its float32 decoding
+            else:
+                gt = KEEP_TYPES[info.dtype][0]
+            items.append(_Item(name, shape, gt, _type_nbytes(gt, shape), "keep", KEEP))
+            continue
+        s = get_scheme(scheme)
+        if isinstance(s, GGMLScheme):
+            reason = s.ineligible_reason(shape)
+            if reason:
+                raise WorkbenchError(f"cannot export to GGUF: {reason} (assign another scheme "
+                                     "to this tensor, e.g. q8_0 or fp16, or keep it)", tensor=name)
+            gt = s.ggml_name
+        elif s.name in FLOAT_SCHEMES:
+            gt = FLOAT_SCHEMES[s.name]
+        else:
+            raise WorkbenchError(
+                f"scheme '{s.name}' has no GGUF tensor type (GGUF takes keep, fp32, fp16, bf16 "
+                "and the GGML schemes q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl)",
+                tensor=name)
+        if not info.is_float:
+            raise WorkbenchError(f"{info.dtype} tensor cannot be encoded as {s.name}", tensor=name)
+        items.append(_Item(name, shape, gt, _type_nbytes(gt, shape), "scheme", s.name))
+    return items
+
+
+def _file_type(items: list[_Item], source_ftype=None) -> int:
+    """llama_ftype of the type holding most parameters of the >= 2-D tensors."""
+    import gguf
+    counts: dict[str, int] = {}
+    for it in items:
+        if len(it.shape) >= 2:
+            counts[it.gtype] = counts.get(it.gtype, 0) + int(np.prod(it.shape))
+    if not counts:
+        return int(gguf.LlamaFileType.ALL_F32)
+    top = max(counts, key=lambda k: counts[k])
+    name = FTYPE_OF.get(top) or f"MOSTLY_{top}"
+    if name in gguf.LlamaFileType.__members__:
+        return int(gguf.LlamaFileType[name])
+    if isinstance(source_ftype, int):
+        return source_ftype
+    return int(gguf.LlamaFileType.GUESSED)
+
+
+def _copy_fields(writer, reader) -> list[str]:
+    """Copy every key/value of a GGUF source byte-faithfully. Returns keys it could not copy."""
+    import gguf
+    VT = gguf.GGUFValueType
+    skipped = []
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in SKIP_KEYS or not field.types:
+            continue
+        main = field.types[0]
+        if main == VT.ARRAY:
+            if len(field.types) != 2 or len(field.data) == 0:
+                skipped.append(key)  # nested or empty arrays: GGUFWriter cannot write them
+                continue
+            sub = field.types[1]
+            if sub == VT.STRING:
+                val = [bytes(field.parts[i]) for i in field.data]
+            else:
+                val = [field.parts[i].tolist()[0] for i in field.data]
+            writer.add_key_value(key, val, VT.ARRAY, sub_type=sub)
+        elif main == VT.STRING:
+            writer.add_key_value(key, bytes(field.parts[field.data[0]]), VT.STRING)
+        else:
+            writer.add_key_value(key, field.parts[field.data[0]].tolist()[0], main)
+    return skipped
+
+
+def _tensor_data(model, item: _Item, reader_tensors) -> np.ndarray:
+    """The bytes of one output tensor (float tensors quantized in row chunks)."""
+    info = model.info(item.name)
+    if item.how == "copy":
+        return np.asarray(reader_tensors[item.name].data)
+    if item.how == "keep":
+        if info.quant or info.dtype not in KEEP_TYPES:
+            return model.read_matrix(item.name).astype(np.float32, copy=False)
+        np_dtype = KEEP_TYPES[info.dtype][1]
+        raw = np.asarray(model.raw(item.name))
+        if info.dtype in ("F8_E4M3", "F8_E5M2"):
+            return model.read_matrix(item.name).astype(np.float16)
+        if info.dtype == "U64" and raw.size and int(raw.max()) > np.iinfo(np.int64).max:
+            raise WorkbenchError("U64 values beyond the int64 range have no GGUF type",
+                                 tensor=item.name)
+        return np.ascontiguousarray(raw).astype(np_dtype, copy=False)
+    scheme = get_scheme(item.scheme)
+    parts = []
+    for _r0, chunk in model.iter_rows(item.name, max_elements=CHUNK_ELEMENTS):
+        qt = scheme.quantize(chunk, tensor=item.name)
+        parts.append(next(iter(qt.arrays.values())))
+    if not parts:
+        return np.zeros(0, np.uint8)
+    out = np.concatenate([np.ascontiguousarray(p).reshape(p.shape[0], -1) for p in parts])
+    return out
+
+
+@register_exporter("gguf", ".gguf",
+                   "GGUF for llama.cpp: F32/F16/BF16 and GGML block types (q4_0 ... q6_k, iq4_nl) "
+                   "per the plan; metadata copied from a GGUF source")
+def export_gguf(model, plan, out_path):
+    import gguf
+    target = Path(out_path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise WorkbenchError("output folder does not exist", path=str(target))
+    from_gguf = model.format == "gguf" and model.source is not None
+    yield Progress(0, 1, "checking the plan")
+    items = _plan_items(model, plan, from_gguf)
+    reader = model.source if from_gguf else None
+    reader_tensors = {t.name: t for t in reader.tensors} if reader is not None else {}
+
+    if reader is not None:
+        arch_field = reader.fields.get("general.architecture")
+        arch = bytes(arch_field.parts[arch_field.data[0]]).decode("utf-8", "replace") \
+            if arch_field is not None and arch_field.types else ARCH_FOR_NON_GGUF
+        src_ft = reader.fields.get("general.file_type")
+        source_ftype = int(src_ft.parts[src_ft.data[0]][0]) if src_ft is not None else None
+    else:
+        arch, source_ftype = ARCH_FOR_NON_GGUF, None
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    writer = None
+    try:
+        writer = gguf.GGUFWriter(tmp, arch)
+        skipped: list[str] = []
+        if reader is not None:
+            align = reader.fields.get("general.alignment")
+            if align is not None and align.types:
+                writer.add_custom_alignment(int(align.parts[align.data[0]][0]))
+            skipped = _copy_fields(writer, reader)
+        else:
+            writer.add_name(Path(model.path).stem)
+            if model.metadata:
+                writer.add_string("quant_workbench.source_metadata",
+                                  json.dumps({str(k): str(v) for k, v in model.metadata.items()}))
+        writer.add_string("quant_workbench.source_format", model.format)
+        writer.add_string(PLAN_KEY, plan.to_json())
+        file_type = _file_type(items, source_ftype)
+        writer.add_file_type(file_type)
+        writer.add_quantization_version(QUANTIZATION_VERSION)
+        for it in items:
+            writer.add_tensor_info(it.name, it.shape, np.dtype(np.float32), it.nbytes,
+                                   raw_dtype=_gtype(it.gtype))
+        writer.write_header_to_file(Path(tmp))
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        total = sum(max(int(np.prod(it.shape)), 1) for it in items) or 1
+        done = 0
+        types: dict[str, int] = {}
+        for it in items:
+            yield Progress(done, total, f"writing {it.name} ({it.gtype})")
+            data = _tensor_data(model, it, reader_tensors)
+            if data.nbytes != it.nbytes:
+                raise WorkbenchError(f"internal error: {data.nbytes} bytes for a {it.gtype} "
+                                     f"tensor of {it.nbytes}", tensor=it.name)
+            writer.write_tensor_data(np.ascontiguousarray(data))
+            del data
+            types[it.gtype] = types.get(it.gtype, 0) + 1
+            done += max(int(np.prod(it.shape)), 1)
+        for fh in writer.fout or []:
+            fh.flush()
+            os.fsync(fh.fileno())
+        writer.close()
+        writer = None
+        os.replace(tmp, target)
+    except BaseException as exc:
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise WorkbenchError(f"write failed ({exc.strerror or exc}); existing file left "
+                                 "unchanged", path=str(target)) from exc
+        raise
+    yield Progress(total, total, "done")
+    try:
+        ftype_name = gguf.LlamaFileType(file_type).name
+    except ValueError:
+        ftype_name = str(file_type)
+    return {"path": str(target), "format": "gguf", "tensors": len(items),
+            "bytes": target.stat().st_size, "file_type": ftype_name,
+            "quantization_version": QUANTIZATION_VERSION, "types": types,
+            "architecture": arch, "skipped_keys": skipped}
