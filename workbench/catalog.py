@@ -26,7 +26,7 @@ _ROLE_PATTERNS = [
     ("attn_k", r"(k_proj|\.key$|attn_k$|\.wk$|attention\.k$)"),
     ("attn_v", r"(v_proj|\.value$|attn_v$|\.wv$|attention\.v$)"),
     ("attn_o", r"(o_proj|out_proj|attn\.c_proj|attention\.output\.dense|attn_output|\.wo$"
-               r"|dense$(?<=attention\.output\.dense))"),
+               r"|dense$(?<=attention\.output\.dense)|attention\.dense$)"),
     ("mlp_gate", r"(gate_proj|ffn_gate|\.w1$|gate$)"),
     ("mlp_up", r"(up_proj|ffn_up|mlp\.c_fc|intermediate\.dense|\.w3$|fc1|dense_h_to_4h)"),
     ("mlp_down", r"(down_proj|ffn_down|mlp\.c_proj|output\.dense|\.w2$|fc2|dense_4h_to_h)"),
@@ -43,6 +43,9 @@ def block_index(name: str) -> int | None:
 def infer_role(name: str, ndim: int) -> str:
     low = name.lower()
     if low.endswith(".bias") or low.endswith("_bias"):
+        # GPT-2's attn.bias (a 4-D causal mask) and attn.masked_bias (a scalar) are buffers
+        if ndim >= 2 or low.endswith("masked_bias"):
+            return "other"
         return "bias"
     stem = re.sub(r"\.(weight|w|kernel)$", "", low)
     for role, pat in _COMPILED:
