@@ -1,0 +1,256 @@
+"""Schedules the computations the views need, as tasks on the compute thread.
+
+Reacts to the document: on open, statistics and error evaluation of every tensor
+(background); on an edit, evaluation of the tensors whose scheme changed (cached results
+are applied at once); on selection, the selected tensor's statistics, error, histogram
+overlay, quantization grid and throughput (interactive priority). Results are delivered
+to the document on the GUI thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+from PySide6.QtCore import QObject
+
+from workbench.evaluate import DEFAULT_EVAL_CACHE, evaluate_tensor
+from workbench.plan import KEEP
+from workbench.progress import Progress
+from workbench.schemes import get_scheme, list_schemes
+from workbench.stats import DEFAULT_CACHE, model_stats
+
+from . import analysis, throughput
+from .workers import BACKGROUND, FOREGROUND, INTERACTIVE
+
+
+@dataclass
+class Detail:
+    """What the plots of one tensor need beyond its statistics, for one scheme."""
+    scheme: str
+    deq_counts: np.ndarray | None
+    grid: np.ndarray | None
+
+
+def _stats_of(model, name):
+    """Job: statistics of one tensor through the shared cache."""
+    hit = DEFAULT_CACHE.get(model, name)
+    if hit is not None:
+        return hit
+    out = yield from model_stats(model, [name], cache=DEFAULT_CACHE)
+    return out[name]
+
+
+class Analyzer(QObject):
+    def __init__(self, doc, runner, parent=None):
+        super().__init__(parent)
+        self.doc = doc
+        self.runner = runner
+        self._lock = threading.Lock()
+        self._queue: list[str] = []
+        self._eval_running = False
+        self._generation = 0
+        self._interactive = None
+        self._compare = None
+        self.errors: list[str] = []
+        self.on_error = None  # callable(title, message), set by the window
+        doc.modelChanged.connect(self._model_changed)
+        doc.stateChanged.connect(self._state_changed)
+        doc.currentChanged.connect(self._current_changed)
+
+    # ---- start-up -------------------------------------------------------------------------
+    def warmup(self) -> None:
+        self.runner.submit(throughput.warmup, "warming up kernels", BACKGROUND,
+                           on_done=self.doc.set_backend, on_error=self._failed("kernels"))
+
+    # ---- model --------------------------------------------------------------------------
+    def _model_changed(self) -> None:
+        self._generation += 1
+        with self._lock:
+            self._queue.clear()
+        if self._compare is not None:
+            self._compare.cancel()
+        model = self.doc.model
+        if model is None:
+            return
+        gen = self._generation
+        self.runner.submit(lambda: self._all_stats(model, gen), "Computing statistics",
+                           BACKGROUND, visible=True, on_error=self._failed("Statistics"))
+        self._schedule(list(model.tensors))
+
+    def _all_stats(self, model, gen):
+        names = list(model.tensors)
+        total = sum(max(model.info(n).nbytes, 1) for n in names) or 1
+        done, batch = 0, {}
+        for n in names:
+            if gen != self._generation:
+                return None
+            st = yield from _stats_of(model, n)
+            batch[n] = st
+            done += max(model.info(n).nbytes, 1)
+            yield Progress(done, total, f"statistics: {n}")
+            if len(batch) >= 16 or done == total:
+                self.runner.post(self._deliver_stats, gen, batch)
+                batch = {}
+        if batch:
+            self.runner.post(self._deliver_stats, gen, batch)
+        return None
+
+    def _deliver_stats(self, gen, batch) -> None:
+        if gen == self._generation:
+            self.doc.add_stats(batch)
+
+    # ---- evaluation ----------------------------------------------------------------------
+    def _state_changed(self, changed) -> None:
+        model = self.doc.model
+        if model is None:
+            return
+        todo = []
+        for n in changed:
+            hit = DEFAULT_EVAL_CACHE.get((model.path, n, self.doc.scheme_of(n)))
+            if hit is not None:
+                self.doc.add_result(hit)
+            elif self.doc.result(n) is None:
+                todo.append(n)
+        self._schedule(todo)
+        if self.doc.current in changed:
+            self._current_changed(self.doc.current)
+
+    def _schedule(self, names) -> None:
+        if not names:
+            return
+        with self._lock:
+            known = set(self._queue)
+            self._queue.extend(n for n in names if n not in known)
+            if self._eval_running:
+                return
+            self._eval_running = True
+        model, gen = self.doc.model, self._generation
+        self.runner.submit(lambda: self._evaluate_queue(model, gen), "Evaluating error",
+                           BACKGROUND, visible=True, on_error=self._eval_failed)
+
+    def _evaluate_queue(self, model, gen):
+        done = 0
+        while True:
+            with self._lock:
+                if not self._queue or gen != self._generation:
+                    self._eval_running = False
+                    return done
+                name = self._queue.pop(0)
+                left = len(self._queue)
+            scheme = self.doc.assignment.get(name, KEEP)
+            r = evaluate_tensor(model, name, scheme)
+            self.runner.post(self._deliver_result, gen, r)
+            done += 1
+            yield Progress(done, done + left, f"error: {name}")
+
+    def _eval_failed(self, message: str) -> None:
+        with self._lock:
+            self._eval_running = False
+            self._queue.clear()
+        self._failed("Evaluation")(message)
+
+    def _deliver_result(self, gen, result) -> None:
+        if gen == self._generation:
+            self.doc.add_result(result)
+
+    # ---- the selected tensor ---------------------------------------------------------------
+    def _current_changed(self, name) -> None:
+        if self._interactive is not None:
+            self._interactive.cancel()
+        model = self.doc.model
+        if not name or model is None:
+            return
+        scheme, gen = self.doc.scheme_of(name), self._generation
+        need_stats = name not in self.doc.stats
+        need_eval = self.doc.result(name) is None
+        need_detail = (name, scheme) not in self.doc.details
+        need_gbs = (name, scheme) not in self.doc.throughput
+        if not (need_stats or need_eval or need_detail or need_gbs):
+            return
+
+        def job():
+            st = yield from _stats_of(model, name)
+            if need_stats:
+                self.runner.post(self._deliver_stats, gen, {name: st})
+            if need_eval:
+                r = evaluate_tensor(model, name, scheme)
+                self.runner.post(self._deliver_result, gen, r)
+                yield Progress(1, 3, name)
+            if need_detail:
+                grid = counts = None
+                if scheme != KEEP and st.count:
+                    counts = analysis.dequantized_histogram(model, name, scheme, st.hist_edges)
+                    if counts is not None:
+                        grid = analysis.grid_levels(scheme, st.min, st.max)
+                self.runner.post(self._deliver_detail, gen, name, scheme,
+                                 Detail(scheme, counts, grid))
+                yield Progress(2, 3, name)
+            if need_gbs:
+                g = throughput.dequant_gbs(model, name, scheme)
+                self.runner.post(self._deliver_gbs, gen, name, scheme, g)
+            return None
+
+        self._interactive = self.runner.submit(job, f"Analysing {name}", INTERACTIVE,
+                                               on_error=self._failed(name))
+
+    def _deliver_detail(self, gen, name, scheme, detail) -> None:
+        if gen == self._generation:
+            self.doc.add_detail(name, scheme, detail)
+
+    def _deliver_gbs(self, gen, name, scheme, gbs) -> None:
+        if gen == self._generation:
+            self.doc.add_throughput(name, scheme, gbs)
+
+    # ---- comparison and throughput of the whole plan ---------------------------------------
+    def eligible_schemes(self, name: str) -> list[str]:
+        info = self.doc.model.info(name)
+        if not info.is_float:
+            return [KEEP]
+        return [KEEP] + [s for s in list_schemes()
+                         if get_scheme(s).ineligible_reason(info.shape) is None]
+
+    def compare(self, name: str, schemes=None):
+        """Evaluate (and time) every eligible scheme for one tensor; results arrive one by one."""
+        if self._compare is not None:
+            self._compare.cancel()
+        model, gen = self.doc.model, self._generation
+        schemes = list(schemes or self.eligible_schemes(name))
+
+        def job():
+            for i, s in enumerate(schemes):
+                if self.doc.result_for(name, s) is None:
+                    r = evaluate_tensor(model, name, s)
+                    self.runner.post(self._deliver_result, gen, r)
+                if (name, s) not in self.doc.throughput:
+                    g = throughput.dequant_gbs(model, name, s, repeats=3, budget_s=0.3)
+                    self.runner.post(self._deliver_gbs, gen, name, s, g)
+                yield Progress(i + 1, len(schemes), f"comparing {s}")
+            return None
+
+        self._compare = self.runner.submit(job, f"Comparing schemes for {name}", FOREGROUND,
+                                           visible=True, on_error=self._failed("Comparison"))
+        return self._compare
+
+    def measure_all(self):
+        model, gen = self.doc.model, self._generation
+        names = [n for n in self.doc.names() if self.doc.scheme_of(n) != KEEP]
+
+        def job():
+            for i, n in enumerate(names):
+                s = self.doc.assignment.get(n, KEEP)
+                g = throughput.dequant_gbs(model, n, s)
+                self.runner.post(self._deliver_gbs, gen, n, s, g)
+                yield Progress(i + 1, len(names), f"throughput: {n}")
+            return None
+
+        return self.runner.submit(job, "Measuring dequant throughput", FOREGROUND, visible=True,
+                                  on_error=self._failed("Throughput"))
+
+    def _failed(self, what: str):
+        def report(message: str) -> None:
+            self.errors.append(f"{what}: {message}")
+            if self.on_error is not None:
+                self.on_error(what, message)
+        return report

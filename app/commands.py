@@ -1,0 +1,124 @@
+"""Every edit is a command (DESIGN.md example 7): `do`, `undo`, `label` — Qt-free.
+
+Commands are thin wrappers over immutable :class:`workbench.plan.Plan` edits: each keeps
+the plan (and tier setup) before and after, so undo is exact. `app.undo` puts them on a
+QUndoStack. The target `doc` needs `.plan`, `.tiers`, `.model` and `.set_state(plan, tiers)`.
+"""
+
+from __future__ import annotations
+
+from workbench.plan import KEEP, Plan
+from workbench.schemes import get_scheme
+
+from .tiers import Tier, on_board
+
+
+class Command:
+    label = ""
+
+    def do(self, doc) -> None:
+        raise NotImplementedError
+
+    def undo(self, doc) -> None:
+        raise NotImplementedError
+
+
+class StateCommand(Command):
+    """Replace (plan, tiers) by new ones; undo restores the old ones."""
+
+    def __init__(self, label: str, before: tuple, after: tuple):
+        self.label = label
+        self.before = before
+        self.after = after
+
+    def do(self, doc) -> None:
+        doc.set_state(*self.after)
+
+    def undo(self, doc) -> None:
+        doc.set_state(*self.before)
+
+
+def _short(name: str) -> str:
+    parts = name.split(".")
+    return ".".join(parts[-3:]) if len(parts) > 3 else name
+
+
+def _what(names) -> str:
+    names = list(names)
+    return _short(names[0]) if len(names) == 1 else f"{len(names)} tensors"
+
+
+def eligible(doc, names, scheme: str) -> tuple[list[str], list[str]]:
+    """(names that can take `scheme`, names that cannot)."""
+    if scheme == KEEP:
+        return list(names), []
+    s = get_scheme(scheme)
+    ok, bad = [], []
+    for n in names:
+        info = doc.model.info(n)
+        (ok if info.is_float and s.ineligible_reason(info.shape) is None else bad).append(n)
+    return ok, bad
+
+
+def assign(doc, names, scheme: str) -> StateCommand | None:
+    """Assign `scheme` to tensors by exact-name rules (ineligible tensors are skipped)."""
+    ok, _ = eligible(doc, names, scheme)
+    if not ok:
+        return None
+    plan = doc.plan.with_assignments({n: scheme for n in ok})
+    return StateCommand(f"Assign {scheme} to {_what(ok)}", (doc.plan, doc.tiers),
+                        (plan, doc.tiers))
+
+
+def move_to_tier(doc, names, tier: int) -> StateCommand | None:
+    t: Tier = doc.tiers[tier]
+    ok, _ = eligible(doc, [n for n in names if on_board(doc.model.info(n))], t.scheme)
+    if not ok:
+        return None
+    plan = doc.plan.with_assignments({n: t.scheme for n in ok})
+    return StateCommand(f"Move {_what(ok)} to {t.name}", (doc.plan, doc.tiers), (plan, doc.tiers))
+
+
+def set_tier_scheme(doc, tier: int, scheme: str, members) -> StateCommand:
+    """Change a tier's scheme and re-assign its members (those that can take it)."""
+    old = doc.tiers[tier]
+    tiers = tuple(Tier(t.name, scheme, t.min_bits) if i == tier else t
+                  for i, t in enumerate(doc.tiers))
+    ok, _ = eligible(doc, members, scheme)
+    plan = doc.plan.with_assignments({n: scheme for n in ok}) if ok else doc.plan
+    return StateCommand(f"Set tier {old.name} to {scheme}", (doc.plan, doc.tiers), (plan, tiers))
+
+
+def add_rule(doc, match: str, scheme: str, index: int | None = None) -> StateCommand:
+    plan = doc.plan.with_rule(match, scheme, index)
+    return StateCommand(f"Add rule {match} → {scheme}", (doc.plan, doc.tiers), (plan, doc.tiers))
+
+
+def remove_rule(doc, index: int) -> StateCommand:
+    rule = doc.plan.rules[index]
+    plan = doc.plan.without_rule(index)
+    return StateCommand(f"Remove rule {rule.match}", (doc.plan, doc.tiers), (plan, doc.tiers))
+
+
+def set_default(doc, scheme: str) -> StateCommand:
+    return StateCommand(f"Set default scheme to {scheme}", (doc.plan, doc.tiers),
+                        (doc.plan.with_default(scheme), doc.tiers))
+
+
+def replace_plan(doc, plan: Plan, label: str = "Load plan") -> StateCommand:
+    return StateCommand(label, (doc.plan, doc.tiers), (plan, doc.tiers))
+
+
+_ELIGIBLE: dict[tuple, list[str]] = {}
+
+
+def schemes_for(info) -> list[str]:
+    """`keep` plus every registered scheme that can take this tensor (registry order)."""
+    key = (tuple(info.shape), info.is_float)
+    if key not in _ELIGIBLE:
+        from workbench.schemes import list_schemes
+        names = [KEEP]
+        if info.is_float and info.ndim >= 1:
+            names += [s for s in list_schemes() if get_scheme(s).ineligible_reason(info.shape) is None]
+        _ELIGIBLE[key] = names
+    return _ELIGIBLE[key]

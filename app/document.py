@@ -1,0 +1,192 @@
+"""The open document: model, plan, tier setup, and what has been computed about them.
+
+A QObject with signals, so views stay in sync; it holds `workbench` objects and results
+delivered by :mod:`app.analyzer` — it never computes over tensor data itself. Commands
+(:mod:`app.commands`) change it only through :meth:`Document.set_state`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from PySide6.QtCore import QObject, Signal
+
+from workbench.errors import WorkbenchError
+from workbench.evaluate import totals_of
+from workbench.plan import KEEP, Plan
+from workbench.schemes import get_scheme
+
+from .tiers import DEFAULT_TIERS
+
+
+@dataclass
+class Totals:
+    params: int
+    bytes_before: int
+    bytes_after: int
+    bits_per_weight: float
+    compression: float
+    sqnr_db: float | None      # None until every tensor is evaluated
+    pending: int               # tensors whose error is not known yet
+    throughput_gbs: float | None
+    measured: int
+
+
+class Document(QObject):
+    modelChanged = Signal()
+    stateChanged = Signal(list)        # tensor names whose assigned scheme changed
+    tiersChanged = Signal()
+    resultsChanged = Signal(list)      # names whose TensorResult (current scheme) arrived
+    statsChanged = Signal(list)
+    detailChanged = Signal(str)
+    throughputChanged = Signal(list)
+    currentChanged = Signal(str)
+    resultAdded = Signal(str, str)     # (name, scheme) of any new result (comparison)
+    backendChanged = Signal(str)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.model = None
+        self.plan = Plan()
+        self.tiers = DEFAULT_TIERS
+        self.assignment: dict[str, str] = {}
+        self.current: str | None = None
+        self.stats: dict = {}
+        self._results: dict[tuple[str, str], object] = {}
+        self.details: dict[tuple[str, str], object] = {}
+        self.throughput: dict[tuple[str, str], float | None] = {}
+        self._est: dict[tuple[str, str], int] = {}
+        self.backend = "…"
+
+    # ---- state --------------------------------------------------------------------------
+    def set_model(self, model, plan: Plan | None = None, tiers=None) -> None:
+        if self.model is not None and self.model is not model:
+            self.model.close()
+        self.model = model
+        self.plan = plan or Plan()
+        self.tiers = tuple(tiers) if tiers else DEFAULT_TIERS
+        self.assignment = self.plan.resolve(model) if model is not None else {}
+        self.stats, self._results, self.details, self.throughput = {}, {}, {}, {}
+        self._est = {}
+        self.current = None
+        self.modelChanged.emit()
+
+    def set_state(self, plan: Plan, tiers=None) -> None:
+        """Replace the plan (and tier setup); emits what changed."""
+        tiers = self.tiers if tiers is None else tuple(tiers)
+        tiers_changed = tiers != self.tiers
+        self.plan, self.tiers = plan, tiers
+        old = self.assignment
+        self.assignment = plan.resolve(self.model) if self.model is not None else {}
+        changed = [n for n, s in self.assignment.items() if old.get(n) != s]
+        if tiers_changed:
+            self.tiersChanged.emit()
+        self.stateChanged.emit(changed)
+
+    def set_current(self, name: str | None) -> None:
+        if name == self.current or (name is not None and self.model is not None
+                                    and name not in self.model.tensors):
+            return
+        self.current = name
+        self.currentChanged.emit(name or "")
+
+    # ---- results delivered by the analyzer ------------------------------------------------
+    def add_result(self, result) -> None:
+        self._results[(result.name, result.requested)] = result
+        self.resultAdded.emit(result.name, result.requested)
+        if self.assignment.get(result.name) == result.requested:
+            self.resultsChanged.emit([result.name])
+
+    def add_stats(self, stats_by_name: dict) -> None:
+        self.stats.update(stats_by_name)
+        self.statsChanged.emit(list(stats_by_name))
+
+    def add_detail(self, name: str, scheme: str, detail) -> None:
+        self.details[(name, scheme)] = detail
+        self.detailChanged.emit(name)
+
+    def add_throughput(self, name: str, scheme: str, gbs: float | None) -> None:
+        self.throughput[(name, scheme)] = gbs
+        self.throughputChanged.emit([name])
+
+    def set_backend(self, name: str) -> None:
+        self.backend = name
+        self.backendChanged.emit(name)
+
+    # ---- queries ------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        return list(self.model.tensors) if self.model is not None else []
+
+    def scheme_of(self, name: str) -> str:
+        return self.assignment.get(name, KEEP)
+
+    def result(self, name: str, scheme: str | None = None):
+        return self._results.get((name, scheme or self.scheme_of(name)))
+
+    def result_for(self, name: str, scheme: str):
+        return self._results.get((name, scheme))
+
+    def gbs(self, name: str, scheme: str | None = None) -> float | None:
+        return self.throughput.get((name, scheme or self.scheme_of(name)))
+
+    def estimated_bytes(self, name: str, scheme: str | None = None) -> int:
+        """Stored bytes under a scheme, from the scheme's size formula (no data read)."""
+        scheme = scheme or self.scheme_of(name)
+        key = (name, scheme)
+        if key not in self._est:
+            info = self.model.info(name)
+            n = info.nbytes
+            if scheme != KEEP and info.is_float:
+                try:
+                    s = get_scheme(scheme)
+                    if s.ineligible_reason(info.shape) is None:
+                        n = int(s.nbytes(info.shape))
+                except (WorkbenchError, NotImplementedError):
+                    pass
+            self._est[key] = n
+        return self._est[key]
+
+    def bytes_of(self, name: str) -> int:
+        r = self.result(name)
+        return r.bytes if r is not None else self.estimated_bytes(name)
+
+    def pending(self) -> list[str]:
+        return [n for n in self.names() if self.result(n) is None]
+
+    def totals(self) -> Totals:
+        if self.model is None:
+            return Totals(0, 0, 0, 0.0, 0.0, None, 0, None, 0)
+        results, pending, before, after, params = [], 0, 0, 0, 0
+        for name, info in self.model.tensors.items():
+            r = self.result(name)
+            params += info.numel
+            before += info.nbytes
+            if r is None:
+                pending += 1
+                after += self.estimated_bytes(name)
+            else:
+                results.append(r)
+                after += r.bytes
+        sqnr = None
+        if not pending:
+            t = totals_of(results)
+            before, after, sqnr = t.bytes_before, t.bytes_after, t.sqnr_db
+        floats, secs, measured = 0.0, 0.0, 0
+        for name, info in self.model.tensors.items():
+            g = self.gbs(name)
+            if g:
+                floats += info.numel * 4
+                secs += info.numel * 4 / (g * 1e9)
+                measured += 1
+        return Totals(params, before, after, 8.0 * after / params if params else 0.0,
+                      before / after if after else 0.0, sqnr, pending,
+                      floats / secs / 1e9 if secs > 0 else None, measured)
+
+    def sqnr(self, name: str) -> float | None:
+        r = self.result(name)
+        return None if r is None else r.error.sqnr_db
+
+    @staticmethod
+    def finite(v: float | None) -> bool:
+        return v is not None and math.isfinite(v)

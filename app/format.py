@@ -1,0 +1,57 @@
+"""Number formatting shared by every view (Qt-free)."""
+
+from __future__ import annotations
+
+import math
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "…"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def fmt_count(n: int) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} B"
+    if n >= 1e6:
+        return f"{n / 1e6:.2f} M"
+    if n >= 1e4:
+        return f"{n / 1e3:.1f} K"
+    return f"{n:,d}"
+
+
+def fmt_shape(shape) -> str:
+    return " × ".join(str(int(s)) for s in shape) if len(shape) else "scalar"
+
+
+def fmt_db(v: float | None) -> str:
+    if v is None:
+        return "…"
+    if math.isinf(v):
+        return "exact" if v > 0 else "-inf"
+    if math.isnan(v):
+        return "n/a"
+    return f"{v:.2f}"
+
+
+def fmt_float(v: float | None, digits: int = 4) -> str:
+    if v is None:
+        return "…"
+    if math.isnan(v):
+        return "n/a"
+    if v == 0:
+        return "0"
+    if abs(v) >= 1e4 or abs(v) < 1e-3:
+        return f"{v:.{digits - 1}e}"
+    return f"{v:.{digits}g}" if abs(v) >= 1 else f"{v:.{digits}f}"
+
+
+def fmt_gbs(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.1f}" if v >= 10 else f"{v:.2f}"

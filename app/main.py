@@ -1,0 +1,65 @@
+"""Application start-up: `quant-workbench [MODEL]` lands in :func:`run_gui`."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+START = time.perf_counter()
+
+
+def create_app(argv=None, offscreen: bool = False):
+    """The QApplication (created once), with organisation names, fonts and the theme."""
+    if offscreen:
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtWidgets import QApplication
+    app = QApplication.instance()
+    if app is None:
+        app = QApplication(list(argv or sys.argv[:1]))
+        app.setOrganizationName("QuantWorkbench")
+        app.setApplicationName("Quant Workbench")
+        from . import theme
+        theme.apply(app)
+    return app
+
+
+def build_window(model_path=None, plan_path=None, session_path=None, messages=None,
+                 autosave: bool = True):
+    """A MainWindow opening a session, or a model (default: the bundled demo) with a plan."""
+    from workbench.cli.common import default_model_path
+    from workbench.plan import Plan
+    from .main_window import MainWindow
+    win = MainWindow(messages=messages, autosave=autosave)
+    if session_path:
+        win.open_session(session_path)
+        return win
+    plan = None
+    if plan_path:
+        from workbench.errors import WorkbenchError
+        try:
+            plan = Plan.load(plan_path)
+        except WorkbenchError as exc:
+            win.messages.error("Cannot load plan", str(exc))
+    win.open_model(str(model_path or default_model_path()), plan)
+    return win
+
+
+def run_gui(args) -> int:
+    app = create_app()
+    win = build_window(getattr(args, "model", None), getattr(args, "plan", None),
+                       getattr(args, "session", None))
+    win.show()
+    win.analyzer.warmup()
+    from PySide6.QtCore import QTimer
+    QTimer.singleShot(0, win.start_session_guard)
+    return app.exec()
+
+
+if __name__ == "__main__":  # python -m app.main [MODEL]
+    import argparse
+    p = argparse.ArgumentParser()
+    p.add_argument("model", nargs="?")
+    p.add_argument("--plan")
+    p.add_argument("--session")
+    sys.exit(run_gui(p.parse_args()))

@@ -1,0 +1,443 @@
+"""The main window: composition of the views, menus, undo stack, settings and sessions."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QSettings, QStandardPaths, Qt, QTimer
+from PySide6.QtGui import QAction, QKeySequence, QUndoStack
+from PySide6.QtWidgets import (QFileDialog, QLabel, QMainWindow, QSplitter, QTabWidget,
+                               QVBoxLayout, QWidget)
+
+from workbench.errors import WorkbenchError
+from workbench.plan import Plan
+
+from . import commands
+from .analyzer import Analyzer
+from .comparison import ComparisonView
+from .document import Document
+from .layer_browser import LayerBrowser
+from .messages import Messages
+from .plots.panel import PlotsPanel
+from .progress_panel import ProgressPanel
+from .scheme_table import SchemeTable
+from .session import Session, is_session_file
+from .tier_board import TierBoard
+from .totals_bar import TotalsBar
+from .undo import push
+from .workers import FOREGROUND, Runner
+
+MAX_RECENT = 8
+TAB_TABLE, TAB_TIERS, TAB_COMPARE = range(3)
+
+
+def app_data_dir() -> Path:
+    p = Path(QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation))
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, messages=None, settings: QSettings | None = None, autosave: bool = True,
+                 parent=None):
+        super().__init__(parent)
+        self.setObjectName("MainWindow")
+        self.setWindowTitle("Quant Workbench")
+        self.setAcceptDrops(True)
+        self.messages = messages or Messages(self)
+        self.settings = settings or QSettings()
+        self.autosave_enabled = autosave
+        self.session_path: str | None = None
+        self.runner = Runner(self)
+        self.doc = Document(self)
+        self.analyzer = Analyzer(self.doc, self.runner, self)
+        self.analyzer.on_error = lambda what, msg: self.messages.error(what, msg)
+        self.undo_stack = QUndoStack(self)
+        self._pending_ui: dict | None = None
+        self._load_task = None
+
+        self.browser = LayerBrowser(self.doc)
+        self.plots = PlotsPanel(self.doc)
+        self.table = SchemeTable(self.doc, self.push)
+        self.tiers = TierBoard(self.doc, self.push, self.select)
+        self.comparison = ComparisonView(self.doc, self.analyzer, self.push)
+        self.totals = TotalsBar(self.doc)
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("MainTabs")
+        self.tabs.addTab(self.table, "Scheme table")
+        self.tabs.addTab(self.tiers, "Precision tiers")
+        self.tabs.addTab(self.comparison, "Scheme comparison")
+
+        self.right = QSplitter(Qt.Orientation.Vertical)
+        self.right.addWidget(self.plots)
+        self.right.addWidget(self.tabs)
+        self.right.setStretchFactor(0, 5)
+        self.right.setStretchFactor(1, 6)
+        self.main_split = QSplitter(Qt.Orientation.Horizontal)
+        self.main_split.addWidget(self.browser)
+        self.main_split.addWidget(self.right)
+        self.main_split.setStretchFactor(0, 2)
+        self.main_split.setStretchFactor(1, 7)
+        self.main_split.setSizes([400, 1200])
+        self.right.setSizes([430, 470])
+        central = QWidget()
+        lay = QVBoxLayout(central)
+        lay.setContentsMargins(8, 6, 8, 4)
+        lay.setSpacing(6)
+        lay.addWidget(self.totals)
+        lay.addWidget(self.main_split, 1)
+        self.setCentralWidget(central)
+
+        self.progress = ProgressPanel(self.runner)
+        self.status_label = QLabel("")
+        self.statusBar().addWidget(self.status_label, 1)
+        self.statusBar().addPermanentWidget(self.progress)
+
+        self.browser.activated.connect(self.select)
+        self.table.activated.connect(self.select)
+        self.undo_stack.indexChanged.connect(lambda _i: self._schedule_autosave())
+        self.doc.modelChanged.connect(self._model_changed)
+        self._autosave_timer = QTimer(self, singleShot=True, interval=1500)
+        self._autosave_timer.timeout.connect(self.autosave)
+        self._build_menus()
+        self.resize(1600, 1000)
+        self._restore_settings()
+
+    # ---- menus -------------------------------------------------------------------------------
+    def _action(self, menu, text, slot, shortcut=None, tip=None) -> QAction:
+        act = QAction(text, self)
+        if shortcut:
+            act.setShortcut(QKeySequence(shortcut))
+        if tip:
+            act.setStatusTip(tip)
+        act.triggered.connect(lambda _c=False: slot())
+        menu.addAction(act)
+        return act
+
+    def _build_menus(self) -> None:
+        mb = self.menuBar()
+        f = mb.addMenu("&File")
+        self._action(f, "&Open Model…", self.open_dialog, QKeySequence.StandardKey.Open)
+        self.recent_menu = f.addMenu("Open &Recent")
+        f.addSeparator()
+        self._action(f, "Open &Session…", self.open_session_dialog, "Ctrl+Shift+O")
+        self._action(f, "&Save Session", self.save_session, QKeySequence.StandardKey.Save)
+        self._action(f, "Save Session &As…", lambda: self.save_session(ask=True), "Ctrl+Shift+S")
+        f.addSeparator()
+        self._action(f, "&Load Plan…", self.load_plan_dialog, "Ctrl+L")
+        self._action(f, "&Export…", self.export_dialog, "Ctrl+E")
+        self._action(f, "Save Scree&nshot…", self.screenshot_dialog, "Ctrl+Shift+P")
+        self._action(f, "Save &Report…", self.report_dialog, "Ctrl+R")
+        f.addSeparator()
+        self._action(f, "&Quit", self.close, QKeySequence.StandardKey.Quit)
+
+        e = mb.addMenu("&Edit")
+        self.undo_action = self.undo_stack.createUndoAction(self, "&Undo")
+        self.undo_action.setShortcuts([QKeySequence("Ctrl+Z")])
+        self.redo_action = self.undo_stack.createRedoAction(self, "&Redo")
+        self.redo_action.setShortcuts([QKeySequence("Ctrl+Shift+Z"), QKeySequence("Ctrl+Y")])
+        e.addAction(self.undo_action)
+        e.addAction(self.redo_action)
+        e.addSeparator()
+        self._action(e, "&Assign Scheme to Selection", self.assign_selection, "Ctrl+Return")
+        self._action(e, "Add &Rule…", self.table.add_rule_dialog, "Ctrl+Shift+R")
+        self._action(e, "&Find Tensor", lambda: self.browser.filter_edit.setFocus(), "Ctrl+F")
+
+        v = mb.addMenu("&View")
+        for i, label in enumerate(("Scheme &Table", "Precision &Tiers", "Scheme &Comparison")):
+            self._action(v, label, lambda i=i: self.tabs.setCurrentIndex(i), f"Ctrl+{i + 1}")
+        v.addSeparator()
+        self._action(v, "&Log Histogram", lambda: self.plots.log_box.toggle(), "Ctrl+G")
+        self._action(v, "&Sort Channels by Range", lambda: self.plots.sort_box.toggle())
+
+        t = mb.addMenu("&Tools")
+        self._action(t, "Measure Dequant &Throughput (whole plan)", self.analyzer.measure_all)
+        self._action(t, "&Cancel Running Work", self.runner.cancel_all, "Esc")
+
+        h = mb.addMenu("&Help")
+        self._action(h, "&Keyboard Shortcuts", self.show_shortcuts, "F1")
+        self._action(h, "&About", lambda: self.messages.info(
+            "About Quant Workbench", "Quant Workbench: choose how each layer of a network is "
+            "quantized.\nEvery number comes from the workbench library; see docs/app.md."))
+        self._refresh_recent()
+
+    def show_shortcuts(self) -> None:
+        lines = []
+        for act in self.findChildren(QAction):
+            if act.shortcut().toString():
+                lines.append(f"{act.shortcut().toString():<16} {act.text().replace('&', '')}")
+        self.messages.info("Keyboard shortcuts", "\n".join(sorted(set(lines))))
+
+    # ---- edits -------------------------------------------------------------------------------
+    def push(self, command) -> bool:
+        return push(self.undo_stack, self.doc, command)
+
+    def select(self, name: str) -> None:
+        self.doc.set_current(name)
+
+    def assign_selection(self) -> None:
+        if self.tabs.currentIndex() == TAB_TABLE and self.table.selected_names():
+            self.table.assign_selection()
+            return
+        names = self.browser.selected_names()
+        if names:
+            self.push(commands.assign(self.doc, names, self.table.assign_combo.currentText()))
+
+    # ---- opening -----------------------------------------------------------------------------
+    def open_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Open model", self._last_dir(),
+            "Models (*.safetensors *.gguf *.bin *.pt *.pth *.json);;All files (*)")
+        if path:
+            self.open_path(path)
+
+    def open_path(self, path: str) -> None:
+        """Open a model, or a session / plan JSON file, by path."""
+        if path.endswith(".json") and is_session_file(path):
+            self.open_session(path)
+        elif path.endswith(".json") and not path.endswith(".safetensors.index.json"):
+            self.load_plan(path)
+        else:
+            self.open_model(path)
+
+    def open_model(self, path: str, plan: Plan | None = None, tiers=None, ui=None):
+        """Open a checkpoint on the compute thread; a failure shows a message."""
+        from workbench.loaders import open_model
+        self.status_label.setText(f"opening {path}…")
+
+        def done(model):
+            self.undo_stack.clear()
+            self._pending_ui = ui
+            self.doc.set_model(model, plan, tiers)
+            self._add_recent(model.path)
+            self.settings.setValue("last_dir", str(Path(model.path).parent))
+
+        def failed(message):
+            self.status_label.setText("open failed")
+            self.messages.error("Cannot open model", message)
+
+        self._load_task = self.runner.submit(lambda: open_model(path), f"Opening {path}",
+                                             FOREGROUND, visible=True, on_done=done,
+                                             on_error=failed)
+        return self._load_task
+
+    def _model_changed(self) -> None:
+        m = self.doc.model
+        if m is None:
+            return
+        self.setWindowTitle(f"{Path(m.path).name} — Quant Workbench")
+        self.status_label.setText(f"{m.path}  ·  {len(m.tensors)} tensors  ·  "
+                                  f"{m.total_params / 1e6:.2f} M params")
+        ui = self._pending_ui or {}
+        self._pending_ui = None
+        self.restore_ui(ui)
+        if not self.doc.current:
+            first = next((n for n, i in m.tensors.items() if i.ndim >= 2 and i.is_float),
+                         next(iter(m.tensors), None))
+            if first:
+                self.select(first)
+        self._schedule_autosave()
+
+    # ---- plans and sessions --------------------------------------------------------------------
+    def load_plan_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Load plan", self._last_dir(), "Plan (*.json)")
+        if path:
+            self.load_plan(path)
+
+    def load_plan(self, path: str) -> None:
+        try:
+            plan = Plan.load(path)
+        except WorkbenchError as exc:
+            self.messages.error("Cannot load plan", str(exc))
+            return
+        if self.doc.model is None:
+            self.messages.error("Cannot load plan", "open a model first")
+            return
+        self.push(commands.replace_plan(self.doc, plan, f"Load plan {Path(path).name}"))
+
+    def current_session(self) -> Session:
+        return Session(self.doc.model.path if self.doc.model else "", self.doc.plan,
+                       self.doc.tiers, self.ui_state())
+
+    def ui_state(self) -> dict:
+        return {"current": self.doc.current, "tab": self.tabs.currentIndex(),
+                **self.browser.state(), **self.plots.state(),
+                "splitters": [bytes(self.main_split.saveState().toBase64()).decode(),
+                              bytes(self.right.saveState().toBase64()).decode()]}
+
+    def restore_ui(self, ui: dict) -> None:
+        if not ui:
+            return
+        self.browser.restore(ui)
+        self.plots.restore(ui)
+        if isinstance(ui.get("tab"), int):
+            self.tabs.setCurrentIndex(ui["tab"])
+        sp = ui.get("splitters")
+        if isinstance(sp, list) and len(sp) == 2:
+            self.main_split.restoreState(QByteArray.fromBase64(sp[0].encode()))
+            self.right.restoreState(QByteArray.fromBase64(sp[1].encode()))
+        if ui.get("current"):
+            self.select(ui["current"])
+
+    def save_session(self, ask: bool = False, path: str | None = None) -> str | None:
+        if self.doc.model is None:
+            return None
+        if path is None:
+            path = self.session_path
+        if ask or path is None:
+            path, _ = QFileDialog.getSaveFileName(self, "Save session", self._last_dir(),
+                                                  "Session (*.json)")
+            if not path:
+                return None
+        try:
+            self.current_session().save(path)
+        except WorkbenchError as exc:
+            self.messages.error("Cannot save session", str(exc))
+            return None
+        self.session_path = path
+        self.undo_stack.setClean()
+        self._add_recent(path)
+        self.status_label.setText(f"session saved to {path}")
+        return path
+
+    def open_session_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open session", self._last_dir(),
+                                              "Session (*.json)")
+        if path:
+            self.open_session(path)
+
+    def open_session(self, path: str):
+        try:
+            s = Session.load(path)
+        except WorkbenchError as exc:
+            self.messages.error("Cannot open session", str(exc))
+            return None
+        self.session_path = path
+        self._add_recent(path)
+        return self.open_model(s.model, s.plan, s.tiers, s.ui)
+
+    # ---- autosave and crash recovery ---------------------------------------------------------------
+    def autosave_path(self) -> Path:
+        return app_data_dir() / "autosave.json"
+
+    def marker_path(self) -> Path:
+        return app_data_dir() / "running.lock"
+
+    def _schedule_autosave(self) -> None:
+        if self.autosave_enabled and self.doc.model is not None:
+            self._autosave_timer.start()
+
+    def autosave(self) -> None:
+        if not self.autosave_enabled or self.doc.model is None:
+            return
+        try:
+            self.current_session().save(self.autosave_path())
+        except WorkbenchError:
+            pass
+
+    def start_session_guard(self) -> bool:
+        """Mark the app as running; if the last run did not end cleanly, offer the autosave.
+
+        Returns True when the autosaved session is being restored.
+        """
+        crashed = self.marker_path().exists() and self.autosave_path().exists()
+        self.marker_path().write_text(str(os.getpid()))
+        if crashed and self.messages.ask(
+                "Restore session?",
+                "Quant Workbench did not close normally last time.\n"
+                "Restore the automatically saved session?"):
+            return self.open_session(str(self.autosave_path())) is not None
+        return False
+
+    # ---- export, screenshot, report -------------------------------------------------------------
+    def export_dialog(self):
+        if self.doc.model is None:
+            return None
+        from .export_dialog import ExportDialog
+        dlg = ExportDialog(self.doc, self.runner, self._last_dir(), self)
+        dlg.open()
+        return dlg
+
+    def screenshot_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save screenshot", self._last_dir(), "PNG (*.png)")
+        if path:
+            from .screenshot import grab_png
+            try:
+                grab_png(self, path)
+            except WorkbenchError as exc:
+                self.messages.error("Cannot save screenshot", str(exc))
+                return
+            self.status_label.setText(f"screenshot saved to {path}")
+
+    def report_dialog(self) -> None:
+        if self.doc.model is None:
+            return
+        path, _ = QFileDialog.getSaveFileName(self, "Save report", self._last_dir(), "HTML (*.html)")
+        if path:
+            from .report import write_report_from_window
+            try:
+                write_report_from_window(self, path)
+            except WorkbenchError as exc:
+                self.messages.error("Cannot save report", str(exc))
+                return
+            self.status_label.setText(f"report saved to {path}")
+
+    # ---- settings, recent files, drag and drop -----------------------------------------------------
+    def _last_dir(self) -> str:
+        return str(self.settings.value("last_dir", str(Path.home())))
+
+    def _add_recent(self, path: str) -> None:
+        path = str(Path(path).resolve())
+        recent = [p for p in self.recent_files() if p != path]
+        self.settings.setValue("recent_files", [path] + recent[:MAX_RECENT - 1])
+        self._refresh_recent()
+
+    def recent_files(self) -> list[str]:
+        v = self.settings.value("recent_files", [])
+        if isinstance(v, str):
+            v = [v]
+        return [str(p) for p in (v or [])]
+
+    def _refresh_recent(self) -> None:
+        self.recent_menu.clear()
+        files = self.recent_files()
+        for p in files:
+            act = self.recent_menu.addAction(p)
+            act.triggered.connect(lambda _c=False, p=p: self.open_path(p))
+        self.recent_menu.setEnabled(bool(files))
+
+    def _restore_settings(self) -> None:
+        geo = self.settings.value("geometry")
+        if isinstance(geo, QByteArray) and not geo.isEmpty():
+            self.restoreGeometry(geo)
+        for key, split in (("split_main", self.main_split), ("split_right", self.right)):
+            st = self.settings.value(key)
+            if isinstance(st, QByteArray) and not st.isEmpty():
+                split.restoreState(st)
+
+    def save_settings(self) -> None:
+        self.settings.setValue("geometry", self.saveGeometry())
+        self.settings.setValue("split_main", self.main_split.saveState())
+        self.settings.setValue("split_right", self.right.saveState())
+        self.settings.sync()
+
+    def dragEnterEvent(self, event) -> None:
+        if event.mimeData().hasUrls() and any(u.isLocalFile() for u in event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:
+        files = [u.toLocalFile() for u in event.mimeData().urls() if u.isLocalFile()]
+        if files:
+            event.acceptProposedAction()
+            self.open_path(files[0])
+
+    def closeEvent(self, event) -> None:
+        self.save_settings()
+        self.autosave()
+        self.runner.shutdown(timeout=2.0)
+        try:
+            self.marker_path().unlink()
+        except OSError:
+            pass
+        super().closeEvent(event)

@@ -1,0 +1,45 @@
+"""User messages behind one small interface, so tests can record them instead of blocking."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QMessageBox
+
+
+class Messages:
+    """Modal message boxes (the real app)."""
+
+    def __init__(self, parent=None):
+        self.parent = parent
+
+    def error(self, title: str, text: str) -> None:
+        box = QMessageBox(QMessageBox.Icon.Warning, title, text.split("\n\n")[0],
+                          QMessageBox.StandardButton.Ok, self.parent)
+        if "\n\n" in text:
+            box.setDetailedText(text)
+        box.exec()
+
+    def info(self, title: str, text: str) -> None:
+        QMessageBox.information(self.parent, title, text)
+
+    def ask(self, title: str, text: str) -> bool:
+        return QMessageBox.question(self.parent, title, text) == QMessageBox.StandardButton.Yes
+
+
+class RecordedMessages:
+    """Non-blocking: records every message; `answer` is what ask() returns."""
+
+    def __init__(self, answer: bool = False):
+        self.answer = answer
+        self.errors: list[tuple[str, str]] = []
+        self.infos: list[tuple[str, str]] = []
+        self.questions: list[tuple[str, str]] = []
+
+    def error(self, title: str, text: str) -> None:
+        self.errors.append((title, text))
+
+    def info(self, title: str, text: str) -> None:
+        self.infos.append((title, text))
+
+    def ask(self, title: str, text: str) -> bool:
+        self.questions.append((title, text))
+        return self.answer

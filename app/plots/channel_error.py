@@ -1,0 +1,59 @@
+"""Per-output-channel relative error under the assigned scheme."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Signal
+
+from ..format import fmt_float
+
+
+class ChannelErrorPlot(pg.PlotWidget):
+    hovered = Signal(str)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("ChannelErrorPlot")
+        self.err = np.zeros(0)
+        self.order = np.zeros(0, np.int64)
+        self.scheme = ""
+        item = self.getPlotItem()
+        item.setLabel("bottom", "output channel")
+        item.setLabel("left", "relative error")
+        item.showGrid(x=True, y=True, alpha=0.15)
+        item.setMenuEnabled(False)
+        item.setClipToView(True)
+        item.setDownsampling(auto=True, mode="peak")
+        self.curve = pg.PlotDataItem(pen=pg.mkPen("#ffb454", width=1), fillLevel=0,
+                                     brush=pg.mkBrush(255, 180, 84, 50))
+        self.mean_line = pg.InfiniteLine(angle=0, pen=pg.mkPen("#c9ced8", width=1,
+                                                               style=pg.QtCore.Qt.PenStyle.DashLine))
+        self.addItem(self.curve)
+        self.addItem(self.mean_line)
+        self.scene().sigMouseMoved.connect(self._hover)
+
+    def set_data(self, channel_rel_err, order=None, scheme: str = "") -> None:
+        self.err = np.asarray(channel_rel_err, np.float64) if channel_rel_err is not None \
+            else np.zeros(0)
+        self.scheme = scheme
+        n = self.err.size
+        self.order = np.asarray(order) if order is not None and len(order) == n else np.arange(n)
+        shown = np.nan_to_num(self.err[self.order], posinf=0.0) if n else self.err
+        self.curve.setData(np.arange(n, dtype=np.float64), shown)
+        finite = self.err[np.isfinite(self.err)]
+        self.mean_line.setVisible(finite.size > 0)
+        if finite.size:
+            self.mean_line.setValue(float(finite.mean()))
+        self.getPlotItem().setTitle(
+            f"per-channel error under {scheme}" if scheme and n else "", color="#8a92a3", size="9pt")
+        self.getPlotItem().enableAutoRange()
+
+    def _hover(self, pos) -> None:
+        n = self.err.size
+        if not n or not self.sceneBoundingRect().contains(pos):
+            return
+        x = int(round(self.getPlotItem().vb.mapSceneToView(pos).x()))
+        if 0 <= x < n:
+            c = int(self.order[x])
+            self.hovered.emit(f"channel {c}: relative error {fmt_float(self.err[c])} ({self.scheme})")

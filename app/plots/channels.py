@@ -1,0 +1,82 @@
+"""Per-output-channel min / max / absmax ranges, sortable by range, outliers highlighted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Signal
+
+from ..analysis import outlier_channels
+from ..format import fmt_float
+
+
+class ChannelRangePlot(pg.PlotWidget):
+    hovered = Signal(str)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("ChannelRangePlot")
+        self.sort_by_range = False
+        self.order = np.zeros(0, np.int64)
+        self.ch_min = self.ch_max = self.ch_abs = np.zeros(0)
+        self.outliers = np.zeros(0, bool)
+        item = self.getPlotItem()
+        item.setLabel("bottom", "output channel")
+        item.setLabel("left", "value")
+        item.showGrid(x=True, y=True, alpha=0.15)
+        item.setMenuEnabled(False)
+        item.setClipToView(True)
+        item.setDownsampling(auto=True, mode="peak")
+        self.legend = item.addLegend(offset=(-10, 10), labelTextColor="#c9ced8")
+        self.max_curve = pg.PlotDataItem(pen=pg.mkPen("#4c9aff", width=1), name="max")
+        self.min_curve = pg.PlotDataItem(pen=pg.mkPen("#4c9aff", width=1), name="min")
+        self.fill = pg.FillBetweenItem(self.max_curve, self.min_curve,
+                                       brush=pg.mkBrush(76, 154, 255, 70))
+        self.abs_curve = pg.PlotDataItem(pen=pg.mkPen("#9ece6a", width=1), name="absmax")
+        self.out_points = pg.ScatterPlotItem(size=6, brush=pg.mkBrush("#f85149"),
+                                             pen=pg.mkPen(None))
+        for it in (self.fill, self.max_curve, self.min_curve, self.abs_curve, self.out_points):
+            self.addItem(it)
+        self.legend.addItem(self.out_points, "outlier channels")
+        self.scene().sigMouseMoved.connect(self._hover)
+
+    def set_sorted(self, on: bool) -> None:
+        self.sort_by_range = bool(on)
+        self._draw()
+        self.getPlotItem().enableAutoRange()
+
+    def set_data(self, ch_min, ch_max, ch_absmax) -> None:
+        self.ch_min = np.asarray(ch_min, np.float64)
+        self.ch_max = np.asarray(ch_max, np.float64)
+        self.ch_abs = np.asarray(ch_absmax, np.float64)
+        self.outliers = outlier_channels(self.ch_abs)
+        self._draw()
+        self.getPlotItem().enableAutoRange()
+
+    def _draw(self) -> None:
+        n = self.ch_min.size
+        if self.sort_by_range and n:
+            rng = np.nan_to_num(self.ch_max - self.ch_min, nan=-1)
+            self.order = np.argsort(-rng, kind="stable")
+        else:
+            self.order = np.arange(n)
+        x = np.arange(n, dtype=np.float64)
+        o = self.order
+        self.max_curve.setData(x, self.ch_max[o])
+        self.min_curve.setData(x, self.ch_min[o])
+        self.abs_curve.setData(x, self.ch_abs[o])
+        mask = self.outliers[o] if n else np.zeros(0, bool)
+        self.out_points.setData(x[mask], self.ch_abs[o][mask])
+        self.getPlotItem().setLabel(
+            "bottom", "channels sorted by range" if self.sort_by_range else "output channel")
+
+    def _hover(self, pos) -> None:
+        n = self.ch_min.size
+        if not n or not self.sceneBoundingRect().contains(pos):
+            return
+        x = int(round(self.getPlotItem().vb.mapSceneToView(pos).x()))
+        if 0 <= x < n:
+            c = int(self.order[x])
+            flag = "  OUTLIER" if self.outliers[c] else ""
+            self.hovered.emit(f"channel {c}: min {fmt_float(self.ch_min[c])}, "
+                              f"max {fmt_float(self.ch_max[c])}, |max| {fmt_float(self.ch_abs[c])}{flag}")

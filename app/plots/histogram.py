@@ -1,0 +1,110 @@
+"""Weight histogram (linear or log count) with the scheme's grid and the dequantized histogram."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Signal
+
+from ..analysis import MAX_GRID_LINES
+from ..format import fmt_float
+
+ORIGINAL = "#4c9aff"
+DEQUANT = "#ffb454"
+GRID = (200, 205, 215, 55)
+
+
+class HistogramPlot(pg.PlotWidget):
+    hovered = Signal(str)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("HistogramPlot")
+        self.log = False
+        self.edges = np.zeros(0)
+        self.counts = np.zeros(0)
+        self.deq_counts = None
+        self.grid = None
+        item = self.getPlotItem()
+        item.setLabel("bottom", "weight value")
+        item.setLabel("left", "count")
+        item.showGrid(x=True, y=True, alpha=0.15)
+        item.setMenuEnabled(False)
+        self.legend = item.addLegend(offset=(-10, 10), labelTextColor="#c9ced8")
+        self.grid_item = pg.PlotCurveItem(pen=pg.mkPen(GRID, width=1), connect="pairs")
+        self.bars = pg.PlotDataItem(stepMode="center", fillLevel=0,
+                                    brush=pg.mkBrush(76, 154, 255, 90),
+                                    pen=pg.mkPen(ORIGINAL, width=1.2), name="weights")
+        self.deq = pg.PlotDataItem(stepMode="center", pen=pg.mkPen(DEQUANT, width=1.4),
+                                   name="dequantized")
+        self.addItem(self.grid_item)
+        self.addItem(self.bars)
+        self.addItem(self.deq)
+        self.scene().sigMouseMoved.connect(self._hover)
+
+    def set_log(self, on: bool) -> None:
+        self.log = bool(on)
+        self.getPlotItem().setLogMode(False, self.log)
+        self.getPlotItem().setLabel("left", "count (log)" if self.log else "count")
+        self._draw()
+
+    def set_data(self, edges, counts, deq_counts=None, grid=None, scheme: str = "") -> None:
+        self.edges = np.asarray(edges, dtype=np.float64)
+        self.counts = np.asarray(counts, dtype=np.float64)
+        self.deq_counts = None if deq_counts is None else np.asarray(deq_counts, np.float64)
+        self.grid = grid
+        self.scheme = scheme
+        self._draw()
+        self.getPlotItem().enableAutoRange()
+
+    def clear_data(self) -> None:
+        self.set_data(np.zeros(0), np.zeros(0))
+
+    def _y(self, c):
+        return np.maximum(c, 1.0) if self.log else c
+
+    def _draw(self) -> None:
+        if self.counts.size == 0:
+            self.bars.setData([], [])
+            self.deq.setData([], [])
+            self.grid_item.setData([], [])
+            return
+        self.bars.setData(self.edges, self._y(self.counts))
+        self.bars.setFillLevel(0 if not self.log else 0)
+        if self.deq_counts is not None:
+            self.deq.setData(self.edges, self._y(self.deq_counts))
+            self.deq.setVisible(True)
+        else:
+            self.deq.setData([], [])
+        top = max(float(self.counts.max()), 1.0)
+        if self.deq_counts is not None:
+            top = max(top, float(self.deq_counts.max()))
+        g = self.grid
+        if g is not None and 0 < len(g) <= MAX_GRID_LINES:
+            xs = np.repeat(np.asarray(g, np.float64), 2)
+            lo = 1.0 if self.log else 0.0
+            ys = np.tile([np.log10(lo) if self.log else lo,
+                          np.log10(top) if self.log else top], len(g))
+            self.grid_item.setData(xs, ys)
+        else:
+            self.grid_item.setData([], [])
+
+    def grid_text(self) -> str:
+        g = self.grid
+        if g is None:
+            return "no quantization grid (kept)"
+        if len(g) > MAX_GRID_LINES:
+            return f"{len(g)} representable values in range: grid too fine to draw"
+        return f"{len(g)} grid levels for a block spanning the tensor's range"
+
+    def _hover(self, pos) -> None:
+        if self.counts.size == 0 or not self.sceneBoundingRect().contains(pos):
+            return
+        x = self.getPlotItem().vb.mapSceneToView(pos).x()
+        i = int(np.searchsorted(self.edges, x, side="right") - 1)
+        if 0 <= i < self.counts.size:
+            text = (f"[{fmt_float(self.edges[i])}, {fmt_float(self.edges[i + 1])}):  "
+                    f"{int(self.counts[i]):,d} weights")
+            if self.deq_counts is not None:
+                text += f", {int(self.deq_counts[i]):,d} after {self.scheme}"
+            self.hovered.emit(text)

@@ -1,0 +1,140 @@
+"""The plots panel of the selected tensor: summary line, histogram, channel ranges and error."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtCore import Qt
+
+from ..format import fmt_count, fmt_db, fmt_float, fmt_shape
+from ..theme import sqnr_colour
+from .channel_error import ChannelErrorPlot
+from .channels import ChannelRangePlot
+from .histogram import HistogramPlot
+
+
+class PlotsPanel(QWidget):
+    def __init__(self, doc, parent=None):
+        super().__init__(parent)
+        self.doc = doc
+        self.name: str | None = None
+        self.title = QLabel("Select a tensor")
+        self.title.setObjectName("TensorTitle")
+        self.summary = QLabel("")
+        self.summary.setObjectName("TensorSummary")
+        self.summary.setTextFormat(Qt.TextFormat.RichText)
+        self.log_box = QCheckBox("log count")
+        self.sort_box = QCheckBox("sort channels by range")
+        self.grid_label = QLabel("")
+        self.grid_label.setObjectName("Muted")
+        self.hover = QLabel(" ")
+        self.hover.setObjectName("HoverReadout")
+        self.histogram = HistogramPlot()
+        self.ranges = ChannelRangePlot()
+        self.errors = ChannelErrorPlot()
+        for p in (self.histogram, self.ranges, self.errors):
+            p.hovered.connect(self.hover.setText)
+
+        head = QHBoxLayout()
+        head.addWidget(self.title)
+        head.addStretch(1)
+        head.addWidget(self.log_box)
+        head.addWidget(self.sort_box)
+        right = QSplitter(Qt.Orientation.Vertical)
+        right.addWidget(self.ranges)
+        right.addWidget(self.errors)
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.addWidget(self.histogram)
+        self.splitter.addWidget(right)
+        self.splitter.setStretchFactor(0, 3)
+        self.splitter.setStretchFactor(1, 2)
+        foot = QHBoxLayout()
+        foot.addWidget(self.hover, 1)
+        foot.addWidget(self.grid_label)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(3)
+        lay.addLayout(head)
+        lay.addWidget(self.summary)
+        lay.addWidget(self.splitter, 1)
+        lay.addLayout(foot)
+
+        self.log_box.toggled.connect(self.histogram.set_log)
+        self.sort_box.toggled.connect(self._sort)
+        doc.currentChanged.connect(self.show_tensor)
+        doc.statsChanged.connect(self._maybe)
+        doc.resultsChanged.connect(self._maybe)
+        doc.stateChanged.connect(self._maybe)
+        doc.detailChanged.connect(lambda n: self._maybe([n]))
+        doc.modelChanged.connect(lambda: self.show_tensor(""))
+
+    def _maybe(self, names) -> None:
+        if self.name and self.name in names:
+            self.refresh()
+
+    def _sort(self, on: bool) -> None:
+        self.ranges.set_sorted(on)
+        self._draw_error()
+
+    def show_tensor(self, name: str) -> None:
+        self.name = name or None
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Draw what is known about the current tensor (cheap: only cached arrays)."""
+        name, doc = self.name, self.doc
+        if not name or doc.model is None:
+            self.title.setText("Select a tensor")
+            self.summary.setText("")
+            self.histogram.clear_data()
+            self.ranges.set_data([], [], [])
+            self.errors.set_data(None)
+            return
+        info = doc.model.info(name)
+        scheme = doc.scheme_of(name)
+        self.title.setText(f"{name}")
+        st = doc.stats.get(name)
+        r = doc.result(name)
+        parts = [f"{fmt_shape(info.shape)}", f"{fmt_count(info.numel)} params",
+                 info.display_dtype, info.role, f"<b>{scheme}</b>"]
+        if st is not None and st.count:
+            parts += [f"mean {fmt_float(st.mean)}", f"std {fmt_float(st.std)}",
+                      f"|max| {fmt_float(st.absmax)}", f"kurtosis {st.kurtosis:.2f}",
+                      f"outliers {100 * st.outlier_frac:.3f}%"]
+            if st.nan or st.inf:
+                parts.append(f"<span style='color:#f85149'>{st.nan} NaN, {st.inf} Inf</span>")
+        elif st is None:
+            parts.append("statistics…")
+        if r is not None:
+            c = sqnr_colour(r.error.sqnr_db)
+            col = c.name() if c is not None else "#c9ced8"
+            parts.append(f"<span style='color:{col}'>SQNR {fmt_db(r.error.sqnr_db)} dB</span>")
+            if r.note:
+                parts.append(f"<span style='color:#d29922'>{r.requested} not applied: {r.note}</span>")
+        self.summary.setText("  ·  ".join(parts))
+        if st is not None:
+            det = doc.details.get((name, scheme))
+            self.histogram.set_data(st.hist_edges, st.hist_counts,
+                                    det.deq_counts if det else None,
+                                    det.grid if det else None, scheme)
+            self.grid_label.setText(self.histogram.grid_text() if det else "grid…")
+            self.ranges.set_data(st.ch_min, st.ch_max, st.ch_absmax)
+        else:
+            self.histogram.clear_data()
+            self.ranges.set_data([], [], [])
+            self.grid_label.setText("")
+        self._draw_error()
+
+    def _draw_error(self) -> None:
+        r = self.doc.result(self.name) if self.name else None
+        if r is None:
+            self.errors.set_data(None)
+            return
+        self.errors.set_data(r.error.channel_rel_err,
+                             self.ranges.order if self.ranges.sort_by_range else None, r.scheme)
+
+    def state(self) -> dict:
+        return {"log": self.log_box.isChecked(), "sort_channels": self.sort_box.isChecked()}
+
+    def restore(self, state: dict) -> None:
+        self.log_box.setChecked(bool(state.get("log", False)))
+        self.sort_box.setChecked(bool(state.get("sort_channels", False)))

@@ -1,0 +1,59 @@
+"""Status-bar progress: the running task's message, a progress bar and Cancel."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
+
+
+class ProgressPanel(QWidget):
+    def __init__(self, runner, parent=None):
+        super().__init__(parent)
+        self.runner = runner
+        self.task = None
+        self.label = QLabel("")
+        self.label.setObjectName("Muted")
+        self.bar = QProgressBar()
+        self.bar.setRange(0, 1000)
+        self.bar.setFixedWidth(180)
+        self.bar.setTextVisible(False)
+        self.cancel = QPushButton("Cancel")
+        self.cancel.setObjectName("CancelButton")
+        self.cancel.clicked.connect(self._cancel)
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.label)
+        lay.addWidget(self.bar)
+        lay.addWidget(self.cancel)
+        runner.taskStarted.connect(self._started)
+        runner.taskProgress.connect(self._progress)
+        runner.taskFinished.connect(self._finished)
+        self.setVisible(False)
+
+    def _started(self, task) -> None:
+        if task.visible:
+            self.task = task
+            self._show(task)
+
+    def _progress(self, task) -> None:
+        if task.visible:
+            self.task = task
+            self._show(task)
+
+    def _show(self, task) -> None:
+        text = task.message or task.name
+        self.label.setText(text if len(text) < 70 else text[:67] + "…")
+        self.bar.setValue(int(1000 * task.fraction))
+        self.setVisible(True)
+
+    def _finished(self, task) -> None:
+        if task is self.task:
+            others = [t for t in self.runner.tasks() if t.visible and not t.finished]
+            self.task = others[0] if others else None
+            if self.task is None:
+                self.setVisible(False)
+            else:
+                self._show(self.task)
+
+    def _cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()

@@ -1,0 +1,232 @@
+"""The scheme table view: sortable, a scheme editor per row, bulk assignment and rules."""
+
+from __future__ import annotations
+
+import re
+
+from PySide6.QtCore import QItemSelectionModel, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogButtonBox,
+                               QFormLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
+                               QMenu, QPushButton, QStyledItemDelegate, QTableView,
+                               QToolButton, QVBoxLayout, QWidget)
+
+from workbench.plan import KEEP
+from workbench.schemes import list_schemes
+
+from .commands import schemes_for
+from .table_model import C_NAME, C_SCHEME, NAME_ROLE, SORT_ROLE, SchemeTableModel
+
+
+class SchemeDelegate(QStyledItemDelegate):
+    """A combo box listing only the schemes that can take the row's tensor."""
+
+    def __init__(self, doc, parent=None):
+        super().__init__(parent)
+        self.doc = doc
+
+    def createEditor(self, parent, option, index):
+        name = index.data(NAME_ROLE)
+        combo = QComboBox(parent)
+        combo.addItems(schemes_for(self.doc.model.info(name)))
+        combo.setMaxVisibleItems(20)
+        return combo
+
+    def setEditorData(self, editor, index):
+        i = editor.findText(index.data(Qt.ItemDataRole.EditRole))
+        editor.setCurrentIndex(max(i, 0))
+
+    def setModelData(self, editor, model, index):
+        if editor.currentText() != index.data(Qt.ItemDataRole.EditRole):
+            model.setData(index, editor.currentText(), Qt.ItemDataRole.EditRole)
+
+
+class RuleDialog(QDialog):
+    """Add a plan rule: an exact name or a `re:` pattern, and a scheme; shows the matches."""
+
+    def __init__(self, doc, match: str = "", parent=None):
+        super().__init__(parent)
+        self.doc = doc
+        self.setWindowTitle("Add rule")
+        self.match = QLineEdit(match)
+        self.scheme = QComboBox()
+        self.scheme.addItems([KEEP] + list_schemes())
+        self.scheme.setCurrentText("int4-g128")
+        self.count = QLabel()
+        form = QFormLayout(self)
+        form.addRow("Match (name or re:pattern)", self.match)
+        form.addRow("Scheme", self.scheme)
+        form.addRow("", self.count)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
+                                   | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        form.addRow(buttons)
+        self.ok = buttons.button(QDialogButtonBox.StandardButton.Ok)
+        self.match.textChanged.connect(self._update)
+        self._update()
+
+    def matches(self) -> int | None:
+        text = self.match.text().strip()
+        if not text:
+            return None
+        if text.startswith("re:"):
+            try:
+                pat = re.compile(text[3:])
+            except re.error:
+                return None
+            return sum(1 for n in self.doc.names() if pat.search(n))
+        return int(text in self.doc.names())
+
+    def _update(self) -> None:
+        n = self.matches()
+        self.count.setText("invalid pattern" if n is None else f"matches {n} tensor(s)")
+        self.ok.setEnabled(bool(n))
+
+
+def common_pattern(names) -> str:
+    """A `re:` pattern matching the same tensor kind in every block (e.g. all q_proj)."""
+    if not names:
+        return ""
+    stems = {re.sub(r"\.\d+\.", ".", n).split(".", 1)[-1] for n in names}
+    if len(stems) == 1:
+        stem = stems.pop()
+        return "re:" + re.escape(stem.split(".", 1)[-1] if "." in stem else stem) + "$"
+    return "re:" + "|".join(re.escape(n) for n in names)
+
+
+class SchemeTable(QWidget):
+    """Emits `activated(name)` when the current row changes."""
+
+    activated = Signal(str)
+
+    def __init__(self, doc, push, parent=None):
+        super().__init__(parent)
+        self.doc = doc
+        self.push = push  # push(command_factory_result)
+        self.model = SchemeTableModel(doc, on_assign=self.assign)
+        self.proxy = QSortFilterProxyModel(self)
+        self.proxy.setSourceModel(self.model)
+        self.proxy.setSortRole(SORT_ROLE)
+        self.view = QTableView()
+        self.view.setObjectName("SchemeTable")
+        self.view.setModel(self.proxy)
+        self.view.setSortingEnabled(True)
+        self.view.sortByColumn(-1, Qt.SortOrder.AscendingOrder)
+        self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.view.setItemDelegateForColumn(C_SCHEME, SchemeDelegate(doc, self.view))
+        self.view.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked
+                                  | QAbstractItemView.EditTrigger.SelectedClicked
+                                  | QAbstractItemView.EditTrigger.EditKeyPressed)
+        self.view.setAlternatingRowColors(True)
+        self.view.setWordWrap(False)
+        self.view.verticalHeader().hide()
+        self.view.verticalHeader().setDefaultSectionSize(22)
+        hdr = self.view.horizontalHeader()
+        hdr.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        hdr.setSectionResizeMode(C_NAME, QHeaderView.ResizeMode.Stretch)
+        hdr.setMinimumSectionSize(48)
+        for col, w in zip(range(1, 11), (92, 68, 74, 150, 56, 84, 76, 68, 72, 56)):
+            self.view.setColumnWidth(col, w)
+        self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+
+        self.assign_combo = QComboBox()
+        self.assign_combo.addItems([KEEP] + list_schemes())
+        self.assign_combo.setCurrentText("int4-g128")
+        self.assign_combo.setMaxVisibleItems(24)
+        self.assign_button = QPushButton("Assign to selection")
+        self.assign_button.clicked.connect(self.assign_selection)
+        self.default_combo = QComboBox()
+        self.default_combo.addItems(list_schemes())
+        self.default_combo.setMaxVisibleItems(24)
+        self.default_combo.activated.connect(
+            lambda _i: self._set_default(self.default_combo.currentText()))
+        self.rule_button = QPushButton("Add rule…")
+        self.rule_button.clicked.connect(self.add_rule_dialog)
+        self.rules_button = QToolButton()
+        self.rules_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.rules_menu = QMenu(self.rules_button)
+        self.rules_button.setMenu(self.rules_menu)
+        bar = QHBoxLayout()
+        bar.setContentsMargins(0, 0, 0, 0)
+        bar.addWidget(self.assign_combo)
+        bar.addWidget(self.assign_button)
+        bar.addSpacing(16)
+        bar.addWidget(QLabel("Default"))
+        bar.addWidget(self.default_combo)
+        bar.addWidget(self.rule_button)
+        bar.addWidget(self.rules_button)
+        bar.addStretch(1)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 4, 0, 0)
+        lay.setSpacing(4)
+        lay.addLayout(bar)
+        lay.addWidget(self.view, 1)
+        self.view.selectionModel().currentRowChanged.connect(self._current)
+        doc.currentChanged.connect(self.show_tensor)
+        doc.stateChanged.connect(lambda _n: self._sync_plan())
+        doc.modelChanged.connect(self._sync_plan)
+
+    # ---- edits ------------------------------------------------------------------------------
+    def selected_names(self) -> list[str]:
+        rows = sorted({self.proxy.mapToSource(i).row()
+                       for i in self.view.selectionModel().selectedRows()})
+        return [self.model.name_at(r) for r in rows]
+
+    def assign(self, names, scheme: str) -> None:
+        """Assign from an edited cell: to the whole selection when the row is part of it."""
+        sel = self.selected_names()
+        if len(names) == 1 and names[0] in sel:
+            names = sel
+        from .commands import assign
+        self.push(assign(self.doc, names, scheme))
+
+    def assign_selection(self) -> None:
+        names = self.selected_names()
+        if names:
+            from .commands import assign
+            self.push(assign(self.doc, names, self.assign_combo.currentText()))
+
+    def _set_default(self, scheme: str) -> None:
+        if scheme != self.doc.plan.default:
+            from .commands import set_default
+            self.push(set_default(self.doc, scheme))
+
+    def add_rule_dialog(self) -> None:
+        dlg = RuleDialog(self.doc, common_pattern(self.selected_names()), self)
+        dlg.scheme.setCurrentText(self.assign_combo.currentText())
+        if dlg.exec() == QDialog.DialogCode.Accepted:
+            from .commands import add_rule
+            self.push(add_rule(self.doc, dlg.match.text().strip(), dlg.scheme.currentText()))
+
+    def _remove_rule(self, index: int) -> None:
+        from .commands import remove_rule
+        self.push(remove_rule(self.doc, index))
+
+    def _sync_plan(self) -> None:
+        plan = self.doc.plan
+        self.default_combo.setCurrentText(plan.default)
+        self.rules_menu.clear()
+        self.rules_button.setText(f"Rules ({len(plan.rules)})")
+        if not plan.rules:
+            self.rules_menu.addAction("No rules: every matrix uses the default").setEnabled(False)
+        for i, r in enumerate(plan.rules):
+            act = self.rules_menu.addAction(f"Remove  {r.match}  →  {r.scheme}")
+            act.triggered.connect(lambda _c=False, i=i: self._remove_rule(i))
+
+    # ---- selection ---------------------------------------------------------------------------
+    def _current(self, current, _previous) -> None:
+        if current.isValid():
+            self.activated.emit(self.model.name_at(self.proxy.mapToSource(current).row()))
+
+    def show_tensor(self, name: str) -> None:
+        if not name or self.doc.model is None or name not in self.doc.model.tensors:
+            return
+        idx = self.proxy.mapFromSource(self.model.index(self.model.row_of(name), C_NAME))
+        cur = self.view.currentIndex()
+        if cur.isValid() and cur.row() == idx.row():
+            return
+        self.view.selectionModel().setCurrentIndex(
+            idx, QItemSelectionModel.SelectionFlag.ClearAndSelect
+            | QItemSelectionModel.SelectionFlag.Rows)
+        self.view.scrollTo(idx)

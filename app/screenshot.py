@@ -1,0 +1,84 @@
+"""Render the real window offscreen with a given state and save it as a PNG."""
+
+from __future__ import annotations
+
+import time
+
+from workbench.atomic import atomic_write
+from workbench.errors import WorkbenchError
+
+TABS = {"table": 0, "tiers": 1, "comparison": 2}
+
+
+def wait_idle(app, win, timeout: float = 120.0) -> None:
+    """Process events until the compute thread has nothing left to do."""
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while time.monotonic() < deadline:
+        app.processEvents()
+        if win.runner.idle():
+            quiet += 1
+            if quiet > 3:
+                return
+        else:
+            quiet = 0
+        time.sleep(0.01)
+    raise WorkbenchError(f"the window was still busy after {timeout:.0f} s")
+
+
+def png_bytes(widget) -> bytes:
+    from PySide6.QtCore import QBuffer, QIODevice
+    pix = widget.grab()
+    buf = QBuffer()
+    buf.open(QIODevice.OpenModeFlag.WriteOnly)
+    if not pix.save(buf, "PNG"):
+        raise WorkbenchError("could not encode the screenshot as PNG")
+    return bytes(buf.data())
+
+
+def grab_png(widget, path) -> None:
+    data = png_bytes(widget)
+    with atomic_write(path, "wb") as fh:
+        fh.write(data)
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise WorkbenchError(f"bad --size '{text}' (expected WIDTHxHEIGHT, e.g. 1600x1000)") from None
+    if not (320 <= w <= 8000 and 240 <= h <= 8000):
+        raise WorkbenchError(f"--size {text} is out of range (320x240 .. 8000x8000)")
+    return w, h
+
+
+def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), tab="table",
+           compare: bool = False) -> None:
+    """Open the window offscreen on a model (+ plan), select a layer, wait, save a PNG."""
+    from .main import create_app, build_window
+    from .messages import RecordedMessages
+    app = create_app(offscreen=True)
+    msgs = RecordedMessages()
+    win = build_window(model_path, plan_path, messages=msgs, autosave=False)
+    win.resize(*size)
+    win.show()
+    win.analyzer.warmup()
+    try:
+        wait_idle(app, win)
+        if msgs.errors:
+            raise WorkbenchError(msgs.errors[0][1].split("\n")[0])
+        if layer:
+            if layer not in win.doc.model.tensors:
+                raise WorkbenchError("no such tensor in this model", path=str(model_path),
+                                     tensor=layer)
+            win.select(layer)
+        win.tabs.setCurrentIndex(TABS.get(tab, 0))
+        wait_idle(app, win)
+        win.resize(*size)
+        app.processEvents()
+        grab_png(win, out_path)
+    finally:
+        win.autosave_enabled = False
+        win.runner.shutdown()
+        win.deleteLater()
+        app.processEvents()

@@ -1,0 +1,72 @@
+"""Measured dequantization throughput of the kernels (Qt-free, compute thread only).
+
+`dequant_gbs(model, name, scheme)` times `kernels.dequantize(qt)` on the real tensor:
+float32 bytes written / seconds, median of a few runs after a warm-up run. When the
+kernels package does not provide a dequantize kernel yet, the answer is None ("n/a").
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from workbench.evaluate import quantize
+from workbench.plan import KEEP
+from workbench.schemes import get_scheme
+
+
+def backend_name() -> str:
+    try:
+        import kernels
+        return str(kernels.backend_name())
+    except (ImportError, AttributeError):
+        return "numpy"
+
+
+def warmup() -> str:
+    """Import and warm the kernels (JIT) — call on a background thread at start-up."""
+    try:
+        import kernels
+        fn = getattr(kernels, "warmup", None)
+        if fn is not None:
+            fn()
+        return str(kernels.backend_name())
+    except (ImportError, AttributeError):
+        return "numpy"
+
+
+def _dequantize_fn():
+    try:
+        import kernels
+        return kernels.dequantize if hasattr(kernels, "warmup") else None
+    except (ImportError, AttributeError):
+        return None
+
+
+def available() -> bool:
+    return _dequantize_fn() is not None
+
+
+def dequant_gbs(model, name: str, scheme_name: str, repeats: int = 5,
+                budget_s: float = 1.0) -> float | None:
+    """GB/s of float32 output for dequantizing this tensor with this scheme, or None."""
+    deq = _dequantize_fn()
+    if deq is None or scheme_name == KEEP:
+        return None
+    info = model.info(name)
+    if not info.is_float or get_scheme(scheme_name).ineligible_reason(info.shape):
+        return None
+    import numpy as np
+    qt = quantize(model.read_matrix(name), scheme_name, tensor=name)
+    out = np.empty(info.numel, np.float32)
+    deq(qt, out=out)  # warm-up (JIT, caches, page faults)
+    times = []
+    start = time.perf_counter()
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        deq(qt, out=out)
+        times.append(time.perf_counter() - t0)
+        if time.perf_counter() - start > budget_s and len(times) >= 1:
+            break
+    sec = statistics.median(times)
+    return (info.numel * 4) / sec / 1e9 if sec > 0 else None

@@ -1,0 +1,71 @@
+"""The always-visible totals: size before/after, bits per weight, model SQNR, kernel backend."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QVBoxLayout
+
+from .format import fmt_bytes, fmt_db, fmt_gbs
+from .theme import sqnr_colour
+
+
+class _Stat(QFrame):
+    def __init__(self, caption: str, name: str):
+        super().__init__()
+        self.setObjectName("TotalsCell")
+        self.value = QLabel("—")
+        self.value.setObjectName(name)
+        self.value.setProperty("role", "value")
+        self.caption = QLabel(caption)
+        self.caption.setProperty("role", "caption")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(12, 4, 12, 4)
+        lay.setSpacing(0)
+        lay.addWidget(self.caption)
+        lay.addWidget(self.value)
+
+
+class TotalsBar(QFrame):
+    def __init__(self, doc, parent=None):
+        super().__init__(parent)
+        self.doc = doc
+        self.setObjectName("TotalsBar")
+        self.size = _Stat("MODEL SIZE  before → after", "TotalSize")
+        self.ratio = _Stat("COMPRESSION", "TotalRatio")
+        self.bits = _Stat("AVG BITS / WEIGHT", "TotalBits")
+        self.sqnr = _Stat("MODEL SQNR", "TotalSqnr")
+        self.backend = _Stat("KERNELS  backend · dequant", "TotalBackend")
+        self.status = QLabel("")
+        self.status.setObjectName("Muted")
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(6, 4, 6, 4)
+        lay.setSpacing(2)
+        for w in (self.size, self.ratio, self.bits, self.sqnr, self.backend):
+            lay.addWidget(w)
+        lay.addStretch(1)
+        lay.addWidget(self.status)
+        self.last = None
+        for sig in (doc.modelChanged, doc.backendChanged):
+            sig.connect(lambda *_: self.refresh())
+        for sig in (doc.stateChanged, doc.resultsChanged, doc.throughputChanged):
+            sig.connect(lambda *_: self.refresh())
+
+    def refresh(self) -> None:
+        t = self.doc.totals()
+        self.last = t
+        if self.doc.model is None:
+            return
+        self.size.value.setText(f"{fmt_bytes(t.bytes_before)} → {fmt_bytes(t.bytes_after)}")
+        self.ratio.value.setText(f"{t.compression:.2f}×")
+        self.bits.value.setText(f"{t.bits_per_weight:.3f}")
+        if t.sqnr_db is None:
+            self.sqnr.value.setText("…")
+            self.sqnr.value.setStyleSheet("")
+            self.status.setText(f"evaluating error of {t.pending} tensor(s)…")
+        else:
+            self.sqnr.value.setText(f"{fmt_db(t.sqnr_db)} dB")
+            c = sqnr_colour(t.sqnr_db)
+            self.sqnr.value.setStyleSheet(f"color: {c.name()};" if c is not None else "")
+            self.status.setText(f"{self.doc.model.format} · {len(self.doc.model.tensors)} tensors")
+        gbs = (f"{fmt_gbs(t.throughput_gbs)} GB/s ({t.measured} tensor{'s' if t.measured != 1 else ''})"
+               if t.throughput_gbs else "n/a")
+        self.backend.value.setText(f"{self.doc.backend.upper()} · {gbs}")
