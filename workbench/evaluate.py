@@ -20,6 +20,7 @@ from .metrics import ErrorSums, ModelTotals, TensorError, from_sums
 from .plan import KEEP
 from .progress import Progress
 from .schemes import get_scheme
+from .stats import file_signature
 
 
 @dataclass
@@ -88,17 +89,25 @@ def quantize_measure(w: np.ndarray, scheme_name: str, tensor: str | None = None)
 
 
 class EvalCache:
+    """Results keyed by (model path, tensor, scheme); an entry is dropped when the file at the
+    model path has changed since (its mtime/size), so a rewritten file is measured again."""
+
     def __init__(self):
-        self._data: dict[tuple, TensorResult] = {}
+        self._data: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
 
     def get(self, key):
+        sig = file_signature(key[0])
         with self._lock:
-            return self._data.get(key)
+            hit = self._data.get(key)
+            if hit is None or hit[0] != sig:
+                return None
+            return hit[1]
 
     def put(self, key, value) -> None:
+        sig = file_signature(key[0])
         with self._lock:
-            self._data[key] = value
+            self._data[key] = (sig, value)
 
     def clear(self) -> None:
         with self._lock:

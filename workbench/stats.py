@@ -14,6 +14,7 @@ numpy definition the kernels are tested against.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -162,12 +163,71 @@ def _tensor_stats_16bit(model, name: str, bins: int):
                               rmax.astype(np.float64), bins)
 
 
+# storage dtypes whose values float32 cannot hold exactly (the numba kernels decode rows to
+# float32): their statistics are computed in float64 by the chunked numpy path
+_WIDE_DTYPES = ("F64", "I64", "I32", "U64", "U32")
+
+
 def tensor_stats(model, name: str, bins: int = BINS):
     """Job: statistics of one tensor (yields Progress, returns TensorStats)."""
     info = model.info(name)
     if info.dtype in ("BF16", "F16") and not info.quant and info.numel:
         return (yield from _tensor_stats_16bit(model, name, bins))
+    if info.dtype in _WIDE_DTYPES and not info.quant:
+        return (yield from _tensor_stats_float64(model, name, bins))
     return (yield from _tensor_stats_two_pass(model, name, bins))
+
+
+def _f64_chunks(model, name: str):
+    info = model.info(name)
+    rows, cols = info.matrix_shape
+    raw = model.raw(name)
+    step = max(1, CHUNK_ELEMENTS // max(cols, 1))
+    for r0 in range(0, rows, step):
+        yield r0, np.asarray(raw[r0:r0 + step], dtype=np.float64).reshape(-1, cols)
+
+
+def _tensor_stats_float64(model, name: str, bins: int):
+    """Two chunked numpy passes in float64: the reference definition, in bounded memory."""
+    info = model.info(name)
+    rows, cols = info.matrix_shape
+    rmin = np.full(rows, np.inf)
+    rmax = np.full(rows, -np.inf)
+    nan = inf = 0
+    s = q = 0.0
+    for r0, x in _f64_chunks(model, name):
+        fin = np.isfinite(x)
+        nan += int(np.isnan(x).sum())
+        inf += int(np.isinf(x).sum())
+        rmin[r0:r0 + len(x)] = np.where(fin, x, np.inf).min(axis=1, initial=np.inf)
+        rmax[r0:r0 + len(x)] = np.where(fin, x, -np.inf).max(axis=1, initial=-np.inf)
+        v = x[fin]
+        s += float(v.sum())
+        q += float((v * v).sum())
+        yield Progress(r0 + len(x), 2 * rows, name)
+    count = info.numel - nan - inf
+    if count == 0:
+        return _empty_stats(name, rows, nan, inf, bins)
+    lo, hi = float(rmin.min()), float(rmax.max())
+    mean = s / count
+    thresh = OUTLIER_SIGMA * math.sqrt(max(q / count - mean * mean, 0.0))
+    scale = bins / (hi - lo) if hi > lo else 0.0
+    hist = np.zeros(bins, np.int64)
+    m = np.zeros(3)
+    outl = 0
+    for r0, x in _f64_chunks(model, name):
+        v = x[np.isfinite(x)]
+        hist += np.bincount(np.clip(((v - lo) * scale).astype(np.int64), 0, bins - 1),
+                            minlength=bins)
+        d = v - mean
+        m += [float((d ** 2).sum()), float((d ** 3).sum()), float((d ** 4).sum())]
+        outl += int((np.abs(d) > thresh).sum())
+        yield Progress(rows + r0 + len(x), 2 * rows, name)
+    m2, m3, m4 = m / count
+    edges = np.linspace(lo, hi, bins + 1) if hi > lo else np.linspace(lo - 0.5, hi + 0.5, bins + 1)
+    return TensorStats(name, count, nan, inf, lo, hi, mean, math.sqrt(m2), max(abs(lo), abs(hi)),
+                       m4 / (m2 * m2) - 3.0 if m2 > 0 else 0.0, outl / count, hist, edges,
+                       *_channel_arrays(rmin, rmax))
 
 
 def _tensor_stats_two_pass(model, name: str, bins: int):
@@ -237,7 +297,7 @@ def _empty_stats(name, rows, nan, inf, bins) -> TensorStats:
 def reference_stats(w: np.ndarray, name: str = "", bins: int = BINS) -> TensorStats:
     """The numpy definition of every statistic (used by tests; loads the whole tensor)."""
     w = np.asarray(w, dtype=np.float64)
-    w2 = w.reshape(w.shape[0], -1) if w.ndim >= 2 else w.reshape(1, -1)
+    w2 = w.reshape(w.shape[0], math.prod(w.shape[1:])) if w.ndim >= 2 else w.reshape(1, -1)
     fin = np.isfinite(w2)
     nan = int(np.isnan(w2).sum())
     inf = int(np.isinf(w2).sum())
@@ -261,20 +321,36 @@ def reference_stats(w: np.ndarray, name: str = "", bins: int = BINS) -> TensorSt
                        outl / v.size, counts, edges, *_channel_arrays(masked_lo, masked_hi))
 
 
+def file_signature(path) -> tuple | None:
+    """(mtime_ns, size) of a file, so caches never serve results of a file since rewritten."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError, TypeError):
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
 class StatsCache:
-    """Thread-safe per-tensor cache keyed by (model path, tensor name)."""
+    """Thread-safe per-tensor cache keyed by (model path, tensor name, file signature)."""
 
     def __init__(self):
-        self._data: dict[tuple[str, str], TensorStats] = {}
+        self._data: dict[tuple, TensorStats] = {}
         self._lock = threading.Lock()
 
+    @staticmethod
+    def _key(model, name: str) -> tuple:
+        info = model.tensors.get(name)
+        return (model.path, name, file_signature((info.file if info else "") or model.path))
+
     def get(self, model, name: str) -> TensorStats | None:
+        key = self._key(model, name)
         with self._lock:
-            return self._data.get((model.path, name))
+            return self._data.get(key)
 
     def put(self, model, stats: TensorStats) -> None:
+        key = self._key(model, stats.name)
         with self._lock:
-            self._data[(model.path, stats.name)] = stats
+            self._data[key] = stats
 
     def clear(self) -> None:
         with self._lock:
