@@ -60,9 +60,11 @@ class Plan:
 
     def __post_init__(self):
         self.default = _check_scheme(self.default, "default")
-        self.rules = [r if isinstance(r, Rule) else Rule(**r) for r in self.rules]
-        for r in self.rules:
+        rules = [r if isinstance(r, Rule) else Rule(**r) for r in self.rules]
+        for r in rules:
             self._validate_rule(r)
+        # canonical scheme names, so the plan reports (and exports) what is applied
+        self.rules = [Rule(r.match, _check_scheme(r.scheme, f"rule '{r.match}'")) for r in rules]
         self._compiled = None
 
     @staticmethod
@@ -144,7 +146,7 @@ class Plan:
         if data.get("format", PLAN_FORMAT) != PLAN_FORMAT:
             raise WorkbenchError(f"not a plan file (format is {data.get('format')!r})", path=path)
         version = data.get("version")
-        if version != PLAN_VERSION:
+        if type(version) is not int or version != PLAN_VERSION:
             raise WorkbenchError(f"unsupported plan version {version!r} (expected {PLAN_VERSION})",
                                  path=path)
         default = data.get("default", "int8-channel")
