@@ -18,12 +18,6 @@ def sub_blocks(x: np.ndarray, size: int) -> np.ndarray:
     return x.reshape(-1, size)
 
 
-def signed_absmax(v: np.ndarray) -> np.ndarray:
-    """Per row, the entry of largest magnitude, with its sign."""
-    idx = np.abs(v).argmax(axis=1)
-    return v[np.arange(v.shape[0]), idx]
-
-
 def requantize(xn: np.ndarray, dsub: np.ndarray, lo: int, hi: int,
                offset: np.ndarray | None = None, empty: int = 0) -> np.ndarray:
     """Final codes given the *stored* sub-block scales: clip(rint((x + offset) / d), lo, hi).
@@ -106,12 +100,29 @@ def k4_weights(sub: np.ndarray) -> np.ndarray:
     return rms[:, None] + np.abs(sub)
 
 
-def quantize_super_scales(scale: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
-    """Non-negative sub-block scales (nb, S) -> (super scale (nb,), codes (nb, S) in 0..levels).
+def super_scale_codes(values: np.ndarray, e: np.ndarray, levels: int, signed: bool = False
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sub-block scales (nb, S), normalized by 2**e -> (fp16 super scale, its value, codes).
 
-    The largest scale of the super-block maps to `levels`; code = rint(scale * levels / max).
+    Unsigned (scales and mins of Q2_K/Q4_K/Q5_K): the largest value maps to code `levels`.
+    Signed (Q3_K, Q6_K): the value of largest magnitude maps to code -levels, codes lie in
+    [-levels, levels-1]. The codes are rounded against the *stored* float16 super scale, so
+    a super scale that float16 rounds coarsely (tiny weights) still gives the closest codes.
+    Returns (d16 float16 (nb,), d_eff float32 normalized (nb,), codes int16 (nb, S)).
     """
-    mx = scale.max(axis=1)
-    inv = np.where(mx > 0, F(levels) / np.where(mx > 0, mx, F(1)), F(0))
-    codes = np.minimum(np.rint(inv[:, None] * scale), levels).astype(np.uint8)
-    return (mx / F(levels)).astype(F), codes
+    from .common import denormalize, renormalize, to_fp16
+    if signed:
+        idx = np.abs(values).argmax(axis=1)
+        top = values[np.arange(values.shape[0]), idx]
+        d = top / F(-levels)
+        lo, hi = -levels, levels - 1
+    else:
+        d = values.max(axis=1) / F(levels)
+        lo, hi = 0, levels
+    d16 = to_fp16(denormalize(d.astype(F), e))
+    d_eff = renormalize(d16.astype(F), e)
+    ok = np.isfinite(d_eff) & (d_eff != 0)
+    safe = np.where(ok, d_eff, F(1))
+    codes = np.clip(np.rint(values / safe[:, None]), lo, hi)
+    codes = np.where(ok[:, None], codes, 0).astype(np.int16)
+    return d16, d_eff, codes

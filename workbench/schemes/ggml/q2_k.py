@@ -15,7 +15,7 @@ import gguf
 import numpy as np
 
 from . import kcommon as kc
-from .common import GGMLScheme, block_dtype, denormalize, fp16_field, pow2_normalize, renormalize, to_fp16
+from .common import GGMLScheme, block_dtype, fp16_field, pow2_normalize
 from .search import affine_search
 
 F = np.float32
@@ -35,11 +35,9 @@ class Q2_K(GGMLScheme):
         xn, e = pow2_normalize(x)
         sub = kc.sub_blocks(xn, 16)
         scale, mins, _ = affine_search(sub, np.abs(sub), 3, -0.5, 0.1, 15, use_abs=True)
-        dn, ls = kc.quantize_super_scales(scale.reshape(nb, 16), 15)
-        mn, lm = kc.quantize_super_scales(mins.reshape(nb, 16), 15)
-        d16, dmin16 = to_fp16(denormalize(dn, e)), to_fp16(denormalize(mn, e))
-        d_eff = renormalize(d16.astype(F), e)
-        m_eff = renormalize(dmin16.astype(F), e)
+        d16, d_eff, ls = kc.super_scale_codes(scale.reshape(nb, 16), e, 15)
+        dmin16, m_eff, lm = kc.super_scale_codes(mins.reshape(nb, 16), e, 15)
+        ls, lm = ls.astype(np.uint8), lm.astype(np.uint8)
         L = kc.requantize(xn.reshape(nb, 16, 16), d_eff[:, None] * ls, 0, 3,
                           offset=m_eff[:, None] * lm).reshape(nb, 256)
         out = np.empty(nb, self.block_dtype)

@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 
 from . import kcommon as kc
-from .common import GGMLScheme, block_dtype, denormalize, fp16_field, pow2_normalize, renormalize, to_fp16
+from .common import GGMLScheme, block_dtype, fp16_field, pow2_normalize
 from .search import symmetric_search
 
 F = np.float32
@@ -56,13 +56,7 @@ class Q3_K(GGMLScheme):
         xn, e = pow2_normalize(x)
         sub = kc.sub_blocks(xn, 16)
         scale, _ = symmetric_search(sub, kc.k4_weights(sub), 4, self.steps, refine=self.refine)
-        scale = scale.reshape(nb, 16)
-        smax = kc.signed_absmax(scale)
-        has = smax != 0
-        iscale = np.where(has, F(-32) / np.where(has, smax, F(1)), F(0))
-        codes = np.clip(np.rint(iscale[:, None] * scale), -32, 31).astype(np.int16)
-        d16 = to_fp16(denormalize(np.where(has, smax / F(-32), F(0)), e))
-        d_eff = renormalize(d16.astype(F), e)
+        d16, d_eff, codes = kc.super_scale_codes(scale.reshape(nb, 16), e, 32, signed=True)
         L = kc.requantize(xn.reshape(nb, 16, 16), d_eff[:, None] * codes.astype(F), -4, 3,
                           empty=0).reshape(nb, 256) + 4
         out = np.empty(nb, self.block_dtype)

@@ -18,7 +18,7 @@ import gguf
 import numpy as np
 
 from . import kcommon as kc
-from .common import GGMLScheme, block_dtype, denormalize, fp16_field, pow2_normalize, renormalize, to_fp16
+from .common import GGMLScheme, block_dtype, fp16_field, pow2_normalize
 from .search import affine_search
 
 F = np.float32
@@ -38,11 +38,8 @@ class AffineK(GGMLScheme, register=False):
         sub = kc.sub_blocks(xn, 32)
         scale, mins, _ = affine_search(sub, kc.k4_weights(sub), self.nmax, self.rmin,
                                        self.rdelta, self.nstep, use_abs=False)
-        dn, ls = kc.quantize_super_scales(scale.reshape(nb, 8), 63)
-        mn, lm = kc.quantize_super_scales(mins.reshape(nb, 8), 63)
-        d16, dmin16 = to_fp16(denormalize(dn, e)), to_fp16(denormalize(mn, e))
-        d_eff = renormalize(d16.astype(F), e)
-        m_eff = renormalize(dmin16.astype(F), e)
+        d16, d_eff, ls = kc.super_scale_codes(scale.reshape(nb, 8), e, 63)
+        dmin16, m_eff, lm = kc.super_scale_codes(mins.reshape(nb, 8), e, 63)
         L = kc.requantize(xn.reshape(nb, 8, 32), d_eff[:, None] * ls, 0, self.nmax,
                           offset=m_eff[:, None] * lm).reshape(nb, 256)
         out = np.empty(nb, self.block_dtype)

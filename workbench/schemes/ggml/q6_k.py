@@ -18,7 +18,7 @@ import gguf
 import numpy as np
 
 from . import kcommon as kc
-from .common import GGMLScheme, block_dtype, denormalize, fp16_field, pow2_normalize, renormalize, to_fp16
+from .common import GGMLScheme, block_dtype, fp16_field, pow2_normalize
 from .search import symmetric_search
 
 F = np.float32
@@ -37,13 +37,7 @@ class Q6_K(GGMLScheme):
         xn, e = pow2_normalize(x)
         sub = kc.sub_blocks(xn, 16)
         scale, _ = symmetric_search(sub, sub * sub, 32, range(-9, 10))
-        scale = scale.reshape(nb, 16)
-        smax = kc.signed_absmax(scale)
-        has = np.abs(smax) > 0
-        iscale = np.where(has, F(-128) / np.where(has, smax, F(1)), F(0))
-        codes = np.clip(np.rint(iscale[:, None] * scale), -128, 127).astype(np.int16)
-        d16 = to_fp16(denormalize(np.where(has, smax / F(-128), F(0)), e))
-        d_eff = renormalize(d16.astype(F), e)
+        d16, d_eff, codes = kc.super_scale_codes(scale.reshape(nb, 16), e, 128, signed=True)
         L = kc.requantize(xn.reshape(nb, 16, 16), d_eff[:, None] * codes.astype(F), -32, 31,
                           empty=0).reshape(nb, 2, 4, 32).astype(np.uint8) + np.uint8(32)
         lo = L & np.uint8(15)

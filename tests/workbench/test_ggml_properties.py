@@ -1,0 +1,111 @@
+"""Property tests (hypothesis) of the GGML schemes: random shapes and values, zeros, constant
+rows, huge and tiny magnitudes, NaN/Inf."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from workbench.errors import WorkbenchError
+from workbench.schemes import get_scheme
+from workbench.schemes.ggml import GGML_SCHEMES
+
+SETTINGS = settings(max_examples=25, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# worst relative error of one block versus its largest |w| (a loose, format-level bound)
+BLOCK_BOUND = {"q2_k": 0.75, "q3_k": 0.5, "q4_0": 0.13, "q4_1": 0.07, "iq4_nl": 0.2,
+               "q4_k": 0.15, "q5_0": 0.07, "q5_1": 0.035, "q5_k": 0.08, "q6_k": 0.04,
+               "q8_0": 0.0081}
+FP16_TINY = 6.2e-5   # below this, float16 block scales lose relative precision
+
+
+@st.composite
+def weights(draw, qk: int):
+    rows = draw(st.integers(1, 3))
+    nblk = draw(st.integers(1, 2 if qk == 256 else 4))
+    kind = draw(st.sampled_from(["normal", "uniform", "zeros", "constant", "spiky", "sparse"]))
+    mag = draw(st.sampled_from([1.0, 1e-3, 1e3, 1e-6, 30.0]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    shape = (rows, nblk * qk)
+    if kind == "normal":
+        w = rng.standard_normal(shape)
+    elif kind == "uniform":
+        w = rng.uniform(-1, 1, shape)
+    elif kind == "zeros":
+        w = np.zeros(shape)
+    elif kind == "constant":
+        w = np.full(shape, draw(st.sampled_from([1.0, -1.0, 0.37])))
+    elif kind == "spiky":
+        w = rng.standard_normal(shape) * 0.01
+        w.flat[rng.integers(0, w.size, 3)] = rng.choice([-1, 1], 3) * 5
+    else:
+        w = rng.standard_normal(shape) * (rng.random(shape) < 0.1)
+    return (w * mag).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", GGML_SCHEMES)
+def test_round_trip_properties(name):
+    s = get_scheme(name)
+
+    @SETTINGS
+    @given(weights(s.block_size))
+    def check(w):
+        qt = s.quantize(w)
+        raw = qt.arrays["blocks"]
+        assert raw.dtype == np.uint8
+        assert raw.shape == (w.shape[0], w.shape[1] // s.block_size * s.type_size)
+        back = s.dequantize(qt)
+        assert back.shape == w.shape and np.all(np.isfinite(back))
+        # gguf reads exactly what we wrote
+        ref = gguf.quants.dequantize(raw, s.ggml_type)
+        assert np.array_equal(ref.view(np.uint32), back.view(np.uint32))
+        # per block: error bounded relative to the block's largest magnitude
+        blocks_w = w.reshape(-1, s.block_size)
+        amax = np.abs(blocks_w).max(axis=1)
+        err = np.abs(back.reshape(-1, s.block_size) - blocks_w).max(axis=1)
+        ok = amax >= FP16_TINY
+        assert np.all(err[ok] <= BLOCK_BOUND[name] * amax[ok] * 1.0001), (err / np.maximum(amax, 1e-30))[ok].max()
+        assert np.all(err[~ok] <= 2 * amax[~ok] + 1e-7)
+        if not w.any():
+            assert not back.any()
+
+    check()
+
+
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])
+def test_quantize_bytes_equal_gguf_property(name):
+    s = get_scheme(name)
+
+    @SETTINGS
+    @given(arrays(np.float32, st.tuples(st.integers(1, 3), st.sampled_from([32, 64, 96])),
+                  elements=st.floats(-1e4, 1e4, width=32, allow_nan=False)))
+    def check(w):
+        # where a block's scale is so small that 1/d overflows float32 the reference's codes
+        # come from casting inf/NaN to uint8 (undefined in C too): outside the contract
+        amax = np.abs(w.reshape(-1, 32)).max(axis=1)
+        assume(np.all((amax == 0) | (amax > 1e-30)))
+        ours = s.quantize(w).arrays["blocks"]
+        ref = gguf.quants.quantize(w, s.ggml_type)
+        assert np.array_equal(ours, ref.reshape(ours.shape))
+
+    check()
+
+
+@pytest.mark.parametrize("name", GGML_SCHEMES)
+def test_nonfinite_always_refused(name):
+    s = get_scheme(name)
+
+    @SETTINGS
+    @given(st.integers(0, s.block_size * 2 - 1), st.sampled_from([np.nan, np.inf, -np.inf]))
+    def check(pos, bad):
+        w = np.zeros((1, 2 * s.block_size), np.float32)
+        w[0, pos] = bad
+        with pytest.raises(WorkbenchError):
+            s.quantize(w, tensor="t")
+
+    check()
