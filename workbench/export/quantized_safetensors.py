@@ -92,7 +92,7 @@ def open_quantized(path: str, files, tensors: dict, owner: dict, metadata: dict)
             scheme = get_scheme(entry["scheme"])
             arrays = [f"{name}{SEP}{k}" for k in entry["arrays"]]
             shape = tuple(int(s) for s in entry["shape"])
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, WorkbenchError) as exc:
             raise WorkbenchError(f"corrupt quant_workbench metadata ({exc})", path=path,
                                  tensor=name) from None
         missing = [a for a in arrays if a not in tensors]

@@ -8,6 +8,7 @@ target, so an existing file is never left half-written. The `safetensors` librar
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -19,6 +20,11 @@ import numpy as np
 from ..atomic import atomic_write
 from ..dtypes import NUMPY_TO_ST
 from ..errors import WorkbenchError
+
+
+def _write_error(path, exc: OSError) -> WorkbenchError:
+    why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+    return WorkbenchError(f"write failed ({why}); existing file left unchanged", path=str(path))
 
 
 class StreamingSafetensorsWriter:
@@ -52,15 +58,17 @@ class StreamingSafetensorsWriter:
             self._fh.write(data)
         except OSError as exc:
             self.abort()
-            raise WorkbenchError(f"write failed ({exc.strerror}); existing file left unchanged",
-                                 path=str(self.path)) from None
+            raise _write_error(self.path, exc) from None
         self.header[name] = {"dtype": st, "shape": list(arr.shape),
                              "data_offsets": [self.offset, self.offset + len(data)]}
         self.offset += len(data)
 
     def finish(self) -> None:
         try:
-            self._fh.close()
+            try:
+                self._fh.close()  # flushes the last buffered data: may hit a full disk
+            except OSError as exc:
+                raise _write_error(self.path, exc) from None
             head = dict(self.header)
             if self.metadata:
                 head["__metadata__"] = self.metadata
