@@ -22,7 +22,7 @@ from workbench.schemes import get_scheme, list_schemes
 from workbench.stats import DEFAULT_CACHE, model_stats
 
 from . import analysis, throughput
-from .workers import BACKGROUND, FOREGROUND, INTERACTIVE
+from .workers import BACKGROUND, FOREGROUND, IDLE, INTERACTIVE
 
 
 @dataclass
@@ -60,9 +60,13 @@ class Analyzer(QObject):
         doc.currentChanged.connect(self._current_changed)
 
     # ---- start-up -------------------------------------------------------------------------
-    def warmup(self) -> None:
-        self.runner.submit(throughput.warmup, "warming up kernels", BACKGROUND,
-                           on_done=self.doc.set_backend, on_error=self._failed("kernels"))
+    def warmup(self, jit: bool = True) -> None:
+        """Find the kernel backend; then (lowest priority) compile the kernels ahead of use."""
+        self.runner.submit(throughput.backend_name, "kernel backend", BACKGROUND,
+                           on_done=self.doc.set_backend, on_error=self._failed("Kernels"))
+        if jit:
+            self.runner.submit(throughput.warmup, "warming up kernels", IDLE,
+                               on_error=self._failed("Kernels"))
 
     # ---- model --------------------------------------------------------------------------
     def _model_changed(self) -> None:
@@ -224,7 +228,7 @@ class Analyzer(QObject):
                     r = evaluate_tensor(model, name, s)
                     self.runner.post(self._deliver_result, gen, r)
                 if (name, s) not in self.doc.throughput:
-                    g = throughput.dequant_gbs(model, name, s, repeats=3, budget_s=0.3)
+                    g = throughput.dequant_gbs(model, name, s, repeats=9, budget_s=0.2)
                     self.runner.post(self._deliver_gbs, gen, name, s, g)
                 yield Progress(i + 1, len(schemes), f"comparing {s}")
             return None

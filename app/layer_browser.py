@@ -26,11 +26,12 @@ def _group_key(group: str) -> tuple:
 
 def _short(name: str, group: str) -> str:
     """The name inside its group: 'model.layers.3.mlp.up_proj.weight' -> 'mlp.up_proj.weight'."""
+    short = name[:-7] if name.endswith(".weight") else name
     if group.startswith("layer "):
-        m = re.search(r"(?:^|\.)(?:layers|layer|h|blk|blocks|block)\.\d+\.(.*)$", name)
+        m = re.search(r"(?:^|\.)(?:layers|layer|h|blk|blocks|block)\.\d+\.(.*)$", short)
         if m:
             return m.group(1)
-    return name
+    return short
 
 
 class _Filter(QSortFilterProxyModel):
@@ -93,10 +94,12 @@ class LayerBrowser(QWidget):
         hdr = self.view.header()
         hdr.setStretchLastSection(False)
         hdr.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for c in range(1, len(COLUMNS)):
-            hdr.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
-        self.view.setIndentation(14)
-        self.view.setTextElideMode(Qt.TextElideMode.ElideLeft)
+        hdr.setMinimumSectionSize(36)
+        for c, w in zip(range(1, len(COLUMNS)), (80, 64, 44, 62)):
+            hdr.setSectionResizeMode(c, QHeaderView.ResizeMode.Interactive)
+            self.view.setColumnWidth(c, w)
+        self.view.setIndentation(12)
+        self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(4)

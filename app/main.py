@@ -13,13 +13,16 @@ def create_app(argv=None, offscreen: bool = False):
     """The QApplication (created once), with organisation names, fonts and the theme."""
     if offscreen:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    if os.environ.get("QT_QPA_PLATFORM") == "offscreen":
+        os.environ.setdefault("QT_LOGGING_RULES", "qt.qpa.*=false")
     from PySide6.QtWidgets import QApplication
     app = QApplication.instance()
     if app is None:
         app = QApplication(list(argv or sys.argv[:1]))
         app.setOrganizationName("QuantWorkbench")
         app.setApplicationName("Quant Workbench")
-        from . import theme
+        from . import refcount_guard, theme
+        refcount_guard.install(app)
         theme.apply(app)
     return app
 

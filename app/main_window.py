@@ -104,6 +104,19 @@ class MainWindow(QMainWindow):
         self.resize(1600, 1000)
         self._restore_settings()
 
+    def fit_layout(self) -> None:
+        """Proportional splitter sizes for the current window size."""
+        w, h = max(self.width(), 800), max(self.height(), 600)
+        self.main_split.setSizes([int(w * 0.25), int(w * 0.75)])
+        self.right.setSizes([int(h * 0.44), int(h * 0.56)])
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if not getattr(self, "_layout_fitted", False):
+            self._layout_fitted = True
+            if not self.settings.value("split_main"):
+                self.fit_layout()
+
     # ---- menus -------------------------------------------------------------------------------
     def _action(self, menu, text, slot, shortcut=None, tip=None) -> QAction:
         act = QAction(text, self)

@@ -126,19 +126,26 @@ class SchemeTable(QWidget):
         hdr.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         hdr.setSectionResizeMode(C_NAME, QHeaderView.ResizeMode.Stretch)
         hdr.setMinimumSectionSize(48)
-        for col, w in zip(range(1, 11), (92, 68, 74, 150, 56, 84, 76, 68, 72, 56)):
-            self.view.setColumnWidth(col, w)
+        fm = self.view.horizontalHeader().fontMetrics()
+        for col, w in zip(range(1, 11), (92, 68, 80, 150, 60, 84, 80, 72, 76, 56)):
+            text = self.model.headerData(col, Qt.Orientation.Horizontal)
+            self.view.setColumnWidth(col, max(w, fm.horizontalAdvance(text) + 30))
         self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
 
         self.assign_combo = QComboBox()
         self.assign_combo.addItems([KEEP] + list_schemes())
         self.assign_combo.setCurrentText("int4-g128")
         self.assign_combo.setMaxVisibleItems(24)
+        for combo in (self.assign_combo,):
+            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            combo.setMinimumContentsLength(12)
         self.assign_button = QPushButton("Assign to selection")
         self.assign_button.clicked.connect(self.assign_selection)
         self.default_combo = QComboBox()
         self.default_combo.addItems(list_schemes())
         self.default_combo.setMaxVisibleItems(24)
+        self.default_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.default_combo.setMinimumContentsLength(12)
         self.default_combo.activated.connect(
             lambda _i: self._set_default(self.default_combo.currentText()))
         self.rule_button = QPushButton("Add rule…")

@@ -12,9 +12,11 @@ TABS = {"table": 0, "tiers": 1, "comparison": 2}
 
 def wait_idle(app, win, timeout: float = 120.0) -> None:
     """Process events until the compute thread has nothing left to do."""
+    from .refcount_guard import top_up
     deadline = time.monotonic() + timeout
     quiet = 0
     while time.monotonic() < deadline:
+        top_up()
         app.processEvents()
         if win.runner.idle():
             quiet += 1
@@ -61,8 +63,9 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
     msgs = RecordedMessages()
     win = build_window(model_path, plan_path, messages=msgs, autosave=False)
     win.resize(*size)
+    win.fit_layout()
     win.show()
-    win.analyzer.warmup()
+    win.analyzer.warmup(jit=False)
     try:
         wait_idle(app, win)
         if msgs.errors:
@@ -75,6 +78,7 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
         win.tabs.setCurrentIndex(TABS.get(tab, 0))
         wait_idle(app, win)
         win.resize(*size)
+        win.fit_layout()
         app.processEvents()
         grab_png(win, out_path)
     finally:

@@ -47,8 +47,8 @@ def available() -> bool:
     return _dequantize_fn() is not None
 
 
-def dequant_gbs(model, name: str, scheme_name: str, repeats: int = 5,
-                budget_s: float = 1.0) -> float | None:
+def dequant_gbs(model, name: str, scheme_name: str, repeats: int = 25,
+                budget_s: float = 0.5) -> float | None:
     """GB/s of float32 output for dequantizing this tensor with this scheme, or None."""
     deq = _dequantize_fn()
     if deq is None or scheme_name == KEEP:
@@ -66,7 +66,7 @@ def dequant_gbs(model, name: str, scheme_name: str, repeats: int = 5,
         t0 = time.perf_counter()
         deq(qt, out=out)
         times.append(time.perf_counter() - t0)
-        if time.perf_counter() - start > budget_s and len(times) >= 1:
+        if time.perf_counter() - start > budget_s and len(times) >= 3:
             break
     sec = statistics.median(times)
     return (info.numel * 4) / sec / 1e9 if sec > 0 else None

@@ -119,6 +119,17 @@ class TierListModel(QAbstractListModel):
         return False  # the move is done by the command; nothing for the source view to remove
 
 
+def card_title(name: str, block) -> str:
+    """'model.layers.3.self_attn.q_proj.weight' -> 'L3 · self_attn.q_proj'."""
+    import re
+    stem = re.sub(r"\.weight$", "", name)
+    if block is not None:
+        m = re.search(rf"(?:^|\.){block}\.(.*)$", stem)
+        if m:
+            return f"L{block} · {m.group(1)}"
+    return stem
+
+
 class CardDelegate(QStyledItemDelegate):
     """Paints a card: short name, shape, scheme and SQNR (colour-coded)."""
 
@@ -143,9 +154,7 @@ class CardDelegate(QStyledItemDelegate):
         p.setBrush(QBrush(QColor("#2d3340") if selected else QColor("#262b34")))
         p.drawRoundedRect(rect, 5, 5)
         p.fillRect(QRect(rect.left(), rect.top() + 4, 3, rect.height() - 8), tier_colour(self.tier))
-        short = name.replace(".weight", "")
-        parts = short.split(".")
-        short = ".".join(parts[-3:]) if len(parts) > 3 else short
+        short = card_title(name, info.block)
         f = p.font()
         f.setFamily(UI_FAMILY)
         f.setPointSizeF(9)
@@ -188,6 +197,8 @@ class TierColumn(QFrame):
         self.scheme = QComboBox()
         self.scheme.addItems(list_schemes())
         self.scheme.setMaxVisibleItems(24)
+        self.scheme.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.scheme.setMinimumContentsLength(8)
         self.scheme.activated.connect(lambda _i: self._scheme_chosen())
         self.model = TierListModel(doc, tier, on_drop, self)
         self.view = QListView()

@@ -27,6 +27,7 @@ from workbench.progress import Progress
 INTERACTIVE = 30   # what the user is looking at (selected tensor)
 FOREGROUND = 20    # an action the user started (export, comparison)
 BACKGROUND = 10    # whole-model statistics and evaluation
+IDLE = 0           # kernel JIT warm-up: only when nothing else waits
 
 
 class _Dispatcher(QObject):

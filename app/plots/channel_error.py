@@ -20,7 +20,7 @@ class ChannelErrorPlot(pg.PlotWidget):
         self.scheme = ""
         item = self.getPlotItem()
         item.setLabel("bottom", "output channel")
-        item.setLabel("left", "relative error")
+        item.setLabel("left", "rel. error")
         item.showGrid(x=True, y=True, alpha=0.15)
         item.setMenuEnabled(False)
         item.setClipToView(True)

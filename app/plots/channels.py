@@ -27,17 +27,18 @@ class ChannelRangePlot(pg.PlotWidget):
         item.setMenuEnabled(False)
         item.setClipToView(True)
         item.setDownsampling(auto=True, mode="peak")
-        self.legend = item.addLegend(offset=(-10, 10), labelTextColor="#c9ced8")
+        self.legend = item.addLegend(offset=(8, 2), labelTextColor="#c9ced8", colCount=4,
+                                     brush=pg.mkBrush(34, 38, 46, 200))
         self.max_curve = pg.PlotDataItem(pen=pg.mkPen("#4c9aff", width=1), name="max")
         self.min_curve = pg.PlotDataItem(pen=pg.mkPen("#4c9aff", width=1), name="min")
         self.fill = pg.FillBetweenItem(self.max_curve, self.min_curve,
                                        brush=pg.mkBrush(76, 154, 255, 70))
-        self.abs_curve = pg.PlotDataItem(pen=pg.mkPen("#9ece6a", width=1), name="absmax")
+        self.abs_curve = pg.PlotDataItem(pen=pg.mkPen("#9ece6a", width=1), name="|max|")
         self.out_points = pg.ScatterPlotItem(size=6, brush=pg.mkBrush("#f85149"),
                                              pen=pg.mkPen(None))
         for it in (self.fill, self.max_curve, self.min_curve, self.abs_curve, self.out_points):
             self.addItem(it)
-        self.legend.addItem(self.out_points, "outlier channels")
+        self.legend.addItem(self.out_points, "outliers")
         self.scene().sigMouseMoved.connect(self._hover)
 
     def set_sorted(self, on: bool) -> None:

@@ -11,7 +11,8 @@ from ..format import fmt_float
 
 ORIGINAL = "#4c9aff"
 DEQUANT = "#ffb454"
-GRID = (200, 205, 215, 55)
+GRID = (200, 205, 215, 30)
+RUG = (230, 233, 240, 210)
 
 
 class HistogramPlot(pg.PlotWidget):
@@ -30,14 +31,17 @@ class HistogramPlot(pg.PlotWidget):
         item.setLabel("left", "count")
         item.showGrid(x=True, y=True, alpha=0.15)
         item.setMenuEnabled(False)
-        self.legend = item.addLegend(offset=(-10, 10), labelTextColor="#c9ced8")
+        self.legend = item.addLegend(offset=(-10, 10), labelTextColor="#c9ced8",
+                                     brush=pg.mkBrush(34, 38, 46, 200))
         self.grid_item = pg.PlotCurveItem(pen=pg.mkPen(GRID, width=1), connect="pairs")
+        self.rug_item = pg.PlotCurveItem(pen=pg.mkPen(RUG, width=1), connect="pairs")
         self.bars = pg.PlotDataItem(stepMode="center", fillLevel=0,
                                     brush=pg.mkBrush(76, 154, 255, 90),
                                     pen=pg.mkPen(ORIGINAL, width=1.2), name="weights")
         self.deq = pg.PlotDataItem(stepMode="center", pen=pg.mkPen(DEQUANT, width=1.4),
                                    name="dequantized")
         self.addItem(self.grid_item)
+        self.addItem(self.rug_item)
         self.addItem(self.bars)
         self.addItem(self.deq)
         self.scene().sigMouseMoved.connect(self._hover)
@@ -68,6 +72,7 @@ class HistogramPlot(pg.PlotWidget):
             self.bars.setData([], [])
             self.deq.setData([], [])
             self.grid_item.setData([], [])
+            self.rug_item.setData([], [])
             return
         self.bars.setData(self.edges, self._y(self.counts))
         self.bars.setFillLevel(0 if not self.log else 0)
@@ -81,13 +86,17 @@ class HistogramPlot(pg.PlotWidget):
             top = max(top, float(self.deq_counts.max()))
         g = self.grid
         if g is not None and 0 < len(g) <= MAX_GRID_LINES:
+            # faint full-height lines, plus bright ticks along the axis ("rug")
             xs = np.repeat(np.asarray(g, np.float64), 2)
-            lo = 1.0 if self.log else 0.0
-            ys = np.tile([np.log10(lo) if self.log else lo,
-                          np.log10(top) if self.log else top], len(g))
-            self.grid_item.setData(xs, ys)
+            lo, hi = (0.0, np.log10(top)) if self.log else (0.0, top)
+            if len(g) <= 64:
+                self.grid_item.setData(xs, np.tile([lo, hi], len(g)))
+            else:
+                self.grid_item.setData([], [])
+            self.rug_item.setData(xs, np.tile([lo, lo + 0.05 * (hi - lo)], len(g)))
         else:
             self.grid_item.setData([], [])
+            self.rug_item.setData([], [])
 
     def grid_text(self) -> str:
         g = self.grid

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QSizePolicy, QSplitter,
+                               QVBoxLayout, QWidget)
 from PySide6.QtCore import Qt
 
 from ..format import fmt_count, fmt_db, fmt_float, fmt_shape
@@ -28,6 +29,9 @@ class PlotsPanel(QWidget):
         self.grid_label.setObjectName("Muted")
         self.hover = QLabel(" ")
         self.hover.setObjectName("HoverReadout")
+        for label in (self.title, self.summary, self.grid_label, self.hover):
+            label.setMinimumWidth(1)
+            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.histogram = HistogramPlot()
         self.ranges = ChannelRangePlot()
         self.errors = ChannelErrorPlot()
