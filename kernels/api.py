@@ -109,6 +109,8 @@ def quantize(scheme, w: np.ndarray, backend: str = "auto", tensor: str | None = 
         arrays = cuda_ops.quantize(scheme, spec, w2)
     else:
         arrays = cpu_ops.quantize(scheme, spec, w2)
+    if arrays is None:                      # the kernel declined: the reference decides
+        return scheme.quantize(w, tensor=tensor)
     return QuantizedTensor(scheme.name, shape, arrays)
 
 

@@ -65,6 +65,8 @@ def _acc_row(w, q, acc):
 # ---------------------------------------------------------------- affine (packed codes)
 @njit(**_J)
 def _affine_row(codes, bits, lut, scales, zeros, has_zero, cols, gs, bpr, r, dst):
+    # x - 0.0 == x bit for bit (signed zeros and quiet NaNs included), so the 8- and 4-bit
+    # paths subtract the zero point unconditionally.
     mask = (1 << bits) - 1
     base = r * cols
     nb = cols // gs
@@ -75,7 +77,17 @@ def _affine_row(codes, bits, lut, scales, zeros, has_zero, cols, gs, bpr, r, dst
         s = scales[k]
         z = np.float32(zeros[k]) if has_zero else F0
         c0 = b * gs
-        if aligned:
+        if aligned and bits == 8:                 # one code per byte
+            p = base + c0
+            for c in range(gs):
+                dst[c0 + c] = (lut[codes[p + c]] - z) * s
+        elif aligned and bits == 4:               # two codes per byte, low nibble first
+            p = (base + c0) >> 1
+            for c in range(gs >> 1):
+                v = np.int32(codes[p + c])
+                dst[c0 + 2 * c] = (lut[v & 15] - z) * s
+                dst[c0 + 2 * c + 1] = (lut[v >> 4] - z) * s
+        elif aligned:
             p = ((base + c0) * bits) >> 3
             for c in range(c0, c0 + gs, 8):
                 v = np.int64(0)
@@ -155,8 +167,8 @@ def f32_error(src, w, acc):
 
 
 # ---------------------------------------------------------------- GGML block decoders
-# Common signature: (src row bytes, byte offset of the block, f16 table, IQ4_NL levels,
-# dst row, element offset of the block).  Formats: ggml-common.h block layouts.
+# Common signature: (src row bytes, f16 table, IQ4_NL levels, dst row); each decodes every
+# block of the row (p: byte offset, o: element offset of block b). Layouts: ggml-common.h.
 
 @njit(inline="always", **_J)
 def _h(src, p, f16):
@@ -164,22 +176,28 @@ def _h(src, p, f16):
 
 
 @njit(**_J)
-def _q4_0(src, p, f16, kv, dst, o):           # d f16 | qs[16]: lo nibble j, hi nibble j+16
-    d = _h(src, p, f16)
-    for j in range(16):
-        b = np.int64(src[p + 2 + j])
-        dst[o + j] = d * np.float32((b & 15) - 8)
-        dst[o + j + 16] = d * np.float32((b >> 4) - 8)
+def _q4_0(src, f16, kv, dst):           # d f16 | qs[16]: lo nibble j, hi nibble j+16
+    for b in range(dst.shape[0] // 32):
+        p = b * 18
+        o = b * 32
+        d = _h(src, p, f16)
+        for j in range(16):
+            b = np.int64(src[p + 2 + j])
+            dst[o + j] = d * np.float32((b & 15) - 8)
+            dst[o + j + 16] = d * np.float32((b >> 4) - 8)
 
 
 @njit(**_J)
-def _q4_1(src, p, f16, kv, dst, o):           # d f16 | m f16 | qs[16]
-    d = _h(src, p, f16)
-    m = _h(src, p + 2, f16)
-    for j in range(16):
-        b = np.int64(src[p + 4 + j])
-        dst[o + j] = d * np.float32(b & 15) + m
-        dst[o + j + 16] = d * np.float32(b >> 4) + m
+def _q4_1(src, f16, kv, dst):           # d f16 | m f16 | qs[16]
+    for b in range(dst.shape[0] // 32):
+        p = b * 20
+        o = b * 32
+        d = _h(src, p, f16)
+        m = _h(src, p + 2, f16)
+        for j in range(16):
+            b = np.int64(src[p + 4 + j])
+            dst[o + j] = d * np.float32(b & 15) + m
+            dst[o + j + 16] = d * np.float32(b >> 4) + m
 
 
 @njit(inline="always", **_J)
@@ -189,73 +207,95 @@ def _u32(src, p):
 
 
 @njit(**_J)
-def _q5_0(src, p, f16, kv, dst, o):           # d f16 | qh u32 (5th bits) | qs[16]
-    d = _h(src, p, f16)
-    qh = _u32(src, p + 2)
-    for j in range(16):
-        b = np.int64(src[p + 6 + j])
-        dst[o + j] = d * np.float32(((b & 15) | (((qh >> j) & 1) << 4)) - 16)
-        dst[o + j + 16] = d * np.float32(((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16)
+def _q5_0(src, f16, kv, dst):           # d f16 | qh u32 (5th bits) | qs[16]
+    for b in range(dst.shape[0] // 32):
+        p = b * 22
+        o = b * 32
+        d = _h(src, p, f16)
+        qh = _u32(src, p + 2)
+        for j in range(16):
+            b = np.int64(src[p + 6 + j])
+            dst[o + j] = d * np.float32(((b & 15) | (((qh >> j) & 1) << 4)) - 16)
+            dst[o + j + 16] = d * np.float32(((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16)
 
 
 @njit(**_J)
-def _q5_1(src, p, f16, kv, dst, o):           # d f16 | m f16 | qh u32 | qs[16]
-    d = _h(src, p, f16)
-    m = _h(src, p + 2, f16)
-    qh = _u32(src, p + 4)
-    for j in range(16):
-        b = np.int64(src[p + 8 + j])
-        dst[o + j] = d * np.float32((b & 15) | (((qh >> j) & 1) << 4)) + m
-        dst[o + j + 16] = d * np.float32((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m
+def _q5_1(src, f16, kv, dst):           # d f16 | m f16 | qh u32 | qs[16]
+    for b in range(dst.shape[0] // 32):
+        p = b * 24
+        o = b * 32
+        d = _h(src, p, f16)
+        m = _h(src, p + 2, f16)
+        qh = _u32(src, p + 4)
+        for j in range(16):
+            b = np.int64(src[p + 8 + j])
+            dst[o + j] = d * np.float32((b & 15) | (((qh >> j) & 1) << 4)) + m
+            dst[o + j + 16] = d * np.float32((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m
 
 
 @njit(**_J)
-def _q8_0(src, p, f16, kv, dst, o):           # d f16 | qs int8[32]
-    d = _h(src, p, f16)
-    for j in range(32):
-        dst[o + j] = d * np.float32(np.int8(src[p + 2 + j]))
+def _q8_0(src, f16, kv, dst):           # d f16 | qs int8[32]
+    for b in range(dst.shape[0] // 32):
+        p = b * 34
+        o = b * 32
+        d = _h(src, p, f16)
+        for j in range(32):
+            v = np.int32(src[p + 2 + j])
+            dst[o + j] = d * np.float32(((v + 128) & 255) - 128)
 
 
 @njit(**_J)
-def _iq4_nl(src, p, f16, kv, dst, o):         # d f16 | qs[16] indices into kvalues
-    d = _h(src, p, f16)
-    for j in range(16):
-        b = np.int64(src[p + 2 + j])
-        dst[o + j] = d * kv[b & 15]
-        dst[o + j + 16] = d * kv[b >> 4]
+def _iq4_nl(src, f16, kv, dst):         # d f16 | qs[16] indices into kvalues
+    for b in range(dst.shape[0] // 32):
+        p = b * 18
+        o = b * 32
+        d = _h(src, p, f16)
+        for j in range(16):
+            b = np.int64(src[p + 2 + j])
+            dst[o + j] = d * kv[b & 15]
+            dst[o + j + 16] = d * kv[b >> 4]
 
 
 @njit(**_J)
-def _q2_k(src, p, f16, kv, dst, o):           # scales[16] | qs[64] | d | dmin
-    d = _h(src, p + 80, f16)
-    dmin = _h(src, p + 82, f16)
-    for h in range(2):
-        for j in range(4):
-            for half in range(2):
-                sc = np.int64(src[p + h * 8 + 2 * j + half])
-                dl = d * np.float32(sc & 15)
-                ml = dmin * np.float32(sc >> 4)
-                for l in range(half * 16, half * 16 + 16):
-                    q = (np.int64(src[p + 16 + h * 32 + l]) >> (2 * j)) & 3
-                    dst[o + h * 128 + j * 32 + l] = dl * np.float32(q) - ml
+def _q2_k(src, f16, kv, dst):           # scales[16] | qs[64] | d | dmin
+    for b in range(dst.shape[0] // 256):
+        p = b * 84
+        o = b * 256
+        d = _h(src, p + 80, f16)
+        dmin = _h(src, p + 82, f16)
+        for h in range(2):
+            for j in range(4):
+                for half in range(2):
+                    sc = np.int64(src[p + h * 8 + 2 * j + half])
+                    dl = d * np.float32(sc & 15)
+                    ml = dmin * np.float32(sc >> 4)
+                    sh = np.int32(2 * j)
+                    qo = p + 16 + h * 32 + half * 16
+                    do = o + h * 128 + j * 32 + half * 16
+                    for l in range(16):
+                        q = (np.int32(src[qo + l]) >> sh) & 3
+                        dst[do + l] = dl * np.float32(q) - ml
 
 
 @njit(**_J)
-def _q3_k(src, p, f16, kv, dst, o):           # hmask[32] | qs[64] | scales[12] | d
-    d = _h(src, p + 108, f16)
-    for h in range(2):
-        for j in range(4):
-            for half in range(2):
-                i = h * 8 + 2 * j + half                     # 6-bit scale index 0..15
-                lo = np.int64(src[p + 96 + i]) & 15 if i < 8 else np.int64(src[p + 96 + i - 8]) >> 4
-                hi = (np.int64(src[p + 96 + 8 + (i & 3)]) >> (2 * (i >> 2))) & 3
-                dl = d * np.float32((lo | (hi << 4)) - 32)
-                m = 1 << (4 * h + j)
-                for l in range(half * 16, half * 16 + 16):
-                    q = (np.int64(src[p + 32 + h * 32 + l]) >> (2 * j)) & 3
-                    if (np.int64(src[p + l]) & m) == 0:
-                        q -= 4
-                    dst[o + h * 128 + j * 32 + l] = dl * np.float32(q)
+def _q3_k(src, f16, kv, dst):           # hmask[32] | qs[64] | scales[12] | d
+    for b in range(dst.shape[0] // 256):
+        p = b * 110
+        o = b * 256
+        d = _h(src, p + 108, f16)
+        for h in range(2):
+            for j in range(4):
+                for half in range(2):
+                    i = h * 8 + 2 * j + half                     # 6-bit scale index 0..15
+                    lo = np.int64(src[p + 96 + i]) & 15 if i < 8 else np.int64(src[p + 96 + i - 8]) >> 4
+                    hi = (np.int64(src[p + 96 + 8 + (i & 3)]) >> (2 * (i >> 2))) & 3
+                    dl = d * np.float32((lo | (hi << 4)) - 32)
+                    m = 1 << (4 * h + j)
+                    for l in range(half * 16, half * 16 + 16):
+                        q = (np.int64(src[p + 32 + h * 32 + l]) >> (2 * j)) & 3
+                        if (np.int64(src[p + l]) & m) == 0:
+                            q -= 4
+                        dst[o + h * 128 + j * 32 + l] = dl * np.float32(q)
 
 
 @njit(inline="always", **_J)
@@ -269,84 +309,89 @@ def _scale_min_k4(src, s, j):
 
 
 @njit(**_J)
-def _q4_k(src, p, f16, kv, dst, o):           # d | dmin | scales[12] | qs[128]
-    d = _h(src, p, f16)
-    dmin = _h(src, p + 2, f16)
-    for c in range(4):
-        sc1, m1 = _scale_min_k4(src, p + 4, 2 * c)
-        sc2, m2 = _scale_min_k4(src, p + 4, 2 * c + 1)
-        d1 = d * np.float32(sc1)
-        n1 = dmin * np.float32(m1)
-        d2 = d * np.float32(sc2)
-        n2 = dmin * np.float32(m2)
-        for l in range(32):
-            b = np.int64(src[p + 16 + 32 * c + l])
-            dst[o + 64 * c + l] = d1 * np.float32(b & 15) - n1
-            dst[o + 64 * c + 32 + l] = d2 * np.float32(b >> 4) - n2
+def _q4_k(src, f16, kv, dst):           # d | dmin | scales[12] | qs[128]
+    for b in range(dst.shape[0] // 256):
+        p = b * 144
+        o = b * 256
+        d = _h(src, p, f16)
+        dmin = _h(src, p + 2, f16)
+        for c in range(4):
+            sc1, m1 = _scale_min_k4(src, p + 4, 2 * c)
+            sc2, m2 = _scale_min_k4(src, p + 4, 2 * c + 1)
+            d1 = d * np.float32(sc1)
+            n1 = dmin * np.float32(m1)
+            d2 = d * np.float32(sc2)
+            n2 = dmin * np.float32(m2)
+            for l in range(32):
+                b = np.int64(src[p + 16 + 32 * c + l])
+                dst[o + 64 * c + l] = d1 * np.float32(b & 15) - n1
+                dst[o + 64 * c + 32 + l] = d2 * np.float32(b >> 4) - n2
 
 
 @njit(**_J)
-def _q5_k(src, p, f16, kv, dst, o):           # d | dmin | scales[12] | qh[32] | qs[128]
-    d = _h(src, p, f16)
-    dmin = _h(src, p + 2, f16)
-    for c in range(4):
-        sc1, m1 = _scale_min_k4(src, p + 4, 2 * c)
-        sc2, m2 = _scale_min_k4(src, p + 4, 2 * c + 1)
-        d1 = d * np.float32(sc1)
-        n1 = dmin * np.float32(m1)
-        d2 = d * np.float32(sc2)
-        n2 = dmin * np.float32(m2)
-        for l in range(32):
-            b = np.int64(src[p + 48 + 32 * c + l])
-            hb = np.int64(src[p + 16 + l])
-            q1 = (b & 15) | (((hb >> (2 * c)) & 1) << 4)
-            q2 = (b >> 4) | (((hb >> (2 * c + 1)) & 1) << 4)
-            dst[o + 64 * c + l] = d1 * np.float32(q1) - n1
-            dst[o + 64 * c + 32 + l] = d2 * np.float32(q2) - n2
+def _q5_k(src, f16, kv, dst):           # d | dmin | scales[12] | qh[32] | qs[128]
+    for b in range(dst.shape[0] // 256):
+        p = b * 176
+        o = b * 256
+        d = _h(src, p, f16)
+        dmin = _h(src, p + 2, f16)
+        for c in range(4):
+            sc1, m1 = _scale_min_k4(src, p + 4, 2 * c)
+            sc2, m2 = _scale_min_k4(src, p + 4, 2 * c + 1)
+            d1 = d * np.float32(sc1)
+            n1 = dmin * np.float32(m1)
+            d2 = d * np.float32(sc2)
+            n2 = dmin * np.float32(m2)
+            for l in range(32):
+                b = np.int64(src[p + 48 + 32 * c + l])
+                hb = np.int64(src[p + 16 + l])
+                q1 = (b & 15) | (((hb >> (2 * c)) & 1) << 4)
+                q2 = (b >> 4) | (((hb >> (2 * c + 1)) & 1) << 4)
+                dst[o + 64 * c + l] = d1 * np.float32(q1) - n1
+                dst[o + 64 * c + 32 + l] = d2 * np.float32(q2) - n2
 
 
 @njit(**_J)
-def _q6_k(src, p, f16, kv, dst, o):           # ql[128] | qh[64] | scales int8[16] | d
-    d = _h(src, p + 208, f16)
-    for h in range(2):
-        for g in range(4):
-            for half in range(2):
-                dl = d * np.float32(np.int8(src[p + 192 + 8 * h + half + 2 * g]))
-                for l in range(half * 16, half * 16 + 16):
-                    b = np.int64(src[p + 64 * h + l + 32 * (g & 1)])
-                    lo = (b & 15) if g < 2 else (b >> 4)
-                    hi = (np.int64(src[p + 128 + 32 * h + l]) >> (2 * g)) & 3
-                    dst[o + 128 * h + 32 * g + l] = dl * np.float32((lo | (hi << 4)) - 32)
+def _q6_k(src, f16, kv, dst):           # ql[128] | qh[64] | scales int8[16] | d
+    for b in range(dst.shape[0] // 256):
+        p = b * 210
+        o = b * 256
+        d = _h(src, p + 208, f16)
+        for h in range(2):
+            for g in range(4):
+                for half in range(2):
+                    dl = d * np.float32(np.int8(src[p + 192 + 8 * h + half + 2 * g]))
+                    for l in range(half * 16, half * 16 + 16):
+                        b = np.int64(src[p + 64 * h + l + 32 * (g & 1)])
+                        lo = (b & 15) if g < 2 else (b >> 4)
+                        hi = (np.int64(src[p + 128 + 32 * h + l]) >> (2 * g)) & 3
+                        dst[o + 128 * h + 32 * g + l] = dl * np.float32((lo | (hi << 4)) - 32)
 
 
 @njit(**_J)
 def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
-    nb = dst.shape[0] // qk
-    for b in range(nb):
-        p = b * bpb
-        o = b * qk
-        if tid == 0:
-            _q4_0(src, p, f16, kv, dst, o)
-        elif tid == 1:
-            _q4_1(src, p, f16, kv, dst, o)
-        elif tid == 2:
-            _q5_0(src, p, f16, kv, dst, o)
-        elif tid == 3:
-            _q5_1(src, p, f16, kv, dst, o)
-        elif tid == 4:
-            _q8_0(src, p, f16, kv, dst, o)
-        elif tid == 5:
-            _q2_k(src, p, f16, kv, dst, o)
-        elif tid == 6:
-            _q3_k(src, p, f16, kv, dst, o)
-        elif tid == 7:
-            _q4_k(src, p, f16, kv, dst, o)
-        elif tid == 8:
-            _q5_k(src, p, f16, kv, dst, o)
-        elif tid == 9:
-            _q6_k(src, p, f16, kv, dst, o)
-        else:
-            _iq4_nl(src, p, f16, kv, dst, o)
+    if tid == 0:
+        _q4_0(src, f16, kv, dst)
+    elif tid == 1:
+        _q4_1(src, f16, kv, dst)
+    elif tid == 2:
+        _q5_0(src, f16, kv, dst)
+    elif tid == 3:
+        _q5_1(src, f16, kv, dst)
+    elif tid == 4:
+        _q8_0(src, f16, kv, dst)
+    elif tid == 5:
+        _q2_k(src, f16, kv, dst)
+    elif tid == 6:
+        _q3_k(src, f16, kv, dst)
+    elif tid == 7:
+        _q4_k(src, f16, kv, dst)
+    elif tid == 8:
+        _q5_k(src, f16, kv, dst)
+    elif tid == 9:
+        _q6_k(src, f16, kv, dst)
+    else:
+        _iq4_nl(src, f16, kv, dst)
 
 
 @njit(**_P)

@@ -119,6 +119,10 @@ def quantize(scheme, spec: Spec, w2d: np.ndarray) -> dict:
         blocks = np.empty((rows, nb * spec.bpb), np.uint8)
         d = np.empty((rows, nb), np.float32)
         _k().ggml_encode(w2d, spec.ggml_id, spec.bpb, blocks, d)
-        blocks.reshape(rows, nb, spec.bpb)[:, :, :2] = d.astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+        with np.errstate(over="ignore"):
+            d16 = d.astype(np.float16)
+        if not np.isfinite(d16).all():
+            return None        # a float16 block scale overflows: the reference says how
+        blocks.reshape(rows, nb, spec.bpb)[:, :, :2] = d16.view(np.uint8).reshape(rows, nb, 2)
         return {"blocks": blocks}
     raise ValueError(f"no quantize kernel for {scheme.name}")

@@ -1,0 +1,151 @@
+"""Every registered scheme: CPU kernels bit-identical to the numpy reference.
+
+The test matrix comes from the registry (list_schemes), so a new scheme is tested here
+automatically; schemes without a kernel must still round-trip through the fallback.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels.spec import spec_for
+from workbench.schemes import get_scheme, list_schemes
+
+from kernel_testutil import same_bits, same_qt, weights
+
+BASE = list_schemes()
+VARIANTS = [n for n in list_schemes(variants=True) if n not in set(BASE)]
+SHAPES = [(16, 256), (3, 512), (5, 7), (1, 13), (13,), (2, 3, 64), (7, 40)]
+
+
+def _eligible(scheme, shapes=SHAPES):
+    return [s for s in shapes if scheme.can_take(s)]
+
+
+@pytest.mark.parametrize("name", BASE)
+def test_dequantize_and_quantize_match_reference(name):
+    s = get_scheme(name)
+    shapes = _eligible(s)
+    assert shapes, f"{name}: no test shape is eligible"
+    for i, shape in enumerate(shapes):
+        w = weights(shape, seed=i)
+        ref_qt = s.quantize(w)
+        ref = s.dequantize(ref_qt)
+        got = kernels.dequantize(ref_qt, backend="cpu")
+        assert same_bits(got, ref), (name, shape)
+        qt = kernels.quantize(s, w, backend="cpu")
+        assert same_qt(qt, ref_qt), (name, shape)
+
+
+@pytest.mark.parametrize("name", BASE)
+def test_every_registered_scheme_has_a_dequant_kernel(name):
+    assert spec_for(get_scheme(name)) is not None
+    assert kernels.has_kernel(name, "dequantize", "cpu")
+    assert kernels.has_kernel(name, "error", "cpu")
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_clip_and_pot_variants(name):
+    s = get_scheme(name)
+    for i, shape in enumerate(_eligible(s, [(6, 256), (3, 7)])):
+        w = weights(shape, seed=10 + i)
+        ref_qt = s.quantize(w)
+        assert same_qt(kernels.quantize(s, w, backend="cpu"), ref_qt), (name, shape)
+        assert same_bits(kernels.dequantize(ref_qt, backend="cpu"), s.dequantize(ref_qt))
+
+
+QUANT_KERNEL_SCHEMES = [n for n in BASE if spec_for(get_scheme(n)).quant is not None]
+
+
+@pytest.mark.parametrize("name", QUANT_KERNEL_SCHEMES)
+def test_quantize_edge_values(name):
+    """Zero rows, constant rows, tiny and huge magnitudes, ties of the rounding."""
+    s = get_scheme(name)
+    cols = 256
+    rng = np.random.default_rng(7)
+    rows = [np.zeros(cols), np.full(cols, -0.0), np.full(cols, 3.0), np.full(cols, -1e-30),
+            rng.standard_normal(cols) * 1e-20, rng.standard_normal(cols) * 1e20,
+            np.round(rng.standard_normal(cols) * 8) / 2,          # many exact .5 ties
+            np.arange(cols) - cols / 2.0]
+    w = np.stack(rows).astype(np.float32)
+    if not s.can_take(w.shape):
+        pytest.skip("shape not eligible")
+    from workbench.errors import WorkbenchError
+    try:
+        with np.errstate(all="ignore"):
+            ref_qt = s.quantize(w)
+            ref = s.dequantize(ref_qt)
+    except WorkbenchError as exc:           # the reference refuses: so must the kernel path
+        with pytest.raises(WorkbenchError, match=str(exc)[:30]):
+            kernels.quantize(s, w, backend="cpu")
+        return
+    assert same_qt(kernels.quantize(s, w, backend="cpu"), ref_qt)
+    assert same_bits(kernels.dequantize(ref_qt, backend="cpu"), ref)
+
+
+@pytest.mark.parametrize("name", ["fp8-e4m3", "fp8-e5m2"])
+def test_fp8_rounding_on_every_midpoint(name):
+    """Values at, just below and just above every midpoint between FP8 grid values."""
+    s = get_scheme(name)
+    grid = np.unique(np.abs(s.table[np.isfinite(s.table)])).astype(np.float64)
+    mids = (grid[1:] + grid[:-1]) / 2
+    vals = np.concatenate([grid, mids]).astype(np.float32)
+    vals = np.concatenate([vals, np.nextafter(vals, np.float32(0)), np.nextafter(vals, np.float32(np.inf))])
+    vals = np.concatenate([vals, -vals])
+    n = (vals.size + 63) // 64 * 64
+    w = np.zeros(n, np.float32)
+    w[: vals.size] = vals
+    w = w.reshape(-1, 64)
+    w[:, 0] = s.fmax                       # scale 1.0: the values are rounded as they are
+    ref_qt = s.quantize(w)
+    assert same_qt(kernels.quantize(s, w, backend="cpu"), ref_qt)
+
+
+def test_fp16_and_bf16_keep_nonfinite_and_payloads():
+    w = np.array([[np.nan, np.inf, -np.inf, 7e4, -7e4, 6e-8, -0.0, 1e-45, 3.3e38, 1.0]], np.float32)
+    for name in ("fp16", "bf16", "fp32"):
+        s = get_scheme(name)
+        with np.errstate(all="ignore"):
+            ref_qt = s.quantize(w)
+        assert same_qt(kernels.quantize(s, w, backend="cpu"), ref_qt)
+        assert same_bits(kernels.dequantize(ref_qt, backend="cpu"), s.dequantize(ref_qt))
+    # every float16 / bfloat16 bit pattern decodes exactly as numpy does
+    allbits = np.arange(65536, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
+    for name, data in (("fp16", allbits.view(np.float16)), ("bf16", allbits)):
+        s = get_scheme(name)
+        from workbench.schemes.base import QuantizedTensor
+        qt = QuantizedTensor(name, (256, 256), {"data": data})
+        assert same_bits(kernels.dequantize(qt, backend="cpu"), s.dequantize(qt))
+
+
+def test_out_argument_and_shapes():
+    s = get_scheme("int4-g64")
+    w = weights((4, 2, 64))
+    qt = s.quantize(w)
+    out = np.empty(w.size, np.float32)
+    res = kernels.dequantize(qt, backend="cpu", out=out)
+    assert res is out
+    assert same_bits(out.reshape(w.shape), s.dequantize(qt))
+    assert kernels.dequantize(qt, backend="cpu").shape == w.shape
+    with pytest.raises(ValueError):
+        kernels.dequantize(qt, backend="cpu", out=np.empty(3, np.float32))
+
+
+def test_quantize_refuses_like_the_reference():
+    from workbench.errors import WorkbenchError
+    w = weights((4, 64))
+    w[1, 3] = np.nan
+    with pytest.raises(WorkbenchError):
+        kernels.quantize("int4-g64", w, backend="cpu")
+    with pytest.raises(WorkbenchError):
+        kernels.quantize("int4-g64", weights((4, 60)), backend="cpu")
+
+
+def test_numpy_backend_is_the_reference():
+    s = get_scheme("nf4-g64")
+    w = weights((4, 128))
+    qt = kernels.quantize(s, w, backend="numpy")
+    assert same_qt(qt, s.quantize(w))
+    assert same_bits(kernels.dequantize(qt, backend="numpy"), s.dequantize(qt))
