@@ -25,7 +25,7 @@ from ..base import QuantizedTensor, Scheme, matrix_shape
 QK_K = 256            # weights per K-quant super-block
 FP16_MAX = 65504.0
 GROUP_EPS = 1e-15     # a (sub-)block whose largest |w| is below this is all zeros
-ENCODE_CHUNK = 1 << 16  # blocks per encode call (bounded temporaries)
+ENCODE_CHUNK_WEIGHTS = 1 << 20  # weights per encode call (bounded, cache-friendly temporaries)
 DECODE_CHUNK = 1 << 16
 
 
@@ -194,12 +194,13 @@ class GGMLScheme(Scheme, register=False):
         """float32 (n_blocks, QK) -> packed blocks as uint8 (n_blocks, type_size)."""
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, self.block_size)
         out = np.empty(x.shape[0], dtype=self.block_dtype)
-        for s in range(0, x.shape[0], ENCODE_CHUNK):
-            chunk = x[s:s + ENCODE_CHUNK]
+        step = max(1, ENCODE_CHUNK_WEIGHTS // self.block_size)
+        for s in range(0, x.shape[0], step):
+            chunk = x[s:s + step]
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 enc = self.encode(chunk)
             self._check_scales(enc, chunk)
-            out[s:s + ENCODE_CHUNK] = enc
+            out[s:s + step] = enc
         return out.view(np.uint8).reshape(x.shape[0], self.type_size)
 
     def dequantize_blocks(self, raw: np.ndarray) -> np.ndarray:
