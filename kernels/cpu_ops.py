@@ -8,12 +8,39 @@ from . import host, tables
 from .spec import Spec
 
 
+SERIAL_BELOW = 1 << 16          # elements: smaller tensors run on the calling thread only
+
+
 def _k():
     from . import cpu          # numba import + kernel load happen here, on first use
     return cpu
 
 
+class _threads:
+    """Run small tensors single-threaded: a parallel region costs a thread wake-up, which on
+    a busy machine (the GUI, other processes) is worth more than the work itself."""
+
+    def __init__(self, n_elements: int):
+        self.small = n_elements < SERIAL_BELOW
+
+    def __enter__(self):
+        if self.small:
+            import numba
+            self.prev = numba.get_num_threads()
+            numba.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        if self.small:
+            import numba
+            numba.set_num_threads(self.prev)
+
+
 def dequantize(spec: Spec, qt, out2d: np.ndarray) -> None:
+    with _threads(out2d.size):
+        _dequantize(spec, qt, out2d)
+
+
+def _dequantize(spec: Spec, qt, out2d: np.ndarray) -> None:
     k = _k()
     rows, cols = out2d.shape
     if spec.family == "affine":
@@ -31,9 +58,15 @@ def dequantize(spec: Spec, qt, out2d: np.ndarray) -> None:
 
 def error_sums(spec: Spec, qt, w2d: np.ndarray) -> np.ndarray:
     """(rows, 5) float64: per row sse, sig, deq, dot, max|err|."""
+    acc = np.zeros((w2d.shape[0], 5), np.float64)
+    with _threads(w2d.size):
+        _error_sums(spec, qt, w2d, acc)
+    return acc
+
+
+def _error_sums(spec: Spec, qt, w2d: np.ndarray, acc: np.ndarray) -> None:
     k = _k()
     rows, cols = w2d.shape
-    acc = np.zeros((rows, 5), np.float64)
     if spec.family == "affine":
         k.affine_error(*host.affine_args(spec, qt, rows, cols), w2d, acc)
     elif spec.family == "u16":
@@ -45,7 +78,6 @@ def error_sums(spec: Spec, qt, w2d: np.ndarray) -> np.ndarray:
                      tables.f16_table(), tables.IQ4NL_VALUES, w2d, acc)
     else:
         raise ValueError(spec.family)
-    return acc
 
 
 # ------------------------------------------------------------------ quantize
@@ -78,10 +110,17 @@ def _encode(w2d, mode, bits, a, zf, has_zero, qmin, qmax, offset, gs, bpr,
 
 
 def count_nonfinite(w2d) -> int:
-    return int(_k().count_nonfinite(w2d))
+    with _threads(w2d.size):
+        return int(_k().count_nonfinite(w2d))
 
 
-def quantize(scheme, spec: Spec, w2d: np.ndarray) -> dict:
+def quantize(scheme, spec: Spec, w2d: np.ndarray) -> dict | None:
+    """The arrays of the scheme's QuantizedTensor (None: the kernel declines, use numpy)."""
+    with _threads(w2d.size):
+        return _quantize(scheme, spec, w2d)
+
+
+def _quantize(scheme, spec: Spec, w2d: np.ndarray) -> dict | None:
     rows, cols = w2d.shape
     q = spec.quant
     if q == "int":

@@ -145,3 +145,25 @@ def quantize(scheme, spec: Spec, w2d: np.ndarray) -> dict:
                         fp8=fmt)
         return {"codes": codes.reshape(rows, cols), "scales": scale}
     raise ValueError(f"no CUDA quantize kernel for {scheme.name}")
+
+
+def prepare_dequant(spec: Spec, qt, rows: int, cols: int):
+    """(launch, out): `launch()` runs the dequantize kernel on device-resident inputs into the
+    device array `out` and waits for it (what the benchmark times: kernel only)."""
+    cuda = _cuda()
+    out = cuda.device_array((rows, cols), np.float32)
+    if spec.family == "f32":
+        src = cuda.to_device(np.ascontiguousarray(qt.arrays["data"], dtype=np.float32).reshape(rows, cols))
+
+        def launch():
+            out.copy_to_device(src)
+            cuda.synchronize()
+        return launch, out
+    dev, q, s, z, lut, prm = _args(spec, qt, rows, cols)
+    k = _ck().dequant_kernel(dev)
+    grid = _grid(rows * cols)
+
+    def launch():
+        k[grid, THREADS](q, s, z, lut, prm, out)
+        cuda.synchronize()
+    return launch, out

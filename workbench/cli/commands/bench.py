@@ -1,0 +1,64 @@
+"""`quant-workbench bench`: dequantize / quantize throughput of the kernels, with baselines.
+
+    quant-workbench bench [--scheme NAME ...] [--size 4096x4096] [--backend cpu|cuda|auto|numpy ...]
+                          [--repeats N] [--json]
+
+Per scheme and backend: dequantize GB/s (float32 bytes written) and quantize GB/s (float32
+bytes read), against np.copyto of the float32 matrix, the scheme's numpy reference, the gguf
+package (GGML types) and, on a GPU, a device-to-device copy. `--scheme all`: every base scheme.
+The logic lives in kernels/bench.py (no Qt) so the app can show the same figures.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..common import print_json
+
+
+def _size(text: str) -> tuple[int, int]:
+    import argparse
+    try:
+        r, c = (int(x) for x in text.lower().replace("*", "x").split("x"))
+        if r <= 0 or c <= 0:
+            raise ValueError
+        return r, c
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size must look like 4096x4096, got {text!r}") from None
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="kernel throughput (dequantize / quantize GB/s) with baselines")
+    p.add_argument("--scheme", nargs="+", action="extend", default=None, metavar="NAME",
+                   help="schemes to measure ('all' = every base scheme; default: a representative set)")
+    p.add_argument("--size", type=_size, default=(4096, 4096), help="matrix ROWSxCOLS (default 4096x4096)")
+    p.add_argument("--backend", nargs="+", action="extend", default=None,
+                   choices=["auto", "cpu", "cuda", "numpy"],
+                   help="backends to measure (default: auto = cuda if available, else cpu)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median; default 5)")
+    p.add_argument("--no-baselines", action="store_true",
+                   help="skip the numpy/gguf reference timings (the float32 copy is always measured)")
+    p.add_argument("--json", action="store_true", help="machine-readable output with every figure")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from kernels.bench import all_schemes, format_table, run_bench
+    from ...errors import WorkbenchError
+    from ...schemes import get_scheme
+    names = args.scheme
+    if names and "all" in names:
+        names = all_schemes()
+    elif names:
+        names = [get_scheme(n).name for n in names]          # unknown names: WorkbenchError
+    try:
+        report = run_bench(names, size=args.size, backends=args.backend, repeats=max(1, args.repeats),
+                           baselines=not args.no_baselines,
+                           progress=None if args.json else (lambda m: print(f"  {m}", file=sys.stderr)))
+    except (RuntimeError, ValueError) as exc:
+        raise WorkbenchError(str(exc)) from None
+    if args.json:
+        print_json(report)
+    else:
+        print(format_table(report))
+    return 0
