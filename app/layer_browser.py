@@ -45,6 +45,9 @@ class _Filter(QSortFilterProxyModel):
     def set_text(self, text: str) -> None:
         text = text.strip()
         self.error = ""
+        staged = hasattr(self, "beginFilterChange")
+        if staged:
+            self.beginFilterChange()
         if not text:
             self._pattern = None
         elif text.startswith("re:"):
@@ -55,7 +58,10 @@ class _Filter(QSortFilterProxyModel):
                 self._pattern = None
         else:
             self._pattern = re.compile(re.escape(text), re.IGNORECASE)
-        self.invalidateRowsFilter()
+        if staged:
+            self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
+        else:
+            self.invalidateRowsFilter()
 
     def filterAcceptsRow(self, row, parent) -> bool:
         if self._pattern is None:

@@ -1,4 +1,4 @@
-"""Work around a PySide6 6.12 bug on Python < 3.12: void QPainter calls decref None.
+"""Work around a PySide6 6.12 bug on Python < 3.12: some calls decref None / True / False.
 
 Every Python call of a QPainter method that returns nothing (drawLine, setPen, save, ...)
 drops one reference to None that it never took (measured: 100 calls of `drawLine` lower
@@ -21,9 +21,15 @@ LOW_WATER = 1 << 24
 CHUNK = 1 << 26
 
 
+_SINGLETONS = (None, True, False)
+
+
 def top_up() -> None:
-    if NEEDED and sys.getrefcount(None) < LOW_WATER:
-        ctypes.c_ssize_t.from_address(id(None)).value += CHUNK
+    if not NEEDED:
+        return
+    for obj in _SINGLETONS:
+        if sys.getrefcount(obj) < LOW_WATER:
+            ctypes.c_ssize_t.from_address(id(obj)).value += CHUNK
 
 
 def install(app=None) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QVBoxLayout
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout
 
 from .format import fmt_bytes, fmt_db, fmt_gbs
 from .theme import sqnr_colour
@@ -36,13 +37,15 @@ class TotalsBar(QFrame):
         self.backend = _Stat("KERNELS  backend · dequant", "TotalBackend")
         self.status = QLabel("")
         self.status.setObjectName("Muted")
+        self.status.setMinimumWidth(1)
+        self.status.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         lay = QHBoxLayout(self)
         lay.setContentsMargins(6, 4, 6, 4)
         lay.setSpacing(2)
         for w in (self.size, self.ratio, self.bits, self.sqnr, self.backend):
             lay.addWidget(w)
-        lay.addStretch(1)
-        lay.addWidget(self.status)
+        lay.addWidget(self.status, 1)
         self.last = None
         for sig in (doc.modelChanged, doc.backendChanged):
             sig.connect(lambda *_: self.refresh())

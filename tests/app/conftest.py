@@ -1,0 +1,61 @@
+"""pytest-qt fixtures: offscreen Qt, settings and app data isolated in a temporary folder."""
+
+import os
+import tempfile
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("QT_LOGGING_RULES", "qt.qpa.*=false")
+_TMP = tempfile.mkdtemp(prefix="qwb-app-tests-")
+os.environ["XDG_CONFIG_HOME"] = os.path.join(_TMP, "config")
+os.environ["XDG_DATA_HOME"] = os.path.join(_TMP, "data")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("PySide6.QtWidgets")
+pytest.importorskip("pyqtgraph")
+
+from apphelpers import DEMO, wait_idle  # noqa: E402,F401
+
+
+@pytest.fixture(scope="session")
+def qapp_args():
+    return ["quant-workbench-tests"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _themed(qapp):
+    from app import refcount_guard, theme
+    qapp.setOrganizationName("QuantWorkbenchTests")
+    qapp.setApplicationName("Quant Workbench Tests")
+    refcount_guard.install(qapp)
+    theme.apply(qapp)
+    yield
+
+
+@pytest.fixture
+def make_window(qtbot, tmp_path):
+    from PySide6.QtCore import QSettings
+    from app.main_window import MainWindow
+    from app.messages import RecordedMessages
+    made = []
+
+    def make(path=DEMO, answer=False, autosave=False):
+        settings = QSettings(str(tmp_path / f"settings{len(made)}.ini"), QSettings.Format.IniFormat)
+        win = MainWindow(messages=RecordedMessages(answer), settings=settings, autosave=autosave)
+        qtbot.addWidget(win)
+        win.resize(1400, 900)
+        win.show()
+        made.append(win)
+        if path is not None:
+            win.open_model(str(path))
+            wait_idle(qtbot, win)
+        return win
+
+    yield make
+    for w in made:
+        w.runner.shutdown()
+
+
+@pytest.fixture
+def window(make_window):
+    return make_window()

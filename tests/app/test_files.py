@@ -1,0 +1,147 @@
+"""Sessions (save/reopen, autosave and crash restore), export, screenshot, report commands."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workbench.loaders import open_model
+from workbench.plan import Plan
+
+from app import commands
+from app.session import Session
+
+from apphelpers import DEMO, wait_idle
+
+ROOT = Path(__file__).resolve().parents[2]
+Q = "model.layers.0.self_attn.q_proj.weight"
+
+
+def test_save_and_reopen_session(make_window, qtbot, tmp_path):
+    win = make_window()
+    win.tiers.set_scheme(2, "q4_k")
+    win.push(commands.assign(win.doc, [Q], "nf4-g64"))
+    win.select("model.layers.2.mlp.down_proj.weight")
+    win.browser.filter_edit.setText("layers.2")
+    win.plots.log_box.setChecked(True)
+    win.tabs.setCurrentIndex(1)
+    path = tmp_path / "s.json"
+    assert win.save_session(path=str(path)) == str(path)
+    data = json.loads(path.read_text())
+    assert data["format"] == "quant-workbench-session" and data["model"] == str(DEMO)
+    assert data["tiers"][2]["scheme"] == "q4_k"
+
+    other = make_window(path=None)
+    other.open_session(str(path))
+    wait_idle(qtbot, other)
+    assert other.doc.plan == win.doc.plan
+    assert other.doc.tiers == win.doc.tiers
+    assert other.doc.scheme_of(Q) == "nf4-g64"
+    assert other.doc.current == "model.layers.2.mlp.down_proj.weight"
+    assert other.browser.filter_edit.text() == "layers.2"
+    assert other.plots.log_box.isChecked() and other.tabs.currentIndex() == 1
+    # a broken session file is an error message, not a crash
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "quant-workbench-session", "version": 99}')
+    other.open_session(str(bad))
+    assert "unsupported session version" in other.messages.errors[-1][1]
+
+
+def test_autosave_and_restore_after_crash(make_window, qtbot):
+    win = make_window(autosave=True)
+    win.push(commands.assign(win.doc, [Q], "int3-g64"))
+    win.autosave()
+    assert win.autosave_path().exists()
+    win.marker_path().write_text("12345")  # as if the previous run had crashed
+    again = make_window(path=None, answer=True)
+    assert again.start_session_guard() is True
+    assert again.messages.questions and "Restore" in again.messages.questions[0][0]
+    wait_idle(qtbot, again)
+    assert again.doc.scheme_of(Q) == "int3-g64"
+    # a clean close removes the marker: no question next time
+    again.close()
+    assert not again.marker_path().exists()
+    third = make_window(path=None, answer=True)
+    assert third.start_session_guard() is False and not third.messages.questions
+    third.close()
+
+
+def test_export_dialog_lists_registry_and_writes_reopenable_files(window, qtbot, tmp_path):
+    from workbench.export import list_exporters
+    window.push(commands.assign(window.doc, [Q], "int4-g128"))
+    dlg = window.export_dialog()
+    names = [dlg.format.itemData(i) for i in range(dlg.format.count())]
+    assert names == [e.name for e in list_exporters()]
+    assert {"plan", "safetensors"} <= set(names)
+    out = tmp_path / "q.safetensors"
+    dlg.start("safetensors", str(out))
+    qtbot.waitUntil(lambda: bool(dlg.result_info is not None or dlg.error), timeout=60000)
+    assert dlg.error is None, dlg.error
+    assert dlg.result_info is not None and out.exists(), (dlg.result_info, dlg.path.text())
+    m = open_model(out)
+    assert set(m.tensors) == set(window.doc.model.tensors)
+    ref = open_model(DEMO)
+    w, wq = ref.read_matrix(Q), m.read_matrix(Q)
+    assert w.shape == wq.shape and not np.array_equal(w, wq)
+    assert np.abs(w - wq).max() < 0.2 * np.abs(w).max()
+    plan_out = tmp_path / "plan.json"
+    dlg.start("plan", str(plan_out))
+    qtbot.waitUntil(lambda: bool(dlg.result_info is not None or dlg.error), timeout=30000)
+    assert Plan.load(plan_out) == window.doc.plan
+    dlg.close()
+
+
+def test_screenshot_has_size_and_content(window, qtbot, tmp_path):
+    from PySide6.QtGui import QImage
+    from app.screenshot import grab_png
+    window.resize(1280, 800)
+    window.select(Q)
+    wait_idle(qtbot, window)
+    out = tmp_path / "shot.png"
+    grab_png(window, out)
+    img = QImage(str(out))
+    assert (img.width(), img.height()) == (1280, 800)
+    colours = {img.pixel(x, y) for x in range(0, 1280, 7) for y in range(0, 800, 7)}
+    assert len(colours) > 100
+
+
+def _cli(*args, timeout=240):
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT,
+                          env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"})
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("plan") / "plan.json"
+    Plan("int4-g128", [{"match": "re:embed|lm_head", "scheme": "int8-channel"}]).save(p)
+    return p
+
+
+def test_screenshot_command(tmp_path, plan_file):
+    from PySide6.QtGui import QImage
+    out = tmp_path / "cli.png"
+    res = _cli("screenshot", "--plan", str(plan_file), "--layer", "lm_head.weight",
+               "--size", "1000x700", "--tab", "tiers", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    img = QImage(str(out))
+    assert (img.width(), img.height()) == (1000, 700)
+    colours = {img.pixel(x, y) for x in range(0, 1000, 5) for y in range(0, 700, 5)}
+    assert len(colours) > 100
+    bad = _cli("screenshot", "--layer", "nope", "-o", str(tmp_path / "x.png"))
+    assert bad.returncode == 2 and "nope" in bad.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_report_command(tmp_path, plan_file):
+    out = tmp_path / "report.html"
+    res = _cli("report", "--plan", str(plan_file), "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    html = out.read_text()
+    assert html.startswith("<!DOCTYPE html>")
+    assert "lm_head.weight" in html and "int4-g128" in html and "MODEL SQNR" in html
+    assert html.count("data:image/png;base64,") >= 2 * 22 + 2  # 22 matrices x 2 plots + overview
+    assert "http://" not in html and "https://" not in html  # reads offline
