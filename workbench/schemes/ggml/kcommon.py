@@ -119,7 +119,17 @@ def super_scale_codes(values: np.ndarray, e: np.ndarray, levels: int, signed: bo
     else:
         d = values.max(axis=1) / F(levels)
         lo, hi = 0, levels
-    d16 = to_fp16(denormalize(d.astype(F), e))
+    d_real = denormalize(d.astype(F), e)
+    d16 = to_fp16(d_real)
+    # a float16 scale rounded toward zero would push the top code out of range (clipping the
+    # largest weights): take the next float16 away from zero instead. Only matters where
+    # float16 is coarse (subnormal scales of small weights).
+    with np.errstate(divide="ignore", invalid="ignore"):
+        over = np.rint(F(levels) * np.abs(d_real) / np.abs(d16.astype(F))) > levels
+    over &= np.isfinite(d16) & (d_real != 0)
+    if over.any():
+        d16 = d16.copy()
+        d16[over] = np.nextafter(d16[over], np.copysign(np.float16(np.inf), d16[over]))
     d_eff = renormalize(d16.astype(F), e)
     ok = np.isfinite(d_eff) & (d_eff != 0)
     safe = np.where(ok, d_eff, F(1))
