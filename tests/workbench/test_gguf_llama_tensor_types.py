@@ -171,3 +171,13 @@ def test_gguf_source_keeps_its_names(tmp_path):
     pats = parse_like_llama_quantize(out.read_text())
     assert resolve(pats, "blk.0.attn_q.weight") == "q5_1"
     assert resolve(pats, "blk.0.ffn_up.weight") == "q4_K"
+
+
+def test_gguf_written_from_safetensors_maps_like_its_source(tiny_llama, tmp_path):
+    g = tmp_path / "hf-names.gguf"
+    run(export(open_model(tiny_llama[0]), Plan(default="q8_0"), "gguf", g))
+    out = tmp_path / "t.txt"
+    info = run(export(open_model(g), Plan(default="q6_k"), "llama-tensor-types", out))
+    assert info["family"] == "Llama/Mistral/Qwen"
+    pats = parse_like_llama_quantize(out.read_text())
+    assert resolve(pats, "blk.1.ffn_up.weight") == "q6_K"

@@ -104,7 +104,10 @@ _COMPILED = {fam: [(re.compile(p + "$"), t) for p, t in rules] for fam, rules in
 
 def detect_family(model) -> str:
     """'gguf', 'llama', 'gpt2' or 'bert' from the tensor names (WorkbenchError if none fits)."""
-    if model.format == "gguf" or any(n.startswith("blk.") for n in model.tensors):
+    # llama.cpp names (a GGUF from convert_hf_to_gguf); a GGUF this workbench wrote from a
+    # safetensors checkpoint keeps Hugging Face names and is mapped like its source
+    if any(n.startswith("blk.") or n in ("token_embd.weight", "output.weight")
+           for n in model.tensors):
         return "gguf"
     scores = {fam: sum(1 for n in model.tensors if any(p.match(n) for p, _ in rules))
               for fam, rules in _COMPILED.items()}
