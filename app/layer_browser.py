@@ -101,9 +101,8 @@ class LayerBrowser(QWidget):
         hdr.setStretchLastSection(False)
         hdr.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         hdr.setMinimumSectionSize(36)
-        for c, w in zip(range(1, len(COLUMNS)), (80, 64, 44, 62)):
-            hdr.setSectionResizeMode(c, QHeaderView.ResizeMode.Interactive)
-            self.view.setColumnWidth(c, w)
+        for c in range(1, len(COLUMNS)):
+            hdr.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
         self.view.setIndentation(12)
         self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         lay = QVBoxLayout(self)
@@ -119,6 +118,11 @@ class LayerBrowser(QWidget):
         self.view.selectionModel().currentChanged.connect(self._current)
         doc.modelChanged.connect(self.rebuild)
         doc.currentChanged.connect(self.show_tensor)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        # narrow panel: the role column gives its room to the names (roles stay in the table)
+        self.view.setColumnHidden(4, self.width() < 430)
 
     def rebuild(self) -> None:
         self.model.removeRows(0, self.model.rowCount())

@@ -107,7 +107,8 @@ class MainWindow(QMainWindow):
     def fit_layout(self) -> None:
         """Proportional splitter sizes for the current window size."""
         w, h = max(self.width(), 800), max(self.height(), 600)
-        self.main_split.setSizes([int(w * 0.25), int(w * 0.75)])
+        left = 0.25 if w >= 1500 else 0.30
+        self.main_split.setSizes([int(w * left), int(w * (1 - left))])
         self.right.setSizes([int(h * 0.44), int(h * 0.56)])
 
     def showEvent(self, event) -> None:

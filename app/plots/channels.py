@@ -10,6 +10,22 @@ from ..analysis import outlier_channels
 from ..format import fmt_float
 
 
+MAX_POINTS = 2048
+
+
+def envelope(x, lo, hi, ab, max_points: int = MAX_POINTS):
+    """Peak-preserving reduction for drawing: per bucket of channels, the min of the minima
+    and the max of the maxima (so no extreme channel disappears from the plot)."""
+    n = x.size
+    if n <= max_points:
+        return x, lo, hi, ab
+    step = -(-n // max_points)
+    starts = np.arange(0, n, step)
+    with np.errstate(invalid="ignore"):
+        return (x[starts], np.fmin.reduceat(lo, starts), np.fmax.reduceat(hi, starts),
+                np.fmax.reduceat(ab, starts))
+
+
 class ChannelRangePlot(pg.PlotWidget):
     hovered = Signal(str)
 
@@ -63,9 +79,10 @@ class ChannelRangePlot(pg.PlotWidget):
             self.order = np.arange(n)
         x = np.arange(n, dtype=np.float64)
         o = self.order
-        self.max_curve.setData(x, self.ch_max[o])
-        self.min_curve.setData(x, self.ch_min[o])
-        self.abs_curve.setData(x, self.ch_abs[o])
+        xs, lo, hi, ab = envelope(x, self.ch_min[o], self.ch_max[o], self.ch_abs[o])
+        self.max_curve.setData(xs, hi)
+        self.min_curve.setData(xs, lo)
+        self.abs_curve.setData(xs, ab)
         mask = self.outliers[o] if n else np.zeros(0, bool)
         self.out_points.setData(x[mask], self.ch_abs[o][mask])
         self.getPlotItem().setLabel(

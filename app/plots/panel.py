@@ -39,8 +39,7 @@ class PlotsPanel(QWidget):
             p.hovered.connect(self.hover.setText)
 
         head = QHBoxLayout()
-        head.addWidget(self.title)
-        head.addStretch(1)
+        head.addWidget(self.title, 1)
         head.addWidget(self.log_box)
         head.addWidget(self.sort_box)
         right = QSplitter(Qt.Orientation.Vertical)
