@@ -21,8 +21,7 @@ def create_app(argv=None, offscreen: bool = False):
         app = QApplication(list(argv or sys.argv[:1]))
         app.setOrganizationName("QuantWorkbench")
         app.setApplicationName("Quant Workbench")
-        from . import refcount_guard, theme
-        refcount_guard.install(app)
+        from . import theme
         theme.apply(app)
     return app
 

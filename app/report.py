@@ -40,9 +40,7 @@ def report_job(model, plan):
 
 def _png(widget, size=(560, 260)) -> str:
     from PySide6.QtWidgets import QApplication
-    from .refcount_guard import top_up
     from .screenshot import png_bytes
-    top_up()
     widget.resize(*size)
     widget.show()
     QApplication.processEvents()

@@ -12,11 +12,9 @@ TABS = {"table": 0, "tiers": 1, "comparison": 2}
 
 def wait_idle(app, win, timeout: float = 120.0) -> None:
     """Process events until the compute thread has nothing left to do."""
-    from .refcount_guard import top_up
     deadline = time.monotonic() + timeout
     quiet = 0
     while time.monotonic() < deadline:
-        top_up()
         app.processEvents()
         if win.runner.idle():
             quiet += 1

@@ -11,6 +11,20 @@ from pathlib import Path
 from .errors import WorkbenchError
 
 
+def _read_umask() -> int:
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+_FILE_MODE = 0o666 & ~_read_umask()  # read once at import: os.umask is process-wide
+
+
+def default_file_mode() -> int:
+    """The mode a plain open() would give a new file (mkstemp gives 0600)."""
+    return _FILE_MODE
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb"):
     """Yield a file object; on success the target is replaced in one rename.
@@ -31,6 +45,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, _FILE_MODE)  # mkstemp makes 0600; give the usual umask mode
         os.replace(tmp, target)
     except BaseException as exc:
         with contextlib.suppress(OSError):

@@ -24,10 +24,9 @@ def qapp_args():
 
 @pytest.fixture(scope="session", autouse=True)
 def _themed(qapp):
-    from app import refcount_guard, theme
+    from app import theme
     qapp.setOrganizationName("QuantWorkbenchTests")
     qapp.setApplicationName("Quant Workbench Tests")
-    refcount_guard.install(qapp)
     theme.apply(qapp)
     yield
 

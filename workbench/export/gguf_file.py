@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic import default_file_mode
 from ..errors import WorkbenchError
 from ..plan import KEEP
 from ..progress import Progress
@@ -268,6 +269,7 @@ def export_gguf(model, plan, out_path):
             os.fsync(fh.fileno())
         writer.close()
         writer = None
+        os.chmod(tmp, default_file_mode())
         os.replace(tmp, target)
     except BaseException as exc:
         if writer is not None:
