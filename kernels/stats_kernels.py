@@ -6,7 +6,8 @@ moments m2, m3, m4 around the mean and the outlier count |w - mean| > thresh.
 Each row is first decoded into a float32 buffer (bfloat16 from its uint16 bits when
 kind == 1, a cast otherwise), then reduced by a branch-light loop the compiler vectorizes;
 rows that hold NaN/Inf take a careful second loop. Sums may be reassociated (vectorized),
-so they match the numpy reference (workbench.stats.reference_stats) to float64 rounding.
+so they match the numpy reference (workbench.stats.reference_stats) to float64 rounding;
+histogram bins are computed in float64 exactly as the reference does.
 """
 
 from __future__ import annotations
@@ -85,9 +86,6 @@ def hist_central(raw, kind, lo, hi, mean, thresh, bad_rows, hist, moments, outli
     nthreads, bins = hist.shape
     width = hi - lo
     scale = bins / width if width > 0 else 0.0
-    flo = np.float32(lo)
-    fscale = np.float32(scale)
-    fmean = np.float32(mean)
     per = (rows + nthreads - 1) // nthreads
     for t in nb.prange(nthreads):
         bits = np.empty(cols, np.uint32)
@@ -109,7 +107,7 @@ def hist_central(raw, kind, lo, hi, mean, thresh, bad_rows, hist, moments, outli
                     if not np.isfinite(v):
                         idx[j] = -1
                         continue
-                    idx[j] = min(max(np.int32((v - flo) * fscale), 0), bins - 1)
+                    idx[j] = min(max(np.int32((np.float64(v) - lo) * scale), 0), bins - 1)
                     d = np.float64(v) - mean
                     d2 = d * d
                     r2 += d2
@@ -121,9 +119,9 @@ def hist_central(raw, kind, lo, hi, mean, thresh, bad_rows, hist, moments, outli
                         local[idx[j]] += 1
             else:
                 for j in range(cols):
-                    v = buf[j]
-                    idx[j] = min(max(np.int32((v - flo) * fscale), 0), bins - 1)
-                    d = v - fmean
+                    v = np.float64(buf[j])
+                    idx[j] = min(max(np.int32((v - lo) * scale), 0), bins - 1)
+                    d = v - mean
                     d2 = d * d
                     r2 += d2
                     r3 += d2 * d
