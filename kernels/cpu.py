@@ -64,6 +64,20 @@ def _acc_row(w, q, acc):
 
 # ---------------------------------------------------------------- affine (packed codes)
 @njit(**_J)
+def _lut8(codes, lut, z, s, dst):
+    for c in range(dst.shape[0]):
+        dst[c] = (lut[codes[c]] - z) * s
+
+
+@njit(**_J)
+def _lut4(codes, lut, z, s, dst):
+    for c in range(codes.shape[0]):
+        v = np.int32(codes[c])
+        dst[2 * c] = (lut[v & 15] - z) * s
+        dst[2 * c + 1] = (lut[v >> 4] - z) * s
+
+
+@njit(**_J)
 def _affine_row(codes, bits, lut, scales, zeros, has_zero, cols, gs, bpr, r, dst):
     # x - 0.0 == x bit for bit (signed zeros and quiet NaNs included), so the 8- and 4-bit
     # paths subtract the zero point unconditionally.
@@ -78,15 +92,10 @@ def _affine_row(codes, bits, lut, scales, zeros, has_zero, cols, gs, bpr, r, dst
         z = np.float32(zeros[k]) if has_zero else F0
         c0 = b * gs
         if aligned and bits == 8:                 # one code per byte
-            p = base + c0
-            for c in range(gs):
-                dst[c0 + c] = (lut[codes[p + c]] - z) * s
+            _lut8(codes[base + c0:base + c0 + gs], lut, z, s, dst[c0:c0 + gs])
         elif aligned and bits == 4:               # two codes per byte, low nibble first
             p = (base + c0) >> 1
-            for c in range(gs >> 1):
-                v = np.int32(codes[p + c])
-                dst[c0 + 2 * c] = (lut[v & 15] - z) * s
-                dst[c0 + 2 * c + 1] = (lut[v >> 4] - z) * s
+            _lut4(codes[p:p + (gs >> 1)], lut, z, s, dst[c0:c0 + gs])
         elif aligned:
             p = ((base + c0) * bits) >> 3
             for c in range(c0, c0 + gs, 8):
@@ -410,54 +419,71 @@ def ggml_error(blocks, tid, qk, bpb, f16, kv, w, acc):
 
 
 # ---------------------------------------------------------------- quantize
+@njit(fastmath={"nnan", "nsz"}, **_J)
+def _amax(x):
+    m = F0
+    for c in range(x.shape[0]):
+        a = abs(x[c])
+        m = a if a > m else m
+    return m
+
+
+@njit(fastmath={"nnan", "nsz"}, **_J)
+def _minmax(x):
+    lo = x[0]
+    hi = x[0]
+    for c in range(x.shape[0]):
+        v = x[c]
+        lo = v if v < lo else lo
+        hi = v if v > hi else hi
+    return lo, hi
+
+
+@njit(**_J)
+def _absmean8(x):
+    """mean |x| in float64, summed like numpy's pairwise sum for 8 <= len <= 128."""
+    p0 = 0.0
+    p1 = 0.0
+    p2 = 0.0
+    p3 = 0.0
+    p4 = 0.0
+    p5 = 0.0
+    p6 = 0.0
+    p7 = 0.0
+    for g in range(x.shape[0] >> 3):
+        c = 8 * g
+        p0 += np.float64(abs(x[c]))
+        p1 += np.float64(abs(x[c + 1]))
+        p2 += np.float64(abs(x[c + 2]))
+        p3 += np.float64(abs(x[c + 3]))
+        p4 += np.float64(abs(x[c + 4]))
+        p5 += np.float64(abs(x[c + 5]))
+        p6 += np.float64(abs(x[c + 6]))
+        p7 += np.float64(abs(x[c + 7]))
+    return (((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))) / x.shape[0]
+
+
 @njit(**_P)
 def block_stats(w, gs, bpr, mode, o1, o2):
     """Per block of (rows, cols) in group geometry: mode 0 o1 = max|w| (float32);
     mode 1 o1 = min, o2 = max (float32); mode 2 o1 = mean|w| in float64, summed in numpy's
-    pairwise order for 8 <= gs <= 128, gs % 8 == 0 (eight interleaved partial sums)."""
+    pairwise order for 8 <= gs <= 128, gs % 8 == 0 (eight interleaved partial sums).
+    Inputs are finite (checked before) and the sign of a zero min/max never changes the
+    qparams, hence nnan/nsz in the min/max helpers (lets them vectorize); no reassociation."""
     rows, cols = w.shape
     for r in prange(rows):
         row = w[r]
         for b in range(bpr):
-            c0 = b * gs
+            x = row[b * gs:(b + 1) * gs]
             k = r * bpr + b
             if mode == 0:
-                m = F0
-                for c in range(c0, c0 + gs):
-                    a = abs(row[c])
-                    if a > m:
-                        m = a
-                o1[k] = m
+                o1[k] = _amax(x)
             elif mode == 1:
-                lo = row[c0]
-                hi = row[c0]
-                for c in range(c0, c0 + gs):
-                    x = row[c]
-                    if x < lo:
-                        lo = x
-                    if x > hi:
-                        hi = x
+                lo, hi = _minmax(x)
                 o1[k] = lo
                 o2[k] = hi
             else:
-                p0 = 0.0
-                p1 = 0.0
-                p2 = 0.0
-                p3 = 0.0
-                p4 = 0.0
-                p5 = 0.0
-                p6 = 0.0
-                p7 = 0.0
-                for c in range(c0, c0 + gs, 8):
-                    p0 += np.float64(abs(row[c]))
-                    p1 += np.float64(abs(row[c + 1]))
-                    p2 += np.float64(abs(row[c + 2]))
-                    p3 += np.float64(abs(row[c + 3]))
-                    p4 += np.float64(abs(row[c + 4]))
-                    p5 += np.float64(abs(row[c + 5]))
-                    p6 += np.float64(abs(row[c + 6]))
-                    p7 += np.float64(abs(row[c + 7]))
-                o1[k] = (((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))) / gs
+                o1[k] = _absmean8(x)
 
 
 @njit(inline="always", **_J)
@@ -478,57 +504,100 @@ def _fp8_code(x, man, bias, maxcode):
     return code | (sign << 7)
 
 
-@njit(inline="always", **_J)
-def _enc1(mode, x, a, z, has_zero, qmin, qmax, offset, mids, man, bias, maxcode):
-    if mode == 0:                                  # integer affine
-        q = np.rint(x * a)
-        if has_zero:
-            q = q + z
-        if q < qmin:
-            q = qmin
-        elif q > qmax:
-            q = qmax
-        return np.int64(q) + offset
-    if mode == 1:                                  # codebook: count of midpoints < x*inv
-        v = x * a
-        n = 0
-        for i in range(mids.shape[0]):
-            if mids[i] < v:
-                n += 1
-        return np.int64(n)
-    return _fp8_code(x / a, man, bias, maxcode)    # FP8: x / row scale
+# Hot loops run over whole 1-D views from index 0: numba then knows the indices are
+# non-negative (no wrap-around checks) and LLVM vectorizes them (~10x faster).
+
+@njit(**_J)
+def _codes_int(row, a, z, qmin, qmax, offset, buf):
+    """q = clip(rint(x * inv) + zero, qmin, qmax) + offset (float32, as the reference)."""
+    for c in range(row.shape[0]):
+        q = np.rint(row[c] * a) + z          # + 0.0 for symmetric: same integer
+        q = qmin if q < qmin else q
+        q = qmax if q > qmax else q
+        buf[c] = np.uint8(np.int32(q) + offset)
+
+
+@njit(**_J)
+def _codes_codebook(row, a, mids, buf):
+    """Count of midpoints strictly below x * inv (searchsorted side='left')."""
+    m = mids.shape[0]
+    if m == 15:                                 # 16-entry codebook: branch-free lower bound
+        for c in range(row.shape[0]):
+            v = row[c] * a
+            i = 0
+            i += 8 if mids[i + 7] < v else 0
+            i += 4 if mids[i + 3] < v else 0
+            i += 2 if mids[i + 1] < v else 0
+            i += 1 if mids[i] < v else 0
+            buf[c] = np.uint8(i)
+    else:
+        for c in range(row.shape[0]):
+            v = row[c] * a
+            k = 0
+            for i in range(m):
+                if mids[i] < v:
+                    k += 1
+            buf[c] = np.uint8(k)
+
+
+@njit(**_J)
+def _codes_fp8(row, a, man, bias, maxcode, buf):
+    for c in range(row.shape[0]):
+        buf[c] = np.uint8(_fp8_code(row[c] / a, man, bias, maxcode))
+
+
+@njit(**_J)
+def _pack_row(buf, bits, out):
+    """Pack the codes in buf as a little-endian bit stream into out (len(buf) % 8 == 0)."""
+    n = buf.shape[0]
+    if bits == 8:
+        for i in range(n):
+            out[i] = buf[i]
+    elif bits == 4:
+        for i in range(n >> 1):
+            out[i] = buf[2 * i] | (buf[2 * i + 1] << 4)
+    elif bits == 2:
+        for i in range(n >> 2):
+            out[i] = (buf[4 * i] | (buf[4 * i + 1] << 2) | (buf[4 * i + 2] << 4)
+                      | (buf[4 * i + 3] << 6))
+    else:
+        for g in range(n >> 3):
+            v = np.int64(0)
+            for j in range(8):
+                v |= np.int64(buf[8 * g + j]) << (j * bits)
+            for t in range(bits):
+                out[g * bits + t] = np.uint8((v >> (8 * t)) & 255)
 
 
 @njit(**_P)
 def encode(w, mode, bits, a, zf, has_zero, qmin, qmax, offset, mids, man, bias, maxcode,
            gs, bpr, packed, out):
-    """Codes of w (rows, cols). mode 0 int (a = 1/scale, zf = zero), 1 codebook (a = 1/absmax),
-    2 FP8 (a = row scale). packed: out is the little-endian bit stream (needs cols % 8 == 0);
-    else out holds one uint8 code per element."""
+    """Codes of w (rows, cols), block k = r*bpr + c//gs (gs divides cols). mode 0 integer
+    (a = 1/scale, zf = zero point), 1 codebook (a = 1/absmax), 2 FP8 (a = row scale).
+    packed: out is the little-endian bit stream (cols % 8 == 0); else one code per byte."""
     rows, cols = w.shape
     fqmin = np.float32(qmin)
     fqmax = np.float32(qmax)
     for r in prange(rows):
         row = w[r]
+        buf = np.empty(cols, np.uint8)
+        for b in range(cols // gs):
+            k = r * bpr + b
+            x = row[b * gs:(b + 1) * gs]
+            o = buf[b * gs:(b + 1) * gs]
+            if mode == 0:
+                zk = zf[k] if has_zero else F0
+                _codes_int(x, a[k], zk, fqmin, fqmax, offset, o)
+            elif mode == 1:
+                _codes_codebook(x, a[k], mids, o)
+            else:
+                _codes_fp8(x, a[k], man, bias, maxcode, o)
         if packed:
             p = (r * cols * bits) >> 3
-            for c0 in range(0, cols, 8):
-                k = r * bpr + c0 // gs
-                ak = a[k]
-                zk = zf[k] if has_zero else F0
-                v = np.int64(0)
-                for j in range(8):
-                    v |= _enc1(mode, row[c0 + j], ak, zk, has_zero, fqmin, fqmax, offset, mids,
-                               man, bias, maxcode) << (j * bits)
-                for t in range(bits):
-                    out[p + t] = np.uint8((v >> (8 * t)) & 255)
-                p += bits
+            _pack_row(buf, bits, out[p:p + ((cols * bits) >> 3)])
         else:
             for c in range(cols):
-                k = r * bpr + c // gs
-                zk = zf[k] if has_zero else F0
-                out[r * cols + c] = np.uint8(_enc1(mode, row[c], a[k], zk, has_zero, fqmin, fqmax,
-                                                   offset, mids, man, bias, maxcode))
+                out[r * cols + c] = buf[c]
 
 
 @njit(**_P)
