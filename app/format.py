@@ -10,7 +10,9 @@ def fmt_bytes(n: float | None) -> str:
         return "…"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+            if unit == "B" or abs(n) >= 100:
+                return f"{n:.0f} {unit}"
+            return f"{n:.1f} {unit}" if abs(n) >= 10 else f"{n:.2f} {unit}"
         n /= 1024
     return str(n)
 

@@ -122,7 +122,7 @@ class LayerBrowser(QWidget):
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
         # narrow panel: the role column gives its room to the names (roles stay in the table)
-        self.view.setColumnHidden(4, self.width() < 430)
+        self.view.setColumnHidden(4, self.width() < 540)
 
     def rebuild(self) -> None:
         self.model.removeRows(0, self.model.rowCount())
