@@ -600,6 +600,46 @@ def encode(w, mode, bits, a, zf, has_zero, qmin, qmax, offset, mids, man, bias, 
                 out[r * cols + c] = buf[c]
 
 
+@njit(**_J)
+def _enc_q4_0(x, dst):
+    """One Q4_0 block: x float32[32] -> dst[2:18] nibbles; returns the float32 scale d."""
+    am = np.float32(-1.0)
+    mx = F0
+    for j in range(32):                      # the first value of largest |x| (argmax)
+        a = abs(x[j])
+        if a > am:
+            am = a
+            mx = x[j]
+    d = mx / np.float32(-8.0)
+    inv = F0 if d == 0 else np.float32(1.0) / d
+    for j in range(16):
+        q0 = np.int32(x[j] * inv + np.float32(8.5))
+        q1 = np.int32(x[j + 16] * inv + np.float32(8.5))
+        q0 = min(max(q0, 0), 15)
+        q1 = min(max(q1, 0), 15)
+        dst[2 + j] = np.uint8(q0 | (q1 << 4))
+    return d
+
+
+@njit(**_J)
+def _enc_q8_0(x, dst):
+    """One Q8_0 block: x float32[32] -> dst[2:34] int8 (round half away from zero)."""
+    am = F0
+    for j in range(32):
+        a = abs(x[j])
+        am = a if a > am else am
+    d = am / np.float32(127.0)
+    inv = F0 if d == 0 else np.float32(1.0) / d
+    for j in range(32):
+        v = x[j] * inv
+        av = abs(v)
+        fl = np.floor(av)
+        q = np.int32(fl) + (1 if av - fl >= np.float32(0.5) else 0)
+        q = -q if v < 0 else q
+        dst[2 + j] = np.uint8(q & 255)
+    return d
+
+
 @njit(**_P)
 def ggml_encode(w, tid, bpb, blocks, dout):
     """Q4_0 (tid 0) / Q8_0 (tid 4) blocks of w (rows, cols); the float32 block scale goes to
@@ -608,43 +648,14 @@ def ggml_encode(w, tid, bpb, blocks, dout):
     nb = cols // 32
     for r in prange(rows):
         row = w[r]
-        dst = blocks[r]
+        out = blocks[r]
         for b in range(nb):
-            o = b * 32
-            p = b * bpb
+            x = row[b * 32:b * 32 + 32]
+            dst = out[b * bpb:b * bpb + bpb]
             if tid == 0:
-                am = np.float32(-1.0)
-                mx = F0
-                for j in range(32):
-                    x = row[o + j]
-                    if abs(x) > am:
-                        am = abs(x)
-                        mx = x
-                d = mx / np.float32(-8.0)
-                inv = F0 if d == 0 else np.float32(1.0) / d
-                for j in range(16):
-                    q0 = np.int64(row[o + j] * inv + np.float32(8.5))
-                    q1 = np.int64(row[o + j + 16] * inv + np.float32(8.5))
-                    q0 = min(max(q0, 0), 15)
-                    q1 = min(max(q1, 0), 15)
-                    dst[p + 2 + j] = np.uint8(q0 | (q1 << 4))
+                dout[r, b] = _enc_q4_0(x, dst)
             else:
-                am = F0
-                for j in range(32):
-                    x = abs(row[o + j])
-                    if x > am:
-                        am = x
-                d = am / np.float32(127.0)
-                inv = F0 if d == 0 else np.float32(1.0) / d
-                for j in range(32):
-                    v = row[o + j] * inv
-                    av = abs(v)
-                    fl = math.floor(av)
-                    q = fl + (1 if av - np.float32(fl) >= np.float32(0.5) else 0)
-                    if v < 0:
-                        q = -q
-                    dst[p + 2 + j] = np.uint8(q & 255)
-            dout[r, b] = d
+                dout[r, b] = _enc_q8_0(x, dst)
 
 
 @njit(**_P)
@@ -657,3 +668,38 @@ def count_nonfinite(w):
             if x != x or x == np.inf or x == -np.inf:
                 n += 1
     return n
+
+
+@njit(**_P)
+def int_qparams(lo, hi, asym, qmax, f16, f16_table, scale32, scale16, inv, zf, zero):
+    """Min/max-clipping qparams of an integer scheme from per-block lo/hi, exactly as
+    IntAffine.choose_qparams + _store_scale (no @pot): sym scale = max|.| / qmax, asym
+    scale = (max(hi,0) - min(lo,0)) / qmax and zero = clip(rint(-lo' / scale), 0, qmax);
+    float16 storage rounds to nearest even after min(scale, 65504). Outputs the stored
+    scale (float32 or float16 bits), inv = 1/stored scale (0 for 0) and the zero point."""
+    fq = np.float32(qmax)
+    for k in prange(lo.shape[0]):
+        if asym:
+            l = lo[k] if lo[k] < F0 else F0
+            h = hi[k] if hi[k] > F0 else F0
+            s = (h - l) / fq
+        else:
+            a = abs(lo[k])
+            b = abs(hi[k])
+            s = (a if a > b else b) / fq
+        if f16:
+            if s > np.float32(65504.0):
+                s = np.float32(65504.0)
+            bits = _fp8_code(s, 10, 15, 0x7BFF)      # float32 -> float16 bits, RNE
+            scale16[k] = np.uint16(bits)
+            s = f16_table[bits]
+        scale32[k] = s
+        iv = F0 if s == F0 else np.float32(1.0) / s
+        inv[k] = iv
+        if asym:
+            l = lo[k] if lo[k] < F0 else F0
+            z = np.rint(-l * iv)
+            z = F0 if z < F0 else z
+            z = fq if z > fq else z
+            zero[k] = np.uint8(np.int32(z))
+            zf[k] = z

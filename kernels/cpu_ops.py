@@ -120,13 +120,38 @@ def quantize(scheme, spec: Spec, w2d: np.ndarray) -> dict | None:
         return _quantize(scheme, spec, w2d)
 
 
+def _int_qparams_kernel(scheme, spec: Spec, w2d: np.ndarray):
+    """Min/max qparams fully in kernels (same values as scheme.choose_qparams)."""
+    rows, cols = w2d.shape
+    if spec.gran == "tensor":
+        lo, hi = _stats(w2d, cols, 1, 1)
+        lo, hi = np.array([lo.min()], np.float32), np.array([hi.max()], np.float32)
+    else:
+        lo, hi = _stats(w2d, *spec.geometry(rows, cols), 1)
+    nb = lo.shape[0]
+    f16 = np.dtype(scheme.scale_dtype) == np.float16
+    scale32 = np.empty(nb, np.float32)
+    scale16 = np.empty(nb if f16 else 1, np.uint16)
+    inv = np.empty(nb, np.float32)
+    asym = bool(scheme.asym)
+    zf = np.empty(nb if asym else 1, np.float32)
+    zero = np.empty(nb if asym else 1, np.uint8)
+    _k().int_qparams(lo, hi, asym, int(scheme.qmax), f16, tables.f16_table(), scale32, scale16,
+                     inv, zf, zero)
+    scale = scale16.view(np.float16) if f16 else scale32
+    return scale, (zero if asym else None), inv, (zf if asym else host.DUMMY_F32)
+
+
 def _quantize(scheme, spec: Spec, w2d: np.ndarray) -> dict | None:
     rows, cols = w2d.shape
     q = spec.quant
     if q == "int":
         def minmax(gs, bpr):
             return _stats(w2d, gs, bpr, 1)
-        scale, zero, inv, zf = host.int_qparams(scheme, spec, w2d, minmax)
+        if getattr(scheme, "clip", "minmax") == "minmax" and not getattr(scheme, "pot", False):
+            scale, zero, inv, zf = _int_qparams_kernel(scheme, spec, w2d)
+        else:
+            scale, zero, inv, zf = host.int_qparams(scheme, spec, w2d, minmax)
         gs, bpr = spec.geometry(rows, cols)
         codes = _encode(w2d, 0, spec.bits, inv, zf, zero is not None, scheme.qmin, scheme.qmax,
                         scheme.offset, gs, bpr)
