@@ -65,7 +65,8 @@ def plan_from_args(args):
     from ..plan import Plan
     if getattr(args, "plan", None):
         return Plan.load(args.plan)
-    return Plan(default=args.scheme)
+    from ..schemes import get_scheme
+    return Plan(default=get_scheme(args.scheme).name)  # unknown names: a clear error
 
 
 def fmt_bytes(n: float) -> str:
