@@ -1,13 +1,15 @@
 """Measured dequantization throughput of the kernels (Qt-free, compute thread only).
 
 `dequant_gbs(model, name, scheme)` times `kernels.dequantize(qt)` on the real tensor:
-float32 bytes written / seconds, median of a few runs after a warm-up run. When the
+float32 bytes written / seconds, best of a few runs after a warm-up run. The best, not the
+median: the GUI thread holds the GIL while it paints, and a run that the interpreter's
+5 ms switch interval interrupts measures the GUI, not the kernel (the `bench` command, which
+runs alone, reports medians). When the
 kernels package does not provide a dequantize kernel yet, the answer is None ("n/a").
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from workbench.evaluate import quantize
@@ -68,5 +70,5 @@ def dequant_gbs(model, name: str, scheme_name: str, repeats: int = 25,
         times.append(time.perf_counter() - t0)
         if time.perf_counter() - start > budget_s and len(times) >= 3:
             break
-    sec = statistics.median(times)
+    sec = min(times)
     return (info.numel * 4) / sec / 1e9 if sec > 0 else None
