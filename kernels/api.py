@@ -99,16 +99,22 @@ def quantize(scheme, w: np.ndarray, backend: str = "auto", tensor: str | None = 
         raise WorkbenchError(reason, tensor=tensor)
     w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(matrix_shape(shape))
     from . import cpu_ops
-    if not scheme.accepts_nonfinite:
-        bad = cpu_ops.count_nonfinite(w2)
-        if bad:
-            raise WorkbenchError(f"cannot quantize with {scheme.name}: {bad} NaN/Inf weight(s)",
-                                 tensor=tensor)
+
+    def refuse(bad):
+        return WorkbenchError(f"cannot quantize with {scheme.name}: {bad} NaN/Inf weight(s)",
+                              tensor=tensor)
     if b == "cuda":
+        if not scheme.accepts_nonfinite:
+            bad = cpu_ops.count_nonfinite(w2)
+            if bad:
+                raise refuse(bad)
         from . import cuda_ops
         arrays = cuda_ops.quantize(scheme, spec, w2)
     else:
-        arrays = cpu_ops.quantize(scheme, spec, w2)
+        try:
+            arrays = cpu_ops.quantize(scheme, spec, w2, check_finite=not scheme.accepts_nonfinite)
+        except cpu_ops.NonFinite as exc:      # counted inside the kernels' single pass
+            raise refuse(exc.args[0]) from None
     if arrays is None:                      # the kernel declined: the reference decides
         return scheme.quantize(w, tensor=tensor)
     return QuantizedTensor(scheme.name, shape, arrays)

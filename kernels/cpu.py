@@ -670,36 +670,172 @@ def count_nonfinite(w):
     return n
 
 
+@njit(inline="always", **_J)
+def _int_qp(lo, hi, asym, fq, f16, f16_table):
+    """Min/max-clipping qparams of one block, exactly as IntAffine.choose_qparams +
+    _store_scale (no @pot): sym scale = max|.| / qmax, asym scale = (max(hi,0) - min(lo,0)) /
+    qmax and zero = clip(rint(-lo' / scale), 0, qmax); float16 storage rounds to nearest even
+    after min(scale, 65504). Returns (stored scale as float32, its float16 bits, 1/scale or 0,
+    zero point as float32)."""
+    if asym:
+        l = lo if lo < F0 else F0
+        h = hi if hi > F0 else F0
+        s = (h - l) / fq
+    else:
+        a = abs(lo)
+        b = abs(hi)
+        s = (a if a > b else b) / fq
+    bits = np.int64(0)
+    if f16:
+        if s > np.float32(65504.0):
+            s = np.float32(65504.0)
+        bits = _fp8_code(s, 10, 15, 0x7BFF)      # float32 -> float16 bits, RNE
+        s = f16_table[bits]
+    iv = F0 if s == F0 else np.float32(1.0) / s
+    z = F0
+    if asym:
+        l = lo if lo < F0 else F0
+        z = np.rint(-l * iv)
+        z = F0 if z < F0 else z
+        z = fq if z > fq else z
+    return s, bits, iv, z
+
+
 @njit(**_P)
 def int_qparams(lo, hi, asym, qmax, f16, f16_table, scale32, scale16, inv, zf, zero):
-    """Min/max-clipping qparams of an integer scheme from per-block lo/hi, exactly as
-    IntAffine.choose_qparams + _store_scale (no @pot): sym scale = max|.| / qmax, asym
-    scale = (max(hi,0) - min(lo,0)) / qmax and zero = clip(rint(-lo' / scale), 0, qmax);
-    float16 storage rounds to nearest even after min(scale, 65504). Outputs the stored
-    scale (float32 or float16 bits), inv = 1/stored scale (0 for 0) and the zero point."""
+    """int_qparams of per-block lo/hi (see _int_qp): the stored scale (float32 or float16
+    bits), inv = 1/stored scale (0 for 0) and the zero point."""
     fq = np.float32(qmax)
     for k in prange(lo.shape[0]):
-        if asym:
-            l = lo[k] if lo[k] < F0 else F0
-            h = hi[k] if hi[k] > F0 else F0
-            s = (h - l) / fq
-        else:
-            a = abs(lo[k])
-            b = abs(hi[k])
-            s = (a if a > b else b) / fq
+        s, bits, iv, z = _int_qp(lo[k], hi[k], asym, fq, f16, f16_table)
         if f16:
-            if s > np.float32(65504.0):
-                s = np.float32(65504.0)
-            bits = _fp8_code(s, 10, 15, 0x7BFF)      # float32 -> float16 bits, RNE
             scale16[k] = np.uint16(bits)
-            s = f16_table[bits]
         scale32[k] = s
-        iv = F0 if s == F0 else np.float32(1.0) / s
         inv[k] = iv
         if asym:
-            l = lo[k] if lo[k] < F0 else F0
-            z = np.rint(-l * iv)
-            z = F0 if z < F0 else z
-            z = fq if z > fq else z
             zero[k] = np.uint8(np.int32(z))
             zf[k] = z
+
+
+# ---------------------------------------------------------------- fused quantize
+# One pass per row: each block's range, its qparams and its packed codes while the block is
+# in L1, plus a NaN/Inf test on the exponent bits (the caller counts them only when one is
+# found). The output bytes are written whole (2 or 4 codes per byte) in vectorizable loops.
+
+@njit(**_J)
+def _minmax_keys(u):
+    """(min, max) of the float32 values whose int32 bits are u, as order keys: the bits
+    with the magnitude bits flipped for negative values, so that integer order is float
+    order (-0.0 just below +0.0; NaN/Inf beyond every finite value). Integer min/max
+    reductions vectorize (float compares in numba carry no fast-math flags and do not)."""
+    lo = np.int32(0x7FFFFFFF)
+    hi = np.int32(-0x80000000)
+    for c in range(u.shape[0]):
+        s = u[c]
+        k = np.int32(s ^ ((s >> np.int32(31)) & np.int32(0x7FFFFFFF)))
+        lo = min(lo, k)
+        hi = max(hi, k)
+    return lo, hi
+
+
+@njit(inline="always", **_J)
+def _key_bad(lo, hi):
+    """True when the keys' range holds a NaN or an Inf."""
+    return lo < np.int32(-0x7F800000) or hi >= np.int32(0x7F800000)
+
+
+@njit(inline="always", **_J)
+def _key_f32(k):
+    return np.int32(k ^ ((k >> np.int32(31)) & np.int32(0x7FFFFFFF))).view(np.float32)
+
+
+@njit(inline="always", **_J)
+def _icode(x, a, z, qmin, qmax, offset):
+    q = np.rint(x * a) + z
+    q = qmin if q < qmin else q
+    q = qmax if q > qmax else q
+    return np.int32(q) + offset
+
+
+@njit(**_J)
+def _put_codes(x, a, z, qmin, qmax, offset, bits, dst):
+    """Integer codes of block x packed little-endian into dst (len(x) % 8 == 0)."""
+    n = x.shape[0]
+    if bits == 8:
+        for c in range(n):
+            dst[c] = np.uint8(_icode(x[c], a, z, qmin, qmax, offset))
+    elif bits == 4:
+        for i in range(n >> 1):
+            q0 = _icode(x[2 * i], a, z, qmin, qmax, offset)
+            q1 = _icode(x[2 * i + 1], a, z, qmin, qmax, offset)
+            dst[i] = np.uint8(q0 | (q1 << 4))
+    elif bits == 2:
+        for i in range(n >> 2):
+            q0 = _icode(x[4 * i], a, z, qmin, qmax, offset)
+            q1 = _icode(x[4 * i + 1], a, z, qmin, qmax, offset)
+            q2 = _icode(x[4 * i + 2], a, z, qmin, qmax, offset)
+            q3 = _icode(x[4 * i + 3], a, z, qmin, qmax, offset)
+            dst[i] = np.uint8(q0 | (q1 << 2) | (q2 << 4) | (q3 << 6))
+    else:
+        for g in range(n >> 3):
+            v = np.int64(0)
+            for j in range(8):
+                v |= np.int64(_icode(x[8 * g + j], a, z, qmin, qmax, offset)) << (j * bits)
+            for t in range(bits):
+                dst[g * bits + t] = np.uint8((v >> (8 * t)) & 255)
+
+
+@njit(**_J)
+def _f64_to_f16_bits(v):
+    """float16 bits of a float64 0 <= v <= 65504, rounded to nearest even in one step (as
+    numpy's float64 -> float16 cast)."""
+    if v == 0.0:
+        return np.int64(0)
+    m, e = math.frexp(v)                     # v in [2**(e-1), 2**e)
+    ue = max(e - 1, -14) - 10                # exponent of one float16 ulp at v
+    r = math.ldexp(np.rint(math.ldexp(v, -ue)), ue)
+    return _fp8_code(np.float32(r), 10, 15, 0x7BFF)   # r is a float16 value: exact
+
+
+@njit(**_P)
+def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
+                scale32, scale16, zero, out, bad):
+    """Quantize w (rows, cols), blocks of gs along each row (gs % 8 == 0, gs | cols), codes
+    packed into out (row r at r * cols * bits / 8). mode 0: integer min/max qparams (as
+    int_qparams); mode 1: ternary (scale = float16(mean|x|) from float64, codes in -1..1).
+    wu: w's int32 bits; bad[r] = 1 when row r holds a NaN/Inf (its block is skipped)."""
+    rows, cols = w.shape
+    bpr = cols // gs
+    fq = np.float32(qmax)
+    fqmin = np.float32(qmin)
+    rb = (cols * bits) >> 3
+    bb = (gs * bits) >> 3
+    for r in prange(rows):
+        row = w[r]
+        urow = wu[r]
+        orow = out[r * rb:(r + 1) * rb]
+        for b in range(bpr):
+            k = r * bpr + b
+            x = row[b * gs:(b + 1) * gs]
+            klo, khi = _minmax_keys(urow[b * gs:(b + 1) * gs])
+            if _key_bad(klo, khi):
+                bad[r] = 1
+                continue
+            if mode == 0:
+                lo = _key_f32(klo)
+                hi = _key_f32(khi)
+                s, sb, iv, z = _int_qp(lo, hi, asym, fq, f16, f16_table)
+                if asym:
+                    zero[k] = np.uint8(np.int32(z))
+            else:
+                m = _absmean8(x)
+                m = m if m < 65504.0 else 65504.0
+                sb = _f64_to_f16_bits(m)
+                s = f16_table[sb]
+                iv = F0 if s == F0 else np.float32(1.0) / s
+                z = F0
+            if f16:
+                scale16[k] = np.uint16(sb)
+            else:
+                scale32[k] = s
+            _put_codes(x, iv, z, fqmin, fq, offset, bits, orow[b * bb:(b + 1) * bb])

@@ -109,15 +109,76 @@ def _encode(w2d, mode, bits, a, zf, has_zero, qmin, qmax, offset, gs, bpr,
     return pack_bits(out, bits)
 
 
+class NonFinite(Exception):
+    """The weights hold NaN/Inf (args[0]: how many); raised before anything is returned."""
+
+
 def count_nonfinite(w2d) -> int:
     with _threads(w2d.size):
         return int(_k().count_nonfinite(w2d))
 
 
-def quantize(scheme, spec: Spec, w2d: np.ndarray) -> dict | None:
-    """The arrays of the scheme's QuantizedTensor (None: the kernel declines, use numpy)."""
+def quantize(scheme, spec: Spec, w2d: np.ndarray, check_finite: bool = True) -> dict | None:
+    """The arrays of the scheme's QuantizedTensor (None: the kernel declines, use numpy).
+    check_finite: raise NonFinite(count) when w2d holds NaN/Inf (tested inside the fused
+    kernels, else by a separate pass first)."""
     with _threads(w2d.size):
+        arrays = _quantize_fused(scheme, spec, w2d, check_finite)
+        if arrays is not None:
+            return arrays
+        if check_finite:
+            bad = int(_k().count_nonfinite(w2d))
+            if bad:
+                raise NonFinite(bad)
         return _quantize(scheme, spec, w2d)
+
+
+def _fused_mode(scheme, spec: Spec, rows: int, cols: int) -> int:
+    """quant_fused's mode for this scheme and shape, -1 when it does not apply."""
+    if cols % 8 or rows * cols == 0:
+        return -1
+    if spec.quant == "int":
+        if (spec.gran == "tensor" or getattr(scheme, "clip", "minmax") != "minmax"
+                or getattr(scheme, "pot", False)):
+            return -1
+        return 0
+    if spec.quant == "ternary" and host.block_view_ok_for_mean(spec.geometry(rows, cols)[0]):
+        return 1
+    return -1
+
+
+def _quantize_fused(scheme, spec: Spec, w2d: np.ndarray, check_finite: bool) -> dict | None:
+    rows, cols = w2d.shape
+    mode = _fused_mode(scheme, spec, rows, cols)
+    if mode < 0:
+        return None
+    gs, bpr = spec.geometry(rows, cols)
+    if gs % 8:
+        return None
+    nb = rows * bpr
+    bits = spec.bits
+    if mode == 0:
+        f16 = np.dtype(scheme.scale_dtype) == np.float16
+        asym = bool(scheme.asym)
+        qmin, qmax, offset = int(scheme.qmin), int(scheme.qmax), int(scheme.offset)
+    else:
+        f16, asym, qmin, qmax, offset = True, False, -1, 1, 1
+    scale32 = np.empty(1 if f16 else nb, np.float32)
+    scale16 = np.empty(nb if f16 else 1, np.uint16)
+    zero = np.empty(nb if asym else 1, np.uint8)
+    out = np.empty(rows * cols * bits // 8, np.uint8)
+    bad = np.zeros(rows, np.uint8)
+    _k().quant_fused(w2d, w2d.view(np.int32), mode, bits, gs, asym, qmin, qmax, offset, f16,
+                     tables.f16_table(), scale32, scale16, zero, out, bad)
+    if bad.any():
+        n = int(_k().count_nonfinite(w2d))
+        if check_finite and n:
+            raise NonFinite(n)
+        return None                          # NaN/Inf allowed: the generic path decides
+    res = {"codes": out, "scales": scale16.view(np.float16) if f16 else scale32}
+    if asym:
+        res["zeros"] = zero
+    return res
 
 
 def _int_qparams_kernel(scheme, spec: Spec, w2d: np.ndarray):

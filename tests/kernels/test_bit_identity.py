@@ -149,3 +149,37 @@ def test_numpy_backend_is_the_reference():
     qt = kernels.quantize(s, w, backend="numpy")
     assert same_qt(qt, s.quantize(w))
     assert same_bits(kernels.dequantize(qt, backend="numpy"), s.dequantize(qt))
+
+
+@pytest.mark.parametrize("name", ["int8-channel", "int4-g128", "int4-g128-asym", "int3-g64",
+                                  "int2-g32-asym", "ternary-g64", "nf4-g64", "fp8-e4m3",
+                                  "q4_0", "q8_0"])
+def test_nonfinite_found_inside_the_kernels(name):
+    """NaN (either sign) / +-Inf anywhere in a block: refused with the reference's count;
+    huge finite values next to them are not mistaken for Inf."""
+    from workbench.errors import WorkbenchError
+    s = get_scheme(name)
+    neg_nan = np.array([0xFFC00001], np.uint32).view(np.float32)[0]
+    for bad, where in ((np.nan, [(0, 0)]), (neg_nan, [(3, 255)]), (np.inf, [(1, 100), (2, 7)]),
+                       (-np.inf, [(5, 128), (5, 129), (5, 130)])):
+        w = weights((6, 256), seed=3)
+        w[4, 17] = np.finfo(np.float32).max
+        w[4, 18] = -np.finfo(np.float32).max
+        for r, c in where:
+            w[r, c] = bad
+        with pytest.raises(WorkbenchError) as ref:
+            s.quantize(w)
+        with pytest.raises(WorkbenchError) as got:
+            kernels.quantize(s, w, backend="cpu")
+        assert str(got.value) == str(ref.value)
+    w = weights((6, 256), seed=3)
+    w[4, 17] = np.finfo(np.float32).max
+    w[4, 18] = -np.finfo(np.float32).max
+    try:
+        with np.errstate(all="ignore"):
+            ref_qt = s.quantize(w)
+    except WorkbenchError as exc:          # e.g. a GGML float16 scale overflows
+        with pytest.raises(WorkbenchError, match=str(exc)[:30]):
+            kernels.quantize(s, w, backend="cpu")
+        return
+    assert same_qt(kernels.quantize(s, w, backend="cpu"), ref_qt)
