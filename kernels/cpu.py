@@ -785,16 +785,50 @@ def _put_codes(x, a, z, qmin, qmax, offset, bits, dst):
                 dst[g * bits + t] = np.uint8((v >> (8 * t)) & 255)
 
 
-@njit(**_J)
+@njit(inline="always", **_J)
 def _f64_to_f16_bits(v):
     """float16 bits of a float64 0 <= v <= 65504, rounded to nearest even in one step (as
-    numpy's float64 -> float16 cast)."""
+    numpy's float64 -> float16 cast), with integer operations on v's bits."""
     if v == 0.0:
         return np.int64(0)
-    m, e = math.frexp(v)                     # v in [2**(e-1), 2**e)
-    ue = max(e - 1, -14) - 10                # exponent of one float16 ulp at v
-    r = math.ldexp(np.rint(math.ldexp(v, -ue)), ue)
-    return _fp8_code(np.float32(r), 10, 15, 0x7BFF)   # r is a float16 value: exact
+    u = np.float64(v).view(np.int64)
+    e = (u >> 52) - 1023
+    m = (u & ((np.int64(1) << 52) - 1)) | (np.int64(1) << 52)
+    if e >= -14:                             # normal: 53 -> 11 significant bits
+        q = (m + (np.int64(1) << 41) - 1 + ((m >> 42) & 1)) >> 42
+        return ((e + 15) << 10) + (q - 1024)  # q == 2048 carries into the exponent
+    sh = 28 - e                              # subnormal: units of 2**-24
+    if sh >= 60:
+        return np.int64(0)
+    return (m + (np.int64(1) << (sh - 1)) - 1 + ((m >> sh) & 1)) >> sh
+
+
+@njit(inline="always", **_J)
+def _absmean8s(x, t):
+    """_absmean8 (numpy's pairwise order, 8 <= len <= 128) with |x| widened into the float64
+    scratch t first (a vectorized loop), then the eight partial sums."""
+    n = x.shape[0]
+    for i in range(n):
+        t[i] = np.float64(abs(x[i]))
+    p0 = t[0]
+    p1 = t[1]
+    p2 = t[2]
+    p3 = t[3]
+    p4 = t[4]
+    p5 = t[5]
+    p6 = t[6]
+    p7 = t[7]
+    for g in range(1, n >> 3):
+        c = 8 * g
+        p0 += t[c]
+        p1 += t[c + 1]
+        p2 += t[c + 2]
+        p3 += t[c + 3]
+        p4 += t[c + 4]
+        p5 += t[c + 5]
+        p6 += t[c + 6]
+        p7 += t[c + 7]
+    return (((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))) / n
 
 
 @njit(**_P)
@@ -810,32 +844,39 @@ def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
     fqmin = np.float32(qmin)
     rb = (cols * bits) >> 3
     bb = (gs * bits) >> 3
-    for r in prange(rows):
-        row = w[r]
-        urow = wu[r]
-        orow = out[r * rb:(r + 1) * rb]
-        for b in range(bpr):
-            k = r * bpr + b
-            x = row[b * gs:(b + 1) * gs]
-            klo, khi = _minmax_keys(urow[b * gs:(b + 1) * gs])
-            if _key_bad(klo, khi):
-                bad[r] = 1
-                continue
-            if mode == 0:
-                lo = _key_f32(klo)
-                hi = _key_f32(khi)
-                s, sb, iv, z = _int_qp(lo, hi, asym, fq, f16, f16_table)
-                if asym:
-                    zero[k] = np.uint8(np.int32(z))
-            else:
-                m = _absmean8(x)
-                m = m if m < 65504.0 else 65504.0
-                sb = _f64_to_f16_bits(m)
-                s = f16_table[sb]
-                iv = F0 if s == F0 else np.float32(1.0) / s
-                z = F0
-            if f16:
-                scale16[k] = np.uint16(sb)
-            else:
-                scale32[k] = s
-            _put_codes(x, iv, z, fqmin, fq, offset, bits, orow[b * bb:(b + 1) * bb])
+    nch = min(rows, 256)                     # chunks of rows: one scratch buffer each
+    for ch in prange(nch):
+        t = np.empty(gs if mode == 1 else 1, np.float64)
+        for r in range(ch * rows // nch, (ch + 1) * rows // nch):
+            _quant_row(w[r], wu[r], r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16,
+                       f16_table, scale32, scale16, zero, out[r * rb:(r + 1) * rb], bb, t, bad)
+
+
+@njit(**_J)
+def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, f16_table,
+               scale32, scale16, zero, orow, bb, t, bad):
+    for b in range(bpr):
+        k = r * bpr + b
+        x = row[b * gs:(b + 1) * gs]
+        klo, khi = _minmax_keys(urow[b * gs:(b + 1) * gs])
+        if _key_bad(klo, khi):
+            bad[r] = 1
+            continue
+        if mode == 0:
+            lo = _key_f32(klo)
+            hi = _key_f32(khi)
+            s, sb, iv, z = _int_qp(lo, hi, asym, fq, f16, f16_table)
+            if asym:
+                zero[k] = np.uint8(np.int32(z))
+        else:
+            m = _absmean8s(x, t)
+            m = m if m < 65504.0 else 65504.0
+            sb = _f64_to_f16_bits(m)
+            s = f16_table[sb]
+            iv = F0 if s == F0 else np.float32(1.0) / s
+            z = F0
+        if f16:
+            scale16[k] = np.uint16(sb)
+        else:
+            scale32[k] = s
+        _put_codes(x, iv, z, fqmin, fq, offset, bits, orow[b * bb:(b + 1) * bb])

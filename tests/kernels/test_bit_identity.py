@@ -183,3 +183,18 @@ def test_nonfinite_found_inside_the_kernels(name):
             kernels.quantize(s, w, backend="cpu")
         return
     assert same_qt(kernels.quantize(s, w, backend="cpu"), ref_qt)
+
+
+def test_float64_to_float16_rounding_matches_numpy():
+    """The ternary scale is float16(float64 mean): one rounding, ties to even, subnormals."""
+    from kernels import cpu
+    rng = np.random.default_rng(5)
+    f16 = np.arange(0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64)
+    mids = (f16[1:] + f16[:-1]) / 2                     # exact ties in float64
+    vals = np.concatenate([f16, mids, np.nextafter(mids, 0), np.nextafter(mids, 1e9),
+                           np.abs(rng.standard_normal(2000)) * np.exp2(rng.uniform(-40, 16, 2000)),
+                           [0.0, 1e-300, 2.0 ** -25, np.nextafter(2.0 ** -25, 1)]])
+    vals = np.minimum(vals, 65504.0)
+    want = vals.astype(np.float16).view(np.uint16)
+    got = np.array([cpu._f64_to_f16_bits(v) for v in vals], np.int64).astype(np.uint16)
+    assert np.array_equal(got, want)
