@@ -600,16 +600,44 @@ def encode(w, mode, bits, a, zf, has_zero, qmin, qmax, offset, mids, man, bias, 
                 out[r * cols + c] = buf[c]
 
 
+@njit(inline="always", **_J)
+def _f32_to_f16_bits(x):
+    """float16 bits of float32 x, nearest even; an overflow gives the Inf bits 0x7C00|sign."""
+    u = np.int64(np.float32(x).view(np.uint32))
+    return _fp8_code(abs(x), 10, 15, 0x7C00) | ((u >> 31) << 15)
+
+
+@njit(inline="always", **_J)
+def _put_f16(dst, x):
+    """Store x as little-endian float16 in dst[0:2]; returns 1 when it overflows, else 0."""
+    h = _f32_to_f16_bits(x)
+    dst[0] = np.uint8(h & 255)
+    dst[1] = np.uint8(h >> 8)
+    return 1 if (h & 0x7FFF) == 0x7C00 else 0
+
+
 @njit(**_J)
-def _enc_q4_0(x, dst):
-    """One Q4_0 block: x float32[32] -> dst[2:18] nibbles; returns the float32 scale d."""
-    am = np.float32(-1.0)
-    mx = F0
-    for j in range(32):                      # the first value of largest |x| (argmax)
-        a = abs(x[j])
-        if a > am:
-            am = a
-            mx = x[j]
+def _block_keys(u, t, nb):
+    """t[b] = max over block b (32 weights, int32 bits u) of (|x| bits << 5 | 31 - j): the
+    block's largest |x| and the first index j holding it (numpy's argmax). A pairwise max
+    tree over the whole row: every level is one vectorizable loop, and there is no per-block
+    horizontal reduction."""
+    n = u.shape[0] >> 1
+    for i in range(n):
+        a = (np.int64(u[2 * i] & np.int32(0x7FFFFFFF)) << 5) | (31 - ((2 * i) & 31))
+        b = (np.int64(u[2 * i + 1] & np.int32(0x7FFFFFFF)) << 5) | (30 - ((2 * i) & 31))
+        t[i] = max(a, b)
+    while n > nb:
+        n >>= 1
+        for i in range(n):
+            t[i] = max(t[2 * i], t[2 * i + 1])
+
+
+@njit(inline="always", **_J)
+def _enc_q4_0(x, key, dst):
+    """One Q4_0 block: x float32[32], key from _block_keys -> dst[0:18]. Returns 0, or 1
+    when the float16 scale overflows."""
+    mx = x[31 - (key & 31)]                  # the first value of largest |x|
     d = mx / np.float32(-8.0)
     inv = F0 if d == 0 else np.float32(1.0) / d
     for j in range(16):
@@ -618,17 +646,14 @@ def _enc_q4_0(x, dst):
         q0 = min(max(q0, 0), 15)
         q1 = min(max(q1, 0), 15)
         dst[2 + j] = np.uint8(q0 | (q1 << 4))
-    return d
+    return _put_f16(dst, d)
 
 
-@njit(**_J)
-def _enc_q8_0(x, dst):
-    """One Q8_0 block: x float32[32] -> dst[2:34] int8 (round half away from zero)."""
-    am = F0
-    for j in range(32):
-        a = abs(x[j])
-        am = a if a > am else am
-    d = am / np.float32(127.0)
+@njit(inline="always", **_J)
+def _enc_q8_0(x, key, dst):
+    """One Q8_0 block: x float32[32] -> dst[0:34], int8 codes rounded half away from zero.
+    Returns as _enc_q4_0."""
+    d = _key_f32(np.int32(key >> 5)) / np.float32(127.0)     # max |x| (bits >= 0: a key)
     inv = F0 if d == 0 else np.float32(1.0) / d
     for j in range(32):
         v = x[j] * inv
@@ -637,25 +662,36 @@ def _enc_q8_0(x, dst):
         q = np.int32(fl) + (1 if av - fl >= np.float32(0.5) else 0)
         q = -q if v < 0 else q
         dst[2 + j] = np.uint8(q & 255)
-    return d
+    return _put_f16(dst, d)
 
 
 @njit(**_P)
-def ggml_encode(w, tid, bpb, blocks, dout):
-    """Q4_0 (tid 0) / Q8_0 (tid 4) blocks of w (rows, cols); the float32 block scale goes to
-    dout[r, b] (the caller stores it as float16 into the first two bytes of each block)."""
+def ggml_encode(w, wu, tid, bpb, blocks, flags):
+    """Q4_0 (tid 0) / Q8_0 (tid 4) blocks of w (rows, cols), float16 scale included.
+    flags[r] = 1 when a block scale of row r overflows float16, 2 for NaN/Inf in row r."""
     rows, cols = w.shape
     nb = cols // 32
-    for r in prange(rows):
-        row = w[r]
-        out = blocks[r]
-        for b in range(nb):
-            x = row[b * 32:b * 32 + 32]
-            dst = out[b * bpb:b * bpb + bpb]
-            if tid == 0:
-                dout[r, b] = _enc_q4_0(x, dst)
-            else:
-                dout[r, b] = _enc_q8_0(x, dst)
+    nch = min(rows, 256)                     # chunks of rows: one scratch buffer each
+    for ch in prange(nch):
+        t = np.empty(max(cols >> 1, 1), np.int64)
+        for r in range(ch * rows // nch, (ch + 1) * rows // nch):
+            row = w[r]
+            out = blocks[r]
+            _block_keys(wu[r], t, nb)
+            f = 0
+            for b in range(nb):
+                if (t[b] >> 5) >= 0x7F800000:
+                    f = 2
+                    break
+            if f == 0:
+                for b in range(nb):
+                    x = row[b * 32:b * 32 + 32]
+                    dst = out[b * bpb:b * bpb + bpb]
+                    if tid == 0:
+                        f |= _enc_q4_0(x, t[b], dst)
+                    else:
+                        f |= _enc_q8_0(x, t[b], dst)
+            flags[r] = f
 
 
 @njit(**_P)

@@ -123,9 +123,10 @@ def quantize(scheme, spec: Spec, w2d: np.ndarray, check_finite: bool = True) -> 
     check_finite: raise NonFinite(count) when w2d holds NaN/Inf (tested inside the fused
     kernels, else by a separate pass first)."""
     with _threads(w2d.size):
-        arrays = _quantize_fused(scheme, spec, w2d, check_finite)
-        if arrays is not None:
-            return arrays
+        if spec.quant == "ggml":
+            return _quantize(scheme, spec, w2d, check_finite)
+        if _fused_mode(scheme, spec, *w2d.shape) >= 0:
+            return _quantize_fused(scheme, spec, w2d, check_finite)
         if check_finite:
             bad = int(_k().count_nonfinite(w2d))
             if bad:
@@ -135,7 +136,7 @@ def quantize(scheme, spec: Spec, w2d: np.ndarray, check_finite: bool = True) -> 
 
 def _fused_mode(scheme, spec: Spec, rows: int, cols: int) -> int:
     """quant_fused's mode for this scheme and shape, -1 when it does not apply."""
-    if cols % 8 or rows * cols == 0:
+    if cols % 8 or rows * cols == 0 or spec.geometry(rows, cols)[0] % 8:
         return -1
     if spec.quant == "int":
         if (spec.gran == "tensor" or getattr(scheme, "clip", "minmax") != "minmax"
@@ -147,14 +148,18 @@ def _fused_mode(scheme, spec: Spec, rows: int, cols: int) -> int:
     return -1
 
 
+def _nonfinite_found(w2d, check_finite: bool):
+    n = int(_k().count_nonfinite(w2d))
+    if check_finite and n:
+        raise NonFinite(n)
+    return None                              # NaN/Inf allowed: the generic path decides
+
+
 def _quantize_fused(scheme, spec: Spec, w2d: np.ndarray, check_finite: bool) -> dict | None:
+    """The one-pass kernels that test for NaN/Inf themselves (None: not applicable)."""
     rows, cols = w2d.shape
     mode = _fused_mode(scheme, spec, rows, cols)
-    if mode < 0:
-        return None
     gs, bpr = spec.geometry(rows, cols)
-    if gs % 8:
-        return None
     nb = rows * bpr
     bits = spec.bits
     if mode == 0:
@@ -171,10 +176,7 @@ def _quantize_fused(scheme, spec: Spec, w2d: np.ndarray, check_finite: bool) -> 
     _k().quant_fused(w2d, w2d.view(np.int32), mode, bits, gs, asym, qmin, qmax, offset, f16,
                      tables.f16_table(), scale32, scale16, zero, out, bad)
     if bad.any():
-        n = int(_k().count_nonfinite(w2d))
-        if check_finite and n:
-            raise NonFinite(n)
-        return None                          # NaN/Inf allowed: the generic path decides
+        return _nonfinite_found(w2d, check_finite)
     res = {"codes": out, "scales": scale16.view(np.float16) if f16 else scale32}
     if asym:
         res["zeros"] = zero
@@ -203,7 +205,7 @@ def _int_qparams_kernel(scheme, spec: Spec, w2d: np.ndarray):
     return scale, (zero if asym else None), inv, (zf if asym else host.DUMMY_F32)
 
 
-def _quantize(scheme, spec: Spec, w2d: np.ndarray) -> dict | None:
+def _quantize(scheme, spec: Spec, w2d: np.ndarray, check_finite: bool = True) -> dict | None:
     rows, cols = w2d.shape
     q = spec.quant
     if q == "int":
@@ -242,12 +244,12 @@ def _quantize(scheme, spec: Spec, w2d: np.ndarray) -> dict | None:
     if q == "ggml":
         nb = cols // spec.qk
         blocks = np.empty((rows, nb * spec.bpb), np.uint8)
-        d = np.empty((rows, nb), np.float32)
-        _k().ggml_encode(w2d, spec.ggml_id, spec.bpb, blocks, d)
-        with np.errstate(over="ignore"):
-            d16 = d.astype(np.float16)
-        if not np.isfinite(d16).all():
+        flags = np.empty(rows, np.uint8)
+        _k().ggml_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb, blocks, flags)
+        f = int(np.bitwise_or.reduce(flags)) if rows else 0
+        if f & 2:
+            return _nonfinite_found(w2d, check_finite)
+        if f & 1:
             return None        # a float16 block scale overflows: the reference says how
-        blocks.reshape(rows, nb, spec.bpb)[:, :, :2] = d16.view(np.uint8).reshape(rows, nb, 2)
         return {"blocks": blocks}
     raise ValueError(f"no quantize kernel for {scheme.name}")
