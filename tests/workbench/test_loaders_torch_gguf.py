@@ -76,6 +76,26 @@ def test_torch_folder(tmp_path):
     assert m.names() == ["w"]
 
 
+def test_torch_sharded_index(tmp_path):
+    import json
+    a, b, c = torch.randn(4, 8), torch.randn(3), torch.randn(2, 8).bfloat16()
+    torch.save({"a.weight": a, "b.bias": b}, tmp_path / "pytorch_model-00001-of-00002.bin")
+    torch.save({"c.weight": c}, tmp_path / "pytorch_model-00002-of-00002.bin")
+    index = {"weight_map": {"a.weight": "pytorch_model-00001-of-00002.bin",
+                            "b.bias": "pytorch_model-00001-of-00002.bin",
+                            "c.weight": "pytorch_model-00002-of-00002.bin"}}
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    for target in (tmp_path, tmp_path / "pytorch_model.bin.index.json"):
+        m = open_model(target)
+        assert m.format == "pytorch" and sorted(m.names()) == ["a.weight", "b.bias", "c.weight"]
+        np.testing.assert_array_equal(m.read("a.weight"), a.numpy())
+        np.testing.assert_array_equal(m.read("c.weight"), c.float().numpy())
+        assert m.info("c.weight").dtype == "BF16"
+    (tmp_path / "pytorch_model.bin.index.json").unlink()
+    with pytest.raises(WorkbenchError, match="2 PyTorch files and no index"):
+        open_model(tmp_path)
+
+
 class Evil:
     """Unpickling this runs code (a custom class: torch's safe loader must refuse it)."""
 

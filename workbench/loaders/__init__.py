@@ -24,6 +24,8 @@ def detect_format(path: Path) -> str:
         raise WorkbenchError("folder has no model files (.safetensors, .gguf, .bin, .pt)",
                              path=str(path))
     name = path.name.lower()
+    if name.endswith((".bin.index.json", ".pt.index.json")):
+        return "pytorch"
     if name.endswith(".safetensors") or name.endswith(".safetensors.index.json"):
         return "safetensors"
     if name.endswith(".gguf"):
@@ -59,7 +61,17 @@ def open_model(path: str | os.PathLike) -> Model:
         from .gguf_format import open_gguf
         target = p if p.is_file() else sorted(p.glob("*.gguf"))[0]
         return open_gguf(target)
-    from .torch_format import open_torch
+    from .torch_format import open_torch, open_torch_shards
     if p.is_dir():
-        p = sorted(q for q in p.iterdir() if q.suffix in TORCH_SUFFIXES)[0]
+        index = sorted(p.glob("*.bin.index.json")) + sorted(p.glob("*.pt.index.json"))
+        if index:
+            return open_torch_shards(index[0])
+        files = sorted(q for q in p.iterdir() if q.suffix in TORCH_SUFFIXES)
+        if len(files) > 1:
+            raise WorkbenchError(f"folder has {len(files)} PyTorch files and no index JSON; "
+                                 "open one file, or add pytorch_model.bin.index.json",
+                                 path=str(p))
+        p = files[0]
+    elif p.name.endswith(".index.json"):
+        return open_torch_shards(p)
     return open_torch(p)

@@ -96,3 +96,30 @@ def open_torch(path: str | os.PathLike) -> Model:
         return arr.reshape(info.matrix_shape)
 
     return Model(p, "pytorch", tensors, raw, {})
+
+
+def open_torch_shards(index_path: str | os.PathLike) -> Model:
+    """A sharded PyTorch checkpoint (`pytorch_model.bin.index.json` + its shard files)."""
+    import json
+    idx = Path(index_path)
+    try:
+        weight_map = json.loads(idx.read_text(encoding="utf-8"))["weight_map"]
+        shards = sorted(set(weight_map.values()))
+        if not all(isinstance(s, str) and s and "\x00" not in s for s in shards):
+            raise ValueError("shard names must be non-empty strings")
+    except FileNotFoundError:
+        raise WorkbenchError("file not found", path=str(idx)) from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise WorkbenchError(f"malformed PyTorch index ({type(exc).__name__}: {exc})",
+                             path=str(idx)) from None
+    parts = [open_torch(idx.parent / s) for s in shards]
+    tensors: dict[str, TensorInfo] = {}
+    owner: dict[str, Model] = {}
+    for part in parts:
+        for name, info in part.tensors.items():
+            if name in owner:
+                raise WorkbenchError(f"tensor appears in two shards ({owner[name].path})",
+                                     path=part.path, tensor=name)
+            owner[name] = part
+            tensors[name] = info
+    return Model(str(idx), "pytorch", tensors, lambda name: owner[name].raw(name), {})
