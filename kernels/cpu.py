@@ -286,25 +286,34 @@ def _q2_k(src, f16, kv, dst):           # scales[16] | qs[64] | d | dmin
                         dst[do + l] = dl * np.float32(q) - ml
 
 
+@njit(inline="always", **_J)
+def _q3_scale(src, s, i):
+    """6-bit scale i (0..15) of a Q3_K block, from its 12 packed bytes at src[s:], minus 32."""
+    lo = np.int64(src[s + i]) & 15 if i < 8 else np.int64(src[s + i - 8]) >> 4
+    hi = (np.int64(src[s + 8 + (i & 3)]) >> (2 * (i >> 2))) & 3
+    return (lo | (hi << 4)) - 32
+
+
 @njit(**_J)
 def _q3_k(src, f16, kv, dst):           # hmask[32] | qs[64] | scales[12] | d
+    # 32 weights per inner loop (two 16-weight scales picked by a select), branch-free:
+    # the high bit is -4 when clear. Straight indexing of the row arrays vectorizes.
     for b in range(dst.shape[0] // 256):
         p = b * 110
         o = b * 256
         d = _h(src, p + 108, f16)
         for h in range(2):
             for j in range(4):
-                for half in range(2):
-                    i = h * 8 + 2 * j + half                     # 6-bit scale index 0..15
-                    lo = np.int64(src[p + 96 + i]) & 15 if i < 8 else np.int64(src[p + 96 + i - 8]) >> 4
-                    hi = (np.int64(src[p + 96 + 8 + (i & 3)]) >> (2 * (i >> 2))) & 3
-                    dl = d * np.float32((lo | (hi << 4)) - 32)
-                    m = 1 << (4 * h + j)
-                    for l in range(half * 16, half * 16 + 16):
-                        q = (np.int64(src[p + 32 + h * 32 + l]) >> (2 * j)) & 3
-                        if (np.int64(src[p + l]) & m) == 0:
-                            q -= 4
-                        dst[o + h * 128 + j * 32 + l] = dl * np.float32(q)
+                i = h * 8 + 2 * j
+                dl0 = d * np.float32(_q3_scale(src, p + 96, i))
+                dl1 = d * np.float32(_q3_scale(src, p + 96, i + 1))
+                sh = 2 * j
+                hb = 4 * h + j
+                qo = p + 32 + h * 32
+                do = o + h * 128 + j * 32
+                for l in range(32):
+                    q = ((np.int64(src[qo + l]) >> sh) & 3) - ((((np.int64(src[p + l]) >> hb) & 1) ^ 1) << 2)
+                    dst[do + l] = (dl0 if l < 16 else dl1) * np.float32(q)
 
 
 @njit(inline="always", **_J)
@@ -368,13 +377,16 @@ def _q6_k(src, f16, kv, dst):           # ql[128] | qh[64] | scales int8[16] | d
         d = _h(src, p + 208, f16)
         for h in range(2):
             for g in range(4):
-                for half in range(2):
-                    dl = d * np.float32(np.int8(src[p + 192 + 8 * h + half + 2 * g]))
-                    for l in range(half * 16, half * 16 + 16):
-                        b = np.int64(src[p + 64 * h + l + 32 * (g & 1)])
-                        lo = (b & 15) if g < 2 else (b >> 4)
-                        hi = (np.int64(src[p + 128 + 32 * h + l]) >> (2 * g)) & 3
-                        dst[o + 128 * h + 32 * g + l] = dl * np.float32((lo | (hi << 4)) - 32)
+                sl = 0 if g < 2 else 4
+                sh = 2 * g
+                dl0 = d * np.float32(np.int8(src[p + 192 + 8 * h + 2 * g]))
+                dl1 = d * np.float32(np.int8(src[p + 192 + 8 * h + 2 * g + 1]))
+                lo = p + 64 * h + 32 * (g & 1)
+                hq = p + 128 + 32 * h
+                do = o + 128 * h + 32 * g
+                for l in range(32):
+                    q = ((np.int64(src[lo + l]) >> sl) & 15) | (((np.int64(src[hq + l]) >> sh) & 3) << 4)
+                    dst[do + l] = (dl0 if l < 16 else dl1) * np.float32(q - 32)
 
 
 @njit(**_J)
