@@ -185,15 +185,16 @@ def _h(src, p, f16):
 
 
 @njit(**_J)
-def _q4_0(src, f16, kv, dst):           # d f16 | qs[16]: lo nibble j, hi nibble j+16
+def _q4_0(src, f16, kv, dst, qk):       # d f16 | qs[16]: lo nibble j, hi nibble j+16
+    h = qk >> 1                         # run-time trip count (see _q8_0)
     for b in range(dst.shape[0] // 32):
         p = b * 18
         o = b * 32
         d = _h(src, p, f16)
-        for j in range(16):
-            b = np.int64(src[p + 2 + j])
-            dst[o + j] = d * np.float32((b & 15) - 8)
-            dst[o + j + 16] = d * np.float32((b >> 4) - 8)
+        for j in range(h):
+            v = np.int64(src[p + 2 + j])
+            dst[o + j] = d * np.float32((v & 15) - 8)
+            dst[o + j + 16] = d * np.float32((v >> 4) - 8)
 
 
 @njit(**_J)
@@ -243,14 +244,15 @@ def _q5_1(src, f16, kv, dst):           # d f16 | m f16 | qh u32 | qs[16]
 
 
 @njit(**_J)
-def _q8_0(src, f16, kv, dst):           # d f16 | qs int8[32]
+def _q8_0(src, f16, kv, dst, qk):       # d f16 | qs int8[32]
+    # qk (== 32) is a run-time trip count: a constant one gets the loop fully unrolled into
+    # scalar code before the loop vectorizer (with its run-time alias check) sees it.
     for b in range(dst.shape[0] // 32):
         p = b * 34
         o = b * 32
         d = _h(src, p, f16)
-        for j in range(32):
-            v = np.int32(src[p + 2 + j])
-            dst[o + j] = d * np.float32(((v + 128) & 255) - 128)
+        for j in range(qk):
+            dst[o + j] = d * np.float32(np.int8(src[p + 2 + j]))
 
 
 @njit(**_J)
@@ -392,7 +394,7 @@ def _q6_k(src, f16, kv, dst):           # ql[128] | qh[64] | scales int8[16] | d
 @njit(**_J)
 def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
     if tid == 0:
-        _q4_0(src, f16, kv, dst)
+        _q4_0(src, f16, kv, dst, qk)
     elif tid == 1:
         _q4_1(src, f16, kv, dst)
     elif tid == 2:
@@ -400,7 +402,7 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
     elif tid == 3:
         _q5_1(src, f16, kv, dst)
     elif tid == 4:
-        _q8_0(src, f16, kv, dst)
+        _q8_0(src, f16, kv, dst, qk)
     elif tid == 5:
         _q2_k(src, f16, kv, dst)
     elif tid == 6:
