@@ -78,14 +78,64 @@ def _lut4(codes, lut, z, s, dst):
 
 
 @njit(**_J)
+def _lut3(codes, lut, z, s, dst):
+    """8 codes in each 3 bytes, little-endian bit stream."""
+    for g in range(codes.shape[0] // 3):
+        v = np.int32(codes[3 * g]) | (np.int32(codes[3 * g + 1]) << 8) | (np.int32(codes[3 * g + 2]) << 16)
+        dst[8 * g] = (lut[v & 7] - z) * s
+        dst[8 * g + 1] = (lut[(v >> 3) & 7] - z) * s
+        dst[8 * g + 2] = (lut[(v >> 6) & 7] - z) * s
+        dst[8 * g + 3] = (lut[(v >> 9) & 7] - z) * s
+        dst[8 * g + 4] = (lut[(v >> 12) & 7] - z) * s
+        dst[8 * g + 5] = (lut[(v >> 15) & 7] - z) * s
+        dst[8 * g + 6] = (lut[(v >> 18) & 7] - z) * s
+        dst[8 * g + 7] = (lut[v >> 21] - z) * s
+
+
+@njit(**_J)
+def _lut23_row(codes, bits, lut, scales, zeros, has_zero, sh, dst):
+    """A whole row of 2- (or 3-) bit codes (block of output i: i >> sh, gs = 2**sh >= 8) in
+    one loop over the row, so that short blocks (8 bytes for 2 bits x 32) still vectorize;
+    each group of 8 codes (bits bytes) takes one block's scale and zero."""
+    for g in range(codes.shape[0] // bits):
+        k = (8 * g) >> sh
+        s = scales[k]
+        z = np.float32(zeros[k]) if has_zero else F0
+        if bits == 2:
+            v = np.int32(codes[2 * g]) | (np.int32(codes[2 * g + 1]) << 8)
+        else:
+            v = (np.int32(codes[3 * g]) | (np.int32(codes[3 * g + 1]) << 8)
+                 | (np.int32(codes[3 * g + 2]) << 16))
+        m = (1 << bits) - 1
+        dst[8 * g] = (lut[v & m] - z) * s
+        dst[8 * g + 1] = (lut[(v >> bits) & m] - z) * s
+        dst[8 * g + 2] = (lut[(v >> (2 * bits)) & m] - z) * s
+        dst[8 * g + 3] = (lut[(v >> (3 * bits)) & m] - z) * s
+        dst[8 * g + 4] = (lut[(v >> (4 * bits)) & m] - z) * s
+        dst[8 * g + 5] = (lut[(v >> (5 * bits)) & m] - z) * s
+        dst[8 * g + 6] = (lut[(v >> (6 * bits)) & m] - z) * s
+        dst[8 * g + 7] = (lut[(v >> (7 * bits)) & m] - z) * s
+
+
+@njit(**_J)
 def _affine_row(codes, bits, lut, scales, zeros, has_zero, cols, gs, bpr, r, dst):
-    # x - 0.0 == x bit for bit (signed zeros and quiet NaNs included), so the 8- and 4-bit
-    # paths subtract the zero point unconditionally.
+    # x - 0.0 == x bit for bit (signed zeros and quiet NaNs included), so the 8-, 4-, 3- and
+    # 2-bit paths subtract the zero point unconditionally.
     mask = (1 << bits) - 1
     base = r * cols
     nb = cols // gs
     aligned = ((base * bits) & 7) == 0 and (gs & 7) == 0
     ncodes = codes.shape[0]
+    if aligned and bits == 2 and nb > 1 and (gs & (gs - 1)) == 0:     # measured: 3 bits are
+        # faster per block (_lut3), 2 bits per row (blocks of 32 are only 8 bytes)
+        p = (base * bits) >> 3
+        k0 = r * bpr
+        sh = 0
+        while (1 << sh) < gs:
+            sh += 1
+        _lut23_row(codes[p:p + ((cols * bits) >> 3)], bits, lut, scales[k0:k0 + nb],
+                   zeros[k0:k0 + nb] if has_zero else zeros, has_zero, sh, dst)
+        return
     for b in range(nb):
         k = r * bpr + b
         s = scales[k]
@@ -96,6 +146,9 @@ def _affine_row(codes, bits, lut, scales, zeros, has_zero, cols, gs, bpr, r, dst
         elif aligned and bits == 4:               # two codes per byte, low nibble first
             p = (base + c0) >> 1
             _lut4(codes[p:p + (gs >> 1)], lut, z, s, dst[c0:c0 + gs])
+        elif aligned and bits == 3:
+            p = ((base + c0) * 3) >> 3
+            _lut3(codes[p:p + ((gs * 3) >> 3)], lut, z, s, dst[c0:c0 + gs])
         elif aligned:
             p = ((base + c0) * bits) >> 3
             for c in range(c0, c0 + gs, 8):
@@ -574,6 +627,16 @@ def _pack_row(buf, bits, out):
         for i in range(n >> 2):
             out[i] = (buf[4 * i] | (buf[4 * i + 1] << 2) | (buf[4 * i + 2] << 4)
                       | (buf[4 * i + 3] << 6))
+    elif bits == 3:
+        for g in range(n >> 3):
+            c = 8 * g
+            v = (np.int32(buf[c]) | (np.int32(buf[c + 1]) << 3) | (np.int32(buf[c + 2]) << 6)
+                 | (np.int32(buf[c + 3]) << 9) | (np.int32(buf[c + 4]) << 12)
+                 | (np.int32(buf[c + 5]) << 15) | (np.int32(buf[c + 6]) << 18)
+                 | (np.int32(buf[c + 7]) << 21))
+            out[3 * g] = np.uint8(v & 255)
+            out[3 * g + 1] = np.uint8((v >> 8) & 255)
+            out[3 * g + 2] = np.uint8((v >> 16) & 255)
     else:
         for g in range(n >> 3):
             v = np.int64(0)
@@ -895,16 +958,24 @@ def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
     rb = (cols * bits) >> 3
     bb = (gs * bits) >> 3
     nch = min(rows, 256)                     # chunks of rows: one scratch buffer each
+    # 2 and 3 bits: one code per byte into a row buffer, block by block, then the row
+    # packed in one loop (short blocks pack poorly on their own; measured).
+    rowwise = bits == 2 or bits == 3
     for ch in prange(nch):
         t = np.empty(gs if mode == 1 else 1, np.float64)
+        cb = np.empty(cols if rowwise else 1, np.uint8)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
+            orow = out[r * rb:(r + 1) * rb]
             _quant_row(w[r], wu[r], r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16,
-                       f16_table, scale32, scale16, zero, out[r * rb:(r + 1) * rb], bb, t, bad)
+                       f16_table, scale32, scale16, zero, orow, bb, t, bad, rowwise, cb)
+            if rowwise:
+                _pack_row(cb, bits, orow)
 
 
 @njit(**_J)
 def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, f16_table,
-               scale32, scale16, zero, orow, bb, t, bad):
+               scale32, scale16, zero, orow, bb, t, bad, rowwise, cb):
+    """Qparams and codes of each block of one row (rowwise: one code per byte into cb)."""
     for b in range(bpr):
         k = r * bpr + b
         x = row[b * gs:(b + 1) * gs]
@@ -929,4 +1000,7 @@ def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, 
             scale16[k] = np.uint16(sb)
         else:
             scale32[k] = s
-        _put_codes(x, iv, z, fqmin, fq, offset, bits, orow[b * bb:(b + 1) * bb])
+        if rowwise:
+            _codes_int(x, iv, z, fqmin, fq, offset, cb[b * gs:(b + 1) * gs])
+        else:
+            _put_codes(x, iv, z, fqmin, fq, offset, bits, orow[b * bb:(b + 1) * bb])
