@@ -964,43 +964,55 @@ def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
     for ch in prange(nch):
         t = np.empty(gs if mode == 1 else 1, np.float64)
         cb = np.empty(cols if rowwise else 1, np.uint8)
+        tk = np.empty(2 * bpr, np.int32)
+        tq = np.empty(2 * bpr, np.float32)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             orow = out[r * rb:(r + 1) * rb]
             _quant_row(w[r], wu[r], r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16,
-                       f16_table, scale32, scale16, zero, orow, bb, t, bad, rowwise, cb)
+                       f16_table, scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq)
             if rowwise:
                 _pack_row(cb, bits, orow)
 
 
 @njit(**_J)
 def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, f16_table,
-               scale32, scale16, zero, orow, bb, t, bad, rowwise, cb):
-    """Qparams and codes of each block of one row (rowwise: one code per byte into cb)."""
+               scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq):
+    """Qparams and codes of each block of one row (rowwise: one code per byte into cb), in
+    three loops over the row's blocks: ranges (tk), qparams (tq: 1/scale, zero), codes."""
+    k0 = r * bpr
     for b in range(bpr):
-        k = r * bpr + b
-        x = row[b * gs:(b + 1) * gs]
         klo, khi = _minmax_keys(urow[b * gs:(b + 1) * gs])
+        tk[2 * b] = klo
+        tk[2 * b + 1] = khi
         if _key_bad(klo, khi):
             bad[r] = 1
-            continue
-        if mode == 0:
-            lo = _key_f32(klo)
-            hi = _key_f32(khi)
-            s, sb, iv, z = _int_qp(lo, hi, asym, fq, f16, f16_table)
+    if bad[r]:
+        return
+    if mode == 0:
+        for b in range(bpr):
+            s, sb, iv, z = _int_qp(_key_f32(tk[2 * b]), _key_f32(tk[2 * b + 1]), asym, fq, f16,
+                                   f16_table)
             if asym:
-                zero[k] = np.uint8(np.int32(z))
-        else:
-            m = _absmean8s(x, t)
+                zero[k0 + b] = np.uint8(np.int32(z))
+            if f16:
+                scale16[k0 + b] = np.uint16(sb)
+            else:
+                scale32[k0 + b] = s
+            tq[2 * b] = iv
+            tq[2 * b + 1] = z
+    else:
+        for b in range(bpr):
+            m = _absmean8s(row[b * gs:(b + 1) * gs], t)
             m = m if m < 65504.0 else 65504.0
             sb = _f64_to_f16_bits(m)
             s = f16_table[sb]
-            iv = F0 if s == F0 else np.float32(1.0) / s
-            z = F0
-        if f16:
-            scale16[k] = np.uint16(sb)
-        else:
-            scale32[k] = s
+            scale16[k0 + b] = np.uint16(sb)
+            tq[2 * b] = F0 if s == F0 else np.float32(1.0) / s
+            tq[2 * b + 1] = F0
+    for b in range(bpr):
+        x = row[b * gs:(b + 1) * gs]
         if rowwise:
-            _codes_int(x, iv, z, fqmin, fq, offset, cb[b * gs:(b + 1) * gs])
+            _codes_int(x, tq[2 * b], tq[2 * b + 1], fqmin, fq, offset, cb[b * gs:(b + 1) * gs])
         else:
-            _put_codes(x, iv, z, fqmin, fq, offset, bits, orow[b * bb:(b + 1) * bb])
+            _put_codes(x, tq[2 * b], tq[2 * b + 1], fqmin, fq, offset, bits,
+                       orow[b * bb:(b + 1) * bb])
