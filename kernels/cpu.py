@@ -585,6 +585,19 @@ def _codes_int(row, a, z, qmin, qmax, offset, buf):
 
 
 @njit(**_J)
+def _codes_int_pair(row, a0, z0, a1, z1, half, qmin, qmax, offset, buf):
+    """_codes_int of two adjacent blocks of length half in one loop (parameters picked by a
+    select): a 32-weight block alone is too short for the vectorized loop (measured 2x)."""
+    for c in range(row.shape[0]):
+        a = a0 if c < half else a1
+        z = z0 if c < half else z1
+        q = np.rint(row[c] * a) + z
+        q = qmin if q < qmin else q
+        q = qmax if q > qmax else q
+        buf[c] = np.uint8(np.int32(q) + offset)
+
+
+@njit(**_J)
 def _codes_codebook(row, a, mids, buf):
     """Count of midpoints strictly below x * inv (searchsorted side='left')."""
     m = mids.shape[0]
@@ -958,13 +971,14 @@ def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
     rb = (cols * bits) >> 3
     bb = (gs * bits) >> 3
     nch = min(rows, 256)                     # chunks of rows: one scratch buffer each
-    # 2 and 3 bits: one code per byte into a row buffer, block by block, then the row
-    # packed in one loop (short blocks pack poorly on their own; measured).
-    rowwise = bits == 2 or bits == 3
+    # 2 and 3 bits, and blocks of 32: one code per byte into a row buffer, block by block
+    # (blocks of 32 two at a time), then the row packed in one loop (short blocks pack
+    # poorly on their own; measured).
+    rowwise = bits == 2 or bits == 3 or gs <= 32
     for ch in prange(nch):
         t = np.empty(gs if mode == 1 else 1, np.float64)
         cb = np.empty(cols if rowwise else 1, np.uint8)
-        tk = np.empty(2 * bpr, np.int32)
+        tk = np.empty((2, bpr), np.int32)
         tq = np.empty(2 * bpr, np.float32)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             orow = out[r * rb:(r + 1) * rb]
@@ -978,19 +992,23 @@ def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
 def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, f16_table,
                scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq):
     """Qparams and codes of each block of one row (rowwise: one code per byte into cb), in
-    three loops over the row's blocks: ranges (tk), qparams (tq: 1/scale, zero), codes."""
+    three loops over the row's blocks: ranges (tk[0] min, tk[1] max keys), qparams (tq:
+    1/scale, zero), codes."""
     k0 = r * bpr
+    tlo = tk[0]
+    thi = tk[1]
     for b in range(bpr):
         klo, khi = _minmax_keys(urow[b * gs:(b + 1) * gs])
-        tk[2 * b] = klo
-        tk[2 * b + 1] = khi
-        if _key_bad(klo, khi):
+        tlo[b] = klo
+        thi[b] = khi
+    for b in range(bpr):
+        if _key_bad(tlo[b], thi[b]):
             bad[r] = 1
     if bad[r]:
         return
     if mode == 0:
         for b in range(bpr):
-            s, sb, iv, z = _int_qp(_key_f32(tk[2 * b]), _key_f32(tk[2 * b + 1]), asym, fq, f16,
+            s, sb, iv, z = _int_qp(_key_f32(tlo[b]), _key_f32(thi[b]), asym, fq, f16,
                                    f16_table)
             if asym:
                 zero[k0 + b] = np.uint8(np.int32(z))
@@ -1009,7 +1027,13 @@ def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, 
             scale16[k0 + b] = np.uint16(sb)
             tq[2 * b] = F0 if s == F0 else np.float32(1.0) / s
             tq[2 * b + 1] = F0
-    for b in range(bpr):
+    b0 = 0
+    if rowwise and gs <= 32:
+        b0 = bpr & ~1
+        for b in range(0, b0, 2):
+            _codes_int_pair(row[b * gs:(b + 2) * gs], tq[2 * b], tq[2 * b + 1], tq[2 * b + 2],
+                            tq[2 * b + 3], gs, fqmin, fq, offset, cb[b * gs:(b + 2) * gs])
+    for b in range(b0, bpr):
         x = row[b * gs:(b + 1) * gs]
         if rowwise:
             _codes_int(x, tq[2 * b], tq[2 * b + 1], fqmin, fq, offset, cb[b * gs:(b + 1) * gs])
