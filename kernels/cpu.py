@@ -712,11 +712,14 @@ def _block_keys(u, t, nb):
     block's largest |x| and the first index j holding it (numpy's argmax). A pairwise max
     tree over the whole row: every level is one vectorizable loop, and there is no per-block
     horizontal reduction."""
-    n = u.shape[0] >> 1
+    n = u.shape[0] >> 2                      # level 0 takes 4 weights: t is n/4 long
     for i in range(n):
-        a = (np.int64(u[2 * i] & np.int32(0x7FFFFFFF)) << 5) | (31 - ((2 * i) & 31))
-        b = (np.int64(u[2 * i + 1] & np.int32(0x7FFFFFFF)) << 5) | (30 - ((2 * i) & 31))
-        t[i] = max(a, b)
+        j = (4 * i) & 31
+        a = (np.int64(u[4 * i] & np.int32(0x7FFFFFFF)) << 5) | (31 - j)
+        b = (np.int64(u[4 * i + 1] & np.int32(0x7FFFFFFF)) << 5) | (30 - j)
+        c = (np.int64(u[4 * i + 2] & np.int32(0x7FFFFFFF)) << 5) | (29 - j)
+        e = (np.int64(u[4 * i + 3] & np.int32(0x7FFFFFFF)) << 5) | (28 - j)
+        t[i] = max(max(a, b), max(c, e))
     while n > nb:
         n >>= 1
         for i in range(n):
@@ -763,7 +766,7 @@ def ggml_encode(w, wu, tid, bpb, blocks, flags):
     nb = cols // 32
     nch = min(rows, 256)                     # chunks of rows: one scratch buffer each
     for ch in prange(nch):
-        t = np.empty(max(cols >> 1, 1), np.int64)
+        t = np.empty(max(cols >> 2, 1), np.int64)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             row = w[r]
             out = blocks[r]
