@@ -329,16 +329,20 @@ def _q2_k(src, f16, kv, dst):           # scales[16] | qs[64] | d | dmin
         dmin = _h(src, p + 82, f16)
         for h in range(2):
             for j in range(4):
-                for half in range(2):
-                    sc = np.int64(src[p + h * 8 + 2 * j + half])
-                    dl = d * np.float32(sc & 15)
-                    ml = dmin * np.float32(sc >> 4)
-                    sh = np.int32(2 * j)
-                    qo = p + 16 + h * 32 + half * 16
-                    do = o + h * 128 + j * 32 + half * 16
-                    for l in range(16):
-                        q = (np.int32(src[qo + l]) >> sh) & 3
-                        dst[do + l] = dl * np.float32(q) - ml
+                # 32 weights per loop, the two 16-weight sub-blocks' scales by a select (a
+                # 16-trip loop is unrolled into scalar code; see _q3_k)
+                sc0 = np.int64(src[p + h * 8 + 2 * j])
+                sc1 = np.int64(src[p + h * 8 + 2 * j + 1])
+                dl0 = d * np.float32(sc0 & 15)
+                ml0 = dmin * np.float32(sc0 >> 4)
+                dl1 = d * np.float32(sc1 & 15)
+                ml1 = dmin * np.float32(sc1 >> 4)
+                sh = 2 * j
+                qo = p + 16 + h * 32
+                do = o + h * 128 + j * 32
+                for l in range(32):
+                    q = (np.int64(src[qo + l]) >> sh) & 3
+                    dst[do + l] = (dl0 if l < 16 else dl1) * np.float32(q) - (ml0 if l < 16 else ml1)
 
 
 @njit(inline="always", **_J)
