@@ -145,12 +145,23 @@ class ComparisonView(QWidget):
         lay.setContentsMargins(0, 4, 0, 0)
         lay.addLayout(bar)
         lay.addWidget(self.view, 1)
+        self._pending: str | None = None
         doc.currentChanged.connect(self._current)
         doc.modelChanged.connect(lambda: self._current(""))
 
     def _current(self, name: str) -> None:
         if self.task is not None and not self.task.finished:
             self.task.cancel()
+        self._pending = name or ""
+        if self.isVisible() or not name:
+            self._apply_pending()
+
+    def _apply_pending(self) -> None:
+        """Fill the table for the current tensor (deferred while the tab is hidden, so a
+        selection does not pay for a table nobody sees)."""
+        name, self._pending = self._pending, None
+        if name is None:
+            return
         self.model.set_tensor(name or None)
         if name:
             self.label.setText(f"{name}: {len(self.model.schemes)} eligible schemes "
@@ -160,7 +171,9 @@ class ComparisonView(QWidget):
 
     def showEvent(self, event) -> None:
         super().showEvent(event)
-        if self.model.name and (self.task is None or self.task.finished):
+        if self._pending is not None:
+            self._apply_pending()
+        elif self.model.name and (self.task is None or self.task.finished):
             self.run()
 
     def run(self) -> None:
