@@ -57,3 +57,8 @@ def fmt_gbs(v: float | None) -> str:
     if v is None:
         return "n/a"
     return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def plural(n: int, word: str) -> str:
+    """'1 tensor', '2 tensors'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

@@ -8,7 +8,7 @@ from PySide6.QtCore import QItemSelectionModel, QSortFilterProxyModel, Qt, Signa
 from PySide6.QtGui import QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLineEdit, QTreeView, QVBoxLayout, QWidget, QLabel
 
-from .format import fmt_count, fmt_shape
+from .format import fmt_count, fmt_shape, plural
 from .theme import mono_font
 
 NAME_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -135,7 +135,7 @@ class LayerBrowser(QWidget):
         mono = mono_font()
         for g in sorted(groups, key=_group_key):
             infos = groups[g]
-            head = [QStandardItem(g), QStandardItem(f"{len(infos)} tensors"),
+            head = [QStandardItem(g), QStandardItem(plural(len(infos), "tensor")),
                     QStandardItem(fmt_count(sum(i.numel for i in infos))), QStandardItem(""),
                     QStandardItem("")]
             head[0].setData(_group_key(g)[0] * 10000 + _group_key(g)[1], SORT_ROLE)

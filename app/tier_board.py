@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFrame, QHBoxLayout
 
 from workbench.schemes import list_schemes
 
-from .format import fmt_bytes, fmt_db, fmt_shape
+from .format import fmt_bytes, fmt_db, fmt_shape, plural
 from .theme import MONO_FAMILY, UI_FAMILY, sqnr_colour, tier_colour
 from .tiers import on_board, tier_index
 
@@ -246,7 +246,7 @@ class TierColumn(QFrame):
         params = sum(self.doc.model.info(n).numel for n in names)
         size = sum(self.doc.bytes_of(n) for n in names)
         share = 100.0 * params / max(self.doc.model.total_params, 1)
-        self.summary.setText(f"{len(names)} tensors · {share:.1f}% of params · {fmt_bytes(size)}")
+        self.summary.setText(f"{plural(len(names), 'tensor')} · {share:.1f}% of params · {fmt_bytes(size)}")
 
 
 class TierBoard(QWidget):
