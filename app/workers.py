@@ -40,6 +40,7 @@ class _Dispatcher(QObject):
         self.call.connect(self._run, Qt.ConnectionType.QueuedConnection)
         self._lock = threading.Lock()
         self.pending = 0
+        self.closed = False   # set when the runner shuts down: late deliveries are dropped
 
     def post(self, fn: Callable, *args) -> None:
         with self._lock:
@@ -50,7 +51,12 @@ class _Dispatcher(QObject):
     def _run(self, item) -> None:
         fn, args = item
         try:
-            fn(*args)
+            if not self.closed:   # the window (and its signals) may be gone already
+                fn(*args)
+        except RuntimeError as exc:
+            # a result that arrives after its window was deleted has nowhere to go
+            if "has been deleted" not in str(exc) and "already deleted" not in str(exc):
+                raise
         finally:
             with self._lock:
                 self.pending -= 1
@@ -145,6 +151,7 @@ class Runner(QObject):
             t.cancel()
 
     def shutdown(self, timeout: float = 5.0) -> None:
+        self._dispatch.closed = True
         self.cancel_all()
         with self._cond:
             self._stop = True
