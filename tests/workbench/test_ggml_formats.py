@@ -230,16 +230,6 @@ def test_tiny_magnitudes_quantize_to_small_values(name):
         assert np.max(np.abs(back - w)) <= 2 * np.max(np.abs(w)) + 1e-7
 
 
-def test_k_quant_speed_is_seconds_not_minutes():
-    import time
-    w = np.random.default_rng(9).standard_normal((512, 4096)).astype(np.float32)
-    t0 = time.perf_counter()
-    get_scheme("q4_k").quantize(w)
-    dt = time.perf_counter() - t0
-    # 2M weights; a 4096x4096 matrix is 8x this (measured ~3.5 s on 2 cores)
-    assert dt < 4.0, dt
-
-
 def test_empty_tensor():
     s = get_scheme("q4_k")
     qt = s.quantize(np.zeros((0, 256), np.float32))
