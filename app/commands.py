@@ -10,6 +10,7 @@ from __future__ import annotations
 from workbench.plan import KEEP, Plan
 from workbench.schemes import get_scheme
 
+from . import tiers as tier_model
 from .tiers import Tier, on_board
 
 
@@ -87,6 +88,33 @@ def set_tier_scheme(doc, tier: int, scheme: str, members) -> StateCommand:
     ok, _ = eligible(doc, members, scheme)
     plan = doc.plan.with_assignments({n: scheme for n in ok}) if ok else doc.plan
     return StateCommand(f"Set tier {old.name} to {scheme}", (doc.plan, doc.tiers), (plan, tiers))
+
+
+def add_tier(doc, after: int, name: str, scheme: str) -> StateCommand:
+    """Insert a tier after tier `after`; the plan is unchanged (tiers are a view of it).
+
+    Raises WorkbenchError for an empty or duplicate name or an unknown scheme."""
+    tiers = tier_model.insert_tier(doc.tiers, after, name, scheme)
+    new = tiers[after + 1]
+    return StateCommand(f"Add tier '{new.name}'", (doc.plan, doc.tiers), (doc.plan, tiers))
+
+
+def rename_tier(doc, index: int, name: str) -> StateCommand | None:
+    """Rename tier `index` (None when the name is unchanged). Raises WorkbenchError."""
+    old = doc.tiers[index]
+    if name.strip() == old.name:
+        return None
+    tiers = tier_model.rename_tier(doc.tiers, index, name)
+    return StateCommand(f"Rename tier '{old.name}' to '{tiers[index].name}'",
+                        (doc.plan, doc.tiers), (doc.plan, tiers))
+
+
+def remove_tier(doc, index: int) -> StateCommand:
+    """Remove tier `index`: its members keep their schemes and show in the tier their bits
+    reach (app.tiers). Raises WorkbenchError for the last remaining tier."""
+    old = doc.tiers[index]
+    tiers = tier_model.remove_tier(doc.tiers, index)
+    return StateCommand(f"Remove tier '{old.name}'", (doc.plan, doc.tiers), (doc.plan, tiers))
 
 
 def add_rule(doc, match: str, scheme: str, index: int | None = None) -> StateCommand:

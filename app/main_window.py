@@ -60,7 +60,7 @@ class MainWindow(QMainWindow):
         self.browser = LayerBrowser(self.doc)
         self.plots = PlotsPanel(self.doc)
         self.table = SchemeTable(self.doc, self.push)
-        self.tiers = TierBoard(self.doc, self.push, self.select)
+        self.tiers = TierBoard(self.doc, self.push, self.select, messages=self.messages)
         self.comparison = ComparisonView(self.doc, self.analyzer, self.push)
         self.totals = TotalsBar(self.doc)
         self.tabs = QTabWidget()
@@ -157,6 +157,13 @@ class MainWindow(QMainWindow):
         self._action(e, "&Assign Scheme to Selection", self.assign_selection, "Ctrl+Return")
         self._action(e, "Add &Rule…", self.table.add_rule_dialog, "Ctrl+Shift+R")
         self._action(e, "&Find Tensor", lambda: self.browser.filter_edit.setFocus(), "Ctrl+F")
+        e.addSeparator()
+        self._action(e, "Add &Tier…", self.tiers.add_tier,
+                     tip="Add a precision tier after the current tensor's tier")
+        self._action(e, "Rena&me Tier…", self.tiers.rename_tier,
+                     tip="Rename the current tensor's precision tier")
+        self._action(e, "Remo&ve Tier", self.tiers.remove_tier,
+                     tip="Remove the current tensor's precision tier (its tensors keep their schemes)")
 
         v = mb.addMenu("&View")
         for i, label in enumerate(("Scheme &Table", "Precision &Tiers", "Scheme &Comparison")):

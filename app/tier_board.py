@@ -4,6 +4,9 @@ Each column is a QListView over a :class:`TierListModel` (a filtered view of the
 Dragging cards to another column drops their names as MIME data; the receiving model's
 `dropMimeData` pushes a "move to tier" command, and the table, totals and plots follow
 through the document's signals.
+
+Tiers can be added ("Add tier…" on the board, or a header's context menu: inserted after
+that tier), renamed and removed; each is an undoable command of :mod:`app.commands`.
 """
 
 from __future__ import annotations
@@ -12,14 +15,18 @@ import json
 
 from PySide6.QtCore import QAbstractListModel, QMimeData, QModelIndex, QRect, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPen
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFrame, QHBoxLayout, QLabel,
-                               QListView, QStyle, QStyledItemDelegate, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogButtonBox,
+                               QFormLayout, QFrame, QHBoxLayout, QLabel, QLineEdit, QListView,
+                               QMenu, QPushButton, QStyle, QStyledItemDelegate, QVBoxLayout,
+                               QWidget)
 
+from workbench.errors import WorkbenchError
 from workbench.schemes import list_schemes
 
 from .format import fmt_bytes, fmt_db, fmt_shape, plural
 from .theme import MONO_FAMILY, UI_FAMILY, sqnr_colour, tier_colour
-from .tiers import on_board, tier_index
+from .messages import Messages
+from .tiers import name_problem, on_board, tier_index
 
 MIME = "application/x-quant-workbench-tensors"
 NAME_ROLE = Qt.ItemDataRole.UserRole + 20
@@ -40,10 +47,19 @@ class TierListModel(QAbstractListModel):
         self.on_drop = on_drop
         self.names: list[str] = []
         self._row: dict[str, int] = {}
-        doc.modelChanged.connect(self.rebuild)
-        doc.stateChanged.connect(lambda _n: self.rebuild())
-        doc.tiersChanged.connect(self.rebuild)
-        doc.resultsChanged.connect(self._changed)
+        self._links = [(doc.modelChanged, self.rebuild), (doc.stateChanged, self._state_changed),
+                       (doc.tiersChanged, self.rebuild), (doc.resultsChanged, self._changed)]
+        for signal, slot in self._links:
+            signal.connect(slot)
+
+    def detach(self) -> None:
+        """Stop following the document (the column is being replaced)."""
+        for signal, slot in self._links:
+            signal.disconnect(slot)
+        self._links = []
+
+    def _state_changed(self, _names) -> None:
+        self.rebuild()
 
     def rebuild(self) -> None:
         new = members(self.doc, self.tier)
@@ -139,7 +155,8 @@ class CardDelegate(QStyledItemDelegate):
         self.tier = tier
 
     def sizeHint(self, option, index):
-        return QSize(option.rect.width() or 200, 46)
+        # no width of its own: a card spans the column however narrow (no horizontal scroll)
+        return QSize(1, 46)
 
     def paint(self, p: QPainter, option, index) -> None:
         name = index.data(NAME_ROLE)
@@ -163,7 +180,7 @@ class CardDelegate(QStyledItemDelegate):
         p.setPen(QColor("#dfe3ea"))
         text_rect = rect.adjusted(10, 3, -6, 0)
         p.drawText(text_rect, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
-                   p.fontMetrics().elidedText(short, Qt.TextElideMode.ElideLeft, text_rect.width()))
+                   p.fontMetrics().elidedText(short, Qt.TextElideMode.ElideMiddle, text_rect.width()))
         f = p.font()
         f.setFamily(MONO_FAMILY)
         f.setBold(False)
@@ -190,6 +207,7 @@ class TierColumn(QFrame):
         self.tier = tier
         self.on_scheme = on_scheme
         self.setObjectName("TierColumn")
+        self.board = parent
         self.title = QLabel()
         self.title.setObjectName("TierTitle")
         self.summary = QLabel()
@@ -213,22 +231,50 @@ class TierColumn(QFrame):
         self.view.setDragDropMode(QAbstractItemView.DragDropMode.DragDrop)
         self.view.setDefaultDropAction(Qt.DropAction.MoveAction)
         self.view.setUniformItemSizes(True)
+        self.view.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.view.setObjectName("TierList")
         self.view.selectionModel().currentChanged.connect(
             lambda cur, _p: cur.isValid() and activated(cur.data(NAME_ROLE)))
+        # the header (title, scheme, summary) has the tier's context menu
+        self.header = QWidget()
+        self.header.setObjectName("TierHeader")
+        self.header.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.header.customContextMenuRequested.connect(
+            lambda pos: self.tier_menu().exec(self.header.mapToGlobal(pos)))
+        self.header.setToolTip("Right-click for Add / Rename / Remove tier")
         head = QHBoxLayout()
+        head.setContentsMargins(0, 0, 0, 0)
         head.addWidget(self.title)
         head.addStretch(1)
+        hl = QVBoxLayout(self.header)
+        hl.setContentsMargins(0, 0, 0, 0)
+        hl.setSpacing(4)
+        hl.addLayout(head)
+        hl.addWidget(self.scheme)
+        hl.addWidget(self.summary)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.setSpacing(4)
-        lay.addLayout(head)
-        lay.addWidget(self.scheme)
-        lay.addWidget(self.summary)
+        lay.addWidget(self.header)
         lay.addWidget(self.view, 1)
         self.model.modelReset.connect(self.refresh_header)
         self.model.dataChanged.connect(lambda *_: self.refresh_header())
         doc.tiersChanged.connect(self.refresh_header)
+
+    def detach(self) -> None:
+        self.model.detach()
+        self.doc.tiersChanged.disconnect(self.refresh_header)
+
+    def tier_menu(self) -> QMenu:
+        """Add tier after this one / rename / remove (the header's context menu)."""
+        menu = QMenu(self)
+        name = self.doc.tiers[self.tier].name
+        b = self.board
+        menu.addAction(f"Add Tier After '{name}'…", lambda: b.add_tier(self.tier))
+        menu.addAction(f"Rename Tier '{name}'…", lambda: b.rename_tier(self.tier))
+        remove = menu.addAction(f"Remove Tier '{name}'", lambda: b.remove_tier(self.tier))
+        remove.setEnabled(len(self.doc.tiers) > 1)
+        return menu
 
     def _scheme_chosen(self) -> None:
         s = self.scheme.currentText()
@@ -249,22 +295,73 @@ class TierColumn(QFrame):
         self.summary.setText(f"{plural(len(names), 'tensor')} · {share:.1f}% of params · {fmt_bytes(size)}")
 
 
+class TierDialog(QDialog):
+    """Asks for a tier's name (and, when adding, its scheme from the scheme registry)."""
+
+    def __init__(self, tiers, title: str, name: str = "", scheme: str | None = None,
+                 ignore: int | None = None, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle(title)
+        self.tiers, self.ignore = tuple(tiers), ignore
+        self.name = QLineEdit(name)
+        self.name.setPlaceholderText("e.g. INT6")
+        self.name.setMaxLength(40)
+        self.scheme = None
+        form = QFormLayout()
+        form.addRow("Name", self.name)
+        if scheme is not None:
+            self.scheme = QComboBox()
+            self.scheme.addItems(list_schemes())
+            self.scheme.setMaxVisibleItems(24)
+            self.scheme.setCurrentText(scheme)
+            form.addRow("Scheme", self.scheme)
+        self.problem = QLabel()
+        self.problem.setObjectName("Muted")
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
+                                        | QDialogButtonBox.StandardButton.Cancel)
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        lay = QVBoxLayout(self)
+        lay.addLayout(form)
+        lay.addWidget(self.problem)
+        lay.addWidget(self.buttons)
+        self.name.textChanged.connect(self._check)
+        self._check()
+        self.name.selectAll()
+
+    def _check(self) -> None:
+        problem = name_problem(self.tiers, self.name.text(), self.ignore)
+        self.problem.setText(problem or "")
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(problem is None)
+
+    def values(self) -> tuple[str, str | None]:
+        return self.name.text().strip(), self.scheme.currentText() if self.scheme else None
+
+
 class TierBoard(QWidget):
-    def __init__(self, doc, push, activated, parent=None):
+    def __init__(self, doc, push, activated, parent=None, messages=None):
         super().__init__(parent)
         self.doc = doc
         self.push = push
         self.activated = activated
+        self.messages = messages or Messages(self)
+        self.run_dialog = lambda dialog: dialog.exec()  # tests answer the dialog instead
         self.columns: list[TierColumn] = []
         self.row = QHBoxLayout()
         self.row.setSpacing(8)
         self.note = QLabel()
         self.note.setObjectName("Muted")
         self.note.setWordWrap(True)
+        self.add_button = QPushButton("Add Tier…")
+        self.add_button.setToolTip("Add a tier after the current tensor's tier")
+        self.add_button.clicked.connect(lambda: self.add_tier())
+        foot = QHBoxLayout()
+        foot.addWidget(self.note, 1)
+        foot.addWidget(self.add_button)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 6, 0, 0)
         lay.addLayout(self.row, 1)
-        lay.addWidget(self.note)
+        lay.addLayout(foot)
         doc.modelChanged.connect(self.rebuild)
         doc.tiersChanged.connect(self._tiers_changed)
 
@@ -274,11 +371,12 @@ class TierBoard(QWidget):
 
     def rebuild(self) -> None:
         for c in self.columns:
+            c.detach()
             c.setParent(None)
             c.deleteLater()
         self.columns = []
         for i in range(len(self.doc.tiers)):
-            col = TierColumn(self.doc, i, self.drop, self.set_scheme, self.activated)
+            col = TierColumn(self.doc, i, self.drop, self.set_scheme, self.activated, self)
             self.row.addWidget(col, 1)
             self.columns.append(col)
             col.model.rebuild()
@@ -295,3 +393,54 @@ class TierBoard(QWidget):
     def set_scheme(self, tier: int, scheme: str) -> None:
         from .commands import set_tier_scheme
         self.push(set_tier_scheme(self.doc, tier, scheme, members(self.doc, tier)))
+
+    # ---- add / rename / remove tiers -----------------------------------------------------------
+    def current_tier(self) -> int:
+        """The tier of the current tensor when it is a card; else the last tier."""
+        name = self.doc.current
+        if self.doc.model is not None and name in self.doc.model.tensors:
+            info = self.doc.model.info(name)
+            if on_board(info):
+                return tier_index(self.doc.tiers, self.doc.scheme_of(name), info)
+        return len(self.doc.tiers) - 1
+
+    def _push_checked(self, title: str, make) -> bool:
+        try:
+            command = make()
+        except WorkbenchError as exc:
+            self.messages.error(title, str(exc))
+            return False
+        return self.push(command)
+
+    def add_tier(self, after: int | None = None, name: str | None = None,
+                 scheme: str | None = None) -> bool:
+        """Add a tier after tier `after` (default: the current tier); asks for what is not given."""
+        from .commands import add_tier
+        after = self.current_tier() if after is None else after
+        if name is None or scheme is None:
+            used = {t.scheme for t in self.doc.tiers}
+            default = scheme or next((s for s in list_schemes() if s not in used),
+                                     self.doc.tiers[after].scheme)
+            dlg = TierDialog(self.doc.tiers, f"Add tier after '{self.doc.tiers[after].name}'",
+                             name or "", default, parent=self)
+            if self.run_dialog(dlg) != QDialog.DialogCode.Accepted:
+                return False
+            name, scheme = dlg.values()
+        return self._push_checked("Cannot add tier", lambda: add_tier(self.doc, after, name, scheme))
+
+    def rename_tier(self, index: int | None = None, name: str | None = None) -> bool:
+        from .commands import rename_tier
+        index = self.current_tier() if index is None else index
+        if name is None:
+            old = self.doc.tiers[index].name
+            dlg = TierDialog(self.doc.tiers, f"Rename tier '{old}'", old, ignore=index, parent=self)
+            if self.run_dialog(dlg) != QDialog.DialogCode.Accepted:
+                return False
+            name, _ = dlg.values()
+        return self._push_checked("Cannot rename tier", lambda: rename_tier(self.doc, index, name))
+
+    def remove_tier(self, index: int | None = None) -> bool:
+        """Remove a tier (no question: it is undoable); the last tier is refused with a message."""
+        from .commands import remove_tier
+        index = self.current_tier() if index is None else index
+        return self._push_checked("Cannot remove tier", lambda: remove_tier(self.doc, index))

@@ -3,6 +3,11 @@
 A tensor belongs to the tier whose scheme it is assigned; otherwise to the first tier
 (highest precision first) whose `min_bits` its scheme's nominal bits reach. Tensors kept
 in their own dtype count with that dtype's bits (BF16 -> 16).
+
+Tiers are a view over the plan: adding, renaming or removing a tier never changes a
+tensor's scheme, only the column it shows in. A removed tier's members keep their schemes
+and fall to the tier their bits reach (the rule above). A new tier's `min_bits` is its
+scheme's nominal bits, clamped between its neighbours' so the order stays highest first.
 """
 
 from __future__ import annotations
@@ -75,3 +80,56 @@ def tiers_from_list(data) -> tuple[Tier, ...]:
     if not isinstance(data, list) or not data:
         raise WorkbenchError("'tiers' must be a non-empty list")
     return tuple(Tier.from_dict(d) for d in data)
+
+
+def name_problem(tiers, name: str, ignore: int | None = None) -> str | None:
+    """Why `name` cannot name a tier (empty, or another tier's name); None when it can."""
+    name = name.strip()
+    if not name:
+        return "a tier needs a name"
+    for i, t in enumerate(tiers):
+        if i != ignore and t.name.casefold() == name.casefold():
+            return f"there is already a tier named '{t.name}'"
+    return None
+
+
+def _check_index(tiers, index: int) -> None:
+    if not 0 <= index < len(tiers):
+        raise WorkbenchError(f"no tier {index} (there are {len(tiers)})")
+
+
+def insert_tier(tiers, after: int, name: str, scheme: str) -> tuple[Tier, ...]:
+    """The tiers with a new one (name, scheme) right after tier `after` (-1: first)."""
+    tiers = tuple(tiers)
+    if after != -1:
+        _check_index(tiers, after)
+    problem = name_problem(tiers, name)
+    if problem:
+        raise WorkbenchError(problem)
+    if scheme != KEEP:
+        get_scheme(scheme)  # unknown scheme -> WorkbenchError
+    bits = scheme_bits(scheme)
+    hi = tiers[after].min_bits if after >= 0 else float("inf")
+    lo = tiers[after + 1].min_bits if after + 1 < len(tiers) else 0.0
+    new = Tier(name.strip(), scheme, float(max(lo, min(hi, bits))))
+    return tiers[:after + 1] + (new,) + tiers[after + 1:]
+
+
+def rename_tier(tiers, index: int, name: str) -> tuple[Tier, ...]:
+    tiers = tuple(tiers)
+    _check_index(tiers, index)
+    problem = name_problem(tiers, name, ignore=index)
+    if problem:
+        raise WorkbenchError(problem)
+    return tuple(Tier(name.strip(), t.scheme, t.min_bits) if i == index else t
+                 for i, t in enumerate(tiers))
+
+
+def remove_tier(tiers, index: int) -> tuple[Tier, ...]:
+    """The tiers without tier `index`; the last remaining tier cannot be removed."""
+    tiers = tuple(tiers)
+    _check_index(tiers, index)
+    if len(tiers) == 1:
+        raise WorkbenchError(f"'{tiers[0].name}' is the only tier; the board needs at least one")
+    # bits below every remaining tier's floor fall to the last tier (tier_index)
+    return tiers[:index] + tiers[index + 1:]
