@@ -187,16 +187,18 @@ class CardDelegate(QStyledItemDelegate):
         f.setPointSizeF(8)
         p.setFont(f)
         p.setPen(QColor("#8a92a3"))
-        line = f"{fmt_shape(info.shape)}  {scheme if scheme != 'keep' else 'keep ' + info.dtype}"
+        # the scheme first: when the card is narrow, the shape is what gets elided
+        shown = scheme if scheme != "keep" else "keep " + info.dtype
+        line = f"{shown}  {fmt_shape(info.shape).replace(' × ', '×')}"
         bottom = rect.adjusted(10, 0, -6, -4)
-        p.drawText(bottom, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignBottom,
-                   p.fontMetrics().elidedText(line, Qt.TextElideMode.ElideRight,
-                                              bottom.width() - 70))
         sq = r.error.sqnr_db if r is not None else None
+        sq_text = f"{fmt_db(sq)} dB" if sq is not None else "…"
+        room = bottom.width() - p.fontMetrics().horizontalAdvance(sq_text) - 8
+        p.drawText(bottom, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignBottom,
+                   p.fontMetrics().elidedText(line, Qt.TextElideMode.ElideRight, room))
         c = sqnr_colour(sq)
         p.setPen(c if c is not None else QColor("#8a92a3"))
-        p.drawText(bottom, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignBottom,
-                   f"{fmt_db(sq)} dB" if sq is not None else "…")
+        p.drawText(bottom, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignBottom, sq_text)
         p.restore()
 
 
