@@ -73,19 +73,13 @@ def quantize(w: np.ndarray, scheme_name: str, tensor: str | None = None):
 
 def quantize_measure(w: np.ndarray, scheme_name: str, tensor: str | None = None):
     """(QuantizedTensor, ErrorSums) for a 2-D float32 matrix, kernels when available."""
-    scheme = get_scheme(scheme_name)
+    qt = quantize(w, scheme_name, tensor=tensor)
     try:
         import kernels
-        qt = kernels.quantize(scheme, w)
-        sums = kernels.dequant_error(w, qt)
-        return qt, sums
+        return qt, kernels.dequant_error(w, qt)
     except (ImportError, AttributeError):
-        pass
-    except WorkbenchError as exc:
-        raise WorkbenchError(str(exc).split(": ", 1)[-1], tensor=tensor) from None
-    qt = scheme.quantize(w, tensor=tensor)
-    wq = scheme.dequantize(qt).reshape(w.shape)
-    return qt, ErrorSums.from_arrays(w, wq)
+        wq = get_scheme(scheme_name).dequantize(qt).reshape(w.shape)
+        return qt, ErrorSums.from_arrays(w, wq)
 
 
 class EvalCache:
