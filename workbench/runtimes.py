@@ -221,19 +221,23 @@ def _fits(scheme: str, shape) -> str | None:
 
 
 def decide(info, requested: str, runtime: str | Runtime = "any", *, fallback: str | None = None,
-           explicit: bool = True, gguf_name: str | None = None) -> Decision:
+           explicit: bool = True, gguf_name: str | None = None, shape=None) -> Decision:
     """What is applied to tensor `info` when a plan requests `requested` for `runtime`.
 
     `explicit`: the scheme came from a rule naming the tensor or matching it (not from the
     plan's default), so ignoring it is worth a warning. `fallback`: the plan's own fallback.
-    Raises WorkbenchError (naming the tensor) when the runtime has no type for the scheme."""
+    Raises WorkbenchError (naming the tensor) when the runtime has no type for the scheme.
+    `shape`: the shape the runtime stores (when it differs from the source's)."""
     rt = get_runtime(runtime) if isinstance(runtime, str) else runtime
+    shape = tuple(info.shape) if shape is None else tuple(shape)
     n, params = info.name, info.numel
     if requested == KEEP:
         return Decision(n, KEEP, KEEP, "kept", None, params)
     if not info.is_float:
         return Decision(n, requested, KEEP, "kept", f"{info.dtype} tensor is not quantized", params)
     why = rt.never_retyped(info, gguf_name)
+    if why and requested == "fp32" and rt.name == "llama.cpp":
+        why = None  # F32 is how llama.cpp's converter stores norms and biases
     if why:
         if not explicit:  # the plan's default: keeping it is what the runtime does anyway
             return Decision(n, requested, KEEP, "kept", why if info.ndim >= 2 else None, params)
@@ -241,7 +245,7 @@ def decide(info, requested: str, runtime: str | Runtime = "any", *, fallback: st
     reason = rt.unsupported(requested)
     if reason:
         raise WorkbenchError(reason, tensor=n)
-    reason = _fits(requested, info.shape)
+    reason = _fits(requested, shape)
     if reason is None:
         return Decision(n, requested, requested, "ok", None, params)
     tried = []
@@ -257,19 +261,30 @@ def decide(info, requested: str, runtime: str | Runtime = "any", *, fallback: st
     for cand in candidates:
         if rt.unsupported(cand):
             continue
-        if _fits(cand, info.shape) is None:
+        if _fits(cand, shape) is None:
             return Decision(n, requested, cand, "fallback", f"{reason}: {cand} instead", params)
         tried.append(cand)
     return Decision(n, requested, KEEP, "kept", f"{reason}: kept in {info.dtype}", params)
 
 
-def plan_decisions(model, plan, runtime: str = "any", names=None) -> dict[str, Decision]:
-    """The decision for every tensor of `model` (or `names`) under `plan` for `runtime`."""
+def plan_decisions(model, plan, runtime: str = "any", names=None,
+                   shapes: dict | None = None) -> dict[str, Decision]:
+    """The decision for every tensor of `model` (or `names`) under `plan` for `runtime`
+    (`shapes`: stored shapes that differ from the source's, e.g. GPT-2's transposed Conv1D)."""
     rt = get_runtime(runtime)
     gnames = None
     if rt.name == "llama.cpp":
-        from .llama_names import gguf_names
-        gnames = gguf_names(model)
+        from .llama_names import detect_arch, gguf_names
+        try:
+            gnames = gguf_names(model)
+        except WorkbenchError:
+            gnames = None
+        if shapes is None and model.format != "gguf":
+            from .llama_names import CONV1D
+            arch = detect_arch(model) if gnames is not None else None
+            if arch is not None and arch.gguf_arch == "GPT2":
+                shapes = {n: tuple(model.info(n).shape)[::-1] for n in model.tensors
+                          if CONV1D.search(n) and model.info(n).ndim == 2}
     out: dict[str, Decision] = {}
     errors = []
     for name in (model.tensors if names is None else names):
@@ -277,7 +292,8 @@ def plan_decisions(model, plan, runtime: str = "any", names=None) -> dict[str, D
         requested, explicit = plan.scheme_and_source(name, info.ndim, info.is_float)
         try:
             out[name] = decide(info, requested, rt, fallback=plan.fallback_for(name),
-                               explicit=explicit, gguf_name=gnames.get(name) if gnames else None)
+                               explicit=explicit, gguf_name=gnames.get(name) if gnames else None,
+                               shape=(shapes or {}).get(name))
         except WorkbenchError as exc:
             errors.append((name, exc))
     if errors:

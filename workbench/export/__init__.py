@@ -53,6 +53,10 @@ def get_exporter(name: str) -> Exporter:
                              f"(choose from {', '.join(EXPORTERS)})") from None
 
 
-def export(model, plan, fmt: str, out_path):
-    """The export job for format `fmt` (a generator; drive it with progress.run)."""
-    return get_exporter(fmt).func(model, plan, out_path)
+def export(model, plan, fmt: str, out_path, **options):
+    """The export job for format `fmt` (a generator; drive it with progress.run). `options`
+    (e.g. ``strict=True``) go to the exporters that take them."""
+    import inspect
+    func = get_exporter(fmt).func
+    params = inspect.signature(func).parameters
+    return func(model, plan, out_path, **{k: v for k, v in options.items() if k in params})

@@ -35,8 +35,11 @@ SEP = "::"
 
 @register_exporter("safetensors", ".safetensors",
                    "quantized weights: packed codes + scales, scheme per tensor in metadata")
-def export_quantized_safetensors(model, plan, out_path):
-    assignment = plan.resolve(model)
+def export_quantized_safetensors(model, plan, out_path, strict: bool = False):
+    from ..runtimes import check_strict, plan_decisions, summarize
+    decisions = plan_decisions(model, plan, "any")
+    if strict:
+        check_strict(decisions.values(), path=model.path)
     names = list(model.tensors)
     total = sum(max(model.info(n).numel, 1) for n in names) or 1
     done = 0
@@ -46,9 +49,7 @@ def export_quantized_safetensors(model, plan, out_path):
         for n in names:
             info = model.info(n)
             yield Progress(done, total, f"exporting {n}")
-            scheme = assignment[n]
-            if scheme != KEEP and get_scheme(scheme).ineligible_reason(info.shape):
-                scheme = KEEP
+            scheme = decisions[n].applied
             if scheme == KEEP:
                 raw = model.raw(n)
                 if info.quant or info.dtype not in STORAGE:
@@ -71,8 +72,11 @@ def export_quantized_safetensors(model, plan, out_path):
     except BaseException:
         writer.abort()
         raise
+    summary = summarize(decisions.values())
     return {"path": str(out_path), "format": "safetensors", "quantized": len(index),
-            "tensors": len(names)}
+            "tensors": len(names), "fallbacks": summary.to_dict(),
+            "notes": {d.name: d.note for d in decisions.values()
+                      if d.note and d.kind in ("fallback", "skipped")}}
 
 
 def open_quantized(path: str, files, tensors: dict, owner: dict, metadata: dict) -> Model:
