@@ -129,6 +129,8 @@ def summarize(decisions) -> Summary:
 class Runtime:
     name: str
     label: str
+    #: a scheme the runtime cannot represent is kept with a note (else: an error)
+    keeps_unsupported: bool = False
 
     def never_retyped(self, info, gguf_name: str | None) -> str | None:
         """Why this runtime never re-types the tensor (None: it may)."""
@@ -202,7 +204,7 @@ class _Vllm(Runtime):
 RUNTIMES: dict[str, Runtime] = {
     "any": _Any("any", "any runtime (the workbench's quantized safetensors)"),
     "llama.cpp": _LlamaCpp("llama.cpp", "llama.cpp (GGUF, llama-quantize)"),
-    "vllm": _Vllm("vllm", "vLLM (compressed-tensors)"),
+    "vllm": _Vllm("vllm", "vLLM (compressed-tensors)", keeps_unsupported=True),
 }
 
 
@@ -244,6 +246,8 @@ def decide(info, requested: str, runtime: str | Runtime = "any", *, fallback: st
         return Decision(n, requested, KEEP, "skipped", f"{why}: rule ignored, kept", params)
     reason = rt.unsupported(requested)
     if reason:
+        if rt.keeps_unsupported:
+            return Decision(n, requested, KEEP, "kept", f"{reason}: kept in {info.dtype}", params)
         raise WorkbenchError(reason, tensor=n)
     reason = _fits(requested, shape)
     if reason is None:
