@@ -25,6 +25,7 @@ WorkbenchError naming the tensors, since the file would not reproduce the plan.
 
 from __future__ import annotations
 
+import math
 import re
 
 from ..atomic import write_text_atomic
@@ -145,11 +146,14 @@ def _keep_type(info) -> str | None:
     return t
 
 
-def tensor_type_lines(model, plan) -> tuple[list[str], dict]:
-    """The file's lines and a report of what was left out."""
+def tensor_type_lines(model, plan, strict: bool = False) -> tuple[list[str], dict]:
+    """The file's lines and a report of what was left out. Shapes a scheme cannot take get
+    the fallback `workbench.runtimes` decides (llama-quantize's own, or the plan's)."""
+    from ..runtimes import check_strict, decide
     family = detect_family(model)
     assignment = plan.resolve(model)
     lines, left_out, dropped, unmapped, untyped, ineligible, not_retyped = [], [], [], [], [], [], []
+    decisions = []
     for name, info in model.tensors.items():
         scheme = assignment[name]
         if info.ndim < 2 or not info.is_float:
@@ -176,11 +180,17 @@ def tensor_type_lines(model, plan) -> tuple[list[str], dict]:
             if ggml is None:
                 untyped.append(f"{name} ({key})")
                 continue
-            block = BLOCK.get(key)
             row = _row_length(name, info.shape, family)
-            if block and row % block:
-                ineligible.append(f"{name} ({key}: row length {row} is not a multiple of {block})")
-                continue
+            d = decide(info, key, "llama.cpp", fallback=plan.fallback_for(name),
+                       shape=(math.prod(info.shape) // max(row, 1), row))
+            decisions.append(d)
+            if d.applied == KEEP:
+                ggml = _keep_type(info)
+                if ggml is None:
+                    ineligible.append(f"{name} ({d.note})")
+                    continue
+            else:
+                ggml = GGML_TYPE_NAMES[get_scheme(d.applied).name]
         lines.append(f"^{re.escape(target)}$={ggml}")
     problems = []
     if unmapped:
@@ -200,7 +210,12 @@ def tensor_type_lines(model, plan) -> tuple[list[str], dict]:
     if problems:
         raise WorkbenchError("cannot write a llama-quantize tensor-type file: "
                              + " | ".join(problems), path=model.path)
+    if strict:
+        check_strict(decisions, path=model.path)
+    from ..runtimes import summarize
     report = {"family": FAMILY_LABELS[family], "assignments": len(lines),
+              "fallbacks": summarize(decisions).to_dict(),
+              "notes": {d.name: d.note for d in decisions if d.note},
               "left_out_1d_or_int": len(left_out), "dropped_by_converter": dropped,
               "never_retyped_by_llama_quantize": not_retyped}
     return lines, report
@@ -208,9 +223,9 @@ def tensor_type_lines(model, plan) -> tuple[list[str], dict]:
 
 @register_exporter("llama-tensor-types", ".txt",
                    "the plan as llama-quantize --tensor-type-file (llama.cpp tensor names)")
-def export_llama_tensor_types(model, plan, out_path):
+def export_llama_tensor_types(model, plan, out_path, strict: bool = False):
     yield Progress(0, 1, "mapping tensor names")
-    lines, report = tensor_type_lines(model, plan)
+    lines, report = tensor_type_lines(model, plan, strict)
     write_text_atomic(out_path, "\n".join(lines) + ("\n" if lines else ""))
     yield Progress(1, 1, "done")
     return {"path": str(out_path), "format": "llama-tensor-types", **report}
