@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -25,6 +26,82 @@ def default_file_mode() -> int:
     return _FILE_MODE
 
 
+TEMP_TAG = "quant-workbench"
+_STALE = re.compile(r"^\..+\." + TEMP_TAG + r"-(\d+)-[a-z0-9_]+\.(tmp|data)$")
+
+
+def make_temp(target: Path, suffix: str = ".tmp") -> tuple[int, str]:
+    """A new temporary file beside `target`, named so a user recognises it
+    (``.<name>.quant-workbench-<pid>-<random>.tmp``); stale ones of killed runs are removed
+    first. OSErrors become a WorkbenchError naming the target."""
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise WorkbenchError("output folder does not exist", path=str(target))
+    clean_stale_temps(directory)
+    try:
+        return tempfile.mkstemp(prefix=f".{target.name}.{TEMP_TAG}-{os.getpid()}-", suffix=suffix,
+                                dir=directory)
+    except OSError as exc:
+        why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        raise WorkbenchError(f"cannot write here ({why})", path=str(target)) from None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def clean_stale_temps(directory: Path) -> list[str]:
+    """Remove this program's temporary files left in `directory` by runs that were killed
+    (their process is gone). Returns the names removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for e in entries:
+        m = _STALE.match(e.name)
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            with contextlib.suppress(OSError):
+                if e.is_file(follow_symlinks=False):
+                    os.unlink(e.path)
+                    removed.append(e.name)
+    return removed
+
+
+def input_files(model) -> list[Path]:
+    """The files a model was read from (its file, its shards and index, its folder's files)."""
+    p = Path(model.path)
+    if p.is_file() and not p.name.endswith(".index.json"):
+        return [p]
+    folder = p if p.is_dir() else p.parent   # a folder or a shard index: the folder's files
+    files = [p] if p.is_file() else []
+    with contextlib.suppress(OSError):
+        for q in folder.iterdir():
+            if q.suffix in (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".json", ".txt",
+                            ".model") and q.is_file():
+                files.append(q)
+    return files
+
+
+def refuse_overwriting_inputs(model, out_path) -> None:
+    """A WorkbenchError when `out_path` is (or links to) a file the model was read from."""
+    out = Path(out_path)
+    if not out.exists():
+        return
+    for f in input_files(model):
+        with contextlib.suppress(OSError):
+            if os.path.samefile(out, f):
+                raise WorkbenchError(f"this is an input of the open model ({f.name}): "
+                                     "choose another output file; nothing was written",
+                                     path=str(out))
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb"):
     """Yield a file object; on success the target is replaced in one rename.
@@ -33,13 +110,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
     OSErrors (a full disk, no permission) become a WorkbenchError naming the file.
     """
     target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        raise WorkbenchError("output folder does not exist", path=str(target))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        raise WorkbenchError(f"cannot write here ({exc.strerror})", path=str(target)) from exc
+    fd, tmp = make_temp(target)
     try:
         with os.fdopen(fd, mode) as fh:
             yield fh

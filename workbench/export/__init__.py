@@ -57,6 +57,9 @@ def export(model, plan, fmt: str, out_path, **options):
     """The export job for format `fmt` (a generator; drive it with progress.run). `options`
     (e.g. ``strict=True``) go to the exporters that take them."""
     import inspect
+
+    from ..atomic import refuse_overwriting_inputs
+    refuse_overwriting_inputs(model, out_path)
     func = get_exporter(fmt).func
     params = inspect.signature(func).parameters
     return func(model, plan, out_path, **{k: v for k, v in options.items() if k in params})

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import default_file_mode
+from ..atomic import default_file_mode, make_temp
 from ..errors import WorkbenchError
 from ..plan import KEEP
 from ..progress import Progress
@@ -264,7 +264,7 @@ def export_gguf(model, plan, out_path, strict: bool = False):
     else:
         arch, source_ftype = ARCH_FOR_NON_GGUF, None
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    fd, tmp = make_temp(target)
     os.close(fd)
     writer = None
     try:
