@@ -45,9 +45,10 @@ def read_config(model) -> dict | None:
     if not path.is_file() or path.stat().st_size > 4 << 20:
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        raise WorkbenchError("config.json is not valid JSON", path=str(path)) from None
+        from .limits import loads
+        data = loads(path.read_bytes(), str(path), "config.json")
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read config.json ({exc.strerror})", path=str(path)) from None
     return data if isinstance(data, dict) else None
 
 

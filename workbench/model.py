@@ -95,6 +95,12 @@ class Model:
     _closer: Callable[[], None] | None = None
     source: object = None  # the loader's own handle (e.g. a GGUFReader), for exporters
 
+    def __post_init__(self):
+        # the limits policy (workbench.limits): every loader's shapes pass here
+        from .limits import check_shape
+        for info in self.tensors.values():
+            check_shape(info.shape, info.file or self.path, info.name)
+
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
 

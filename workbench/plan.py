@@ -2,7 +2,8 @@
 
 A plan maps every tensor to a scheme by ordered rules:
   1. an exact tensor name,
-  2. then ``re:`` patterns in order (first match wins, ``re.search`` semantics),
+  2. then ``re:`` patterns in order (first match wins, ``re.search`` semantics, on RE2:
+     linear time, no backreferences or look-around — workbench.patterns),
   3. then the default — except that 1-D / 0-D tensors and non-float tensors default to
      ``keep`` (stored unchanged in their own dtype).
 
@@ -21,7 +22,6 @@ target runtime's own rule applies (:mod:`workbench.runtimes`).
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,20 +85,21 @@ class Plan:
     def _validate_rule(rule: Rule, path=None) -> None:
         _check_scheme(rule.scheme, f"rule '{rule.match}'", path)
         if rule.is_regex:
+            from .patterns import compile_pattern
             try:
-                re.compile(rule.match[3:])
-            except re.error as exc:
-                raise WorkbenchError(f"rule '{rule.match}': bad regular expression ({exc})",
-                                     path=path) from None
+                compile_pattern(rule.match[3:])
+            except WorkbenchError as exc:
+                raise WorkbenchError(f"rule '{rule.match[:80]}': {exc}", path=path) from None
 
     # ---- resolution ---------------------------------------------------------------------
     def _index(self):
+        from .patterns import compile_pattern
         if self._compiled is None:
             exact = {}
             regex = []
             for r in self.rules:
                 if r.is_regex:
-                    regex.append((re.compile(r.match[3:]), r))
+                    regex.append((compile_pattern(r.match[3:]), r))
                 else:
                     exact.setdefault(r.match, r)
             self._compiled = (exact, regex)
@@ -215,12 +216,8 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, path=None) -> "Plan":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise WorkbenchError(f"malformed plan JSON ({exc.msg} at line {exc.lineno})",
-                                 path=path) from None
-        return cls.from_dict(data, path)
+        from .limits import loads
+        return cls.from_dict(loads(text, path, "plan JSON"), path)
 
     @classmethod
     def load(cls, path) -> "Plan":

@@ -82,10 +82,13 @@ def export_quantized_safetensors(model, plan, out_path, strict: bool = False):
 def open_quantized(path: str, files, tensors: dict, owner: dict, metadata: dict) -> Model:
     """Present a quantized safetensors file as its original (dequantized) tensors."""
     try:
-        meta = json.loads(metadata[META_KEY])
+        from ..limits import loads
+        meta = loads(metadata[META_KEY], path, "quant_workbench metadata")
         qindex = meta["tensors"]
         if meta.get("version") != 1 or not isinstance(qindex, dict):
             raise ValueError("unsupported version")
+    except WorkbenchError:
+        raise
     except (ValueError, KeyError, TypeError) as exc:
         raise WorkbenchError(f"corrupt quant_workbench metadata ({exc})", path=path) from None
     infos: dict[str, TensorInfo] = {}

@@ -42,11 +42,11 @@ def parse_header(buf: bytes, file_size: int, path: str = "") -> tuple[dict, dict
     raw = bytes(buf[8:8 + n])
     if len(raw) < n:
         raise WorkbenchError("truncated header", path=path)
+    from ..limits import loads
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        # ValueError covers JSONDecodeError and integers beyond Python's digit limit
-        raise WorkbenchError(f"corrupt safetensors header ({type(exc).__name__})", path=path) from None
+        header = loads(raw, path, "safetensors header")
+    except WorkbenchError as exc:
+        raise WorkbenchError(f"corrupt {str(exc).split(': ', 1)[-1]}", path=path) from None
     if not isinstance(header, dict):
         raise WorkbenchError("corrupt safetensors header (not a JSON object)", path=path)
     data_start = 8 + n
@@ -160,7 +160,8 @@ def _shard_files(path: Path) -> list[Path]:
         return files
     if path.name.endswith(".index.json"):
         try:
-            index = json.loads(path.read_text(encoding="utf-8"))
+            from ..limits import loads
+            index = loads(path.read_bytes(), str(path), "safetensors index")
             weight_map = index["weight_map"]
             shards = sorted(set(weight_map.values()))
             bad = [s for s in shards if not isinstance(s, str) or not s or "\0" in s]
@@ -169,6 +170,8 @@ def _shard_files(path: Path) -> list[Path]:
                                  f"got {bad[0] if bad else 'nothing'!r}")
         except FileNotFoundError:
             raise WorkbenchError("file not found", path=str(path)) from None
+        except WorkbenchError:
+            raise
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise WorkbenchError(f"malformed safetensors index ({type(exc).__name__}: {exc})",
                                  path=str(path)) from None
