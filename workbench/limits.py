@@ -189,3 +189,41 @@ def prescan_gguf(path, size: int | None = None) -> None:
             if any(d >= MAX_DIM for d in dims):
                 raise WorkbenchError("GGUF tensor dimension out of range", path=str(path))
             read(4 + 8)
+
+
+# ---- files --------------------------------------------------------------------------------
+def check_regular_file(path, what: str = "file") -> None:
+    """A WorkbenchError unless `path` is a regular file (a FIFO or device would block or
+    never end)."""
+    import os
+    import stat
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise WorkbenchError(f"{what} not found", path=str(path)) from None
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read {what} ({exc.strerror})", path=str(path)) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise WorkbenchError(f"{what} is not a regular file", path=str(path))
+
+
+def shard_path(index_path, name: str):
+    """The shard `name` listed by an index: a plain relative name inside the index's folder
+    (no absolute paths, no '..', no symlink leading outside), and a regular file."""
+    from pathlib import Path, PurePosixPath
+    index_path = Path(index_path)
+    folder = index_path.parent.resolve()
+    parts = PurePosixPath(name.replace("\\", "/")).parts
+    if not name or PurePosixPath(name).is_absolute() or ".." in parts or "\0" in name:
+        raise WorkbenchError(f"index lists a shard outside its folder ({name[:120]!r})",
+                             path=str(index_path))
+    p = (folder / name)
+    try:
+        real = p.resolve()
+    except (OSError, RuntimeError):
+        raise WorkbenchError(f"cannot resolve shard {name[:120]!r}", path=str(index_path)) from None
+    if folder not in real.parents:
+        raise WorkbenchError(f"shard {name[:120]!r} leads outside the model folder",
+                             path=str(index_path))
+    check_regular_file(p, "shard")
+    return p

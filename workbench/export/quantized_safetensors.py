@@ -79,16 +79,35 @@ def export_quantized_safetensors(model, plan, out_path, strict: bool = False):
                       if d.note and d.kind in ("fallback", "skipped")}}
 
 
+def _check_layout(scheme, shape, array_keys, nbytes: int, path, name) -> None:
+    """The stored arrays must be exactly what `scheme` writes for `shape`: metadata edited to
+    another scheme (or arrays swapped) would otherwise decode to wrong values silently."""
+    from ..limits import check_shape
+    from ..schemes.base import matrix_shape
+    check_shape(shape, path, name)
+    want = scheme.nbytes(shape)
+    if nbytes != want:
+        raise WorkbenchError(f"stored arrays hold {nbytes:,} bytes but {scheme.name} of shape "
+                             f"{list(shape)} needs {want:,}: the metadata does not match the data",
+                             path=path, tensor=name)
+    rows, cols = matrix_shape(shape)
+    probe = scheme.quantize(np.zeros((1, cols), np.float32)) if cols else None
+    if probe is not None and sorted(probe.arrays) != sorted(array_keys):
+        raise WorkbenchError(f"stored arrays {sorted(array_keys)} are not {scheme.name}'s "
+                             f"{sorted(probe.arrays)}", path=path, tensor=name)
+
+
 def open_quantized(path: str, files, tensors: dict, owner: dict, metadata: dict) -> Model:
     """Present a quantized safetensors file as its original (dequantized) tensors."""
     try:
         from ..limits import loads
-        meta = loads(metadata[META_KEY], path, "quant_workbench metadata")
+        meta = loads(metadata[META_KEY], path, "JSON")
         qindex = meta["tensors"]
         if meta.get("version") != 1 or not isinstance(qindex, dict):
             raise ValueError("unsupported version")
-    except WorkbenchError:
-        raise
+    except WorkbenchError as exc:
+        raise WorkbenchError(f"corrupt quant_workbench metadata ({str(exc).split(': ', 1)[-1]})",
+                             path=path) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise WorkbenchError(f"corrupt quant_workbench metadata ({exc})", path=path) from None
     infos: dict[str, TensorInfo] = {}
@@ -107,6 +126,7 @@ def open_quantized(path: str, files, tensors: dict, owner: dict, metadata: dict)
             raise WorkbenchError(f"quantized tensor is missing its array {missing[0]}",
                                  path=path, tensor=name)
         nbytes = sum(tensors[a].nbytes for a in arrays)
+        _check_layout(scheme, shape, entry["arrays"], nbytes, path, name)
         infos[name] = TensorInfo(name, shape, "F32", nbytes, owner[arrays[0]].path,
                                  quant=scheme.name)
         storage[name] = (scheme.name, arrays)

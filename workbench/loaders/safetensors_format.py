@@ -175,8 +175,24 @@ def _shard_files(path: Path) -> list[Path]:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise WorkbenchError(f"malformed safetensors index ({type(exc).__name__}: {exc})",
                                  path=str(path)) from None
-        return [path.parent / s for s in shards]
+        from ..limits import shard_path
+        return [shard_path(path, s) for s in shards]
     return [path]
+
+
+def _check_index_listing(root: Path, tensors: dict) -> None:
+    """Every tensor an index lists must be in its shard (else it would silently vanish)."""
+    idx = root if root.name.endswith(".index.json") else (
+        next(iter(sorted(root.glob("*.safetensors.index.json"))), None) if root.is_dir() else None)
+    if idx is None:
+        return
+    from ..limits import loads
+    weight_map = loads(idx.read_bytes(), str(idx), "safetensors index")["weight_map"]
+    missing = [n for n in weight_map if n not in tensors]
+    if missing:
+        raise WorkbenchError(f"the index lists {len(missing)} tensors that are not in their "
+                             f"shards: {', '.join(str(m)[:80] for m in missing[:5])}",
+                             path=str(idx))
 
 
 def open_safetensors(path: str | os.PathLike) -> Model:
@@ -194,6 +210,7 @@ def open_safetensors(path: str | os.PathLike) -> Model:
             owner[name] = f
             tensors[name] = TensorInfo(name, shape, dtype, end - begin, f.path)
 
+    _check_index_listing(root, tensors)
     if QUANT_META_KEY in metadata:
         from ..export.quantized_safetensors import open_quantized
         return open_quantized(str(root), files, tensors, owner, metadata)

@@ -21,13 +21,18 @@ from ..model import Model, TensorInfo
 _WRAPPERS = ("state_dict", "model_state_dict", "model", "module", "weights", "params")
 
 
-def _flatten(obj, prefix: str, out: dict) -> None:
+def _flatten(obj, prefix: str, out: dict, depth: int = 0) -> None:
     import torch
+    if depth > 64:
+        raise WorkbenchError("state dict nested more than 64 levels deep")
     if isinstance(obj, torch.Tensor):
+        if prefix in out:
+            raise WorkbenchError(f"two tensors flatten to the same name {prefix[:120]!r} "
+                                 "(e.g. 'a.b' and 'a' -> 'b')")
         out[prefix] = obj
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out, depth + 1)
 
 
 def _unwrap(obj):
@@ -109,7 +114,10 @@ def open_torch(path: str | os.PathLike) -> Model:
                              path=p) from None
     import torch
     flat: dict = {}
-    _flatten(_unwrap(obj), "", flat)
+    try:
+        _flatten(_unwrap(obj), "", flat)
+    except WorkbenchError as exc:
+        raise WorkbenchError(str(exc), path=p) from None
     if not flat:
         raise WorkbenchError("no tensors found in PyTorch checkpoint", path=p)
     tensors: dict[str, TensorInfo] = {}
@@ -166,7 +174,8 @@ def open_torch_shards(index_path: str | os.PathLike) -> Model:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise WorkbenchError(f"malformed PyTorch index ({type(exc).__name__}: {exc})",
                              path=str(idx)) from None
-    parts = [open_torch(idx.parent / s) for s in shards]
+    from ..limits import shard_path
+    parts = [open_torch(shard_path(idx, s)) for s in shards]
     tensors: dict[str, TensorInfo] = {}
     owner: dict[str, Model] = {}
     for part in parts:
