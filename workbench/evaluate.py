@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import WorkbenchError
+from .errors import WorkbenchError, context
 from .metrics import ErrorSums, ModelTotals, TensorError, from_sums
 from .plan import KEEP
 from .progress import Progress
@@ -72,11 +72,14 @@ def quantize(w: np.ndarray, scheme_name: str, tensor: str | None = None):
     scheme = get_scheme(scheme_name)
     try:
         import kernels
-        return kernels.quantize(scheme, w)
+        qt = kernels.quantize(scheme, w)
     except (ImportError, AttributeError):
         return scheme.quantize(w, tensor=tensor)
     except WorkbenchError as exc:
-        raise WorkbenchError(str(exc).split(": ", 1)[-1], tensor=tensor) from None
+        raise WorkbenchError(exc.problem, path=exc.path, tensor=tensor) from None
+    if scheme.reference_needed(qt):   # an edge of the scale range: the reference refuses/handles it
+        qt = scheme.quantize(w, tensor=tensor)
+    return qt
 
 
 def quantize_measure(w: np.ndarray, scheme_name: str, tensor: str | None = None):
@@ -130,6 +133,14 @@ def evaluate_tensor(model, name: str, scheme_name: str,
     key = (model.path, name, scheme_name, decision.applied, decision.kind)
     if cache is not None and (hit := cache.get(key)) is not None:
         return hit
+    with context(getattr(info, "file", None) or model.path, name):
+        res = _evaluate_tensor(model, info, name, scheme_name, decision)
+    if cache is not None:
+        cache.put(key, res)
+    return res
+
+
+def _evaluate_tensor(model, info, name, scheme_name, decision) -> TensorResult:
     t0 = time.perf_counter()
     applied, note = decision.applied, decision.note
     w = model.read_matrix(name)
@@ -144,11 +155,8 @@ def evaluate_tensor(model, name: str, scheme_name: str,
     else:
         qt, sums = quantize_measure(w, applied, tensor=name)
         nbytes = qt.nbytes
-    res = TensorResult(name, applied, scheme_name, info.shape, info.numel, info.nbytes, nbytes,
-                       from_sums(sums), note, time.perf_counter() - t0, decision.kind)
-    if cache is not None:
-        cache.put(key, res)
-    return res
+    return TensorResult(name, applied, scheme_name, info.shape, info.numel, info.nbytes, nbytes,
+                        from_sums(sums), note, time.perf_counter() - t0, decision.kind)
 
 
 def evaluate(model, plan, names=None, cache: EvalCache | None = DEFAULT_EVAL_CACHE,
