@@ -117,7 +117,10 @@ def quantize(scheme, w: np.ndarray, backend: str = "auto", tensor: str | None = 
             raise refuse(exc.args[0]) from None
     if arrays is None:                      # the kernel declined: the reference decides
         return scheme.quantize(w, tensor=tensor)
-    return QuantizedTensor(scheme.name, shape, arrays)
+    qt = QuantizedTensor(scheme.name, shape, arrays)
+    if scheme.reference_needed(qt):         # a scale at the edge of its range (issue 9):
+        return scheme.quantize(w, tensor=tensor)   # the reference refuses or handles it
+    return qt
 
 
 def dequant_error(w: np.ndarray, qt, backend: str = "auto"):

@@ -128,8 +128,8 @@ class Scheme:
                                      tensor=tensor)
             if self.max_abs_weight is not None and amax > self.max_abs_weight:
                 raise WorkbenchError(
-                    f"value {amax:.3g} cannot be represented by {self.name} (its float32 scale "
-                    f"arithmetic overflows; it takes |w| <= {self.max_abs_weight:.3g})",
+                    f"{self.name} cannot represent value {amax:.3g} (its float32 scale "
+                    f"arithmetic would overflow; it takes |w| <= {self.max_abs_weight:.3g})",
                     tensor=tensor)
         try:
             arrays = self._quantize(w2)

@@ -77,8 +77,8 @@ class Ternary(Scheme):
         scale = (np.abs(b).astype(np.float64).mean(axis=1) if b.size else np.zeros(0))
         if (scale > 65504.0).any():
             raise WorkbenchError(
-                f"block mean |w| {float(scale.max()):.3g} cannot be represented by {self.name}'s "
-                "float16 scale (at most 65504; keep this tensor or use a channel scheme)")
+                f"{self.name}'s float16 scale cannot represent a block mean |w| of "
+                f"{float(scale.max()):.3g} (at most 65504; keep this tensor or use a channel scheme)")
         scale = scale.astype(np.float16)
         s32 = scale.astype(np.float32)
         with np.errstate(divide="ignore"):

@@ -21,7 +21,7 @@ def _refuse_overflow(name: str, kind: str, largest: float, w: np.ndarray, out: n
     if new_inf.any():
         v = float(np.abs(w[new_inf]).max())
         n = int(np.count_nonzero(new_inf))
-        raise WorkbenchError(f"value {v:.3g} cannot be represented by {name} ({n} weight(s) beyond "
+        raise WorkbenchError(f"{name} cannot represent value {v:.3g} ({n} weight(s) beyond "
                              f"{kind}'s largest finite value {largest:.8g}; use fp32 or keep)")
 
 

@@ -155,8 +155,8 @@ class IntAffine(Scheme):
                 limit = (32768.0 if self.pot else F16_MAX) * self.qmax
                 what = "range" if self.asym else "value"
                 raise WorkbenchError(
-                    f"{what} {most:.3g} cannot be represented by {self.name}'s float16 scale "
-                    f"(a block takes {'a range' if self.asym else '|w|'} up to {limit:.6g}; "
+                    f"{self.name}'s float16 scale cannot represent {what} {most:.3g} (a block "
+                    f"takes {'a range' if self.asym else '|w|'} up to {limit:.6g}; "
                     "use a channel/tensor scheme or keep this tensor)")
         return scale.astype(self.scale_dtype)
 
