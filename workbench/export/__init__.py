@@ -62,4 +62,13 @@ def export(model, plan, fmt: str, out_path, **options):
     refuse_overwriting_inputs(model, out_path)
     func = get_exporter(fmt).func
     params = inspect.signature(func).parameters
-    return func(model, plan, out_path, **{k: v for k, v in options.items() if k in params})
+    job = func(model, plan, out_path, **{k: v for k, v in options.items() if k in params})
+    return _named_errors(job, model.path)
+
+
+def _named_errors(job, path):
+    """Drive `job`, re-raising its WorkbenchErrors with the model's file where they lack one
+    (a tensor a scheme refuses, a NaN/Inf refusal, a tensor GGUF cannot take)."""
+    from ..errors import context
+    with context(path):
+        return (yield from job)
