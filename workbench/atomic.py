@@ -27,7 +27,9 @@ def default_file_mode() -> int:
 
 
 TEMP_TAG = "quant-workbench"
-_STALE = re.compile(r"^\..+\." + TEMP_TAG + r"-(\d+)-[a-z0-9_]+\.(tmp|data)$")
+# ".<name>.quant-workbench-<pid>-<random>.tmp|.data" files, ".<name>.quant-workbench-<pid>.tmp|.old"
+# folders (the compressed-tensors export)
+_STALE = re.compile(r"^\..+\." + TEMP_TAG + r"-(\d+)(-[a-z0-9_]+)?\.(tmp|data|old)$")
 
 
 def make_temp(target: Path, suffix: str = ".tmp") -> tuple[int, str]:
@@ -71,34 +73,72 @@ def clean_stale_temps(directory: Path) -> list[str]:
                 if e.is_file(follow_symlinks=False):
                     os.unlink(e.path)
                     removed.append(e.name)
+                elif e.is_dir(follow_symlinks=False):
+                    import shutil
+                    shutil.rmtree(e.path)
+                    removed.append(e.name)
     return removed
 
 
+# files beside a single checkpoint file that loaders and exporters read with it
+SIDECARS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+            "tokenizer.model", "special_tokens_map.json", "vocab.txt", "vocab.json",
+            "merges.txt", "added_tokens.json")
+
+
 def input_files(model) -> list[Path]:
-    """The files a model was read from (its file, its shards and index, its folder's files)."""
+    """The files a model was read from: its file (and the config/tokenizer files beside it), or
+    for a folder or shard index every regular file of the folder (shards, index, config...)."""
     p = Path(model.path)
+    files: list[Path] = []
     if p.is_file() and not p.name.endswith(".index.json"):
-        return [p]
+        files.append(p)
+        for name in SIDECARS:
+            if (p.parent / name).is_file():
+                files.append(p.parent / name)
+        return files
     folder = p if p.is_dir() else p.parent   # a folder or a shard index: the folder's files
-    files = [p] if p.is_file() else []
+    if p.is_file():
+        files.append(p)
     with contextlib.suppress(OSError):
         for q in folder.iterdir():
-            if q.suffix in (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".json", ".txt",
-                            ".model") and q.is_file():
-                files.append(q)
+            with contextlib.suppress(OSError):
+                if q.is_file():
+                    files.append(q)
+    for info in getattr(model, "tensors", {}).values():   # shards named by an index elsewhere
+        f = getattr(info, "file", "")
+        if f and Path(f) not in files:
+            files.append(Path(f))
     return files
 
 
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def refuse_overwriting_inputs(model, out_path) -> None:
-    """A WorkbenchError when `out_path` is (or links to) a file the model was read from."""
+    """A WorkbenchError when `out_path` is (or links to) a file the model was read from, or is
+    a folder holding one (symbolic and hard links resolved: same st_dev/st_ino)."""
     out = Path(out_path)
-    if not out.exists():
-        return
+    try:
+        out_st = out.stat()               # follows a symbolic link
+    except OSError:
+        return                            # nothing there yet (or unreadable: the write says so)
+    inputs = []
     for f in input_files(model):
         with contextlib.suppress(OSError):
-            if os.path.samefile(out, f):
-                raise WorkbenchError(f"this is an input of the open model ({f.name}): "
-                                     "choose another output file; nothing was written",
+            inputs.append((f, f.stat()))
+    for f, st in inputs:
+        if _same(out_st, st):
+            raise WorkbenchError(f"this is an input of the open model ({f.name}): "
+                                 "choose another output file; nothing was written", path=str(out))
+    if out.is_dir():
+        out_real = out.resolve()
+        for f, _ in inputs:
+            real = f.resolve()
+            if out_real == real.parent or out_real in real.parents:
+                raise WorkbenchError(f"this folder holds an input of the open model ({f.name}): "
+                                     "choose another output folder; nothing was written",
                                      path=str(out))
 
 

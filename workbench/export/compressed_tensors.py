@@ -126,6 +126,13 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
     if out_dir.exists() and out_dir.resolve() == src.resolve():
         raise WorkbenchError("output folder is the model's own folder: it would overwrite the "
                              "source", path=str(out_dir))
+    if out_dir.is_dir():     # it is replaced as a whole: only ever a previous export of ours
+        ours = {"model.safetensors", "config.json", *TOKENIZER_FILES}
+        other = sorted(e.name for e in os.scandir(out_dir) if e.name not in ours)
+        if other:
+            raise WorkbenchError(f"output folder exists and holds other files ({other[0]}"
+                                 f"{' ...' if len(other) > 1 else ''}); it would be replaced: "
+                                 "choose a new folder; nothing was written", path=str(out_dir))
     yield Progress(0, 1, "checking the plan")
     decisions = plan_decisions(model, plan, "vllm")
     if strict:
@@ -140,10 +147,12 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
     for n, s in applied.items():
         groups.setdefault(s, []).append(n[:-len(".weight")] if n.endswith(".weight") else n)
 
+    from ..atomic import clean_stale_temps
+    clean_stale_temps(out_dir.parent)          # folders left by killed runs
     tmp = out_dir.parent / f".{out_dir.name}.quant-workbench-{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         tensors: dict[str, torch.Tensor] = {}
         names = list(model.tensors)
         total = sum(max(model.info(n).numel, 1) for n in names) or 1
