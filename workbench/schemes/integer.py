@@ -59,7 +59,8 @@ def _times_inv(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
     scale = np.asarray(scale, dtype=np.float32)
     inv = _safe_inv(scale)
     col = (lambda a: a[:, None]) if x.ndim == 2 else (lambda a: a)
-    out = x * col(inv)
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = x * col(inv)
     bad = ~np.isfinite(inv)
     if bad.any():
         out[bad] = x[bad] / col(scale[bad])
