@@ -116,8 +116,13 @@ class IntAffine(Scheme):
             with np.errstate(divide="ignore"):
                 e = np.ceil(np.log2(np.where(scale > 0, scale, 1.0)))
             scale = np.where(scale > 0, np.exp2(e), 0.0).astype(np.float32)
-        if self.scale_dtype == np.float16:
-            scale = np.minimum(scale, np.float32(65504.0))
+        if self.scale_dtype == np.float16 and scale.size and float(scale.max()) > 65504.0:
+            from ..errors import WorkbenchError
+            raise WorkbenchError(
+                f"{self.name} cannot represent a value of {float(scale.max()) * self.qmax:.3g}: "
+                f"its float16 group scale would exceed 65504 (values up to "
+                f"{65504.0 * self.qmax:.3g}); use a per-channel scheme (float32 scales) or keep "
+                "this tensor")
         return scale.astype(self.scale_dtype)
 
     def _range_sym(self, blocks: np.ndarray) -> np.ndarray:
