@@ -73,7 +73,6 @@ def quantize(w: np.ndarray, scheme_name: str, tensor: str | None = None):
     A WorkbenchError when the scheme cannot represent finite weights (a scale or value that
     overflows its storage type) instead of a tensor of Inf."""
     scheme = get_scheme(scheme_name)
-    _check_half_scales(scheme, w, tensor)
     try:
         import kernels
         qt = kernels.quantize(scheme, w)
@@ -86,23 +85,6 @@ def quantize(w: np.ndarray, scheme_name: str, tensor: str | None = None):
         raise WorkbenchError(msg, tensor=tensor) from None
     check_representable(qt, w, tensor)
     return qt
-
-
-def _check_half_scales(scheme, w: np.ndarray, tensor) -> None:
-    """Integer group schemes store float16 scales: a weight whose scale would pass 65504 is
-    refused rather than clamped (which would silently saturate the block)."""
-    if getattr(scheme, "scale_dtype", None) != np.float16 or not w.size:
-        return
-    with np.errstate(invalid="ignore"):
-        hi, lo = float(np.nanmax(w)), float(np.nanmin(w))
-    if not (np.isfinite(hi) and np.isfinite(lo)):
-        return  # non-finite weights: the scheme's own refusal names them
-    span = (max(hi, 0.0) - min(lo, 0.0)) if scheme.asym else max(abs(hi), abs(lo))
-    if span / scheme.qmax > 65504.0:
-        raise WorkbenchError(
-            f"{scheme.name} cannot represent a weight of {max(abs(hi), abs(lo)):.3g}: its float16 "
-            f"group scale would exceed 65504; use a per-channel scheme (float32 scales) or keep "
-            "this tensor", tensor=tensor)
 
 
 def _float_parts(arr: np.ndarray):
