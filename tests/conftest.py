@@ -17,10 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# The CLI turns an unexpected exception into one line + a crash log; under the tests (and the
-# subprocesses they start) it re-raises instead, so a real bug shows as a traceback and fails.
-os.environ.setdefault("QUANT_WORKBENCH_TRACEBACK", "1")
-
 
 def _minilm_file() -> Path | None:
     try:

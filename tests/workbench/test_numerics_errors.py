@@ -103,10 +103,10 @@ def test_unexpected_exception_is_one_line_with_a_crash_log(monkeypatch, tmp_path
     assert cli.main(["schemes"]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("quant-workbench: internal error: ValueError: ")
-    log = Path(err[0].rsplit("traceback in ", 1)[1])
+    log = Path(err[0].rsplit("details in ", 1)[1].rstrip(")"))
     assert log.parent == tmp_path / "logs" and "Traceback" in log.read_text()
     assert "in boom" in log.read_text()
-    # under the tests (QUANT_WORKBENCH_TRACEBACK=1) a bug stays visible as a traceback
+    # QUANT_WORKBENCH_TRACEBACK=1 (debugging) shows the traceback instead
     monkeypatch.setenv("QUANT_WORKBENCH_TRACEBACK", "1")
     with pytest.raises(ValueError):
         cli.main(["schemes"])

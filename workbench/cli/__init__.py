@@ -6,8 +6,9 @@ With no sub-command (or a model path as first argument) the GUI opens.
 
 Exit status: 0 ok, 2 a user-facing error (one line ``<file>: <tensor>: <problem>``), 130
 cancelled. Anything unexpected (a bug) prints one line with the path of a crash log holding
-the traceback (``~/.cache/quant-workbench/logs/``, or $QUANT_WORKBENCH_LOG_DIR) and exits 3;
-with QUANT_WORKBENCH_TRACEBACK=1 (set by the test suite) it re-raises instead.
+the traceback (``~/.cache/quant-workbench/logs/`` under $XDG_CACHE_HOME, or
+$QUANT_WORKBENCH_LOG_DIR) and exits 3; with QUANT_WORKBENCH_TRACEBACK=1 it re-raises instead
+(for debugging). Tests see a bug as exit status 3 plus "internal error".
 Output streams escape what they cannot encode (a lone surrogate in a tensor name).
 """
 
@@ -79,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
 def log_dir() -> Path:
     """Where crash logs go: $QUANT_WORKBENCH_LOG_DIR or ~/.cache/quant-workbench/logs."""
     env = os.environ.get("QUANT_WORKBENCH_LOG_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "quant-workbench" / "logs"
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "quant-workbench" / "logs"
 
 
 def write_crash_log(exc: BaseException) -> Path | None:
@@ -104,9 +107,8 @@ def _crash(exc: BaseException, what: str) -> int:
     with the log holding the traceback. Exit status 3 (a user error is 2)."""
     log = write_crash_log(exc)
     detail = str(exc).splitlines()[0][:200] if str(exc) else ""
-    where = f"; traceback in {log}" if log else ""
-    _say(f"quant-workbench: {what}: {type(exc).__name__}"
-         f"{': ' + one_line(detail) if detail else ''}{where}")
+    where = log if log else "no log: the cache folder is not writable"
+    _say(f"quant-workbench: {what}: {type(exc).__name__}: {one_line(detail)} (details in {where})")
     return 3
 
 

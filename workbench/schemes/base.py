@@ -131,11 +131,18 @@ class Scheme:
                     f"{self.name} cannot represent value {amax:.3g} (its float32 scale "
                     f"arithmetic would overflow; it takes |w| <= {self.max_abs_weight:.3g})",
                     tensor=tensor)
+        self.check_range(w2, tensor)
         try:
             arrays = self._quantize(w2)
         except WorkbenchError as exc:
             raise exc.with_context(tensor=tensor) from None
         return QuantizedTensor(self.name, shape, arrays)
+
+    def check_range(self, w2: np.ndarray, tensor: str | None = None) -> None:
+        """Refuse finite weights the storage cannot represent, before quantizing (schemes
+        override; the kernel path calls it too). The non-GGML schemes refuse inside
+        ``_quantize`` per block instead, and :meth:`reference_needed` sends the kernel path
+        there."""
 
     def reference_needed(self, qt: QuantizedTensor) -> bool:
         """True when `qt` (e.g. from a numba kernel) holds a scale in the range where only

@@ -47,7 +47,8 @@ class NF4(Scheme):
         absmax = np.abs(b).max(axis=1).astype(np.float32) if b.size else np.zeros(0, np.float32)
         with np.errstate(divide="ignore", over="ignore"):
             inv = np.where(absmax > 0, np.float32(1.0) / absmax, np.float32(0.0)).astype(np.float32)
-        normed = b * inv[:, None]
+        with np.errstate(invalid="ignore"):
+            normed = b * inv[:, None]
         bad = ~np.isfinite(inv)
         if bad.any():   # absmax so small its inverse overflows: divide those blocks instead
             normed[bad] = b[bad] / absmax[bad][:, None]
