@@ -137,9 +137,9 @@ def refuse_overwriting_inputs(model, out_path) -> None:
         for f, _ in inputs:
             real = f.resolve()
             if out_real == real.parent or out_real in real.parents:
-                raise WorkbenchError(f"this folder holds an input of the open model ({f.name}): "
-                                     "choose another output folder; nothing was written",
-                                     path=str(out))
+                raise WorkbenchError(f"this folder holds an input of the open model ({f.name}) "
+                                     "and writing here would overwrite the source: choose "
+                                     "another output folder; nothing was written", path=str(out))
 
 
 @contextlib.contextmanager
