@@ -117,6 +117,14 @@ class Summary:
                 "line": self.line()}
 
 
+    def __str__(self) -> str:
+        return self.line()
+
+
+#: the name the GUI and other helpers use for :class:`Summary`
+FallbackSummary = Summary
+
+
 def summarize(decisions) -> Summary:
     s = Summary()
     for d in decisions:

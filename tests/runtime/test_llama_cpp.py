@@ -16,6 +16,8 @@ from workbench.progress import run
 
 from .conftest import ROOT, llama_embeddings, run_tool
 
+pytestmark = pytest.mark.runtime
+
 MIXED = Plan(default="q4_k", fallback="q8_0", rules=[
     {"match": "re:attention\\.self\\.value\\.weight$", "scheme": "q8_0"},
     {"match": "re:output\\.dense\\.weight$", "scheme": "q6_k"},
