@@ -14,7 +14,7 @@ from workbench.loaders import open_model
 from workbench.plan import Plan
 from workbench.progress import run
 
-from .conftest import ROOT, llama_embeddings, run_tool
+from .conftest import ROOT, llama_embeddings, perplexity, run_tool
 
 pytestmark = pytest.mark.runtime
 
@@ -97,11 +97,7 @@ def test_llama_quantize_takes_our_f16_gguf(llama_bin, minilm_folder, sentences, 
 
 
 def _perplexity(llama_bin, path) -> float:
-    r = run_tool(llama_bin, "llama-perplexity", "-m", path, "-f",
-                 ROOT / "resources" / "calibration.txt", "-c", "128", "-b", "128", "-t", "2")
-    m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
-    assert m, r.stderr[-2000:]
-    return float(m.group(1))
+    return perplexity(llama_bin, path, ROOT / "resources" / "calibration.txt")
 
 
 @pytest.fixture(scope="module")
