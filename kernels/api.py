@@ -98,6 +98,8 @@ def quantize(scheme, w: np.ndarray, backend: str = "auto", tensor: str | None = 
     if reason:
         raise WorkbenchError(reason, tensor=tensor)
     w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(matrix_shape(shape))
+    if np.isfinite(w2).all():
+        scheme.check_range(w2, tensor)
     from . import cpu_ops
 
     def refuse(bad):

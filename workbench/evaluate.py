@@ -9,6 +9,7 @@ Quantize / dequantize-and-measure go through the numba kernels when they are ava
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -68,15 +69,50 @@ class Evaluation:
 
 
 def quantize(w: np.ndarray, scheme_name: str, tensor: str | None = None):
-    """QuantizedTensor of a matrix: the numba kernel when available, else the reference."""
+    """QuantizedTensor of a matrix: the numba kernel when available, else the reference.
+    A WorkbenchError when the scheme cannot represent finite weights (a scale or value that
+    overflows its storage type) instead of a tensor of Inf."""
     scheme = get_scheme(scheme_name)
     try:
         import kernels
-        return kernels.quantize(scheme, w)
+        qt = kernels.quantize(scheme, w)
     except (ImportError, AttributeError):
-        return scheme.quantize(w, tensor=tensor)
+        qt = scheme.quantize(w, tensor=tensor)
     except WorkbenchError as exc:
-        raise WorkbenchError(str(exc).split(": ", 1)[-1], tensor=tensor) from None
+        msg = str(exc)
+        if exc.tensor and msg.startswith(f"tensor '{exc.tensor}': "):
+            msg = msg[len(f"tensor '{exc.tensor}': "):]
+        raise WorkbenchError(msg, tensor=tensor) from None
+    check_representable(qt, w, tensor)
+    return qt
+
+
+def _float_parts(arr: np.ndarray):
+    if arr.dtype.fields:
+        for name, (dt, _off) in arr.dtype.fields.items():
+            if dt.kind == "f":
+                yield arr[name]
+    elif arr.dtype.kind == "f":
+        yield arr
+
+
+def check_representable(qt, w: np.ndarray, tensor: str | None = None) -> None:
+    """Refuse a quantized tensor whose stored floats (scales, mins, cast values) are not finite
+    while the weights are: the storage type overflowed (e.g. fp16 above 65504, a float16
+    group scale of a 1e30 outlier)."""
+    for key, arr in qt.arrays.items():
+        parts = list(_float_parts(arr))
+        if qt.scheme == "bf16" and arr.dtype == np.uint16:   # bfloat16 bits: exponent all ones
+            parts = [np.where((arr & 0x7F80) == 0x7F80, np.float32(np.inf), np.float32(0))]
+        for part in parts:
+            if part.size and not np.isfinite(part).all():
+                if not np.isfinite(w).all():
+                    return  # non-finite input: refused (or passed through) by the scheme
+                amax = float(np.abs(w).max()) if w.size else 0.0
+                raise WorkbenchError(
+                    f"{qt.scheme} cannot represent these weights (max |w| = {amax:.3g}): its "
+                    f"{key} overflow their storage type; use a wider scheme (fp32, bf16, int8-"
+                    "channel) for this tensor", tensor=tensor)
 
 
 def quantize_measure(w: np.ndarray, scheme_name: str, tensor: str | None = None):
@@ -130,6 +166,16 @@ def evaluate_tensor(model, name: str, scheme_name: str,
     key = (model.path, name, scheme_name, decision.applied, decision.kind)
     if cache is not None and (hit := cache.get(key)) is not None:
         return hit
+    try:
+        return _evaluate_tensor(model, name, scheme_name, cache, decision, key, info)
+    except WorkbenchError as exc:
+        if exc.path is None:
+            raise WorkbenchError(str(exc).split(f"tensor '{name}': ", 1)[-1], path=model.path,
+                                 tensor=name) from None
+        raise
+
+
+def _evaluate_tensor(model, name, scheme_name, cache, decision, key, info) -> TensorResult:
     t0 = time.perf_counter()
     applied, note = decision.applied, decision.note
     w = model.read_matrix(name)
@@ -144,6 +190,12 @@ def evaluate_tensor(model, name: str, scheme_name: str,
     else:
         qt, sums = quantize_measure(w, applied, tensor=name)
         nbytes = qt.nbytes
+        if not (math.isfinite(sums.sse) and math.isfinite(sums.max_abs_err)) \
+                and np.isfinite(w).all():
+            raise WorkbenchError(
+                f"{applied} cannot represent these weights (max |w| = "
+                f"{float(np.abs(w).max()):.3g}): their dequantized values overflow float32; "
+                "keep this tensor or use fp32", tensor=name)
     res = TensorResult(name, applied, scheme_name, info.shape, info.numel, info.nbytes, nbytes,
                        from_sums(sums), note, time.perf_counter() - t0, decision.kind)
     if cache is not None:

@@ -71,11 +71,16 @@ class TensorError:
 
 
 def sqnr_db(sig: float, sse: float) -> float:
-    if sse <= 0:
-        return math.inf
-    if sig <= 0:
-        return -math.inf
-    return 10.0 * math.log10(sig / sse)
+    """10 log10(signal / error): +inf for an exact result (an all-zero tensor included: its
+    error is 0), -inf for a zero signal with an error, never a math domain error."""
+    if not (sse > 0):
+        return math.inf if sse == 0 else math.nan
+    if not (sig > 0):
+        return -math.inf if sig == 0 else math.nan
+    ratio = sig / sse
+    if ratio == 0 or not math.isfinite(ratio):
+        return -math.inf if ratio == 0 else (math.inf if ratio > 0 else math.nan)
+    return 10.0 * math.log10(ratio)
 
 
 def from_sums(s: ErrorSums) -> TensorError:

@@ -171,6 +171,9 @@ _WIDE_DTYPES = ("F64", "I64", "I32", "U64", "U32")
 def tensor_stats(model, name: str, bins: int = BINS):
     """Job: statistics of one tensor (yields Progress, returns TensorStats)."""
     info = model.info(name)
+    if info.numel == 0:
+        yield Progress(1, 1, name)
+        return _empty_stats(name, info.rows, 0, 0, bins)
     if info.dtype in ("BF16", "F16") and not info.quant and info.numel:
         return (yield from _tensor_stats_16bit(model, name, bins))
     if info.dtype in _WIDE_DTYPES and not info.quant:

@@ -302,13 +302,23 @@ def test_dequantize_refuses_other_schemes_tensor():
         get_scheme("int8-channel").dequantize(qt)
 
 
-def test_large_magnitudes_fp16_scale_saturation():
-    """Group scales are float16: huge weights saturate the scale instead of becoming inf."""
+def test_large_magnitudes_fp16_scale_refused_not_saturated():
+    """Group scales are float16: a weight whose scale would pass 65504 is refused with the
+    scheme named (clamping would silently saturate the block), by the reference and by the
+    kernel path alike; a weight just inside the range quantizes finitely."""
+    from workbench.errors import WorkbenchError
+    from workbench.evaluate import quantize
     w = np.full((2, 32), 1e7, np.float32)
     s = get_scheme("int8-g32")
-    qt = s.quantize(w)
-    assert np.isfinite(qt.arrays["scales"]).all()
-    assert np.isfinite(s.dequantize(qt)).all()
+    with pytest.raises(WorkbenchError, match="int8-g32 cannot represent"):
+        s.quantize(w)
+    with pytest.raises(WorkbenchError, match="int8-g32 cannot represent a weight of 1e\\+07"):
+        quantize(w, "int8-g32", tensor="t")
+    ok = np.full((2, 32), 65504.0 * 127 * 0.999, np.float32)
+    qt = quantize(ok, "int8-g32")
+    assert np.isfinite(qt.arrays["scales"]).all() and np.isfinite(s.dequantize(qt)).all()
+    # per-channel schemes keep float32 scales: the same weights are fine there
+    assert np.isfinite(get_scheme("int8-channel").dequantize(quantize(w, "int8-channel"))).all()
 
 
 # ---- bit packing ------------------------------------------------------------------------------

@@ -35,7 +35,31 @@ def _command_names(parser: argparse.ArgumentParser) -> set[str]:
     return set()
 
 
+def _log_internal_error(exc: BaseException) -> str:
+    """Write the traceback of an unexpected error to a log file; returns its path."""
+    import os
+    import time
+    import traceback
+    from pathlib import Path
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        d = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "quant-workbench" / "logs"
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / time.strftime(f"error-%Y%m%d-%H%M%S-{os.getpid()}.log")
+        path.write_text(text, encoding="utf-8")
+        return str(path)
+    except OSError:
+        return "(no log: the cache folder is not writable)"
+
+
 def main(argv: list[str] | None = None) -> int:
+    # names from files may hold lone surrogates or control characters: never fail to print
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     names = _command_names(parser)
@@ -55,3 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except (MemoryError, RecursionError, Exception) as exc:  # noqa: BLE001 - the last resort
+        where = _log_internal_error(exc)
+        msg = str(exc).splitlines()[0][:200] if str(exc) else ""
+        print(f"quant-workbench: internal error: {type(exc).__name__}: {msg} (details in {where})",
+              file=sys.stderr)
+        return 3

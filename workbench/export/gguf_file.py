@@ -216,7 +216,9 @@ def _tensor_data(model, item: _Item, reader_tensors, target=None) -> np.ndarray:
     parts = []
     for chunk in rows:
         if item.scheme in FLOAT_SCHEMES:
+            from ..evaluate import check_representable
             qt = get_scheme(item.scheme).quantize(chunk, tensor=item.name)
+            check_representable(qt, chunk, item.name)
         else:
             qt = quantize(chunk, item.scheme, tensor=item.name)
         parts.append(next(iter(qt.arrays.values())))

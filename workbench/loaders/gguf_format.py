@@ -84,6 +84,8 @@ def open_gguf(path: str | os.PathLike) -> Model:
         data = np.asarray(t.data)
         if info.dtype == "BF16":  # the reader gives BF16 as bytes
             data = data.view(np.uint16)
+        if data.size == 0:
+            return data.reshape(info.rows, 0)
         return data.reshape(info.rows, -1)
 
     return Model(p, "gguf", tensors, raw, metadata, source=reader)

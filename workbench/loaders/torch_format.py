@@ -77,7 +77,8 @@ def _check_zip_records(p: str) -> None:
     try:
         with zipfile.ZipFile(p) as zf:
             infos = zf.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, EOFError,
+            RuntimeError) as exc:
         raise WorkbenchError(f"truncated or corrupt PyTorch checkpoint ({type(exc).__name__})",
                              path=p) from None
     if len(infos) > 1_000_000:
@@ -144,7 +145,7 @@ def open_torch(path: str | os.PathLike) -> Model:
 
     def raw(name: str) -> np.ndarray:
         import torch
-        t = flat[name].contiguous()
+        t = flat[name].detach().contiguous()   # nn.Parameter requires grad
         info = tensors[name]
         if info.dtype == "BF16":
             arr = t.view(torch.int16).numpy().view(np.uint16)

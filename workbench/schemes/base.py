@@ -120,8 +120,13 @@ class Scheme:
             bad = int(np.count_nonzero(~np.isfinite(w2)))
             raise WorkbenchError(f"cannot quantize with {self.name}: {bad} NaN/Inf weight(s)",
                                  tensor=tensor)
+        self.check_range(w2, tensor)
         arrays = self._quantize(w2)
         return QuantizedTensor(self.name, shape, arrays)
+
+    def check_range(self, w2: np.ndarray, tensor: str | None = None) -> None:
+        """Refuse finite weights the storage cannot represent (schemes override); the kernel
+        path calls it too, so both refuse the same inputs."""
 
     def dequantize(self, qt: QuantizedTensor) -> np.ndarray:
         if qt.scheme != self.name:

@@ -117,7 +117,7 @@ class IntAffine(Scheme):
                 e = np.ceil(np.log2(np.where(scale > 0, scale, 1.0)))
             scale = np.where(scale > 0, np.exp2(e), 0.0).astype(np.float32)
         if self.scale_dtype == np.float16:
-            scale = np.minimum(scale, np.float32(65504.0))
+            scale = np.minimum(scale, np.float32(65504.0))  # check_range refuses beforehand
         return scale.astype(self.scale_dtype)
 
     def _range_sym(self, blocks: np.ndarray) -> np.ndarray:
@@ -161,6 +161,23 @@ class IntAffine(Scheme):
             best_err[better] = err[better]
             best[better] = ratio
         return best
+
+    def check_range(self, w2: np.ndarray, tensor: str | None = None) -> None:
+        """Float16 group scales: a weight whose scale would pass 65504 is refused rather than
+        clamped (clamping would silently saturate its block)."""
+        if self.scale_dtype != np.float16 or not w2.size:
+            return
+        with np.errstate(invalid="ignore"):
+            hi, lo = float(np.nanmax(w2)), float(np.nanmin(w2))
+        if not (np.isfinite(hi) and np.isfinite(lo)):
+            return  # NaN/Inf weights are refused by name elsewhere
+        span = (max(hi, 0.0) - min(lo, 0.0)) if self.asym else max(abs(hi), abs(lo))
+        if span / self.qmax > 65504.0:
+            from ..errors import WorkbenchError
+            raise WorkbenchError(
+                f"{self.name} cannot represent a weight of {max(abs(hi), abs(lo)):.3g}: its "
+                "float16 group scale would exceed 65504; use a per-channel scheme (float32 "
+                "scales) or keep this tensor", tensor=tensor)
 
     def _codes(self, blocks, scale, zero):
         inv = _safe_inv(scale.astype(np.float32))[:, None]
