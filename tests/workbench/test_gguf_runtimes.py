@@ -110,3 +110,19 @@ def test_minilm_q8_0_strict_is_fine_for_llama_cpp(minilm):
     assert ds["embeddings.token_type_embeddings.weight"].kind == "skipped"
     with pytest.raises(WorkbenchError, match="token_types"):
         check_strict(ds.values())
+
+
+def test_unsupported_architecture_points_to_the_converter(make_safetensors, tmp_path):
+    from workbench.export import export
+    from workbench.loaders import open_model
+    path = make_safetensors({"encoder.block.0.layer.0.SelfAttention.q.weight":
+                             np.ones((32, 64), np.float32)})
+    (path.parent / "config.json").write_text(json.dumps(
+        {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"}))
+    info = run(export(open_model(path), Plan(default="q8_0"), "gguf", tmp_path / "t5.gguf"))
+    assert not info["runnable_by_llama_cpp"]
+    assert "T5ForConditionalGeneration" in info["not_runnable"]
+    assert "convert_hf_to_gguf.py" in info["not_runnable"]
+    import gguf
+    r = gguf.GGUFReader(str(tmp_path / "t5.gguf"))
+    assert [t.name for t in r.tensors] == ["encoder.block.0.layer.0.SelfAttention.q.weight"]
