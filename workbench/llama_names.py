@@ -126,5 +126,6 @@ def gguf_names(model, arch: Arch | None = None) -> dict[str, str | None]:
         if DROPPED.search(n):
             out[n] = None
             continue
-        out[n] = tmap.get_name(n, try_suffixes=(".weight", ".bias"))
+        key = n[len("bert."):] if arch.gguf_arch == "BERT" and n.startswith("bert.") else n
+        out[n] = tmap.get_name(key, try_suffixes=(".weight", ".bias"))
     return out

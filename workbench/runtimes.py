@@ -117,6 +117,14 @@ class Summary:
                 "line": self.line()}
 
 
+    def __str__(self) -> str:
+        return self.line()
+
+
+#: the name the GUI and other helpers use for :class:`Summary`
+FallbackSummary = Summary
+
+
 def summarize(decisions) -> Summary:
     s = Summary()
     for d in decisions:
@@ -310,9 +318,11 @@ def plan_decisions(model, plan, runtime: str = "any", names=None,
 
 
 def check_strict(decisions, path=None) -> None:
-    """--strict: every fallback or skipped rule is an error."""
+    """--strict: every fallback, skipped rule, or scheme that could not be applied (kept for
+    want of a fitting fallback) is an error. Tensors the runtime never re-types that the plan's
+    default (not a rule) reaches are kept as llama-quantize keeps them, not an error."""
     bad = [d for d in decisions if d.kind in ("fallback", "skipped")
-           or (d.kind == "kept" and d.note and d.requested != KEEP and "not quantized" not in d.note)]
+           or (d.kind == "kept" and d.note and d.requested != KEEP and ": kept in " in d.note)]
     if bad:
         raise WorkbenchError(
             f"--strict: {len(bad)} tensors would not get the scheme the plan asks for: "

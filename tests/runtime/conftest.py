@@ -84,3 +84,19 @@ def minilm_reference(minilm_folder, sentences) -> np.ndarray:
     mask = batch["attention_mask"].unsqueeze(-1).float()
     e = (h * mask).sum(1) / mask.sum(1)
     return torch.nn.functional.normalize(e, dim=-1).double().numpy()
+
+
+def perplexity(llama_bin: Path, gguf_path: Path, text: Path, ctx: int = 128) -> float:
+    """llama-perplexity's final estimate. Its log goes through an asynchronous worker thread
+    that sometimes exits before printing the last lines (rc 0, no "Final estimate"): run again
+    then, up to three times."""
+    import re
+    tail = ""
+    for _ in range(3):
+        r = run_tool(llama_bin, "llama-perplexity", "-m", gguf_path, "-f", text, "-c", ctx, "-b",
+                     ctx, "-t", "2")
+        m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
+        if m:
+            return float(m.group(1))
+        tail = (r.stdout + r.stderr)[-1500:]
+    raise AssertionError(f"llama-perplexity printed no final estimate three times:\n{tail}")

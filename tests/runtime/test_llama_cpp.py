@@ -14,7 +14,9 @@ from workbench.loaders import open_model
 from workbench.plan import Plan
 from workbench.progress import run
 
-from .conftest import ROOT, llama_embeddings, run_tool
+from .conftest import ROOT, llama_embeddings, perplexity, run_tool
+
+pytestmark = pytest.mark.runtime
 
 MIXED = Plan(default="q4_k", fallback="q8_0", rules=[
     {"match": "re:attention\\.self\\.value\\.weight$", "scheme": "q8_0"},
@@ -95,11 +97,7 @@ def test_llama_quantize_takes_our_f16_gguf(llama_bin, minilm_folder, sentences, 
 
 
 def _perplexity(llama_bin, path) -> float:
-    r = run_tool(llama_bin, "llama-perplexity", "-m", path, "-f",
-                 ROOT / "resources" / "calibration.txt", "-c", "128", "-b", "128", "-t", "2")
-    m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
-    assert m, r.stderr[-2000:]
-    return float(m.group(1))
+    return perplexity(llama_bin, path, ROOT / "resources" / "calibration.txt")
 
 
 @pytest.fixture(scope="module")

@@ -79,3 +79,19 @@ def test_tiny_weights_error_is_bounded():
         from workbench.schemes import get_scheme
         wq = get_scheme(scheme).dequantize(quantize(w, scheme)).reshape(w.shape)
         assert tensor_error(w, wq).rel_rmse <= 1.0, scheme
+
+
+@pytest.mark.parametrize("scheme", ["q4_1", "q5_1", "q2_k", "q4_k", "q5_k", "q4_0", "q8_0",
+                                    "q3_k", "q6_k", "iq4_nl"])
+def test_ggml_tiny_weights_never_worse_than_zeros(scheme):
+    """std 1e-8 weights sit at float16's smallest steps: a rounded min alone used to put the
+    affine formats at relative error 1.4; a block worse than zeros is now stored as zeros."""
+    from workbench.metrics import tensor_error
+    from workbench.schemes import get_scheme
+    w = (np.random.default_rng(1).standard_normal((8, 256)) * 1e-8).astype(np.float32)
+    wq = get_scheme(scheme).dequantize(quantize(w, scheme)).reshape(w.shape)
+    assert tensor_error(w, wq).rel_rmse <= 1.0
+    # ordinary weights are untouched by the rule: error well below zeroing
+    w2 = np.random.default_rng(2).standard_normal((8, 256)).astype(np.float32)
+    wq2 = get_scheme(scheme).dequantize(quantize(w2, scheme)).reshape(w2.shape)
+    assert tensor_error(w2, wq2).rel_rmse < 0.5

@@ -11,6 +11,7 @@ converter.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from ..llama_names import CONV1D, SUPPORTED_LABEL, Arch, detect_arch, gguf_names
 CONVERTER_HINT = ("convert it with llama.cpp's convert_hf_to_gguf.py, then `quant-workbench "
                   "export MODEL.gguf ...` (or llama-quantize with a `--format llama-tensor-types` "
                   "file)")
+# Llama/Mistral q/k projections (weights and biases) convert_hf_to_gguf permutes for the rope
+_ROPE_PERMUTED = re.compile(r"self_attn\.(q|k)_proj\.(weight|bias)$")
 BPE_PRE = {"QWEN2": "qwen2", "GPT2": "gpt-2", "LLAMA": "llama-bpe"}
 
 
@@ -198,16 +201,15 @@ def write_tokenizer(writer, t: HFTarget) -> int:
 def transform(t: HFTarget, hf_name: str, w: np.ndarray) -> np.ndarray | None:
     """The layout llama.cpp expects for this tensor (None: unchanged).
 
-    * Llama/Mistral q_proj/k_proj rows are permuted from Hugging Face's rotate-half rope layout
+    * Llama/Mistral q_proj/k_proj rows (weights and biases) are permuted from Hugging Face's rotate-half rope layout
       to llama.cpp's interleaved one (convert_hf_to_gguf ``LlamaModel.permute``).
     * GPT-2 Conv1D weights are stored (in, out) and transposed."""
     a = t.arch.gguf_arch
     if a == "GPT2" and CONV1D.search(hf_name) and w.ndim == 2:
         return np.ascontiguousarray(w.T)
-    if a == "LLAMA" and (hf_name.endswith("self_attn.q_proj.weight")
-                         or hf_name.endswith("self_attn.k_proj.weight")):
+    if a == "LLAMA" and _ROPE_PERMUTED.search(hf_name):
         n_head = int(_hp(t.config, "num_attention_heads"))
-        if hf_name.endswith("k_proj.weight"):
+        if ".k_proj." in hf_name:
             n_head = int(_hp(t.config, "num_key_value_heads", default=n_head))
         rows = w.shape[0]
         return np.ascontiguousarray(
@@ -224,5 +226,4 @@ def transformed_shape(t: HFTarget, hf_name: str, shape: tuple) -> tuple:
 def needs_transform(t: HFTarget, hf_name: str) -> bool:
     a = t.arch.gguf_arch
     return (a == "GPT2" and bool(CONV1D.search(hf_name))) or (
-        a == "LLAMA" and (hf_name.endswith("self_attn.q_proj.weight")
-                          or hf_name.endswith("self_attn.k_proj.weight")))
+        a == "LLAMA" and bool(_ROPE_PERMUTED.search(hf_name)))

@@ -200,6 +200,8 @@ class GGMLScheme(Scheme, register=False):
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 enc = self.encode(chunk)
             self._check_scales(enc, chunk)
+            if self.zero_when_worse:
+                self._zero_worse_blocks(enc, chunk)
             out[s:s + step] = enc
         return out.view(np.uint8).reshape(x.shape[0], self.type_size)
 
@@ -239,6 +241,20 @@ class GGMLScheme(Scheme, register=False):
 
     def decode(self, blocks: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    #: affine formats (a float16 min): for weights near float16's smallest steps the rounded
+    #: min alone can put a block further from its weights than zeros would be
+    zero_when_worse = False
+
+    def _zero_worse_blocks(self, enc: np.ndarray, x: np.ndarray) -> None:
+        """Blocks whose decoding is worse than all zeros are stored as zeros (relative error
+        never above 1, e.g. weights of std 1e-8 under q4_1/q4_k)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            dec = self.decode(enc).reshape(x.shape).astype(np.float64)
+            xd = x.astype(np.float64)
+            worse = ((dec - xd) ** 2).sum(axis=1) > (xd * xd).sum(axis=1)
+        if worse.any():
+            enc[worse] = self.encode(np.zeros((int(worse.sum()), self.block_size), np.float32))
 
     def _check_scales(self, enc: np.ndarray, x: np.ndarray) -> None:
         for f in self.scale_fields:

@@ -88,6 +88,7 @@ class Q4_0(GGMLScheme):
 
 class Q4_1(GGMLScheme):
     name = "q4_1"
+    zero_when_worse = True
     nominal_bits = 4
     block_size = 32
     ggml_type = Q.Q4_1
@@ -133,6 +134,7 @@ class Q5_0(GGMLScheme):
 
 class Q5_1(GGMLScheme):
     name = "q5_1"
+    zero_when_worse = True
     nominal_bits = 5
     block_size = 32
     ggml_type = Q.Q5_1

@@ -23,6 +23,7 @@ F = np.float32
 
 class Q2_K(GGMLScheme):
     name = "q2_k"
+    zero_when_worse = True
     nominal_bits = 2
     block_size = 256
     ggml_type = gguf.GGMLQuantizationType.Q2_K

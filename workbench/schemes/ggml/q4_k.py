@@ -29,6 +29,7 @@ class AffineK(GGMLScheme, register=False):
 
     block_size = 256
     scale_fields = ("d", "dmin")
+    zero_when_worse = True
     nmax = 15
     rmin, rdelta, nstep = -1.0, 0.1, 20
 
