@@ -54,7 +54,7 @@ LLAMA_NEVER = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight",
 LLAMA_NEVER_EXACT = ("position_embd.weight", "token_types.weight")
 VLLM_ROLES = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_o", "mlp_up", "mlp_gate",
               "mlp_down")
-_VLLM_SCHEME = re.compile(r"^(int4|int8)-(channel|g\d+)(-asym)?$|^fp8-e4m3$")
+_VLLM_SCHEME = re.compile(r"^(int4|int8)-(channel|g\d+)(-asym)?(@[a-z0-9.]+)*$|^fp8-e4m3$")
 _INT_GROUP = re.compile(r"^(int\d+)-g\d+(-asym)?(@.*)?$")
 
 

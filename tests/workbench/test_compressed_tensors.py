@@ -173,3 +173,34 @@ def test_split_fused_qkv_and_strict_are_refused(minilm_folder, demo_model_path, 
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
     with pytest.raises(WorkbenchError, match="overwrite the source"):
         run(export(src, Plan(default="int4-g64"), "compressed-tensors", demo_model_path.parent))
+
+
+def test_variants_share_a_group_and_kept_fused_sibling_is_refused(demo_model_path, tmp_path):
+    """@mse scales are stored like minmax ones: one config group, read back exactly. A q/k/v
+    sibling that cannot be expressed (kept unquantized) splits the fused layer: refused."""
+    src = open_model(demo_model_path.parent)
+    plan = Plan(default="int4-g64", rules=[{"match": "re:q_proj", "scheme": "int4-g64@mse"}])
+    out = tmp_path / "v"
+    info = run(export(src, plan, "compressed-tensors", out))
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert info["quantized"] == 21 and len(cfg["config_groups"]) == 1
+    assert check_exact(src, package_weights(out), plan) == 21
+    kept_k = Plan(default="int4-g64", rules=[{"match": "re:k_proj", "scheme": "q4_k"}])
+    with pytest.raises(WorkbenchError, match=r"k_proj\.weight \(keep\)"):
+        run(export(src, kept_k, "compressed-tensors", tmp_path / "k"))
+    assert not (tmp_path / "k").exists()
+
+
+def test_existing_folder_with_other_files_is_never_replaced(demo_model_path, tmp_path):
+    src = open_model(demo_model_path.parent)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(WorkbenchError, match="would not write"):
+        run(export(src, Plan(default="int8-channel"), "compressed-tensors", out))
+    assert (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").unlink()
+    run(export(src, Plan(default="int8-channel"), "compressed-tensors", out))   # empty: fine
+    run(export(src, Plan(default="int4-g64"), "compressed-tensors", out))       # our own: replaced
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert cfg["config_groups"]["group_0"]["weights"]["group_size"] == 64

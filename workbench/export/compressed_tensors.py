@@ -92,16 +92,31 @@ def _layer_tensors(scheme, qt, shape) -> dict:
     return out
 
 
-def _fused_conflicts(applied: dict[str, str]) -> list[str]:
-    """Layers vLLM fuses (q/k/v, gate/up) that the plan gives different schemes."""
-    problems = []
-    for name in applied:
+def _group_key(scheme_name: str) -> str:
+    """What vLLM sees of a scheme: its compressed-tensors args (variants such as ``@mse`` or
+    ``@pot`` choose other scales but are stored the same way, so they share a config group)."""
+    args, fmt = _args_for(get_scheme(scheme_name))
+    return json.dumps([fmt, args.model_dump(mode="json", exclude_none=True)], sort_keys=True)
+
+
+def _fused_conflicts(decisions: dict) -> list[str]:
+    """Layers vLLM fuses (q/k/v, gate/up) that do not all get the same compressed-tensors
+    scheme. A sibling stored unquantized counts as a different scheme: vLLM refuses a fused
+    layer whose shards are partly ignored, and loads all shards with the first one's scheme."""
+    problems, seen = [], set()
+    for name in decisions:
         for group in FUSED:
-            if f".{group[0]}.weight" in name:
-                sibs = [name.replace(f".{group[0]}.", f".{g}.") for g in group]
-                schemes = {applied.get(s) for s in sibs if s in applied}
-                if len(schemes) > 1:
-                    problems.append(f"{', '.join(sibs)} get {', '.join(sorted(map(str, schemes)))}")
+            if f".{group[0]}.weight" not in name:
+                continue
+            sibs = [name.replace(f".{group[0]}.", f".{g}.") for g in group]
+            present = [s for s in sibs if s in decisions]
+            if len(present) < 2 or tuple(present) in seen:
+                continue
+            seen.add(tuple(present))
+            keys = {(_group_key(decisions[s].applied) if decisions[s].applied != KEEP
+                     else "unquantized") for s in present}
+            if len(keys) > 1:
+                problems.append(", ".join(f"{s} ({decisions[s].applied})" for s in present))
     return problems
 
 
@@ -138,14 +153,21 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
     if strict:
         check_strict(decisions.values(), path=model.path)
     applied = {n: d.applied for n, d in decisions.items() if d.applied != KEEP}
-    conflicts = _fused_conflicts(applied)
+    conflicts = _fused_conflicts(decisions)
     if conflicts:
-        raise WorkbenchError("vLLM fuses these layers and needs one scheme for each group: "
-                             + "; ".join(conflicts[:3]), path=model.path)
-    config = dict(read_config(model) or {})
-    groups: dict[str, list[str]] = {}
+        raise WorkbenchError(
+            f"vLLM fuses q/k/v and gate/up into one layer and needs one scheme for all of its "
+            f"parts (stored unquantized counts as another scheme); {len(conflicts)} fused "
+            f"group(s) differ: " + "; ".join(conflicts[:3])
+            + (" ..." if len(conflicts) > 3 else ""), path=model.path)
+    _check_out_dir(out_dir)
+    config = dict(read_config(model) or _minimal_config(model))
+    groups: dict[str, list[str]] = {}       # one config group per compressed-tensors scheme
+    group_scheme: dict[str, str] = {}
     for n, s in applied.items():
-        groups.setdefault(s, []).append(n[:-len(".weight")] if n.endswith(".weight") else n)
+        key = _group_key(s)
+        group_scheme.setdefault(key, s)
+        groups.setdefault(key, []).append(n[:-len(".weight")] if n.endswith(".weight") else n)
 
     from ..atomic import clean_stale_temps
     clean_stale_temps(out_dir.parent)          # folders left by killed runs
@@ -176,8 +198,8 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         config_groups, formats = {}, set()
-        for i, (s, layers) in enumerate(sorted(groups.items())):
-            args, fmt = _args_for(get_scheme(s))
+        for i, (key, layers) in enumerate(sorted(groups.items())):
+            args, fmt = _args_for(get_scheme(group_scheme[key]))
             formats.add(fmt)
             config_groups[f"group_{i}"] = QuantizationScheme(targets=sorted(layers), weights=args,
                                                              format=fmt)
@@ -216,6 +238,35 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
             "notes": {d.name: d.note for d in decisions.values()
                       if d.note and d.kind in ("fallback", "skipped")
                       or (d.note and "cannot express" in d.note)}}
+
+
+OUR_FILES = {"config.json", "model.safetensors", *TOKENIZER_FILES}
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """An existing output folder is replaced only when it holds nothing but what this export
+    writes (a previous export): never a folder with other files (``-o .``, a model folder)."""
+    if not out_dir.exists():
+        return
+    other = sorted(p.name for p in out_dir.iterdir() if p.name not in OUR_FILES)
+    if other:
+        raise WorkbenchError(
+            f"output folder exists and holds files this export would not write "
+            f"({', '.join(other[:3])}{' ...' if len(other) > 3 else ''}); replacing it would "
+            f"delete them: choose a new or empty folder", path=str(out_dir))
+
+
+def _minimal_config(model) -> dict:
+    """config.json for a source without one: the dtype of its weights, nothing invented."""
+    from collections import Counter
+    names = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+    dtypes = Counter(names.get(model.info(n).dtype) for n in model.tensors
+                     if model.info(n).ndim == 2)
+    dtypes.pop(None, None)
+    cfg = {"_comment": "written by quant-workbench: the source had no config.json"}
+    if dtypes:
+        cfg["torch_dtype"] = dtypes.most_common(1)[0][0]
+    return cfg
 
 
 def _source_tensor(model, name):
