@@ -52,11 +52,14 @@ def fp16_field(x: np.ndarray) -> np.ndarray:
 
 
 def safe_recip(d: np.ndarray) -> np.ndarray:
-    """1/d in float32, 0 where d == 0."""
+    """1/d in float32, 0 where d == 0 or where 1/d overflows (|d| < 2**-128, a subnormal
+    float32 scale: its float16 is 0, so the block decodes to 0 whatever the codes; ggml's
+    ``x * (1/d)`` would then cast +-Inf/NaN to an integer, which C leaves undefined). The
+    codes are then those of x * 0 (Q4_0: 8, Q8_0: 0), here and in the kernels alike."""
     d = np.asarray(d, dtype=np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         inv = np.float32(1.0) / d
-    return np.where(d == 0, np.float32(0.0), inv).astype(np.float32)
+    return np.where((d == 0) | ~np.isfinite(inv), np.float32(0.0), inv).astype(np.float32)
 
 
 def pack_nibbles(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -200,6 +203,7 @@ class GGMLScheme(Scheme, register=False):
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 enc = self.encode(chunk)
             self._check_scales(enc, chunk)
+            self._tiny_blocks(enc, chunk)
             out[s:s + step] = enc
         return out.view(np.uint8).reshape(x.shape[0], self.type_size)
 
@@ -239,6 +243,33 @@ class GGMLScheme(Scheme, register=False):
 
     def decode(self, blocks: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    #: formats with a block minimum set this: constant_block(enc, idx, mean) makes blocks
+    #: idx decode to float16(mean) everywhere (scales 0)
+    constant_block = None
+
+    def _tiny_blocks(self, enc: np.ndarray, x: np.ndarray) -> None:
+        """Weights so small that float16 stores a scale or min as a subnormal or zero (|v| <
+        2**-14) can decode worse than all-zeros would: ggml rounds the codes against the
+        float32 scale and min, then stores both rounded to a coarse float16 grid (std 1e-8
+        gave a relative error of 1.4-2.3 under Q4_1/Q4_K/Q5_1/Q5_K/Q2_K). Such blocks, when
+        their squared error exceeds their energy, become the constant float16(mean): its
+        error sum((x - c)^2) = sum((x - mean)^2) + n (mean - c)^2 <= sum(x^2), as nearest
+        rounding never moves c further from the mean than 0 is. Every other block keeps
+        ggml's bytes."""
+        if self.constant_block is None or not x.size:
+            return
+        tiny = np.zeros(x.shape[0], bool)
+        for f in self.scale_fields:
+            tiny |= np.abs(enc[f].astype(np.float32)) < np.float32(2.0 ** -14)
+        idx = np.flatnonzero(tiny)
+        if not idx.size:
+            return
+        xs = x[idx].astype(np.float64)
+        err = ((self.decode(enc[idx]).astype(np.float64) - xs) ** 2).sum(axis=1)
+        bad = idx[err > (xs * xs).sum(axis=1)]
+        if bad.size:
+            self.constant_block(enc, bad, x[bad].mean(axis=1, dtype=np.float32))
 
     def _check_scales(self, enc: np.ndarray, x: np.ndarray) -> None:
         for f in self.scale_fields:

@@ -104,6 +104,11 @@ class Q4_1(GGMLScheme):
         out["qs"] = _nibbles(q)
         return out
 
+    def constant_block(self, enc, idx, mean):
+        enc["d"][idx] = 0
+        enc["m"][idx] = to_fp16(mean)
+        enc["qs"][idx] = 0
+
     def decode(self, b):
         q = _unnibble(b["qs"]).astype(np.float32)
         return fp16_field(b["d"])[:, None] * q + fp16_field(b["m"])[:, None]
@@ -150,6 +155,12 @@ class Q5_1(GGMLScheme):
         out["qh"] = _high_bits(q)
         out["qs"] = _nibbles(q)
         return out
+
+    def constant_block(self, enc, idx, mean):
+        enc["d"][idx] = 0
+        enc["m"][idx] = to_fp16(mean)
+        enc["qs"][idx] = 0
+        enc["qh"][idx] = 0
 
     def decode(self, b):
         q = (_unnibble(b["qs"]) | (_unhigh_bits(b["qh"]) << np.uint8(4))).astype(np.float32)

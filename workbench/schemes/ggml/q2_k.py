@@ -46,6 +46,14 @@ class Q2_K(GGMLScheme):
         out["d"], out["dmin"] = d16, dmin16
         return out
 
+    def constant_block(self, enc, idx, mean):
+        """w = -dmin * 1 in every sub-block: dmin = float16(-mean), scales 0, mins 1."""
+        from .common import to_fp16
+        enc["d"][idx] = 0
+        enc["dmin"][idx] = to_fp16(-mean)
+        enc["scales"][idx] = np.uint8(16)
+        enc["qs"][idx] = 0
+
     def decode(self, b):
         sc = b["scales"]
         dl = (fp16_field(b["d"])[:, None] * (sc & np.uint8(15)).astype(F))[:, :, None]

@@ -48,6 +48,16 @@ class AffineK(GGMLScheme, register=False):
         self._pack_codes(out, L)
         return out
 
+    def constant_block(self, enc, idx, mean):
+        """w = -dmin * 1 in every sub-block: dmin = float16(-mean), scales 0, mins 1."""
+        from .common import to_fp16
+        enc["d"][idx] = 0
+        enc["dmin"][idx] = to_fp16(-mean)
+        enc["scales"][idx] = kc.pack_scales_k4(np.zeros((1, 8), np.uint8), np.ones((1, 8), np.uint8))
+        for f in ("qs", "qh"):
+            if f in enc.dtype.names:
+                enc[f][idx] = 0
+
     def decode(self, b):
         ls, lm = kc.unpack_scales_k4(b["scales"])
         dl = (fp16_field(b["d"])[:, None] * ls.astype(F))[:, :, None]
