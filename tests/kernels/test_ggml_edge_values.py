@@ -51,3 +51,23 @@ def test_tiny_weights_relative_error_at_most_one(name):
             d = s.dequantize(s.quantize(w))
             worst = max(worst, float(np.linalg.norm(d - w) / np.linalg.norm(w)))
     assert worst <= 1.0 + 1e-6, (name, worst)
+
+
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])
+def test_legacy_kernels_match_reference_on_edge_blocks(name):
+    """Zero blocks, signed zeros, constant blocks, tiny and subnormal blocks mixed in one
+    tensor with ordinary ones: the kernel's bytes (or its fallback) equal the reference's."""
+    s = get_scheme(name)
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((6, 256)) * 0.02).astype(np.float32)
+    w[0, :32] = 0.0
+    w[0, 32:64] = -0.0
+    w[1, :32] = 0.125
+    w[1, 32:64] = -3e-8
+    w[2, :64] *= np.float32(1e-6)
+    w[3, :64] = rng.standard_normal(64).astype(np.float32) * np.float32(1e-40)
+    w[4, ::2] = 0.0
+    assert kernels.has_kernel(name, "quantize", "cpu")
+    for rows in (slice(0, 6), slice(2, 3), slice(4, 6)):
+        part = np.ascontiguousarray(w[rows])
+        assert same_qt(kernels.quantize(s, part, backend="cpu"), s.quantize(part)), (name, rows)
