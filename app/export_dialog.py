@@ -13,8 +13,11 @@ from .workers import FOREGROUND
 
 
 class ExportDialog(QDialog):
-    def __init__(self, doc, runner, last_dir: str = "", parent=None):
+    def __init__(self, doc, runner, last_dir: str = "", parent=None, messages=None,
+                 settings=None):
         super().__init__(parent)
+        self.messages = messages
+        self.settings = settings
         self.setWindowTitle("Export")
         self.setMinimumWidth(560)
         self.doc = doc
@@ -86,6 +89,22 @@ class ExportDialog(QDialog):
         model, plan, name = self.doc.model, self.doc.plan, self.exporter().name
         target = self.path.text().strip()
         self.result_info = self.error = None
+        if not target:
+            self.status.setText("choose an output file")
+            return None
+        tp = Path(target).expanduser()
+        if tp.exists():
+            from workbench.atomic import refuse_overwriting_inputs
+            from workbench.errors import WorkbenchError
+            try:
+                refuse_overwriting_inputs(model, tp)
+            except WorkbenchError as exc:
+                self._failed(str(exc))
+                return None
+            if self.messages is not None and not self.messages.ask(
+                    "Replace file?", f"{tp.name} already exists in {tp.parent}.\nReplace it?"):
+                self.status.setText("not exported: the existing file is kept")
+                return None
         self.export_button.setEnabled(False)
         self.cancel_button.setText("Cancel")
         self.status.setText(f"exporting {name}…")
@@ -101,6 +120,8 @@ class ExportDialog(QDialog):
 
     def _done(self, info) -> None:
         self.result_info = info or {}
+        if self.settings is not None:
+            self.settings.setValue("export_dir", str(Path(self.path.text()).expanduser().parent))
         self.progress.setValue(1000)
         self.status.setText(f"wrote {self.path.text()}")
         self._idle()

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 
+from workbench.errors import WorkbenchError
+from workbench.patterns import compile_pattern
+
 from PySide6.QtCore import QItemSelectionModel, QSortFilterProxyModel, Qt, Signal
 from PySide6.QtGui import QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLineEdit, QTreeView, QVBoxLayout, QWidget, QLabel
@@ -51,10 +54,10 @@ class _Filter(QSortFilterProxyModel):
         if not text:
             self._pattern = None
         elif text.startswith("re:"):
-            try:
-                self._pattern = re.compile(text[3:], re.IGNORECASE)
-            except re.error as exc:
-                self.error = f"bad regular expression: {exc}"
+            try:  # RE2: a pattern cannot make the GUI thread backtrack for minutes
+                self._pattern = compile_pattern(text[3:], ignore_case=True)
+            except WorkbenchError as exc:
+                self.error = str(exc)
                 self._pattern = None
         else:
             self._pattern = re.compile(re.escape(text), re.IGNORECASE)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 import time
 
 START = time.perf_counter()
@@ -47,10 +48,43 @@ def build_window(model_path=None, plan_path=None, session_path=None, messages=No
     return win
 
 
+def log_dir() -> Path:
+    d = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "quant-workbench" / "logs"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def install_crash_handler(win) -> None:
+    """An exception escaping a Qt slot is logged with its traceback and shown with the log's
+    path, instead of aborting the app and losing the session (which autosave keeps)."""
+    import time
+    import traceback
+
+    def hook(etype, value, tb):
+        text = "".join(traceback.format_exception(etype, value, tb))
+        try:
+            path = log_dir() / time.strftime("crash-%Y%m%d-%H%M%S.log")
+            path.write_text(text, encoding="utf-8")
+            where = str(path)
+        except OSError:
+            where = "(the log could not be written)"
+        sys.stderr.write(text)
+        try:
+            win.autosave()
+            win.messages.error("Unexpected error",
+                               f"{etype.__name__}: {value}\n\nThe details are in {where}. "
+                               "Your session was saved automatically.\n\n" + text)
+        except Exception:  # noqa: BLE001 - the handler itself must never raise
+            pass
+
+    sys.excepthook = hook
+
+
 def run_gui(args) -> int:
     app = create_app()
     win = build_window(getattr(args, "model", None), getattr(args, "plan", None),
                        getattr(args, "session", None))
+    install_crash_handler(win)
     win.show()
     win.analyzer.warmup()
     from PySide6.QtCore import QTimer

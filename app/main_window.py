@@ -38,6 +38,24 @@ def app_data_dir() -> Path:
     return p
 
 
+def _inside_installation(path: Path) -> bool:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return Path(path).resolve().is_relative_to(root / "resources")
+    except OSError:
+        return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 class MainWindow(QMainWindow):
     def __init__(self, messages=None, settings: QSettings | None = None, autosave: bool = True,
                  parent=None):
@@ -48,6 +66,9 @@ class MainWindow(QMainWindow):
         self.messages = messages or Messages(self)
         self.settings = settings or QSettings()
         self.autosave_enabled = autosave
+        # a previous run that did not end cleanly: move its autosave aside *now*, before
+        # opening a model can schedule an autosave over it (start_session_guard offers it)
+        self.crashed_autosave: Path | None = self._set_aside_crashed_autosave()
         self.session_path: str | None = None
         self.runner = Runner(self)
         self.doc = Document(self)
@@ -357,18 +378,38 @@ class MainWindow(QMainWindow):
         except WorkbenchError:
             pass
 
+    def recovered_path(self) -> Path:
+        return app_data_dir() / "autosave-recovered.json"
+
+    def _set_aside_crashed_autosave(self) -> Path | None:
+        marker, auto = self.marker_path(), self.autosave_path()
+        if not (marker.exists() and auto.exists()):
+            return None
+        pid = marker.read_text(errors="replace").strip()
+        if pid.isdigit() and int(pid) != os.getpid() and _pid_alive(int(pid)):
+            return None  # another window of the app is running: not a crash
+        try:
+            os.replace(auto, self.recovered_path())
+        except OSError:
+            return None
+        return self.recovered_path()
+
     def start_session_guard(self) -> bool:
-        """Mark the app as running; if the last run did not end cleanly, offer the autosave.
+        """Mark the app as running; if the last run did not end cleanly, offer its autosave
+        (set aside at start-up, so nothing this run does can overwrite it).
 
         Returns True when the autosaved session is being restored.
         """
-        crashed = self.marker_path().exists() and self.autosave_path().exists()
         self.marker_path().write_text(str(os.getpid()))
-        if crashed and self.messages.ask(
+        crashed = self.crashed_autosave
+        if crashed is not None and crashed.exists() and self.messages.ask(
                 "Restore session?",
                 "Quant Workbench did not close normally last time.\n"
                 "Restore the automatically saved session?"):
-            return self.open_session(str(self.autosave_path())) is not None
+            restored = self.open_session(str(crashed)) is not None
+            if restored:
+                self.session_path = None       # not the user's file: Save asks where
+            return restored
         return False
 
     # ---- export, screenshot, report -------------------------------------------------------------
@@ -376,7 +417,8 @@ class MainWindow(QMainWindow):
         if self.doc.model is None:
             return None
         from .export_dialog import ExportDialog
-        dlg = ExportDialog(self.doc, self.runner, self._last_dir(), self)
+        dlg = ExportDialog(self.doc, self.runner, self.export_dir(), self,
+                           messages=self.messages, settings=self.settings)
         dlg.open()
         return dlg
 
@@ -405,6 +447,13 @@ class MainWindow(QMainWindow):
             self.status_label.setText(f"report saved to {path}")
 
     # ---- settings, recent files, drag and drop -----------------------------------------------------
+    def export_dir(self) -> str:
+        """The user's last export folder; never the installation (the bundled demo model)."""
+        d = Path(str(self.settings.value("export_dir", "") or ""))
+        if not str(d) or str(d) == "." or not d.is_dir() or _inside_installation(d):
+            d = Path.home()
+        return str(d)
+
     def _last_dir(self) -> str:
         return str(self.settings.value("last_dir", str(Path.home())))
 
@@ -454,6 +503,12 @@ class MainWindow(QMainWindow):
             self.open_path(files[0])
 
     def closeEvent(self, event) -> None:
+        if self.doc.model is not None and not self.undo_stack.isClean():
+            answer = self.messages.ask_save(
+                "Save changes?", "The plan has unsaved edits. Save the session before closing?")
+            if answer == "cancel" or (answer == "save" and self.save_session() is None):
+                event.ignore()
+                return
         self.save_settings()
         self.autosave()
         self.runner.shutdown(timeout=2.0)

@@ -24,6 +24,12 @@ class Messages:
     def ask(self, title: str, text: str) -> bool:
         return QMessageBox.question(self.parent, title, text) == QMessageBox.StandardButton.Yes
 
+    def ask_save(self, title: str, text: str) -> str:
+        """'save', 'discard' or 'cancel'."""
+        B = QMessageBox.StandardButton
+        r = QMessageBox.question(self.parent, title, text, B.Save | B.Discard | B.Cancel, B.Save)
+        return {B.Save: "save", B.Discard: "discard"}.get(r, "cancel")
+
 
 class RecordedMessages:
     """Non-blocking: records every message; `answer` is what ask() returns."""
@@ -43,3 +49,9 @@ class RecordedMessages:
     def ask(self, title: str, text: str) -> bool:
         self.questions.append((title, text))
         return self.answer
+
+    save_answer = "discard"
+
+    def ask_save(self, title: str, text: str) -> str:
+        self.questions.append((title, text))
+        return self.save_answer

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 
+from workbench.errors import WorkbenchError
+from workbench.patterns import compile_pattern
+
 from PySide6.QtCore import QItemSelectionModel, QSortFilterProxyModel, Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogButtonBox,
                                QFormLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
@@ -71,8 +74,8 @@ class RuleDialog(QDialog):
             return None
         if text.startswith("re:"):
             try:
-                pat = re.compile(text[3:])
-            except re.error:
+                pat = compile_pattern(text[3:])
+            except WorkbenchError:
                 return None
             return sum(1 for n in self.doc.names() if pat.search(n))
         return int(text in self.doc.names())

@@ -56,7 +56,8 @@ class Session:
     def load(cls, path) -> "Session":
         p = Path(path)
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
+            from workbench.limits import loads
+            data = loads(p.read_bytes(), str(p), "session JSON")
         except FileNotFoundError:
             raise WorkbenchError("session file not found", path=str(p)) from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -98,6 +98,8 @@ def quantize(scheme, w: np.ndarray, backend: str = "auto", tensor: str | None = 
     if reason:
         raise WorkbenchError(reason, tensor=tensor)
     w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(matrix_shape(shape))
+    if np.isfinite(w2).all():
+        scheme.check_range(w2, tensor)
     from . import cpu_ops
 
     def refuse(bad):
@@ -117,7 +119,10 @@ def quantize(scheme, w: np.ndarray, backend: str = "auto", tensor: str | None = 
             raise refuse(exc.args[0]) from None
     if arrays is None:                      # the kernel declined: the reference decides
         return scheme.quantize(w, tensor=tensor)
-    return QuantizedTensor(scheme.name, shape, arrays)
+    qt = QuantizedTensor(scheme.name, shape, arrays)
+    if scheme.reference_needed(qt):         # a scale at the edge of its range (issue 9):
+        return scheme.quantize(w, tensor=tensor)   # the reference refuses or handles it
+    return qt
 
 
 def dequant_error(w: np.ndarray, qt, backend: str = "auto"):

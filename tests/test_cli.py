@@ -241,3 +241,26 @@ def test_domain_never_imports_qt():
     assert r.returncode == 0, r.stderr[-3000:]
     assert "NO-QT-OK" in r.stderr
     assert '"totals"' in r.stdout  # the evaluate ran and printed its JSON
+
+
+def test_lone_surrogate_names_print_and_internal_errors_are_one_line(tmp_path, monkeypatch,
+                                                                     capsys):
+    import json as _json
+    blob = _json.dumps({"a\udc80b": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}},
+                       ensure_ascii=True).encode()
+    blob += b" " * ((-len(blob)) % 8)
+    p = tmp_path / "sur.safetensors"
+    p.write_bytes(len(blob).to_bytes(8, "little") + blob + np.ones(4, np.float32).tobytes())
+    r = subprocess.run([sys.executable, str(ROOT / "main.py"), "inspect", str(p)],
+                       capture_output=True, text=True, errors="replace")
+    assert r.returncode == 0 and "a\\udc80b" in r.stdout, r.stderr
+    # an unexpected exception inside a command: one line naming the log, traceback in the log
+    import workbench.cli.commands.schemes as schemes_cmd
+    from workbench import cli as wcli
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(schemes_cmd, "run", lambda args: 1 / 0)
+    assert wcli.main(["schemes"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "internal error: ZeroDivisionError" in err[0]
+    log = err[0].split("details in ")[1].rstrip(")")
+    assert "Traceback" in open(log).read()

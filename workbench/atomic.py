@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -25,6 +26,122 @@ def default_file_mode() -> int:
     return _FILE_MODE
 
 
+TEMP_TAG = "quant-workbench"
+# ".<name>.quant-workbench-<pid>-<random>.tmp|.data" files, ".<name>.quant-workbench-<pid>.tmp|.old"
+# folders (the compressed-tensors export)
+_STALE = re.compile(r"^\..+\." + TEMP_TAG + r"-(\d+)(-[a-z0-9_]+)?\.(tmp|data|old)$")
+
+
+def make_temp(target: Path, suffix: str = ".tmp") -> tuple[int, str]:
+    """A new temporary file beside `target`, named so a user recognises it
+    (``.<name>.quant-workbench-<pid>-<random>.tmp``); stale ones of killed runs are removed
+    first. OSErrors become a WorkbenchError naming the target."""
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise WorkbenchError("output folder does not exist", path=str(target))
+    clean_stale_temps(directory)
+    try:
+        return tempfile.mkstemp(prefix=f".{target.name}.{TEMP_TAG}-{os.getpid()}-", suffix=suffix,
+                                dir=directory)
+    except OSError as exc:
+        why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        raise WorkbenchError(f"cannot write here ({why})", path=str(target)) from None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def clean_stale_temps(directory: Path) -> list[str]:
+    """Remove this program's temporary files left in `directory` by runs that were killed
+    (their process is gone). Returns the names removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for e in entries:
+        m = _STALE.match(e.name)
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            with contextlib.suppress(OSError):
+                if e.is_file(follow_symlinks=False):
+                    os.unlink(e.path)
+                    removed.append(e.name)
+                elif e.is_dir(follow_symlinks=False):
+                    import shutil
+                    shutil.rmtree(e.path)
+                    removed.append(e.name)
+    return removed
+
+
+# files beside a single checkpoint file that loaders and exporters read with it
+SIDECARS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+            "tokenizer.model", "special_tokens_map.json", "vocab.txt", "vocab.json",
+            "merges.txt", "added_tokens.json")
+
+
+def input_files(model) -> list[Path]:
+    """The files a model was read from: its file (and the config/tokenizer files beside it), or
+    for a folder or shard index every regular file of the folder (shards, index, config...)."""
+    p = Path(model.path)
+    files: list[Path] = []
+    if p.is_file() and not p.name.endswith(".index.json"):
+        files.append(p)
+        for name in SIDECARS:
+            if (p.parent / name).is_file():
+                files.append(p.parent / name)
+        return files
+    folder = p if p.is_dir() else p.parent   # a folder or a shard index: the folder's files
+    if p.is_file():
+        files.append(p)
+    with contextlib.suppress(OSError):
+        for q in folder.iterdir():
+            with contextlib.suppress(OSError):
+                if q.is_file():
+                    files.append(q)
+    for info in getattr(model, "tensors", {}).values():   # shards named by an index elsewhere
+        f = getattr(info, "file", "")
+        if f and Path(f) not in files:
+            files.append(Path(f))
+    return files
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def refuse_overwriting_inputs(model, out_path) -> None:
+    """A WorkbenchError when `out_path` is (or links to) a file the model was read from, or is
+    a folder holding one (symbolic and hard links resolved: same st_dev/st_ino)."""
+    out = Path(out_path)
+    try:
+        out_st = out.stat()               # follows a symbolic link
+    except OSError:
+        return                            # nothing there yet (or unreadable: the write says so)
+    inputs = []
+    for f in input_files(model):
+        with contextlib.suppress(OSError):
+            inputs.append((f, f.stat()))
+    for f, st in inputs:
+        if _same(out_st, st):
+            raise WorkbenchError(f"this is an input of the open model ({f.name}): "
+                                 "choose another output file; nothing was written", path=str(out))
+    if out.is_dir():
+        out_real = out.resolve()
+        for f, _ in inputs:
+            real = f.resolve()
+            if out_real == real.parent or out_real in real.parents:
+                raise WorkbenchError(f"this folder holds an input of the open model ({f.name}) "
+                                     "and writing here would overwrite the source: choose "
+                                     "another output folder; nothing was written", path=str(out))
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb"):
     """Yield a file object; on success the target is replaced in one rename.
@@ -33,13 +150,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
     OSErrors (a full disk, no permission) become a WorkbenchError naming the file.
     """
     target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        raise WorkbenchError("output folder does not exist", path=str(target))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        raise WorkbenchError(f"cannot write here ({exc.strerror})", path=str(target)) from exc
+    fd, tmp = make_temp(target)
     try:
         with os.fdopen(fd, mode) as fh:
             yield fh

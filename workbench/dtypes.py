@@ -116,6 +116,13 @@ def decode_rows(raw: np.ndarray, info) -> np.ndarray:
     if dtype in STORAGE:
         out = to_float32(raw, dtype)
     else:
+        from .errors import WorkbenchError
         from .ggml_decode import dequantize_ggml_rows
-        out = dequantize_ggml_rows(raw, dtype)
+        try:
+            out = dequantize_ggml_rows(raw, dtype)
+        except WorkbenchError as exc:
+            if exc.path is None and exc.tensor is None:
+                raise WorkbenchError(str(exc), path=getattr(info, "file", None) or None,
+                                     tensor=info.name) from None
+            raise
     return out.reshape(raw.shape[0], -1) if out.ndim != 2 else out

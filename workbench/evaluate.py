@@ -9,16 +9,18 @@ Quantize / dequantize-and-measure go through the numba kernels when they are ava
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import WorkbenchError
+from .errors import WorkbenchError, context
 from .metrics import ErrorSums, ModelTotals, TensorError, from_sums
 from .plan import KEEP
 from .progress import Progress
+from .runtimes import Decision, Summary, check_strict, decide, plan_decisions, summarize
 from .schemes import get_scheme
 from .stats import file_signature
 
@@ -35,13 +37,15 @@ class TensorResult:
     error: TensorError
     note: str | None = None   # why the requested scheme was not applied
     seconds: float = 0.0
+    kind: str = "ok"          # ok | fallback | kept | skipped (workbench.runtimes)
 
     @property
     def bits_per_weight(self) -> float:
         return 8.0 * self.bytes / self.params if self.params else 0.0
 
     def to_dict(self) -> dict:
-        d = {"name": self.name, "scheme": self.scheme, "shape": list(self.shape),
+        d = {"name": self.name, "scheme": self.scheme, "requested": self.requested,
+             "kind": self.kind, "shape": list(self.shape),
              "params": self.params, "bits_per_weight": self.bits_per_weight,
              "bytes": self.bytes, **self.error.to_dict()}
         if self.note:
@@ -53,22 +57,61 @@ class TensorResult:
 class Evaluation:
     tensors: dict[str, TensorResult]
     totals: ModelTotals
+    summary: Summary | None = None
+    runtime: str = "any"
 
     def to_dict(self) -> dict:
-        return {"tensors": [r.to_dict() for r in self.tensors.values()],
-                "totals": self.totals.to_dict()}
+        d = {"tensors": [r.to_dict() for r in self.tensors.values()],
+             "totals": self.totals.to_dict(), "runtime": self.runtime}
+        if self.summary is not None:
+            d["fallbacks"] = self.summary.to_dict()
+        return d
 
 
 def quantize(w: np.ndarray, scheme_name: str, tensor: str | None = None):
-    """QuantizedTensor of a matrix: the numba kernel when available, else the reference."""
+    """QuantizedTensor of a matrix: the numba kernel when available, else the reference.
+    A WorkbenchError when the scheme cannot represent finite weights (a scale or value that
+    overflows its storage type) instead of a tensor of Inf."""
     scheme = get_scheme(scheme_name)
     try:
         import kernels
-        return kernels.quantize(scheme, w)
+        qt = kernels.quantize(scheme, w)
     except (ImportError, AttributeError):
-        return scheme.quantize(w, tensor=tensor)
+        qt = scheme.quantize(w, tensor=tensor)
     except WorkbenchError as exc:
-        raise WorkbenchError(str(exc).split(": ", 1)[-1], tensor=tensor) from None
+        raise WorkbenchError(exc.problem, path=exc.path, tensor=tensor) from None
+    if scheme.reference_needed(qt):   # an edge of the scale range: the reference refuses/handles it
+        qt = scheme.quantize(w, tensor=tensor)
+    check_representable(qt, w, tensor)   # the safety net for every scheme (GGML ones too)
+    return qt
+
+
+def _float_parts(arr: np.ndarray):
+    if arr.dtype.fields:
+        for name, (dt, _off) in arr.dtype.fields.items():
+            if dt.kind == "f":
+                yield arr[name]
+    elif arr.dtype.kind == "f":
+        yield arr
+
+
+def check_representable(qt, w: np.ndarray, tensor: str | None = None) -> None:
+    """Refuse a quantized tensor whose stored floats (scales, mins, cast values) are not finite
+    while the weights are: the storage type overflowed (e.g. fp16 above 65504, a float16
+    group scale of a 1e30 outlier)."""
+    for key, arr in qt.arrays.items():
+        parts = list(_float_parts(arr))
+        if qt.scheme == "bf16" and arr.dtype == np.uint16:   # bfloat16 bits: exponent all ones
+            parts = [np.where((arr & 0x7F80) == 0x7F80, np.float32(np.inf), np.float32(0))]
+        for part in parts:
+            if part.size and not np.isfinite(part).all():
+                if not np.isfinite(w).all():
+                    return  # non-finite input: refused (or passed through) by the scheme
+                amax = float(np.abs(w).max()) if w.size else 0.0
+                raise WorkbenchError(
+                    f"{qt.scheme} cannot represent these weights (max |w| = {amax:.3g}): its "
+                    f"{key} overflow their storage type; use a wider scheme (fp32, bf16, int8-"
+                    "channel) for this tensor", tensor=tensor)
 
 
 def quantize_measure(w: np.ndarray, scheme_name: str, tensor: str | None = None):
@@ -112,21 +155,26 @@ DEFAULT_EVAL_CACHE = EvalCache()
 
 
 def evaluate_tensor(model, name: str, scheme_name: str,
-                    cache: EvalCache | None = DEFAULT_EVAL_CACHE) -> TensorResult:
-    key = (model.path, name, scheme_name)
+                    cache: EvalCache | None = DEFAULT_EVAL_CACHE, *,
+                    decision: Decision | None = None) -> TensorResult:
+    """One tensor under `scheme_name`; `decision` (workbench.runtimes.decide) says what is
+    applied — by default the fallback rules of the ``any`` runtime."""
+    info = model.info(name)
+    if decision is None:
+        decision = decide(info, scheme_name, "any")
+    key = (model.path, name, scheme_name, decision.applied, decision.kind)
     if cache is not None and (hit := cache.get(key)) is not None:
         return hit
-    info = model.info(name)
+    with context(getattr(info, "file", None) or model.path, name):
+        res = _evaluate_tensor(model, info, name, scheme_name, decision)
+    if cache is not None:
+        cache.put(key, res)
+    return res
+
+
+def _evaluate_tensor(model, info, name, scheme_name, decision) -> TensorResult:
     t0 = time.perf_counter()
-    note = None
-    applied = scheme_name
-    if scheme_name != KEEP:
-        if not info.is_float:
-            applied, note = KEEP, f"{info.dtype} tensor is not quantized"
-        else:
-            reason = get_scheme(scheme_name).ineligible_reason(info.shape)
-            if reason:
-                applied, note = KEEP, reason
+    applied, note = decision.applied, decision.note
     w = model.read_matrix(name)
     if applied == KEEP:
         if info.is_float:
@@ -139,29 +187,37 @@ def evaluate_tensor(model, name: str, scheme_name: str,
     else:
         qt, sums = quantize_measure(w, applied, tensor=name)
         nbytes = qt.nbytes
-    res = TensorResult(name, applied, scheme_name, info.shape, info.numel, info.nbytes, nbytes,
-                       from_sums(sums), note, time.perf_counter() - t0)
-    if cache is not None:
-        cache.put(key, res)
-    return res
+        if not (math.isfinite(sums.sse) and math.isfinite(sums.max_abs_err)) \
+                and np.isfinite(w).all():
+            raise WorkbenchError(
+                f"{applied} cannot represent these weights (max |w| = "
+                f"{float(np.abs(w).max()):.3g}): their dequantized values overflow float32; "
+                "keep this tensor or use fp32", tensor=name)
+    return TensorResult(name, applied, scheme_name, info.shape, info.numel, info.nbytes, nbytes,
+                        from_sums(sums), note, time.perf_counter() - t0, decision.kind)
 
 
-def evaluate(model, plan, names=None, cache: EvalCache | None = DEFAULT_EVAL_CACHE):
-    """Job: evaluate `plan` on `model` (all tensors or `names`). Returns an Evaluation."""
-    assignment = plan.resolve(model)
+def evaluate(model, plan, names=None, cache: EvalCache | None = DEFAULT_EVAL_CACHE,
+             runtime: str = "any", strict: bool = False):
+    """Job: evaluate `plan` on `model` (all tensors or `names`) as `runtime` would apply it
+    (workbench.runtimes: fallbacks, tensors it never re-types). Returns an Evaluation."""
     names = list(model.tensors) if names is None else list(names)
+    decisions = plan_decisions(model, plan, runtime, names)
+    if strict:
+        check_strict(decisions.values(), path=model.path)
     total = sum(max(model.info(n).numel, 1) for n in names) or 1
     done = 0
     results: dict[str, TensorResult] = {}
     totals = ModelTotals()
     for n in names:
         yield Progress(done, total, f"evaluating {n}")
-        r = evaluate_tensor(model, n, assignment[n], cache)
+        d = decisions[n]
+        r = evaluate_tensor(model, n, d.requested, cache, decision=d)
         results[n] = r
         totals.add(r.params, r.bytes_before, r.bytes, r.error.sig, r.error.sse)
         done += max(model.info(n).numel, 1)
     yield Progress(total, total, "done")
-    return Evaluation(results, totals)
+    return Evaluation(results, totals, summarize(decisions.values()), runtime)
 
 
 def totals_of(results) -> ModelTotals:

@@ -21,4 +21,5 @@ def dequantize_ggml_rows(raw: np.ndarray, type_name: str) -> np.ndarray:
         qtype = gguf.GGMLQuantizationType[type_name]
         return np.asarray(gguf.quants.dequantize(np.ascontiguousarray(raw), qtype), dtype=np.float32)
     except (KeyError, NotImplementedError) as exc:
-        raise WorkbenchError(f"GGML type {type_name} cannot be dequantized") from exc
+        raise WorkbenchError(f"GGML type {type_name} cannot be dequantized (the workbench "
+                             "decodes F32/F16/BF16, Q4_0 ... Q8_0, the K-quants and IQ4_NL)") from exc

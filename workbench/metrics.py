@@ -8,6 +8,14 @@ produces without writing the dequantized tensor), so numpy and kernel paths agre
 
   mse = sse/n   rel_rmse = sqrt(sse/sig)   sqnr_db = 10 log10(sig/sse)
   cosine = dot / sqrt(sig*deq)   per-channel relative error = sqrt(ch_sse/ch_sig)
+
+Defined values at the edges (never NaN, never a math domain error):
+  * exact reconstruction (sse = 0), including an all-zero tensor and an empty one:
+    sqnr_db = +inf, rel_rmse = 0, cosine = 1, ``exact`` = True. In JSON (strict: no
+    Infinity) an infinite SQNR is written as null and ``"exact": true`` says why.
+  * a zero signal with a non-zero error (sig = 0 < sse): sqnr_db = -inf, rel_rmse = inf.
+  * otherwise sqnr_db = 10 (log10 sig - log10 sse), finite even when sig/sse would overflow
+    or underflow a float (weights near float32's limits).
 """
 
 from __future__ import annotations
@@ -35,8 +43,8 @@ class ErrorSums:
         w64 = np.asarray(w, dtype=np.float64)
         q64 = np.asarray(wq, dtype=np.float64)
         if w64.ndim != 2:
-            w64 = w64.reshape(1, -1)
-            q64 = q64.reshape(1, -1)
+            w64 = w64.reshape(1, w64.size)
+            q64 = q64.reshape(1, q64.size)
         d = w64 - q64
         ch_sse = (d * d).sum(axis=1)
         ch_sig = (w64 * w64).sum(axis=1)
@@ -48,7 +56,10 @@ class ErrorSums:
     @classmethod
     def zero(cls, w: np.ndarray) -> "ErrorSums":
         """Sums for a tensor kept exactly (no error)."""
-        w64 = np.asarray(w, dtype=np.float64).reshape(np.asarray(w).shape[0] if np.ndim(w) >= 2 else 1, -1)
+        shape = np.shape(w)
+        rows = int(shape[0]) if len(shape) >= 2 else 1
+        cols = int(np.prod(shape[1:])) if len(shape) >= 2 else int(np.prod(shape))
+        w64 = np.asarray(w, dtype=np.float64).reshape(rows, cols)   # (3, 0) and (0, 4) too
         ch_sig = (w64 * w64).sum(axis=1)
         sig = float(ch_sig.sum())
         return cls(int(w64.size), 0.0, sig, sig, sig, 0.0, np.zeros_like(ch_sig), ch_sig)
@@ -65,28 +76,54 @@ class TensorError:
     sse: float = 0.0
     sig: float = 0.0
 
+    @property
+    def exact(self) -> bool:
+        return self.sse == 0
+
     def to_dict(self) -> dict:
         return {"mse": self.mse, "rel_rmse": self.rel_rmse, "sqnr_db": self.sqnr_db,
-                "max_abs_err": self.max_abs_err, "cosine": self.cosine}
+                "max_abs_err": self.max_abs_err, "cosine": self.cosine, "exact": self.exact}
 
 
 def sqnr_db(sig: float, sse: float) -> float:
+    """10 log10(sig/sse): +inf when exact (sse = 0, an all-zero tensor included), -inf for a
+    zero signal with an error; NaN only when a sum is NaN (non-finite input)."""
+    if math.isnan(sig) or math.isnan(sse):
+        return math.nan
     if sse <= 0:
         return math.inf
     if sig <= 0:
         return -math.inf
-    return 10.0 * math.log10(sig / sse)
+    if math.isinf(sse):
+        return -math.inf if not math.isinf(sig) else math.nan
+    if math.isinf(sig):
+        return math.inf
+    return 10.0 * (math.log10(sig) - math.log10(sse))
+
+
+def _sqrt(x: float) -> float:
+    return math.sqrt(x) if x >= 0 else math.nan
 
 
 def from_sums(s: ErrorSums) -> TensorError:
     mse = s.sse / s.n if s.n else 0.0
-    rel = math.sqrt(s.sse / s.sig) if s.sig > 0 else (0.0 if s.sse == 0 else math.inf)
-    denom = math.sqrt(s.sig * s.deq)
-    cos = s.dot / denom if denom > 0 else (1.0 if s.sse == 0 else 0.0)
+    if s.sse == 0:
+        rel = 0.0
+    elif s.sig > 0:
+        rel = _sqrt(s.sse / s.sig) if not math.isinf(s.sig) else 0.0
+    else:
+        rel = math.inf
+    denom = _sqrt(s.sig) * _sqrt(s.deq)
+    if s.sse == 0:
+        cos = 1.0
+    elif denom > 0 and math.isfinite(denom):
+        cos = s.dot / denom
+    else:
+        cos = 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
         ch = np.where(s.ch_sig > 0, np.sqrt(s.ch_sse / np.where(s.ch_sig > 0, s.ch_sig, 1)),
                       np.where(s.ch_sse > 0, np.inf, 0.0))
-    return TensorError(mse, rel, sqnr_db(s.sig, s.sse), s.max_abs_err, min(1.0, cos),
+    return TensorError(mse, rel, sqnr_db(s.sig, s.sse), s.max_abs_err, max(-1.0, min(1.0, cos)),
                        ch.astype(np.float32), s.sse, s.sig)
 
 
@@ -126,4 +163,5 @@ class ModelTotals:
     def to_dict(self) -> dict:
         return {"params": self.params, "bytes_before": self.bytes_before,
                 "bytes": self.bytes_after, "bits_per_weight": self.bits_per_weight,
-                "compression": self.compression, "sqnr_db": self.sqnr_db}
+                "compression": self.compression, "sqnr_db": self.sqnr_db,
+                "exact": self.sse == 0}

@@ -95,6 +95,12 @@ class Model:
     _closer: Callable[[], None] | None = None
     source: object = None  # the loader's own handle (e.g. a GGUFReader), for exporters
 
+    def __post_init__(self):
+        # the limits policy (workbench.limits): every loader's shapes pass here
+        from .limits import check_shape
+        for info in self.tensors.values():
+            check_shape(info.shape, info.file or self.path, info.name)
+
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
 
@@ -119,7 +125,9 @@ class Model:
     def read_matrix(self, name: str) -> np.ndarray:
         """The tensor as a float32 2-D (output channels x inputs) array."""
         info = self.info(name)
-        return decode_rows(self._raw(name), info)
+        from .errors import context
+        with context(info.file or self.path, name):   # a block type it cannot decode, ...
+            return decode_rows(self._raw(name), info)
 
     def read(self, name: str) -> np.ndarray:
         """The whole tensor as float32 in its original shape."""
@@ -131,8 +139,11 @@ class Model:
         rows, cols = info.matrix_shape
         raw = self._raw(name)
         step = max(1, max_elements // max(cols, 1))
+        from .errors import context
         for r0 in range(0, rows, step):
-            yield r0, decode_rows(raw[r0:r0 + step], info)
+            with context(info.file or self.path, name):
+                chunk = decode_rows(raw[r0:r0 + step], info)
+            yield r0, chunk
 
     @property
     def total_params(self) -> int:

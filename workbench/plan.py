@@ -2,7 +2,8 @@
 
 A plan maps every tensor to a scheme by ordered rules:
   1. an exact tensor name,
-  2. then ``re:`` patterns in order (first match wins, ``re.search`` semantics),
+  2. then ``re:`` patterns in order (first match wins, ``re.search`` semantics, on RE2:
+     linear time, no backreferences or look-around — workbench.patterns),
   3. then the default — except that 1-D / 0-D tensors and non-float tensors default to
      ``keep`` (stored unchanged in their own dtype).
 
@@ -12,12 +13,15 @@ JSON form (version 1)::
      "default": "int8-channel",
      "rules": [{"match": "model.embed_tokens.weight", "scheme": "fp16"},
                {"match": "re:\\.mlp\\.down_proj\\.", "scheme": "int8-channel"}]}
+
+An optional ``"fallback"`` (plan-level, or per rule) names the scheme for tensors whose shape
+cannot take theirs (e.g. ``q4_k`` on rows that are not a multiple of 256); without one the
+target runtime's own rule applies (:mod:`workbench.runtimes`).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,13 +37,17 @@ KEEP = "keep"
 class Rule:
     match: str
     scheme: str
+    fallback: str | None = None   # used when a tensor's shape cannot take `scheme`
 
     @property
     def is_regex(self) -> bool:
         return self.match.startswith("re:")
 
     def to_dict(self) -> dict:
-        return {"match": self.match, "scheme": self.scheme}
+        d = {"match": self.match, "scheme": self.scheme}
+        if self.fallback:
+            d["fallback"] = self.fallback
+        return d
 
 
 def _check_scheme(name: str, where: str, path=None) -> str:
@@ -57,50 +65,75 @@ class Plan:
     default: str = "int8-channel"
     rules: list[Rule] = field(default_factory=list)
     version: int = PLAN_VERSION
+    #: the scheme for tensors whose shape cannot take theirs (None: the runtime's own rule)
+    fallback: str | None = None
 
     def __post_init__(self):
         self.default = _check_scheme(self.default, "default")
+        if self.fallback is not None:
+            self.fallback = _check_scheme(self.fallback, "fallback")
         rules = [r if isinstance(r, Rule) else Rule(**r) for r in self.rules]
         for r in rules:
             self._validate_rule(r)
         # canonical scheme names, so the plan reports (and exports) what is applied
-        self.rules = [Rule(r.match, _check_scheme(r.scheme, f"rule '{r.match}'")) for r in rules]
+        self.rules = [Rule(r.match, _check_scheme(r.scheme, f"rule '{r.match}'"),
+                           _check_scheme(r.fallback, f"rule '{r.match}' fallback")
+                           if r.fallback else None) for r in rules]
         self._compiled = None
 
     @staticmethod
     def _validate_rule(rule: Rule, path=None) -> None:
         _check_scheme(rule.scheme, f"rule '{rule.match}'", path)
         if rule.is_regex:
+            from .patterns import compile_pattern
             try:
-                re.compile(rule.match[3:])
-            except re.error as exc:
-                raise WorkbenchError(f"rule '{rule.match}': bad regular expression ({exc})",
-                                     path=path) from None
+                compile_pattern(rule.match[3:])
+            except WorkbenchError as exc:
+                raise WorkbenchError(f"rule '{rule.match[:80]}': {exc}", path=path) from None
 
     # ---- resolution ---------------------------------------------------------------------
     def _index(self):
+        from .patterns import compile_pattern
         if self._compiled is None:
             exact = {}
             regex = []
             for r in self.rules:
                 if r.is_regex:
-                    regex.append((re.compile(r.match[3:]), r.scheme))
+                    regex.append((compile_pattern(r.match[3:]), r))
                 else:
-                    exact.setdefault(r.match, r.scheme)
+                    exact.setdefault(r.match, r)
             self._compiled = (exact, regex)
         return self._compiled
 
-    def scheme_for(self, name: str, ndim: int = 2, is_float: bool = True) -> str:
-        """The scheme name for a tensor (or ``keep``)."""
+    def rule_for(self, name: str) -> Rule | None:
+        """The rule that assigns `name` (None: the default applies)."""
         exact, regex = self._index()
         if name in exact:
             return exact[name]
-        for pat, scheme in regex:
+        for pat, rule in regex:
             if pat.search(name):
-                return scheme
+                return rule
+        return None
+
+    def scheme_and_source(self, name: str, ndim: int = 2, is_float: bool = True):
+        """(scheme, explicit): the scheme for a tensor and whether a rule chose it."""
+        rule = self.rule_for(name)
+        if rule is not None:
+            return rule.scheme, True
         if ndim < 2 or not is_float:
-            return KEEP
-        return self.default
+            return KEEP, False
+        return self.default, False
+
+    def scheme_for(self, name: str, ndim: int = 2, is_float: bool = True) -> str:
+        """The scheme name for a tensor (or ``keep``)."""
+        return self.scheme_and_source(name, ndim, is_float)[0]
+
+    def fallback_for(self, name: str) -> str | None:
+        """The plan's fallback for a tensor: its rule's, else the plan's."""
+        rule = self.rule_for(name)
+        if rule is not None and rule.fallback:
+            return rule.fallback
+        return self.fallback
 
     def resolve(self, model) -> dict[str, str]:
         """Scheme for every tensor of a model (non-float tensors are always kept)."""
@@ -115,26 +148,29 @@ class Plan:
         """Exact-name assignments replacing any earlier exact rule for those names."""
         keep = [r for r in self.rules if r.is_regex or r.match not in assignments]
         new = [Rule(n, _check_scheme(s, f"tensor '{n}'")) for n, s in assignments.items()]
-        return Plan(self.default, keep + new, self.version)
+        return Plan(self.default, keep + new, self.version, self.fallback)
 
     def with_rule(self, match: str, scheme: str, index: int | None = None) -> "Plan":
         rules = list(self.rules)
         rule = Rule(match, scheme)
         rules.insert(len(rules) if index is None else index, rule)
-        return Plan(self.default, rules, self.version)
+        return Plan(self.default, rules, self.version, self.fallback)
 
     def without_rule(self, index: int) -> "Plan":
         rules = list(self.rules)
         del rules[index]
-        return Plan(self.default, rules, self.version)
+        return Plan(self.default, rules, self.version, self.fallback)
 
     def with_default(self, scheme: str) -> "Plan":
-        return Plan(scheme, list(self.rules), self.version)
+        return Plan(scheme, list(self.rules), self.version, self.fallback)
 
     # ---- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"format": PLAN_FORMAT, "version": self.version, "default": self.default,
-                "rules": [r.to_dict() for r in self.rules]}
+        d = {"format": PLAN_FORMAT, "version": self.version, "default": self.default}
+        if self.fallback:
+            d["fallback"] = self.fallback
+        d["rules"] = [r.to_dict() for r in self.rules]
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
@@ -158,26 +194,30 @@ class Plan:
         rules = []
         for i, r in enumerate(raw_rules):
             if not (isinstance(r, dict) and isinstance(r.get("match"), str)
-                    and isinstance(r.get("scheme"), str)):
-                raise WorkbenchError(f"rule {i} must be an object with string 'match' and 'scheme'",
-                                     path=path)
-            rule = Rule(r["match"], r["scheme"])
+                    and isinstance(r.get("scheme"), str)
+                    and isinstance(r.get("fallback", ""), str)):
+                raise WorkbenchError(f"rule {i} must be an object with string 'match' and 'scheme'"
+                                     " (and optionally 'fallback')", path=path)
+            rule = Rule(r["match"], r["scheme"], r.get("fallback") or None)
+            if rule.fallback:
+                _check_scheme(rule.fallback, f"rule '{rule.match}' fallback", path)
             cls._validate_rule(rule, path)
             rules.append(rule)
+        fallback = data.get("fallback")
+        if fallback is not None and not isinstance(fallback, str):
+            raise WorkbenchError("'fallback' must be a scheme name", path=path)
         try:
             default = _check_scheme(default, "default", path)
+            if fallback:
+                fallback = _check_scheme(fallback, "fallback", path)
         except WorkbenchError as exc:
             raise WorkbenchError(str(exc)) from None
-        return cls(default, rules, version)
+        return cls(default, rules, version, fallback or None)
 
     @classmethod
     def from_json(cls, text: str, path=None) -> "Plan":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise WorkbenchError(f"malformed plan JSON ({exc.msg} at line {exc.lineno})",
-                                 path=path) from None
-        return cls.from_dict(data, path)
+        from .limits import loads
+        return cls.from_dict(loads(text, path, "plan JSON"), path)
 
     @classmethod
     def load(cls, path) -> "Plan":

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import context
+
 from .progress import Progress
 
 BINS = 256
@@ -171,6 +173,9 @@ _WIDE_DTYPES = ("F64", "I64", "I32", "U64", "U32")
 def tensor_stats(model, name: str, bins: int = BINS):
     """Job: statistics of one tensor (yields Progress, returns TensorStats)."""
     info = model.info(name)
+    if info.numel == 0:
+        yield Progress(1, 1, name)
+        return _empty_stats(name, info.rows, 0, 0, bins)
     if info.dtype in ("BF16", "F16") and not info.quant and info.numel:
         return (yield from _tensor_stats_16bit(model, name, bins))
     if info.dtype in _WIDE_DTYPES and not info.quant:
@@ -184,7 +189,8 @@ def _f64_chunks(model, name: str):
     raw = model.raw(name)
     step = max(1, CHUNK_ELEMENTS // max(cols, 1))
     for r0 in range(0, rows, step):
-        yield r0, np.asarray(raw[r0:r0 + step], dtype=np.float64).reshape(-1, cols)
+        n = min(step, rows - r0)            # explicit rows: -1 is ambiguous when cols == 0
+        yield r0, np.asarray(raw[r0:r0 + step], dtype=np.float64).reshape(n, cols)
 
 
 def _tensor_stats_float64(model, name: str, bins: int):
@@ -376,7 +382,8 @@ def model_stats(model, names=None, cache: StatsCache | None = DEFAULT_CACHE, bin
             job = tensor_stats(model, n, bins)
             while True:
                 try:
-                    ev = next(job)
+                    with context(model.info(n).file or model.path, n):
+                        ev = next(job)
                 except StopIteration as stop:
                     st = stop.value
                     break

@@ -55,18 +55,57 @@ def test_autosave_and_restore_after_crash(make_window, qtbot):
     win.push(commands.assign(win.doc, [Q], "int3-g64"))
     win.autosave()
     assert win.autosave_path().exists()
-    win.marker_path().write_text("12345")  # as if the previous run had crashed
-    again = make_window(path=None, answer=True)
+    win.marker_path().write_text("999999999")  # as if the previous run had been killed
+    # the next launch opens a model and autosaves *before* the user answers: the crashed
+    # session was set aside at start-up, so that autosave cannot overwrite it
+    again = make_window(answer=True, autosave=True)
+    again.push(commands.assign(again.doc, [Q], "q8_0"))
+    again.autosave()
     assert again.start_session_guard() is True
     assert again.messages.questions and "Restore" in again.messages.questions[0][0]
     wait_idle(qtbot, again)
-    assert again.doc.scheme_of(Q) == "int3-g64"
+    assert again.doc.scheme_of(Q) == "int3-g64"          # the crashed session, not q8_0
+    assert again.session_path is None                   # Save asks where, not the autosave
     # a clean close removes the marker: no question next time
+    again.messages.save_answer = "discard"
     again.close()
     assert not again.marker_path().exists()
     third = make_window(path=None, answer=True)
     assert third.start_session_guard() is False and not third.messages.questions
     third.close()
+
+
+def test_quit_with_unsaved_edits_asks(make_window, qtbot, tmp_path):
+    win = make_window()
+    win.push(commands.assign(win.doc, [Q], "int3-g64"))
+    win.messages.save_answer = "cancel"
+    assert win.close() is False and win.isVisible()        # Cancel: nothing lost
+    assert "unsaved" in win.messages.questions[-1][1]
+    win.messages.save_answer = "save"
+    win.session_path = str(tmp_path / "kept.json")
+    assert win.close() is True
+    assert Session.load(tmp_path / "kept.json").plan.scheme_for(Q) == "int3-g64"
+
+
+def test_export_dialog_asks_before_overwriting_and_remembers_folder(make_window, qtbot,
+                                                                   tmp_path):
+    win = make_window()
+    dlg = win.export_dialog()
+    # never defaults into the installation (the bundled demo model's folder)
+    assert "resources" not in dlg.path.text()
+    out = tmp_path / "plan.json"
+    out.write_text("precious")
+    win.messages.answer = False
+    assert dlg.start("plan", str(out)) is None
+    assert out.read_text() == "precious" and "Replace" in win.messages.questions[-1][0]
+    win.messages.answer = True
+    task = dlg.start("plan", str(out))
+    qtbot.waitUntil(lambda: task.finished, timeout=10000)
+    assert json.loads(out.read_text())["format"] == "quant-workbench-plan"
+    assert win.export_dir() == str(tmp_path)
+    # the model's own file is refused even when the user says "replace"
+    assert dlg.start("safetensors", str(DEMO)) is None
+    assert "input of the open model" in dlg.error
 
 
 def test_export_dialog_lists_registry_and_writes_reopenable_files(window, qtbot, tmp_path):
@@ -145,3 +184,21 @@ def test_report_command(tmp_path, plan_file):
     assert "lm_head.weight" in html and "int4-g128" in html and "MODEL SQNR" in html
     assert html.count("data:image/png;base64,") >= 2 * 22 + 2  # 22 matrices x 2 plots + overview
     assert "http://" not in html and "https://" not in html  # reads offline
+
+
+def test_crash_handler_logs_and_tells_where(window, tmp_path, monkeypatch):
+    from app import main as app_main
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    old = sys.excepthook
+    try:
+        app_main.install_crash_handler(window)
+        try:
+            raise RuntimeError("boom in a slot")
+        except RuntimeError:
+            sys.excepthook(*sys.exc_info())
+    finally:
+        sys.excepthook = old
+    logs = list((tmp_path / "cache" / "quant-workbench" / "logs").glob("crash-*.log"))
+    assert len(logs) == 1 and "boom in a slot" in logs[0].read_text()
+    title, text = window.messages.errors[-1]
+    assert title == "Unexpected error" and str(logs[0]) in text

@@ -212,11 +212,16 @@ def test_scheme_eligibility_reasons():
             assert s.ineligible_reason((3, 7)) is None
 
 
-def test_evaluate_ineligible_tensor_kept_with_note(make_safetensors):
-    p = make_safetensors({"w": np.ones((4, 48), np.float32)})
-    r = evaluate_tensor(open_model(p), "w", "int4-g32", cache=None)
-    assert r.scheme == "keep" and r.requested == "int4-g32"
+def test_evaluate_ineligible_tensor_falls_back_with_note(make_safetensors):
+    p = make_safetensors({"w": np.ones((4, 48), np.float32), "v": np.ones((4, 40), np.float32)})
+    m = open_model(p)
+    # a group scheme that does not fit falls back to per-channel of the same bits
+    r = evaluate_tensor(m, "w", "int4-g32", cache=None)
+    assert r.scheme == "int4-channel" and r.requested == "int4-g32" and r.kind == "fallback"
     assert "multiple of 32" in r.note and "48" in r.note
+    # a GGML type: llama-quantize's chain, Q6_K -> Q8_0 -> (rows of 40 fit no block) F16
+    r = evaluate_tensor(m, "v", "q6_k", cache=None)
+    assert r.scheme == "fp16" and r.kind == "fallback"
 
 
 def test_non_float_tensors_are_kept(make_safetensors):

@@ -29,8 +29,9 @@ def expected_bytes(model, name: str, scheme: str) -> bytes:
 
 
 def check_bytes(model, plan, path) -> dict[str, str]:
+    from workbench.runtimes import plan_decisions
     reader = gguf.GGUFReader(str(path))
-    assignment = plan.resolve(model)
+    assignment = {n: d.applied for n, d in plan_decisions(model, plan, "llama.cpp").items()}
     assert [t.name for t in reader.tensors] == list(model.tensors)
     types = {}
     for t in reader.tensors:
@@ -129,21 +130,24 @@ def test_round_trip_demo_model_mixed_plan(demo_model_path, tmp_path):
     first = tmp_path / "demo.gguf"
     run(export(demo, Plan(default="q8_0"), "gguf", first))
     g = open_model(first)
+    # the demo model folder has config.json and a tokenizer: a runnable GGUF, llama.cpp names
+    assert "token_embd.weight" in g.tensors and "blk.0.attn_q.weight" in g.tensors
     plan2 = Plan(default="q4_k", rules=[
-        {"match": "model.embed_tokens.weight", "scheme": "keep"},
-        {"match": "re:q_proj\\.weight$", "scheme": "fp16"},
-        {"match": "re:k_proj\\.weight$", "scheme": "bf16"},
-        {"match": "re:down_proj", "scheme": "q6_k"},
-        {"match": "re:layers\\.1\\.", "scheme": "iq4_nl"},
-        {"match": "re:input_layernorm", "scheme": "fp32"},
+        {"match": "token_embd.weight", "scheme": "keep"},
+        {"match": "re:attn_q\\.weight$", "scheme": "fp16"},
+        {"match": "re:attn_k\\.weight$", "scheme": "bf16"},
+        {"match": "re:ffn_down", "scheme": "q6_k"},
+        {"match": "re:blk\\.1\\.", "scheme": "iq4_nl"},
+        {"match": "re:attn_norm", "scheme": "fp32"},
     ])
     second = tmp_path / "demo-mixed.gguf"
     info = run(export(g, plan2, "gguf", second))
     types = check_bytes(g, plan2, second)
-    assert types["model.embed_tokens.weight"] == "Q8_0"      # kept byte for byte
+    assert types["token_embd.weight"] == "Q8_0"      # kept byte for byte
     assert set(types.values()) >= {"Q8_0", "F16", "BF16", "Q6_K", "IQ4_NL", "Q4_K", "F32"}
     g2 = open_model(second)
-    assert [i.shape for i in g2.tensors.values()] == [i.shape for i in demo.tensors.values()]
+    assert sorted(i.shape for i in g2.tensors.values()) == sorted(
+        i.shape for i in demo.tensors.values())
     # every key/value of the source is copied; only the ones the export sets may change
     changed = {"general.file_type", "quant_workbench.plan", "quant_workbench.source_format"}
     for k, v in g.metadata.items():
@@ -153,6 +157,14 @@ def test_round_trip_demo_model_mixed_plan(demo_model_path, tmp_path):
     assert g2.metadata["general.file_type"] == int(gguf.LlamaFileType.MOSTLY_Q4_K_M)
     assert json.loads(g2.metadata["quant_workbench.plan"]) == plan2.to_dict()
     assert info["types"]["Q4_K"] > 0
+    # the rule `re:blk\.1\.` -> iq4_nl also matches layer 1's norms: llama.cpp never
+    # re-types them, so it is skipped (kept) with a note instead of written into a broken file
+    assert types["blk.1.attn_norm.weight"] == "F32"   # the runnable export wrote norms as F32
+    assert "rule ignored" in info["notes"]["blk.1.attn_norm.weight"]
+    skipped = sorted(n for n, note in info["notes"].items() if "rule ignored" in note)
+    assert skipped == sorted(n for n in g.tensors if n.startswith("blk.1.")
+                             and g.info(n).ndim == 1)       # 2 norms + 3 biases
+    assert info["fallbacks"]["tensors"]["skipped"] == len(skipped) == 5
 
 
 def _llama_like_gguf(path, alignment=64):
@@ -235,19 +247,27 @@ def test_ineligible_tensor_is_refused_by_name_and_nothing_written(make_safetenso
                           "b.weight": np.ones((4, 96), np.float32)})
     model = open_model(p)
     out = tmp_path / "x.gguf"
+    # --strict: a fallback is an error naming the tensor, and nothing is written
     with pytest.raises(WorkbenchError, match="b.weight") as ei:
-        run(export(model, Plan(default="q4_k"), "gguf", out))
-    assert "256" in str(ei.value)
+        run(export(model, Plan(default="q4_k"), "gguf", out, strict=True))
+    assert "256" in str(ei.value) and "--strict" in str(ei.value)
     assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
-    # q4_0 takes rows of 96 = 3 x 32
-    run(export(model, Plan(default="q4_0"), "gguf", out))
-    assert out.exists()
+    # without it, llama-quantize's fallback: Q4_K -> Q5_0 for rows of 96 = 3 x 32
+    info = run(export(model, Plan(default="q4_k"), "gguf", out))
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(out)).tensors}
+    assert types == {"a.weight": "Q4_K", "b.weight": "Q5_0"}
+    assert info["fallbacks"]["fallbacks"] == {"q4_k->q5_0": 1}
+    assert "b.weight" in info["notes"] and "q5_0 instead" in info["notes"]["b.weight"]
+    # rows of 40: not a multiple of 32 either -> F16, as llama-quantize does
+    p2 = make_safetensors({"c.weight": np.ones((4, 40), np.float32)}, name="c.safetensors")
+    run(export(open_model(p2), Plan(default="q6_k"), "gguf", out))
+    assert [t.tensor_type.name for t in gguf.GGUFReader(str(out)).tensors] == ["F16"]
 
 
 def test_scheme_without_gguf_type_is_refused(make_safetensors, tmp_path):
     p = make_safetensors({"a.weight": np.ones((4, 256), np.float32)})
     model = open_model(p)
-    with pytest.raises(WorkbenchError, match="no GGUF tensor type"):
+    with pytest.raises(WorkbenchError, match="llama.cpp has no tensor type for int4-g128"):
         run(export(model, Plan(default="int4-g128"), "gguf", tmp_path / "x.gguf"))
 
 

@@ -97,8 +97,13 @@ def test_gpt2_conv1d_rows_are_the_input_dimension(make_safetensors, tmp_path):
     model = open_model(make_safetensors(t))
     assert detect_family(model) == "gpt2"
     with pytest.raises(WorkbenchError, match="h.0.mlp.c_proj.weight") as ei:
-        run(export(model, Plan(default="q4_k"), "llama-tensor-types", tmp_path / "t.txt"))
+        run(export(model, Plan(default="q4_k"), "llama-tensor-types", tmp_path / "t.txt",
+                   strict=True))
     assert "1056" in str(ei.value)
+    # without --strict: llama-quantize's fallback, Q4_K -> Q5_0 (1056 = 33 x 32)
+    run(export(model, Plan(default="q4_k"), "llama-tensor-types", tmp_path / "t.txt"))
+    pats = parse_like_llama_quantize((tmp_path / "t.txt").read_text())
+    assert resolve(pats, "blk.0.ffn_down.weight") == "q5_0"
     info = run(export(model, Plan(default="q4_k", rules=[
         {"match": "h.0.mlp.c_proj.weight", "scheme": "q4_0"}]), "llama-tensor-types",
         tmp_path / "t.txt"))
@@ -127,12 +132,19 @@ def test_bert_minilm(minilm, tmp_path):
     assert len(pats) == 6 * 6 + 1
 
 
-def test_bert_unmappable_rows_are_named(minilm, tmp_path):
+def test_bert_unmappable_rows_fall_back(minilm, tmp_path):
     # MiniLM's hidden size 384 is not a multiple of 256: a K-quant cannot take those rows
     with pytest.raises(WorkbenchError, match="encoder.layer.0.attention.self.query.weight") as ei:
-        run(export(minilm, Plan(default="q4_k"), "llama-tensor-types", tmp_path / "x.txt"))
-    assert "not a multiple of 256" in str(ei.value)
+        run(export(minilm, Plan(default="q4_k"), "llama-tensor-types", tmp_path / "x.txt",
+                   strict=True))
+    assert "multiple of 256" in str(ei.value)
     assert not (tmp_path / "x.txt").exists()
+    info = run(export(minilm, Plan(default="q4_k", fallback="q8_0"), "llama-tensor-types",
+                      tmp_path / "x.txt"))
+    pats = parse_like_llama_quantize((tmp_path / "x.txt").read_text())
+    assert resolve(pats, "blk.0.attn_q.weight") == "q8_0"       # the plan's own fallback
+    assert resolve(pats, "blk.0.ffn_down.weight") == "q4_K"     # 1536-wide rows take Q4_K
+    assert info["fallbacks"]["fallbacks"] == {"q4_k->q8_0": 31}
 
 
 def test_scheme_without_llama_type_is_named(tiny_llama, tmp_path):

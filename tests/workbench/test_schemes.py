@@ -146,11 +146,18 @@ def test_float_casts_exact():
     w = np.concatenate([W, np.array([[np.inf, -np.inf, np.nan, 1e-45, 7e4, -7e4, 3.4e38, 0.0]
                                      * 32], np.float32)])
     np.testing.assert_array_equal(get_scheme("fp32").dequantize(get_scheme("fp32").quantize(w)), w)
-    for name, tdt in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+    # NaN/Inf pass through; finite values the type holds match torch's cast bit for bit;
+    # finite values it cannot hold (torch gives Inf) are refused (issue 9: no Inf from finite input)
+    for name, tdt, big in (("fp16", torch.float16, (7e4, -7e4, 3.4e38)),
+                           ("bf16", torch.bfloat16, (3.4e38, -3.4e38))):
         s = get_scheme(name)
-        got = s.dequantize(s.quantize(w))
-        ref = torch.from_numpy(w).to(tdt).float().numpy()
+        ok = np.where(np.isin(np.abs(w), np.abs(np.float32(big))), np.float32(1.5), w)
+        got = s.dequantize(s.quantize(ok))
+        ref = torch.from_numpy(ok).to(tdt).float().numpy()
         np.testing.assert_array_equal(got, ref)
+        assert np.isinf(torch.from_numpy(w).to(tdt).float().numpy()).sum() > 64  # torch: Inf
+        with pytest.raises(WorkbenchError, match=f"{name} cannot represent value"):
+            s.quantize(w, tensor="t")
 
 
 def _int_torch_ref(s: IntAffine, w, qt):
@@ -302,13 +309,16 @@ def test_dequantize_refuses_other_schemes_tensor():
         get_scheme("int8-channel").dequantize(qt)
 
 
-def test_large_magnitudes_fp16_scale_saturation():
-    """Group scales are float16: huge weights saturate the scale instead of becoming inf."""
+def test_large_magnitudes_fp16_scale_refused():
+    """Group scales are float16: weights that need a scale above 65504 are refused, naming the
+    tensor (they used to saturate the scale silently); the largest that fits is kept exactly."""
     w = np.full((2, 32), 1e7, np.float32)
     s = get_scheme("int8-g32")
-    qt = s.quantize(w)
-    assert np.isfinite(qt.arrays["scales"]).all()
-    assert np.isfinite(s.dequantize(qt)).all()
+    with pytest.raises(WorkbenchError, match=r"tensor 'w': int8-g32's float16 scale cannot "
+                                             r"represent value 1e\+07"):
+        s.quantize(w, tensor="w")
+    edge = np.full((2, 32), 65504.0 * 127, np.float32)
+    np.testing.assert_array_equal(s.dequantize(s.quantize(edge)), edge)
 
 
 # ---- bit packing ------------------------------------------------------------------------------

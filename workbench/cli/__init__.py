@@ -3,16 +3,25 @@
 Sub-commands live one per module in `workbench/cli/commands/`; each module defines
 ``register(subparsers)`` which adds its parser and sets ``func=run(args) -> int``.
 With no sub-command (or a model path as first argument) the GUI opens.
+
+Exit status: 0 ok, 2 a user-facing error (one line ``<file>: <tensor>: <problem>``), 130
+cancelled. Anything unexpected (a bug) prints one line with the path of a crash log holding
+the traceback (``~/.cache/quant-workbench/logs/`` under $XDG_CACHE_HOME, or
+$QUANT_WORKBENCH_LOG_DIR) and exits 3; with QUANT_WORKBENCH_TRACEBACK=1 it re-raises instead
+(for debugging). Tests see a bug as exit status 3 plus "internal error".
+Output streams escape what they cannot encode (a lone surrogate in a tensor name).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
+from pathlib import Path
 
-from ..errors import Cancelled, WorkbenchError
+from ..errors import Cancelled, WorkbenchError, one_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,17 +50,80 @@ def main(argv: list[str] | None = None) -> int:
     names = _command_names(parser)
     if not argv or (argv[0] not in names and argv[0] not in ("-h", "--help")):
         argv = ["gui", *argv]
-    args = parser.parse_args(argv)
+    _tolerant_streams()
     try:
+        args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except WorkbenchError as exc:
-        print(f"quant-workbench: error: {exc}", file=sys.stderr)
+        _say(f"quant-workbench: error: {exc}")
         return 2
     except Cancelled:
-        print("quant-workbench: cancelled", file=sys.stderr)
+        _say("quant-workbench: cancelled")
         return 130
     except KeyboardInterrupt:
-        print("quant-workbench: interrupted", file=sys.stderr)
+        _say("quant-workbench: interrupted")
         return 130
     except BrokenPipeError:
         return 0
+    except SystemExit:
+        raise
+    except RecursionError as exc:
+        return _crash(exc, "input nested too deeply")
+    except MemoryError as exc:
+        return _crash(exc, "out of memory")
+    except Exception as exc:  # noqa: BLE001 - the catch-all: one line + a log with the traceback
+        if os.environ.get("QUANT_WORKBENCH_TRACEBACK"):
+            raise
+        return _crash(exc, "internal error")
+
+
+def log_dir() -> Path:
+    """Where crash logs go: $QUANT_WORKBENCH_LOG_DIR or ~/.cache/quant-workbench/logs."""
+    env = os.environ.get("QUANT_WORKBENCH_LOG_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "quant-workbench" / "logs"
+
+
+def write_crash_log(exc: BaseException) -> Path | None:
+    """Write the traceback of `exc` to a new file in :func:`log_dir`; its path (None if it
+    could not be written)."""
+    import time
+    import traceback
+    try:
+        d = log_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        path.write_text(f"quant-workbench {' '.join(sys.argv)}\n{text}", encoding="utf-8",
+                        errors="backslashreplace")
+        return path
+    except OSError:
+        return None
+
+
+def _crash(exc: BaseException, what: str) -> int:
+    """One line for an unexpected exception (a bug, or a limit the loaders do not catch yet),
+    with the log holding the traceback. Exit status 3 (a user error is 2)."""
+    log = write_crash_log(exc)
+    detail = str(exc).splitlines()[0][:200] if str(exc) else ""
+    where = log if log else "no log: the cache folder is not writable"
+    _say(f"quant-workbench: {what}: {type(exc).__name__}: {one_line(detail)} (details in {where})")
+    return 3
+
+
+def _tolerant_streams() -> None:
+    """stdout/stderr never fail on a character they cannot encode (a lone surrogate in a
+    tensor name, a non-UTF-8 terminal): it is written backslash-escaped."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr)
+    except UnicodeEncodeError:
+        print(line.encode("ascii", "backslashreplace").decode("ascii"), file=sys.stderr)

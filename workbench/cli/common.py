@@ -75,3 +75,18 @@ def fmt_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return f"{n}"
+
+
+def add_runtime_args(p, default: str | None = "any") -> None:
+    from ..runtimes import RUNTIMES
+    if default is not None:
+        p.add_argument("--target", default=default, choices=list(RUNTIMES),
+                       help="the runtime whose rules apply: which tensors it re-types and its "
+                            f"fallbacks for shapes a scheme cannot take (default: {default})")
+    p.add_argument("--strict", action="store_true",
+                   help="make every fallback or skipped rule an error instead of a note")
+
+
+def print_fallback_summary(summary, stream=None) -> None:
+    """The one-line fallback summary, on stderr (stdout stays clean for --json)."""
+    print(f"fallbacks: {summary.line()}", file=stream or sys.stderr)

@@ -53,6 +53,22 @@ def get_exporter(name: str) -> Exporter:
                              f"(choose from {', '.join(EXPORTERS)})") from None
 
 
-def export(model, plan, fmt: str, out_path):
-    """The export job for format `fmt` (a generator; drive it with progress.run)."""
-    return get_exporter(fmt).func(model, plan, out_path)
+def export(model, plan, fmt: str, out_path, **options):
+    """The export job for format `fmt` (a generator; drive it with progress.run). `options`
+    (e.g. ``strict=True``) go to the exporters that take them."""
+    import inspect
+
+    from ..atomic import refuse_overwriting_inputs
+    refuse_overwriting_inputs(model, out_path)
+    func = get_exporter(fmt).func
+    params = inspect.signature(func).parameters
+    job = func(model, plan, out_path, **{k: v for k, v in options.items() if k in params})
+    return _named_errors(job, model.path)
+
+
+def _named_errors(job, path):
+    """Drive `job`, re-raising its WorkbenchErrors with the model's file where they lack one
+    (a tensor a scheme refuses, a NaN/Inf refusal, a tensor GGUF cannot take)."""
+    from ..errors import context
+    with context(path):
+        return (yield from job)

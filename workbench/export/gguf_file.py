@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import default_file_mode
+from ..atomic import default_file_mode, make_temp
 from ..errors import WorkbenchError
 from ..plan import KEEP
 from ..progress import Progress
@@ -71,12 +71,14 @@ FTYPE_OF = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q4_0"
 
 @dataclass
 class _Item:
-    name: str
-    shape: tuple
+    name: str         # the source's name
+    out: str          # the name written
+    shape: tuple      # the shape written
     gtype: str        # GGUF type name written
     nbytes: int
     how: str          # "copy" | "keep" | "scheme"
     scheme: str       # scheme name ("keep" for copies)
+    transform: bool = False   # llama.cpp layout differs from the source's (gguf_arch.transform)
 
 
 def _gtype(name: str):
@@ -91,42 +93,52 @@ def _type_nbytes(gtype: str, shape: tuple) -> int:
     return n // block * size
 
 
-def _plan_items(model, plan, from_gguf: bool) -> list[_Item]:
-    """What each tensor becomes; raises before anything is written if one cannot."""
+def _plan_items(model, decisions, from_gguf: bool, target=None) -> tuple[list[_Item], list[str]]:
+    """What each tensor becomes, and the tensors llama.cpp's converter drops; raises before
+    anything is written if a tensor cannot be written."""
+    from ..runtimes import get_runtime
     from ..schemes.ggml import GGMLScheme
-    assignment = plan.resolve(model)
-    items = []
+    from .gguf_arch import needs_transform, transformed_shape
+    items, dropped = [], []
     for name, info in model.tensors.items():
+        out = name
         shape = tuple(int(s) for s in info.shape) or (1,)
-        scheme = assignment[name]
+        transform = False
+        if target is not None:
+            out = target.names.get(name)
+            if out is None:
+                dropped.append(name)
+                continue
+            transform = needs_transform(target, name)
+            shape = transformed_shape(target, name, shape)
+        scheme = decisions[name].applied
         if scheme == KEEP:
             if from_gguf:
-                items.append(_Item(name, shape, info.dtype, info.nbytes, "copy", KEEP))
+                items.append(_Item(name, out, shape, info.dtype, info.nbytes, "copy", KEEP))
                 continue
             if info.quant or info.dtype not in KEEP_TYPES:
                 gt = "F32"  # stored quantized in a non-GGUF container: its float32 decoding
+            elif target is not None and info.dtype in ("F16", "BF16") \
+                    and get_runtime("llama.cpp").never_retyped(info, out):
+                # llama.cpp's CPU ops take norms, biases, position and token-type embeddings
+                # as F32 (its converter writes them so): widen exactly
+                gt = "F32"
             else:
                 gt = KEEP_TYPES[info.dtype][0]
-            items.append(_Item(name, shape, gt, _type_nbytes(gt, shape), "keep", KEEP))
+            how = "keep" if gt == KEEP_TYPES.get(info.dtype, ("",))[0] else "widen"
+            items.append(_Item(name, out, shape, gt, _type_nbytes(gt, shape), how, KEEP,
+                               transform))
             continue
         s = get_scheme(scheme)
         if isinstance(s, GGMLScheme):
-            reason = s.ineligible_reason(shape)
-            if reason:
-                raise WorkbenchError(f"cannot export to GGUF: {reason} (assign another scheme "
-                                     "to this tensor, e.g. q8_0 or fp16, or keep it)", tensor=name)
             gt = s.ggml_name
         elif s.name in FLOAT_SCHEMES:
             gt = FLOAT_SCHEMES[s.name]
-        else:
-            raise WorkbenchError(
-                f"scheme '{s.name}' has no GGUF tensor type (GGUF takes keep, fp32, fp16, bf16 "
-                "and the GGML schemes q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl)",
-                tensor=name)
-        if not info.is_float:
-            raise WorkbenchError(f"{info.dtype} tensor cannot be encoded as {s.name}", tensor=name)
-        items.append(_Item(name, shape, gt, _type_nbytes(gt, shape), "scheme", s.name))
-    return items
+        else:  # runtimes.decide refuses these for llama.cpp; kept as a guard
+            raise WorkbenchError(f"scheme '{s.name}' has no GGUF tensor type", tensor=name)
+        items.append(_Item(name, out, shape, gt, _type_nbytes(gt, shape), "scheme", s.name,
+                           transform))
+    return items, dropped
 
 
 def _file_type(items: list[_Item], source_ftype=None) -> int:
@@ -173,12 +185,22 @@ def _copy_fields(writer, reader) -> list[str]:
     return skipped
 
 
-def _tensor_data(model, item: _Item, reader_tensors) -> np.ndarray:
-    """The bytes of one output tensor (float tensors quantized in row chunks)."""
+def _tensor_data(model, item: _Item, reader_tensors, target=None) -> np.ndarray:
+    """The bytes of one output tensor (float tensors quantized in row chunks with the numba
+    kernels where they exist). Runs on worker threads: the kernels release the GIL."""
+    from ..evaluate import quantize
     info = model.info(item.name)
     if item.how == "copy":
         return np.asarray(reader_tensors[item.name].data)
-    if item.how == "keep":
+    if item.how == "widen" and not item.transform:
+        return model.read_matrix(item.name).astype(np.float32, copy=False)
+    if item.transform:
+        from .gguf_arch import transform
+        w = transform(target, item.name, model.read_matrix(item.name).reshape(info.shape))
+        if item.how in ("keep", "widen"):
+            return w.astype(np.float32 if item.gtype == "F32" else KEEP_TYPES[info.dtype][1])
+        rows = [w.reshape(w.shape[0], -1)]
+    elif item.how == "keep":
         if info.quant or info.dtype not in KEEP_TYPES:
             return model.read_matrix(item.name).astype(np.float32, copy=False)
         np_dtype = KEEP_TYPES[info.dtype][1]
@@ -189,29 +211,47 @@ def _tensor_data(model, item: _Item, reader_tensors) -> np.ndarray:
             raise WorkbenchError("U64 values beyond the int64 range have no GGUF type",
                                  tensor=item.name)
         return np.ascontiguousarray(raw).astype(np_dtype, copy=False)
-    scheme = get_scheme(item.scheme)
+    else:
+        rows = (chunk for _r0, chunk in model.iter_rows(item.name, max_elements=CHUNK_ELEMENTS))
     parts = []
-    for _r0, chunk in model.iter_rows(item.name, max_elements=CHUNK_ELEMENTS):
-        qt = scheme.quantize(chunk, tensor=item.name)
+    for chunk in rows:
+        if item.scheme in FLOAT_SCHEMES:
+            from ..evaluate import check_representable
+            qt = get_scheme(item.scheme).quantize(chunk, tensor=item.name)
+            check_representable(qt, chunk, item.name)
+        else:
+            qt = quantize(chunk, item.scheme, tensor=item.name)
         parts.append(next(iter(qt.arrays.values())))
     if not parts:
         return np.zeros(0, np.uint8)
-    out = np.concatenate([np.ascontiguousarray(p).reshape(p.shape[0], -1) for p in parts])
-    return out
+    return np.concatenate([np.ascontiguousarray(p).reshape(p.shape[0], -1) for p in parts])
+
+
+def _workers() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
 
 
 @register_exporter("gguf", ".gguf",
                    "GGUF for llama.cpp: F32/F16/BF16 and GGML block types (q4_0 ... q6_k, iq4_nl) "
                    "per the plan; metadata copied from a GGUF source")
-def export_gguf(model, plan, out_path):
+def export_gguf(model, plan, out_path, strict: bool = False):
     import gguf
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..runtimes import check_strict, plan_decisions, summarize
+    from .gguf_arch import hf_target, write_hparams, write_tokenizer
     target = Path(out_path)
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise WorkbenchError("output folder does not exist", path=str(target))
     from_gguf = model.format == "gguf" and model.source is not None
     yield Progress(0, 1, "checking the plan")
-    items = _plan_items(model, plan, from_gguf)
+    decisions = plan_decisions(model, plan, "llama.cpp")
+    if strict:
+        check_strict(decisions.values(), path=model.path)
+    hf, not_runnable = (None, None) if from_gguf else hf_target(model)
+    items, dropped = _plan_items(model, decisions, from_gguf, hf)
+    summary = summarize(d for n, d in decisions.items() if n not in dropped)
     reader = model.source if from_gguf else None
     reader_tensors = {t.name: t for t in reader.tensors} if reader is not None else {}
 
@@ -221,22 +261,36 @@ def export_gguf(model, plan, out_path):
             if arch_field is not None and arch_field.types else ARCH_FOR_NON_GGUF
         src_ft = reader.fields.get("general.file_type")
         source_ftype = int(src_ft.parts[src_ft.data[0]][0]) if src_ft is not None else None
+    elif hf is not None:
+        arch, source_ftype = hf.arch_name, None
     else:
         arch, source_ftype = ARCH_FOR_NON_GGUF, None
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    fd, tmp = make_temp(target)
     os.close(fd)
     writer = None
     try:
         writer = gguf.GGUFWriter(tmp, arch)
         skipped: list[str] = []
+        n_vocab = None
         if reader is not None:
             align = reader.fields.get("general.alignment")
             if align is not None and align.types:
                 writer.add_custom_alignment(int(align.parts[align.data[0]][0]))
             skipped = _copy_fields(writer, reader)
         else:
-            writer.add_name(Path(model.path).stem)
+            writer.add_name(Path(model.path).stem if Path(model.path).is_file()
+                            else Path(model.path).name)
+            if hf is not None:
+                import logging
+                vocab_log = logging.getLogger("gguf.vocab")
+                level = vocab_log.level
+                vocab_log.setLevel(logging.ERROR)  # "No handler for special token type cls"
+                try:
+                    write_hparams(writer, hf)
+                    n_vocab = write_tokenizer(writer, hf)
+                finally:
+                    vocab_log.setLevel(level)
             if model.metadata:
                 writer.add_string("quant_workbench.source_metadata",
                                   json.dumps({str(k): str(v) for k, v in model.metadata.items()}))
@@ -246,7 +300,7 @@ def export_gguf(model, plan, out_path):
         writer.add_file_type(file_type)
         writer.add_quantization_version(QUANTIZATION_VERSION)
         for it in items:
-            writer.add_tensor_info(it.name, it.shape, np.dtype(np.float32), it.nbytes,
+            writer.add_tensor_info(it.out, it.shape, np.dtype(np.float32), it.nbytes,
                                    raw_dtype=_gtype(it.gtype))
         writer.write_header_to_file(Path(tmp))
         writer.write_kv_data_to_file()
@@ -254,16 +308,27 @@ def export_gguf(model, plan, out_path):
         total = sum(max(int(np.prod(it.shape)), 1) for it in items) or 1
         done = 0
         types: dict[str, int] = {}
-        for it in items:
-            yield Progress(done, total, f"writing {it.name} ({it.gtype})")
-            data = _tensor_data(model, it, reader_tensors)
-            if data.nbytes != it.nbytes:
-                raise WorkbenchError(f"internal error: {data.nbytes} bytes for a {it.gtype} "
-                                     f"tensor of {it.nbytes}", tensor=it.name)
-            writer.write_tensor_data(np.ascontiguousarray(data))
-            del data
-            types[it.gtype] = types.get(it.gtype, 0) + 1
-            done += max(int(np.prod(it.shape)), 1)
+        # quantize tensors in parallel (the kernels release the GIL), write them in order;
+        # at most `ahead` tensors are held at once, so memory stays bounded
+        workers = _workers()
+        ahead = workers + 1
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = {}
+            for i, it in enumerate(items[:ahead]):
+                futures[i] = pool.submit(_tensor_data, model, it, reader_tensors, hf)
+            for i, it in enumerate(items):
+                yield Progress(done, total, f"writing {it.out} ({it.gtype})")
+                data = futures.pop(i).result()
+                if i + ahead < len(items):
+                    futures[i + ahead] = pool.submit(_tensor_data, model, items[i + ahead],
+                                                     reader_tensors, hf)
+                if data.nbytes != it.nbytes:
+                    raise WorkbenchError(f"internal error: {data.nbytes} bytes for a {it.gtype} "
+                                         f"tensor of {it.nbytes}", tensor=it.name)
+                writer.write_tensor_data(np.ascontiguousarray(data))
+                del data
+                types[it.gtype] = types.get(it.gtype, 0) + 1
+                done += max(int(np.prod(it.shape)), 1)
         for fh in writer.fout or []:
             fh.flush()
             os.fsync(fh.fileno())
@@ -286,7 +351,17 @@ def export_gguf(model, plan, out_path):
         ftype_name = gguf.LlamaFileType(file_type).name
     except ValueError:
         ftype_name = str(file_type)
-    return {"path": str(target), "format": "gguf", "tensors": len(items),
-            "bytes": target.stat().st_size, "file_type": ftype_name,
-            "quantization_version": QUANTIZATION_VERSION, "types": types,
-            "architecture": arch, "skipped_keys": skipped}
+    out = {"path": str(target), "format": "gguf", "tensors": len(items),
+           "bytes": target.stat().st_size, "file_type": ftype_name,
+           "quantization_version": QUANTIZATION_VERSION, "types": types,
+           "architecture": arch, "skipped_keys": skipped,
+           "runnable_by_llama_cpp": from_gguf or hf is not None,
+           "dropped_by_converter": dropped,
+           "fallbacks": summary.to_dict(),
+           "notes": {d.name: d.note for d in decisions.values()
+                     if d.note and d.kind in ("fallback", "skipped") and d.name not in dropped}}
+    if n_vocab is not None:
+        out["vocab_size"] = n_vocab
+    if not_runnable:
+        out["not_runnable"] = not_runnable
+    return out

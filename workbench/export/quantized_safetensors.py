@@ -35,8 +35,11 @@ SEP = "::"
 
 @register_exporter("safetensors", ".safetensors",
                    "quantized weights: packed codes + scales, scheme per tensor in metadata")
-def export_quantized_safetensors(model, plan, out_path):
-    assignment = plan.resolve(model)
+def export_quantized_safetensors(model, plan, out_path, strict: bool = False):
+    from ..runtimes import check_strict, plan_decisions, summarize
+    decisions = plan_decisions(model, plan, "any")
+    if strict:
+        check_strict(decisions.values(), path=model.path)
     names = list(model.tensors)
     total = sum(max(model.info(n).numel, 1) for n in names) or 1
     done = 0
@@ -46,9 +49,7 @@ def export_quantized_safetensors(model, plan, out_path):
         for n in names:
             info = model.info(n)
             yield Progress(done, total, f"exporting {n}")
-            scheme = assignment[n]
-            if scheme != KEEP and get_scheme(scheme).ineligible_reason(info.shape):
-                scheme = KEEP
+            scheme = decisions[n].applied
             if scheme == KEEP:
                 raw = model.raw(n)
                 if info.quant or info.dtype not in STORAGE:
@@ -71,17 +72,42 @@ def export_quantized_safetensors(model, plan, out_path):
     except BaseException:
         writer.abort()
         raise
+    summary = summarize(decisions.values())
     return {"path": str(out_path), "format": "safetensors", "quantized": len(index),
-            "tensors": len(names)}
+            "tensors": len(names), "fallbacks": summary.to_dict(),
+            "notes": {d.name: d.note for d in decisions.values()
+                      if d.note and d.kind in ("fallback", "skipped")}}
+
+
+def _check_layout(scheme, shape, array_keys, nbytes: int, path, name) -> None:
+    """The stored arrays must be exactly what `scheme` writes for `shape`: metadata edited to
+    another scheme (or arrays swapped) would otherwise decode to wrong values silently."""
+    from ..limits import check_shape
+    from ..schemes.base import matrix_shape
+    check_shape(shape, path, name)
+    want = scheme.nbytes(shape)
+    if nbytes != want:
+        raise WorkbenchError(f"stored arrays hold {nbytes:,} bytes but {scheme.name} of shape "
+                             f"{list(shape)} needs {want:,}: the metadata does not match the data",
+                             path=path, tensor=name)
+    rows, cols = matrix_shape(shape)
+    probe = scheme.quantize(np.zeros((1, cols), np.float32)) if cols else None
+    if probe is not None and sorted(probe.arrays) != sorted(array_keys):
+        raise WorkbenchError(f"stored arrays {sorted(array_keys)} are not {scheme.name}'s "
+                             f"{sorted(probe.arrays)}", path=path, tensor=name)
 
 
 def open_quantized(path: str, files, tensors: dict, owner: dict, metadata: dict) -> Model:
     """Present a quantized safetensors file as its original (dequantized) tensors."""
     try:
-        meta = json.loads(metadata[META_KEY])
+        from ..limits import loads
+        meta = loads(metadata[META_KEY], path, "JSON")
         qindex = meta["tensors"]
         if meta.get("version") != 1 or not isinstance(qindex, dict):
             raise ValueError("unsupported version")
+    except WorkbenchError as exc:
+        raise WorkbenchError(f"corrupt quant_workbench metadata ({str(exc).split(': ', 1)[-1]})",
+                             path=path) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise WorkbenchError(f"corrupt quant_workbench metadata ({exc})", path=path) from None
     infos: dict[str, TensorInfo] = {}
@@ -100,6 +126,7 @@ def open_quantized(path: str, files, tensors: dict, owner: dict, metadata: dict)
             raise WorkbenchError(f"quantized tensor is missing its array {missing[0]}",
                                  path=path, tensor=name)
         nbytes = sum(tensors[a].nbytes for a in arrays)
+        _check_layout(scheme, shape, entry["arrays"], nbytes, path, name)
         infos[name] = TensorInfo(name, shape, "F32", nbytes, owner[arrays[0]].path,
                                  quant=scheme.name)
         storage[name] = (scheme.name, arrays)

@@ -9,6 +9,7 @@ target, so an existing file is never left half-written. The `safetensors` librar
 from __future__ import annotations
 
 import errno
+import contextlib
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import atomic_write
+from ..atomic import atomic_write, make_temp
 from ..dtypes import NUMPY_TO_ST
 from ..errors import WorkbenchError
 
@@ -33,14 +34,7 @@ class StreamingSafetensorsWriter:
         self.metadata = dict(metadata or {})
         self.header: dict = {}
         self.offset = 0
-        directory = self.path.parent if str(self.path.parent) else Path(".")
-        if not directory.is_dir():
-            raise WorkbenchError("output folder does not exist", path=str(self.path))
-        try:
-            fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".data",
-                                             dir=directory)
-        except OSError as exc:
-            raise WorkbenchError(f"cannot write here ({exc.strerror})", path=str(self.path)) from None
+        fd, self._tmp = make_temp(self.path, ".data")
         self._fh = os.fdopen(fd, "wb")
 
     def add(self, name: str, array: np.ndarray, dtype: str | None = None) -> None:
@@ -83,9 +77,12 @@ class StreamingSafetensorsWriter:
             self.abort()
 
     def abort(self) -> None:
+        """Remove the temporary data; never raises (a full disk must not hide the first error)."""
         try:
             if not self._fh.closed:
                 self._fh.close()
+        except OSError:
+            pass
         finally:
-            if os.path.exists(self._tmp):
+            with contextlib.suppress(OSError):
                 os.unlink(self._tmp)

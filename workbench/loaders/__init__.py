@@ -53,6 +53,9 @@ def open_model(path: str | os.PathLike) -> Model:
     p = Path(path).expanduser()
     if not p.exists():
         raise WorkbenchError("file not found", path=str(p))
+    if not p.is_dir():
+        from ..limits import check_regular_file
+        check_regular_file(p)
     fmt = detect_format(p)
     if fmt == "safetensors":
         from .safetensors_format import open_safetensors

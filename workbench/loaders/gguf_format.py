@@ -53,6 +53,11 @@ def open_gguf(path: str | os.PathLike) -> Model:
     p = str(Path(path))
     if not os.path.exists(p):
         raise WorkbenchError("file not found", path=p)
+    from ..limits import prescan_gguf
+    try:
+        prescan_gguf(p)
+    except struct.error:
+        raise WorkbenchError("truncated GGUF header", path=p) from None
     try:
         reader = gguf.GGUFReader(p, "r")
     except (ValueError, IndexError, KeyError, OSError, struct.error, TypeError,
@@ -79,6 +84,8 @@ def open_gguf(path: str | os.PathLike) -> Model:
         data = np.asarray(t.data)
         if info.dtype == "BF16":  # the reader gives BF16 as bytes
             data = data.view(np.uint16)
+        if data.size == 0:
+            return data.reshape(info.rows, 0)
         return data.reshape(info.rows, -1)
 
     return Model(p, "gguf", tensors, raw, metadata, source=reader)

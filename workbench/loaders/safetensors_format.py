@@ -42,11 +42,11 @@ def parse_header(buf: bytes, file_size: int, path: str = "") -> tuple[dict, dict
     raw = bytes(buf[8:8 + n])
     if len(raw) < n:
         raise WorkbenchError("truncated header", path=path)
+    from ..limits import loads
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        # ValueError covers JSONDecodeError and integers beyond Python's digit limit
-        raise WorkbenchError(f"corrupt safetensors header ({type(exc).__name__})", path=path) from None
+        header = loads(raw, path, "safetensors header")
+    except WorkbenchError as exc:
+        raise WorkbenchError(f"corrupt {str(exc).split(': ', 1)[-1]}", path=path) from None
     if not isinstance(header, dict):
         raise WorkbenchError("corrupt safetensors header (not a JSON object)", path=path)
     data_start = 8 + n
@@ -160,7 +160,8 @@ def _shard_files(path: Path) -> list[Path]:
         return files
     if path.name.endswith(".index.json"):
         try:
-            index = json.loads(path.read_text(encoding="utf-8"))
+            from ..limits import loads
+            index = loads(path.read_bytes(), str(path), "safetensors index")
             weight_map = index["weight_map"]
             shards = sorted(set(weight_map.values()))
             bad = [s for s in shards if not isinstance(s, str) or not s or "\0" in s]
@@ -169,11 +170,29 @@ def _shard_files(path: Path) -> list[Path]:
                                  f"got {bad[0] if bad else 'nothing'!r}")
         except FileNotFoundError:
             raise WorkbenchError("file not found", path=str(path)) from None
+        except WorkbenchError:
+            raise
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise WorkbenchError(f"malformed safetensors index ({type(exc).__name__}: {exc})",
                                  path=str(path)) from None
-        return [path.parent / s for s in shards]
+        from ..limits import shard_path
+        return [shard_path(path, s) for s in shards]
     return [path]
+
+
+def _check_index_listing(root: Path, tensors: dict) -> None:
+    """Every tensor an index lists must be in its shard (else it would silently vanish)."""
+    idx = root if root.name.endswith(".index.json") else (
+        next(iter(sorted(root.glob("*.safetensors.index.json"))), None) if root.is_dir() else None)
+    if idx is None:
+        return
+    from ..limits import loads
+    weight_map = loads(idx.read_bytes(), str(idx), "safetensors index")["weight_map"]
+    missing = [n for n in weight_map if n not in tensors]
+    if missing:
+        raise WorkbenchError(f"the index lists {len(missing)} tensors that are not in their "
+                             f"shards: {', '.join(str(m)[:80] for m in missing[:5])}",
+                             path=str(idx))
 
 
 def open_safetensors(path: str | os.PathLike) -> Model:
@@ -191,6 +210,7 @@ def open_safetensors(path: str | os.PathLike) -> Model:
             owner[name] = f
             tensors[name] = TensorInfo(name, shape, dtype, end - begin, f.path)
 
+    _check_index_listing(root, tensors)
     if QUANT_META_KEY in metadata:
         from ..export.quantized_safetensors import open_quantized
         return open_quantized(str(root), files, tensors, owner, metadata)

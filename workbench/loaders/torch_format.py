@@ -21,13 +21,18 @@ from ..model import Model, TensorInfo
 _WRAPPERS = ("state_dict", "model_state_dict", "model", "module", "weights", "params")
 
 
-def _flatten(obj, prefix: str, out: dict) -> None:
+def _flatten(obj, prefix: str, out: dict, depth: int = 0) -> None:
     import torch
+    if depth > 64:
+        raise WorkbenchError("state dict nested more than 64 levels deep")
     if isinstance(obj, torch.Tensor):
+        if prefix in out:
+            raise WorkbenchError(f"two tensors flatten to the same name {prefix[:120]!r} "
+                                 "(e.g. 'a.b' and 'a' -> 'b')")
         out[prefix] = obj
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out, depth + 1)
 
 
 def _unwrap(obj):
@@ -52,10 +57,47 @@ def _load(path: str):
         return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def _check_zip_records(p: str) -> None:
+    """torch.save stores tensor data uncompressed and mmap=True maps the bytes as they are: a
+    compressed record would load as garbage, so it is refused. A plain text file is named."""
+    with open(p, "rb") as fh:
+        head = fh.read(4)
+    if head[:2] != b"PK":
+        if head[:1] != b"\x80":
+            try:
+                with open(p, "rb") as fh:
+                    sample = fh.read(512)
+                sample.decode("utf-8")
+                printable = True
+            except UnicodeDecodeError:
+                printable = False
+            if printable:
+                raise WorkbenchError("this is a text file, not a PyTorch checkpoint", path=p)
+        return
+    try:
+        with zipfile.ZipFile(p) as zf:
+            infos = zf.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, EOFError,
+            RuntimeError) as exc:
+        raise WorkbenchError(f"truncated or corrupt PyTorch checkpoint ({type(exc).__name__})",
+                             path=p) from None
+    if len(infos) > 1_000_000:
+        raise WorkbenchError(f"PyTorch zip with {len(infos):,} records", path=p)
+    size = os.path.getsize(p)
+    for info in infos:
+        if "/data/" in info.filename and info.compress_type != zipfile.ZIP_STORED:
+            raise WorkbenchError(f"tensor record {info.filename} is compressed (torch.save "
+                                 "stores them uncompressed; re-save the checkpoint)", path=p)
+        if info.header_offset + info.file_size > size:
+            raise WorkbenchError(f"record {info.filename} runs past the end of the file",
+                                 path=p)
+
+
 def open_torch(path: str | os.PathLike) -> Model:
     p = str(Path(path))
     if not os.path.exists(p):
         raise WorkbenchError("file not found", path=p)
+    _check_zip_records(p)
     try:
         obj = _load(p)
     except pickle.UnpicklingError as exc:
@@ -71,12 +113,30 @@ def open_torch(path: str | os.PathLike) -> Model:
         msg = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise WorkbenchError(f"cannot load PyTorch checkpoint ({type(exc).__name__}: {msg})",
                              path=p) from None
+    import torch
     flat: dict = {}
-    _flatten(_unwrap(obj), "", flat)
+    try:
+        _flatten(_unwrap(obj), "", flat)
+    except WorkbenchError as exc:
+        raise WorkbenchError(str(exc), path=p) from None
     if not flat:
         raise WorkbenchError("no tensors found in PyTorch checkpoint", path=p)
     tensors: dict[str, TensorInfo] = {}
+    file_size = os.path.getsize(p)
     for name, t in flat.items():
+        if t.is_sparse or t.layout != torch.strided:
+            raise WorkbenchError(f"sparse tensor ({t.layout}) is not supported: save it dense",
+                                 path=p, tensor=name)
+        if t.device.type == "meta":
+            raise WorkbenchError("meta tensor has no data", path=p, tensor=name)
+        logical = t.numel() * t.element_size()
+        if logical > t.untyped_storage().nbytes() and t.numel() > 1:
+            raise WorkbenchError(f"tensor is a broadcast view: {logical:,} bytes from a storage of "
+                                 f"{t.untyped_storage().nbytes():,} (save it with .contiguous())",
+                                 path=p, tensor=name)
+        if logical > file_size:
+            raise WorkbenchError(f"tensor claims {logical:,} bytes but the file holds "
+                                 f"{file_size:,}", path=p, tensor=name)
         key = str(t.dtype).replace("torch.", "")
         if key not in TORCH_TO_ST:
             raise WorkbenchError(f"unsupported dtype {key}", path=p, tensor=name)
@@ -85,7 +145,7 @@ def open_torch(path: str | os.PathLike) -> Model:
 
     def raw(name: str) -> np.ndarray:
         import torch
-        t = flat[name].contiguous()
+        t = flat[name].detach().contiguous()   # nn.Parameter requires grad
         info = tensors[name]
         if info.dtype == "BF16":
             arr = t.view(torch.int16).numpy().view(np.uint16)
@@ -103,16 +163,20 @@ def open_torch_shards(index_path: str | os.PathLike) -> Model:
     import json
     idx = Path(index_path)
     try:
-        weight_map = json.loads(idx.read_text(encoding="utf-8"))["weight_map"]
+        from ..limits import loads
+        weight_map = loads(idx.read_bytes(), str(idx), "PyTorch index")["weight_map"]
         shards = sorted(set(weight_map.values()))
         if not all(isinstance(s, str) and s and "\x00" not in s for s in shards):
             raise ValueError("shard names must be non-empty strings")
     except FileNotFoundError:
         raise WorkbenchError("file not found", path=str(idx)) from None
+    except WorkbenchError:
+        raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise WorkbenchError(f"malformed PyTorch index ({type(exc).__name__}: {exc})",
                              path=str(idx)) from None
-    parts = [open_torch(idx.parent / s) for s in shards]
+    from ..limits import shard_path
+    parts = [open_torch(shard_path(idx, s)) for s in shards]
     tensors: dict[str, TensorInfo] = {}
     owner: dict[str, Model] = {}
     for part in parts:

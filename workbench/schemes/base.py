@@ -62,6 +62,10 @@ class Scheme:
     block_size: ClassVar[int | None] = None
     #: float casts pass NaN/Inf through; quantizers refuse them
     accepts_nonfinite: ClassVar[bool] = False
+    #: quantizers with float32 scales refuse |w| above this (None: no limit checked here):
+    #: their scale arithmetic (a range hi - lo, a power-of-two scale rounded up, q * scale)
+    #: needs headroom below float32's largest value 3.4e38, else it overflows to Inf/NaN
+    max_abs_weight: ClassVar[float | None] = None
 
     _fixed: ClassVar[dict[str, type]] = {}
     _families: ClassVar[list[type]] = []
@@ -116,12 +120,36 @@ class Scheme:
         if reason:
             raise WorkbenchError(reason, tensor=tensor)
         w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(matrix_shape(shape))
-        if not self.accepts_nonfinite and w2.size and not np.isfinite(w2).all():
-            bad = int(np.count_nonzero(~np.isfinite(w2)))
-            raise WorkbenchError(f"cannot quantize with {self.name}: {bad} NaN/Inf weight(s)",
-                                 tensor=tensor)
-        arrays = self._quantize(w2)
+        if not self.accepts_nonfinite and w2.size:
+            amax = float(np.max(np.abs(w2)))
+            if not np.isfinite(amax):
+                bad = int(np.count_nonzero(~np.isfinite(w2)))
+                raise WorkbenchError(f"cannot quantize with {self.name}: {bad} NaN/Inf weight(s)",
+                                     tensor=tensor)
+            if self.max_abs_weight is not None and amax > self.max_abs_weight:
+                raise WorkbenchError(
+                    f"{self.name} cannot represent value {amax:.3g} (its float32 scale "
+                    f"arithmetic would overflow; it takes |w| <= {self.max_abs_weight:.3g})",
+                    tensor=tensor)
+        self.check_range(w2, tensor)
+        try:
+            arrays = self._quantize(w2)
+        except WorkbenchError as exc:
+            raise exc.with_context(tensor=tensor) from None
         return QuantizedTensor(self.name, shape, arrays)
+
+    def check_range(self, w2: np.ndarray, tensor: str | None = None) -> None:
+        """Refuse finite weights the storage cannot represent, before quantizing (schemes
+        override; the kernel path calls it too). The non-GGML schemes refuse inside
+        ``_quantize`` per block instead, and :meth:`reference_needed` sends the kernel path
+        there."""
+
+    def reference_needed(self, qt: QuantizedTensor) -> bool:
+        """True when `qt` (e.g. from a numba kernel) holds a scale in the range where only
+        the reference implementation handles the edge case (a saturated float16 scale, a float32
+        scale whose inverse overflows): the caller then quantizes again with :meth:`quantize`,
+        which refuses or handles it. Looks only at the small per-block arrays."""
+        return False
 
     def dequantize(self, qt: QuantizedTensor) -> np.ndarray:
         if qt.scheme != self.name:

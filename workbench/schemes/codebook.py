@@ -4,12 +4,18 @@ nf4-g64:     4-bit codes into the 16-value NF4 codebook; one float32 absmax per 
              code = index of the nearest codebook value to w/absmax (ties to the lower index).
 ternary-g64: codes {-1, 0, +1} (stored as 2-bit code+1); one float16 scale per block,
              scale = mean |w| of the block (BitNet b1.58 absmean); q = clip(rint(w/scale), -1, 1).
+
+Range: nf4 refuses |w| > 1e38 (float32 headroom); a block whose absmax is so small that its
+float32 inverse overflows (< 2.9e-39) is normalised by division instead (no NaN). ternary
+refuses a block whose mean |w| exceeds its float16 scale's 65504 (instead of clamping it);
+a mean below float16's smallest step stores the block as zeros.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..errors import WorkbenchError
 from .base import Scheme, matrix_shape
 from .packing import pack_bits, packed_nbytes, unpack_bits
 
@@ -25,17 +31,27 @@ class NF4(Scheme):
     name = "nf4-g64"
     nominal_bits = 4
     block_size = 64
+    max_abs_weight = 1e38
 
     def nbytes(self, shape) -> int:
         r, c = matrix_shape(shape)
         return packed_nbytes(r * c, 4) + 4 * (r * c // 64)
 
+    def reference_needed(self, qt) -> bool:
+        a = qt.arrays["absmax"]
+        tiny = np.float32(1.0) / np.finfo(np.float32).max
+        return bool(((a > 0) & (a < tiny)).any() or (a > self.max_abs_weight).any())
+
     def _quantize(self, w):
         b = w.reshape(-1, 64)
         absmax = np.abs(b).max(axis=1).astype(np.float32) if b.size else np.zeros(0, np.float32)
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", over="ignore"):
             inv = np.where(absmax > 0, np.float32(1.0) / absmax, np.float32(0.0)).astype(np.float32)
-        normed = b * inv[:, None]
+        with np.errstate(invalid="ignore"):
+            normed = b * inv[:, None]
+        bad = ~np.isfinite(inv)
+        if bad.any():   # absmax so small its inverse overflows: divide those blocks instead
+            normed[bad] = b[bad] / absmax[bad][:, None]
         codes = np.searchsorted(NF4_MIDPOINTS, normed, side="left").astype(np.uint8)
         return {"codes": pack_bits(codes, 4), "absmax": absmax}
 
@@ -54,10 +70,17 @@ class Ternary(Scheme):
         r, c = matrix_shape(shape)
         return packed_nbytes(r * c, 2) + 2 * (r * c // 64)
 
+    def reference_needed(self, qt) -> bool:
+        return bool((qt.arrays["scales"] == np.float16(65504.0)).any())
+
     def _quantize(self, w):
         b = w.reshape(-1, 64)
         scale = (np.abs(b).astype(np.float64).mean(axis=1) if b.size else np.zeros(0))
-        scale = np.minimum(scale, 65504.0).astype(np.float16)
+        if (scale > 65504.0).any():
+            raise WorkbenchError(
+                f"{self.name}'s float16 scale cannot represent a block mean |w| of "
+                f"{float(scale.max()):.3g} (at most 65504; keep this tensor or use a channel scheme)")
+        scale = scale.astype(np.float16)
         s32 = scale.astype(np.float32)
         with np.errstate(divide="ignore"):
             inv = np.where(s32 > 0, np.float32(1.0) / s32, np.float32(0.0)).astype(np.float32)

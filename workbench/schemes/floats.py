@@ -1,11 +1,28 @@
-"""Float schemes: keep/convert (fp32, fp16, bf16) and FP8 with a per-output-channel scale."""
+"""Float schemes: keep/convert (fp32, fp16, bf16) and FP8 with a per-output-channel scale.
+
+Range: the casts pass NaN/Inf through (they are values of the target type) but refuse a
+*finite* weight that would become Inf: fp16 above 65519.99 (rounds past 65504), bf16 above
+3.3961775e38 (rounds past 3.3895314e38; +-FLT_MAX does). FP8 schemes scale each row to the
+format, so any |w| <= 1e38 fits (above that the float32 scale * FP8 value may overflow: refused).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..dtypes import FP8_E4M3_TABLE, FP8_E5M2_TABLE, bf16_to_f32, f32_to_bf16
+from ..errors import WorkbenchError
 from .base import Scheme, matrix_shape
+
+
+def _refuse_overflow(name: str, kind: str, largest: float, w: np.ndarray, out: np.ndarray) -> None:
+    """A WorkbenchError when finite weights became Inf in the cast."""
+    new_inf = np.isinf(out) & np.isfinite(w)
+    if new_inf.any():
+        v = float(np.abs(w[new_inf]).max())
+        n = int(np.count_nonzero(new_inf))
+        raise WorkbenchError(f"{name} cannot represent value {v:.3g} ({n} weight(s) beyond "
+                             f"{kind}'s largest finite value {largest:.8g}; use fp32 or keep)")
 
 
 class _Cast(Scheme, register=False):
@@ -36,7 +53,9 @@ class FP16(_Cast):
 
     def _quantize(self, w):
         with np.errstate(over="ignore"):
-            return {"data": w.astype(np.float16)}
+            data = w.astype(np.float16)
+        _refuse_overflow(self.name, "float16", 65504.0, w, data)
+        return {"data": data}
 
     def _dequantize(self, arrays, rows, cols):
         return arrays["data"].astype(np.float32).reshape(rows, cols)
@@ -48,7 +67,9 @@ class BF16(_Cast):
     itemsize = 2
 
     def _quantize(self, w):
-        return {"data": f32_to_bf16(w)}
+        data = f32_to_bf16(w)
+        _refuse_overflow(self.name, "bfloat16", 3.3895314e38, w, bf16_to_f32(data))
+        return {"data": data}
 
     def _dequantize(self, arrays, rows, cols):
         return bf16_to_f32(arrays["data"]).reshape(rows, cols)
@@ -83,8 +104,13 @@ class _FP8(Scheme, register=False):
     """FP8 codes with one float32 scale per output channel: scale = absmax / fp8_max."""
 
     nominal_bits = 8
+    max_abs_weight = 1e38
     table: np.ndarray
     fmax: float
+
+    def reference_needed(self, qt) -> bool:
+        s = qt.arrays["scales"].astype(np.float64)
+        return bool(not (s * self.fmax <= self.max_abs_weight).all())
 
     def nbytes(self, shape) -> int:
         r, c = matrix_shape(shape)

@@ -11,6 +11,17 @@ Storage (the real layout, so sizes are real):
 Quantize:   inv = 1/scale (float32);  q = clip(rint(w*inv) [+ zero], qmin, qmax)
 Dequantize: w' = (q - zero) * scale  (float32)
 These are exactly the formulas of torch's fake_quantize_per_channel_affine.
+
+Range (no Inf/NaN from finite input; a refusal names the tensor, never a silent clamp):
+  * float16 scales (groups) hold at most 65504: a block whose range needs a larger scale
+    (|w| > 65504 * qmax, e.g. 458528 for int4) is refused ("value 1e+30 cannot be represented
+    by int4-g128's float16 scale"); with @pot the largest power-of-two scale is 32768.
+  * float32 scales (tensor/channel): |w| above 1e38 is refused (the range hi - lo, a pot scale
+    and q * scale would overflow float32 near its maximum 3.4e38).
+  * tiny blocks: a float32 scale whose inverse overflows (scale < 1/FLT_MAX, weights ~1e-37 and
+    below) is applied by division instead of by its (infinite) inverse; a scale that underflows
+    its storage type (float16 below 6e-8, float32 below 1.4e-45) is 0 and its block is stored as
+    zeros (the metrics show that error).
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import re
 
 import numpy as np
 
+from ..errors import WorkbenchError
 from .base import Scheme
 from .granularity import GRANULARITIES, PerGroup, as_blocks, n_blocks
 from .packing import pack_bits, packed_nbytes, unpack_bits
@@ -29,11 +41,30 @@ MSE_RATIOS = np.linspace(1.0, 0.5, 26, dtype=np.float32)  # clipping ratios sear
 _NAME = re.compile(r"^int([2-8])-(tensor|channel|g32|g64|g128|g256)(-asym)?((?:@[a-z0-9.]+)*)$")
 
 
+F16_MAX = 65504.0
+F32_TINY = np.float32(1.0) / np.finfo(np.float32).max   # a scale below this has an infinite inverse
+F32_LIMIT = 1e38                                         # |w| limit of float32-scale quantizers
+
+
 def _safe_inv(scale: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         inv = np.float32(1.0) / scale
     inv[scale == 0] = 0.0
     return inv.astype(np.float32)
+
+
+def _times_inv(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """x * (1/scale) per block (rows of x, or elements of a 1-D x), 0 where scale is 0. Blocks
+    whose float32 inverse overflows (a tiny scale) are divided instead: same value, no Inf/NaN."""
+    scale = np.asarray(scale, dtype=np.float32)
+    inv = _safe_inv(scale)
+    col = (lambda a: a[:, None]) if x.ndim == 2 else (lambda a: a)
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = x * col(inv)
+    bad = ~np.isfinite(inv)
+    if bad.any():
+        out[bad] = x[bad] / col(scale[bad])
+    return out
 
 
 class IntAffine(Scheme):
@@ -50,6 +81,7 @@ class IntAffine(Scheme):
         self.nominal_bits = bits
         self.block_size = self.gran.size if isinstance(self.gran, PerGroup) else None
         self.scale_dtype = np.dtype(np.float16 if isinstance(self.gran, PerGroup) else np.float32)
+        self.max_abs_weight = F32_LIMIT
         if asym:
             self.qmin, self.qmax, self.offset = 0, (1 << bits) - 1, 0
         else:
@@ -105,20 +137,38 @@ class IntAffine(Scheme):
         if self.asym:
             lo, hi = self._range_asym(blocks)
             scale = self._store_scale((hi - lo) / np.float32(self.qmax))
-            zero = np.clip(np.rint(-lo * _safe_inv(scale)), 0, self.qmax).astype(np.uint8)
+            zero = np.clip(np.rint(_times_inv(-lo, scale)), 0, self.qmax).astype(np.uint8)
             return scale, zero
         amax = self._range_sym(blocks)
         return self._store_scale(amax / np.float32(self.qmax)), None
 
     def _store_scale(self, scale: np.ndarray) -> np.ndarray:
         scale = np.asarray(scale, dtype=np.float32)
+        wanted = scale
         if self.pot:
             with np.errstate(divide="ignore"):
                 e = np.ceil(np.log2(np.where(scale > 0, scale, 1.0)))
             scale = np.where(scale > 0, np.exp2(e), 0.0).astype(np.float32)
         if self.scale_dtype == np.float16:
-            scale = np.minimum(scale, np.float32(65504.0))
+            over = scale > np.float32(F16_MAX)
+            if over.any():
+                most = float(wanted[over].max()) * self.qmax
+                limit = (32768.0 if self.pot else F16_MAX) * self.qmax
+                what = "range" if self.asym else "value"
+                raise WorkbenchError(
+                    f"{self.name}'s float16 scale cannot represent {what} {most:.3g} (a block "
+                    f"takes {'a range' if self.asym else '|w|'} up to {limit:.6g}; "
+                    "use a channel/tensor scheme or keep this tensor)")
         return scale.astype(self.scale_dtype)
+
+    def reference_needed(self, qt) -> bool:
+        s = qt.arrays.get("scales")
+        if s is None or not s.size:
+            return False
+        if s.dtype == np.float16:
+            return bool((s == np.float16(F16_MAX)).any())   # the kernels' clamp: refuse instead
+        s = s.astype(np.float32)
+        return bool(((s > 0) & (s < F32_TINY)).any() or not (s * self.qmax <= F32_LIMIT).all())
 
     def _range_sym(self, blocks: np.ndarray) -> np.ndarray:
         a = np.abs(blocks)
@@ -154,7 +204,7 @@ class IntAffine(Scheme):
                 zero = None
             else:
                 scale = self._store_scale((h - lo * ratio) / np.float32(self.qmax)).astype(np.float32)
-                zero = np.clip(np.rint(-(lo * ratio) * _safe_inv(scale)), 0, self.qmax)
+                zero = np.clip(np.rint(_times_inv(-(lo * ratio), scale)), 0, self.qmax)
             deq = self._fake(blocks, scale, zero)
             err = ((deq - blocks).astype(np.float64) ** 2).sum(axis=1)
             better = err < best_err
@@ -163,8 +213,7 @@ class IntAffine(Scheme):
         return best
 
     def _codes(self, blocks, scale, zero):
-        inv = _safe_inv(scale.astype(np.float32))[:, None]
-        q = np.rint(blocks * inv)
+        q = np.rint(_times_inv(blocks, scale))
         if zero is not None:
             q = q + zero.astype(np.float32)[:, None]
         return np.clip(q, self.qmin, self.qmax)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from ..common import (add_model_arg, add_scheme_or_plan, drive, fmt_bytes, open_model_arg,
-                      plan_from_args, print_json)
+from ..common import (add_model_arg, add_runtime_args, add_scheme_or_plan, drive, fmt_bytes,
+                      open_model_arg, plan_from_args, print_fallback_summary, print_json)
 
 
 def register(sub) -> None:
     p = sub.add_parser("evaluate", help="reconstruction error and size of a scheme or plan")
     add_model_arg(p)
     add_scheme_or_plan(p)
+    add_runtime_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -18,7 +19,7 @@ def run(args) -> int:
     from ...evaluate import evaluate
     plan = plan_from_args(args)
     model = open_model_arg(args)
-    ev = drive(evaluate(model, plan), quiet=args.json)
+    ev = drive(evaluate(model, plan, runtime=args.target, strict=args.strict), quiet=args.json)
     if args.json:
         out = ev.to_dict()
         out["model"] = model.path
@@ -34,7 +35,8 @@ def run(args) -> int:
               f"{e.rel_rmse:>9.5f} {sq} {e.max_abs_err:>9.3g} {e.cosine:>8.5f}"
               + (f"  ({r.note})" if r.note else ""))
     t = ev.totals
-    print(f"\ntotal: {fmt_bytes(t.bytes_before)} -> {fmt_bytes(t.bytes_after)} "
+    print(f"\nfallbacks: {ev.summary.line()}")
+    print(f"total: {fmt_bytes(t.bytes_before)} -> {fmt_bytes(t.bytes_after)} "
           f"({t.compression:.2f}x), {t.bits_per_weight:.3f} bits/weight, "
           f"model SQNR {t.sqnr_db:.2f} dB")
     return 0

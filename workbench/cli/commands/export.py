@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..common import add_model_arg, add_scheme_or_plan, drive, open_model_arg, plan_from_args, print_json
+from ..common import (add_model_arg, add_runtime_args, add_scheme_or_plan, drive, open_model_arg,
+                      plan_from_args, print_fallback_summary, print_json)
 
 
 def register(sub) -> None:
@@ -15,6 +16,7 @@ def register(sub) -> None:
     add_scheme_or_plan(p)
     p.add_argument("--format", required=True, choices=formats)
     p.add_argument("-o", "--output", required=True, help="output file")
+    add_runtime_args(p, default=None)
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.set_defaults(func=run)
 
@@ -23,9 +25,17 @@ def run(args) -> int:
     from ...export import export
     plan = plan_from_args(args)
     model = open_model_arg(args)
-    info = drive(export(model, plan, args.format, args.output), quiet=args.json)
+    info = drive(export(model, plan, args.format, args.output, strict=args.strict),
+                 quiet=args.json)
     if args.json:
         print_json(info)
-    else:
-        print(f"wrote {args.output} ({args.format})")
+        return 0
+    import sys
+    for name, note in (info.get("notes") or {}).items():
+        print(f"note: {name}: {note}", file=sys.stderr)
+    if info.get("not_runnable"):
+        print(f"note: {info['not_runnable']}", file=sys.stderr)
+    print(f"wrote {args.output} ({args.format})")
+    if info.get("fallbacks"):
+        print(f"fallbacks: {info['fallbacks']['line']}")
     return 0

@@ -203,7 +203,8 @@ class GGMLScheme(Scheme, register=False):
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 enc = self.encode(chunk)
             self._check_scales(enc, chunk)
-            self._tiny_blocks(enc, chunk)
+            if self.zero_when_worse:
+                self._zero_worse_blocks(enc, chunk)
             out[s:s + step] = enc
         return out.view(np.uint8).reshape(x.shape[0], self.type_size)
 
@@ -244,32 +245,19 @@ class GGMLScheme(Scheme, register=False):
     def decode(self, blocks: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    #: formats with a block minimum set this: constant_block(enc, idx, mean) makes blocks
-    #: idx decode to float16(mean) everywhere (scales 0)
-    constant_block = None
+    #: affine formats (a float16 min): for weights near float16's smallest steps the rounded
+    #: min alone can put a block further from its weights than zeros would be
+    zero_when_worse = False
 
-    def _tiny_blocks(self, enc: np.ndarray, x: np.ndarray) -> None:
-        """Weights so small that float16 stores a scale or min as a subnormal or zero (|v| <
-        2**-14) can decode worse than all-zeros would: ggml rounds the codes against the
-        float32 scale and min, then stores both rounded to a coarse float16 grid (std 1e-8
-        gave a relative error of 1.4-2.3 under Q4_1/Q4_K/Q5_1/Q5_K/Q2_K). Such blocks, when
-        their squared error exceeds their energy, become the constant float16(mean): its
-        error sum((x - c)^2) = sum((x - mean)^2) + n (mean - c)^2 <= sum(x^2), as nearest
-        rounding never moves c further from the mean than 0 is. Every other block keeps
-        ggml's bytes."""
-        if self.constant_block is None or not x.size:
-            return
-        tiny = np.zeros(x.shape[0], bool)
-        for f in self.scale_fields:
-            tiny |= np.abs(enc[f].astype(np.float32)) < np.float32(2.0 ** -14)
-        idx = np.flatnonzero(tiny)
-        if not idx.size:
-            return
-        xs = x[idx].astype(np.float64)
-        err = ((self.decode(enc[idx]).astype(np.float64) - xs) ** 2).sum(axis=1)
-        bad = idx[err > (xs * xs).sum(axis=1)]
-        if bad.size:
-            self.constant_block(enc, bad, x[bad].mean(axis=1, dtype=np.float32))
+    def _zero_worse_blocks(self, enc: np.ndarray, x: np.ndarray) -> None:
+        """Blocks whose decoding is worse than all zeros are stored as zeros (relative error
+        never above 1, e.g. weights of std 1e-8 under q4_1/q4_k)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            dec = self.decode(enc).reshape(x.shape).astype(np.float64)
+            xd = x.astype(np.float64)
+            worse = ((dec - xd) ** 2).sum(axis=1) > (xd * xd).sum(axis=1)
+        if worse.any():
+            enc[worse] = self.encode(np.zeros((int(worse.sum()), self.block_size), np.float32))
 
     def _check_scales(self, enc: np.ndarray, x: np.ndarray) -> None:
         for f in self.scale_fields:

@@ -88,6 +88,7 @@ class Q4_0(GGMLScheme):
 
 class Q4_1(GGMLScheme):
     name = "q4_1"
+    zero_when_worse = True
     nominal_bits = 4
     block_size = 32
     ggml_type = Q.Q4_1
@@ -103,11 +104,6 @@ class Q4_1(GGMLScheme):
         out["m"] = to_fp16(lo)
         out["qs"] = _nibbles(q)
         return out
-
-    def constant_block(self, enc, idx, mean):
-        enc["d"][idx] = 0
-        enc["m"][idx] = to_fp16(mean)
-        enc["qs"][idx] = 0
 
     def decode(self, b):
         q = _unnibble(b["qs"]).astype(np.float32)
@@ -138,6 +134,7 @@ class Q5_0(GGMLScheme):
 
 class Q5_1(GGMLScheme):
     name = "q5_1"
+    zero_when_worse = True
     nominal_bits = 5
     block_size = 32
     ggml_type = Q.Q5_1
@@ -155,12 +152,6 @@ class Q5_1(GGMLScheme):
         out["qh"] = _high_bits(q)
         out["qs"] = _nibbles(q)
         return out
-
-    def constant_block(self, enc, idx, mean):
-        enc["d"][idx] = 0
-        enc["m"][idx] = to_fp16(mean)
-        enc["qs"][idx] = 0
-        enc["qh"][idx] = 0
 
     def decode(self, b):
         q = (_unnibble(b["qs"]) | (_unhigh_bits(b["qh"]) << np.uint8(4))).astype(np.float32)

@@ -23,6 +23,7 @@ F = np.float32
 
 class Q2_K(GGMLScheme):
     name = "q2_k"
+    zero_when_worse = True
     nominal_bits = 2
     block_size = 256
     ggml_type = gguf.GGMLQuantizationType.Q2_K
@@ -45,14 +46,6 @@ class Q2_K(GGMLScheme):
         out["qs"] = kc.pack_2bit(L)
         out["d"], out["dmin"] = d16, dmin16
         return out
-
-    def constant_block(self, enc, idx, mean):
-        """w = -dmin * 1 in every sub-block: dmin = float16(-mean), scales 0, mins 1."""
-        from .common import to_fp16
-        enc["d"][idx] = 0
-        enc["dmin"][idx] = to_fp16(-mean)
-        enc["scales"][idx] = np.uint8(16)
-        enc["qs"][idx] = 0
 
     def decode(self, b):
         sc = b["scales"]

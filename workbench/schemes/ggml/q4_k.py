@@ -29,6 +29,7 @@ class AffineK(GGMLScheme, register=False):
 
     block_size = 256
     scale_fields = ("d", "dmin")
+    zero_when_worse = True
     nmax = 15
     rmin, rdelta, nstep = -1.0, 0.1, 20
 
@@ -47,16 +48,6 @@ class AffineK(GGMLScheme, register=False):
         out["scales"] = kc.pack_scales_k4(ls, lm)
         self._pack_codes(out, L)
         return out
-
-    def constant_block(self, enc, idx, mean):
-        """w = -dmin * 1 in every sub-block: dmin = float16(-mean), scales 0, mins 1."""
-        from .common import to_fp16
-        enc["d"][idx] = 0
-        enc["dmin"][idx] = to_fp16(-mean)
-        enc["scales"][idx] = kc.pack_scales_k4(np.zeros((1, 8), np.uint8), np.ones((1, 8), np.uint8))
-        for f in ("qs", "qh"):
-            if f in enc.dtype.names:
-                enc[f][idx] = 0
 
     def decode(self, b):
         ls, lm = kc.unpack_scales_k4(b["scales"])

@@ -1,0 +1,121 @@
+"""Drive the fuzz workers: generate cases, run them under limits, count outcomes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cases import AREAS, GENERATORS
+
+ROOT = Path(__file__).resolve().parents[2]
+CASE_SECONDS = 10.0
+MEMORY_LIMIT = 1 << 30
+
+
+@dataclass
+class Tally:
+    tried: int = 0
+    ok: int = 0
+    errors: int = 0
+    failures: list = field(default_factory=list)
+
+    def to_dict(self):
+        return {"tried": self.tried, "correct_loads": self.ok, "clean_errors": self.errors,
+                "failures": len(self.failures)}
+
+
+class Worker:
+    def __init__(self):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), QT_QPA_PLATFORM="offscreen")
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.fuzz.worker", str(MEMORY_LIMIT)],
+                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, env=env)
+        line = self._read(120.0)
+        if not line or not json.loads(line).get("ready"):
+            raise RuntimeError("fuzz worker did not start")
+
+    def _read(self, timeout: float) -> str | None:
+        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not r:
+            return None
+        return self.proc.stdout.readline()
+
+    def run(self, area: str, path: str) -> dict:
+        try:
+            self.proc.stdin.write(f"{area}\t{path}\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return {"result": "fail", "kind": "worker died", "message": ""}
+        t0 = time.monotonic()
+        line = self._read(CASE_SECONDS)
+        if line is None:
+            self.kill()
+            return {"result": "fail", "kind": "hang", "message": f"> {CASE_SECONDS} s"}
+        if not line:
+            code = self.proc.wait()
+            return {"result": "fail", "kind": "worker died", "message": f"exit {code}"}
+        out = json.loads(line)
+        out["seconds"] = time.monotonic() - t0
+        return out
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def fuzz(seconds: float, seed: int = 0, areas=AREAS, save_dir: Path | None = None,
+         log=None) -> dict[str, Tally]:
+    """Round-robin over `areas` for `seconds`; returns the tally per area."""
+    rng = random.Random(seed)
+    tallies = {a: Tally() for a in areas}
+    work = Path(tempfile.mkdtemp(prefix="qw-fuzz-"))
+    worker = Worker()
+    deadline = time.monotonic() + seconds
+    i = 0
+    try:
+        while time.monotonic() < deadline:
+            area = areas[i % len(areas)]
+            i += 1
+            case_rng = random.Random(rng.getrandbits(64))
+            try:
+                name, data = GENERATORS[area](case_rng)
+            except Exception:  # noqa: BLE001 - a generator's own mistake is not a finding
+                continue
+            d = work / f"{i}"
+            d.mkdir()
+            path = d / name
+            path.write_bytes(data)
+            out = worker.run(area, str(path))
+            t = tallies[area]
+            t.tried += 1
+            if out["result"] == "ok":
+                t.ok += 1
+            elif out["result"] == "error":
+                t.errors += 1
+            else:
+                t.failures.append({"area": area, "case": i, **out})
+                if save_dir is not None:
+                    save_dir.mkdir(parents=True, exist_ok=True)
+                    (save_dir / f"{area}-{i}-{name}").write_bytes(data)
+                if log:
+                    log(f"FAIL {area} case {i}: {out.get('kind')}: "
+                        f"{out.get('message', '')[-300:]}")
+                if worker.proc.poll() is not None or out.get("kind") in ("hang", "worker died",
+                                                                        "memory"):
+                    if worker.proc.poll() is None:
+                        worker.kill()
+                    worker = Worker()
+            for p in d.iterdir():
+                p.unlink()
+            d.rmdir()
+    finally:
+        worker.kill()
+    return tallies

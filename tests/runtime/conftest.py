@@ -1,0 +1,102 @@
+"""The real-runtime tier: exports loaded and run by llama.cpp's own tools.
+
+llama.cpp is built once from the llama-cpp-python sdist's vendored source by `.ci/llama-cpp`
+(cached outside the repository, ~6 minutes on 2 cores the first time). In CI (CI=true) a
+missing or failed build fails these tests; elsewhere they are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def llama_bin() -> Path:
+    try:
+        out = subprocess.run(["bash", str(ROOT / ".ci" / "llama-cpp")], capture_output=True,
+                             text=True, timeout=3600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        out = None
+        err = str(exc)
+    if out is not None and out.returncode == 0:
+        path = Path(out.stdout.strip().splitlines()[-1])
+        if (path / "llama-embedding").is_file():
+            return path
+        err = f"no llama-embedding in {path}"
+    elif out is not None:
+        err = out.stderr[-2000:]
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"llama.cpp tools could not be built: {err}")
+    pytest.skip(f"llama.cpp tools not available (run `bash .ci/llama-cpp`): {err}")
+
+
+def run_tool(llama_bin: Path, tool: str, *args, timeout=300) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(llama_bin / tool), *map(str, args)], capture_output=True, text=True,
+                       errors="replace",
+                       timeout=timeout)
+    assert r.returncode == 0, f"{tool} failed ({r.returncode}):\n{r.stderr[-3000:]}"
+    return r
+
+
+def llama_embeddings(llama_bin: Path, gguf_path: Path, lines_file: Path) -> np.ndarray:
+    r = run_tool(llama_bin, "llama-embedding", "-m", gguf_path, "-f", lines_file, "--pooling",
+                 "mean", "--embd-normalize", "2", "--embd-output-format", "json", "-t", "2")
+    data = json.loads(r.stdout[r.stdout.index("{"):])
+    return np.array([d["embedding"] for d in data["data"]], dtype=np.float64)
+
+
+@pytest.fixture(scope="session")
+def minilm_folder(tmp_path_factory, minilm_path) -> Path:
+    """A copy of the real MiniLM Hugging Face folder (weights, config, tokenizer)."""
+    dst = tmp_path_factory.mktemp("minilm") / "all-MiniLM-L6-v2"
+    shutil.copytree(minilm_path.parent, dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def sentences(tmp_path_factory) -> tuple[list[str], Path]:
+    lines = (ROOT / "resources" / "calibration.txt").read_text(encoding="utf-8").splitlines()
+    lines = [s for s in lines if s.strip()][:24]
+    path = tmp_path_factory.mktemp("text") / "lines.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return lines, path
+
+
+@pytest.fixture(scope="session")
+def minilm_reference(minilm_folder, sentences) -> np.ndarray:
+    """Float32 sentence embeddings by transformers: attention-masked mean pooling, L2-normalized."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(minilm_folder)
+    model = AutoModel.from_pretrained(minilm_folder).eval()
+    batch = tok(sentences[0], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        h = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    e = (h * mask).sum(1) / mask.sum(1)
+    return torch.nn.functional.normalize(e, dim=-1).double().numpy()
+
+
+def perplexity(llama_bin: Path, gguf_path: Path, text: Path, ctx: int = 128) -> float:
+    """llama-perplexity's final estimate. Its log goes through an asynchronous worker thread
+    that sometimes exits before printing the last lines (rc 0, no "Final estimate"): run again
+    then, up to three times."""
+    import re
+    tail = ""
+    for _ in range(3):
+        r = run_tool(llama_bin, "llama-perplexity", "-m", gguf_path, "-f", text, "-c", ctx, "-b",
+                     ctx, "-t", "2")
+        m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
+        if m:
+            return float(m.group(1))
+        tail = (r.stdout + r.stderr)[-1500:]
+    raise AssertionError(f"llama-perplexity printed no final estimate three times:\n{tail}")

@@ -1,0 +1,175 @@
+"""compressed-tensors export (vLLM's format), read back by the real package: transformers'
+compressed-tensors loader with dequantize=True, and the package's own compressor."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.errors import WorkbenchError
+from workbench.evaluate import quantize
+from workbench.export import export
+from workbench.loaders import open_model
+from workbench.plan import Plan
+from workbench.progress import run
+from workbench.schemes import get_scheme
+
+pytest.importorskip("compressed_tensors")
+transformers = pytest.importorskip("transformers")
+
+MIXED = Plan(default="int4-g128", rules=[
+    {"match": "re:attention\\.self\\.", "scheme": "int8-channel"},
+    {"match": "re:output\\.dense\\.weight$", "scheme": "int4-g64-asym"},
+    {"match": "re:intermediate\\.dense\\.weight$", "scheme": "fp8-e4m3"},
+    {"match": "encoder.layer.5.output.dense.weight", "scheme": "q4_k"},   # not expressible
+])
+
+
+@pytest.fixture(scope="module")
+def minilm_folder(tmp_path_factory, minilm_path):
+    dst = tmp_path_factory.mktemp("ct") / "minilm"
+    shutil.copytree(minilm_path.parent, dst)
+    return dst
+
+
+def load_dequantized(folder, cls=None):
+    from transformers import AutoModel, CompressedTensorsConfig
+    cls = cls or AutoModel
+    # float32: the demo model's config says bfloat16, which would round the weights on load
+    return cls.from_pretrained(folder, dtype=torch.float32,
+                               quantization_config=CompressedTensorsConfig(dequantize=True))
+
+
+def package_weights(folder) -> dict:
+    """Every layer decompressed by the package's own compressor for its config group's format
+    (as vLLM does per layer), other tensors as stored."""
+    from compressed_tensors.compressors.base import BaseCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+    from safetensors.torch import load_file
+    sd = load_file(str(folder / "model.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())["quantization_config"]
+    out = {k: v for k, v in sd.items() if not k.split(".")[-1].startswith("weight_")}
+    for group in cfg["config_groups"].values():
+        scheme = QuantizationScheme.model_validate(group)
+        comp = BaseCompressor.get_value_from_registry(group.get("format") or cfg["format"])
+        for layer in group["targets"]:
+            part = {k[len(layer) + 1:]: v for k, v in sd.items() if k.startswith(layer + ".weight")}
+            out[layer + ".weight"] = comp.decompress(part, scheme)["weight"]
+    return out
+
+
+def check_exact(src, out_model, plan, prefix=""):
+    """Every weight equals the workbench's own dequantization (or the source, when kept)."""
+    from workbench.runtimes import plan_decisions
+    sd = out_model if isinstance(out_model, dict) else \
+        {k: v.detach() for k, v in out_model.state_dict().items()}
+    decisions = plan_decisions(src, plan, "vllm")
+    n_quant = 0
+    for name, d in decisions.items():
+        key = prefix + name
+        if key not in sd:
+            continue
+        got = sd[key].float().numpy()
+        if d.applied == "keep":
+            want = src.read(name).reshape(got.shape)
+        else:
+            qt = quantize(src.read_matrix(name), d.applied)
+            want = get_scheme(d.applied).dequantize(qt).reshape(got.shape)
+            n_quant += 1
+        assert np.array_equal(got, want), (name, d.applied, np.abs(got - want).max())
+    return n_quant
+
+
+def embed(model, tok, texts):
+    b = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        h = model(**b).last_hidden_state
+    m = b["attention_mask"].unsqueeze(-1).float()
+    return torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1)
+
+
+@pytest.mark.parametrize("plan,fmt,min_cos", [
+    (Plan(default="int4-g128"), "pack-quantized", 0.92),   # RTN int4 on MiniLM: 0.938
+    (Plan(default="int8-channel"), "pack-quantized", 0.995),
+    (Plan(default="int4-g128-asym"), "pack-quantized", 0.92),
+    (Plan(default="fp8-e4m3"), "float-quantized", 0.995),
+    (MIXED, "mixed-precision", 0.92),
+], ids=["int4-g128", "int8-channel", "int4-g128-asym", "fp8-e4m3", "mixed"])
+def test_minilm_reads_back_exactly(minilm_folder, tmp_path, plan, fmt, min_cos):
+    from transformers import AutoModel, AutoTokenizer
+    src = open_model(minilm_folder)
+    out = tmp_path / "out"
+    info = run(export(src, plan, "compressed-tensors", out))
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert cfg["quant_method"] == "compressed-tensors" and cfg["format"] == fmt
+    assert info["quantized"] == 36 - (1 if plan is MIXED else 0)   # 6 layers x 6 linears
+    from compressed_tensors.quantization import QuantizationConfig
+    QuantizationConfig.model_validate(cfg)                          # the package's own model
+    assert check_exact(src, package_weights(out), plan) == info["quantized"]
+    if plan is MIXED:
+        # transformers' dequantize=True loader applies one config group to every layer
+        # (transformers 5.23): run the float model with the package's decompressed weights
+        model = AutoModel.from_pretrained(minilm_folder).eval()
+        model.load_state_dict(package_weights(out), strict=False)
+    else:
+        model = load_dequantized(out).eval()
+        assert check_exact(src, model, plan) == info["quantized"]
+    tok = AutoTokenizer.from_pretrained(out)
+    texts = ["The quick brown fox jumps over the lazy dog.", "Quantization saves memory."]
+    ref = embed(AutoModel.from_pretrained(minilm_folder).eval(), tok, texts)
+    cos = (embed(model, tok, texts) * ref).sum(-1)
+    assert cos.min() >= min_cos, cos
+    if plan is MIXED:
+        note = info["notes"]["encoder.layer.5.output.dense.weight"]
+        assert "cannot express q4_k" in note
+
+
+def test_package_compressor_decompresses_each_layer(minilm_folder, tmp_path):
+    """The package's PackedQuantizationCompressor on the raw tensors gives the same weights."""
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+    from safetensors.torch import load_file
+    src = open_model(minilm_folder)
+    out = tmp_path / "out"
+    run(export(src, Plan(default="int4-g32-asym"), "compressed-tensors", out))
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    scheme = QuantizationScheme.model_validate(cfg["config_groups"]["group_0"])
+    sd = load_file(str(out / "model.safetensors"))
+    layer = "encoder.layer.2.intermediate.dense"
+    part = {k.split(".")[-1]: v for k, v in sd.items() if k.startswith(layer + ".weight")}
+    assert part["weight_packed"].dtype == torch.int32
+    assert tuple(part["weight_packed"].shape) == (1536, 384 * 4 // 32)
+    w = PackedQuantizationCompressor.decompress(part, scheme)["weight"].float().numpy()
+    qt = quantize(src.read_matrix(layer + ".weight"), "int4-g32-asym")
+    assert np.array_equal(w, get_scheme("int4-g32-asym").dequantize(qt).reshape(w.shape))
+
+
+def test_demo_causal_lm_reads_back_exactly(demo_model_path, tmp_path):
+    from transformers import AutoModelForCausalLM
+    src = open_model(demo_model_path.parent)
+    plan = Plan(default="int4-g64", rules=[{"match": "re:mlp\\.down_proj", "scheme": "int8-g128"},
+                                           {"match": "re:layers\\.2\\.self_attn", "scheme": "fp8-e4m3"}])
+    out = tmp_path / "demo-ct"
+    info = run(export(src, plan, "compressed-tensors", out))
+    assert info["quantized"] == 3 * 7
+    assert check_exact(src, package_weights(out), plan) == 21
+    single = Plan(default="int4-g64")
+    run(export(src, single, "compressed-tensors", out))
+    assert check_exact(src, load_dequantized(out, AutoModelForCausalLM), single) == 21
+    assert (out / "tokenizer.json").is_file()
+
+
+def test_split_fused_qkv_and_strict_are_refused(minilm_folder, demo_model_path, tmp_path):
+    src = open_model(demo_model_path.parent)
+    split = Plan(default="int4-g64", rules=[{"match": "re:k_proj", "scheme": "int8-channel"}])
+    with pytest.raises(WorkbenchError, match="vLLM fuses"):
+        run(export(src, split, "compressed-tensors", tmp_path / "x"))
+    with pytest.raises(WorkbenchError, match="--strict"):
+        run(export(src, Plan(default="q4_k"), "compressed-tensors", tmp_path / "y", strict=True))
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    with pytest.raises(WorkbenchError, match="overwrite the source"):
+        run(export(src, Plan(default="int4-g64"), "compressed-tensors", demo_model_path.parent))

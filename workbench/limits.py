@@ -1,0 +1,229 @@
+"""Limits on what a file may claim, enforced where data enters (every loader, plan, session and
+index), so memory and time stay bounded by the file, not by what its header says.
+
+* Shapes: at most ``MAX_RANK`` dimensions, each a non-negative integer below ``MAX_DIM``; a
+  tensor with no elements may not claim more than ``MAX_EMPTY_ROWS`` rows (statistics allocate
+  per row); a tensor's logical bytes may not exceed the bytes its file holds.
+* JSON (plans, sessions, shard indexes, quantized metadata, config.json): at most
+  ``MAX_JSON_BYTES``, nesting depth ``MAX_JSON_DEPTH``, integers of ``MAX_INT_DIGITS`` digits,
+  and no duplicate keys (a second value for a key would silently win).
+* GGUF: the key/value section is scanned with these bounds before the `gguf` reader sees it:
+  ``MAX_GGUF_ARRAY`` items per array, ``MAX_GGUF_ITEMS`` in all, ``MAX_GGUF_DEPTH`` nested
+  arrays, strings within the file.
+* Regular expressions (plan rules, filters): `workbench.patterns`, a linear-time engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+
+from .errors import WorkbenchError
+
+MAX_RANK = 8
+MAX_DIM = 1 << 40
+MAX_EMPTY_ROWS = 1 << 20
+MAX_JSON_BYTES = 64 << 20
+MAX_JSON_DEPTH = 64
+MAX_INT_DIGITS = 40
+MAX_GGUF_ARRAY = 4 << 20
+MAX_GGUF_ITEMS = 8 << 20
+MAX_GGUF_DEPTH = 3
+MAX_GGUF_STRING = 16 << 20
+
+
+def check_shape(shape, path=None, tensor=None, nbytes: int | None = None,
+                file_size: int | None = None) -> tuple[int, ...]:
+    """The shape as a tuple of ints, or a WorkbenchError naming the file and tensor."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise WorkbenchError("shape is not a list of integers", path=path, tensor=tensor) from None
+    if len(dims) > MAX_RANK:
+        raise WorkbenchError(f"shape has {len(dims)} dimensions (at most {MAX_RANK})",
+                             path=path, tensor=tensor)
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int) or d < 0 or d >= MAX_DIM:
+            raise WorkbenchError(f"invalid dimension {str(d)[:40]} in shape", path=path,
+                                 tensor=tensor)
+    numel = math.prod(dims)
+    rows = dims[0] if len(dims) >= 2 else 1
+    if numel == 0 and rows > MAX_EMPTY_ROWS:
+        raise WorkbenchError(f"empty tensor claims {rows:,} rows", path=path, tensor=tensor)
+    if nbytes is not None and file_size is not None and nbytes > file_size:
+        raise WorkbenchError(f"tensor claims {nbytes:,} bytes but the file holds {file_size:,}",
+                             path=path, tensor=tensor)
+    return dims
+
+
+# ---- JSON ---------------------------------------------------------------------------------
+def _no_duplicates(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k[:80]!r}")
+        out[k] = v
+    return out
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"integer of {len(text)} digits")
+    return int(text)
+
+
+def _depth(obj, limit: int) -> None:
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if d > limit:
+            raise ValueError(f"nested more than {limit} levels deep")
+        if isinstance(o, dict):
+            stack.extend((v, d + 1) for v in o.values())
+        elif isinstance(o, list):
+            stack.extend((v, d + 1) for v in o)
+
+
+def loads(text, path=None, what: str = "JSON"):
+    """json.loads with the limits above; errors are WorkbenchErrors naming the file."""
+    if isinstance(text, (bytes, bytearray)):
+        if len(text) > MAX_JSON_BYTES:
+            raise WorkbenchError(f"{what} is larger than {MAX_JSON_BYTES >> 20} MiB", path=path)
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError:
+            raise WorkbenchError(f"{what} is not UTF-8", path=path) from None
+    if len(text) > MAX_JSON_BYTES:
+        raise WorkbenchError(f"{what} is larger than {MAX_JSON_BYTES >> 20} MiB", path=path)
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_parse_int)
+        _depth(obj, MAX_JSON_DEPTH)
+        return obj
+    except json.JSONDecodeError as exc:
+        raise WorkbenchError(f"malformed {what} ({exc.msg} at line {exc.lineno})",
+                             path=path) from None
+    except RecursionError:
+        raise WorkbenchError(f"{what} is nested too deeply", path=path) from None
+    except ValueError as exc:
+        raise WorkbenchError(f"malformed {what} ({exc})", path=path) from None
+
+
+# ---- GGUF ---------------------------------------------------------------------------------
+_GGUF_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+def prescan_gguf(path, size: int | None = None) -> None:
+    """Walk a GGUF file's header and key/value section within the limits above (reading only
+    what it checks); a WorkbenchError for anything that would make a reader allocate without
+    bound."""
+    import os
+    size = os.path.getsize(path) if size is None else size
+    with open(path, "rb") as fh:
+        def read(n):
+            b = fh.read(n)
+            if len(b) != n:
+                raise WorkbenchError("truncated GGUF header", path=str(path))
+            return b
+
+        if read(4) != b"GGUF":
+            raise WorkbenchError("not a GGUF file", path=str(path))
+        version = struct.unpack("<I", read(4))[0]
+        if version not in (2, 3):
+            raise WorkbenchError(f"unsupported GGUF version {version}", path=str(path))
+        n_tensors, n_kv = struct.unpack("<QQ", read(16))
+        if n_kv > size // 13 or n_tensors > size // 24:
+            raise WorkbenchError(f"GGUF header claims {n_kv:,} keys and {n_tensors:,} tensors, "
+                                 f"more than a {size:,}-byte file can hold", path=str(path))
+        items = 0
+
+        def string(what):
+            n = struct.unpack("<Q", read(8))[0]
+            if n > MAX_GGUF_STRING or fh.tell() + n > size:
+                raise WorkbenchError(f"GGUF {what} of {n:,} bytes runs past the file",
+                                     path=str(path))
+            fh.seek(n, 1)
+
+        def value(t, depth):
+            nonlocal items
+            if t in _GGUF_FIXED:
+                fh.seek(_GGUF_FIXED[t], 1)
+            elif t == _STRING:
+                string("string")
+            elif t == _ARRAY:
+                if depth >= MAX_GGUF_DEPTH:
+                    raise WorkbenchError(f"GGUF arrays nested more than {MAX_GGUF_DEPTH} deep",
+                                         path=str(path))
+                sub = struct.unpack("<I", read(4))[0]
+                n = struct.unpack("<Q", read(8))[0]
+                items += n
+                if n > MAX_GGUF_ARRAY or items > MAX_GGUF_ITEMS:
+                    raise WorkbenchError(f"GGUF array of {n:,} items (limit "
+                                         f"{MAX_GGUF_ARRAY:,})", path=str(path))
+                if sub in _GGUF_FIXED:
+                    if fh.tell() + n * _GGUF_FIXED[sub] > size:
+                        raise WorkbenchError(f"GGUF array of {n:,} items runs past the file",
+                                             path=str(path))
+                    fh.seek(n * _GGUF_FIXED[sub], 1)
+                else:
+                    if n * 8 > size:
+                        raise WorkbenchError(f"GGUF array of {n:,} items runs past the file",
+                                             path=str(path))
+                    for _ in range(n):
+                        value(sub, depth + 1)
+            else:
+                raise WorkbenchError(f"unknown GGUF value type {t}", path=str(path))
+            if fh.tell() > size:
+                raise WorkbenchError("GGUF key/value section runs past the file", path=str(path))
+
+        for _ in range(n_kv):
+            string("key")
+            value(struct.unpack("<I", read(4))[0], 0)
+        for _ in range(n_tensors):
+            string("tensor name")
+            n_dims = struct.unpack("<I", read(4))[0]
+            if n_dims > 4:
+                raise WorkbenchError(f"GGUF tensor with {n_dims} dimensions", path=str(path))
+            dims = struct.unpack(f"<{n_dims}Q", read(8 * n_dims))
+            if any(d >= MAX_DIM for d in dims):
+                raise WorkbenchError("GGUF tensor dimension out of range", path=str(path))
+            read(4 + 8)
+
+
+# ---- files --------------------------------------------------------------------------------
+def check_regular_file(path, what: str = "file") -> None:
+    """A WorkbenchError unless `path` is a regular file (a FIFO or device would block or
+    never end)."""
+    import os
+    import stat
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise WorkbenchError(f"{what} not found", path=str(path)) from None
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read {what} ({exc.strerror})", path=str(path)) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise WorkbenchError(f"{what} is not a regular file", path=str(path))
+
+
+def shard_path(index_path, name: str):
+    """The shard `name` listed by an index: a plain relative name inside the index's folder
+    (no absolute paths, no '..', no symlink leading outside), and a regular file."""
+    from pathlib import Path, PurePosixPath
+    index_path = Path(index_path)
+    folder = index_path.parent.resolve()
+    parts = PurePosixPath(name.replace("\\", "/")).parts
+    if not name or PurePosixPath(name).is_absolute() or ".." in parts or "\0" in name:
+        raise WorkbenchError(f"index lists a shard outside its folder ({name[:120]!r})",
+                             path=str(index_path))
+    p = (folder / name)
+    try:
+        real = p.resolve()
+    except (OSError, RuntimeError):
+        raise WorkbenchError(f"cannot resolve shard {name[:120]!r}", path=str(index_path)) from None
+    if folder not in real.parents:
+        raise WorkbenchError(f"shard {name[:120]!r} leads outside the model folder",
+                             path=str(index_path))
+    check_regular_file(p, "shard")
+    return p

@@ -1,0 +1,131 @@
+"""Hugging Face architectures and tensor names as llama.cpp knows them.
+
+The name map is the `gguf` package's own (``gguf.get_tensor_name_map``: the table llama.cpp's
+``convert_hf_to_gguf.py`` uses), so a name mapped here is the name llama.cpp's converter
+would write. The architecture comes from the model folder's ``config.json``
+(``architectures[0]``), or from the tensor names when there is no config.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import WorkbenchError
+
+# config.json "architectures" -> (gguf MODEL_ARCH name, family label)
+HF_ARCHES = {
+    "LlamaForCausalLM": "LLAMA", "LlamaModel": "LLAMA",
+    "MistralForCausalLM": "LLAMA", "MistralModel": "LLAMA",
+    "Qwen2ForCausalLM": "QWEN2", "Qwen2Model": "QWEN2",
+    "GPT2LMHeadModel": "GPT2", "GPT2Model": "GPT2",
+    "BertModel": "BERT", "BertForMaskedLM": "BERT", "BertForSequenceClassification": "BERT",
+}
+SUPPORTED_LABEL = "Llama, Mistral, Qwen2, GPT-2, BERT"
+# config.json model_type -> gguf arch, when "architectures" is missing
+MODEL_TYPES = {"llama": "LLAMA", "mistral": "LLAMA", "qwen2": "QWEN2", "gpt2": "GPT2",
+               "bert": "BERT"}
+# tensors convert_hf_to_gguf drops (no GGUF tensor)
+DROPPED = re.compile(r"(position_ids$|(^|\.)pooler\.|rotary_emb\.inv_freq$|\.attn\.(masked_)?bias$"
+                     r"|^cls\.)")
+# GPT-2 Conv1D weights are stored (in, out) by Hugging Face and transposed by the converter
+CONV1D = re.compile(r"(?:^|\.)h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
+
+
+def model_folder(model) -> Path:
+    p = Path(model.path)
+    return p if p.is_dir() else p.parent
+
+
+def read_config(model) -> dict | None:
+    """The model folder's config.json (None when absent or not a JSON object)."""
+    path = model_folder(model) / "config.json"
+    if not path.is_file() or path.stat().st_size > 4 << 20:
+        return None
+    try:
+        from .limits import loads
+        data = loads(path.read_bytes(), str(path), "config.json")
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read config.json ({exc.strerror})", path=str(path)) from None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class Arch:
+    gguf_arch: str          # gguf.MODEL_ARCH member name (LLAMA, QWEN2, GPT2, BERT)
+    hf_name: str            # what config.json says (or what the names suggest)
+    n_blocks: int
+
+    @property
+    def arch_name(self) -> str:
+        import gguf
+        return gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[self.gguf_arch]]
+
+
+def _n_blocks(names) -> int:
+    idx = [int(m.group(1)) for n in names
+           for m in [re.search(r"(?:layers|layer|h|blk)\.(\d+)\.", n)] if m]
+    return max(idx) + 1 if idx else 0
+
+
+def _guess_from_names(names) -> str | None:
+    names = list(names)
+    if any(n.startswith("blk.") or n == "token_embd.weight" for n in names):
+        return None  # already llama.cpp names
+    if any(".attention.self.query." in n for n in names):
+        return "BERT"
+    if any(re.search(r"(^|\.)h\.\d+\.attn\.c_attn\.", n) for n in names):
+        return "GPT2"
+    if any(re.search(r"model\.layers\.\d+\.self_attn\.q_proj\.", n) for n in names):
+        # Qwen2 has q/k/v biases, Llama/Mistral do not
+        return "QWEN2" if any(n.endswith("self_attn.q_proj.bias") for n in names) else "LLAMA"
+    return None
+
+
+def detect_arch(model, config: dict | None = None) -> Arch | None:
+    """The llama.cpp architecture of a Hugging Face model (None: a GGUF with llama.cpp names,
+    or names of no known family)."""
+    if model.format == "gguf":
+        return None
+    config = read_config(model) if config is None else config
+    hf = None
+    if config:
+        archs = config.get("architectures")
+        if isinstance(archs, list) and archs and isinstance(archs[0], str):
+            hf = archs[0]
+        gg = HF_ARCHES.get(hf or "") or MODEL_TYPES.get(str(config.get("model_type", "")))
+        if gg is None and hf is not None:
+            return Arch("UNSUPPORTED", hf, 0)
+    else:
+        gg = None
+    if gg is None:
+        gg = _guess_from_names(model.tensors)
+        if gg is None:
+            return None
+        hf = hf or gg.lower()
+    n = config.get("num_hidden_layers", config.get("n_layer")) if config else None
+    n = int(n) if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 100_000 \
+        else _n_blocks(model.tensors)
+    return Arch(gg, hf or gg, n)
+
+
+def gguf_names(model, arch: Arch | None = None) -> dict[str, str | None]:
+    """HF name -> llama.cpp name for every tensor (None: dropped by the converter or unknown).
+    A GGUF source maps to itself."""
+    if model.format == "gguf":
+        return {n: n for n in model.tensors}
+    arch = detect_arch(model) if arch is None else arch
+    if arch is None or arch.gguf_arch == "UNSUPPORTED":
+        return {n: None for n in model.tensors}
+    import gguf
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.gguf_arch], max(arch.n_blocks, 1))
+    out = {}
+    for n in model.tensors:
+        if DROPPED.search(n):
+            out[n] = None
+            continue
+        key = n[len("bert."):] if arch.gguf_arch == "BERT" and n.startswith("bert.") else n
+        out[n] = tmap.get_name(key, try_suffixes=(".weight", ".bias"))
+    return out

@@ -1,0 +1,37 @@
+"""Name patterns that cannot backtrack: plan rules (``re:...``) and the GUI's filters run on
+RE2 (``google-re2``), whose matching time is linear in the name's length whatever the pattern.
+
+RE2 takes Python's syntax except backreferences and look-around; a pattern it cannot take is
+a WorkbenchError that says so. Matching keeps ``re.search`` semantics.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .errors import WorkbenchError
+
+MAX_PATTERN = 4096
+MAX_MEM = 8 << 20   # bytes RE2 may use for one compiled pattern
+
+
+@lru_cache(maxsize=512)
+def compile_pattern(text: str, ignore_case: bool = False):
+    """A compiled pattern with ``.search(name)``; WorkbenchError for one RE2 cannot take."""
+    import re2
+    if len(text) > MAX_PATTERN:
+        raise WorkbenchError(f"regular expression longer than {MAX_PATTERN} characters")
+    opts = re2.Options()
+    opts.log_errors = False
+    opts.max_mem = MAX_MEM
+    opts.case_sensitive = not ignore_case
+    try:
+        return re2.compile(text, opts)
+    except re2.error as exc:
+        why = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(
+            exc.args[0], bytes) else str(exc)
+        hint = ("; RE2 has no backreferences or look-around"
+                if "escape" in why or "perl operator" in why else "")
+        raise WorkbenchError(f"bad regular expression {text[:80]!r} ({why}{hint})") from None
+    except (TypeError, ValueError) as exc:
+        raise WorkbenchError(f"bad regular expression {text[:80]!r} ({exc})") from None

@@ -1,0 +1,330 @@
+"""What each target runtime expects of a tensor, as data, and the one decision function that
+`evaluate`, every exporter and the GUI share.
+
+For each tensor and the scheme a plan requests, :func:`decide` says what is applied:
+
+* ``ok``       — the requested scheme, unchanged;
+* ``fallback`` — the tensor's shape cannot take the scheme (a row length that is not a multiple
+  of its block); the plan's own ``fallback`` is used when it fits, else the runtime's rule;
+* ``kept``     — stored unchanged in its own dtype (1-D tensors and non-float tensors by
+  default, or a scheme with no fallback that fits);
+* ``skipped``  — the plan asked to quantize a tensor the runtime never re-types (llama.cpp:
+  norms, biases, position and token-type embeddings); the rule is ignored with a warning rather
+  than obeyed into a file the runtime aborts on.
+
+Runtimes:
+
+* ``any`` — the workbench's own quantized safetensors: every float tensor may take every
+  scheme (1-D tensors only by an explicit rule); shape fallbacks as below.
+* ``llama.cpp`` — ``src/llama-quant.cpp`` (llama-cpp-python 0.3.36's vendored llama.cpp):
+  ``tensor_allows_quantization`` re-types only tensors of >= 2 dimensions whose GGUF name ends
+  in ``weight`` and is not a norm, ``position_embd``, ``token_types``, ``ffn_gate_inp``,
+  ``attn_rel_b``, ``ssm_conv1d`` ...; ``tensor_type_fallback``: when the row length (ggml's
+  ne[0]) is not a multiple of the type's block, Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1,
+  Q6_K -> Q8_0 (IQ*_XS/XXS/S -> IQ4_NL), and F16 when the fallback does not fit either (and for
+  32-block types directly). Types: F32, F16, BF16 and the GGML block types.
+* ``vllm`` — compressed-tensors: only linear layers' weights (attention and MLP projections; not
+  embeddings, the LM head, norms or biases); int4/int8 per-channel or group-wise (symmetric or
+  asymmetric) and fp8-e4m3; anything else is not expressible and kept.
+
+Integer group schemes that do not fit fall back to the per-channel scheme of the same bits
+(``int4-g128`` -> ``int4-channel``), which fits every shape.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .errors import WorkbenchError
+
+KEEP = "keep"
+KINDS = ("ok", "fallback", "kept", "skipped")
+
+# llama-quant.cpp tensor_type_fallback
+GGML_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1",
+                 "q6_k": "q8_0"}
+LAST_RESORT = "fp16"
+LLAMA_TYPES = {"fp32", "fp16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k",
+               "q4_k", "q5_k", "q6_k", "iq4_nl"}
+# llama-quant.cpp tensor_allows_quantization: substrings of GGUF names never re-typed
+LLAMA_NEVER = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup",
+               "laurel", "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight",
+               "attn_rel_b.weight", "time_mix_", ".position_embd", ".rel_pos", ".patch_embd")
+LLAMA_NEVER_EXACT = ("position_embd.weight", "token_types.weight")
+VLLM_ROLES = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_o", "mlp_up", "mlp_gate",
+              "mlp_down")
+_VLLM_SCHEME = re.compile(r"^(int4|int8)-(channel|g\d+)(-asym)?$|^fp8-e4m3$")
+_INT_GROUP = re.compile(r"^(int\d+)-g\d+(-asym)?(@.*)?$")
+
+
+@dataclass(frozen=True)
+class Decision:
+    name: str
+    requested: str           # what the plan asked for
+    applied: str             # what is applied ("keep": stored unchanged)
+    kind: str                # ok | fallback | kept | skipped
+    note: str | None = None
+    params: int = 0
+
+    def to_dict(self) -> dict:
+        d = {"name": self.name, "requested": self.requested, "applied": self.applied,
+             "kind": self.kind}
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+@dataclass
+class Summary:
+    """Counts of tensors and parameters per decision kind, and the fallbacks taken."""
+    tensors: dict = field(default_factory=lambda: {k: 0 for k in KINDS})
+    params: dict = field(default_factory=lambda: {k: 0 for k in KINDS})
+    moves: dict = field(default_factory=dict)      # "q4_k->q5_0" -> count
+    total_params: int = 0
+
+    def add(self, d: Decision) -> None:
+        self.tensors[d.kind] += 1
+        self.params[d.kind] += d.params
+        self.total_params += d.params
+        if d.kind == "fallback":
+            key = f"{d.requested}->{d.applied}"
+            self.moves[key] = self.moves.get(key, 0) + 1
+
+    def share(self, kind: str) -> float:
+        return self.params[kind] / self.total_params if self.total_params else 0.0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.tensors["fallback"] or self.tensors["skipped"])
+
+    def line(self) -> str:
+        parts = []
+        if self.tensors["fallback"]:
+            moves = ", ".join(f"{k} x{v}" for k, v in sorted(self.moves.items()))
+            parts.append(f"{self.tensors['fallback']} tensors fell back "
+                         f"({100 * self.share('fallback'):.1f}% of parameters: {moves})")
+        if self.tensors["skipped"]:
+            parts.append(f"{self.tensors['skipped']} rules skipped on tensors the runtime never "
+                         f"re-types ({100 * self.share('skipped'):.1f}% of parameters)")
+        parts.append(f"{self.tensors['kept']} tensors kept in their own dtype "
+                     f"({100 * self.share('kept'):.1f}% of parameters)")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        return {"tensors": dict(self.tensors), "params": dict(self.params),
+                "param_share": {k: self.share(k) for k in KINDS}, "fallbacks": dict(self.moves),
+                "line": self.line()}
+
+
+    def __str__(self) -> str:
+        return self.line()
+
+
+#: the name the GUI and other helpers use for :class:`Summary`
+FallbackSummary = Summary
+
+
+def summarize(decisions) -> Summary:
+    s = Summary()
+    for d in decisions:
+        s.add(d)
+    return s
+
+
+# ---- runtimes -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    label: str
+    #: a scheme the runtime cannot represent is kept with a note (else: an error)
+    keeps_unsupported: bool = False
+
+    def never_retyped(self, info, gguf_name: str | None) -> str | None:
+        """Why this runtime never re-types the tensor (None: it may)."""
+        return None
+
+    def unsupported(self, scheme: str) -> str | None:
+        """Why the runtime has no representation for `scheme` (None: it has)."""
+        return None
+
+    def shape_fallback(self, scheme: str) -> str | None:
+        """The runtime's next scheme to try when `scheme` does not fit the shape."""
+        if scheme in GGML_FALLBACK:
+            return GGML_FALLBACK[scheme]
+        m = _INT_GROUP.match(scheme)
+        if m:
+            return f"{m.group(1)}-channel{m.group(2) or ''}{m.group(3) or ''}"
+        return LAST_RESORT if scheme != LAST_RESORT else None
+
+
+class _Any(Runtime):
+    pass
+
+
+class _LlamaCpp(Runtime):
+    def never_retyped(self, info, gguf_name):
+        if info.ndim < 2:
+            return "llama.cpp only re-types tensors of 2 or more dimensions"
+        if gguf_name is None:
+            return None
+        if not gguf_name.endswith("weight"):
+            return f"llama.cpp never re-types {gguf_name} (not a weight)"
+        if gguf_name in LLAMA_NEVER_EXACT or any(s in gguf_name for s in LLAMA_NEVER):
+            return f"llama.cpp never re-types {gguf_name}"
+        return None
+
+    def unsupported(self, scheme):
+        from .schemes import get_scheme
+        base = get_scheme(scheme).name
+        if base not in LLAMA_TYPES:
+            return (f"llama.cpp has no tensor type for {base} (types: f32 f16 bf16 q4_0 q4_1 "
+                    "q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl)")
+        return None
+
+    def shape_fallback(self, scheme):
+        if scheme in GGML_FALLBACK:
+            return GGML_FALLBACK[scheme]
+        return LAST_RESORT if scheme != LAST_RESORT else None
+
+
+class _Vllm(Runtime):
+    def never_retyped(self, info, gguf_name):
+        if info.ndim != 2 or info.role not in VLLM_ROLES:
+            return f"vLLM quantizes only linear layers' weights ({info.name} is {info.role})"
+        return None
+
+    def unsupported(self, scheme):
+        from .schemes import get_scheme
+        base = get_scheme(scheme).name
+        if not _VLLM_SCHEME.match(base):
+            return (f"compressed-tensors cannot express {base} (vLLM takes int4/int8 "
+                    "per-channel or group-wise, symmetric or asymmetric, and fp8-e4m3)")
+        return None
+
+    def shape_fallback(self, scheme):
+        m = _INT_GROUP.match(scheme)
+        if m:
+            return f"{m.group(1)}-channel{m.group(2) or ''}"
+        return None
+
+
+RUNTIMES: dict[str, Runtime] = {
+    "any": _Any("any", "any runtime (the workbench's quantized safetensors)"),
+    "llama.cpp": _LlamaCpp("llama.cpp", "llama.cpp (GGUF, llama-quantize)"),
+    "vllm": _Vllm("vllm", "vLLM (compressed-tensors)", keeps_unsupported=True),
+}
+
+
+def get_runtime(name: str) -> Runtime:
+    try:
+        return RUNTIMES[name]
+    except KeyError:
+        raise WorkbenchError(f"unknown target runtime '{name}' "
+                             f"(choose from {', '.join(RUNTIMES)})") from None
+
+
+# ---- the decision -------------------------------------------------------------------------
+def _fits(scheme: str, shape) -> str | None:
+    from .schemes import get_scheme
+    return get_scheme(scheme).ineligible_reason(tuple(shape))
+
+
+def decide(info, requested: str, runtime: str | Runtime = "any", *, fallback: str | None = None,
+           explicit: bool = True, gguf_name: str | None = None, shape=None) -> Decision:
+    """What is applied to tensor `info` when a plan requests `requested` for `runtime`.
+
+    `explicit`: the scheme came from a rule naming the tensor or matching it (not from the
+    plan's default), so ignoring it is worth a warning. `fallback`: the plan's own fallback.
+    Raises WorkbenchError (naming the tensor) when the runtime has no type for the scheme.
+    `shape`: the shape the runtime stores (when it differs from the source's)."""
+    rt = get_runtime(runtime) if isinstance(runtime, str) else runtime
+    shape = tuple(info.shape) if shape is None else tuple(shape)
+    n, params = info.name, info.numel
+    if requested == KEEP:
+        return Decision(n, KEEP, KEEP, "kept", None, params)
+    if not info.is_float:
+        return Decision(n, requested, KEEP, "kept", f"{info.dtype} tensor is not quantized", params)
+    why = rt.never_retyped(info, gguf_name)
+    if why and requested == "fp32" and rt.name == "llama.cpp":
+        why = None  # F32 is how llama.cpp's converter stores norms and biases
+    if why:
+        if not explicit:  # the plan's default: keeping it is what the runtime does anyway
+            return Decision(n, requested, KEEP, "kept", why if info.ndim >= 2 else None, params)
+        return Decision(n, requested, KEEP, "skipped", f"{why}: rule ignored, kept", params)
+    reason = rt.unsupported(requested)
+    if reason:
+        if rt.keeps_unsupported:
+            return Decision(n, requested, KEEP, "kept", f"{reason}: kept in {info.dtype}", params)
+        raise WorkbenchError(reason, tensor=n)
+    reason = _fits(requested, shape)
+    if reason is None:
+        return Decision(n, requested, requested, "ok", None, params)
+    tried = []
+    candidates = []
+    if fallback and fallback != KEEP:
+        candidates.append(fallback)
+    nxt = rt.shape_fallback(requested)
+    while nxt and nxt not in candidates and len(candidates) < 8:
+        candidates.append(nxt)
+        nxt = rt.shape_fallback(nxt)
+    if fallback == KEEP:
+        candidates = []
+    for cand in candidates:
+        if rt.unsupported(cand):
+            continue
+        if _fits(cand, shape) is None:
+            return Decision(n, requested, cand, "fallback", f"{reason}: {cand} instead", params)
+        tried.append(cand)
+    return Decision(n, requested, KEEP, "kept", f"{reason}: kept in {info.dtype}", params)
+
+
+def plan_decisions(model, plan, runtime: str = "any", names=None,
+                   shapes: dict | None = None) -> dict[str, Decision]:
+    """The decision for every tensor of `model` (or `names`) under `plan` for `runtime`
+    (`shapes`: stored shapes that differ from the source's, e.g. GPT-2's transposed Conv1D)."""
+    rt = get_runtime(runtime)
+    gnames = None
+    if rt.name == "llama.cpp":
+        from .llama_names import detect_arch, gguf_names
+        try:
+            gnames = gguf_names(model)
+        except WorkbenchError:
+            gnames = None
+        if shapes is None and model.format != "gguf":
+            from .llama_names import CONV1D
+            arch = detect_arch(model) if gnames is not None else None
+            if arch is not None and arch.gguf_arch == "GPT2":
+                shapes = {n: tuple(model.info(n).shape)[::-1] for n in model.tensors
+                          if CONV1D.search(n) and model.info(n).ndim == 2}
+    out: dict[str, Decision] = {}
+    errors = []
+    for name in (model.tensors if names is None else names):
+        info = model.info(name)
+        requested, explicit = plan.scheme_and_source(name, info.ndim, info.is_float)
+        try:
+            out[name] = decide(info, requested, rt, fallback=plan.fallback_for(name),
+                               explicit=explicit, gguf_name=gnames.get(name) if gnames else None,
+                               shape=(shapes or {}).get(name))
+        except WorkbenchError as exc:
+            errors.append((name, exc))
+    if errors:
+        first = str(errors[0][1])
+        more = f" (and {len(errors) - 1} more tensors: " + ", ".join(
+            n for n, _ in errors[1:6]) + (" ..." if len(errors) > 6 else "") + ")" \
+            if len(errors) > 1 else ""
+        raise WorkbenchError(first + more, path=getattr(model, "path", None))
+    return out
+
+
+def check_strict(decisions, path=None) -> None:
+    """--strict: every fallback, skipped rule, or scheme that could not be applied (kept for
+    want of a fitting fallback) is an error. Tensors the runtime never re-types that the plan's
+    default (not a rule) reaches are kept as llama-quantize keeps them, not an error."""
+    bad = [d for d in decisions if d.kind in ("fallback", "skipped")
+           or (d.kind == "kept" and d.note and d.requested != KEEP and ": kept in " in d.note)]
+    if bad:
+        raise WorkbenchError(
+            f"--strict: {len(bad)} tensors would not get the scheme the plan asks for: "
+            + "; ".join(f"{d.name}: {d.note}" for d in bad[:4]) + (" ..." if len(bad) > 4 else ""),
+            path=path)
