@@ -737,6 +737,7 @@ def _enc_q4_0(x, key, dst):
     mx = x[31 - (key & 31)]                  # the first value of largest |x|
     d = mx / np.float32(-8.0)
     inv = F0 if d == 0 else np.float32(1.0) / d
+    inv = inv if abs(inv) < np.inf else F0     # subnormal d: 1/d overflows (as safe_recip)
     for j in range(16):
         q0 = np.int32(x[j] * inv + np.float32(8.5))
         q1 = np.int32(x[j + 16] * inv + np.float32(8.5))
@@ -752,6 +753,7 @@ def _enc_q8_0(x, key, dst):
     Returns as _enc_q4_0."""
     d = _key_f32(np.int32(key >> 5)) / np.float32(127.0)     # max |x| (bits >= 0: a key)
     inv = F0 if d == 0 else np.float32(1.0) / d
+    inv = inv if abs(inv) < np.inf else F0     # subnormal d: 1/d overflows (as safe_recip)
     for j in range(32):
         v = x[j] * inv
         av = abs(v)

@@ -245,11 +245,16 @@ def _quantize(scheme, spec: Spec, w2d: np.ndarray, check_finite: bool = True) ->
         nb = cols // spec.qk
         blocks = np.empty((rows, nb * spec.bpb), np.uint8)
         flags = np.empty(rows, np.uint8)
-        _k().ggml_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb, blocks, flags)
+        if spec.ggml_id in (0, 4):
+            _k().ggml_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb, blocks, flags)
+        else:
+            from . import ggml_legacy_quant
+            ggml_legacy_quant.legacy_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb,
+                                            blocks, flags)
         f = int(np.bitwise_or.reduce(flags)) if rows else 0
         if f & 2:
             return _nonfinite_found(w2d, check_finite)
-        if f & 1:
-            return None        # a float16 block scale overflows: the reference says how
+        if f & 5:
+            return None        # a float16 field overflows, or a block the reference decides
         return {"blocks": blocks}
     raise ValueError(f"no quantize kernel for {scheme.name}")

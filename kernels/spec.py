@@ -31,7 +31,7 @@ GGML_TYPES = {
     "Q5_K": (8, 256, 176), "Q6_K": (9, 256, 210), "IQ4_NL": (10, 32, 18),
 }
 #: GGML types with a quantize kernel (bit-identical to gguf-py / llama.cpp reference)
-GGML_QUANT = ("Q4_0", "Q8_0")
+GGML_QUANT = ("Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1")
 
 
 @dataclass(frozen=True, eq=False)

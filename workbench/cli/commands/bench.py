@@ -39,10 +39,42 @@ def register(sub) -> None:
     p.add_argument("--no-baselines", action="store_true",
                    help="skip the numpy/gguf reference timings (the float32 copy is always measured)")
     p.add_argument("--json", action="store_true", help="machine-readable output with every figure")
+    p.add_argument("--vs-llama-quantize", metavar="F16_GGUF", default=None,
+                   help="time llama-quantize on this F16 GGUF against the workbench's quantize "
+                        "of the same tensors to the same types (ratio in one run)")
+    p.add_argument("--types", default="q8_0,q4_0,q4_1,q5_0,q5_1",
+                   help="with --vs-llama-quantize: comma-separated GGML types")
+    p.add_argument("--threads", type=int, default=None,
+                   help="with --vs-llama-quantize: threads for both (default: all cores)")
     p.set_defaults(func=run)
 
 
+def _run_vs_llama(args) -> int:
+    import os
+
+    from kernels import bench_llama
+    from ...errors import WorkbenchError
+    src = args.vs_llama_quantize
+    if not os.path.isfile(src):
+        raise WorkbenchError("no such file", path=src)
+    types = [t.strip().lower() for t in args.types.split(",") if t.strip()]
+    threads = args.threads or os.cpu_count() or 1
+    try:
+        rep = bench_llama.run_vs_llama_quantize(
+            src, types, threads, repeats=max(1, args.repeats if args.repeats != 5 else 3),
+            progress=None if args.json else (lambda m: print(f"  {m}", file=sys.stderr)))
+    except (RuntimeError, ValueError) as exc:
+        raise WorkbenchError(str(exc), path=src) from None
+    if args.json:
+        print_json(rep)
+    else:
+        print(bench_llama.format_table(rep))
+    return 0
+
+
 def run(args) -> int:
+    if getattr(args, "vs_llama_quantize", None):
+        return _run_vs_llama(args)
     from kernels.bench import all_schemes, format_table, run_bench
     from ...errors import WorkbenchError
     from ...schemes import get_scheme

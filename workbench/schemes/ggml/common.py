@@ -52,11 +52,14 @@ def fp16_field(x: np.ndarray) -> np.ndarray:
 
 
 def safe_recip(d: np.ndarray) -> np.ndarray:
-    """1/d in float32, 0 where d == 0."""
+    """1/d in float32, 0 where d == 0 or where 1/d overflows (|d| < 2**-128, a subnormal
+    float32 scale: its float16 is 0, so the block decodes to 0 whatever the codes; ggml's
+    ``x * (1/d)`` would then cast +-Inf/NaN to an integer, which C leaves undefined). The
+    codes are then those of x * 0 (Q4_0: 8, Q8_0: 0), here and in the kernels alike."""
     d = np.asarray(d, dtype=np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         inv = np.float32(1.0) / d
-    return np.where(d == 0, np.float32(0.0), inv).astype(np.float32)
+    return np.where((d == 0) | ~np.isfinite(inv), np.float32(0.0), inv).astype(np.float32)
 
 
 def pack_nibbles(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -1,0 +1,122 @@
+"""Quantize speed against llama-quantize on the same GGUF, same types, same thread count.
+
+    quant-workbench bench --vs-llama-quantize F16.gguf [--types q8_0,q4_k] [--threads N]
+
+For each type: llama-quantize (a subprocess, wall time; it reads the file, quantizes and writes
+the output) re-types the F16 model; its output tells which tensors it quantized and to which
+type (its fallbacks included). The workbench then quantizes exactly those tensors to exactly
+those types from the same F16 data, with the numba kernels on N threads (sequential over
+tensors, each tensor parallel over rows), timed two ways: the quantize calls alone, and
+read (F16 -> float32) + quantize. Ratios > 1 mean the workbench is faster. Both runs are in
+one process run, on the same machine, back to back.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+
+
+def llama_bin_dir() -> str | None:
+    """The llama.cpp bin dir from .ci/llama-cpp's cache (None when it is not built)."""
+    base = os.path.expanduser("~/.cache/quant-workbench/llama-cpp-python-0.3.36")
+    b = os.path.join(base, "build", "bin")
+    if os.path.exists(os.path.join(base, ".built")) and os.path.exists(os.path.join(b, "llama-quantize")):
+        return b
+    return None
+
+
+def _retyped(path: str) -> list[tuple[str, str]]:
+    """(tensor name, GGML type name) of every quantized tensor in a GGUF."""
+    import gguf
+    r = gguf.GGUFReader(path)
+    keep = {"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"}
+    return [(t.name, t.tensor_type.name) for t in r.tensors if t.tensor_type.name not in keep]
+
+
+def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int = 3,
+                          bindir: str | None = None, progress=None) -> dict:
+    import gguf
+    import numba
+
+    import kernels
+    from workbench.schemes import get_scheme
+
+    say = progress or (lambda m: None)
+    bindir = bindir or llama_bin_dir()
+    if bindir is None:
+        raise RuntimeError("llama-quantize is not built (run `bash .ci/llama-cpp` first)")
+    tool = os.path.join(bindir, "llama-quantize")
+    reader = gguf.GGUFReader(src)
+    data = {t.name: t for t in reader.tensors}
+    prev = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    rows_out = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for ty in types:
+                out = os.path.join(tmp, f"lq-{ty}.gguf")
+                say(f"llama-quantize {ty.upper()} ({threads} threads)")
+                lq = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    p = subprocess.run([tool, src, out, ty.upper(), str(threads)],
+                                       capture_output=True, text=True,
+                                       env={**os.environ, "LD_LIBRARY_PATH": bindir})
+                    lq.append(time.perf_counter() - t0)
+                    if p.returncode != 0:
+                        raise RuntimeError(f"llama-quantize failed: {p.stderr.strip()[-300:]}")
+                todo = _retyped(out)
+                f32 = {}
+                for name, _ in todo:
+                    t = data[name]
+                    f32[name] = np.asarray(t.data).astype(np.float32).reshape(
+                        [int(x) for x in reversed(t.shape.tolist())])
+                nbytes = sum(a.size * 4 for a in f32.values())
+                # warm the kernels (compile or cache load) outside the timing
+                for tname, name in {tn: n for n, tn in todo}.items():
+                    kernels.quantize(get_scheme(tname.lower()), f32[name][:1], backend="cpu")
+                say(f"workbench {ty} ({len(todo)} tensors)")
+                ours_q, ours_rq = [], []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    for name, tname in todo:
+                        kernels.quantize(get_scheme(tname.lower()), f32[name], backend="cpu")
+                    ours_q.append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    for name, tname in todo:
+                        t = data[name]
+                        w = np.asarray(t.data).astype(np.float32)
+                        kernels.quantize(get_scheme(tname.lower()), w.reshape(f32[name].shape),
+                                         backend="cpu")
+                    ours_rq.append(time.perf_counter() - t0)
+                kinds = sorted({tn for _, tn in todo})
+                lq_s, q_s, rq_s = min(lq), min(ours_q), min(ours_rq)
+                rows_out.append({
+                    "type": ty, "tensors": len(todo), "ggml_types": kinds,
+                    "mbytes_f32": nbytes / 1e6,
+                    "llama_quantize_s": lq_s, "ours_quantize_s": q_s, "ours_read_quantize_s": rq_s,
+                    "ours_mbps": nbytes / q_s / 1e6,
+                    "ratio_quantize": lq_s / q_s, "ratio_read_quantize": lq_s / rq_s})
+    finally:
+        numba.set_num_threads(prev)
+    return {"source": src, "threads": threads, "repeats": repeats, "rows": rows_out}
+
+
+def format_table(rep: dict) -> str:
+    lines = [f"{rep['source']}: {rep['threads']} thread(s), best of {rep['repeats']}",
+             f"{'type':8} {'tensors':>7} {'MB f32':>8} {'llama-q s':>10} {'ours q s':>9} "
+             f"{'read+q s':>9} {'ours MB/s':>9} {'x (q)':>6} {'x (r+q)':>7}  types"]
+    for r in rep["rows"]:
+        lines.append(f"{r['type']:8} {r['tensors']:7d} {r['mbytes_f32']:8.1f} "
+                     f"{r['llama_quantize_s']:10.3f} {r['ours_quantize_s']:9.3f} "
+                     f"{r['ours_read_quantize_s']:9.3f} {r['ours_mbps']:9.0f} "
+                     f"{r['ratio_quantize']:6.2f} {r['ratio_read_quantize']:7.2f}  "
+                     f"{','.join(r['ggml_types'])}")
+    lines.append("x > 1: the workbench is faster. llama-q s is llama-quantize's wall time "
+                 "(process start, read, quantize, write).")
+    return "\n".join(lines)

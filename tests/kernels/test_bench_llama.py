@@ -1,0 +1,27 @@
+"""bench --vs-llama-quantize: argument errors are one-line errors; the table formats every row."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from kernels.bench_llama import format_table
+
+
+def test_missing_file_is_a_one_line_error(tmp_path):
+    p = subprocess.run([sys.executable, "main.py", "bench", "--vs-llama-quantize",
+                        str(tmp_path / "nope.gguf")], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert p.returncode == 2
+    assert "nope.gguf" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_format_table_rows_and_ratios():
+    rep = {"source": "m.gguf", "threads": 2, "repeats": 3, "rows": [
+        {"type": "q8_0", "tensors": 37, "ggml_types": ["Q8_0"], "mbytes_f32": 89.3,
+         "llama_quantize_s": 0.8, "ours_quantize_s": 0.2, "ours_read_quantize_s": 0.4,
+         "ours_mbps": 446.5, "ratio_quantize": 4.0, "ratio_read_quantize": 2.0}]}
+    text = format_table(rep)
+    line = [ln for ln in text.splitlines() if ln.startswith("q8_0")][0]
+    assert line.split()[1:3] == ["37", "89.3"] and line.split()[-3:-1] == ["4.00", "2.00"]
