@@ -40,8 +40,14 @@ class StateCommand(Command):
 
 
 def _short(name: str) -> str:
-    parts = name.split(".")
-    return ".".join(parts[-3:]) if len(parts) > 3 else name
+    """'model.layers.0.self_attn.q_proj.weight' -> 'L0 self_attn.q_proj' (the layer named)."""
+    import re
+    stem = name[:-7] if name.endswith(".weight") else name
+    m = re.search(r"(?:^|\.)(?:layers|layer|h|blk|blocks|block)\.(\d+)\.(.+)$", stem)
+    if m:
+        return f"L{m.group(1)} {m.group(2)}"
+    parts = stem.split(".")
+    return ".".join(parts[-3:]) if len(parts) > 3 else stem
 
 
 def _what(names) -> str:
