@@ -21,7 +21,11 @@ from .table_model import C_NAME, C_SCHEME, NAME_ROLE, SORT_ROLE, SchemeTableMode
 
 
 class SchemeDelegate(QStyledItemDelegate):
-    """A combo box listing only the schemes that can take the row's tensor."""
+    """An editable combo box listing only the schemes that can take the row's tensor.
+
+    The editor has a text field: typing completes a scheme name, and Ctrl+A selects the
+    field's text (it never reaches the table, where it would select every row). Text that
+    names no listed scheme changes nothing."""
 
     def __init__(self, doc, parent=None):
         super().__init__(parent)
@@ -29,8 +33,15 @@ class SchemeDelegate(QStyledItemDelegate):
 
     def createEditor(self, parent, option, index):
         name = index.data(NAME_ROLE)
+        info = self.doc.model.info(name)
         combo = QComboBox(parent)
-        combo.addItems(schemes_for(self.doc.model.info(name)))
+        combo.setEditable(True)
+        combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+        combo.addItems(schemes_for(info))
+        from .tiers import scheme_bpw
+        for i in range(combo.count()):
+            combo.setItemData(i, f"{scheme_bpw(combo.itemText(i), info):.2f} bits/weight",
+                              Qt.ItemDataRole.ToolTipRole)
         combo.setMaxVisibleItems(20)
         return combo
 
@@ -39,8 +50,11 @@ class SchemeDelegate(QStyledItemDelegate):
         editor.setCurrentIndex(max(i, 0))
 
     def setModelData(self, editor, model, index):
-        if editor.currentText() != index.data(Qt.ItemDataRole.EditRole):
-            model.setData(index, editor.currentText(), Qt.ItemDataRole.EditRole)
+        text = editor.currentText().strip()
+        if editor.findText(text) < 0:
+            return  # not a scheme this tensor can take
+        if text != index.data(Qt.ItemDataRole.EditRole):
+            model.setData(index, text, Qt.ItemDataRole.EditRole)
 
 
 class RuleDialog(QDialog):
