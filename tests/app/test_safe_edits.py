@@ -105,3 +105,25 @@ def test_drop_target_highlighted_during_drag_and_undo_names_layer(window, qtbot)
     col.model.dropMimeData(md, Qt.DropAction.MoveAction, -1, -1, col.view.rootIndex())
     assert window.doc.scheme_of(Q) == "int4-g128"
     assert window.undo_action.text() == "&Undo Move L0 self_attn.q_proj to 4-bit"
+
+
+def test_throughput_is_warm_only_and_says_what_it_averages(window, qtbot):
+    import time
+    from app.throughput import warm_gbs
+    calls = []
+
+    def run():  # first two calls "compile" (100 ms, 50 ms), then 1 ms
+        calls.append(1)
+        time.sleep({1: 0.1, 2: 0.05}.get(len(calls), 0.001))
+    g = warm_gbs(run, 10**6, repeats=5, budget_s=0.05)
+    # 1 MB in >= 1 ms is <= 1 GB/s; a compile call would give <= 0.02 GB/s
+    assert 0.2 < g <= 1.0
+    assert len(calls) >= 2 + 1 + 3
+    wait_idle(qtbot, window)
+    text = window.totals.backend.value.text()
+    if window.doc.throughput.get((window.doc.current, window.doc.scheme_of(window.doc.current))):
+        total = sum(1 for i in window.doc.model.tensors.values() if i.ndim >= 2 and i.is_float)
+        assert total == 23 and "GB/s warm, mean of 1 of 23 tensors" in text, text
+    else:
+        assert "GB/s" in text and ("pending" in text or "n/a" in text)
+    assert "JIT compilation excluded" in window.totals.backend.value.toolTip()
