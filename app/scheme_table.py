@@ -132,6 +132,8 @@ class SchemeTable(QWidget):
         self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.view.setItemDelegateForColumn(C_SCHEME, SchemeDelegate(doc, self.view))
+        from .format import tail_elide_delegate
+        self.view.setItemDelegateForColumn(C_NAME, tail_elide_delegate(self.view))
         self.view.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked
                                   | QAbstractItemView.EditTrigger.SelectedClicked
                                   | QAbstractItemView.EditTrigger.EditKeyPressed)
@@ -141,13 +143,18 @@ class SchemeTable(QWidget):
         self.view.verticalHeader().setDefaultSectionSize(22)
         hdr = self.view.horizontalHeader()
         hdr.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
-        hdr.setSectionResizeMode(C_NAME, QHeaderView.ResizeMode.Stretch)
+        hdr.setStretchLastSection(True)
         hdr.setMinimumSectionSize(48)
         fm = self.view.horizontalHeader().fontMetrics()
-        for col, w in zip(range(1, 11), (92, 68, 80, 150, 60, 84, 80, 72, 76, 56)):
+        cell = self.view.fontMetrics()
+        # the name keeps a readable width (the table scrolls sideways rather than showing
+        # "m…t"); roles fit whole ("embedding", "attn_qkv")
+        self.view.setColumnWidth(C_NAME, 250)
+        for col, w in zip(range(1, 11), (cell.horizontalAdvance("30522 × 1536") + 16, 68, cell.horizontalAdvance("embedding") + 20,
+                                         112, 60, 84, 80, 72, 76, 56)):
             text = self.model.headerData(col, Qt.Orientation.Horizontal)
             self.view.setColumnWidth(col, max(w, fm.horizontalAdvance(text) + 30))
-        self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        self.view.setTextElideMode(Qt.TextElideMode.ElideRight)
 
         self.assign_combo = QComboBox()
         self.assign_combo.addItems([KEEP] + list_schemes())
