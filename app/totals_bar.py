@@ -73,16 +73,15 @@ class TotalsBar(QFrame):
         self.backend.value.setToolTip(
             "Dequantize throughput of the kernels, warm runs only (JIT compilation excluded): "
             "float32 GB/s written, the size-weighted mean over the tensors measured so far "
-            "(each tensor's best timed run). Tools > Measure Dequant Throughput measures every tensor.")
+            "(each tensor's best timed run); (N/M): N of the M weight matrices measured. Tools > Measure Dequant Throughput measures every tensor.")
 
 
 def throughput_text(doc, t) -> str:
-    """'13.1 GB/s warm, mean of 5 of 22 tensors' / 'pending' / 'n/a' (no kernel)."""
+    """'13.1 GB/s warm (5/22)': the mean over 5 of 22 matrices / 'pending' / 'n/a'."""
     if t.throughput_gbs:
         total = sum(1 for i in doc.model.tensors.values() if i.ndim >= 2 and i.is_float) \
             if doc.model is not None else t.measured
-        return (f"{fmt_gbs(t.throughput_gbs)} GB/s warm, mean of {t.measured} of "
-                f"{max(total, t.measured)} tensors")
+        return f"{fmt_gbs(t.throughput_gbs)} GB/s warm ({t.measured}/{max(total, t.measured)})"
     if doc.model is not None and doc.current and (doc.current, doc.scheme_of(doc.current)) \
             not in doc.throughput:
         return "GB/s pending"
