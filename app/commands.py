@@ -27,10 +27,11 @@ class Command:
 class StateCommand(Command):
     """Replace (plan, tiers) by new ones; undo restores the old ones."""
 
-    def __init__(self, label: str, before: tuple, after: tuple):
+    def __init__(self, label: str, before: tuple, after: tuple, targets: dict | None = None):
         self.label = label
         self.before = before
         self.after = after
+        self.targets = targets or {}  # name -> scheme the edit assigns (assign, move to tier)
 
     def do(self, doc) -> None:
         doc.set_state(*self.after)
@@ -40,8 +41,14 @@ class StateCommand(Command):
 
 
 def _short(name: str) -> str:
-    parts = name.split(".")
-    return ".".join(parts[-3:]) if len(parts) > 3 else name
+    """'model.layers.0.self_attn.q_proj.weight' -> 'L0 self_attn.q_proj' (the layer named)."""
+    import re
+    stem = name[:-7] if name.endswith(".weight") else name
+    m = re.search(r"(?:^|\.)(?:layers|layer|h|blk|blocks|block)\.(\d+)\.(.+)$", stem)
+    if m:
+        return f"L{m.group(1)} {m.group(2)}"
+    parts = stem.split(".")
+    return ".".join(parts[-3:]) if len(parts) > 3 else stem
 
 
 def _what(names) -> str:
@@ -68,7 +75,7 @@ def assign(doc, names, scheme: str) -> StateCommand | None:
         return None
     plan = doc.plan.with_assignments({n: scheme for n in ok})
     return StateCommand(f"Assign {scheme} to {_what(ok)}", (doc.plan, doc.tiers),
-                        (plan, doc.tiers))
+                        (plan, doc.tiers), {n: scheme for n in ok})
 
 
 def move_to_tier(doc, names, tier: int) -> StateCommand | None:
@@ -77,7 +84,8 @@ def move_to_tier(doc, names, tier: int) -> StateCommand | None:
     if not ok:
         return None
     plan = doc.plan.with_assignments({n: t.scheme for n in ok})
-    return StateCommand(f"Move {_what(ok)} to {t.name}", (doc.plan, doc.tiers), (plan, doc.tiers))
+    return StateCommand(f"Move {_what(ok)} to {t.name}", (doc.plan, doc.tiers), (plan, doc.tiers),
+                        {n: t.scheme for n in ok})
 
 
 def set_tier_scheme(doc, tier: int, scheme: str, members) -> StateCommand:
@@ -135,6 +143,47 @@ def set_default(doc, scheme: str) -> StateCommand:
 
 def replace_plan(doc, plan: Plan, label: str = "Load plan") -> StateCommand:
     return StateCommand(label, (doc.plan, doc.tiers), (plan, doc.tiers))
+
+
+def is_quantizing(scheme: str) -> bool:
+    """Below 16 bits (keep, fp32, fp16 and bf16 are not quantizing)."""
+    if scheme == KEEP:
+        return False
+    try:
+        return get_scheme(scheme).nominal_bits < 16
+    except Exception:  # noqa: BLE001 - an unknown scheme is refused elsewhere
+        return False
+
+
+def never_retyped(model, targets: dict, runtime: str = "llama.cpp") -> list[tuple[str, str]]:
+    """(name, why) for each tensor `targets` would quantize that `runtime` never re-types
+    (workbench.runtimes: llama.cpp keeps norms, biases, position and token-type embeddings)."""
+    from workbench.errors import WorkbenchError
+    from workbench.runtimes import get_runtime
+    rt = get_runtime(runtime)
+    gnames = getattr(model, "_app_gguf_names", False)
+    if gnames is False:
+        try:
+            from workbench.llama_names import gguf_names
+            gnames = gguf_names(model)
+        except (WorkbenchError, Exception):  # noqa: BLE001 - unmapped architecture: ndim only
+            gnames = None
+        try:
+            model._app_gguf_names = gnames
+        except AttributeError:
+            pass
+    out = []
+    for n, scheme in targets.items():
+        if not is_quantizing(scheme):
+            continue
+        info = model.info(n)
+        why = rt.never_retyped(info, gnames.get(n) if gnames else None)
+        if why is None and info.role in ("norm", "bias", "pos_embed", "position_embed",
+                                         "token_type_embed"):
+            why = f"a {info.role} tensor"
+        if why:
+            out.append((n, why))
+    return out
 
 
 _ELIGIBLE: dict[tuple, list[str]] = {}

@@ -62,3 +62,17 @@ def fmt_gbs(v: float | None) -> str:
 def plural(n: int, word: str) -> str:
     """'1 tensor', '2 tensors'."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def tail_elide_delegate(parent=None):
+    """An item delegate eliding on the left: tensor names keep their distinguishing tail
+    ('…layer.0.attention.self.query.weight'); the full name is the cell's tooltip."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QStyledItemDelegate
+
+    class _TailElide(QStyledItemDelegate):
+        def initStyleOption(self, option, index):
+            super().initStyleOption(option, index)
+            option.textElideMode = Qt.TextElideMode.ElideLeft
+
+    return _TailElide(parent)

@@ -107,7 +107,9 @@ class LayerBrowser(QWidget):
         for c in range(1, len(COLUMNS)):
             hdr.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
         self.view.setIndentation(12)
-        self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        self.view.setTextElideMode(Qt.TextElideMode.ElideRight)
+        from .format import tail_elide_delegate
+        self.view.setItemDelegateForColumn(0, tail_elide_delegate(self.view))
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(4)

@@ -10,6 +10,22 @@ import time
 START = time.perf_counter()
 
 
+_NOISE = ("This plugin does not support propagateSizeHints()",)
+
+
+def quiet_qt_messages() -> None:
+    """Drop Qt's harmless platform-plugin chatter (the offscreen plugin prints
+    'This plugin does not support propagateSizeHints()' for every top-level resize);
+    every other Qt message goes to stderr as before."""
+    from PySide6.QtCore import qInstallMessageHandler
+
+    def handler(_kind, _context, message):
+        if message in _NOISE:
+            return
+        sys.stderr.write(message + "\n")
+    qInstallMessageHandler(handler)
+
+
 def create_app(argv=None, offscreen: bool = False):
     """The QApplication (created once), with organisation names, fonts and the theme."""
     if offscreen:
@@ -17,6 +33,7 @@ def create_app(argv=None, offscreen: bool = False):
     if os.environ.get("QT_QPA_PLATFORM") == "offscreen":
         os.environ.setdefault("QT_LOGGING_RULES", "qt.qpa.*=false")
     from PySide6.QtWidgets import QApplication
+    quiet_qt_messages()
     app = QApplication.instance()
     if app is None:
         app = QApplication(list(argv or sys.argv[:1]))

@@ -76,6 +76,7 @@ class MainWindow(QMainWindow):
         self.analyzer.on_error = lambda what, msg: self.messages.error(what, msg)
         self.undo_stack = QUndoStack(self)
         self._pending_ui: dict | None = None
+        self._retype_ok = False  # "don't ask again" for the never-re-typed warning (session)
         self._load_task = None
 
         self.browser = LayerBrowser(self.doc)
@@ -213,7 +214,32 @@ class MainWindow(QMainWindow):
 
     # ---- edits -------------------------------------------------------------------------------
     def push(self, command) -> bool:
+        if command is not None and not self.confirm_retype(getattr(command, "targets", None)):
+            return False
         return push(self.undo_stack, self.doc, command)
+
+    def confirm_retype(self, targets) -> bool:
+        """Before quantizing tensors llama.cpp never re-types (norms, biases, position and
+        token-type embeddings: app.commands.never_retyped), list them and ask; the answer can
+        be remembered for the session."""
+        if not targets or self.doc.model is None or self._retype_ok:
+            return True
+        risky = commands.never_retyped(self.doc.model, targets)
+        if not risky:
+            return True
+        shown = "\n".join(f"  {n}  ({why})" for n, why in risky[:12])
+        more = f"\n  … and {len(risky) - 12} more" if len(risky) > 12 else ""
+        scheme = next(iter(targets.values()))
+        yes, again = self.messages.confirm(
+            "Quantize tensors a runtime keeps?",
+            f"This edit quantizes {len(risky)} tensor{'s' if len(risky) != 1 else ''} that "
+            f"llama.cpp never re-types (norms, biases, position / token-type embeddings); "
+            f"a GGUF export keeps them and other runtimes may fail on them.\n\n{shown}{more}"
+            f"\n\nAssign {scheme} anyway?",
+            "\n".join(f"{n}: {why}" for n, why in risky))
+        if yes and again:
+            self._retype_ok = True
+        return yes
 
     def select(self, name: str) -> None:
         self.doc.set_current(name)

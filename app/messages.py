@@ -24,6 +24,20 @@ class Messages:
     def ask(self, title: str, text: str) -> bool:
         return QMessageBox.question(self.parent, title, text) == QMessageBox.StandardButton.Yes
 
+    def confirm(self, title: str, text: str, details: str = "") -> tuple[bool, bool]:
+        """Yes/No with a "Don't ask again this session" box: (yes, don't ask again)."""
+        from PySide6.QtWidgets import QCheckBox
+        box = QMessageBox(QMessageBox.Icon.Question, title, text,
+                          QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+                          self.parent)
+        box.setDefaultButton(QMessageBox.StandardButton.No)
+        if details:
+            box.setDetailedText(details)
+        again = QCheckBox("Don't ask again this session")
+        box.setCheckBox(again)
+        yes = box.exec() == QMessageBox.StandardButton.Yes
+        return yes, again.isChecked()
+
     def ask_save(self, title: str, text: str) -> str:
         """'save', 'discard' or 'cancel'."""
         B = QMessageBox.StandardButton
@@ -49,6 +63,12 @@ class RecordedMessages:
     def ask(self, title: str, text: str) -> bool:
         self.questions.append((title, text))
         return self.answer
+
+    dont_ask_again = False
+
+    def confirm(self, title: str, text: str, details: str = "") -> tuple[bool, bool]:
+        self.questions.append((title, text + ("\n" + details if details else "")))
+        return self.answer, self.dont_ask_again
 
     save_answer = "discard"
 

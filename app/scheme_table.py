@@ -21,7 +21,11 @@ from .table_model import C_NAME, C_SCHEME, NAME_ROLE, SORT_ROLE, SchemeTableMode
 
 
 class SchemeDelegate(QStyledItemDelegate):
-    """A combo box listing only the schemes that can take the row's tensor."""
+    """An editable combo box listing only the schemes that can take the row's tensor.
+
+    The editor has a text field: typing completes a scheme name, and Ctrl+A selects the
+    field's text (it never reaches the table, where it would select every row). Text that
+    names no listed scheme changes nothing."""
 
     def __init__(self, doc, parent=None):
         super().__init__(parent)
@@ -29,8 +33,15 @@ class SchemeDelegate(QStyledItemDelegate):
 
     def createEditor(self, parent, option, index):
         name = index.data(NAME_ROLE)
+        info = self.doc.model.info(name)
         combo = QComboBox(parent)
-        combo.addItems(schemes_for(self.doc.model.info(name)))
+        combo.setEditable(True)
+        combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+        combo.addItems(schemes_for(info))
+        from .tiers import scheme_bpw
+        for i in range(combo.count()):
+            combo.setItemData(i, f"{scheme_bpw(combo.itemText(i), info):.2f} bits/weight",
+                              Qt.ItemDataRole.ToolTipRole)
         combo.setMaxVisibleItems(20)
         return combo
 
@@ -39,8 +50,11 @@ class SchemeDelegate(QStyledItemDelegate):
         editor.setCurrentIndex(max(i, 0))
 
     def setModelData(self, editor, model, index):
-        if editor.currentText() != index.data(Qt.ItemDataRole.EditRole):
-            model.setData(index, editor.currentText(), Qt.ItemDataRole.EditRole)
+        text = editor.currentText().strip()
+        if editor.findText(text) < 0:
+            return  # not a scheme this tensor can take
+        if text != index.data(Qt.ItemDataRole.EditRole):
+            model.setData(index, text, Qt.ItemDataRole.EditRole)
 
 
 class RuleDialog(QDialog):
@@ -118,6 +132,8 @@ class SchemeTable(QWidget):
         self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.view.setItemDelegateForColumn(C_SCHEME, SchemeDelegate(doc, self.view))
+        from .format import tail_elide_delegate
+        self.view.setItemDelegateForColumn(C_NAME, tail_elide_delegate(self.view))
         self.view.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked
                                   | QAbstractItemView.EditTrigger.SelectedClicked
                                   | QAbstractItemView.EditTrigger.EditKeyPressed)
@@ -127,13 +143,18 @@ class SchemeTable(QWidget):
         self.view.verticalHeader().setDefaultSectionSize(22)
         hdr = self.view.horizontalHeader()
         hdr.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
-        hdr.setSectionResizeMode(C_NAME, QHeaderView.ResizeMode.Stretch)
+        hdr.setStretchLastSection(True)
         hdr.setMinimumSectionSize(48)
         fm = self.view.horizontalHeader().fontMetrics()
-        for col, w in zip(range(1, 11), (92, 68, 80, 150, 60, 84, 80, 72, 76, 56)):
+        cell = self.view.fontMetrics()
+        # the name keeps a readable width (the table scrolls sideways rather than showing
+        # "m…t"); roles fit whole ("embedding", "attn_qkv")
+        self.view.setColumnWidth(C_NAME, 250)
+        for col, w in zip(range(1, 11), (cell.horizontalAdvance("30522 × 1536") + 16, 68, cell.horizontalAdvance("embedding") + 20,
+                                         112, 60, 84, 80, 72, 76, 56)):
             text = self.model.headerData(col, Qt.Orientation.Horizontal)
             self.view.setColumnWidth(col, max(w, fm.horizontalAdvance(text) + 30))
-        self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        self.view.setTextElideMode(Qt.TextElideMode.ElideRight)
 
         self.assign_combo = QComboBox()
         self.assign_combo.addItems([KEEP] + list_schemes())

@@ -26,7 +26,7 @@ from workbench.schemes import list_schemes
 from .format import fmt_bytes, fmt_db, fmt_shape, plural
 from .theme import MONO_FAMILY, UI_FAMILY, sqnr_colour, tier_colour
 from .messages import Messages
-from .tiers import name_problem, on_board, tier_index
+from .tiers import name_problem, on_board, tier_index, tier_mix
 
 MIME = "application/x-quant-workbench-tensors"
 NAME_ROLE = Qt.ItemDataRole.UserRole + 20
@@ -202,6 +202,33 @@ class CardDelegate(QStyledItemDelegate):
         p.restore()
 
 
+class TierList(QListView):
+    """A tier's card list; while a drag hovers over it, it is highlighted as the drop target."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.drop_target = False
+
+    def _highlight(self, on: bool) -> None:
+        if on != self.drop_target:
+            self.drop_target = on
+            self.setProperty("dropTarget", on)
+            self.setStyleSheet("QListView { border: 2px solid #4c9aff; background: #1d2a40; }"
+                               if on else "")
+
+    def dragEnterEvent(self, event) -> None:
+        super().dragEnterEvent(event)
+        self._highlight(event.mimeData().hasFormat(MIME))
+
+    def dragLeaveEvent(self, event) -> None:
+        self._highlight(False)
+        super().dragLeaveEvent(event)
+
+    def dropEvent(self, event) -> None:
+        self._highlight(False)
+        super().dropEvent(event)
+
+
 class TierColumn(QFrame):
     def __init__(self, doc, tier: int, on_drop, on_scheme, activated, parent=None):
         super().__init__(parent)
@@ -223,7 +250,7 @@ class TierColumn(QFrame):
         self.scheme.setMinimumContentsLength(8)
         self.scheme.activated.connect(lambda _i: self._scheme_chosen())
         self.model = TierListModel(doc, tier, on_drop, self)
-        self.view = QListView()
+        self.view = TierList()
         self.view.setModel(self.model)
         self.view.setItemDelegate(CardDelegate(doc, tier, self.view))
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
@@ -294,7 +321,10 @@ class TierColumn(QFrame):
         params = sum(self.doc.model.info(n).numel for n in names)
         size = sum(self.doc.bytes_of(n) for n in names)
         share = 100.0 * params / max(self.doc.model.total_params, 1)
-        self.summary.setText(f"{plural(len(names), 'tensor')} · {share:.1f}% of params · {fmt_bytes(size)}")
+        mix = tier_mix(t, [self.doc.scheme_of(n) for n in names])
+        self.summary.setText(f"{plural(len(names), 'tensor')} · {share:.1f}% of params · "
+                             f"{fmt_bytes(size)}" + (f" · {mix}" if mix else ""))
+        self.mix = mix
 
 
 class TierDialog(QDialog):

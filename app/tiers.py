@@ -1,8 +1,9 @@
 """Precision tiers (Qt-free): named columns of the tier board, each with its scheme.
 
-A tensor belongs to the tier whose scheme it is assigned; otherwise to the first tier
-(highest precision first) whose `min_bits` its scheme's nominal bits reach. Tensors kept
-in their own dtype count with that dtype's bits (BF16 -> 16).
+A tensor belongs to the tier whose scheme it is assigned; otherwise to the tier whose scheme's
+bits per weight (exact, scale overhead included) are nearest its own (ties: the higher
+precision tier), so an int6-g64 card (6.25 bits/weight) sits with INT8, not with 4-bit.
+Tensors kept in their own dtype count with that dtype's bits (BF16 -> 16).
 
 Tiers are a view over the plan: adding, renaming or removing a tier never changes a
 tensor's scheme, only the column it shows in. A removed tier's members keep their schemes
@@ -56,15 +57,45 @@ def scheme_bits(scheme: str, info=None) -> float:
         return 0.0
 
 
+_BPW: dict[str, float] = {}
+
+
+def scheme_bpw(scheme: str, info=None) -> float:
+    """Bits per weight of a scheme including its scale overhead (a 4096x4096 matrix; keep:
+    the tensor's stored bits)."""
+    if scheme == KEEP:
+        return info.bits_per_weight if info is not None else 32.0
+    if scheme not in _BPW:
+        try:
+            _BPW[scheme] = float(get_scheme(scheme).bits_per_weight())
+        except WorkbenchError:
+            _BPW[scheme] = 0.0
+    return _BPW[scheme]
+
+
 def tier_index(tiers, scheme: str, info=None) -> int:
+    """The tier a tensor with `scheme` shows in: its scheme's tier, else the nearest tier in
+    bits per weight (ties: the higher precision one)."""
     for i, t in enumerate(tiers):
         if t.scheme == scheme:
             return i
-    bits = scheme_bits(scheme, info)
+    bits = scheme_bpw(scheme, info)
+    best, best_d = len(tiers) - 1, float("inf")
     for i, t in enumerate(tiers):
-        if bits >= t.min_bits:
-            return i
-    return len(tiers) - 1
+        d = abs(bits - scheme_bpw(t.scheme, info))
+        if d < best_d - 1e-9:
+            best, best_d = i, d
+    return best
+
+
+def tier_mix(tier, schemes) -> str:
+    """'' when every member has the tier's scheme; else 'all q4_0' or 'mixed: 3 schemes'."""
+    distinct = set(schemes)
+    if not distinct or distinct == {tier.scheme}:
+        return ""
+    if len(distinct) == 1:
+        return f"all {distinct.pop()}"
+    return f"mixed: {len(distinct)} schemes"
 
 
 def on_board(info) -> bool:

@@ -69,6 +69,20 @@ class TotalsBar(QFrame):
             c = sqnr_colour(t.sqnr_db)
             self.sqnr.value.setStyleSheet(f"color: {c.name()};" if c is not None else "")
             self.status.setText(f"{self.doc.model.format} · {len(self.doc.model.tensors)} tensors")
-        gbs = (f"{fmt_gbs(t.throughput_gbs)} GB/s ({t.measured} tensor{'s' if t.measured != 1 else ''})"
-               if t.throughput_gbs else "n/a")
-        self.backend.value.setText(f"{self.doc.backend.upper()} · {gbs}")
+        self.backend.value.setText(f"{self.doc.backend.upper()} · {throughput_text(self.doc, t)}")
+        self.backend.value.setToolTip(
+            "Dequantize throughput of the kernels, warm runs only (JIT compilation excluded): "
+            "float32 GB/s written, the size-weighted mean over the tensors measured so far "
+            "(each tensor's best timed run); (N/M): N of the M weight matrices measured. Tools > Measure Dequant Throughput measures every tensor.")
+
+
+def throughput_text(doc, t) -> str:
+    """'13.1 GB/s warm (5/22)': the mean over 5 of 22 matrices / 'pending' / 'n/a'."""
+    if t.throughput_gbs:
+        total = sum(1 for i in doc.model.tensors.values() if i.ndim >= 2 and i.is_float) \
+            if doc.model is not None else t.measured
+        return f"{fmt_gbs(t.throughput_gbs)} GB/s warm ({t.measured}/{max(total, t.measured)})"
+    if doc.model is not None and doc.current and (doc.current, doc.scheme_of(doc.current)) \
+            not in doc.throughput:
+        return "GB/s pending"
+    return "GB/s n/a"

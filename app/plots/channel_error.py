@@ -22,6 +22,7 @@ class ChannelErrorPlot(pg.PlotWidget):
         item = self.getPlotItem()
         item.setLabel("bottom", "output channel")
         item.setLabel("left", "rel. error")
+        item.getAxis("left").enableAutoSIPrefix(False)
         item.showGrid(x=True, y=True, alpha=0.15)
         item.setMenuEnabled(False)
         item.setClipToView(True)

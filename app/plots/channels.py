@@ -39,22 +39,25 @@ class ChannelRangePlot(pg.PlotWidget):
         item = self.getPlotItem()
         item.setLabel("bottom", "output channel")
         item.setLabel("left", "value")
+        # no "(x0.001)" SI prefix in the rotated label: in a short plot it was clipped
+        item.getAxis("left").enableAutoSIPrefix(False)
         item.showGrid(x=True, y=True, alpha=0.15)
         item.setMenuEnabled(False)
         item.setClipToView(True)
         item.setDownsampling(auto=True, mode="peak")
-        self.legend = item.addLegend(offset=(8, 2), labelTextColor="#c9ced8", colCount=4,
-                                     brush=pg.mkBrush(34, 38, 46, 200))
-        self.max_curve = pg.PlotDataItem(pen=pg.mkPen("#4c9aff", width=1), name="max")
-        self.min_curve = pg.PlotDataItem(pen=pg.mkPen("#4c9aff", width=1), name="min")
+        # the legend is the plot's title line: inside the plot it covered the outliers
+        item.setTitle("<span style='color:#4c9aff'>━ min / max</span>&nbsp;&nbsp;"
+                      "<span style='color:#9ece6a'>━ |max|</span>&nbsp;&nbsp;"
+                      "<span style='color:#f85149'>● outliers</span>", size="8pt")
+        self.max_curve = pg.PlotDataItem(pen=pg.mkPen("#4c9aff", width=1))
+        self.min_curve = pg.PlotDataItem(pen=pg.mkPen("#4c9aff", width=1))
         self.fill = pg.FillBetweenItem(self.max_curve, self.min_curve,
                                        brush=pg.mkBrush(76, 154, 255, 70))
-        self.abs_curve = pg.PlotDataItem(pen=pg.mkPen("#9ece6a", width=1), name="|max|")
+        self.abs_curve = pg.PlotDataItem(pen=pg.mkPen("#9ece6a", width=1))
         self.out_points = pg.ScatterPlotItem(size=6, brush=pg.mkBrush("#f85149"),
                                              pen=pg.mkPen(None))
         for it in (self.fill, self.max_curve, self.min_curve, self.abs_curve, self.out_points):
             self.addItem(it)
-        self.legend.addItem(self.out_points, "outliers")
         self.scene().sigMouseMoved.connect(self._hover)
 
     def set_sorted(self, on: bool) -> None:

@@ -48,6 +48,10 @@ class HistogramPlot(pg.PlotWidget):
 
     def set_log(self, on: bool) -> None:
         self.log = bool(on)
+        # first a y range valid in both modes: the axis takes 10**range in log mode, and the
+        # linear range of the counts (thousands) overflowed it (a RuntimeWarning)
+        top = max(float(self.counts.max()), 1.0) if self.counts.size else 1.0
+        self.getPlotItem().setYRange(0.0, np.log10(top) + 0.1, padding=0)
         self.getPlotItem().setLogMode(False, self.log)
         self.getPlotItem().setLabel("left", "count (log)" if self.log else "count")
         self._draw()

@@ -43,7 +43,7 @@ def test_assign_in_table_updates_value_and_totals(window, qtbot):
     assert t.bytes_after == exp.bytes_after and t.pending == 0
     assert t.sqnr_db == pytest.approx(exp.sqnr_db)
     assert window.totals.sqnr.value.text() == f"{exp.sqnr_db:.2f} dB"
-    assert window.undo_action.text() == "&Undo Assign int4-g64 to self_attn.q_proj.weight"
+    assert window.undo_action.text() == "&Undo Assign int4-g64 to L0 self_attn.q_proj"
 
 
 def test_scheme_editor_lists_only_eligible_schemes(window):
