@@ -17,6 +17,7 @@ from .cases import AREAS, GENERATORS
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE_SECONDS = 10.0
+WALL_SECONDS = 60.0
 MEMORY_LIMIT = 1 << 30
 
 
@@ -55,16 +56,31 @@ class Worker:
         except BrokenPipeError:
             return {"result": "fail", "kind": "worker died", "message": ""}
         t0 = time.monotonic()
-        line = self._read(CASE_SECONDS)
-        if line is None:
-            self.kill()
-            return {"result": "fail", "kind": "hang", "message": f"> {CASE_SECONDS} s"}
+        cpu0 = self._cpu()
+        # a hang is 10 s of the worker's own CPU time (wall time on a shared machine says
+        # little), or a minute of wall time without an answer (blocked, e.g. on a FIFO)
+        line = None
+        while line is None:
+            line = self._read(1.0)
+            if line is None and (self._cpu() - cpu0 > CASE_SECONDS
+                                 or time.monotonic() - t0 > WALL_SECONDS):
+                self.kill()
+                return {"result": "fail", "kind": "hang",
+                        "message": f"> {CASE_SECONDS} s of CPU or {WALL_SECONDS} s of wall time"}
         if not line:
             code = self.proc.wait()
             return {"result": "fail", "kind": "worker died", "message": f"exit {code}"}
         out = json.loads(line)
         out["seconds"] = time.monotonic() - t0
         return out
+
+    def _cpu(self) -> float:
+        try:
+            import psutil
+            t = psutil.Process(self.proc.pid).cpu_times()
+            return t.user + t.system
+        except Exception:  # noqa: BLE001 - psutil missing or the worker gone
+            return 0.0
 
     def kill(self):
         self.proc.kill()
