@@ -75,6 +75,121 @@ CONFIG = {
 }
 
 
+# --- calibration text and tokenizer -------------------------------------------------------
+
+_SUBJECTS = ["The engineer", "A small dog", "My neighbour", "The committee", "Every student",
+             "The old lighthouse keeper", "A quiet librarian", "The river", "Our team",
+             "The city council", "A young pianist", "The weather station", "The baker",
+             "A curious child", "The research group", "The night train", "My grandmother",
+             "The captain", "A tired traveller", "The museum guide"]
+_VERBS = ["finished", "repaired", "described", "painted", "measured", "forgot", "explained",
+          "carried", "discovered", "studied", "ignored", "celebrated", "questioned", "built",
+          "sold", "borrowed", "cleaned", "photographed", "ordered", "tested"]
+_OBJECTS = ["the wooden bridge", "a long report", "the broken clock", "three red apples",
+            "an unusual map", "the garden fence", "a recipe for bread", "the final exam",
+            "a map of the coast", "the spare tyre", "an old violin", "the monthly budget",
+            "a bright blue kite", "the kitchen window", "a new telescope", "the printed schedule",
+            "two cups of tea", "the lost umbrella", "a box of letters", "the village square"]
+_TIMES = ["yesterday", "before lunch", "on Monday morning", "after the storm", "last winter",
+          "in the evening", "at dawn", "during the holidays", "twice a week", "just in time",
+          "in 1998", "at half past nine", "over the weekend", "before anyone noticed"]
+_PLACES = ["in the harbour", "near the station", "behind the school", "at the market",
+           "in a tiny flat", "on the hill", "across the valley", "inside the warehouse",
+           "by the lake", "in the north wing"]
+_FACTS = [
+    "Water boils at one hundred degrees Celsius at sea level.",
+    "The moon orbits the earth roughly once every twenty seven days.",
+    "Bees communicate the direction of flowers with a dance.",
+    "A prime number has exactly two divisors.",
+    "Light from the sun takes about eight minutes to reach us.",
+    "Copper conducts electricity better than iron.",
+    "Most maple trees lose their leaves in autumn.",
+    "The heart pumps blood through arteries and veins.",
+    "Salt lowers the freezing point of water.",
+    "A triangle's angles add up to one hundred and eighty degrees.",
+    "Penguins cannot fly, but they swim very well.",
+    "Sound travels faster in water than in air.",
+]
+_QUESTIONS = ["Why did {s} leave {p}?", "How long does it take to reach {p}?",
+              "Who {v} {o} {t}?", "Could you tell me where {o} is?",
+              "What happens if {s_l} {v} {o} again?", "Is it true that {s_l} {v} {o}?"]
+_CODE = ["def add(a, b): return a + b", "for i in range(10): print(i * i)",
+         "x = [n for n in data if n > 0]", "if value is None: raise ValueError('missing')",
+         "SELECT name, price FROM items WHERE price < 20;", "total = sum(row[2] for row in rows)",
+         "while queue: node = queue.pop(); visit(node)", "import json; print(json.dumps(cfg))"]
+_NUMBERS = ["The invoice lists {a} items at {b}.{c} euros each.",
+            "Flight {a} departs at {b}:{c:02d} from gate {d}.",
+            "The temperature dropped from {a} to {d} degrees.",
+            "Chapter {d} starts on page {a}.", "She ran {d} kilometres in {b} minutes.",
+            "Room {a} has {d} chairs and {b} desks."]
+
+
+def make_calibration_text(n: int = 400, seed: int = 7) -> str:
+    """A few hundred varied English lines (statements, questions, facts, numbers, code),
+    one sample a line, generated from templates so the shipped file is reproducible."""
+    rng = np.random.default_rng(seed)
+    pick = lambda xs: xs[int(rng.integers(len(xs)))]  # noqa: E731
+    lines: list[str] = []
+    seen: set[str] = set()
+    while len(lines) < n:
+        kind = int(rng.integers(10))
+        s, v, o, t, p = pick(_SUBJECTS), pick(_VERBS), pick(_OBJECTS), pick(_TIMES), pick(_PLACES)
+        if kind <= 3:
+            line = f"{s} {v} {o} {p} {t}."
+            if rng.random() < 0.4:
+                line += f" {pick(_SUBJECTS)} {pick(_VERBS)} {pick(_OBJECTS)} as well."
+        elif kind == 4:
+            line = pick(_QUESTIONS).format(s=s.lower(), s_l=s.lower(), v=v, o=o, t=t, p=p)
+            line = line[0].upper() + line[1:]
+        elif kind == 5:
+            line = pick(_FACTS)
+            if rng.random() < 0.5:
+                line += f" {s} {v} this {t}."
+        elif kind == 6:
+            line = pick(_CODE)
+        elif kind == 7:
+            line = pick(_NUMBERS).format(a=int(rng.integers(10, 999)), b=int(rng.integers(1, 60)),
+                                         c=int(rng.integers(0, 60)), d=int(rng.integers(2, 40)))
+        elif kind == 8:
+            line = f"\"Do not forget {o},\" said {s.lower()} {p}, {t}."
+        else:
+            line = f"{t.capitalize()}, {s.lower()} {v} {o}, and then {pick(_VERBS)} {pick(_OBJECTS)}."
+        if line not in seen:
+            seen.add(line)
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def make_tokenizer(text: str, out: Path) -> None:
+    """Train a byte-level BPE with exactly VOCAB tokens (specials included) on `text` and save it
+    Qwen2-style (tokenizer.json + tokenizer_config.json) so AutoTokenizer and llama.cpp's gguf
+    vocabulary helpers (gpt2-style BPE with merges) read it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(text.splitlines(), trainer=trainer)
+    if tok.get_vocab_size() != VOCAB:
+        raise SystemExit(f"tokenizer has {tok.get_vocab_size()} tokens, wanted {VOCAB}")
+    tok.save(str(out / "tokenizer.json"))
+    added = {str(tok.token_to_id(s)): {"content": s, "lstrip": False, "normalized": False,
+                                       "rstrip": False, "single_word": False, "special": True}
+             for s in SPECIAL_TOKENS}
+    cfg = {"added_tokens_decoder": added, "additional_special_tokens": SPECIAL_TOKENS[1:],
+           "bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+           "unk_token": None, "model_max_length": 32768, "clean_up_tokenization_spaces": False,
+           "errors": "replace", "split_special_tokens": False,
+           "tokenizer_class": "Qwen2Tokenizer"}
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
 def main(out_dir: str | None = None) -> Path:
     out = Path(out_dir) if out_dir else Path(__file__).resolve().parent / "demo_model"
     out.mkdir(parents=True, exist_ok=True)
@@ -84,6 +199,11 @@ def main(out_dir: str | None = None) -> Path:
         w.add(name, f32_to_bf16(arr).reshape(arr.shape), dtype="BF16")
     w.finish()
     (out / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
+    calib = Path(__file__).resolve().parent / "calibration.txt"
+    text = make_calibration_text()
+    if out_dir is None:
+        calib.write_text(text)
+    make_tokenizer(text, out)
     return out / "model.safetensors"
 
 
