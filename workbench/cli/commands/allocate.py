@@ -15,8 +15,8 @@ def register(sub) -> None:
     g.add_argument("--budget-bpw", type=float, help="bits per weight as evaluate counts them")
     g.add_argument("--budget-bytes", type=int, help="total bytes as evaluate counts them")
     p.add_argument("--schemes", default=DEFAULT_SCHEMES, help="candidate schemes, comma-separated")
-    p.add_argument("--calib", help="calibration inputs (activation/output measures: not built yet)")
-    p.add_argument("--imatrix", help="imatrix file (activation measure: not built yet)")
+    p.add_argument("--calib", help="calibration inputs (activation measure)")
+    p.add_argument("--imatrix", help="imatrix file (activation measure)")
     p.add_argument("--measure", default="weight", choices=["weight", "activation", "output"])
     p.add_argument("--pin", action="append", default=[], metavar="NAME=SCHEME")
     p.add_argument("-o", "--output", required=True, help="plan JSON to write")
@@ -30,8 +30,8 @@ def run(args) -> int:
     from ...errors import WorkbenchError
     from ...evaluate import evaluate
     from ...schemes import get_scheme
-    if args.measure != "weight":
-        raise WorkbenchError(f"--measure {args.measure} is not built yet (only 'weight')")
+    if args.measure == "output":
+        raise WorkbenchError("--measure output is not built yet (weight, activation)")
     schemes = [get_scheme(s.strip()).name for s in args.schemes.split(",") if s.strip()]
     pins = {}
     for item in args.pin:
@@ -42,7 +42,13 @@ def run(args) -> int:
     model = open_model_arg(args)
     if os.path.exists(args.output) and os.path.abspath(args.output) == os.path.abspath(model.path):
         raise WorkbenchError("refusing to write over the model", path=args.output)
-    plan, budget = drive(allocate(model, schemes, args.budget_bytes, args.budget_bpw, pins),
+    errors = None
+    if args.measure == "activation":
+        from ...sensitivity import activation_errors, second_moments
+        mom = drive(second_moments(model, args.calib, args.imatrix), quiet=args.json)
+        errors = drive(activation_errors(model, schemes, mom), quiet=args.json)
+    plan, budget = drive(allocate(model, schemes, args.budget_bytes, args.budget_bpw, pins,
+                                  errors),
                          quiet=args.json)
     plan.save(args.output)
     ev = drive(evaluate(model, plan), quiet=True)
