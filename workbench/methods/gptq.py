@@ -17,7 +17,7 @@ Computed in float64 (torch). How Q is defined per scheme family:
   whole matrix at the start. Then every column is rounded on its own with those qparams.
   ``act_order=True`` processes columns by decreasing diag(H) ("static groups": all groups'
   qparams are chosen from W before any update, so the stored fixed groups stay consistent).
-* GGML block formats and the other block schemes (NF4, ternary): when a block's first column
+* GGML block formats: when a block's first column
   is reached, the block (its current weights, every row) is encoded with the format's own
   quantizer; its decoded values are the q of its columns, and the sequential error updates
   carry the block's rounding error to the later blocks (the block-wise OBS update). Activation
