@@ -1,0 +1,165 @@
+"""Importance-weighted encoders for the GGML block formats (llama.cpp's ``quant_weights`` path).
+
+Same byte layouts as workbench/schemes/ggml (the packing helpers are reused), only the
+per-weight importance in the scale/min searches changes: as llama.cpp's
+``quantize_row_*_impl`` does with an imatrix, weight j of a block gets
+
+    qw[j] * sqrt(sigma2 + x_j^2)
+
+with sigma2 = 2·Σx²/256 for Q3_K/Q4_K/Q5_K, Σx²/256 for Q2_K/Q6_K and Σx²/32 for the
+32-weight blocks (ggml-quants.c), and the searches are the project's (search.py):
+weighted least squares for each candidate scale. Types without a weighted path here
+(Q8_0, IQ4_NL) are refused; llama.cpp ignores the imatrix for Q8_0 too.
+
+``weighted_encode(scheme, x, qw)``: x float32 (n_blocks, QK), qw (n_blocks, QK) -> packed
+blocks uint8 (n_blocks, type_size).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..schemes.ggml import kcommon as kc
+from ..schemes.ggml.common import pow2_normalize, to_fp16
+from ..schemes.ggml.search import affine_search, symmetric_search
+
+F = np.float32
+SUPPORTED = ("q4_0", "q5_0", "q4_1", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
+
+
+def _llama_weights(x: np.ndarray, qw: np.ndarray, sub: int, factor: float) -> np.ndarray:
+    """qw * sqrt(sigma2 + x^2), sigma2 = factor * sum(x^2) / n over each block of `x`."""
+    sigma2 = F(factor) * np.einsum("ij,ij->i", x, x) / F(x.shape[1])
+    w = qw * np.sqrt(sigma2[:, None] + x * x)
+    return w.reshape(-1, sub)
+
+
+def _legacy_sym(scheme, x, qw, nmax):
+    from ..schemes.ggml.legacy import _high_bits, _nibbles
+    w = _llama_weights(x, qw, 32, 1.0)
+    scale, _ = symmetric_search(x, w, nmax, range(-9, 10), refine=1)
+    d16 = to_fp16(scale)
+    d = d16.astype(F)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        L = np.where(d[:, None] != 0, np.rint(x / np.where(d != 0, d, F(1))[:, None]), 0)
+    q = (np.clip(L, -nmax, nmax - 1) + nmax).astype(np.uint8)
+    out = np.empty(x.shape[0], scheme.block_dtype)
+    out["d"] = d16
+    out["qs"] = _nibbles(q)
+    if nmax == 16:
+        out["qh"] = _high_bits(q)
+    return out
+
+
+def _legacy_affine(scheme, x, qw, nmax):
+    from ..schemes.ggml.legacy import _high_bits, _nibbles
+    w = _llama_weights(x, qw, 32, 1.0)
+    scale, offset, _ = affine_search(x, w, nmax, -0.9, 0.05, 36, use_abs=False)
+    d16, m16 = to_fp16(scale), to_fp16(-offset)
+    d, m = d16.astype(F), m16.astype(F)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        L = np.where(d[:, None] != 0,
+                     np.rint((x - m[:, None]) / np.where(d != 0, d, F(1))[:, None]), 0)
+    q = np.clip(L, 0, nmax).astype(np.uint8)
+    out = np.empty(x.shape[0], scheme.block_dtype)
+    out["d"], out["m"] = d16, m16
+    out["qs"] = _nibbles(q)
+    if nmax == 31:
+        out["qh"] = _high_bits(q)
+    return out
+
+
+def _affine_k(scheme, x, qw, nmax, sub_n, factor):
+    nb = x.shape[0]
+    ns = 256 // sub_n
+    xn, e = pow2_normalize(x)
+    sub = kc.sub_blocks(xn, sub_n)
+    w = _llama_weights(xn, qw, sub_n, factor)
+    scale, mins, _ = affine_search(sub, w, nmax, -0.9, 0.05, 36, use_abs=False)
+    levels = 63 if sub_n == 32 else 15
+    d16, d_eff, ls = kc.super_scale_codes(scale.reshape(nb, ns), e, levels)
+    dmin16, m_eff, lm = kc.super_scale_codes(mins.reshape(nb, ns), e, levels)
+    L = kc.requantize(xn.reshape(nb, ns, sub_n), d_eff[:, None] * ls, 0, nmax,
+                      offset=m_eff[:, None] * lm).reshape(nb, 256)
+    out = np.empty(nb, scheme.block_dtype)
+    out["d"], out["dmin"] = d16, dmin16
+    if sub_n == 32:
+        out["scales"] = kc.pack_scales_k4(ls, lm)
+        scheme._pack_codes(out, L)
+    else:
+        ls, lm = ls.astype(np.uint8), lm.astype(np.uint8)
+        out["scales"] = ls | (lm << np.uint8(4))
+        out["qs"] = kc.pack_2bit(L)
+    return out
+
+
+def _q3_k(scheme, x, qw):
+    from ..schemes.ggml.q3_k import pack_scales_q3
+    nb = x.shape[0]
+    xn, e = pow2_normalize(x)
+    sub = kc.sub_blocks(xn, 16)
+    scale, _ = symmetric_search(sub, _llama_weights(xn, qw, 16, 2.0), 4, range(-9, 10), refine=2)
+    d16, d_eff, codes = kc.super_scale_codes(scale.reshape(nb, 16), e, 32, signed=True)
+    L = kc.requantize(xn.reshape(nb, 16, 16), d_eff[:, None] * codes.astype(F), -4, 3,
+                      empty=0).reshape(nb, 256) + 4
+    out = np.empty(nb, scheme.block_dtype)
+    out["hmask"] = kc.pack_high_bits(L, 2)
+    out["qs"] = kc.pack_2bit(L & 3)
+    out["scales"] = pack_scales_q3(codes + 32)
+    out["d"] = d16
+    return out
+
+
+def _q6_k(scheme, x, qw):
+    nb = x.shape[0]
+    xn, e = pow2_normalize(x)
+    sub = kc.sub_blocks(xn, 16)
+    scale, _ = symmetric_search(sub, _llama_weights(xn, qw, 16, 1.0), 32, range(-9, 10),
+                                refine=1)
+    d16, d_eff, codes = kc.super_scale_codes(scale.reshape(nb, 16), e, 128, signed=True)
+    L = kc.requantize(xn.reshape(nb, 16, 16), d_eff[:, None] * codes.astype(F), -32, 31,
+                      empty=0).reshape(nb, 2, 4, 32).astype(np.uint8) + np.uint8(32)
+    lo = L & np.uint8(15)
+    out = np.empty(nb, scheme.block_dtype)
+    ql = np.concatenate([lo[:, :, 0] | (lo[:, :, 2] << np.uint8(4)),
+                         lo[:, :, 1] | (lo[:, :, 3] << np.uint8(4))], axis=2)
+    out["ql"] = ql.reshape(nb, 128)
+    hi = L >> np.uint8(4)
+    out["qh"] = (hi[:, :, 0] | (hi[:, :, 1] << np.uint8(2)) | (hi[:, :, 2] << np.uint8(4))
+                 | (hi[:, :, 3] << np.uint8(6))).reshape(nb, 64)
+    out["scales"] = codes.astype(np.int8)
+    out["d"] = d16
+    return out
+
+
+def _encode(scheme, x, qw):
+    n = scheme.name
+    if n == "q4_0":
+        return _legacy_sym(scheme, x, qw, 8)
+    if n == "q5_0":
+        return _legacy_sym(scheme, x, qw, 16)
+    if n == "q4_1":
+        return _legacy_affine(scheme, x, qw, 15)
+    if n == "q5_1":
+        return _legacy_affine(scheme, x, qw, 31)
+    if n == "q2_k":
+        return _affine_k(scheme, x, qw, 3, 16, 1.0)
+    if n in ("q4_k", "q5_k"):
+        return _affine_k(scheme, x, qw, scheme.nmax, 32, 2.0)
+    if n == "q3_k":
+        return _q3_k(scheme, x, qw)
+    if n == "q6_k":
+        return _q6_k(scheme, x, qw)
+    raise KeyError(n)
+
+
+def weighted_encode(scheme, x: np.ndarray, qw: np.ndarray) -> np.ndarray:
+    """Packed blocks (uint8 (n_blocks, type_size)) of x under `scheme` weighted by qw."""
+    x = np.ascontiguousarray(x, F).reshape(-1, scheme.block_size)
+    qw = np.ascontiguousarray(qw, F).reshape(x.shape)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        enc = _encode(scheme, x, qw)
+    scheme._check_scales(enc, x)
+    if scheme.zero_when_worse:
+        scheme._zero_worse_blocks(enc, x)
+    return enc.view(np.uint8).reshape(x.shape[0], scheme.type_size)

@@ -1,0 +1,228 @@
+"""GPTQ (Frantar et al. 2022): quantize columns in order, each column's rounding error
+compensated on the columns not yet quantized through the inverse Hessian of the layer
+output error.
+
+    H = 2 X Xᵀ / N                    (LayerStats.H, in x in)
+    dead columns (H_jj = 0): H_jj = 1, W[:, j] = 0
+    H += 0.01 · mean(diag H) · I      (dampening, `damp`)
+    U = upper Cholesky factor of H⁻¹  (H⁻¹ = Uᵀ U)
+    for each column i (blocks of 128 columns, updates to later blocks applied lazily):
+        q = Q(w_i);  err = (w_i − q) / U_ii;  W[:, i:] −= err · U[i, i:]
+
+Computed in float64 (torch). How Q is defined per scheme family:
+
+* integer schemes: each group's scale (and zero point) is chosen from the group's *current*
+  (already updated) weights when the first column of the group is reached — the group
+  boundaries of the stored format, in natural order; per-channel / per-tensor: from the
+  whole matrix at the start. Then every column is rounded on its own with those qparams.
+  ``act_order=True`` processes columns by decreasing diag(H) ("static groups": all groups'
+  qparams are chosen from W before any update, so the stored fixed groups stay consistent).
+* GGML block formats: when a block's first column
+  is reached, the block (its current weights, every row) is encoded with the format's own
+  quantizer; its decoded values are the q of its columns, and the sequential error updates
+  carry the block's rounding error to the later blocks (the block-wise OBS update). Activation
+  order is not available here (the blocks are fixed runs of columns).
+
+Rows are independent given H, so the result of a row subset equals those rows of the result.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import WorkbenchError
+from ..schemes.base import QuantizedTensor
+from ..schemes.ggml.common import GGMLScheme
+from . import intq
+from .base import Method
+
+BLOCK = 128
+
+
+def prepare_hessian(H: np.ndarray, w: np.ndarray, damp: float = 0.01):
+    """(H damped float64, W float64 with dead columns zeroed, dead mask)."""
+    H = np.array(H, dtype=np.float64, copy=True)
+    W = np.array(w, dtype=np.float64, copy=True)
+    diag = np.diag(H).copy()
+    dead = ~(diag > 0)
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    H[np.diag_indices_from(H)] += damp * float(np.mean(np.diag(H)))
+    return H, W, dead
+
+
+def inverse_cholesky_upper(H: np.ndarray) -> np.ndarray:
+    """U upper triangular with H⁻¹ = Uᵀ U."""
+    import torch
+    Ht = torch.from_numpy(H)
+    L = torch.linalg.cholesky(Ht)
+    Hinv = torch.cholesky_inverse(L)
+    return torch.linalg.cholesky(Hinv, upper=True).numpy()
+
+
+class _IntColumns:
+    """Column rounding for an integer scheme with qparams at group starts."""
+
+    def __init__(self, scheme, rows, cols, static_from=None):
+        self.s = scheme
+        self.G = intq.group_len(scheme, cols)
+        self.rows, self.cols = rows, cols
+        self.per_tensor = not (scheme.block_size or getattr(scheme.gran, "label", "") == "channel")
+        ng = cols // self.G
+        self.scale = np.zeros((rows, ng), scheme.scale_dtype)
+        self.zero = np.zeros((rows, ng), np.uint8) if scheme.asym else None
+        self.static = static_from is not None
+        if self.static:
+            for g in range(ng):
+                self._set(g, static_from[:, g * self.G:(g + 1) * self.G])
+
+    def _set(self, g, cur):
+        cur = np.asarray(cur, np.float32)
+        blocks = cur.reshape(1, -1) if self.per_tensor else cur
+        sc, z = self.s.choose_qparams(blocks)
+        self.scale[:, g] = np.broadcast_to(sc, (self.rows,))
+        if self.zero is not None:
+            self.zero[:, g] = np.broadcast_to(z, (self.rows,))
+
+    def start(self, j, current):
+        if not self.static:
+            self._set(j // self.G, current(j, self.G))
+
+    def round(self, w, j):
+        g = j // self.G
+        z = None if self.zero is None else self.zero[:, g]
+        return intq.codes_for(self.s, w.astype(np.float32)[:, None], self.scale[:, g], z)[:, 0]
+
+    def value(self, code, j):
+        g = j // self.G
+        q = code.astype(np.float64)
+        if self.zero is not None:
+            q = q - self.zero[:, g]
+        return q * self.scale[:, g].astype(np.float32).astype(np.float64)
+
+    def result(self, codes, shape, meta):
+        rows, cols = shape
+        if self.per_tensor:
+            return intq.build(self.s, shape, codes.reshape(1, -1), self.scale[:1, 0],
+                              None if self.zero is None else self.zero[:1, 0], meta)
+        return intq.build(self.s, shape, codes.reshape(-1, self.G), self.scale.reshape(-1),
+                          None if self.zero is None else self.zero.reshape(-1), meta)
+
+
+class _BlockColumns:
+    """Column values for a block format: each block encoded from its current weights."""
+
+    def __init__(self, scheme, rows, cols):
+        self.s = scheme
+        self.G = scheme.block_size
+        self.deq = np.zeros((rows, cols), np.float64)
+        self.parts = []
+
+    def start(self, j, current):
+        cur = np.ascontiguousarray(current(j, self.G), np.float32)
+        qt = self.s.quantize(cur)
+        self.parts.append(qt)
+        self.deq[:, j:j + self.G] = self.s.dequantize(qt).reshape(cur.shape)
+
+    def round(self, w, j):
+        return self.deq[:, j]
+
+    def value(self, code, j):
+        return code
+
+    def result(self, codes, shape, meta):
+        # every part holds the blocks of its columns for every row: interleave them per row
+        keys = self.parts[0].arrays.keys()
+        arrays = {}
+        for k in keys:
+            pieces = [p.arrays[k].reshape(shape[0], -1) for p in self.parts]
+            arrays[k] = np.ascontiguousarray(np.concatenate(pieces, axis=1))
+        if set(keys) != {"blocks"}:
+            return None
+        return QuantizedTensor(self.s.name, shape, arrays, meta)
+
+
+def gptq_columns(W, U, cols_q, order, block=BLOCK):
+    """The GPTQ loop over columns (`order`: a permutation, or None for natural order) with
+    lazy block updates. W float64 is updated in place; returns the codes (what
+    cols_q.round returned per column)."""
+    rows, cols = W.shape
+    codes = np.zeros((rows, cols), np.float64)
+    G = cols_q.G
+    # a group's first column is either a block start (every earlier update applied) or lies
+    # inside the block with the whole group (G divides the block)
+    blk = block if (G >= block and G % block == 0) or block % G == 0 or G == cols else G
+    perm = np.arange(cols) if order is None else order
+    Wp = np.ascontiguousarray(W[:, perm])
+    Up = U[np.ix_(perm, perm)] if order is not None else U
+
+    def current(jp_start, n):
+        # the current weights of natural-order columns j..j+n (natural order only)
+        return Wp[:, jp_start:jp_start + n]
+
+    for i1 in range(0, cols, blk):
+        i2 = min(i1 + blk, cols)
+        W1 = Wp[:, i1:i2]          # a view: updates land in Wp
+        U1 = Up[i1:i2, i1:i2]
+        Err = np.zeros((rows, i2 - i1))
+        for i in range(i2 - i1):
+            jp = i1 + i
+            j = perm[jp]
+            if order is None and j % G == 0:
+                cols_q.start(j, current)
+            w = W1[:, i]
+            c = cols_q.round(w, j)
+            codes[:, j] = c
+            q = cols_q.value(c, j)
+            err = (w - q) / U1[i, i]
+            W1[:, i:] -= np.outer(err, U1[i, i:])
+            Err[:, i] = err
+        if i2 < cols:
+            Wp[:, i2:] -= Err @ Up[i1:i2, i2:]
+    W[:, perm] = Wp
+    return codes
+
+
+class GPTQ(Method):
+    name = "gptq"
+    needs = ("H",)
+    description = "GPTQ: column-wise rounding with inverse-Hessian error compensation"
+
+    def supports(self, scheme):
+        if intq.is_int(scheme) or isinstance(scheme, GGMLScheme):
+            return None
+        return f"method gptq supports the integer and GGML schemes, not {scheme.name}"
+
+    def _quantize(self, w, scheme, stats, *, tensor=None, damp: float = 0.01,
+                  act_order: bool = False, block: int = BLOCK, **opts):
+        rows, cols = w.shape
+        H, W, dead = prepare_hessian(stats.H, w, damp)
+        try:
+            U = inverse_cholesky_upper(H)
+        except Exception:  # noqa: BLE001  (not positive definite even after dampening)
+            H2, W, dead = prepare_hessian(stats.H, w, damp * 10)
+            try:
+                U = inverse_cholesky_upper(H2)
+            except Exception:  # noqa: BLE001
+                raise WorkbenchError("GPTQ: the calibration Hessian is not positive definite",
+                                     tensor=tensor) from None
+        meta = {"method": self.name}
+        if intq.is_int(scheme):
+            order = None
+            static = None
+            if act_order:
+                order = np.argsort(-np.diag(H), kind="stable")
+                static = W.astype(np.float32)
+                meta["act_order"] = True
+            cq = _IntColumns(scheme, rows, cols, static)
+            codes = gptq_columns(W, U, cq, order, block)
+            return cq.result(codes, (rows, cols), meta)
+        if act_order:
+            raise WorkbenchError(f"GPTQ act-order is not available for {scheme.name} (its "
+                                 "blocks are fixed runs of columns)", tensor=tensor)
+        cq = _BlockColumns(scheme, rows, cols)
+        gptq_columns(W, U, cq, None, block)
+        qt = cq.result(None, (rows, cols), meta)
+        if qt is None:  # a scheme whose arrays are not per-row blocks: re-encode the result
+            raise WorkbenchError(f"GPTQ cannot assemble {scheme.name} tensors", tensor=tensor)
+        return qt
