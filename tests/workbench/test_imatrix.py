@@ -8,6 +8,7 @@ from workbench.imatrix import read_imatrix, write_imatrix_gguf
 
 class _M:
     path = "x"
+    format = "safetensors"
     tensors = {"model.layers.0.self_attn.q_proj.weight": None, "model.embed_tokens.weight": None,
                "model.layers.0.mlp.down_proj.weight": None}
 
