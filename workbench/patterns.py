@@ -7,12 +7,44 @@ a WorkbenchError that says so. Matching keeps ``re.search`` semantics.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 from .errors import WorkbenchError
 
 MAX_PATTERN = 4096
+_REPEAT = re.compile(r"\{(\d*)(?:,(\d*))?\}")
 MAX_MEM = 8 << 20   # bytes RE2 may use for one compiled pattern
+MAX_REPEAT = 1000   # RE2's limit on a counted repetition; a larger count must not become a literal
+
+
+def _check_repeats(text: str) -> None:
+    """Refuse counted repetitions above MAX_REPEAT. RE2 refuses {1001} but reads a count that
+    overflows its integer (``a{4294967296}``) as literal text, where Python's re refuses it."""
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":  # a character class: '{' is literal inside it
+            j = i + 1
+            if j < n and text[j] == "^":
+                j += 1
+            if j < n and text[j] == "]":
+                j += 1
+            while j < n and text[j] != "]":
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1
+            continue
+        if c == "{":
+            m = _REPEAT.match(text, i)
+            if m:
+                for num in m.groups():
+                    if num and (len(num) > 9 or int(num) > MAX_REPEAT):
+                        raise WorkbenchError(f"bad regular expression {text[:80]!r} (repetition "
+                                             f"count {num[:20]} is above {MAX_REPEAT})")
+        i += 1
 
 
 @lru_cache(maxsize=512)
@@ -21,6 +53,7 @@ def compile_pattern(text: str, ignore_case: bool = False):
     import re2
     if len(text) > MAX_PATTERN:
         raise WorkbenchError(f"regular expression longer than {MAX_PATTERN} characters")
+    _check_repeats(text)
     opts = re2.Options()
     opts.log_errors = False
     opts.max_mem = MAX_MEM

@@ -19,7 +19,7 @@ def detect_format(path: Path) -> str:
         if list(path.glob("*.gguf")):
             return "gguf"
         bins = [p for p in path.iterdir() if p.suffix in TORCH_SUFFIXES]
-        if bins:
+        if bins or list(path.glob("*.bin.index.json")) or list(path.glob("*.pt.index.json")):
             return "pytorch"
         raise WorkbenchError("folder has no model files (.safetensors, .gguf, .bin, .pt)",
                              path=str(path))

@@ -46,7 +46,12 @@ def parse_header(buf: bytes, file_size: int, path: str = "") -> tuple[dict, dict
     try:
         header = loads(raw, path, "safetensors header")
     except WorkbenchError as exc:
-        raise WorkbenchError(f"corrupt {str(exc).split(': ', 1)[-1]}", path=path) from None
+        msg = str(exc)
+        msg = msg[len(path) + 2:] if path and msg.startswith(f"{path}: ") else msg
+        if msg.startswith("malformed "):
+            msg = msg[len("malformed "):]
+        raise WorkbenchError(msg if msg.startswith("corrupt") else f"corrupt {msg}",
+                             path=path) from None
     if not isinstance(header, dict):
         raise WorkbenchError("corrupt safetensors header (not a JSON object)", path=path)
     data_start = 8 + n

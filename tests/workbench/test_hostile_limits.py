@@ -1,0 +1,58 @@
+"""Limits found missing by reproducing issue 9's cases: repetition counts RE2 would read as
+literal text, a folder holding only a PyTorch index, and the wording of JSON header errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench.errors import WorkbenchError
+from workbench.loaders import open_model
+from workbench.patterns import compile_pattern
+from workbench.plan import Plan
+
+
+@pytest.mark.parametrize("pattern", ["a{4294967296}", "a{2,99999999999999999999}", "a{1001}",
+                                     "(x|y){5000}"])
+def test_huge_repetition_counts_are_refused(pattern):
+    with pytest.raises(WorkbenchError, match="repetition count"):
+        compile_pattern(pattern)
+
+
+def test_repetition_limit_keeps_re_search_semantics():
+    assert compile_pattern("a{1000}").search("b" + "a" * 1000)
+    assert not compile_pattern("a{1000}").search("a" * 999)
+    # braces that are literal text (escaped, inside a class) are not counts
+    assert compile_pattern(r"\{99999}").search("x{99999}")
+    assert compile_pattern("[{]{2}").search("{{")
+
+
+def test_plan_rule_with_overflowing_count_is_a_clear_error(tmp_path):
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps({"format": "quant-workbench-plan", "version": 1,
+                             "default": "int8-channel",
+                             "rules": [{"match": "re:a{4294967296}", "scheme": "fp16"}]}))
+    with pytest.raises(WorkbenchError) as ei:
+        Plan.load(p)
+    assert str(p) in str(ei.value) and "4294967296" in str(ei.value)
+
+
+def test_folder_with_only_a_pytorch_index_pointing_outside(tmp_path):
+    (tmp_path / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"weight_map": {"a": "/etc/passwd"}}))
+    with pytest.raises(WorkbenchError) as ei:
+        open_model(tmp_path)
+    msg = str(ei.value)
+    assert "outside its folder" in msg and "root:" not in msg
+
+
+def test_duplicate_key_header_error_reads_once(tmp_path):
+    hb = (b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},'
+          b' "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}')
+    p = tmp_path / "d.safetensors"
+    p.write_bytes(len(hb).to_bytes(8, "little") + hb + b"\0" * 4)
+    with pytest.raises(WorkbenchError) as ei:
+        open_model(p)
+    msg = str(ei.value)
+    assert msg == f"{p}: corrupt safetensors header (duplicate key 'a')"
