@@ -56,3 +56,33 @@ def test_duplicate_key_header_error_reads_once(tmp_path):
         open_model(p)
     msg = str(ei.value)
     assert msg == f"{p}: corrupt safetensors header (duplicate key 'a')"
+
+
+def test_pytorch_record_cut_short_is_refused(tmp_path):
+    """mmap=True would map the bytes after a short record as weights: refused instead."""
+    import io
+    import zipfile
+
+    import torch
+
+    from workbench.errors import WorkbenchError
+    from workbench.loaders import open_model
+    buf = io.BytesIO()
+    torch.save({"a": torch.arange(64, dtype=torch.float32).reshape(8, 8), "b": torch.ones(8, 8)},
+               buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename.endswith("/data/0"):
+                data = data[:100]
+            z.writestr(info, data)
+    p = tmp_path / "short.pt"
+    p.write_bytes(out.getvalue())
+    import pytest
+    with pytest.raises(WorkbenchError, match="cut short"):
+        open_model(p)
+    ok = tmp_path / "ok.pt"
+    torch.save({"a": torch.ones(4, 4), "view": torch.ones(4, 4)[1:]}, ok)
+    assert open_model(ok).info("view").shape == (3, 4)

@@ -97,6 +97,25 @@ def _check_zip_records(p: str) -> None:
                                  path=p)
 
 
+def _check_storage_records(p: str, flat: dict) -> None:
+    """Every storage the pickle claims must be backed by its own record: a record cut short
+    would make mmap=True map the following bytes of the file as weights. The records' sizes
+    must add up to at least the storages' bytes."""
+    if not zipfile.is_zipfile(p):
+        return
+    with zipfile.ZipFile(p) as zf:
+        record_bytes = sum(i.file_size for i in zf.infolist() if "/data/" in i.filename
+                           and not i.filename.endswith("/"))
+    storages = {}
+    for t in flat.values():
+        st = t.untyped_storage()
+        storages[st.data_ptr()] = st.nbytes()
+    claimed = sum(storages.values())
+    if claimed > record_bytes:
+        raise WorkbenchError(f"tensor storages claim {claimed:,} bytes but the checkpoint's data "
+                             f"records hold {record_bytes:,} (a record cut short)", path=p)
+
+
 def open_torch(path: str | os.PathLike) -> Model:
     p = str(Path(path))
     if not os.path.exists(p):
@@ -127,6 +146,7 @@ def open_torch(path: str | os.PathLike) -> Model:
         raise WorkbenchError("no tensors found in PyTorch checkpoint", path=p)
     tensors: dict[str, TensorInfo] = {}
     file_size = os.path.getsize(p)
+    _check_storage_records(p, flat)
     for name, t in flat.items():
         if t.is_sparse or t.layout != torch.strided:
             raise WorkbenchError(f"sparse tensor ({t.layout}) is not supported: save it dense",
