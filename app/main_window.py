@@ -46,14 +46,7 @@ def _inside_installation(path: Path) -> bool:
         return True
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
+from workbench.atomic import pid_alive  # noqa: E402
 
 
 class MainWindow(QMainWindow):
@@ -412,7 +405,7 @@ class MainWindow(QMainWindow):
         if not (marker.exists() and auto.exists()):
             return None
         pid = marker.read_text(errors="replace").strip()
-        if pid.isdigit() and int(pid) != os.getpid() and _pid_alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
             return None  # another window of the app is running: not a crash
         try:
             os.replace(auto, self.recovered_path())

@@ -48,7 +48,9 @@ def make_temp(target: Path, suffix: str = ".tmp") -> tuple[int, str]:
         raise WorkbenchError(f"cannot write here ({why})", path=str(target)) from None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (shared by temp-file cleanup and the app's
+    crash detection)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -68,7 +70,7 @@ def clean_stale_temps(directory: Path) -> list[str]:
         return removed
     for e in entries:
         m = _STALE.match(e.name)
-        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+        if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
             with contextlib.suppress(OSError):
                 if e.is_file(follow_symlinks=False):
                     os.unlink(e.path)
