@@ -169,19 +169,14 @@ def _copy_fields(writer, reader) -> list[str]:
             continue
         main = field.types[0]
         if main == VT.ARRAY:
-            if len(field.types) != 2 or len(field.data) == 0:
+            if len(field.types) != 2 or len(field.value) == 0:
                 skipped.append(key)  # nested or empty arrays: GGUFWriter cannot write them
                 continue
             sub = field.types[1]
-            if sub == VT.STRING:
-                val = [bytes(field.parts[i]) for i in field.data]
-            else:
-                val = [field.parts[i].tolist()[0] for i in field.data]
+            val = list(field.value) if sub == VT.STRING else field.value.tolist()
             writer.add_key_value(key, val, VT.ARRAY, sub_type=sub)
-        elif main == VT.STRING:
-            writer.add_key_value(key, bytes(field.parts[field.data[0]]), VT.STRING)
         else:
-            writer.add_key_value(key, field.parts[field.data[0]].tolist()[0], main)
+            writer.add_key_value(key, field.value, main)
     return skipped
 
 
@@ -228,7 +223,23 @@ def _tensor_data(model, item: _Item, reader_tensors, target=None) -> np.ndarray:
 
 
 def _workers() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
+    """Tensors quantized at once: numba's thread count (all cores, or `export --threads N`,
+    or NUMBA_NUM_THREADS), at most 8. Each worker runs its kernels on one thread, so the
+    export computes on exactly that many threads."""
+    try:
+        import numba
+        n = numba.get_num_threads()
+    except ImportError:
+        n = os.cpu_count() or 1
+    return max(1, min(8, n))
+
+
+def _one_kernel_thread() -> None:
+    try:
+        import numba
+        numba.set_num_threads(1)
+    except ImportError:
+        pass
 
 
 @register_exporter("gguf", ".gguf",
@@ -257,10 +268,11 @@ def export_gguf(model, plan, out_path, strict: bool = False):
 
     if reader is not None:
         arch_field = reader.fields.get("general.architecture")
-        arch = bytes(arch_field.parts[arch_field.data[0]]).decode("utf-8", "replace") \
-            if arch_field is not None and arch_field.types else ARCH_FOR_NON_GGUF
+        arch = arch_field.contents() if arch_field is not None and isinstance(
+            arch_field.value, bytes) else ARCH_FOR_NON_GGUF
         src_ft = reader.fields.get("general.file_type")
-        source_ftype = int(src_ft.parts[src_ft.data[0]][0]) if src_ft is not None else None
+        source_ftype = int(src_ft.value) if src_ft is not None and isinstance(
+            src_ft.value, (int, np.integer)) else None
     elif hf is not None:
         arch, source_ftype = hf.arch_name, None
     else:
@@ -276,7 +288,7 @@ def export_gguf(model, plan, out_path, strict: bool = False):
         if reader is not None:
             align = reader.fields.get("general.alignment")
             if align is not None and align.types:
-                writer.add_custom_alignment(int(align.parts[align.data[0]][0]))
+                writer.add_custom_alignment(int(align.value))
             skipped = _copy_fields(writer, reader)
         else:
             writer.add_name(Path(model.path).stem if Path(model.path).is_file()
@@ -312,7 +324,7 @@ def export_gguf(model, plan, out_path, strict: bool = False):
         # at most `ahead` tensors are held at once, so memory stays bounded
         workers = _workers()
         ahead = workers + 1
-        with ThreadPoolExecutor(max_workers=workers) as pool:
+        with ThreadPoolExecutor(max_workers=workers, initializer=_one_kernel_thread) as pool:
             futures = {}
             for i, it in enumerate(items[:ahead]):
                 futures[i] = pool.submit(_tensor_data, model, it, reader_tensors, hf)

@@ -1,11 +1,11 @@
-"""GGUF files, read with the `gguf` package's memory-mapped GGUFReader.
+"""GGUF files, read with the project's memory-mapped reader (``gguf_reader.GGUFFile``).
 
 GGUF lists a tensor's dimensions innermost first (ggml's ne[0] is the row length); the
 catalog reports them in PyTorch order (outermost first), so a llama.cpp ``blk.0.attn_q.weight``
 of ne = [4096, 1024] is shape (1024, 4096): 1024 output channels of 4096 inputs. Each
 tensor keeps its GGML type as dtype (F32, F16, BF16, Q4_K, IQ4_NL, ...) and its real size on
 disk, so bits per weight and totals are the file's own. Quantized tensors are dequantized on
-demand, row chunk by row chunk (workbench.ggml_decode). ``Model.source`` is the reader, which
+demand, row chunk by row chunk (workbench.ggml_decode). ``Model.source`` is the GGUFFile, which
 the GGUF exporter uses to copy metadata and raw tensor bytes.
 """
 
@@ -27,19 +27,11 @@ MAX_LISTED = 64  # metadata arrays longer than this are summarised for display
 
 
 def field_value(field, max_items: int | None = MAX_LISTED):
-    """A reader field as a Python value (long arrays summarised as '[N items]')."""
-    import gguf
-    try:
-        if not field.types:
-            return None
-        if field.types[0] == gguf.GGUFValueType.ARRAY:
-            n = len(field.data)
-            if max_items is not None and n > max_items:
-                return f"[{n} items]"
-            return [field.contents(i) for i in range(n)]
-        return field.contents()
-    except Exception:  # noqa: BLE001 - a strange field must not stop loading
-        return None
+    """A GGUF field as a Python value (long arrays summarised as '[N items]')."""
+    v = field.value
+    if isinstance(v, (list, np.ndarray)) and max_items is not None and len(v) > max_items:
+        return f"[{len(v)} items]"
+    return field.contents()
 
 
 def torch_shape(reader_tensor) -> tuple[int, ...]:
@@ -49,7 +41,7 @@ def torch_shape(reader_tensor) -> tuple[int, ...]:
 
 
 def open_gguf(path: str | os.PathLike) -> Model:
-    import gguf
+    from .gguf_reader import GGUFFile
     p = str(Path(path))
     if not os.path.exists(p):
         raise WorkbenchError("file not found", path=p)
@@ -59,9 +51,9 @@ def open_gguf(path: str | os.PathLike) -> Model:
     except struct.error:
         raise WorkbenchError("truncated GGUF header", path=p) from None
     try:
-        reader = gguf.GGUFReader(p, "r")
+        reader = GGUFFile(p)
     except (ValueError, IndexError, KeyError, OSError, struct.error, TypeError,
-            UnicodeDecodeError, OverflowError) as exc:
+            OverflowError) as exc:
         raise WorkbenchError(f"corrupt or truncated GGUF ({type(exc).__name__}: "
                              f"{str(exc)[:160]})", path=p) from None
     tensors: dict[str, TensorInfo] = {}
@@ -81,9 +73,7 @@ def open_gguf(path: str | os.PathLike) -> Model:
     def raw(name: str) -> np.ndarray:
         t = by_name[name]
         info = tensors[name]
-        data = np.asarray(t.data)
-        if info.dtype == "BF16":  # the reader gives BF16 as bytes
-            data = data.view(np.uint16)
+        data = t.data
         if data.size == 0:
             return data.reshape(info.rows, 0)
         return data.reshape(info.rows, -1)

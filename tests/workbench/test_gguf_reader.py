@@ -1,0 +1,103 @@
+"""The project's GGUF reader (workbench.loaders.gguf_reader) against the `gguf` package's
+GGUFReader on files written by GGUFWriter: every key/value and every tensor's bytes agree."""
+
+from __future__ import annotations
+
+import struct
+
+import gguf
+import numpy as np
+import pytest
+
+from workbench.errors import WorkbenchError
+from workbench.loaders.gguf_reader import GGUFFile
+
+VT = gguf.GGUFValueType
+
+
+def _write(path, alignment=None):
+    w = gguf.GGUFWriter(str(path), "llama")
+    if alignment:
+        w.add_custom_alignment(alignment)
+    w.add_uint8("t.u8", 200)
+    w.add_int8("t.i8", -5)
+    w.add_uint16("t.u16", 65000)
+    w.add_int16("t.i16", -30000)
+    w.add_uint32("t.u32", 4_000_000_000)
+    w.add_int32("t.i32", -2_000_000_000)
+    w.add_float32("t.f32", 0.1)
+    w.add_uint64("t.u64", 2**63 + 5)
+    w.add_int64("t.i64", -(2**62))
+    w.add_float64("t.f64", 1e-300)
+    w.add_bool("t.bool", True)
+    w.add_string("t.str", "héllo")
+    w.add_array("t.arr_i32", [1, -2, 3])
+    w.add_array("t.arr_f32", [0.5, 1.5])
+    w.add_array("t.arr_str", ["a", "", "ünï"])
+    w.add_key_value("t.arr_bool", [True, False, True], VT.ARRAY, sub_type=VT.BOOL)
+    rng = np.random.default_rng(0)
+    tensors = {
+        "f32": rng.standard_normal((3, 5)).astype(np.float32),
+        "f16": rng.standard_normal((4, 8)).astype(np.float16),
+        "i32": np.arange(7, dtype=np.int32),
+    }
+    for k, v in tensors.items():
+        w.add_tensor(k, v)
+    q = np.arange(2 * 34, dtype=np.uint8).reshape(2, 34)       # two Q8_0 rows of 32 values
+    w.add_tensor("q8", q, raw_shape=(2, 34), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("alignment", [None, 64])
+def test_fields_and_tensors_match_the_gguf_package(tmp_path, alignment):
+    p = tmp_path / "t.gguf"
+    _write(p, alignment)
+    ref = gguf.GGUFReader(str(p))
+    ours = GGUFFile(p)
+    assert ours.alignment == (alignment or 32)
+    keys = [k for k in ref.fields if not k.startswith("GGUF.")]
+    assert keys == list(ours.fields)
+    for k in keys:
+        rf, of = ref.fields[k], ours.fields[k]
+        assert [int(t) for t in rf.types] == [int(t) for t in of.types], k
+        assert rf.contents() == of.contents(), k
+    assert ours.fields["t.u64"].value == 2**63 + 5
+    assert ours.fields["t.arr_str"].value == [b"a", b"", "ünï".encode()]
+    assert [t.name for t in ref.tensors] == [t.name for t in ours.tensors]
+    for rt, ot in zip(ref.tensors, ours.tensors):
+        assert ot.tensor_type == rt.tensor_type
+        assert [int(x) for x in rt.shape] == ot.shape
+        assert ot.n_bytes == int(rt.n_bytes) and ot.data_offset == int(rt.data_offset)
+        assert np.asarray(rt.data).tobytes() == ot.data.tobytes()
+
+
+def _header(kv: bytes, n_kv: int, tensors: bytes = b"", n_t: int = 0) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", 3, n_t, n_kv) + kv + tensors
+
+
+def _kv_u32(key: bytes, v: int) -> bytes:
+    return struct.pack("<Q", len(key)) + key + struct.pack("<II", 4, v)
+
+
+@pytest.mark.parametrize("blob, message", [
+    (_header(_kv_u32(b"a", 1) * 2, 2) + b"\0" * 32, "appears twice"),
+    (_header(_kv_u32(b"general.alignment", 48), 1) + b"\0" * 32, "power of two"),
+    (_header(b"", 0, struct.pack("<Q", 1) + b"w" + struct.pack("<IQQIQ", 2, 32, 4, 0, 0), 1)
+     + b"\0" * 64, "runs past the end"),
+    (_header(b"", 0, struct.pack("<Q", 1) + b"w" + struct.pack("<IQIQ", 1, 33, 8, 0), 1)
+     + b"\0" * 96, "whole blocks"),
+    (_header(b"", 0, struct.pack("<Q", 1) + b"w" + struct.pack("<IQIQ", 1, 4, 99, 0), 1)
+     + b"\0" * 64, "unknown GGML tensor type"),
+    (_header(struct.pack("<Q", 1) + b"k" + struct.pack("<I", 42), 1) + b"\0" * 32,
+     "unknown GGUF value type 42"),
+    (b"GGUF" + struct.pack("<IQQ", 3 << 24, 0, 0) + b"\0" * 8, "big-endian"),
+])
+def test_hostile_headers_are_refused_with_the_problem(tmp_path, blob, message):
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(blob)
+    with pytest.raises(WorkbenchError, match=message) as ei:
+        GGUFFile(p)
+    assert str(p) in str(ei.value)
