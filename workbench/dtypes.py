@@ -88,10 +88,27 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     return out
 
 
+# from this many elements on, F16/BF16 are widened by the parallel numba kernels
+# (kernels.convert: the same bits as numpy, 3-6x faster); smaller arrays by numpy
+FAST_WIDEN_MIN = 1 << 16
+
+
+def _fast_widen(raw: np.ndarray, dtype: str):
+    try:
+        from kernels import convert
+    except ImportError:   # numba missing: numpy does it
+        return None
+    return convert.f16_to_f32(raw) if dtype == "F16" else convert.bf16_to_f32(raw)
+
+
 def to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
     """Convert a raw storage array (as read from a file) to float32."""
     if dtype == "F32":
         return np.asarray(raw, dtype=np.float32)
+    if dtype in ("F16", "BF16") and np.size(raw) >= FAST_WIDEN_MIN:
+        out = _fast_widen(np.asarray(raw), dtype)
+        if out is not None:
+            return out
     if dtype == "BF16":
         return bf16_to_f32(raw)
     if dtype == "F8_E4M3":
