@@ -124,9 +124,9 @@ def _fused_conflicts(decisions: dict) -> list[str]:
                    "a Hugging Face folder for vLLM (compressed-tensors: int4/int8 channel or "
                    "group, symmetric or asymmetric, fp8-e4m3)")
 def export_compressed_tensors(model, plan, out_path, strict: bool = False):
-    import torch
     from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme
-    from safetensors.torch import save_file
+
+    from .st_writer import StreamingSafetensorsWriter
 
     from ..evaluate import quantize
     from ..llama_names import model_folder, read_config
@@ -175,28 +175,32 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
-        tensors: dict[str, torch.Tensor] = {}
+        # streamed: one tensor quantized and written at a time (bounded memory)
+        writer = StreamingSafetensorsWriter(tmp / "model.safetensors", {"format": "pt"})
         names = list(model.tensors)
         total = sum(max(model.info(n).numel, 1) for n in names) or 1
         done = 0
-        for n in names:
-            info = model.info(n)
-            yield Progress(done, total, f"exporting {n}")
-            d = decisions[n]
-            if d.applied == KEEP:
-                t = _source_tensor(model, n)
-                tensors[n] = t
-            else:
-                scheme = get_scheme(d.applied)
-                w = model.read_matrix(n)
-                qt = quantize(w, d.applied, tensor=n)
-                layer = n[:-len(".weight")]
-                for k, v in _layer_tensors(scheme, qt, w.shape).items():
-                    tensors[f"{layer}.{k}"] = v
-            done += max(info.numel, 1)
-        yield Progress(total, total, "writing model.safetensors")
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
+        try:
+            for n in names:
+                info = model.info(n)
+                yield Progress(done, total, f"exporting {n}")
+                d = decisions[n]
+                if d.applied == KEEP:
+                    writer.add(n, *_st_array(_source_tensor(model, n)))
+                else:
+                    scheme = get_scheme(d.applied)
+                    w = model.read_matrix(n)
+                    qt = quantize(w, d.applied, tensor=n)
+                    layer = n[:-len(".weight")]
+                    for k, v in _layer_tensors(scheme, qt, w.shape).items():
+                        writer.add(f"{layer}.{k}", *_st_array(v))
+                    del w, qt
+                done += max(info.numel, 1)
+            yield Progress(total, total, "writing model.safetensors")
+            writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
         config_groups, formats = {}, set()
         for i, (key, layers) in enumerate(sorted(groups.items())):
             args, fmt = _args_for(get_scheme(group_scheme[key]))
@@ -267,6 +271,21 @@ def _minimal_config(model) -> dict:
     if dtypes:
         cfg["torch_dtype"] = dtypes.most_common(1)[0][0]
     return cfg
+
+
+_TORCH_ST = {"bfloat16": ("int16", "BF16"), "float8_e4m3fn": ("uint8", "F8_E4M3"),
+             "float8_e5m2": ("uint8", "F8_E5M2")}
+
+
+def _st_array(t):
+    """(numpy array, safetensors dtype or None) of a torch tensor, the same bytes."""
+    import torch
+    t = t.contiguous()
+    name = str(t.dtype).replace("torch.", "")
+    if name in _TORCH_ST:
+        view, st = _TORCH_ST[name]
+        return t.view(getattr(torch, view)).numpy(), st
+    return t.numpy(), None
 
 
 def _source_tensor(model, name):
