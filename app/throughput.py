@@ -1,6 +1,6 @@
 """Measured dequantization throughput of the kernels (Qt-free, compute thread only).
 
-`dequant_gbs(model, name, scheme)` times `kernels.dequantize(qt)` on the real tensor:
+`dequant_gbs(model, name, scheme)` times `accel.dequantize(qt)` on the real tensor:
 float32 bytes written / seconds, best of a few runs after a warm-up run. The best, not the
 median: the GUI thread holds the GIL while it paints, and a run that the interpreter's
 5 ms switch interval interrupts measures the GUI, not the kernel (the `bench` command, which
@@ -29,9 +29,8 @@ def warmup() -> str:
     """Import and warm the kernels (JIT) — call on a background thread at start-up."""
     try:
         import kernels
-        fn = getattr(kernels, "warmup", None)
-        if fn is not None:
-            fn()
+        from workbench import accel
+        accel.warmup()
         return str(kernels.backend_name())
     except (ImportError, AttributeError):
         return "numpy"
@@ -39,8 +38,8 @@ def warmup() -> str:
 
 def _dequantize_fn():
     try:
-        import kernels
-        return kernels.dequantize if hasattr(kernels, "warmup") else None
+        from workbench import accel
+        return accel.dequantize
     except (ImportError, AttributeError):
         return None
 

@@ -35,46 +35,46 @@ class _threads:
             numba.set_num_threads(self.prev)
 
 
-def dequantize(spec: Spec, qt, out2d: np.ndarray) -> None:
+def dequantize(spec: Spec, arrays, out2d: np.ndarray) -> None:
     with _threads(out2d.size):
-        _dequantize(spec, qt, out2d)
+        _dequantize(spec, arrays, out2d)
 
 
-def _dequantize(spec: Spec, qt, out2d: np.ndarray) -> None:
+def _dequantize(spec: Spec, arrays, out2d: np.ndarray) -> None:
     k = _k()
     rows, cols = out2d.shape
     if spec.family == "affine":
-        k.affine_dequant(*host.affine_args(spec, qt, rows, cols), out2d)
+        k.affine_dequant(*host.affine_args(spec, arrays, rows, cols), out2d)
     elif spec.family == "u16":
-        k.u16_dequant(*host.u16_args(spec, qt, rows, cols), out2d)
+        k.u16_dequant(*host.u16_args(spec, arrays, rows, cols), out2d)
     elif spec.family == "f32":
-        k.f32_copy(np.ascontiguousarray(qt.arrays["data"], dtype=np.float32).reshape(rows, cols), out2d)
+        k.f32_copy(np.ascontiguousarray(arrays["data"], dtype=np.float32).reshape(rows, cols), out2d)
     elif spec.family == "ggml":
-        k.ggml_dequant(host.ggml_blocks(spec, qt, rows, cols), spec.ggml_id, spec.qk, spec.bpb,
+        k.ggml_dequant(host.ggml_blocks(spec, arrays, rows, cols), spec.ggml_id, spec.qk, spec.bpb,
                        tables.f16_table(), tables.IQ4NL_VALUES, out2d)
     else:
         raise ValueError(spec.family)
 
 
-def error_sums(spec: Spec, qt, w2d: np.ndarray) -> np.ndarray:
+def error_sums(spec: Spec, arrays, w2d: np.ndarray) -> np.ndarray:
     """(rows, 5) float64: per row sse, sig, deq, dot, max|err|."""
     acc = np.zeros((w2d.shape[0], 5), np.float64)
     with _threads(w2d.size):
-        _error_sums(spec, qt, w2d, acc)
+        _error_sums(spec, arrays, w2d, acc)
     return acc
 
 
-def _error_sums(spec: Spec, qt, w2d: np.ndarray, acc: np.ndarray) -> None:
+def _error_sums(spec: Spec, arrays, w2d: np.ndarray, acc: np.ndarray) -> None:
     k = _k()
     rows, cols = w2d.shape
     if spec.family == "affine":
-        k.affine_error(*host.affine_args(spec, qt, rows, cols), w2d, acc)
+        k.affine_error(*host.affine_args(spec, arrays, rows, cols), w2d, acc)
     elif spec.family == "u16":
-        k.u16_error(*host.u16_args(spec, qt, rows, cols), w2d, acc)
+        k.u16_error(*host.u16_args(spec, arrays, rows, cols), w2d, acc)
     elif spec.family == "f32":
-        k.f32_error(np.ascontiguousarray(qt.arrays["data"], dtype=np.float32).reshape(rows, cols), w2d, acc)
+        k.f32_error(np.ascontiguousarray(arrays["data"], dtype=np.float32).reshape(rows, cols), w2d, acc)
     elif spec.family == "ggml":
-        k.ggml_error(host.ggml_blocks(spec, qt, rows, cols), spec.ggml_id, spec.qk, spec.bpb,
+        k.ggml_error(host.ggml_blocks(spec, arrays, rows, cols), spec.ggml_id, spec.qk, spec.bpb,
                      tables.f16_table(), tables.IQ4NL_VALUES, w2d, acc)
     else:
         raise ValueError(spec.family)
@@ -105,7 +105,7 @@ def _encode(w2d, mode, bits, a, zf, has_zero, qmin, qmax, offset, gs, bpr,
                 fp8[0], fp8[1], fp8[2], gs, bpr, packed, out)
     if packed or bits == 8:
         return out
-    from workbench.schemes.packing import pack_bits
+    from .packing import pack_bits
     return pack_bits(out, bits)
 
 
@@ -118,29 +118,30 @@ def count_nonfinite(w2d) -> int:
         return int(_k().count_nonfinite(w2d))
 
 
-def quantize(scheme, spec: Spec, w2d: np.ndarray, check_finite: bool = True) -> dict | None:
+def quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
+             choose_qparams=None) -> dict | None:
     """The arrays of the scheme's QuantizedTensor (None: the kernel declines, use numpy).
     check_finite: raise NonFinite(count) when w2d holds NaN/Inf (tested inside the fused
-    kernels, else by a separate pass first)."""
+    kernels, else by a separate pass first). choose_qparams: the scheme's reference qparams,
+    for the integer schemes the kernels do not size themselves (see host.int_qparams)."""
     with _threads(w2d.size):
         if spec.quant == "ggml":
-            return _quantize(scheme, spec, w2d, check_finite)
-        if _fused_mode(scheme, spec, *w2d.shape) >= 0:
-            return _quantize_fused(scheme, spec, w2d, check_finite)
+            return _quantize(spec, w2d, check_finite)
+        if _fused_mode(spec, *w2d.shape) >= 0:
+            return _quantize_fused(spec, w2d, check_finite)
         if check_finite:
             bad = int(_k().count_nonfinite(w2d))
             if bad:
                 raise NonFinite(bad)
-        return _quantize(scheme, spec, w2d)
+        return _quantize(spec, w2d, choose_qparams=choose_qparams)
 
 
-def _fused_mode(scheme, spec: Spec, rows: int, cols: int) -> int:
+def _fused_mode(spec: Spec, rows: int, cols: int) -> int:
     """quant_fused's mode for this scheme and shape, -1 when it does not apply."""
     if cols % 8 or rows * cols == 0 or spec.geometry(rows, cols)[0] % 8:
         return -1
     if spec.quant == "int":
-        if (spec.gran == "tensor" or getattr(scheme, "clip", "minmax") != "minmax"
-                or getattr(scheme, "pot", False)):
+        if spec.gran == "tensor" or spec.clip != "minmax" or spec.pot:
             return -1
         return 0
     if spec.quant == "ternary" and host.block_view_ok_for_mean(spec.geometry(rows, cols)[0]):
@@ -155,17 +156,16 @@ def _nonfinite_found(w2d, check_finite: bool):
     return None                              # NaN/Inf allowed: the generic path decides
 
 
-def _quantize_fused(scheme, spec: Spec, w2d: np.ndarray, check_finite: bool) -> dict | None:
+def _quantize_fused(spec: Spec, w2d: np.ndarray, check_finite: bool) -> dict | None:
     """The one-pass kernels that test for NaN/Inf themselves (None: not applicable)."""
     rows, cols = w2d.shape
-    mode = _fused_mode(scheme, spec, rows, cols)
+    mode = _fused_mode(spec, rows, cols)
     gs, bpr = spec.geometry(rows, cols)
     nb = rows * bpr
     bits = spec.bits
     if mode == 0:
-        f16 = np.dtype(scheme.scale_dtype) == np.float16
-        asym = bool(scheme.asym)
-        qmin, qmax, offset = int(scheme.qmin), int(scheme.qmax), int(scheme.offset)
+        f16, asym = spec.scale_f16, spec.asym
+        qmin, qmax, offset = spec.qmin, spec.qmax, spec.offset
     else:
         f16, asym, qmin, qmax, offset = True, False, -1, 1, 1
     scale32 = np.empty(1 if f16 else nb, np.float32)
@@ -183,7 +183,7 @@ def _quantize_fused(scheme, spec: Spec, w2d: np.ndarray, check_finite: bool) -> 
     return res
 
 
-def _int_qparams_kernel(scheme, spec: Spec, w2d: np.ndarray):
+def _int_qparams_kernel(spec: Spec, w2d: np.ndarray):
     """Min/max qparams fully in kernels (same values as scheme.choose_qparams)."""
     rows, cols = w2d.shape
     if spec.gran == "tensor":
@@ -192,42 +192,42 @@ def _int_qparams_kernel(scheme, spec: Spec, w2d: np.ndarray):
     else:
         lo, hi = _stats(w2d, *spec.geometry(rows, cols), 1)
     nb = lo.shape[0]
-    f16 = np.dtype(scheme.scale_dtype) == np.float16
+    f16 = spec.scale_f16
     scale32 = np.empty(nb, np.float32)
     scale16 = np.empty(nb if f16 else 1, np.uint16)
     inv = np.empty(nb, np.float32)
-    asym = bool(scheme.asym)
+    asym = spec.asym
     zf = np.empty(nb if asym else 1, np.float32)
     zero = np.empty(nb if asym else 1, np.uint8)
-    _k().int_qparams(lo, hi, asym, int(scheme.qmax), f16, tables.f16_table(), scale32, scale16,
+    _k().int_qparams(lo, hi, asym, spec.qmax, f16, tables.f16_table(), scale32, scale16,
                      inv, zf, zero)
     scale = scale16.view(np.float16) if f16 else scale32
     return scale, (zero if asym else None), inv, (zf if asym else host.DUMMY_F32)
 
 
-def _quantize(scheme, spec: Spec, w2d: np.ndarray, check_finite: bool = True) -> dict | None:
+def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
+              choose_qparams=None) -> dict | None:
     rows, cols = w2d.shape
     q = spec.quant
     if q == "int":
         def minmax(gs, bpr):
             return _stats(w2d, gs, bpr, 1)
-        if getattr(scheme, "clip", "minmax") == "minmax" and not getattr(scheme, "pot", False):
-            scale, zero, inv, zf = _int_qparams_kernel(scheme, spec, w2d)
+        if spec.clip == "minmax" and not spec.pot:
+            scale, zero, inv, zf = _int_qparams_kernel(spec, w2d)
         else:
-            scale, zero, inv, zf = host.int_qparams(scheme, spec, w2d, minmax)
+            scale, zero, inv, zf = host.int_qparams(spec, w2d, minmax, choose_qparams)
         gs, bpr = spec.geometry(rows, cols)
-        codes = _encode(w2d, 0, spec.bits, inv, zf, zero is not None, scheme.qmin, scheme.qmax,
-                        scheme.offset, gs, bpr)
+        codes = _encode(w2d, 0, spec.bits, inv, zf, zero is not None, spec.qmin, spec.qmax,
+                        spec.offset, gs, bpr)
         out = {"codes": codes, "scales": scale}
         if zero is not None:
             out["zeros"] = zero
         return out
     if q == "nf4":
-        from workbench.schemes.codebook import NF4_MIDPOINTS
         gs, bpr = spec.geometry(rows, cols)
         absmax, _ = _stats(w2d, gs, bpr, 0)
         codes = _encode(w2d, 1, 4, host.nf4_inv(absmax), host.DUMMY_F32, False, 0, 0, 0, gs, bpr,
-                        mids=NF4_MIDPOINTS)
+                        mids=spec.mids)
         return {"codes": codes, "absmax": absmax}
     if q == "ternary":
         gs, bpr = spec.geometry(rows, cols)
@@ -237,8 +237,8 @@ def _quantize(scheme, spec: Spec, w2d: np.ndarray, check_finite: bool = True) ->
         return {"codes": codes, "scales": scale}
     if q == "fp8":
         amax, _ = _stats(w2d, max(cols, 1), 1, 0)
-        scale, safe = host.fp8_scale(amax, scheme.fmax)
-        fmt = host.fp8_format(np.asarray(scheme.table, np.float32).tobytes())
+        scale, safe = host.fp8_scale(amax, spec.fmax)
+        fmt = host.fp8_format(np.asarray(spec.fp8_table, np.float32).tobytes())
         codes = _encode(w2d, 2, 8, safe, host.DUMMY_F32, False, 0, 0, 0, max(cols, 1), 1, fp8=fmt)
         return {"codes": codes.reshape(rows, cols), "scales": scale}
     if q == "ggml":
@@ -257,4 +257,4 @@ def _quantize(scheme, spec: Spec, w2d: np.ndarray, check_finite: bool = True) ->
         if f & 5:
             return None        # a float16 field overflows, or a block the reference decides
         return {"blocks": blocks}
-    raise ValueError(f"no quantize kernel for {scheme.name}")
+    raise ValueError(f"no quantize kernel for {spec.name}")

@@ -39,26 +39,26 @@ def _dev_table(name: str):
     raise KeyError(name)
 
 
-def _args(spec: Spec, qt, rows: int, cols: int):
+def _args(spec: Spec, arrays, rows: int, cols: int):
     """(device function, q, s, z, lut, prm) for a spec: all device arrays."""
     cuda = _cuda()
     ck = _ck()
     if spec.family == "affine":
-        codes, bits, lut, scales, zeros, hz, gs, bpr = host.affine_args(spec, qt, rows, cols)
+        codes, bits, lut, scales, zeros, hz, gs, bpr = host.affine_args(spec, arrays, rows, cols)
         prm = np.array([bits, gs, bpr, int(hz)], np.int64)
         return (ck.d_affine, cuda.to_device(codes), cuda.to_device(scales), cuda.to_device(zeros),
                 cuda.to_device(np.ascontiguousarray(lut)), cuda.to_device(prm))
     if spec.family == "u16":
-        data, _ = host.u16_args(spec, qt, rows, cols)
+        data, _ = host.u16_args(spec, arrays, rows, cols)
         return (ck.d_u16, cuda.to_device(data.reshape(-1).view(np.uint8)),
                 cuda.to_device(host.DUMMY_F32), cuda.to_device(host.DUMMY_U8), _dev_table(spec.table),
                 cuda.to_device(_I64_0))
     if spec.family == "f32":
-        data = np.ascontiguousarray(qt.arrays["data"], dtype=np.float32).reshape(-1)
+        data = np.ascontiguousarray(arrays["data"], dtype=np.float32).reshape(-1)
         return (ck.d_f32, cuda.to_device(host.DUMMY_U8), cuda.to_device(data),
                 cuda.to_device(host.DUMMY_U8), cuda.to_device(host.DUMMY_F32), cuda.to_device(_I64_0))
     if spec.family == "ggml":
-        blocks = host.ggml_blocks(spec, qt, rows, cols)
+        blocks = host.ggml_blocks(spec, arrays, rows, cols)
         prm = np.array([blocks.shape[1]], np.int64)
         return (ck.GGML_DEVICE[spec.ggml_name], cuda.to_device(blocks.reshape(-1)),
                 cuda.to_device(host.DUMMY_F32), cuda.to_device(host.DUMMY_U8), _dev_table("ggml"),
@@ -66,22 +66,22 @@ def _args(spec: Spec, qt, rows: int, cols: int):
     raise ValueError(spec.family)
 
 
-def dequantize(spec: Spec, qt, rows: int, cols: int):
+def dequantize(spec: Spec, arrays, rows: int, cols: int):
     """A (rows, cols) float32 device array."""
     cuda = _cuda()
     if spec.family == "f32":
-        return cuda.to_device(np.ascontiguousarray(qt.arrays["data"], dtype=np.float32).reshape(rows, cols))
-    dev, q, s, z, lut, prm = _args(spec, qt, rows, cols)
+        return cuda.to_device(np.ascontiguousarray(arrays["data"], dtype=np.float32).reshape(rows, cols))
+    dev, q, s, z, lut, prm = _args(spec, arrays, rows, cols)
     out = cuda.device_array((rows, cols), np.float32)
     _ck().dequant_kernel(dev)[_grid(rows * cols), THREADS](q, s, z, lut, prm, out)
     return out
 
 
-def error_sums(spec: Spec, qt, w2d: np.ndarray) -> np.ndarray:
+def error_sums(spec: Spec, arrays, w2d: np.ndarray) -> np.ndarray:
     cuda = _cuda()
     ck = _ck()
     rows, cols = w2d.shape
-    dev, q, s, z, lut, prm = _args(spec, qt, rows, cols)
+    dev, q, s, z, lut, prm = _args(spec, arrays, rows, cols)
     acc = cuda.device_array((rows, 5), np.float64)
     ck.error_kernel(dev)[max(1, min(rows, 65535)), ck.ROW_THREADS](q, s, z, lut, prm, cuda.to_device(w2d), acc)
     return acc.copy_to_host()
@@ -113,7 +113,7 @@ def _encode(dw, rows, cols, mode, bits, a, zf, hz, qmin, qmax, offset, gs, bpr,
     return out.copy_to_host()
 
 
-def quantize(scheme, spec: Spec, w2d: np.ndarray) -> dict:
+def quantize(spec: Spec, w2d: np.ndarray, choose_qparams=None) -> dict:
     cuda = _cuda()
     rows, cols = w2d.shape
     dw = cuda.to_device(w2d)
@@ -122,44 +122,43 @@ def quantize(scheme, spec: Spec, w2d: np.ndarray) -> dict:
         def minmax(gs, bpr):
             lo, hi, _ = _ranges(dw, rows, cols, gs, bpr)
             return lo, hi
-        scale, zero, inv, zf = host.int_qparams(scheme, spec, w2d, minmax)
+        scale, zero, inv, zf = host.int_qparams(spec, w2d, minmax, choose_qparams)
         gs, bpr = spec.geometry(rows, cols)
-        codes = _encode(dw, rows, cols, 0, spec.bits, inv, zf, zero is not None, scheme.qmin,
-                        scheme.qmax, scheme.offset, gs, bpr)
+        codes = _encode(dw, rows, cols, 0, spec.bits, inv, zf, zero is not None, spec.qmin,
+                        spec.qmax, spec.offset, gs, bpr)
         out = {"codes": codes, "scales": scale}
         if zero is not None:
             out["zeros"] = zero
         return out
     if q == "nf4":
-        from workbench.schemes.codebook import NF4_MIDPOINTS
         gs, bpr = spec.geometry(rows, cols)
         _, _, absmax = _ranges(dw, rows, cols, gs, bpr)
         codes = _encode(dw, rows, cols, 1, 4, host.nf4_inv(absmax), host.DUMMY_F32, False, 0, 0, 0,
-                        gs, bpr, mids=NF4_MIDPOINTS)
+                        gs, bpr, mids=spec.mids)
         return {"codes": codes, "absmax": absmax}
     if q == "fp8":
         _, _, amax = _ranges(dw, rows, cols, max(cols, 1), 1)
-        scale, safe = host.fp8_scale(amax, scheme.fmax)
-        fmt = host.fp8_format(np.asarray(scheme.table, np.float32).tobytes())
+        scale, safe = host.fp8_scale(amax, spec.fmax)
+        fmt = host.fp8_format(np.asarray(spec.fp8_table, np.float32).tobytes())
         codes = _encode(dw, rows, cols, 2, 8, safe, host.DUMMY_F32, False, 0, 0, 0, max(cols, 1), 1,
                         fp8=fmt)
         return {"codes": codes.reshape(rows, cols), "scales": scale}
-    raise ValueError(f"no CUDA quantize kernel for {scheme.name}")
+    raise ValueError(f"no CUDA quantize kernel for {spec.name}")
 
 
-def prepare_dequant(spec: Spec, qt, rows: int, cols: int):
+def prepare_dequant(spec: Spec, arrays, rows: int, cols: int):
     """(launch, out): `launch()` runs the dequantize kernel on device-resident inputs into the
     device array `out` and waits for it (what the benchmark times: kernel only)."""
     cuda = _cuda()
     out = cuda.device_array((rows, cols), np.float32)
     if spec.family == "f32":
-        src = cuda.to_device(np.ascontiguousarray(qt.arrays["data"], dtype=np.float32).reshape(rows, cols))
+        src = cuda.to_device(np.ascontiguousarray(arrays["data"], dtype=np.float32).reshape(rows, cols))
 
         def launch():
             out.copy_to_device(src)
             cuda.synchronize()
         return launch, out
-    dev, q, s, z, lut, prm = _args(spec, qt, rows, cols)
+    dev, q, s, z, lut, prm = _args(spec, arrays, rows, cols)
     k = _ck().dequant_kernel(dev)
     grid = _grid(rows * cols)
 

@@ -19,8 +19,8 @@ DUMMY_U8 = np.zeros(1, np.uint8)
 DUMMY_F32 = np.zeros(1, np.float32)
 
 
-def affine_args(spec: Spec, qt, rows: int, cols: int):
-    a = qt.arrays
+def affine_args(spec: Spec, arrays, rows: int, cols: int):
+    a = arrays
     codes = np.ascontiguousarray(a[spec.code_key], dtype=np.uint8).reshape(-1)
     scales = np.ascontiguousarray(a[spec.scale_key]).reshape(-1).astype(np.float32, copy=False)
     if spec.zero_key:
@@ -31,15 +31,15 @@ def affine_args(spec: Spec, qt, rows: int, cols: int):
     return codes, int(spec.bits), spec.lut, scales, zeros, spec.zero_key is not None, gs, bpr
 
 
-def u16_args(spec: Spec, qt, rows: int, cols: int):
+def u16_args(spec: Spec, arrays, rows: int, cols: int):
     from . import tables
-    data = np.ascontiguousarray(qt.arrays["data"]).view(np.uint16).reshape(rows, cols)
+    data = np.ascontiguousarray(arrays["data"]).view(np.uint16).reshape(rows, cols)
     table = tables.f16_table() if spec.table == "f16" else tables.bf16_table()
     return data, table
 
 
-def ggml_blocks(spec: Spec, qt, rows: int, cols: int) -> np.ndarray:
-    return np.ascontiguousarray(qt.arrays["blocks"], dtype=np.uint8).reshape(rows, cols // spec.qk * spec.bpb)
+def ggml_blocks(spec: Spec, arrays, rows: int, cols: int) -> np.ndarray:
+    return np.ascontiguousarray(arrays["blocks"], dtype=np.uint8).reshape(rows, cols // spec.qk * spec.bpb)
 
 
 def safe_inv(scale: np.ndarray) -> np.ndarray:
@@ -51,25 +51,25 @@ def safe_inv(scale: np.ndarray) -> np.ndarray:
     return inv.astype(np.float32)
 
 
-def int_qparams(scheme, spec: Spec, w2d: np.ndarray, minmax):
+def int_qparams(spec: Spec, w2d: np.ndarray, minmax, choose_qparams):
     """(scale as stored, zero uint8 or None, inv float32, zero float32) for an integer scheme.
 
     `minmax(gs, bpr) -> (lo, hi)` computes per-block min/max with a kernel. For min/max clipping
-    the scheme's own choose_qparams then runs on those two numbers per block (it only looks at
-    the block's min/max/|max|, so the result is the reference's); @p99.9/@mse need the whole
-    block and run the numpy reference on it.
+    the caller's `choose_qparams` (the scheme's own reference) then runs on those two numbers
+    per block, ``choose_qparams(lo_hi)``: it only looks at the block's min/max/|max|, so the
+    result is the reference's. @p99.9/@mse need the whole block: ``choose_qparams(None)``
+    asks the caller for the reference's qparams of the whole tensor.
     """
-    from workbench.schemes.granularity import as_blocks
     rows, cols = w2d.shape
-    if getattr(scheme, "clip", "minmax") == "minmax":
+    if spec.clip == "minmax":
         if spec.gran == "tensor":
             lo, hi = minmax(cols, 1)
             lo, hi = np.array([lo.min()], np.float32), np.array([hi.max()], np.float32)
         else:
             lo, hi = minmax(*spec.geometry(rows, cols))
-        scale, zero = scheme.choose_qparams(np.stack([lo, hi], axis=1))
+        scale, zero = choose_qparams(np.stack([lo, hi], axis=1))
     else:
-        scale, zero = scheme.choose_qparams(as_blocks(w2d, scheme.gran))
+        scale, zero = choose_qparams(None)
     inv = safe_inv(scale)
     zf = zero.astype(np.float32) if zero is not None else DUMMY_F32
     return scale, zero, inv, zf

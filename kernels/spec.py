@@ -1,4 +1,5 @@
-"""What kernel a scheme needs: read from the scheme object's attributes, never its name.
+"""What kernel a scheme needs, as data: a scheme declares its storage layout
+(``Scheme.kernel_layout()``, a plain dict) and :func:`make_spec` turns it into a :class:`Spec`.
 
 A :class:`Spec` says which generic kernel family decodes a scheme and with which parameters.
 Families (each one generic kernel per backend, see ``cpu.py`` / ``cuda.py``):
@@ -12,13 +13,13 @@ Families (each one generic kernel per backend, see ``cpu.py`` / ``cuda.py``):
 ``ggml``    llama.cpp / GGUF block formats, one block decoder per ``ggml_type``.
 
 ``quant`` names the quantize kernel (``None``: quantize falls back to the numpy reference).
-This module imports no numba, so ``import kernels`` stays cheap.
+Like the rest of ``kernels/``, this module imports nothing from ``workbench`` (ggml's
+``type_traits`` table is the model); it imports no numba, so ``import kernels`` stays cheap.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -52,6 +53,18 @@ class Spec:
     ggml_id: int = -1
     qk: int = 0
     bpb: int = 0
+    # quantize parameters (integer: qmin..qmax codes, code = q + offset; fp8: fmax; nf4: mids)
+    name: str = ""
+    asym: bool = False
+    qmin: int = 0
+    qmax: int = 0
+    offset: int = 0
+    scale_f16: bool = False
+    clip: str = "minmax"
+    pot: bool = False
+    fmax: float = 0.0
+    fp8_table: np.ndarray | None = None
+    mids: np.ndarray | None = None
 
     def geometry(self, rows: int, cols: int) -> tuple[int, int]:
         """(group length along a row, blocks per row); block of (r, c) = r*bpr + c//gs."""
@@ -63,59 +76,50 @@ class Spec:
         return gs, cols // gs
 
 
-def _gran_of(g) -> object:
-    size = getattr(g, "size", None)
-    if size is not None:
-        return int(size)
-    label = getattr(g, "label", "")
-    return "tensor" if label == "tensor" else "row"
+def make_spec(layout: dict | None) -> Spec | None:
+    """The Spec of a scheme's declared layout (``Scheme.kernel_layout()``); None when no kernel
+    covers it. Layout keys by family:
 
-
-@lru_cache(maxsize=None)
-def _spec_cached(scheme) -> Spec | None:
-    from workbench.schemes import codebook, floats
-
-    ggml_type = getattr(scheme, "ggml_type", None)
-    if ggml_type is not None:
-        name = getattr(ggml_type, "name", None)
-        if name is None:
-            try:
-                import gguf
-                name = gguf.GGMLQuantizationType(int(ggml_type)).name
-            except (ImportError, ValueError, TypeError):
-                name = str(ggml_type)
-        name = str(name).upper()
-        if name not in GGML_TYPES:
+    * ``{"family": "ggml", "ggml_name": "Q4_K"}``
+    * ``{"family": "affine", "quant": "int", "bits", "offset", "asym", "gran", "qmin", "qmax",
+      "scale_f16", "clip", "pot"}`` (gran: "tensor" | "row" | group size)
+    * ``{"family": "affine", "quant": "fp8", "values": <256-code decode table>, "fmax"}``
+    * ``{"family": "affine", "quant": "nf4", "values": <16 levels>, "mids", "gran"}``
+    * ``{"family": "affine", "quant": "ternary", "gran"}``
+    * ``{"family": "f32"}``, ``{"family": "u16", "table": "f16" | "bf16"}``
+    """
+    if not layout:
+        return None
+    fam, name = layout["family"], layout.get("name", "")
+    if fam == "ggml":
+        g = str(layout["ggml_name"]).upper()
+        if g not in GGML_TYPES:
             return None
-        tid, qk, bpb = GGML_TYPES[name]
-        return Spec("ggml", "ggml" if name in GGML_QUANT else None, ggml_name=name,
-                    ggml_id=tid, qk=qk, bpb=bpb)
-    if all(hasattr(scheme, a) for a in ("bits", "gran", "asym", "offset", "qmin", "qmax",
-                                        "choose_qparams")):
-        return Spec("affine", "int", bits=int(scheme.bits), lut=tables.int_lut(int(scheme.offset)),
-                    zero_key="zeros" if scheme.asym else None, gran=_gran_of(scheme.gran))
-    if hasattr(scheme, "table") and hasattr(scheme, "fmax"):          # FP8 with a row scale
-        return Spec("affine", "fp8", bits=8, lut=tables.padded_lut(scheme.table), gran="row")
-    if isinstance(scheme, codebook.NF4):
-        return Spec("affine", "nf4", bits=4, lut=tables.padded_lut(codebook.NF4_CODEBOOK),
-                    scale_key="absmax", gran=int(scheme.block_size))
-    if isinstance(scheme, codebook.Ternary):
-        return Spec("affine", "ternary", bits=2, lut=tables.int_lut(1), gran=int(scheme.block_size))
-    if isinstance(scheme, floats.FP32):
-        return Spec("f32")
-    if isinstance(scheme, floats.FP16):
-        return Spec("u16", table="f16")
-    if isinstance(scheme, floats.BF16):
-        return Spec("u16", table="bf16")
+        tid, qk, bpb = GGML_TYPES[g]
+        return Spec("ggml", "ggml" if g in GGML_QUANT else None, ggml_name=g, ggml_id=tid,
+                    qk=qk, bpb=bpb, name=name)
+    if fam in ("f32", "u16"):
+        return Spec(fam, table=layout.get("table", ""), name=name)
+    if fam != "affine":
+        return None
+    q = layout["quant"]
+    if q == "int":
+        return Spec("affine", "int", bits=int(layout["bits"]),
+                    lut=tables.int_lut(int(layout["offset"])),
+                    zero_key="zeros" if layout["asym"] else None, gran=layout["gran"],
+                    name=name, asym=bool(layout["asym"]), qmin=int(layout["qmin"]),
+                    qmax=int(layout["qmax"]), offset=int(layout["offset"]),
+                    scale_f16=bool(layout["scale_f16"]), clip=layout.get("clip", "minmax"),
+                    pot=bool(layout.get("pot", False)))
+    if q == "fp8":
+        table = np.asarray(layout["values"], np.float32)
+        return Spec("affine", "fp8", bits=8, lut=tables.padded_lut(table), gran="row",
+                    name=name, fmax=float(layout["fmax"]), fp8_table=table)
+    if q == "nf4":
+        return Spec("affine", "nf4", bits=4, lut=tables.padded_lut(layout["values"]),
+                    scale_key="absmax", gran=int(layout["gran"]), name=name,
+                    mids=np.asarray(layout["mids"], np.float32))
+    if q == "ternary":
+        return Spec("affine", "ternary", bits=2, lut=tables.int_lut(1), gran=int(layout["gran"]),
+                    name=name, qmin=-1, qmax=1, offset=1)
     return None
-
-
-def spec_for(scheme) -> Spec | None:
-    """The kernel spec of a scheme object (or name); None when no kernel covers it."""
-    if isinstance(scheme, str):
-        from workbench.schemes import get_scheme
-        scheme = get_scheme(scheme)
-    try:
-        return _spec_cached(scheme)
-    except TypeError:          # unhashable scheme object
-        return _spec_cached.__wrapped__(scheme)

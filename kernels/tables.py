@@ -5,7 +5,7 @@ code up is bit-identical to the reference by construction:
 
 * ``f16_table()``  65536 float32: ``np.arange(65536, uint16).view(float16).astype(float32)``
   (exactly what ``float16_array.astype(np.float32)`` gives, NaN payloads included).
-* ``bf16_table()`` 65536 float32 from :func:`workbench.dtypes.bf16_to_f32`.
+* ``bf16_table()`` 65536 float32: each code's bits shifted into the high half of a float32.
 * ``int_lut(offset)`` 256 float32: ``float32(code - offset)`` for integer codes.
 * ``IQ4NL_VALUES``: the 16 IQ4_NL levels (llama.cpp ``kvalues_iq4nl``).
 """
@@ -29,8 +29,7 @@ def f16_table() -> np.ndarray:
 
 @lru_cache(maxsize=None)
 def bf16_table() -> np.ndarray:
-    from workbench.dtypes import bf16_to_f32
-    t = bf16_to_f32(np.arange(65536, dtype=np.uint32).astype(np.uint16)).astype(np.float32)
+    t = (np.arange(65536, dtype=np.uint32) << np.uint32(16)).view(np.float32)
     t.setflags(write=False)
     return t
 

@@ -57,7 +57,8 @@ def run_vs_ggml(model, types=DEFAULT_TYPES, importance: dict | None = None, thre
     """Rows per type (see the module docstring). `importance`: {tensor name: E[x_j^2]}."""
     import numba
 
-    import kernels
+
+    from . import accel
     from kernels import ggml_ref
 
     from .evaluate import quantize
@@ -87,7 +88,7 @@ def run_vs_ggml(model, types=DEFAULT_TYPES, importance: dict | None = None, thre
                 raw_g[n] = ggml_ref.quantize(ty, w)
                 qts[n] = quantize(w, scheme.name, tensor=n)
                 yg = ggml_ref.dequantize(ty, raw_g[n], w.shape[1])
-                yo = kernels.dequantize(qts[n], backend="cpu").reshape(w.shape)
+                yo = accel.dequantize(qts[n], backend="cpu").reshape(w.shape)
                 a, s = _err(w, yg, None)
                 b, _ = _err(w, yo, None)
                 e_g, e_o, tot = e_g + a, e_o + b, tot + s
@@ -123,13 +124,13 @@ def run_vs_ggml(model, types=DEFAULT_TYPES, importance: dict | None = None, thre
                        quant_ratio_1t=tg / to)
             # dequantize: ggml one thread; ours one thread and `threads`
             for q in qts.values():
-                kernels.dequantize(q, backend="cpu")
+                accel.dequantize(q, backend="cpu")
                 break
             dg = _best(lambda: [ggml_ref.dequantize(ty, raw_g[n], w.shape[1])
                                 for n, w in todo.items()], repeats)
-            d1 = _best(lambda: [kernels.dequantize(q, backend="cpu") for q in qts.values()], repeats)
+            d1 = _best(lambda: [accel.dequantize(q, backend="cpu") for q in qts.values()], repeats)
             numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-            dn = _best(lambda: [kernels.dequantize(q, backend="cpu") for q in qts.values()], repeats)
+            dn = _best(lambda: [accel.dequantize(q, backend="cpu") for q in qts.values()], repeats)
             row.update(deq_gbps_ggml=nbytes / dg / 1e9, deq_gbps_ours_1t=nbytes / d1 / 1e9,
                        deq_gbps_ours_nt=nbytes / dn / 1e9, deq_ratio_1t=dg / d1,
                        deq_ratio_nt=dg / dn)

@@ -74,8 +74,8 @@ def quantize(w: np.ndarray, scheme_name: str, tensor: str | None = None):
     overflows its storage type) instead of a tensor of Inf."""
     scheme = get_scheme(scheme_name)
     try:
-        import kernels
-        qt = kernels.quantize(scheme, w)
+        from . import accel
+        qt = accel.quantize(scheme, w)
     except (ImportError, AttributeError):
         qt = scheme.quantize(w, tensor=tensor)
     except WorkbenchError as exc:
@@ -118,8 +118,8 @@ def quantize_measure(w: np.ndarray, scheme_name: str, tensor: str | None = None)
     """(QuantizedTensor, ErrorSums) for a 2-D float32 matrix, kernels when available."""
     qt = quantize(w, scheme_name, tensor=tensor)
     try:
-        import kernels
-        return qt, kernels.dequant_error(w, qt)
+        from . import accel
+        return qt, accel.dequant_error(w, qt)
     except (ImportError, AttributeError):
         wq = get_scheme(scheme_name).dequantize(qt).reshape(w.shape)
         return qt, ErrorSums.from_arrays(w, wq)

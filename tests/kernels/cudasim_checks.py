@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import numpy as np  # noqa: E402
 
 import kernels  # noqa: E402
+from workbench import accel  # noqa: E402
 from kernel_testutil import same_bits, same_qt, weights  # noqa: E402
 from workbench.metrics import ErrorSums  # noqa: E402
 from workbench.schemes import get_scheme, list_schemes  # noqa: E402
@@ -28,7 +29,7 @@ from workbench.schemes import get_scheme, list_schemes  # noqa: E402
 def pick_schemes():
     """One scheme per distinct kernel configuration (family, bits, granularity, asym, clip),
     so the simulator run stays short while covering every code path of the registry."""
-    from kernels.spec import spec_for
+    from workbench.accel import spec_for
     seen, out = set(), []
     for name in list_schemes() + ["int4-g32@mse", "int3-channel-asym@pot", "int5-tensor@p99.9"]:
         s = get_scheme(name)
@@ -57,19 +58,19 @@ def main() -> int:
             w = weights(shape, seed=1)
             qt = s.quantize(w)
             ref = s.dequantize(qt)
-            if not same_bits(kernels.dequantize(qt, backend="cuda"), ref):
+            if not same_bits(accel.dequantize(qt, backend="cuda"), ref):
                 failures.append(f"dequantize {name} {shape}")
-            dev = kernels.dequantize(qt, backend="cuda", device_array=True)
+            dev = accel.dequantize(qt, backend="cuda", device_array=True)
             if not same_bits(dev.copy_to_host().reshape(ref.shape), ref):
                 failures.append(f"device_array {name} {shape}")
-            got = kernels.dequant_error(w, qt, backend="cuda")
+            got = accel.dequant_error(w, qt, backend="cuda")
             r = ErrorSums.from_arrays(w.reshape(shape[0], -1), ref.reshape(shape[0], -1))
             if got.max_abs_err != r.max_abs_err or not all(
                     math.isclose(getattr(got, f), getattr(r, f), rel_tol=1e-12, abs_tol=1e-300)
                     for f in ("sse", "sig", "deq", "dot")):
                 failures.append(f"error sums {name} {shape}")
-            if kernels.has_kernel(s, "quantize", "cuda"):
-                if not same_qt(kernels.quantize(s, w, backend="cuda"), qt):
+            if accel.has_kernel(s, "quantize", "cuda"):
+                if not same_qt(accel.quantize(s, w, backend="cuda"), qt):
                     failures.append(f"quantize {name} {shape}")
     # FP8 rounding edge values on the device
     for name in ("fp8-e4m3", "fp8-e5m2"):
@@ -80,7 +81,7 @@ def main() -> int:
         w.reshape(-1)[: min(vals.size, 128)] = vals[:128]
         w[:, 0] = s.fmax
         w[1] *= -1
-        if not same_qt(kernels.quantize(s, w, backend="cuda"), s.quantize(w)):
+        if not same_qt(accel.quantize(s, w, backend="cuda"), s.quantize(w)):
             failures.append(f"fp8 ties {name}")
     # every GGML format against gguf on random blocks (independent of the registry)
     import gguf
@@ -98,7 +99,7 @@ def main() -> int:
         ref = np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[tname]), np.float32)
         spec = Spec("ggml", ggml_name=tname, ggml_id=tid, qk=qk, bpb=bpb)
         qt = QuantizedTensor("-", (1, qk), {"blocks": raw})
-        got = cuda_ops.dequantize(spec, qt, 1, qk).copy_to_host()
+        got = cuda_ops.dequantize(spec, qt.arrays, 1, qk).copy_to_host()
         if not same_bits(got, ref.reshape(1, qk)):
             failures.append(f"gguf {tname}")
     for f in failures:

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 import kernels
+
+from workbench import accel
 from kernels import backend as kb
 from workbench.schemes import get_scheme
 
@@ -28,8 +30,8 @@ def test_auto_is_cpu_without_gpu():
     with pytest.raises(RuntimeError):
         kb.resolve("cuda")
     w = np.ones((2, 64), np.float32)
-    qt = kernels.quantize("int8-g64", w)          # auto
-    assert np.array_equal(kernels.dequantize(qt), get_scheme("int8-g64").dequantize(qt))
+    qt = accel.quantize("int8-g64", w)          # auto
+    assert np.array_equal(accel.dequantize(qt), get_scheme("int8-g64").dequantize(qt))
 
 
 def test_unknown_backend():
@@ -38,15 +40,15 @@ def test_unknown_backend():
 
 
 def test_has_kernel_reports_fallbacks():
-    assert kernels.has_kernel("int4-g128", "dequantize", "cpu")
-    assert kernels.has_kernel("int4-g128@mse", "quantize", "cpu")
-    assert kernels.has_kernel("q4_0", "quantize", "cpu") == ("q4_0" in _registered())
+    assert accel.has_kernel("int4-g128", "dequantize", "cpu")
+    assert accel.has_kernel("int4-g128@mse", "quantize", "cpu")
+    assert accel.has_kernel("q4_0", "quantize", "cpu") == ("q4_0" in _registered())
     if "q4_k" in _registered():
-        assert not kernels.has_kernel("q4_k", "quantize", "cpu")       # numpy reference
-        assert kernels.has_kernel("q4_k", "dequantize", "cuda")
-    assert not kernels.has_kernel("ternary-g64", "quantize", "cuda")
-    assert kernels.has_kernel("fp8-e4m3", "quantize", "cuda")
-    assert not kernels.has_kernel("int4-g128", "dequantize", "numpy")
+        assert not accel.has_kernel("q4_k", "quantize", "cpu")       # numpy reference
+        assert accel.has_kernel("q4_k", "dequantize", "cuda")
+    assert not accel.has_kernel("ternary-g64", "quantize", "cuda")
+    assert accel.has_kernel("fp8-e4m3", "quantize", "cuda")
+    assert not accel.has_kernel("int4-g128", "dequantize", "numpy")
 
 
 def _registered():
@@ -71,20 +73,20 @@ def test_fallback_for_a_scheme_without_kernel():
 
     s = Halver()
     w = np.arange(12, dtype=np.float32).reshape(3, 4)
-    assert not kernels.has_kernel(s, "dequantize", "cpu")
-    qt = kernels.quantize(s, w, backend="cpu")
+    assert not accel.has_kernel(s, "dequantize", "cpu")
+    qt = accel.quantize(s, w, backend="cpu")
     with pytest.MonkeyPatch.context() as mp:
         import workbench.schemes.base as base
         mp.setattr(base, "get_scheme", lambda n: s)
-        mp.setattr(kernels.api, "_scheme", lambda x: s)
-        assert np.array_equal(kernels.dequantize(qt, backend="cpu"), w)
-        assert kernels.dequant_error(w, qt, backend="cpu").sse == 0.0
+        mp.setattr(accel, "_scheme", lambda x: s)
+        assert np.array_equal(accel.dequantize(qt, backend="cpu"), w)
+        assert accel.dequant_error(w, qt, backend="cpu").sse == 0.0
 
 
 def test_warmup_compiles_and_reports():
-    done = kernels.warmup(["int4-g128", "nf4-g64", "fp16", "fp8-e4m3"])
+    done = accel.warmup(["int4-g128", "nf4-g64", "fp16", "fp8-e4m3"])
     assert done == ["int4-g128", "nf4-g64", "fp16", "fp8-e4m3"]
-    assert kernels.warmup([], backend="numpy") == []
+    assert accel.warmup([], backend="numpy") == []
 
 
 def test_warmup_on_a_background_thread():
@@ -93,7 +95,7 @@ def test_warmup_on_a_background_thread():
 
     def run():
         try:
-            kernels.warmup(["int2-g32", "bf16"])
+            accel.warmup(["int2-g32", "bf16"])
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
     t = threading.Thread(target=run)
@@ -105,5 +107,5 @@ def test_warmup_on_a_background_thread():
 def test_empty_tensor():
     s = get_scheme("int4-channel")
     w = np.zeros((0, 8), np.float32)
-    qt = kernels.quantize(s, w, backend="cpu")
-    assert kernels.dequantize(qt, backend="cpu").shape == (0, 8)
+    qt = accel.quantize(s, w, backend="cpu")
+    assert accel.dequantize(qt, backend="cpu").shape == (0, 8)

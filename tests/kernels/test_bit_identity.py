@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
-from kernels.spec import spec_for
+from workbench import accel
+from workbench.accel import spec_for
 from workbench.schemes import get_scheme, list_schemes
 
 from kernel_testutil import same_bits, same_qt, weights
@@ -33,17 +33,17 @@ def test_dequantize_and_quantize_match_reference(name):
         w = weights(shape, seed=i)
         ref_qt = s.quantize(w)
         ref = s.dequantize(ref_qt)
-        got = kernels.dequantize(ref_qt, backend="cpu")
+        got = accel.dequantize(ref_qt, backend="cpu")
         assert same_bits(got, ref), (name, shape)
-        qt = kernels.quantize(s, w, backend="cpu")
+        qt = accel.quantize(s, w, backend="cpu")
         assert same_qt(qt, ref_qt), (name, shape)
 
 
 @pytest.mark.parametrize("name", BASE)
 def test_every_registered_scheme_has_a_dequant_kernel(name):
     assert spec_for(get_scheme(name)) is not None
-    assert kernels.has_kernel(name, "dequantize", "cpu")
-    assert kernels.has_kernel(name, "error", "cpu")
+    assert accel.has_kernel(name, "dequantize", "cpu")
+    assert accel.has_kernel(name, "error", "cpu")
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -52,8 +52,8 @@ def test_clip_and_pot_variants(name):
     for i, shape in enumerate(_eligible(s, [(6, 256), (3, 7)])):
         w = weights(shape, seed=10 + i)
         ref_qt = s.quantize(w)
-        assert same_qt(kernels.quantize(s, w, backend="cpu"), ref_qt), (name, shape)
-        assert same_bits(kernels.dequantize(ref_qt, backend="cpu"), s.dequantize(ref_qt))
+        assert same_qt(accel.quantize(s, w, backend="cpu"), ref_qt), (name, shape)
+        assert same_bits(accel.dequantize(ref_qt, backend="cpu"), s.dequantize(ref_qt))
 
 
 QUANT_KERNEL_SCHEMES = [n for n in BASE if spec_for(get_scheme(n)).quant is not None]
@@ -79,10 +79,10 @@ def test_quantize_edge_values(name):
             ref = s.dequantize(ref_qt)
     except WorkbenchError as exc:           # the reference refuses: so must the kernel path
         with pytest.raises(WorkbenchError, match=str(exc)[:30]):
-            kernels.quantize(s, w, backend="cpu")
+            accel.quantize(s, w, backend="cpu")
         return
-    assert same_qt(kernels.quantize(s, w, backend="cpu"), ref_qt)
-    assert same_bits(kernels.dequantize(ref_qt, backend="cpu"), ref)
+    assert same_qt(accel.quantize(s, w, backend="cpu"), ref_qt)
+    assert same_bits(accel.dequantize(ref_qt, backend="cpu"), ref)
 
 
 @pytest.mark.parametrize("name", ["fp8-e4m3", "fp8-e5m2"])
@@ -100,7 +100,7 @@ def test_fp8_rounding_on_every_midpoint(name):
     w = w.reshape(-1, 64)
     w[:, 0] = s.fmax                       # scale 1.0: the values are rounded as they are
     ref_qt = s.quantize(w)
-    assert same_qt(kernels.quantize(s, w, backend="cpu"), ref_qt)
+    assert same_qt(accel.quantize(s, w, backend="cpu"), ref_qt)
 
 
 def test_fp16_and_bf16_keep_nonfinite_and_payloads():
@@ -111,21 +111,21 @@ def test_fp16_and_bf16_keep_nonfinite_and_payloads():
         s = get_scheme(name)
         w = w_all
         if name == "fp16":     # finite values beyond float16 are refused (issue 9), both paths
-            for path in (s.quantize, lambda x: kernels.quantize(s, x, backend="cpu")):
+            for path in (s.quantize, lambda x: accel.quantize(s, x, backend="cpu")):
                 with pytest.raises(WorkbenchError, match="fp16 cannot represent value 3.3e"):
                     path(w)
             w = np.where(np.isfinite(w) & (np.abs(w) > 65504), np.float32(65504), w)
         with np.errstate(all="ignore"):
             ref_qt = s.quantize(w)
-        assert same_qt(kernels.quantize(s, w, backend="cpu"), ref_qt)
-        assert same_bits(kernels.dequantize(ref_qt, backend="cpu"), s.dequantize(ref_qt))
+        assert same_qt(accel.quantize(s, w, backend="cpu"), ref_qt)
+        assert same_bits(accel.dequantize(ref_qt, backend="cpu"), s.dequantize(ref_qt))
     # every float16 / bfloat16 bit pattern decodes exactly as numpy does
     allbits = np.arange(65536, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
     for name, data in (("fp16", allbits.view(np.float16)), ("bf16", allbits)):
         s = get_scheme(name)
         from workbench.schemes.base import QuantizedTensor
         qt = QuantizedTensor(name, (256, 256), {"data": data})
-        assert same_bits(kernels.dequantize(qt, backend="cpu"), s.dequantize(qt))
+        assert same_bits(accel.dequantize(qt, backend="cpu"), s.dequantize(qt))
 
 
 def test_out_argument_and_shapes():
@@ -133,12 +133,12 @@ def test_out_argument_and_shapes():
     w = weights((4, 2, 64))
     qt = s.quantize(w)
     out = np.empty(w.size, np.float32)
-    res = kernels.dequantize(qt, backend="cpu", out=out)
+    res = accel.dequantize(qt, backend="cpu", out=out)
     assert res is out
     assert same_bits(out.reshape(w.shape), s.dequantize(qt))
-    assert kernels.dequantize(qt, backend="cpu").shape == w.shape
+    assert accel.dequantize(qt, backend="cpu").shape == w.shape
     with pytest.raises(ValueError):
-        kernels.dequantize(qt, backend="cpu", out=np.empty(3, np.float32))
+        accel.dequantize(qt, backend="cpu", out=np.empty(3, np.float32))
 
 
 def test_quantize_refuses_like_the_reference():
@@ -146,17 +146,17 @@ def test_quantize_refuses_like_the_reference():
     w = weights((4, 64))
     w[1, 3] = np.nan
     with pytest.raises(WorkbenchError):
-        kernels.quantize("int4-g64", w, backend="cpu")
+        accel.quantize("int4-g64", w, backend="cpu")
     with pytest.raises(WorkbenchError):
-        kernels.quantize("int4-g64", weights((4, 60)), backend="cpu")
+        accel.quantize("int4-g64", weights((4, 60)), backend="cpu")
 
 
 def test_numpy_backend_is_the_reference():
     s = get_scheme("nf4-g64")
     w = weights((4, 128))
-    qt = kernels.quantize(s, w, backend="numpy")
+    qt = accel.quantize(s, w, backend="numpy")
     assert same_qt(qt, s.quantize(w))
-    assert same_bits(kernels.dequantize(qt, backend="numpy"), s.dequantize(qt))
+    assert same_bits(accel.dequantize(qt, backend="numpy"), s.dequantize(qt))
 
 
 @pytest.mark.parametrize("name", ["int8-channel", "int4-g128", "int4-g128-asym", "int3-g64",
@@ -178,7 +178,7 @@ def test_nonfinite_found_inside_the_kernels(name):
         with pytest.raises(WorkbenchError) as ref:
             s.quantize(w)
         with pytest.raises(WorkbenchError) as got:
-            kernels.quantize(s, w, backend="cpu")
+            accel.quantize(s, w, backend="cpu")
         assert str(got.value) == str(ref.value)
     w = weights((6, 256), seed=3)
     w[4, 17] = np.finfo(np.float32).max
@@ -188,9 +188,9 @@ def test_nonfinite_found_inside_the_kernels(name):
             ref_qt = s.quantize(w)
     except WorkbenchError as exc:          # e.g. a GGML float16 scale overflows
         with pytest.raises(WorkbenchError, match=str(exc)[:30]):
-            kernels.quantize(s, w, backend="cpu")
+            accel.quantize(s, w, backend="cpu")
         return
-    assert same_qt(kernels.quantize(s, w, backend="cpu"), ref_qt)
+    assert same_qt(accel.quantize(s, w, backend="cpu"), ref_qt)
 
 
 def test_float64_to_float16_rounding_matches_numpy():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
+from workbench import accel
 from workbench.schemes import get_scheme
 
 from kernel_testutil import same_qt
@@ -21,7 +21,7 @@ def test_subnormal_weights_same_bytes_as_reference(name, scale):
     s = get_scheme(name)
     w = (np.random.default_rng(0).standard_normal((4, 64)) * scale).astype(np.float32)
     ref = s.quantize(w)
-    assert same_qt(kernels.quantize(s, w, backend="cpu"), ref), (name, scale)
+    assert same_qt(accel.quantize(s, w, backend="cpu"), ref), (name, scale)
     # a float32 scale below 2**-128 has no float16: the block decodes to exactly zero, and
     # its codes are those of x * 0 (defined bytes, not a cast of +-Inf/NaN)
     blocks = np.asarray(ref.arrays["blocks"]).reshape(-1).view(np.uint8).reshape(-1, 18 if name == "q4_0" else 34)
@@ -67,7 +67,7 @@ def test_legacy_kernels_match_reference_on_edge_blocks(name):
     w[2, :64] *= np.float32(1e-6)
     w[3, :64] = rng.standard_normal(64).astype(np.float32) * np.float32(1e-40)
     w[4, ::2] = 0.0
-    assert kernels.has_kernel(name, "quantize", "cpu")
+    assert accel.has_kernel(name, "quantize", "cpu")
     for rows in (slice(0, 6), slice(2, 3), slice(4, 6)):
         part = np.ascontiguousarray(w[rows])
-        assert same_qt(kernels.quantize(s, part, backend="cpu"), s.quantize(part)), (name, rows)
+        assert same_qt(accel.quantize(s, part, backend="cpu"), s.quantize(part)), (name, rows)

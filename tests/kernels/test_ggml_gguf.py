@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
+from workbench import accel
 from kernels.spec import GGML_QUANT, GGML_TYPES
 
 from kernel_testutil import same_bits
@@ -48,7 +48,7 @@ def test_dequantize_matches_gguf(name):
         except Exception:  # noqa: BLE001 - GGML scheme not registered (yet)
             continue
         qt = QuantizedTensor(scheme.name, (rows, nb * qk), {"blocks": raw})
-        assert same_bits(kernels.dequantize(qt, backend="cpu"), ref)
+        assert same_bits(accel.dequantize(qt, backend="cpu"), ref)
         assert same_bits(scheme.dequantize(qt), ref)
 
 
@@ -63,5 +63,5 @@ def test_quantize_matches_gguf(name):
     w[2, 5], w[2, 6] = -7.0, 7.0              # |max| tie: the first one wins
     w[3, :32] = np.linspace(-1, 1, 32)        # exact .5 cases
     ref = gguf.quants.quantize(w, qtype)
-    qt = kernels.quantize(get_scheme(name.lower()), w, backend="cpu")
+    qt = accel.quantize(get_scheme(name.lower()), w, backend="cpu")
     assert same_bits(qt.arrays["blocks"], ref)

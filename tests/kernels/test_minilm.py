@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
+from workbench import accel
 from workbench.schemes import get_scheme, list_schemes
 
 from kernel_testutil import same_bits, same_qt
@@ -35,10 +35,10 @@ def test_minilm_bit_identical(minilm, name):
         if not s.can_take(w.shape) or (ggml and w.size > 200_000):
             continue                  # the numpy K-quant references are slow: one tensor
         ref_qt = s.quantize(w)
-        assert same_bits(kernels.dequantize(ref_qt, backend="cpu"), s.dequantize(ref_qt)), t
-        if kernels.has_kernel(s, "quantize", "cpu"):
-            assert same_qt(kernels.quantize(s, w, backend="cpu"), ref_qt), t
-        sums = kernels.dequant_error(w, ref_qt, backend="cpu")
+        assert same_bits(accel.dequantize(ref_qt, backend="cpu"), s.dequantize(ref_qt)), t
+        if accel.has_kernel(s, "quantize", "cpu"):
+            assert same_qt(accel.quantize(s, w, backend="cpu"), ref_qt), t
+        sums = accel.dequant_error(w, ref_qt, backend="cpu")
         assert sums.max_abs_err == float(np.abs(w.astype(np.float64).reshape(sums.ch_sse.size, -1)
                                                 - s.dequantize(ref_qt).astype(np.float64)
                                                 .reshape(sums.ch_sse.size, -1)).max())

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
+
+from workbench import accel
 from kernels import ggml_ref
 from workbench.evaluate import quantize
 
@@ -37,7 +38,7 @@ def test_ggml_decodes_our_bytes_exactly(ggml, ty):
     raw = next(iter(qt.arrays.values())).view(np.uint8).reshape(w.shape[0], -1)
     assert raw.shape[1] == ggml.row_bytes(ty, w.shape[1])
     theirs = ggml.dequantize(ty, raw, w.shape[1])
-    ours = kernels.dequantize(qt, backend="cpu").reshape(w.shape)
+    ours = accel.dequantize(qt, backend="cpu").reshape(w.shape)
     assert np.array_equal(theirs.view(np.uint32), ours.view(np.uint32))
 
 

@@ -144,6 +144,11 @@ class Scheme:
         ``_quantize`` per block instead, and :meth:`reference_needed` sends the kernel path
         there."""
 
+    def kernel_layout(self) -> dict | None:
+        """The storage layout as plain data for the kernel layer (``kernels.spec.make_spec``
+        documents the keys); None: no kernel, the numpy reference does everything."""
+        return None
+
     def reference_needed(self, qt: QuantizedTensor) -> bool:
         """True when `qt` (e.g. from a numba kernel) holds a scale in the range where only
         the reference implementation handles the edge case (a saturated float16 scale, a float32

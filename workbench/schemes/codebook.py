@@ -37,6 +37,10 @@ class NF4(Scheme):
         r, c = matrix_shape(shape)
         return packed_nbytes(r * c, 4) + 4 * (r * c // 64)
 
+    def kernel_layout(self) -> dict:
+        return {"family": "affine", "quant": "nf4", "values": NF4_CODEBOOK,
+                "mids": NF4_MIDPOINTS, "gran": self.block_size, "name": self.name}
+
     def reference_needed(self, qt) -> bool:
         a = qt.arrays["absmax"]
         tiny = np.float32(1.0) / np.finfo(np.float32).max
@@ -65,6 +69,10 @@ class Ternary(Scheme):
     name = "ternary-g64"
     nominal_bits = 1.58
     block_size = 64
+
+    def kernel_layout(self) -> dict:
+        return {"family": "affine", "quant": "ternary", "gran": self.block_size,
+                "name": self.name}
 
     def nbytes(self, shape) -> int:
         r, c = matrix_shape(shape)

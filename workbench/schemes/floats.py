@@ -39,6 +39,9 @@ class FP32(_Cast):
     nominal_bits = 32
     itemsize = 4
 
+    def kernel_layout(self) -> dict:
+        return {"family": "f32", "name": self.name}
+
     def _quantize(self, w):
         return {"data": w.astype(np.float32, copy=True)}
 
@@ -50,6 +53,9 @@ class FP16(_Cast):
     name = "fp16"
     nominal_bits = 16
     itemsize = 2
+
+    def kernel_layout(self) -> dict:
+        return {"family": "u16", "table": "f16", "name": self.name}
 
     def _quantize(self, w):
         with np.errstate(over="ignore"):
@@ -65,6 +71,9 @@ class BF16(_Cast):
     name = "bf16"
     nominal_bits = 16
     itemsize = 2
+
+    def kernel_layout(self) -> dict:
+        return {"family": "u16", "table": "bf16", "name": self.name}
 
     def _quantize(self, w):
         data = f32_to_bf16(w)
@@ -107,6 +116,10 @@ class _FP8(Scheme, register=False):
     max_abs_weight = 1e38
     table: np.ndarray
     fmax: float
+
+    def kernel_layout(self) -> dict:
+        return {"family": "affine", "quant": "fp8", "values": self.table, "fmax": self.fmax,
+                "name": self.name}
 
     def reference_needed(self, qt) -> bool:
         s = qt.arrays["scales"].astype(np.float64)

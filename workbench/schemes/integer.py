@@ -132,6 +132,15 @@ class IntAffine(Scheme):
         return packed_nbytes(rows * cols, self.bits) + nb * per_block
 
     # ---- the three primitives ---------------------------------------------------------------
+    def kernel_layout(self) -> dict:
+        size = getattr(self.gran, "size", None)
+        gran = int(size) if size is not None else (
+            "tensor" if getattr(self.gran, "label", "") == "tensor" else "row")
+        return {"family": "affine", "quant": "int", "bits": self.bits, "offset": self.offset,
+                "asym": self.asym, "gran": gran, "qmin": self.qmin, "qmax": self.qmax,
+                "scale_f16": self.scale_dtype == np.float16, "clip": self.clip,
+                "pot": self.pot, "name": self.name}
+
     def choose_qparams(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Per-block (scale, zero) as stored (scale already rounded to its storage dtype)."""
         if self.asym:

@@ -61,7 +61,7 @@ def register(sub) -> None:
 def _run_vs_llama(args) -> int:
     import os
 
-    from kernels import bench_llama
+    from ... import bench_llama
     from ...errors import WorkbenchError
     src = args.vs_llama_quantize
     if not os.path.isfile(src):
@@ -124,7 +124,7 @@ def run(args) -> int:
         return _run_vs_llama(args)
     if getattr(args, "vs_ggml", None) is not None:
         return _run_vs_ggml(args)
-    from kernels.bench import all_schemes, format_table, run_bench
+    from workbench.bench_kernels import all_schemes, format_table, run_bench
     from ...errors import WorkbenchError
     from ...schemes import get_scheme
     names = args.scheme

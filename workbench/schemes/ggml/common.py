@@ -167,6 +167,9 @@ class GGMLScheme(Scheme, register=False):
     def ggml_name(self) -> str:
         return self.ggml_type.name
 
+    def kernel_layout(self) -> dict:
+        return {"family": "ggml", "ggml_name": self.ggml_type.name, "name": self.name}
+
     # ---- sizes ---------------------------------------------------------------------------
     def nbytes(self, shape) -> int:
         rows, cols = matrix_shape(shape)

@@ -1,21 +1,56 @@
-"""The public entry points: dequantize, quantize, dequant_error, has_kernel, warmup.
+"""The bridge from schemes to the kernel layer: dequantize, quantize, dequant_error,
+has_kernel, warmup.
 
-Every call picks a backend ("auto" | "cpu" | "cuda" | "numpy"), looks up the scheme's kernel
-spec (``spec.py``, by the scheme's attributes) and falls back to the numpy reference when no
-kernel covers the scheme. Results are bit-identical to the reference (tests/kernels).
+    from workbench import accel
+    qt = accel.quantize("int4-g128", w)        # == get_scheme("int4-g128").quantize(w)
+    w2 = accel.dequantize(qt)                  # float32, bit-identical to the numpy reference
+    sums = accel.dequant_error(w, qt)          # workbench.metrics.ErrorSums, one pass
+
+Every call picks a backend ("auto" | "cpu" | "cuda" | "numpy"), turns the scheme's declared
+layout (``Scheme.kernel_layout()``, plain data) into a kernel spec (``kernels.spec.make_spec``)
+and hands the kernels plain arrays and that spec; a scheme no kernel covers runs its numpy
+reference. Results are bit-identical to the reference (tests/kernels). The layers read top
+to bottom: ``workbench`` imports ``kernels``; ``kernels`` imports nothing from ``workbench``.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
-from . import backend as _backend
-from .spec import spec_for
+from kernels import backend as _backend
+from kernels.spec import Spec, make_spec
 
 
 def _scheme(s):
-    from workbench.schemes import get_scheme
+    from .schemes import get_scheme
     return get_scheme(s) if isinstance(s, str) else s
+
+
+@lru_cache(maxsize=None)
+def _spec_cached(scheme) -> Spec | None:
+    return make_spec(scheme.kernel_layout())
+
+
+def spec_for(scheme) -> Spec | None:
+    """The kernel spec of a scheme object (or name); None when no kernel covers it."""
+    scheme = _scheme(scheme)
+    try:
+        return _spec_cached(scheme)
+    except TypeError:          # unhashable scheme object
+        return make_spec(scheme.kernel_layout())
+
+
+def _choose_qparams(scheme, w2d):
+    """The scheme's reference qparams for host.int_qparams: from per-block (lo, hi) pairs, or
+    (None) from the whole blocks (clipping that needs every value)."""
+    def choose(lo_hi):
+        if lo_hi is not None:
+            return scheme.choose_qparams(lo_hi)
+        from .schemes.granularity import as_blocks
+        return scheme.choose_qparams(as_blocks(w2d, scheme.gran))
+    return choose
 
 
 def has_kernel(scheme, op: str = "dequantize", backend: str = "cpu") -> bool:
@@ -51,7 +86,7 @@ def dequantize(qt, backend: str = "auto", out: np.ndarray | None = None, device_
     out: an optional float32 array to write into (same number of elements).
     device_array: with the CUDA backend, return the numba device array (no copy to the host).
     """
-    from workbench.schemes.base import matrix_shape
+    from .schemes.base import matrix_shape
     scheme = _scheme(qt.scheme)
     b = _backend.resolve(backend)
     rows, cols = matrix_shape(qt.shape)
@@ -68,23 +103,23 @@ def dequantize(qt, backend: str = "auto", out: np.ndarray | None = None, device_
             return cuda.to_device(np.ascontiguousarray(res))
         return res
     if b == "cuda":
-        from . import cuda_ops
-        dev = cuda_ops.dequantize(spec, qt, rows, cols)
+        from kernels import cuda_ops
+        dev = cuda_ops.dequantize(spec, qt.arrays, rows, cols)
         if device_array:
             return dev.reshape(qt.shape) if len(qt.shape) != 2 else dev
         o = _out_array(out, qt.shape, n)
         dev.copy_to_host(o.reshape(rows, cols))
         return o.reshape(qt.shape) if out is None else o
     o = _out_array(out, qt.shape, n)
-    from . import cpu_ops
-    cpu_ops.dequantize(spec, qt, o.reshape(rows, cols))
+    from kernels import cpu_ops
+    cpu_ops.dequantize(spec, qt.arrays, o.reshape(rows, cols))
     return o.reshape(qt.shape) if out is None else o
 
 
 def quantize(scheme, w: np.ndarray, backend: str = "auto", tensor: str | None = None):
     """Quantize `w` with `scheme` (object or name): identical to ``scheme.quantize(w)``."""
-    from workbench.errors import WorkbenchError
-    from workbench.schemes.base import QuantizedTensor, matrix_shape
+    from .errors import WorkbenchError
+    from .schemes.base import QuantizedTensor, matrix_shape
     scheme = _scheme(scheme)
     b = _backend.resolve(backend)
     spec = spec_for(scheme)
@@ -100,7 +135,7 @@ def quantize(scheme, w: np.ndarray, backend: str = "auto", tensor: str | None = 
     w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(matrix_shape(shape))
     if np.isfinite(w2).all():
         scheme.check_range(w2, tensor)
-    from . import cpu_ops
+    from kernels import cpu_ops
 
     def refuse(bad):
         return WorkbenchError(f"cannot quantize with {scheme.name}: {bad} NaN/Inf weight(s)",
@@ -110,11 +145,12 @@ def quantize(scheme, w: np.ndarray, backend: str = "auto", tensor: str | None = 
             bad = cpu_ops.count_nonfinite(w2)
             if bad:
                 raise refuse(bad)
-        from . import cuda_ops
-        arrays = cuda_ops.quantize(scheme, spec, w2)
+        from kernels import cuda_ops
+        arrays = cuda_ops.quantize(spec, w2, _choose_qparams(scheme, w2))
     else:
         try:
-            arrays = cpu_ops.quantize(scheme, spec, w2, check_finite=not scheme.accepts_nonfinite)
+            arrays = cpu_ops.quantize(spec, w2, check_finite=not scheme.accepts_nonfinite,
+                                      choose_qparams=_choose_qparams(scheme, w2))
         except cpu_ops.NonFinite as exc:      # counted inside the kernels' single pass
             raise refuse(exc.args[0]) from None
     if arrays is None:                      # the kernel declined: the reference decides
@@ -128,8 +164,8 @@ def quantize(scheme, w: np.ndarray, backend: str = "auto", tensor: str | None = 
 def dequant_error(w: np.ndarray, qt, backend: str = "auto"):
     """ErrorSums of `w` against the dequantized `qt`, in one pass, without writing the
     dequantized tensor (float64 sums; max_abs_err exact)."""
-    from workbench.metrics import ErrorSums
-    from workbench.schemes.base import matrix_shape
+    from .metrics import ErrorSums
+    from .schemes.base import matrix_shape
     scheme = _scheme(qt.scheme)
     b = _backend.resolve(backend)
     rows, cols = matrix_shape(qt.shape)
@@ -138,11 +174,11 @@ def dequant_error(w: np.ndarray, qt, backend: str = "auto"):
     if b == "numpy" or spec is None or rows * cols == 0:
         return ErrorSums.from_arrays(w2, scheme.dequantize(qt).reshape(rows, cols))
     if b == "cuda":
-        from . import cuda_ops
-        acc = cuda_ops.error_sums(spec, qt, w2)
+        from kernels import cuda_ops
+        acc = cuda_ops.error_sums(spec, qt.arrays, w2)
     else:
-        from . import cpu_ops
-        acc = cpu_ops.error_sums(spec, qt, w2)
+        from kernels import cpu_ops
+        acc = cpu_ops.error_sums(spec, qt.arrays, w2)
     return ErrorSums(n=rows * cols, sse=float(acc[:, 0].sum()), sig=float(acc[:, 1].sum()),
                      deq=float(acc[:, 2].sum()), dot=float(acc[:, 3].sum()),
                      max_abs_err=float(np.max(acc[:, 4])), ch_sse=acc[:, 0].copy(),
@@ -152,7 +188,7 @@ def dequant_error(w: np.ndarray, qt, backend: str = "auto"):
 def warmup(schemes=None, backend: str = "auto") -> list[str]:
     """Compile (or load from the on-disk cache) the kernels that `schemes` need, by running
     each on a tiny tensor. Safe to call on a background thread. Returns the scheme names done."""
-    from workbench.schemes import get_scheme, list_schemes
+    from .schemes import list_schemes
     b = _backend.resolve(backend)
     if b == "numpy":
         return []

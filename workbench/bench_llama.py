@@ -43,7 +43,7 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
     import gguf
     import numba
 
-    import kernels
+    from . import accel
     from workbench.schemes import get_scheme
 
     say = progress or (lambda m: None)
@@ -79,19 +79,19 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
                 nbytes = sum(a.size * 4 for a in f32.values())
                 # warm the kernels (compile or cache load) outside the timing
                 for tname, name in {tn: n for n, tn in todo}.items():
-                    kernels.quantize(get_scheme(tname.lower()), f32[name][:1], backend="cpu")
+                    accel.quantize(get_scheme(tname.lower()), f32[name][:1], backend="cpu")
                 say(f"workbench {ty} ({len(todo)} tensors)")
                 ours_q, ours_rq = [], []
                 for _ in range(repeats):
                     t0 = time.perf_counter()
                     for name, tname in todo:
-                        kernels.quantize(get_scheme(tname.lower()), f32[name], backend="cpu")
+                        accel.quantize(get_scheme(tname.lower()), f32[name], backend="cpu")
                     ours_q.append(time.perf_counter() - t0)
                     t0 = time.perf_counter()
                     for name, tname in todo:
                         t = data[name]
                         w = np.asarray(t.data).astype(np.float32)
-                        kernels.quantize(get_scheme(tname.lower()), w.reshape(f32[name].shape),
+                        accel.quantize(get_scheme(tname.lower()), w.reshape(f32[name].shape),
                                          backend="cpu")
                     ours_rq.append(time.perf_counter() - t0)
                 kinds = sorted({tn for _, tn in todo})

@@ -68,9 +68,9 @@ def run_bench(schemes: list[str] | None = None, size: tuple[int, int] = (4096, 4
               backends: list[str] | None = None, repeats: int = 5, seed: int = 0,
               baselines: bool = True, progress: Callable[[str], None] | None = None) -> dict:
     """Measure and return every figure as a JSON-ready dict (see the module docstring)."""
-    import kernels
+    from . import accel
     from kernels import backend as kb
-    from kernels.spec import spec_for
+    from workbench.accel import spec_for
     from workbench.schemes import get_scheme
 
     say = progress or (lambda msg: None)
@@ -104,7 +104,7 @@ def run_bench(schemes: list[str] | None = None, size: tuple[int, int] = (4096, 4
             results.append({"scheme": scheme.name, "skipped": scheme.ineligible_reason((rows, cols))})
             continue
         spec = spec_for(scheme)
-        qt = kernels.quantize(scheme, w, backend="cpu")
+        qt = accel.quantize(scheme, w, backend="cpu")
         ref = {}
         if baselines:
             say(f"{scheme.name}: numpy reference")
@@ -128,18 +128,18 @@ def run_bench(schemes: list[str] | None = None, size: tuple[int, int] = (4096, 4
             say(f"{scheme.name}: {b}")
             rec = {"scheme": scheme.name, "backend": b,
                    "bits_per_weight": scheme.bits_per_weight((rows, cols)),
-                   "dequant_kernel": kernels.has_kernel(scheme, "dequantize", b),
-                   "quant_kernel": kernels.has_kernel(scheme, "quantize", b)}
+                   "dequant_kernel": accel.has_kernel(scheme, "dequantize", b),
+                   "quant_kernel": accel.has_kernel(scheme, "quantize", b)}
             if b == "cuda" and spec is not None:
                 from kernels import cuda_ops
-                launch, _ = cuda_ops.prepare_dequant(spec, qt, rows, cols)
+                launch, _ = cuda_ops.prepare_dequant(spec, qt.arrays, rows, cols)
                 dq = timed(launch, repeats)
             else:
-                dq = timed(lambda: kernels.dequantize(qt, backend=b, out=out), repeats)
+                dq = timed(lambda: accel.dequantize(qt, backend=b, out=out), repeats)
             if b == "numpy" and baselines:
                 qq = ref["numpy_quant"]
             else:
-                qq = timed(lambda: kernels.quantize(scheme, w, backend=b), repeats)
+                qq = timed(lambda: accel.quantize(scheme, w, backend=b), repeats)
             rec["dequant_gbps"] = _gbps(nbytes, dq)
             rec["quant_gbps"] = _gbps(nbytes, qq)
             rec["dequant_runs"], rec["quant_runs"] = dq["runs"], qq["runs"]

@@ -1,0 +1,332 @@
+"""numba CPU kernels of the GGML block formats: one block decoder per format (dequantize,
+fused error) and the Q4_0 / Q8_0 encoders. Imports nothing from ``workbench``."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .cpu_common import F0, _J, _P, _acc_row, _block_keys, _key_f32, _put_f16
+
+# ---------------------------------------------------------------- GGML block decoders
+# Common signature: (src row bytes, f16 table, IQ4_NL levels, dst row); each decodes every
+# block of the row (p: byte offset, o: element offset of block b). Layouts: ggml-common.h.
+
+@njit(inline="always", **_J)
+def _h(src, p, f16):
+    return f16[np.int64(src[p]) | (np.int64(src[p + 1]) << 8)]
+
+
+@njit(**_J)
+def _q4_0(src, f16, kv, dst, qk):       # d f16 | qs[16]: lo nibble j, hi nibble j+16
+    h = qk >> 1                         # run-time trip count (see _q8_0)
+    for b in range(dst.shape[0] // 32):
+        p = b * 18
+        o = b * 32
+        d = _h(src, p, f16)
+        for j in range(h):
+            v = np.int64(src[p + 2 + j])
+            dst[o + j] = d * np.float32((v & 15) - 8)
+            dst[o + j + 16] = d * np.float32((v >> 4) - 8)
+
+
+@njit(**_J)
+def _q4_1(src, f16, kv, dst):           # d f16 | m f16 | qs[16]
+    for b in range(dst.shape[0] // 32):
+        p = b * 20
+        o = b * 32
+        d = _h(src, p, f16)
+        m = _h(src, p + 2, f16)
+        for j in range(16):
+            b = np.int64(src[p + 4 + j])
+            dst[o + j] = d * np.float32(b & 15) + m
+            dst[o + j + 16] = d * np.float32(b >> 4) + m
+
+
+@njit(inline="always", **_J)
+def _u32(src, p):
+    return (np.int64(src[p]) | (np.int64(src[p + 1]) << 8) | (np.int64(src[p + 2]) << 16)
+            | (np.int64(src[p + 3]) << 24))
+
+
+@njit(**_J)
+def _q5_0(src, f16, kv, dst):           # d f16 | qh u32 (5th bits) | qs[16]
+    for b in range(dst.shape[0] // 32):
+        p = b * 22
+        o = b * 32
+        d = _h(src, p, f16)
+        qh = _u32(src, p + 2)
+        for j in range(16):
+            b = np.int64(src[p + 6 + j])
+            dst[o + j] = d * np.float32(((b & 15) | (((qh >> j) & 1) << 4)) - 16)
+            dst[o + j + 16] = d * np.float32(((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16)
+
+
+@njit(**_J)
+def _q5_1(src, f16, kv, dst):           # d f16 | m f16 | qh u32 | qs[16]
+    for b in range(dst.shape[0] // 32):
+        p = b * 24
+        o = b * 32
+        d = _h(src, p, f16)
+        m = _h(src, p + 2, f16)
+        qh = _u32(src, p + 4)
+        for j in range(16):
+            b = np.int64(src[p + 8 + j])
+            dst[o + j] = d * np.float32((b & 15) | (((qh >> j) & 1) << 4)) + m
+            dst[o + j + 16] = d * np.float32((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m
+
+
+@njit(**_J)
+def _q8_0(src, f16, kv, dst, qk):       # d f16 | qs int8[32]
+    # qk (== 32) is a run-time trip count: a constant one gets the loop fully unrolled into
+    # scalar code before the loop vectorizer (with its run-time alias check) sees it.
+    for b in range(dst.shape[0] // 32):
+        p = b * 34
+        o = b * 32
+        d = _h(src, p, f16)
+        for j in range(qk):
+            dst[o + j] = d * np.float32(np.int8(src[p + 2 + j]))
+
+
+@njit(**_J)
+def _iq4_nl(src, f16, kv, dst):         # d f16 | qs[16] indices into kvalues
+    for b in range(dst.shape[0] // 32):
+        p = b * 18
+        o = b * 32
+        d = _h(src, p, f16)
+        for j in range(16):
+            b = np.int64(src[p + 2 + j])
+            dst[o + j] = d * kv[b & 15]
+            dst[o + j + 16] = d * kv[b >> 4]
+
+
+@njit(**_J)
+def _q2_k(src, f16, kv, dst):           # scales[16] | qs[64] | d | dmin
+    for b in range(dst.shape[0] // 256):
+        p = b * 84
+        o = b * 256
+        d = _h(src, p + 80, f16)
+        dmin = _h(src, p + 82, f16)
+        for h in range(2):
+            for j in range(4):
+                # 32 weights per loop, the two 16-weight sub-blocks' scales by a select (a
+                # 16-trip loop is unrolled into scalar code; see _q3_k)
+                sc0 = np.int64(src[p + h * 8 + 2 * j])
+                sc1 = np.int64(src[p + h * 8 + 2 * j + 1])
+                dl0 = d * np.float32(sc0 & 15)
+                ml0 = dmin * np.float32(sc0 >> 4)
+                dl1 = d * np.float32(sc1 & 15)
+                ml1 = dmin * np.float32(sc1 >> 4)
+                sh = 2 * j
+                qo = p + 16 + h * 32
+                do = o + h * 128 + j * 32
+                for l in range(32):
+                    q = (np.int64(src[qo + l]) >> sh) & 3
+                    dst[do + l] = (dl0 if l < 16 else dl1) * np.float32(q) - (ml0 if l < 16 else ml1)
+
+
+@njit(inline="always", **_J)
+def _q3_scale(src, s, i):
+    """6-bit scale i (0..15) of a Q3_K block, from its 12 packed bytes at src[s:], minus 32."""
+    lo = np.int64(src[s + i]) & 15 if i < 8 else np.int64(src[s + i - 8]) >> 4
+    hi = (np.int64(src[s + 8 + (i & 3)]) >> (2 * (i >> 2))) & 3
+    return (lo | (hi << 4)) - 32
+
+
+@njit(**_J)
+def _q3_k(src, f16, kv, dst):           # hmask[32] | qs[64] | scales[12] | d
+    # 32 weights per inner loop (two 16-weight scales picked by a select), branch-free:
+    # the high bit is -4 when clear. Straight indexing of the row arrays vectorizes.
+    for b in range(dst.shape[0] // 256):
+        p = b * 110
+        o = b * 256
+        d = _h(src, p + 108, f16)
+        for h in range(2):
+            for j in range(4):
+                i = h * 8 + 2 * j
+                dl0 = d * np.float32(_q3_scale(src, p + 96, i))
+                dl1 = d * np.float32(_q3_scale(src, p + 96, i + 1))
+                sh = 2 * j
+                hb = 4 * h + j
+                qo = p + 32 + h * 32
+                do = o + h * 128 + j * 32
+                for l in range(32):
+                    q = ((np.int64(src[qo + l]) >> sh) & 3) - ((((np.int64(src[p + l]) >> hb) & 1) ^ 1) << 2)
+                    dst[do + l] = (dl0 if l < 16 else dl1) * np.float32(q)
+
+
+@njit(inline="always", **_J)
+def _scale_min_k4(src, s, j):
+    """6-bit (scale, min) of sub-block j from the 12 packed bytes at src[s:]."""
+    if j < 4:
+        return np.int64(src[s + j]) & 63, np.int64(src[s + j + 4]) & 63
+    a = np.int64(src[s + j + 4])
+    return ((a & 15) | ((np.int64(src[s + j - 4]) >> 6) << 4),
+            (a >> 4) | ((np.int64(src[s + j]) >> 6) << 4))
+
+
+@njit(**_J)
+def _q4_k(src, f16, kv, dst):           # d | dmin | scales[12] | qs[128]
+    for b in range(dst.shape[0] // 256):
+        p = b * 144
+        o = b * 256
+        d = _h(src, p, f16)
+        dmin = _h(src, p + 2, f16)
+        for c in range(4):
+            sc1, m1 = _scale_min_k4(src, p + 4, 2 * c)
+            sc2, m2 = _scale_min_k4(src, p + 4, 2 * c + 1)
+            d1 = d * np.float32(sc1)
+            n1 = dmin * np.float32(m1)
+            d2 = d * np.float32(sc2)
+            n2 = dmin * np.float32(m2)
+            for l in range(32):
+                b = np.int64(src[p + 16 + 32 * c + l])
+                dst[o + 64 * c + l] = d1 * np.float32(b & 15) - n1
+                dst[o + 64 * c + 32 + l] = d2 * np.float32(b >> 4) - n2
+
+
+@njit(**_J)
+def _q5_k(src, f16, kv, dst):           # d | dmin | scales[12] | qh[32] | qs[128]
+    for b in range(dst.shape[0] // 256):
+        p = b * 176
+        o = b * 256
+        d = _h(src, p, f16)
+        dmin = _h(src, p + 2, f16)
+        for c in range(4):
+            sc1, m1 = _scale_min_k4(src, p + 4, 2 * c)
+            sc2, m2 = _scale_min_k4(src, p + 4, 2 * c + 1)
+            d1 = d * np.float32(sc1)
+            n1 = dmin * np.float32(m1)
+            d2 = d * np.float32(sc2)
+            n2 = dmin * np.float32(m2)
+            for l in range(32):
+                b = np.int64(src[p + 48 + 32 * c + l])
+                hb = np.int64(src[p + 16 + l])
+                q1 = (b & 15) | (((hb >> (2 * c)) & 1) << 4)
+                q2 = (b >> 4) | (((hb >> (2 * c + 1)) & 1) << 4)
+                dst[o + 64 * c + l] = d1 * np.float32(q1) - n1
+                dst[o + 64 * c + 32 + l] = d2 * np.float32(q2) - n2
+
+
+@njit(**_J)
+def _q6_k(src, f16, kv, dst):           # ql[128] | qh[64] | scales int8[16] | d
+    for b in range(dst.shape[0] // 256):
+        p = b * 210
+        o = b * 256
+        d = _h(src, p + 208, f16)
+        for h in range(2):
+            for g in range(4):
+                sl = 0 if g < 2 else 4
+                sh = 2 * g
+                dl0 = d * np.float32(np.int8(src[p + 192 + 8 * h + 2 * g]))
+                dl1 = d * np.float32(np.int8(src[p + 192 + 8 * h + 2 * g + 1]))
+                lo = p + 64 * h + 32 * (g & 1)
+                hq = p + 128 + 32 * h
+                do = o + 128 * h + 32 * g
+                for l in range(32):
+                    q = ((np.int64(src[lo + l]) >> sl) & 15) | (((np.int64(src[hq + l]) >> sh) & 3) << 4)
+                    dst[do + l] = (dl0 if l < 16 else dl1) * np.float32(q - 32)
+
+
+@njit(**_J)
+def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
+    if tid == 0:
+        _q4_0(src, f16, kv, dst, qk)
+    elif tid == 1:
+        _q4_1(src, f16, kv, dst)
+    elif tid == 2:
+        _q5_0(src, f16, kv, dst)
+    elif tid == 3:
+        _q5_1(src, f16, kv, dst)
+    elif tid == 4:
+        _q8_0(src, f16, kv, dst, qk)
+    elif tid == 5:
+        _q2_k(src, f16, kv, dst)
+    elif tid == 6:
+        _q3_k(src, f16, kv, dst)
+    elif tid == 7:
+        _q4_k(src, f16, kv, dst)
+    elif tid == 8:
+        _q5_k(src, f16, kv, dst)
+    elif tid == 9:
+        _q6_k(src, f16, kv, dst)
+    else:
+        _iq4_nl(src, f16, kv, dst)
+
+
+@njit(**_P)
+def ggml_dequant(blocks, tid, qk, bpb, f16, kv, out):
+    for r in prange(out.shape[0]):
+        _ggml_row(blocks[r], tid, qk, bpb, f16, kv, out[r])
+
+
+@njit(**_P)
+def ggml_error(blocks, tid, qk, bpb, f16, kv, w, acc):
+    rows, cols = w.shape
+    for r in prange(rows):
+        buf = np.empty(cols, np.float32)
+        _ggml_row(blocks[r], tid, qk, bpb, f16, kv, buf)
+        _acc_row(w[r], buf, acc[r])
+
+
+@njit(inline="always", **_J)
+def _enc_q4_0(x, key, dst):
+    """One Q4_0 block: x float32[32], key from _block_keys -> dst[0:18]. Returns 0, or 1
+    when the float16 scale overflows."""
+    mx = x[31 - (key & 31)]                  # the first value of largest |x|
+    d = mx / np.float32(-8.0)
+    inv = F0 if d == 0 else np.float32(1.0) / d
+    inv = inv if abs(inv) < np.inf else F0     # subnormal d: 1/d overflows (as safe_recip)
+    for j in range(16):
+        q0 = np.int32(x[j] * inv + np.float32(8.5))
+        q1 = np.int32(x[j + 16] * inv + np.float32(8.5))
+        q0 = min(max(q0, 0), 15)
+        q1 = min(max(q1, 0), 15)
+        dst[2 + j] = np.uint8(q0 | (q1 << 4))
+    return _put_f16(dst, d)
+
+
+@njit(inline="always", **_J)
+def _enc_q8_0(x, key, dst):
+    """One Q8_0 block: x float32[32] -> dst[0:34], int8 codes rounded half away from zero.
+    Returns as _enc_q4_0."""
+    d = _key_f32(np.int32(key >> 5)) / np.float32(127.0)     # max |x| (bits >= 0: a key)
+    inv = F0 if d == 0 else np.float32(1.0) / d
+    inv = inv if abs(inv) < np.inf else F0     # subnormal d: 1/d overflows (as safe_recip)
+    for j in range(32):
+        v = x[j] * inv
+        av = abs(v)
+        fl = np.floor(av)
+        q = np.int32(fl) + (1 if av - fl >= np.float32(0.5) else 0)
+        q = -q if v < 0 else q
+        dst[2 + j] = np.uint8(q & 255)
+    return _put_f16(dst, d)
+
+
+@njit(**_P)
+def ggml_encode(w, wu, tid, bpb, blocks, flags):
+    """Q4_0 (tid 0) / Q8_0 (tid 4) blocks of w (rows, cols), float16 scale included.
+    flags[r] = 1 when a block scale of row r overflows float16, 2 for NaN/Inf in row r."""
+    rows, cols = w.shape
+    nb = cols // 32
+    nch = min(rows, 256)                     # chunks of rows: one scratch buffer each
+    for ch in prange(nch):
+        t = np.empty(max(cols >> 2, 1), np.int64)
+        for r in range(ch * rows // nch, (ch + 1) * rows // nch):
+            row = w[r]
+            out = blocks[r]
+            _block_keys(wu[r], t, nb)
+            f = 0
+            for b in range(nb):
+                if (t[b] >> 5) >= 0x7F800000:
+                    f = 2
+                    break
+            if f == 0:
+                for b in range(nb):
+                    x = row[b * 32:b * 32 + 32]
+                    dst = out[b * bpb:b * bpb + bpb]
+                    if tid == 0:
+                        f |= _enc_q4_0(x, t[b], dst)
+                    else:
+                        f |= _enc_q8_0(x, t[b], dst)
+            flags[r] = f
