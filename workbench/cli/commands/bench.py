@@ -69,16 +69,23 @@ def _run_vs_llama(args) -> int:
     types = [t.strip().lower() for t in (args.types or "q8_0,q4_0,q4_1,q5_0,q5_1").split(",")
              if t.strip()]
     threads = args.threads or os.cpu_count() or 1
+    return _report(args, src, bench_llama.format_table,
+                   lambda repeats, say: bench_llama.run_vs_llama_quantize(
+                       src, types, threads, repeats=repeats, progress=say))
+
+
+def _report(args, path, fmt, measure) -> int:
+    """Run a comparison benchmark (best of 3 unless --repeats says otherwise), print it."""
+    from ...errors import WorkbenchError
+    say = None if args.json else (lambda m: print(f"  {m}", file=sys.stderr))
     try:
-        rep = bench_llama.run_vs_llama_quantize(
-            src, types, threads, repeats=max(1, args.repeats if args.repeats != 5 else 3),
-            progress=None if args.json else (lambda m: print(f"  {m}", file=sys.stderr)))
+        rep = measure(max(1, args.repeats if args.repeats != 5 else 3), say)
     except (RuntimeError, ValueError) as exc:
-        raise WorkbenchError(str(exc), path=src) from None
+        raise WorkbenchError(str(exc), path=path) from None
     if args.json:
         print_json(rep)
     else:
-        print(bench_llama.format_table(rep))
+        print(fmt(rep))
     return 0
 
 
@@ -104,19 +111,11 @@ def _run_vs_ggml(args) -> int:
     if args.imatrix or args.calib:
         from ...sensitivity import second_moments
         importance = run_job(second_moments(model, calib=args.calib, imatrix=args.imatrix))
-    say = None if args.json else (lambda m: print(f"  {m}", file=sys.stderr))
-    try:
-        rep = bench_ggml.run_vs_ggml(model, types, importance=importance,
-                                     threads=args.threads or os.cpu_count() or 1,
-                                     repeats=max(1, args.repeats if args.repeats != 5 else 3),
-                                     progress=say)
-    except (RuntimeError, ValueError) as exc:
-        raise WorkbenchError(str(exc), path=path) from None
-    if args.json:
-        print_json(rep)
-    else:
-        print(bench_ggml.format_table(rep))
-    return 0
+    return _report(args, path, bench_ggml.format_table,
+                   lambda repeats, say: bench_ggml.run_vs_ggml(
+                       model, types, importance=importance,
+                       threads=args.threads or os.cpu_count() or 1, repeats=repeats,
+                       progress=say))
 
 
 def run(args) -> int:
