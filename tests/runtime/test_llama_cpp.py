@@ -58,6 +58,8 @@ def test_minilm_hf_to_gguf_embeds_in_llama_cpp(llama_bin, minilm_folder, sentenc
     emb = llama_embeddings(llama_bin, out, sentences[1])
     assert emb.shape == minilm_reference.shape
     cos = cosines(emb, minilm_reference)
+    print(f"\nllama-embedding {label}: cosine mean {cos.mean():.5f} min {cos.min():.5f}, "
+          f"{out.stat().st_size / 1e6:.2f} MB")         # the figures `pytest -s` reports
     assert cos.min() >= min_cos, (label, cos.min())
     if label == "q4_k":
         assert types["blk.0.attn_q.weight"] == "Q5_0"            # 384 % 256 != 0 -> Q5_0
