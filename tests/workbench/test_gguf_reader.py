@@ -101,3 +101,28 @@ def test_hostile_headers_are_refused_with_the_problem(tmp_path, blob, message):
     with pytest.raises(WorkbenchError, match=message) as ei:
         GGUFFile(p)
     assert str(p) in str(ei.value)
+
+
+def test_fast_metadata_writer_writes_the_packages_bytes(tmp_path):
+    from workbench.export.gguf_file import _fast_writer_class
+    rng = np.random.default_rng(1)
+    toks = [f"tok{i}" for i in range(300)] + ["", "ünï", "\x00x"]
+    scores = rng.standard_normal(len(toks)).astype(np.float32).tolist()
+    blobs = []
+    for i, cls in enumerate((gguf.GGUFWriter, _fast_writer_class())):
+        p = tmp_path / f"w{i}.gguf"
+        w = cls(str(p), "bert")
+        w.add_token_list(toks)
+        w.add_token_scores(scores)
+        w.add_token_types([1, 3, 2] * (len(toks) // 3))
+        w.add_key_value("t.bytes", [b"a", b"bc"] * 20, VT.ARRAY, sub_type=VT.STRING)
+        w.add_key_value("t.u64", list(range(40)), VT.ARRAY, sub_type=VT.UINT64)
+        w.add_key_value("t.bool", [True, False] * 20, VT.ARRAY, sub_type=VT.BOOL)
+        w.add_array("t.short", [1, 2, 3])
+        w.add_tensor("x", np.arange(8, dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        blobs.append(p.read_bytes())
+    assert blobs[0] == blobs[1]

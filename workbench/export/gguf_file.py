@@ -159,6 +159,37 @@ def _file_type(items: list[_Item], source_ftype=None) -> int:
     return int(gguf.LlamaFileType.GUESSED)
 
 
+def _fast_writer_class():
+    """gguf.GGUFWriter whose metadata arrays of strings or plain numbers are packed in one go
+    (the package packs them item by item: 0.15 s for MiniLM's 30,522-token vocabulary, half
+    of a whole Q4_0 export). The bytes are the package's own layout (tested against
+    GGUFReader); anything else goes to the package's code."""
+    import struct
+
+    import gguf
+    VT = gguf.GGUFValueType
+    fmts = getattr(gguf.GGUFWriter, "_simple_value_packing", {})
+
+    class FastKVWriter(gguf.GGUFWriter):
+        def _pack_val(self, val, vtype, add_vtype, sub_type=None):
+            if (vtype == VT.ARRAY and sub_type is not None and len(val) > 16
+                    and self.endianess == gguf.GGUFEndian.LITTLE
+                    and (sub_type == VT.STRING or (sub_type in fmts and sub_type != VT.BOOL))):
+                head = (struct.pack("<I", int(VT.ARRAY)) if add_vtype else b"") + struct.pack(
+                    "<IQ", int(sub_type), len(val))
+                if sub_type == VT.STRING:
+                    items = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in val]
+                    lens = np.fromiter((len(b) for b in items), np.uint64, len(items))
+                    parts = [None] * (2 * len(items))
+                    parts[0::2] = [x.tobytes() for x in lens.astype("<u8")]
+                    parts[1::2] = items
+                    return head + b"".join(parts)
+                return head + np.asarray(val).astype("<" + fmts[sub_type]).tobytes()
+            return super()._pack_val(val, vtype, add_vtype, sub_type=sub_type)
+
+    return FastKVWriter
+
+
 def _copy_fields(writer, reader) -> list[str]:
     """Copy every key/value of a GGUF source byte-faithfully. Returns keys it could not copy."""
     import gguf
@@ -282,7 +313,7 @@ def export_gguf(model, plan, out_path, strict: bool = False):
     os.close(fd)
     writer = None
     try:
-        writer = gguf.GGUFWriter(tmp, arch)
+        writer = _fast_writer_class()(tmp, arch)
         skipped: list[str] = []
         n_vocab = None
         if reader is not None:
