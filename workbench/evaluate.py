@@ -38,6 +38,7 @@ class TensorResult:
     note: str | None = None   # why the requested scheme was not applied
     seconds: float = 0.0
     kind: str = "ok"          # ok | fallback | kept | skipped (workbench.runtimes)
+    method: str = "rtn"       # the quantization method (workbench.methods)
 
     @property
     def bits_per_weight(self) -> float:
@@ -47,7 +48,7 @@ class TensorResult:
         d = {"name": self.name, "scheme": self.scheme, "requested": self.requested,
              "kind": self.kind, "shape": list(self.shape),
              "params": self.params, "bits_per_weight": self.bits_per_weight,
-             "bytes": self.bytes, **self.error.to_dict()}
+             "bytes": self.bytes, "method": self.method, **self.error.to_dict()}
         if self.note:
             d["note"] = self.note
         return d
@@ -163,6 +164,10 @@ def evaluate_tensor(model, name: str, scheme_name: str,
     if decision is None:
         decision = decide(info, scheme_name, "any")
     key = (model.path, name, scheme_name, decision.applied, decision.kind)
+    method_of = getattr(model, "method_of", None)
+    if method_of is not None and method_of(name) != "rtn":
+        # a method's result depends on its statistics: never shared through the cache
+        cache = None
     if cache is not None and (hit := cache.get(key)) is not None:
         return hit
     with context(getattr(info, "file", None) or model.path, name):
@@ -184,6 +189,15 @@ def _evaluate_tensor(model, info, name, scheme_name, decision) -> TensorResult:
             sums = ErrorSums(info.numel, 0.0, 0.0, 0.0, 0.0, 0.0, np.zeros(info.rows),
                              np.zeros(info.rows))
         nbytes = info.nbytes
+    elif getattr(model, "quantize_tensor", None) is not None and (
+            model.method_of(name) != "rtn" or name in model.folded_names):
+        # a method (workbench.methods.apply.MethodModel): the error of the weight the folded
+        # model computes with, mapped back, against the original weights
+        qt = model.quantize_tensor(name, w, applied)
+        wq = model.unfold(name, get_scheme(applied).dequantize(qt).reshape(w.shape))
+        w0 = model.base.read_matrix(name)
+        sums = ErrorSums.from_arrays(w0, wq)
+        nbytes = qt.nbytes
     else:
         qt, sums = quantize_measure(w, applied, tensor=name)
         nbytes = qt.nbytes
@@ -193,8 +207,10 @@ def _evaluate_tensor(model, info, name, scheme_name, decision) -> TensorResult:
                 f"{applied} cannot represent these weights (max |w| = "
                 f"{float(np.abs(w).max()):.3g}): their dequantized values overflow float32; "
                 "keep this tensor or use fp32", tensor=name)
+    method = model.method_of(name) if getattr(model, "method_of", None) and applied != KEEP \
+        else "rtn"
     return TensorResult(name, applied, scheme_name, info.shape, info.numel, info.nbytes, nbytes,
-                        from_sums(sums), note, time.perf_counter() - t0, decision.kind)
+                        from_sums(sums), note, time.perf_counter() - t0, decision.kind, method)
 
 
 def evaluate(model, plan, names=None, cache: EvalCache | None = DEFAULT_EVAL_CACHE,

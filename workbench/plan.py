@@ -38,6 +38,7 @@ class Rule:
     match: str
     scheme: str
     fallback: str | None = None   # used when a tensor's shape cannot take `scheme`
+    method: str | None = None     # quantization method (workbench.methods); None: the plan's
 
     @property
     def is_regex(self) -> bool:
@@ -47,7 +48,35 @@ class Rule:
         d = {"match": self.match, "scheme": self.scheme}
         if self.fallback:
             d["fallback"] = self.fallback
+        if self.method:
+            d["method"] = self.method
         return d
+
+
+def _check_method(name, where: str, path=None) -> str:
+    """The canonical method name (rtn, imatrix, gptq, awq) or a clear error."""
+    from .methods.base import METHOD_NAMES
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key not in METHOD_NAMES:
+        raise WorkbenchError(f"{where}: unknown method {name!r} (choose from "
+                             f"{', '.join(METHOD_NAMES)})", path=path)
+    return key
+
+
+def _check_activations(data, path=None) -> dict:
+    """{linear weight name: activation entry} (workbench.methods.activations.activation_entry)."""
+    if not isinstance(data, dict):
+        raise WorkbenchError("'activations' must be an object {tensor: {num_bits, type, ...}}",
+                             path=path)
+    out = {}
+    for name, e in data.items():
+        if not (isinstance(e, dict) and type(e.get("num_bits")) is int
+                and e.get("type") in ("int", "float")
+                and isinstance(e.get("scale", 1.0), (int, float))):
+            raise WorkbenchError(f"activations '{str(name)[:80]}': needs integer 'num_bits' and "
+                                 "'type' int|float (and a numeric 'scale')", path=path)
+        out[str(name)] = dict(e)
+    return out
 
 
 def _check_scheme(name: str, where: str, path=None) -> str:
@@ -67,9 +96,16 @@ class Plan:
     version: int = PLAN_VERSION
     #: the scheme for tensors whose shape cannot take theirs (None: the runtime's own rule)
     fallback: str | None = None
+    #: the method for tensors whose rule names none (workbench.methods; "rtn" = the scheme's own)
+    method: str = "rtn"
+    #: per linear weight, its input's activation quantization (calibrated ranges), written by
+    #: exporters whose format carries them (compressed-tensors ``input_activations``)
+    activations: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.default = _check_scheme(self.default, "default")
+        self.method = _check_method(self.method or "rtn", "method")
+        self.activations = _check_activations(self.activations or {})
         if self.fallback is not None:
             self.fallback = _check_scheme(self.fallback, "fallback")
         rules = [r if isinstance(r, Rule) else Rule(**r) for r in self.rules]
@@ -78,12 +114,16 @@ class Plan:
         # canonical scheme names, so the plan reports (and exports) what is applied
         self.rules = [Rule(r.match, _check_scheme(r.scheme, f"rule '{r.match}'"),
                            _check_scheme(r.fallback, f"rule '{r.match}' fallback")
-                           if r.fallback else None) for r in rules]
+                           if r.fallback else None,
+                           _check_method(r.method, f"rule '{r.match}'") if r.method else None)
+                      for r in rules]
         self._compiled = None
 
     @staticmethod
     def _validate_rule(rule: Rule, path=None) -> None:
         _check_scheme(rule.scheme, f"rule '{rule.match}'", path)
+        if rule.method is not None:
+            _check_method(rule.method, f"rule '{rule.match[:80]}'", path)
         if rule.is_regex:
             from .patterns import compile_pattern
             try:
@@ -128,6 +168,36 @@ class Plan:
         """The scheme name for a tensor (or ``keep``)."""
         return self.scheme_and_source(name, ndim, is_float)[0]
 
+    def method_for(self, name: str) -> str:
+        """The quantization method for a tensor: its rule's, else the plan's (default rtn)."""
+        rule = self.rule_for(name)
+        if rule is not None and rule.method:
+            return rule.method
+        return self.method
+
+    def methods_used(self) -> set[str]:
+        return {self.method, *(r.method for r in self.rules if r.method)}
+
+    def with_method(self, method: str, names=None) -> "Plan":
+        """The plan-level method (names None), or exact-name rules carrying `method` for `names`
+        (each keeps the scheme it resolves to now)."""
+        if names is None:
+            return self._copy(method=method)
+        rules = list(self.rules)
+        for n in names:
+            cur = self.rule_for(n)
+            scheme = cur.scheme if cur is not None else self.default
+            rules = [r for r in rules if r.is_regex or r.match != n]
+            rules.append(Rule(n, scheme, cur.fallback if cur is not None else None, method))
+        return self._copy(rules=rules)
+
+    def _copy(self, **kw) -> "Plan":
+        d = {"default": self.default, "rules": list(self.rules), "version": self.version,
+             "fallback": self.fallback, "method": self.method,
+             "activations": dict(self.activations)}
+        d.update(kw)
+        return Plan(**d)
+
     def fallback_for(self, name: str) -> str | None:
         """The plan's fallback for a tensor: its rule's, else the plan's."""
         rule = self.rule_for(name)
@@ -146,30 +216,36 @@ class Plan:
     # ---- edits (return a new plan; commands in the GUI keep the old one for undo) -------
     def with_assignments(self, assignments: dict[str, str]) -> "Plan":
         """Exact-name assignments replacing any earlier exact rule for those names."""
+        old = {r.match: r for r in self.rules if not r.is_regex}
         keep = [r for r in self.rules if r.is_regex or r.match not in assignments]
-        new = [Rule(n, _check_scheme(s, f"tensor '{n}'")) for n, s in assignments.items()]
-        return Plan(self.default, keep + new, self.version, self.fallback)
+        new = [Rule(n, _check_scheme(s, f"tensor '{n}'"), None,
+                    old[n].method if n in old else None) for n, s in assignments.items()]
+        return self._copy(rules=keep + new)
 
     def with_rule(self, match: str, scheme: str, index: int | None = None) -> "Plan":
         rules = list(self.rules)
         rule = Rule(match, scheme)
         rules.insert(len(rules) if index is None else index, rule)
-        return Plan(self.default, rules, self.version, self.fallback)
+        return self._copy(rules=rules)
 
     def without_rule(self, index: int) -> "Plan":
         rules = list(self.rules)
         del rules[index]
-        return Plan(self.default, rules, self.version, self.fallback)
+        return self._copy(rules=rules)
 
     def with_default(self, scheme: str) -> "Plan":
-        return Plan(scheme, list(self.rules), self.version, self.fallback)
+        return self._copy(default=scheme)
 
     # ---- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
         d = {"format": PLAN_FORMAT, "version": self.version, "default": self.default}
         if self.fallback:
             d["fallback"] = self.fallback
+        if self.method != "rtn":
+            d["method"] = self.method
         d["rules"] = [r.to_dict() for r in self.rules]
+        if self.activations:
+            d["activations"] = self.activations
         return d
 
     def to_json(self) -> str:
@@ -195,10 +271,12 @@ class Plan:
         for i, r in enumerate(raw_rules):
             if not (isinstance(r, dict) and isinstance(r.get("match"), str)
                     and isinstance(r.get("scheme"), str)
-                    and isinstance(r.get("fallback", ""), str)):
+                    and isinstance(r.get("fallback", ""), str)
+                    and isinstance(r.get("method", ""), str)):
                 raise WorkbenchError(f"rule {i} must be an object with string 'match' and 'scheme'"
-                                     " (and optionally 'fallback')", path=path)
-            rule = Rule(r["match"], r["scheme"], r.get("fallback") or None)
+                                     " (and optionally 'fallback', 'method')", path=path)
+            rule = Rule(r["match"], r["scheme"], r.get("fallback") or None,
+                        r.get("method") or None)
             if rule.fallback:
                 _check_scheme(rule.fallback, f"rule '{rule.match}' fallback", path)
             cls._validate_rule(rule, path)
@@ -212,7 +290,15 @@ class Plan:
                 fallback = _check_scheme(fallback, "fallback", path)
         except WorkbenchError as exc:
             raise WorkbenchError(str(exc)) from None
-        return cls(default, rules, version, fallback or None)
+        method = data.get("method", "rtn")
+        if not isinstance(method, str):
+            raise WorkbenchError("'method' must be a method name", path=path)
+        method = _check_method(method, "method", path)
+        rules = [Rule(r.match, r.scheme, r.fallback,
+                      _check_method(r.method, f"rule '{r.match[:80]}'", path) if r.method else None)
+                 for r in rules]
+        acts = _check_activations(data.get("activations", {}), path)
+        return cls(default, rules, version, fallback or None, method, acts)
 
     @classmethod
     def from_json(cls, text: str, path=None) -> "Plan":

@@ -286,8 +286,11 @@ def compare_outputs(kind: str, base, quant, samples) -> dict:
 _BASE_CACHE: dict[tuple, list] = {}
 
 
-def check(model, plan, calib=None, samples: int | None = None, max_len: int = 128):
-    """Job: run the calibration inputs through the original and the plan-quantized model.
+def check(model, plan, calib=None, samples: int | None = None, max_len: int = 128,
+          weights: dict | None = None):
+    """Job: run the calibration inputs through the original and the plan-quantized model
+    (`weights`: {name: float array} to load instead of the plan's own dequantized tensors —
+    a method's output, workbench.methods.apply.runner_weights).
     Returns {"model_kind", "samples", "tokens", ...figures}: encoders cosine_mean/cosine_min of
     mean-pooled final hidden states; causal LMs kl_mean/kl_p99/kl_max (nats), top1_agree,
     ppl_base, ppl."""
@@ -301,8 +304,13 @@ def check(model, plan, calib=None, samples: int | None = None, max_len: int = 12
     if base is None:
         base = yield from subjob(run_outputs(runner, data, label="original model"), 5, 40, 100)
         _BASE_CACHE[key] = base
-    assignment = plan.resolve(model)
-    runner.apply_assignment(assignment)
+    if weights is None:
+        runner.apply_assignment(plan.resolve(model))
+    else:
+        runner.restore()
+        for n, w in weights.items():
+            if n in runner.param_for:
+                runner.set_weight(n, w)
     try:
         quant = yield from subjob(run_outputs(runner, data, label="quantized model"), 45, 55, 100)
     finally:

@@ -85,8 +85,10 @@ def test_stats_errors_and_fold_targets():
         get_method("gptq").quantize(W, get_scheme("int4-g32"), LayerStats.from_imatrix(np.ones(64)))
     with pytest.raises(WorkbenchError, match="unknown method"):
         get_method("nope")
-    assert fold_target("encoder.layer.0.attention.self.query.weight") == "embeddings.LayerNorm"
-    assert fold_target("encoder.layer.2.attention.self.key.weight") == "encoder.layer.1.output.LayerNorm"
+    # BERT is post-LN (the LayerNorm output is also the residual): no fold into it
+    assert fold_target("encoder.layer.0.attention.self.query.weight") is None
+    assert fold_target("encoder.layer.2.attention.self.key.weight") is None
+    assert fold_target("encoder.layer.2.intermediate.dense.weight") is None
     assert fold_target("encoder.layer.2.attention.output.dense.weight") == "encoder.layer.2.attention.self.value"
     assert fold_target("encoder.layer.2.output.dense.weight") is None
     assert fold_target("model.layers.3.mlp.down_proj.weight") == "model.layers.3.mlp.up_proj"

@@ -90,3 +90,34 @@ def add_runtime_args(p, default: str | None = "any") -> None:
 def print_fallback_summary(summary, stream=None) -> None:
     """The one-line fallback summary, on stderr (stdout stays clean for --json)."""
     print(f"fallbacks: {summary.line()}", file=stream or sys.stderr)
+
+
+def add_method_args(p, calib: bool = True) -> None:
+    """--method / --calib / --imatrix (workbench.methods)."""
+    p.add_argument("--method", default=None, choices=["rtn", "imatrix", "gptq", "awq"],
+                   help="quantization method for tensors whose plan rule names none "
+                        "(default: the plan's, else rtn)")
+    if calib:
+        p.add_argument("--calib", default=None,
+                       help="calibration inputs for the method (text / JSONL / token ids; default "
+                            "when a method needs them: resources/calibration.txt, runnable models)")
+    p.add_argument("--imatrix", default=None,
+                   help="a llama.cpp imatrix file: E[x^2] per input channel (method imatrix)")
+
+
+def apply_methods(args, model, plan, runtime: str = "any", quiet: bool = False):
+    """(plan with --method applied, the model to quantize: a MethodModel when any tensor uses a
+    method other than rtn). Notes go to stderr."""
+    if getattr(args, "method", None):
+        plan = plan.with_method(args.method)
+    if plan.methods_used() == {"rtn"}:
+        if getattr(args, "imatrix", None):
+            from ..errors import WorkbenchError
+            raise WorkbenchError("--imatrix needs a method that reads it: --method imatrix")
+        return plan, model
+    from ..methods.apply import prepare
+    mm = drive(prepare(model, plan, getattr(args, "calib", None), getattr(args, "imatrix", None),
+                       runtime), quiet=quiet)
+    for note in getattr(mm, "notes", []):
+        print(f"note: {note}", file=sys.stderr)
+    return plan, mm

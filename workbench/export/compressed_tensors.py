@@ -190,7 +190,8 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
                 else:
                     scheme = get_scheme(d.applied)
                     w = model.read_matrix(n)
-                    qt = quantize(w, d.applied, tensor=n)
+                    qt = model.quantize_tensor(n, w, d.applied) if hasattr(
+                        model, "quantize_tensor") else quantize(w, d.applied, tensor=n)
                     layer = n[:-len(".weight")]
                     for k, v in _layer_tensors(scheme, qt, w.shape).items():
                         writer.add(f"{layer}.{k}", *_st_array(v))

@@ -237,11 +237,16 @@ def _tensor_data(model, item: _Item, reader_tensors, target=None) -> np.ndarray:
             raise WorkbenchError("U64 values beyond the int64 range have no GGUF type",
                                  tensor=item.name)
         return np.ascontiguousarray(raw).astype(np_dtype, copy=False)
+    elif getattr(model, "quantize_tensor", None) is not None:
+        rows = [model.read_matrix(item.name)]   # a method (workbench.methods): the whole matrix
     else:
         rows = (chunk for _r0, chunk in model.iter_rows(item.name, max_elements=CHUNK_ELEMENTS))
+    method_q = getattr(model, "quantize_tensor", None)
     parts = []
     for chunk in rows:
-        if item.scheme in FLOAT_SCHEMES:
+        if method_q is not None and item.scheme not in FLOAT_SCHEMES:
+            qt = method_q(item.name, chunk, item.scheme)
+        elif item.scheme in FLOAT_SCHEMES:
             from ..evaluate import check_representable
             qt = get_scheme(item.scheme).quantize(chunk, tensor=item.name)
             check_representable(qt, chunk, item.name)

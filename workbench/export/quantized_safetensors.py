@@ -59,7 +59,8 @@ def export_quantized_safetensors(model, plan, out_path, strict: bool = False):
                     writer.add(n, np.asarray(raw).reshape(info.shape), dtype=info.dtype)
             else:
                 w = model.read_matrix(n)
-                qt = quantize(w, scheme, tensor=n)
+                qt = model.quantize_tensor(n, w, scheme) if hasattr(
+                    model, "quantize_tensor") else quantize(w, scheme, tensor=n)
                 for key, arr in qt.arrays.items():
                     writer.add(f"{n}{SEP}{key}", arr)
                 index[n] = {"scheme": scheme, "shape": list(info.shape), "dtype": info.dtype,

@@ -7,8 +7,9 @@ output error of that block's partial product.
 What is stored, precisely: a weight-only format cannot hold diag(s)⁻¹ apart from the weights,
 so the tensor stored is Q(W·diag(s)) (meta ``awq_scale`` = s) and the 1/s must be folded into
 the op producing the layer's input — exact only there:
-  BERT: q/k/v ← the preceding LayerNorm (γ/s, β/s); attention.output.dense ← value (rows/s);
-        intermediate.dense ← attention.output.LayerNorm; output.dense: no fold (GELU).
+  BERT: attention.output.dense ← value (rows/s). BERT is post-LN: a LayerNorm's output is both
+        the next q/k/v (or intermediate) input and the residual, so dividing γ/β by s would change
+        the residual stream — q/k/v, intermediate and output.dense (after GELU) get no fold.
   Llama-style: q/k/v ← input_layernorm; gate/up ← post_attention_layernorm;
         down_proj ← up_proj (rows/s); o_proj ← v_proj when v has as many rows as o has columns.
 ``fold_target(name)`` names it; a tensor without one gets the clip search only (s = 1).
@@ -31,9 +32,7 @@ CLIP_RATIOS = 1.0 - np.arange(10) / 20.0
 MAX_ROWS = 512   # input rows used by the searches
 
 _FOLDS = [
-    (r"^(.*encoder\.layer\.)(\d+)\.attention\.self\.(query|key|value)\.weight$", "bert-qkv"),
     (r"^(.*encoder\.layer\.\d+\.attention\.)output\.dense\.weight$", "bert-o"),
-    (r"^(.*encoder\.layer\.\d+\.)intermediate\.dense\.weight$", "bert-ffn"),
     (r"^(.*layers\.\d+\.)self_attn\.(q|k|v)_proj\.weight$", "llama-qkv"),
     (r"^(.*layers\.\d+\.)self_attn\.o_proj\.weight$", "llama-o"),
     (r"^(.*layers\.\d+\.)mlp\.(gate|up)_proj\.weight$", "llama-gateup"),
@@ -47,13 +46,7 @@ def fold_target(name: str) -> str | None:
         m = re.match(pat, name)
         if not m:
             continue
-        if kind == "bert-qkv":
-            layer = int(m.group(2))
-            pre = m.group(1)
-            if layer == 0:
-                return pre.replace("encoder.layer.", "embeddings.") + "LayerNorm"
-            return f"{pre}{layer - 1}.output.LayerNorm"
-        return {"bert-o": m.group(1) + "self.value", "bert-ffn": m.group(1) + "attention.output.LayerNorm",
+        return {"bert-o": m.group(1) + "self.value",
                 "llama-qkv": m.group(1) + "input_layernorm",
                 "llama-o": m.group(1) + "self_attn.v_proj",
                 "llama-gateup": m.group(1) + "post_attention_layernorm",

@@ -1,9 +1,10 @@
-"""`quant-workbench evaluate [MODEL] (--scheme NAME | --plan PLAN.json) [--json]`."""
+"""`quant-workbench evaluate [MODEL] (--scheme NAME | --plan PLAN.json) [--method M] [--calib F | --imatrix F] [--json]`."""
 
 from __future__ import annotations
 
-from ..common import (add_model_arg, add_runtime_args, add_scheme_or_plan, drive, fmt_bytes,
-                      open_model_arg, plan_from_args, print_fallback_summary, print_json)
+from ..common import (add_method_args, add_model_arg, add_runtime_args, add_scheme_or_plan,
+                      apply_methods, drive, fmt_bytes, open_model_arg, plan_from_args,
+                      print_fallback_summary, print_json)
 
 
 def register(sub) -> None:
@@ -11,6 +12,7 @@ def register(sub) -> None:
     add_model_arg(p)
     add_scheme_or_plan(p)
     add_runtime_args(p)
+    add_method_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -19,6 +21,7 @@ def run(args) -> int:
     from ...evaluate import evaluate
     plan = plan_from_args(args)
     model = open_model_arg(args)
+    plan, model = apply_methods(args, model, plan, args.target, quiet=args.json)
     ev = drive(evaluate(model, plan, runtime=args.target, strict=args.strict), quiet=args.json)
     if args.json:
         out = ev.to_dict()
@@ -26,12 +29,12 @@ def run(args) -> int:
         out["plan"] = plan.to_dict()
         print_json(out)
         return 0
-    print(f"{'name':<52} {'scheme':<16} {'bits/w':>7} {'bytes':>11} {'rel_rmse':>9} "
+    print(f"{'name':<52} {'scheme':<16} {'method':<7} {'bits/w':>7} {'bytes':>11} {'rel_rmse':>9} "
           f"{'sqnr_db':>8} {'max_err':>9} {'cosine':>8}")
     for r in ev.tensors.values():
         e = r.error
         sq = f"{e.sqnr_db:8.2f}" if e.sqnr_db != float("inf") else f"{'inf':>8}"
-        print(f"{r.name[:52]:<52} {r.scheme:<16} {r.bits_per_weight:>7.3f} {r.bytes:>11,d} "
+        print(f"{r.name[:52]:<52} {r.scheme:<16} {r.method:<7} {r.bits_per_weight:>7.3f} {r.bytes:>11,d} "
               f"{e.rel_rmse:>9.5f} {sq} {e.max_abs_err:>9.3g} {e.cosine:>8.5f}"
               + (f"  ({r.note})" if r.note else ""))
     t = ev.totals

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ..common import (add_model_arg, add_runtime_args, add_scheme_or_plan, drive, open_model_arg,
-                      plan_from_args, print_fallback_summary, print_json)
+from ..common import (add_method_args, add_model_arg, add_runtime_args, add_scheme_or_plan,
+                      apply_methods, drive, open_model_arg, plan_from_args,
+                      print_fallback_summary, print_json)
 
 
 def register(sub) -> None:
@@ -17,6 +18,7 @@ def register(sub) -> None:
     p.add_argument("--format", required=True, choices=formats)
     p.add_argument("-o", "--output", required=True, help="output file")
     add_runtime_args(p, default=None)
+    add_method_args(p)
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="quantize on N threads (default: all cores)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
@@ -33,6 +35,11 @@ def run(args) -> int:
         numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     plan = plan_from_args(args)
     model = open_model_arg(args)
+    runtime = {"gguf": "llama.cpp", "compressed-tensors": "vllm"}.get(args.format, "any")
+    if args.format != "plan":
+        plan, model = apply_methods(args, model, plan, runtime, quiet=args.json)
+    elif args.method:
+        plan = plan.with_method(args.method)
     info = drive(export(model, plan, args.format, args.output, strict=args.strict),
                  quiet=args.json)
     if args.json:
