@@ -191,6 +191,10 @@ class Plan:
             rules.append(Rule(n, scheme, cur.fallback if cur is not None else None, method))
         return self._copy(rules=rules)
 
+    def with_activations(self, activations: dict) -> "Plan":
+        """The plan with these calibrated activation entries ({weight name: entry})."""
+        return self._copy(activations=dict(activations))
+
     def _copy(self, **kw) -> "Plan":
         d = {"default": self.default, "rules": list(self.rules), "version": self.version,
              "fallback": self.fallback, "method": self.method,

@@ -103,3 +103,146 @@ def test_awq_fold_float_exact_on_minilm(minilm_path):
     assert not any("LayerNorm" in n for n in mm.vec)
     res = run(check(model, plan, None, 12, weights={n: mm.read(n) for n in mm.folded_names}))
     assert res["cosine_min"] > 1 - 1e-5
+
+
+# -- CLI and exports ---------------------------------------------------------------------------
+
+def _mm(model, plan, calib, runtime):
+    from workbench.methods.apply import prepare
+    return run(prepare(model, plan, calib=str(calib), runtime=runtime))
+
+
+def test_cli_gguf_export_with_gptq_reads_back(calib_file, tmp_path, capsys):
+    from workbench.loaders.gguf_reader import GGUFFile
+    out = tmp_path / "gptq.gguf"
+    assert main(["export", str(DEMO), "--scheme", "q4_k", "--method", "gptq", "--calib",
+                 str(calib_file), "--format", "gguf", "-o", str(out)]) == 0
+    model = open_model(str(DEMO))
+    mm = _mm(model, Plan("q4_k", method="gptq"), calib_file, "llama.cpp")
+    g = GGUFFile(out)
+    tensors = {t.name: t for t in g.tensors}
+    n = "model.layers.1.mlp.down_proj.weight"
+    t = tensors["blk.1.ffn_down.weight"]
+    assert t.tensor_type.name == "Q4_K"
+    want = mm.quantize_tensor(n, mm.read_matrix(n), "q4_k").arrays["blocks"]
+    np.testing.assert_array_equal(np.asarray(t.data), np.asarray(want).view(np.uint8).reshape(-1))
+    from workbench.evaluate import quantize
+    rtn = quantize(model.read_matrix(n), "q4_k").arrays["blocks"]
+    assert not np.array_equal(np.asarray(want).view(np.uint8), np.asarray(rtn).view(np.uint8))
+    # and the workbench's own GGUF loader reads the file
+    back = open_model(str(out))
+    assert back.info("blk.1.ffn_down.weight").dtype.upper() == "Q4_K"
+    g.close()
+
+
+def _package_weights(folder) -> dict:
+    from compressed_tensors.compressors.base import BaseCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+    from safetensors.torch import load_file
+    sd = load_file(str(folder / "model.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())["quantization_config"]
+    out = {k: v for k, v in sd.items() if not k.split(".")[-1].startswith("weight_")}
+    for group in cfg["config_groups"].values():
+        scheme = QuantizationScheme.model_validate(group)
+        comp = BaseCompressor.get_value_from_registry(group.get("format") or cfg["format"])
+        for layer in group["targets"]:
+            part = {k[len(layer) + 1:]: v for k, v in sd.items() if k.startswith(layer + ".weight")}
+            out[layer + ".weight"] = comp.decompress(part, scheme)["weight"]
+    return out
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_cli_compressed_tensors_int4_reads_back_exactly(calib_file, tmp_path, method):
+    pytest.importorskip("compressed_tensors")
+    from workbench.runtimes import plan_decisions
+    from workbench.schemes import get_scheme
+    out = tmp_path / f"ct-{method}"
+    assert main(["export", str(DEMO), "--scheme", "int4-g128", "--method", method, "--calib",
+                 str(calib_file), "--format", "compressed-tensors", "-o", str(out)]) == 0
+    model = open_model(str(DEMO))
+    plan = Plan("int4-g128", method=method)
+    mm = _mm(model, plan, calib_file, "vllm")
+    sd = _package_weights(out)
+    n_quant = n_fold = 0
+    for name, d in plan_decisions(model, plan, "vllm").items():
+        got = sd[name].float().numpy()
+        if d.applied == "keep":
+            want = mm.read(name).reshape(got.shape)      # folded norms where AWQ folds
+            n_fold += name in getattr(mm, "folded_names", [])
+        else:
+            qt = mm.quantize_tensor(name, mm.read_matrix(name), d.applied)
+            want = get_scheme(d.applied).dequantize(qt).reshape(got.shape)
+            n_quant += 1
+        assert np.array_equal(got, want), name
+    assert n_quant == 21
+    assert (n_fold > 0) == (method == "awq")
+
+
+def test_cli_activation_ranges_in_plan_and_compressed_tensors(calib_file, tmp_path):
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.quantization import QuantizationConfig
+    from safetensors.torch import load_file
+    plan_out = tmp_path / "plan.json"
+    args = [str(DEMO), "--scheme", "int8-channel", "--activations", "mse", "--calib",
+            str(calib_file)]
+    assert main(["export", *args, "--format", "plan", "-o", str(plan_out)]) == 0
+    plan = Plan.load(plan_out)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    e = plan.activations[q]
+    assert e["num_bits"] == 8 and e["type"] == "int" and e["method"] == "mse"
+    assert 0 < e["amax"] and e["scale"] == pytest.approx(e["amax"] / 127)
+    out = tmp_path / "ct"
+    assert main(["export", *args, "--format", "compressed-tensors", "-o", str(out)]) == 0
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    qc = QuantizationConfig.model_validate(cfg)
+    groups = list(qc.config_groups.values())
+    assert groups and all(g.input_activations is not None for g in groups)
+    ia = groups[0].input_activations
+    assert ia.num_bits == 8 and ia.type == "int" and ia.strategy == "tensor" and not ia.dynamic
+    sd = load_file(str(out / "model.safetensors"))
+    assert float(sd["model.layers.0.self_attn.q_proj.input_scale"][0]) == pytest.approx(
+        e["scale"], rel=1e-6)
+    # minmax = the largest |x| seen: never below the MSE-clipped range
+    assert main(["export", str(DEMO), "--scheme", "int8-channel", "--activations", "minmax",
+                 "--calib", str(calib_file), "--format", "plan", "-o", str(plan_out)]) == 0
+    assert Plan.load(plan_out).activations[q]["amax"] >= e["amax"]
+
+
+def test_cli_method_errors(calib_file, tmp_path, capsys):
+    import shutil
+    # an imatrix holds only E[x^2]: GPTQ needs --calib
+    im = tmp_path / "im.gguf"
+    assert main(["calibrate", str(DEMO), "--calib", str(calib_file), "-o", str(im)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(DEMO), "--scheme", "int4-g128", "--method", "gptq",
+                 "--imatrix", str(im)]) == 2
+    assert "needs calibration inputs (--calib FILE)" in capsys.readouterr().err
+    assert main(["evaluate", str(DEMO), "--scheme", "int4-g128", "--imatrix", str(im)]) == 2
+    assert "--method imatrix" in capsys.readouterr().err
+    # imatrix from the file works, and differs from rtn
+    assert main(["evaluate", str(DEMO), "--scheme", "int4-g128", "--method", "imatrix",
+                 "--imatrix", str(im), "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert {t["method"] for t in ev["tensors"] if t["scheme"] != "keep"} == {"imatrix"}
+    # a model that cannot run (no config.json) has no default calibration
+    lone = tmp_path / "lone" / "model.safetensors"
+    lone.parent.mkdir()
+    shutil.copyfile(DEMO, lone)
+    assert main(["evaluate", str(lone), "--scheme", "int4-g128", "--method", "awq"]) == 2
+    assert "needs calibration data" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["evaluate", str(DEMO), "--scheme", "int4-g128", "--method", "bogus"])
+    assert exc.value.code == 2
+
+
+def test_cli_check_methods_beat_rtn_on_demo(calib_file, capsys):
+    held = calib_file.parent / "held.txt"
+    lines = [ln for ln in (ROOT / "resources" / "calibration.txt").read_text().splitlines()
+             if ln.strip()]
+    held.write_text("\n".join(lines[1:24:2]) + "\n")
+    kl = {}
+    for m in ("rtn", "gptq"):
+        assert main(["check", str(DEMO), "--scheme", "int3-g64", "--method", m, "--calib",
+                     str(calib_file), "--held-out", str(held), "--json"]) == 0
+        kl[m] = json.loads(capsys.readouterr().out)["kl_mean"]
+    assert 0 < kl["gptq"] < kl["rtn"]

@@ -92,6 +92,17 @@ def _layer_tensors(scheme, qt, shape) -> dict:
     return out
 
 
+def _act_args(entry: dict):
+    """compressed-tensors QuantizationArgs of a plan's activation entry (static, per tensor,
+    symmetric: workbench.methods.activations.activation_entry)."""
+    from compressed_tensors.quantization import QuantizationArgs
+    return QuantizationArgs(num_bits=int(entry["num_bits"]), type=entry.get("type", "int"),
+                            symmetric=bool(entry.get("symmetric", True)),
+                            strategy=entry.get("strategy", "tensor"),
+                            dynamic=bool(entry.get("dynamic", False)),
+                            observer=None)
+
+
 def _group_key(scheme_name: str) -> str:
     """What vLLM sees of a scheme: its compressed-tensors args (variants such as ``@mse`` or
     ``@pot`` choose other scales but are stored the same way, so they share a config group)."""
@@ -164,8 +175,13 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
     config = dict(read_config(model) or _minimal_config(model))
     groups: dict[str, list[str]] = {}       # one config group per compressed-tensors scheme
     group_scheme: dict[str, str] = {}
+    acts = getattr(plan, "activations", None) or {}
+    group_act: dict[str, dict | None] = {}
     for n, s in applied.items():
-        key = _group_key(s)
+        act = acts.get(n)
+        key = _group_key(s) + ("" if act is None else "|" + json.dumps(
+            _act_args(act).model_dump(mode="json", exclude_none=True), sort_keys=True))
+        group_act.setdefault(key, act)
         group_scheme.setdefault(key, s)
         groups.setdefault(key, []).append(n[:-len(".weight")] if n.endswith(".weight") else n)
 
@@ -195,6 +211,10 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
                     layer = n[:-len(".weight")]
                     for k, v in _layer_tensors(scheme, qt, w.shape).items():
                         writer.add(f"{layer}.{k}", *_st_array(v))
+                    if n in acts:   # a static activation range: the per-tensor input scale
+                        import torch
+                        writer.add(f"{layer}.input_scale", *_st_array(torch.tensor(
+                            [float(acts[n].get("scale", 1.0))], dtype=torch.float32)))
                     del w, qt
                 done += max(info.numel, 1)
             yield Progress(total, total, "writing model.safetensors")
@@ -206,8 +226,10 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
         for i, (key, layers) in enumerate(sorted(groups.items())):
             args, fmt = _args_for(get_scheme(group_scheme[key]))
             formats.add(fmt)
-            config_groups[f"group_{i}"] = QuantizationScheme(targets=sorted(layers), weights=args,
-                                                             format=fmt)
+            act = group_act.get(key)
+            config_groups[f"group_{i}"] = QuantizationScheme(
+                targets=sorted(layers), weights=args, format=fmt,
+                input_activations=None if act is None else _act_args(act))
         qcfg = QuantizationConfig(
             config_groups=config_groups, quant_method="compressed-tensors",
             format=(formats.pop() if len(formats) == 1 else "mixed-precision") if formats

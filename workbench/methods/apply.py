@@ -89,6 +89,22 @@ def stats_from_imatrix(model, path):
     return {n: LayerStats.from_imatrix(v) for n, v in d.items()}
 
 
+def round_to_storage(w: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values as a tensor stored in `dtype` holds them (F16 / BF16 round to nearest
+    even; others unchanged)."""
+    w = np.ascontiguousarray(w, np.float32)
+    if dtype == "F16":
+        return w.astype(np.float16).astype(np.float32)
+    if dtype == "BF16":
+        return (_bf16_bits(w).astype(np.uint32) << 16).view(np.float32)
+    return w
+
+
+def _bf16_bits(w: np.ndarray) -> np.ndarray:
+    u = np.ascontiguousarray(w, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
 # -- the fold -------------------------------------------------------------------------------------
 
 def _strip(name: str) -> str:
@@ -126,10 +142,17 @@ def awq_fold(model, groups: dict, stats: dict, scheme_of: dict):
         s, a = search_group_scale(ws, [get_scheme(scheme_of[n]) for n in cons], st.X, st.mean_abs)
         if s is None or np.all(s == 1):
             continue
+        pw = prod + ".weight"
+        info = model.info(pw)
+        if info.ndim < 2 and info.dtype in ("F16", "BF16"):
+            # a half-precision norm stores γ/s rounded: take s = γ / stored(γ/s), so the fold
+            # stays exact for the weight (a bias, if any, rounds on its own)
+            g = model.read_matrix(pw).reshape(-1)
+            stored = round_to_storage(g / s, info.dtype)
+            s = np.where(stored != 0, g / np.where(stored != 0, stored, 1), s).astype(np.float32)
         for n in cons:
             col[n] = s
         alphas[prod] = a
-        pw = prod + ".weight"
         if model.info(pw).ndim == 2:
             row[pw] = s
         else:
@@ -211,6 +234,9 @@ class MethodModel:
                 w = w / self.row[name][:, None]
             if name in self.vec:
                 w = (w.reshape(-1) / self.vec[name]).reshape(w.shape)
+            info = self.base.info(name)
+            if info.ndim < 2:   # kept as stored: in its own dtype
+                w = round_to_storage(w, info.dtype)
             got = self._folded[name] = np.ascontiguousarray(w, np.float32)
         return got
 
@@ -239,8 +265,7 @@ class MethodModel:
         if dt == "F16":
             return w.astype(np.float16)
         if dt == "BF16":
-            u = w.view(np.uint32).astype(np.uint64)
-            return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+            return _bf16_bits(w)
         return w
 
     # -- methods -----------------------------------------------------------------------------
@@ -361,4 +386,29 @@ def runner_weights(mm, plan, runtime: str = "any") -> dict[str, np.ndarray]:
             from ..evaluate import quantize
             qt = quantize(w, d.applied, tensor=n)
         out[n] = np.asarray(get_scheme(d.applied).dequantize(qt), np.float32).reshape(info.shape)
+    return out
+
+
+def activation_ranges(model, names=None, calib=None, method: str = "minmax", bits: int = 8,
+                      kind: str = "int", samples=None):
+    """Job: {linear weight name: activation entry} — each Linear input's static clipping range
+    (workbench.methods.activations: minmax over every token seen; percentile / mse / kl from a
+    2048-bin histogram of |x| over a sample of ≤ 4096 token rows, range up to the true max)."""
+    from .activations import METHODS, activation_entry, calibrate_range
+    if method not in METHODS:
+        raise WorkbenchError(f"unknown activation calibration '{method}' (choose from "
+                             f"{', '.join(METHODS)})")
+    if kind not in ("int", "float") or not (2 <= int(bits) <= 16):
+        raise WorkbenchError(f"activation quantization {kind}{bits} is not supported "
+                             "(int 2..16 bits, or float 8)")
+    stats = yield from collect_stats(model, calib, names, samples, want_h=False)
+    out = {}
+    for n, st in sorted(stats.items()):
+        top = float(st.absmax or 0.0)
+        if method == "minmax" or top <= 0 or st.X is None:
+            amax = top
+        else:
+            hist, edges = np.histogram(np.abs(st.X).ravel(), bins=2048, range=(0.0, top))
+            amax = calibrate_range(hist, edges, method, int(bits), kind)
+        out[n] = activation_entry(amax, int(bits), kind, method)
     return out

@@ -31,6 +31,7 @@ class LayerStats:
     mean_abs: np.ndarray | None = None
     X: np.ndarray | None = None
     n: int = 0
+    absmax: float | None = None   # max |x| over every input seen
 
     @classmethod
     def from_inputs(cls, X: np.ndarray, keep_rows: int = 4096) -> "LayerStats":
@@ -61,6 +62,7 @@ class Accumulator:
         self.n = 0
         self.sum2 = np.zeros(cols, np.float64)
         self.sum_abs = np.zeros(cols, np.float64)
+        self.absmax = 0.0
         self.xtx = np.zeros((cols, cols), np.float64) if want_h else None
         self.keep_rows = keep_rows
         self.kept: list[np.ndarray] = []
@@ -73,7 +75,9 @@ class Accumulator:
             return
         self.n += x.shape[0]
         self.sum2 += np.einsum("ij,ij->j", x, x)
-        self.sum_abs += np.abs(x).sum(axis=0)
+        ax = np.abs(x)
+        self.sum_abs += ax.sum(axis=0)
+        self.absmax = max(self.absmax, float(ax.max()))
         if self.xtx is not None:
             self.xtx += x.T @ x
         room = self.keep_rows - self.n_kept
@@ -86,4 +90,5 @@ class Accumulator:
         n = max(self.n, 1)
         H = None if self.xtx is None else 2.0 * self.xtx / n
         X = np.concatenate(self.kept) if self.kept else None
-        return LayerStats(d=self.sum2 / n, H=H, mean_abs=self.sum_abs / n, X=X, n=self.n)
+        return LayerStats(d=self.sum2 / n, H=H, mean_abs=self.sum_abs / n, X=X, n=self.n,
+                          absmax=self.absmax)

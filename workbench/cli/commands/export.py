@@ -19,6 +19,12 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, help="output file")
     add_runtime_args(p, default=None)
     add_method_args(p)
+    p.add_argument("--activations", default=None, choices=["minmax", "percentile", "mse", "kl"],
+                   help="calibrate a static range for every quantized Linear's input (stored in "
+                        "the plan; compressed-tensors writes input_activations + input_scale)")
+    p.add_argument("--act-bits", type=int, default=8, help="activation bits (default 8)")
+    p.add_argument("--act-type", default="int", choices=["int", "float"],
+                   help="activation type: int, or float (fp8 e4m3)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="quantize on N threads (default: all cores)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
@@ -36,6 +42,15 @@ def run(args) -> int:
     plan = plan_from_args(args)
     model = open_model_arg(args)
     runtime = {"gguf": "llama.cpp", "compressed-tensors": "vllm"}.get(args.format, "any")
+    if args.activations:
+        from ...methods.apply import activation_ranges
+        from ...plan import KEEP
+        from ...runtimes import plan_decisions
+        quantized = {n for n, d in plan_decisions(model, plan, runtime).items()
+                     if d.applied != KEEP}
+        acts = drive(activation_ranges(model, quantized, args.calib, args.activations,
+                                       args.act_bits, args.act_type), quiet=args.json)
+        plan = plan.with_activations(acts)
     if args.format != "plan":
         plan, model = apply_methods(args, model, plan, runtime, quiet=args.json)
     elif args.method:
