@@ -78,6 +78,18 @@ def assign(doc, names, scheme: str) -> StateCommand | None:
                         (plan, doc.tiers), {n: scheme for n in ok})
 
 
+def set_method(doc, names, method: str) -> StateCommand | None:
+    """Give tensors a quantization method (rtn, imatrix, gptq, awq) by exact-name rules that
+    keep their schemes; 1-D / non-float tensors are skipped."""
+    ok = [n for n in names if doc.model.info(n).is_float and doc.model.info(n).ndim >= 2
+          and doc.plan.method_for(n) != method]
+    if not ok:
+        return None
+    plan = doc.plan.with_method(method, ok)
+    return StateCommand(f"Method {method} for {_what(ok)}", (doc.plan, doc.tiers),
+                        (plan, doc.tiers))
+
+
 def move_to_tier(doc, names, tier: int) -> StateCommand | None:
     t: Tier = doc.tiers[tier]
     ok, _ = eligible(doc, [n for n in names if on_board(doc.model.info(n))], t.scheme)

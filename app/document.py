@@ -76,10 +76,12 @@ class Document(QObject):
         """Replace the plan (and tier setup); emits what changed."""
         tiers = self.tiers if tiers is None else tuple(tiers)
         tiers_changed = tiers != self.tiers
+        old_plan = self.plan
         self.plan, self.tiers = plan, tiers
         old = self.assignment
         self.assignment = plan.resolve(self.model) if self.model is not None else {}
-        changed = [n for n, s in self.assignment.items() if old.get(n) != s]
+        changed = [n for n, s in self.assignment.items()
+                   if old.get(n) != s or old_plan.method_for(n) != plan.method_for(n)]
         if tiers_changed:
             self.tiersChanged.emit()
         self.stateChanged.emit(changed)
@@ -120,6 +122,10 @@ class Document(QObject):
 
     def scheme_of(self, name: str) -> str:
         return self.assignment.get(name, KEEP)
+
+    def method_of(self, name: str) -> str:
+        """The plan's quantization method for a tensor (workbench.methods; rtn by default)."""
+        return self.plan.method_for(name)
 
     def result(self, name: str, scheme: str | None = None):
         return self._results.get((name, scheme or self.scheme_of(name)))

@@ -17,7 +17,7 @@ from workbench.plan import KEEP
 from workbench.schemes import list_schemes
 
 from .commands import schemes_for
-from .table_model import C_NAME, C_SCHEME, NAME_ROLE, SORT_ROLE, SchemeTableModel
+from .table_model import C_METHOD, C_NAME, C_SCHEME, NAME_ROLE, SORT_ROLE, SchemeTableModel
 
 
 class SchemeDelegate(QStyledItemDelegate):
@@ -54,6 +54,24 @@ class SchemeDelegate(QStyledItemDelegate):
         if editor.findText(text) < 0:
             return  # not a scheme this tensor can take
         if text != index.data(Qt.ItemDataRole.EditRole):
+            model.setData(index, text, Qt.ItemDataRole.EditRole)
+
+
+class MethodDelegate(QStyledItemDelegate):
+    """A combo box of the quantization methods (workbench.methods.list_methods)."""
+
+    def createEditor(self, parent, option, index):
+        from workbench.methods import list_methods
+        combo = QComboBox(parent)
+        combo.addItems(list_methods())
+        return combo
+
+    def setEditorData(self, editor, index):
+        editor.setCurrentIndex(max(editor.findText(index.data(Qt.ItemDataRole.EditRole) or ""), 0))
+
+    def setModelData(self, editor, model, index):
+        text = editor.currentText()
+        if text and text != index.data(Qt.ItemDataRole.EditRole):
             model.setData(index, text, Qt.ItemDataRole.EditRole)
 
 
@@ -120,7 +138,7 @@ class SchemeTable(QWidget):
         super().__init__(parent)
         self.doc = doc
         self.push = push  # push(command_factory_result)
-        self.model = SchemeTableModel(doc, on_assign=self.assign)
+        self.model = SchemeTableModel(doc, on_assign=self.assign, on_method=self.set_method)
         self.proxy = QSortFilterProxyModel(self)
         self.proxy.setSourceModel(self.model)
         self.proxy.setSortRole(SORT_ROLE)
@@ -132,6 +150,7 @@ class SchemeTable(QWidget):
         self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.view.setItemDelegateForColumn(C_SCHEME, SchemeDelegate(doc, self.view))
+        self.view.setItemDelegateForColumn(C_METHOD, MethodDelegate(self.view))
         from .format import tail_elide_delegate
         self.view.setItemDelegateForColumn(C_NAME, tail_elide_delegate(self.view))
         self.view.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked
@@ -211,6 +230,14 @@ class SchemeTable(QWidget):
             names = sel
         from .commands import assign
         self.push(assign(self.doc, names, scheme))
+
+    def set_method(self, names, method: str) -> None:
+        """A method from an edited cell: for the whole selection when the row is part of it."""
+        sel = self.selected_names()
+        if len(names) == 1 and names[0] in sel:
+            names = sel
+        from .commands import set_method
+        self.push(set_method(self.doc, names, method))
 
     def assign_selection(self) -> None:
         names = self.selected_names()

@@ -22,9 +22,9 @@ SORT_ROLE = Qt.ItemDataRole.UserRole + 10
 NAME_ROLE = Qt.ItemDataRole.UserRole + 11
 
 COLUMNS = ("Tensor", "Shape", "Params", "Role", "Scheme", "Bits/w", "Bytes", "Rel. RMSE",
-           "SQNR dB", "Max err", "GB/s")
-C_NAME, C_SHAPE, C_PARAMS, C_ROLE, C_SCHEME, C_BITS, C_BYTES, C_REL, C_SQNR, C_MAX, C_GBS = \
-    range(len(COLUMNS))
+           "SQNR dB", "Max err", "GB/s", "Method")
+C_NAME, C_SHAPE, C_PARAMS, C_ROLE, C_SCHEME, C_BITS, C_BYTES, C_REL, C_SQNR, C_MAX, C_GBS, \
+    C_METHOD = range(len(COLUMNS))
 NUMERIC = {C_PARAMS, C_BITS, C_BYTES, C_REL, C_SQNR, C_MAX, C_GBS}
 TOOLTIPS = {
     C_BITS: "stored bits per weight, including scales and zero points",
@@ -32,14 +32,17 @@ TOOLTIPS = {
     C_SQNR: "signal-to-quantization-noise ratio, dB (green ≥ 25, amber ≥ 15, red below)",
     C_MAX: "largest absolute error of a single weight",
     C_GBS: "measured dequantization throughput of the kernels (float32 GB/s)",
+    C_METHOD: "quantization method (rtn, imatrix, gptq, awq); the errors shown are the scheme's "
+              "round-to-nearest ones — `evaluate/check/export --calib F` apply the method",
 }
 
 
 class SchemeTableModel(QAbstractTableModel):
-    def __init__(self, doc, on_assign=None, parent=None):
+    def __init__(self, doc, on_assign=None, parent=None, on_method=None):
         super().__init__(parent)
         self.doc = doc
         self.on_assign = on_assign
+        self.on_method = on_method
         self._names: list[str] = []
         self._row: dict[str, int] = {}
         self._mono = mono_font()
@@ -66,7 +69,7 @@ class SchemeTableModel(QAbstractTableModel):
             if r is not None and r == prev + 1:
                 prev = r
                 continue
-            self.dataChanged.emit(self.index(start, C_SCHEME), self.index(prev, C_GBS))
+            self.dataChanged.emit(self.index(start, C_SCHEME), self.index(prev, C_METHOD))
             if r is not None:
                 start = prev = r
 
@@ -91,7 +94,13 @@ class SchemeTableModel(QAbstractTableModel):
         f = Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
         if index.column() == C_SCHEME and self.doc.model.info(self._names[index.row()]).is_float:
             f |= Qt.ItemFlag.ItemIsEditable
+        if index.column() == C_METHOD and self._takes_method(self._names[index.row()]):
+            f |= Qt.ItemFlag.ItemIsEditable
         return f
+
+    def _takes_method(self, name: str) -> bool:
+        info = self.doc.model.info(name)
+        return info.is_float and info.ndim >= 2 and self.doc.scheme_of(name) != KEEP
 
     def name_at(self, row: int) -> str:
         return self._names[row]
@@ -121,6 +130,8 @@ class SchemeTableModel(QAbstractTableModel):
             return 8.0 * b / info.numel if info.numel else 0.0
         if col == C_GBS:
             return self.doc.gbs(name)
+        if col == C_METHOD:
+            return self.doc.method_of(name) if self._takes_method(name) else None
         if r is None:
             return None
         return {C_REL: r.error.rel_rmse, C_SQNR: r.error.sqnr_db, C_MAX: r.error.max_abs_err}[col]
@@ -133,7 +144,7 @@ class SchemeTableModel(QAbstractTableModel):
             return name
         if role in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.EditRole):
             v = self.value(name, col)
-            if role == Qt.ItemDataRole.EditRole and col == C_SCHEME:
+            if role == Qt.ItemDataRole.EditRole and col in (C_SCHEME, C_METHOD):
                 return v
             return self._text(name, col, v)
         if role == SORT_ROLE:
@@ -185,12 +196,18 @@ class SchemeTableModel(QAbstractTableModel):
             return fmt_db(v)
         if col == C_MAX:
             return fmt_float(v)
+        if col == C_METHOD:
+            return "—" if v is None else v
         if col == C_GBS:
             return "n/a" if v is None and (name, self.doc.scheme_of(name)) in self.doc.throughput \
                 else ("—" if v is None else fmt_gbs(v))
         return str(v)
 
     def setData(self, index, value, role=Qt.ItemDataRole.EditRole) -> bool:
+        if role == Qt.ItemDataRole.EditRole and index.column() == C_METHOD and value:
+            if self.on_method is not None:
+                self.on_method([self._names[index.row()]], str(value))
+            return True
         if role != Qt.ItemDataRole.EditRole or index.column() != C_SCHEME or not value:
             return False
         names = [self._names[index.row()]]

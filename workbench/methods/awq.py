@@ -24,6 +24,7 @@ import re
 import numpy as np
 
 from ..schemes.base import QuantizedTensor
+from ..schemes.ggml.common import GGMLScheme
 from . import intq
 from .base import Method
 
@@ -117,6 +118,44 @@ def clip_search(scheme, Ws, Xs):
     return best_scale.astype(scheme.scale_dtype), best_zero
 
 
+def ggml_clip_search(scheme, Ws, Xs):
+    """GGML block formats: AWQ's clip search as weight clamping (its ``auto_clip``): per
+    (row, block), the weights clamped to r·max|w| (r in CLIP_RATIOS) before the format's own
+    quantizer, keeping the encoded block with the least output error of the block's partial
+    product. r = 1 is RTN's block. Returns the QuantizedTensor (None when the tensor's rows do
+    not split into whole blocks)."""
+    rows, cols = Ws.shape
+    B = getattr(scheme, "block_size", None)
+    if not B or cols % B:
+        return None
+    nb = cols // B
+    blocks = Ws.reshape(rows, nb, B)
+    amax = np.abs(blocks).max(axis=2, keepdims=True)
+    best_err = np.full((rows, nb), np.inf)
+    best = template = None
+    for r in CLIP_RATIOS:
+        lim = amax * np.float32(r)
+        wc = np.clip(blocks, -lim, lim).reshape(rows, cols)
+        qt = _rtn(scheme, wc)
+        arr = np.ascontiguousarray(qt.arrays["blocks"])
+        raw = arr.view(np.uint8).reshape(rows, nb, -1)
+        diff = (scheme.dequantize(qt).reshape(rows, cols) - Ws).reshape(rows, nb, B)
+        err = np.empty((rows, nb))
+        for g in range(nb):
+            D = Xs[:, g * B:(g + 1) * B] @ diff[:, g, :].T
+            err[:, g] = np.einsum("ij,ij->j", D, D, dtype=np.float64)
+        if best is None:
+            best, template = raw.copy(), (arr.dtype, arr.shape, qt)
+            best_err = err
+            continue
+        better = err < best_err
+        best[better] = raw[better]
+        best_err = np.where(better, err, best_err)
+    dtype, shape, qt0 = template
+    blocks_out = np.ascontiguousarray(best.reshape(rows, -1)).view(dtype).reshape(shape)
+    return QuantizedTensor(qt0.scheme, qt0.shape, {"blocks": blocks_out}, {})
+
+
 class AWQ(Method):
     name = "awq"
     needs = ("X", "mean_abs")
@@ -145,6 +184,10 @@ class AWQ(Method):
                 sc, z = got
                 wb = intq.as_blocks(ws, scheme.gran)
                 qt = intq.build(scheme, w.shape, intq.codes_for(scheme, wb, sc, z), sc, z, meta)
+        elif isinstance(scheme, GGMLScheme):
+            got = ggml_clip_search(scheme, ws, xs)
+            if got is not None:
+                qt = QuantizedTensor(got.scheme, got.shape, got.arrays, meta)
         if qt is None:
             q = _rtn(scheme, ws)
             qt = QuantizedTensor(q.scheme, q.shape, q.arrays, meta)
