@@ -246,3 +246,24 @@ def test_cli_check_methods_beat_rtn_on_demo(calib_file, capsys):
                      str(calib_file), "--held-out", str(held), "--json"]) == 0
         kl[m] = json.loads(capsys.readouterr().out)["kl_mean"]
     assert 0 < kl["gptq"] < kl["rtn"]
+
+
+def test_quantized_safetensors_carries_the_awq_fold(calib_file, tmp_path):
+    """The workbench's own quantized safetensors: the stored tensors are the method's, the
+    folded norms are stored folded, and the file opens to the folded model's weights."""
+    from workbench.export import export
+    from workbench.schemes import get_scheme
+    model = open_model(str(DEMO))
+    plan = Plan("int4-g128", method="awq")
+    mm = _mm(model, plan, calib_file, "any")
+    out = tmp_path / "awq.safetensors"
+    run(export(mm, plan, "safetensors", out))
+    back = open_model(str(out))
+    norm = "model.layers.0.post_attention_layernorm.weight"
+    assert norm in mm.folded_names
+    np.testing.assert_array_equal(back.read(norm), mm.read(norm))
+    assert not np.array_equal(back.read(norm), model.read(norm))
+    g = "model.layers.0.mlp.gate_proj.weight"
+    qt = mm.quantize_tensor(g, mm.read_matrix(g), "int4-g128")
+    got = back.read_matrix(g)
+    np.testing.assert_array_equal(got, get_scheme("int4-g128").dequantize(qt).reshape(got.shape))
