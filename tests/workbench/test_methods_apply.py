@@ -224,6 +224,12 @@ def test_cli_method_errors(calib_file, tmp_path, capsys):
                  "--imatrix", str(im), "--json"]) == 0
     ev = json.loads(capsys.readouterr().out)
     assert {t["method"] for t in ev["tensors"] if t["scheme"] != "keep"} == {"imatrix"}
+    assert main(["evaluate", str(DEMO), "--scheme", "int4-g128", "--json"]) == 0
+    rtn = json.loads(capsys.readouterr().out)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    e_im = next(t["rel_rmse"] for t in ev["tensors"] if t["name"] == q)
+    e_rtn = next(t["rel_rmse"] for t in rtn["tensors"] if t["name"] == q)
+    assert e_im != e_rtn and abs(e_im - e_rtn) < 0.05 * e_rtn    # the file's weights were used
     # a model that cannot run (no config.json) has no default calibration
     lone = tmp_path / "lone" / "model.safetensors"
     lone.parent.mkdir()
