@@ -247,6 +247,9 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
         flags = np.empty(rows, np.uint8)
         if spec.ggml_id in (0, 4):
             _k().ggml_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb, blocks, flags)
+        elif spec.ggml_name == "Q6_K":
+            from . import kquant_sym
+            kquant_sym.q6k_encode(w2d, blocks, flags)
         else:
             from . import ggml_legacy_quant
             ggml_legacy_quant.legacy_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb,

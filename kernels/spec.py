@@ -33,6 +33,9 @@ GGML_TYPES = {
 }
 #: GGML types with a quantize kernel (bit-identical to gguf-py / llama.cpp reference)
 GGML_QUANT = ("Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1")
+#: GGML types with a quantize kernel bit-identical to the project's own (searching) reference
+#: in workbench.schemes.ggml (not to llama.cpp's bytes): kernels/kquant_sym.py
+GGML_QUANT_SEARCH = ("Q6_K",)
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,7 +99,7 @@ def make_spec(layout: dict | None) -> Spec | None:
         if g not in GGML_TYPES:
             return None
         tid, qk, bpb = GGML_TYPES[g]
-        return Spec("ggml", "ggml" if g in GGML_QUANT else None, ggml_name=g, ggml_id=tid,
+        return Spec("ggml", "ggml" if g in GGML_QUANT + GGML_QUANT_SEARCH else None, ggml_name=g, ggml_id=tid,
                     qk=qk, bpb=bpb, name=name)
     if fam in ("f32", "u16"):
         return Spec(fam, table=layout.get("table", ""), name=name)

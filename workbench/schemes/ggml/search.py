@@ -24,6 +24,15 @@ def _wsum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", a, b)
 
 
+def _seqsum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise sum of a*b in index order (float32): the order the numba kernels
+    (kernels/kquant_sym.py) reproduce bit for bit."""
+    acc = a[:, 0] * b[:, 0]
+    for j in range(1, a.shape[1]):
+        acc = acc + a[:, j] * b[:, j]
+    return acc
+
+
 def affine_search(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float,
                   nstep: int, use_abs: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Codes L in [0, nmax] with x ~ scale * L - offset, offset >= 0, per row.
@@ -109,8 +118,8 @@ def symmetric_search(x: np.ndarray, w: np.ndarray, nmax: int, steps: range | lis
     def consider(L):
         nonlocal best_scale, best_score
         wl = w * L
-        sxl = _wsum(wl, x)
-        sl2 = _wsum(wl, L)
+        sxl = _seqsum(wl, x)
+        sl2 = _seqsum(wl, L)
         ok = sl2 > 0
         s2 = np.where(ok, sl2, F(1))
         scale = sxl / s2
