@@ -82,9 +82,10 @@ LANES = 16
 XT, WT, XS, XH = 0, 512, 1024, 1536
 _R = 2048
 (LO, HI, RNG, SW, SX, SXX, BA, BB, BE, ISC, S1, S2, S3, T1, T2, T3, AA, MM, LS, LM, EE, E2,
- CD, CDM, CLS, CLM, SC, MO, IV, PAA, PAB, PAX, PBB, PBX, OLS, OLM, DL, DML, WS) = \
-    [_R + 16 * k for k in range(39)]
-SBUF = _R + 16 * 40
+ CD, CDM, CLS, CLM, SC, MO, IV, PAA, PAB, PAX, PBB, PBX, OLS, OLM, DL, DML, WS, HAA, HAB) = \
+    [_R + 16 * k for k in range(41)]
+SBUF = _R + 16 * 42
+NDIV = 16                           # super-scale divisors screened (affine_k.NDIV)
 
 
 @njit(inline="always", **_J)
@@ -110,6 +111,8 @@ def _consider(S, s1, s2, s3):
         S[BE + j] = err if ok else S[BE + j]
         S[BA + j] = a if ok else S[BA + j]
         S[BB + j] = b if ok else S[BB + j]
+        S[HAA + j] = sl2 if ok else S[HAA + j]
+        S[HAB + j] = sl if ok else S[HAB + j]
 
 
 @njit(inline="always", **_J)
@@ -134,7 +137,7 @@ def _sub_err(S, n, fnmax):
 
 @njit(inline="always", **_J)
 def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, iters, rounds,
-           gi, gf, codes):
+           gi, gf, codes, QDM, QT3, QP, QMD, QMH):
     """Search G super-blocks (xa, xb: 256 float32 each; qa/qb their importance) together.
     Per group g: gi[g] flag, gi[2+g] / gi[4+g] d / dmin float16 bits; codes[g*256 + k] the
     weight codes, S[OLS/OLM + g*ns + j] the sub-block codes."""
@@ -195,6 +198,8 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
         rs = r if r > F0 else F1
         S[RNG + j] = rs
         S[BE + j] = INF
+        S[HAA + j] = F0
+        S[HAB + j] = F0
         S[BA + j] = rs / fnmax
         S[BB + j] = S[LO + j]
     for i in range(n):
@@ -251,9 +256,12 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
         flat = not (S[HI + j] - S[LO + j] > F0)
         S[AA + j] = F0 if flat else S[BA + j]
         S[MM + j] = F0 - (S[LO + j] if flat else S[BB + j])
-    # ---- step 2 (affine_k.super_search); per group scalars in gf:
-    # gf[0+g] amax, [2+g] mmax, [4+g] d, [6+g] dm, [8+g] best E, [10+g] out d, [12+g] out dm,
-    # [14+g] new d, [16+g] new dm, [18+g] finite; gi[8+g] dh, [10+g] mh, [12+g] new dh/mh
+        S[HAA + j] = F0 if flat else S[HAA + j]
+        S[HAB + j] = F0 if flat else S[HAB + j]
+    # ---- step 2 (affine_k.super_search); per group scalars:
+    # gf[0+g] amax, [2+g] mmax, [4+g] best P, [6+g] new d, [8+g] new dm
+    # gi[2+g] / gi[4+g] the chosen d / dmin float16 bits, [8+g]/[10+g] chosen divisor indices,
+    # [12+g] new d bits (-1: no refit), [14+g] new dmin bits
     for g in range(G):
         amax = F0
         mmax = F0
@@ -263,164 +271,185 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
             mmax = S[MM + j] if S[MM + j] > mmax else mmax
         gf[g] = amax
         gf[2 + g] = mmax
-        gf[8 + g] = INF
+        gf[4 + g] = INF
         gi[2 + g] = 0x7C00
         gi[4 + g] = 0x7C00
-    for div in divs:
-        for g in range(G):
-            e = gi[6 + g]
-            dh, d = _fp16_scale(gf[g] / div, e)
-            mh, dm = _fp16_scale(gf[2 + g] / div, e)
-            gf[18 + g] = F1 if ((dh & 0x7C00) != 0x7C00 and (mh & 0x7C00) != 0x7C00) else F0
-            gi[8 + g] = dh
-            gi[10 + g] = mh
-            gf[4 + g] = d
-            gf[6 + g] = dm
+        e = gi[6 + g]
+        # (a) screening: the dmin candidates first (lanes x divisors), then each d
+        for mv in range(NDIV):
+            mh, dm = _fp16_scale(mmax / divs[mv], e)
+            QMH[g * NDIV + mv] = mh
+            QMD[g * NDIV + mv] = dm
             for jl in range(ns):
                 j = g * ns + jl
-                S[CD + j] = d
-                S[CDM + j] = dm
-        for j in range(LANES):
-            d = S[CD + j]
-            dm = S[CDM + j]
-            ls = _rc(S[AA + j] / (d if d > F0 else F1), flev)
-            lm = _rc(S[MM + j] / (dm if dm > F0 else F1), flev)
-            S[LS + j] = ls if d > F0 else F0
-            S[LM + j] = lm if dm > F0 else F0
-            S[DL + j] = d
-            S[DML + j] = dm
-            S[CLS + j] = S[LS + j]
-            S[CLM + j] = S[LM + j]
-        _sub_err(S, n, fnmax)
-        for j in range(LANES):
-            S[EE + j] = S[E2 + j]
-        for _ in range(rounds):
-            for j in range(LANES):
-                S[CD + j] = S[DL + j]
-                S[CDM + j] = S[DML + j]
-            for da in range(-1, 2):
-                for db in range(-1, 2):
-                    if da == 0 and db == 0:
-                        continue
-                    fa = np.float32(da)
-                    fb = np.float32(db)
-                    for j in range(LANES):
-                        u = S[LS + j] + fa
-                        u = u if u > F0 else F0
-                        S[CLS + j] = u if u < flev else flev
-                        u = S[LM + j] + fb
-                        u = u if u > F0 else F0
-                        S[CLM + j] = u if u < flev else flev
-                    _sub_err(S, n, fnmax)
-                    for j in range(LANES):
-                        bt = S[E2 + j] < S[EE + j]
-                        S[EE + j] = S[E2 + j] if bt else S[EE + j]
-                        S[LS + j] = S[CLS + j] if bt else S[LS + j]
-                        S[LM + j] = S[CLM + j] if bt else S[LM + j]
-            # least-squares (d, dmin) for the fixed codes, per group
-            for j in range(LANES):
-                s = S[DL + j] * S[LS + j]
-                S[SC + j] = s
-                S[MO + j] = S[DML + j] * S[LM + j]
-                S[IV + j] = F1 / (s if s > F0 else F1)
-                S[PAA + j] = F0
-                S[PAB + j] = F0
-                S[PAX + j] = F0
-                S[PBB + j] = F0
-                S[PBX + j] = F0
-            for i in range(n):
-                for j in range(LANES):
-                    k = i * LANES + j
-                    v = S[XT + k]
-                    s = S[SC + j]
-                    L = _rc((v + S[MO + j]) * S[IV + j], fnmax)
-                    L = L if s > F0 else F0
-                    a_ = S[LS + j] * L
-                    b_ = S[LM + j]
-                    wa = S[WT + k] * a_
-                    wb = S[WT + k] * b_
-                    S[PAA + j] += wa * a_
-                    S[PAB + j] += wa * b_
-                    S[PAX + j] += wa * v
-                    S[PBB + j] += wb * b_
-                    S[PBX + j] += wb * v
-            anyok = False
-            for g in range(G):
-                saa = F0
-                sab = F0
-                sax = F0
-                sbb = F0
-                sbx = F0
-                for jl in range(ns):
-                    j = g * ns + jl
-                    saa += S[PAA + j]
-                    sab += S[PAB + j]
-                    sax += S[PAX + j]
-                    sbb += S[PBB + j]
-                    sbx += S[PBX + j]
-                det = saa * sbb - sab * sab
-                ok = det > F0
-                dets = det if ok else F1
-                nd = (sax * sbb - sab * sbx) / dets
-                ndm = (sab * sax - saa * sbx) / dets
-                ndm = ndm if ndm > F0 else F0
-                ok = ok and nd > F0
-                ndh, nd_ = _fp16_scale(nd if ok else F0, gi[6 + g])
-                nmh, ndm_ = _fp16_scale(ndm, gi[6 + g])
-                ok = ok and (ndh & 0x7C00) != 0x7C00 and (nmh & 0x7C00) != 0x7C00
-                gi[12 + g] = ndh if ok else -1
-                gi[14 + g] = nmh
-                anyok = anyok or ok
-                for jl in range(ns):
-                    j = g * ns + jl
-                    S[CD + j] = nd_
-                    S[CDM + j] = ndm_
-                    S[CLS + j] = S[LS + j]
-                    S[CLM + j] = S[LM + j]
-            if not anyok:
+                mj = S[MM + j]
+                lm = _rc(mj / (dm if dm > F0 else F1), flev)
+                lm = lm if dm > F0 else F0
+                dmm = dm * lm - mj
+                QDM[j * NDIV + mv] = dmm
+                QT3[j * NDIV + mv] = S[SW + j] * (dmm * dmm)
+        QP = np.empty(NDIV, np.float32)
+        for dv in range(NDIV):
+            dh, d = _fp16_scale(amax / divs[dv], e)
+            if (dh & 0x7C00) == 0x7C00:
                 continue
-            _sub_err(S, n, fnmax)
-            for g in range(G):
-                if gi[12 + g] < 0:
-                    continue
-                e1 = F0
-                e2 = F0
-                for jl in range(ns):
-                    j = g * ns + jl
-                    e1 += S[EE + j]
-                    e2 += S[E2 + j]
-                if e2 < e1:
-                    gi[8 + g] = gi[12 + g]
-                    gi[10 + g] = gi[14 + g]
-                    for jl in range(ns):
-                        j = g * ns + jl
-                        S[EE + j] = S[E2 + j]
-                        S[DL + j] = S[CD + j]
-                        S[DML + j] = S[CDM + j]
-        for g in range(G):
-            et = F0
+            for mv in range(NDIV):
+                QP[mv] = F0
             for jl in range(ns):
-                et += S[EE + g * ns + jl]
-            if gf[18 + g] > F0 and et < gf[8 + g]:
-                gf[8 + g] = et
-                gi[2 + g] = gi[8 + g]
-                gi[4 + g] = gi[10 + g]
-                gf[10 + g] = S[DL + g * ns]
-                gf[12 + g] = S[DML + g * ns]
-                for jl in range(ns):
-                    j = g * ns + jl
-                    S[OLS + j] = S[LS + j]
-                    S[OLM + j] = S[LM + j]
-    for g in range(G):
-        if not gf[8 + g] < INF:
-            gi[g] |= 1
-            continue
-        od = gf[10 + g]
-        odm = gf[12 + g]
+                j = g * ns + jl
+                a_ = S[AA + j]
+                ls = _rc(a_ / (d if d > F0 else F1), flev)
+                ls = ls if d > F0 else F0
+                da = d * ls - a_
+                t1 = S[HAA + j] * (da * da)
+                h2 = F2 * S[HAB + j]
+                for mv in range(NDIV):
+                    QP[mv] += (t1 - h2 * (da * QDM[j * NDIV + mv])) + QT3[j * NDIV + mv]
+            for mv in range(NDIV):
+                if (QMH[g * NDIV + mv] & 0x7C00) != 0x7C00 and QP[mv] < gf[4 + g]:
+                    gf[4 + g] = QP[mv]
+                    gi[2 + g] = dh
+                    gi[4 + g] = QMH[g * NDIV + mv]
+                    gi[8 + g] = dv
+                    gi[10 + g] = mv
+        if gf[4 + g] < INF:
+            dh, d = _fp16_scale(amax / divs[gi[8 + g]], e)
+            dm = QMD[g * NDIV + gi[10 + g]]
+        else:
+            d = F0
+            dm = F0
         for jl in range(ns):
             j = g * ns + jl
-            s = od * S[OLS + j]
-            m_ = odm * S[OLM + j]
+            S[DL + j] = d
+            S[DML + j] = dm
+    # (b) refinement of the chosen pair, all lanes at once
+    for j in range(LANES):
+        d = S[DL + j]
+        dm = S[DML + j]
+        ls = _rc(S[AA + j] / (d if d > F0 else F1), flev)
+        lm = _rc(S[MM + j] / (dm if dm > F0 else F1), flev)
+        S[LS + j] = ls if d > F0 else F0
+        S[LM + j] = lm if dm > F0 else F0
+        S[CD + j] = d
+        S[CDM + j] = dm
+        S[CLS + j] = S[LS + j]
+        S[CLM + j] = S[LM + j]
+    _sub_err(S, n, fnmax)
+    for j in range(LANES):
+        S[EE + j] = S[E2 + j]
+    for _ in range(rounds):
+        for j in range(LANES):
+            S[CD + j] = S[DL + j]
+            S[CDM + j] = S[DML + j]
+        for da in range(-1, 2):
+            for db in range(-1, 2):
+                if da == 0 and db == 0:
+                    continue
+                fa = np.float32(da)
+                fb = np.float32(db)
+                for j in range(LANES):
+                    u = S[LS + j] + fa
+                    u = u if u > F0 else F0
+                    S[CLS + j] = u if u < flev else flev
+                    u = S[LM + j] + fb
+                    u = u if u > F0 else F0
+                    S[CLM + j] = u if u < flev else flev
+                _sub_err(S, n, fnmax)
+                for j in range(LANES):
+                    bt = S[E2 + j] < S[EE + j]
+                    S[EE + j] = S[E2 + j] if bt else S[EE + j]
+                    S[LS + j] = S[CLS + j] if bt else S[LS + j]
+                    S[LM + j] = S[CLM + j] if bt else S[LM + j]
+        # least-squares (d, dmin) for the fixed codes, per group
+        for j in range(LANES):
+            s = S[DL + j] * S[LS + j]
+            S[SC + j] = s
+            S[MO + j] = S[DML + j] * S[LM + j]
+            S[IV + j] = F1 / (s if s > F0 else F1)
+            S[PAA + j] = F0
+            S[PAB + j] = F0
+            S[PAX + j] = F0
+            S[PBB + j] = F0
+            S[PBX + j] = F0
+        for i in range(n):
+            for j in range(LANES):
+                k = i * LANES + j
+                v = S[XT + k]
+                s = S[SC + j]
+                L = _rc((v + S[MO + j]) * S[IV + j], fnmax)
+                L = L if s > F0 else F0
+                a_ = S[LS + j] * L
+                b_ = S[LM + j]
+                wa = S[WT + k] * a_
+                wb = S[WT + k] * b_
+                S[PAA + j] += wa * a_
+                S[PAB + j] += wa * b_
+                S[PAX + j] += wa * v
+                S[PBB + j] += wb * b_
+                S[PBX + j] += wb * v
+        anyok = False
+        for g in range(G):
+            saa = F0
+            sab = F0
+            sax = F0
+            sbb = F0
+            sbx = F0
+            for jl in range(ns):
+                j = g * ns + jl
+                saa += S[PAA + j]
+                sab += S[PAB + j]
+                sax += S[PAX + j]
+                sbb += S[PBB + j]
+                sbx += S[PBX + j]
+            det = saa * sbb - sab * sab
+            ok = det > F0
+            dets = det if ok else F1
+            nd = (sax * sbb - sab * sbx) / dets
+            ndm = (sab * sax - saa * sbx) / dets
+            ndm = ndm if ndm > F0 else F0
+            ok = ok and nd > F0 and gf[4 + g] < INF
+            ndh, nd_ = _fp16_scale(nd if ok else F0, gi[6 + g])
+            nmh, ndm_ = _fp16_scale(ndm, gi[6 + g])
+            ok = ok and (ndh & 0x7C00) != 0x7C00 and (nmh & 0x7C00) != 0x7C00
+            gi[12 + g] = ndh if ok else -1
+            gi[14 + g] = nmh
+            anyok = anyok or ok
+            for jl in range(ns):
+                j = g * ns + jl
+                S[CD + j] = nd_
+                S[CDM + j] = ndm_
+                S[CLS + j] = S[LS + j]
+                S[CLM + j] = S[LM + j]
+        if not anyok:
+            continue
+        _sub_err(S, n, fnmax)
+        for g in range(G):
+            if gi[12 + g] < 0:
+                continue
+            e1 = F0
+            e2 = F0
+            for jl in range(ns):
+                j = g * ns + jl
+                e1 += S[EE + j]
+                e2 += S[E2 + j]
+            if e2 < e1:
+                gi[2 + g] = gi[12 + g]
+                gi[4 + g] = gi[14 + g]
+                for jl in range(ns):
+                    j = g * ns + jl
+                    S[EE + j] = S[E2 + j]
+                    S[DL + j] = S[CD + j]
+                    S[DML + j] = S[CDM + j]
+    for g in range(G):
+        if not gf[4 + g] < INF:
+            gi[g] |= 1
+            continue
+        for jl in range(ns):
+            j = g * ns + jl
+            S[OLS + j] = S[LS + j]
+            S[OLM + j] = S[LM + j]
+            s = S[DL + j] * S[LS + j]
+            m_ = S[DML + j] * S[LM + j]
             iv = F1 / (s if s > F0 else F1)
             for i in range(n):
                 L = _rc((S[XT + i * LANES + j] + m_) * iv, fnmax)
@@ -428,17 +457,19 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
 
 
 @njit(**_J)
-def _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes):
+def _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QDM, QT3, QP,
+             QMD, QMH):
     """Q2_K: one super-block of 16 sub-blocks of 16 (constant loop bounds: they vectorize)."""
     _group(S, 1, xa, xa, qa, qa, weighted, 3, 16, 16, 15, cands, divs, iters, rounds, gi, gf,
-           codes)
+           codes, QDM, QT3, QP, QMD, QMH)
 
 
 @njit(**_J)
-def _group32(S, xa, xb, qa, qb, weighted, nmax, cands, divs, iters, rounds, gi, gf, codes):
+def _group32(S, xa, xb, qa, qb, weighted, nmax, cands, divs, iters, rounds, gi, gf, codes,
+             QDM, QT3, QP, QMD, QMH):
     """Q4_K/Q5_K: two super-blocks of 8 sub-blocks of 32."""
     _group(S, 2, xa, xb, qa, qb, weighted, nmax, 32, 8, 63, cands, divs, iters, rounds, gi, gf,
-           codes)
+           codes, QDM, QT3, QP, QMD, QMH)
 
 
 @njit(inline="always", **_J)
@@ -554,6 +585,11 @@ def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, f
         gf = np.zeros(20, np.float32)
         codes = np.zeros(512, np.float32)
         zero = np.zeros(256, np.float32)
+        QDM = np.zeros(LANES * NDIV, np.float32)
+        QT3 = np.zeros(LANES * NDIV, np.float32)
+        QP = np.zeros(NDIV, np.float32)
+        QMD = np.zeros(2 * NDIV, np.float32)
+        QMH = np.zeros(2 * NDIV, np.int64)
         r0 = ch * rows // nch
         r1 = (ch + 1) * rows // nch
         for r in range(r0, r1):                 # NaN/Inf: the row is not searched
@@ -591,10 +627,11 @@ def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, f
             else:
                 t += 1
             if G == 1:
-                _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes)
+                _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QDM, QT3,
+                         QP, QMD, QMH)
             else:
                 _group32(S, xa, xb, qa, qb, weighted, nmax, cands, divs, iters, rounds, gi, gf,
-                         codes)
+                         codes, QDM, QT3, QP, QMD, QMH)
             flags[ra] |= _finish(kind, xa, codes, S, 0, ns, n, gi,
                                  blocks[ra, ba * bpb:(ba + 1) * bpb], bpb)
             if rb >= 0:

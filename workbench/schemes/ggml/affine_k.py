@@ -16,13 +16,16 @@ kernels/kquant_affine.py reproduces it bit for bit):
    (min clamped to <= 0: the format stores -min >= 0) and its error is evaluated in closed
    form; the best wins. Then `iters` alternating rounds re-round the codes with the winner's
    scale/min and refit.
-2. Per super-block: for each divisor in `divs`, d = max scale / div and dmin = max min / div
-   are rounded to float16 (as stored) and the sub-block codes ls = rint(scale / d), lm =
-   rint(min / dmin); then `rounds` times: (a) each sub-block tries the 8 neighbours (ls+-1,
-   lm+-1) of its code pair, the weights re-rounded for each against the *stored* values,
-   keeping the pair of least error; (b) the weighted least-squares (d, dmin) for the fixed
-   integer codes is solved over the whole super-block, rounded to float16, and kept when the
-   re-rounded super-block error drops. The divisor with the least error wins.
+2. Per super-block: (a) screening: every pair of divisors (dv, mv) from `divs` (16 each)
+   gives d = float16(max scale / dv), dmin = float16(max min / mv) (as stored) and the
+   sub-block codes ls = rint(scale / d), lm = rint(min / dmin); the pair is scored by the
+   exact quadratic error model of each sub-block's winning codes (haa da^2 - 2 hab da dm +
+   sw dm^2, da = d ls - scale, dm = dmin lm - min), no pass over the weights; the least
+   wins. (b) `rounds` times: each sub-block tries the 8 neighbours (ls+-1, lm+-1) of its code
+   pair, the weights re-rounded for each against the *stored* values, keeping the pair of
+   least error; then the weighted least-squares (d, dmin) for the fixed integer codes is
+   solved over the whole super-block, rounded to float16, and kept when the re-rounded
+   super-block error drops.
 
 llama.cpp (make_qkx2_quants) tries one anchoring with a heuristic weighting, fits each
 candidate, then rounds the winning float scales to the 6-bit grid once.
@@ -74,9 +77,15 @@ def _grid(nmax, rmin, rdelta, nstep):
     return tuple(float(F(nmax + rmin + rdelta * k)) for k in range(nstep + 1))
 
 
-Q2_K_PARAMS = AffineKParams(3, 16, 15, _grid(3, -0.5, 0.1, 15), 3, (15.0, 14.0, 13.0, 11.0), 2)
-Q4_K_PARAMS = AffineKParams(15, 32, 63, _grid(15, -1.0, 0.1, 20), 3, (63.0, 62.0, 61.0, 59.0), 2)
-Q5_K_PARAMS = AffineKParams(31, 32, 63, _grid(31, -0.5, 0.1, 15), 3, (63.0, 62.0, 61.0, 59.0), 2)
+def _divs(levels):
+    return tuple(levels - 0.5 * t for t in range(NDIV))
+
+
+#: super-scale divisors screened, for d and for dmin each (the kernel's loops assume 16)
+NDIV = 16
+Q2_K_PARAMS = AffineKParams(3, 16, 15, _grid(3, -0.5, 0.1, 15), 3, _divs(15), 2)
+Q4_K_PARAMS = AffineKParams(15, 32, 63, _grid(15, -1.0, 0.1, 20), 3, _divs(63), 2)
+Q5_K_PARAMS = AffineKParams(31, 32, 63, _grid(31, -0.5, 0.1, 15), 3, _divs(63), 2)
 
 #: the neighbour order of step 2a (ls offset, lm offset)
 NEIGHBOURS = tuple((a, b) for a in (-1, 0, 1) for b in (-1, 0, 1) if (a, b) != (0, 0))
@@ -120,8 +129,11 @@ def _seqmax0(v: np.ndarray) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ step 1: sub-blocks
-def sub_search(x: np.ndarray, w: np.ndarray, p: AffineKParams) -> tuple[np.ndarray, np.ndarray]:
-    """x, w float32 (B, n) -> (scale >= 0, min >= 0) float32 (B,): x ~ scale * q - min."""
+def sub_search(x: np.ndarray, w: np.ndarray, p: AffineKParams):
+    """x, w float32 (B, n) -> (scale >= 0, min >= 0, haa, hab, sw) float32 (B,): x ~ scale *
+    q - min; haa = sum w q^2, hab = sum w q of the winning codes q (0 for a constant
+    sub-block), sw = sum w: the error of other (scale, min) for these codes is the winner's
+    plus haa da^2 - 2 hab da dm + sw dm^2 (da, dm: the scale and min changes)."""
     nmax = p.nmax
     lo = _seqmin0(x)
     hi = _seqmax(x)
@@ -137,9 +149,11 @@ def sub_search(x: np.ndarray, w: np.ndarray, p: AffineKParams) -> tuple[np.ndarr
     best_err = np.full(x.shape[0], INF)
     best_a = rng_s / F(nmax)
     best_b = lo.copy()
+    haa = np.zeros(x.shape[0], F)
+    hab = np.zeros(x.shape[0], F)
 
     def consider(L):
-        nonlocal best_err, best_a, best_b
+        nonlocal best_err, best_a, best_b, haa, hab
         wl = w * L
         sl = _seqsum(wl)
         sl2 = _seqsum(wl * L)
@@ -158,6 +172,8 @@ def sub_search(x: np.ndarray, w: np.ndarray, p: AffineKParams) -> tuple[np.ndarr
         best_err = np.where(better, err, best_err)
         best_a = np.where(better, a, best_a)
         best_b = np.where(better, b, best_b)
+        haa = np.where(better, sl2, haa)
+        hab = np.where(better, sl, hab)
 
     for c in p.cand_array():
         iscale = c / rng_s
@@ -168,7 +184,9 @@ def sub_search(x: np.ndarray, w: np.ndarray, p: AffineKParams) -> tuple[np.ndarr
         consider(_clip(np.rint((x - best_b[:, None]) * inv[:, None]), nmax))
     a = np.where(flat, F(0), best_a)
     b = np.where(flat, lo, best_b)
-    return a.astype(F), (F(0) - b).astype(F)
+    haa = np.where(flat, F(0), haa)
+    hab = np.where(flat, F(0), hab)
+    return a.astype(F), (F(0) - b).astype(F), haa, hab, sw
 
 
 # ------------------------------------------------------------------ step 2: super-blocks
@@ -211,66 +229,75 @@ def _sum2(p):
     return _seqsum(_seqsum(p))
 
 
-def super_search(x, w, a, m, e, p: AffineKParams):
-    """x, w (nb, ns, n) normalized; a, m (nb, ns) sub-block scale/min; e (nb,) exponents.
+def super_search(x, w, a, m, haa, hab, sw, e, p: AffineKParams):
+    """x, w (nb, ns, n) normalized; a, m (nb, ns) sub-block scale/min; haa, hab, sw (nb, ns)
+    the sums sum w q^2, sum w q, sum w of each sub-block's codes; e (nb,) exponents.
     Returns (d16, dmin16 float16 (nb,), ls, lm float32 (nb, ns), L float32 (nb, ns, n))."""
     nb = x.shape[0]
     S, nmax = p.levels, p.nmax
     amax, mmax = _seqmax0(a), _seqmax0(m)
-    best_E = np.full(nb, INF)
-    out_d16 = np.full(nb, np.float16(np.inf))
-    out_m16 = np.full(nb, np.float16(np.inf))
-    out_ls = np.zeros(a.shape, F)
-    out_lm = np.zeros(a.shape, F)
-    out_d = np.zeros(nb, F)
-    out_dm = np.zeros(nb, F)
+    divs = p.div_array()
+    best_P = np.full(nb, INF)
+    d16 = np.full(nb, np.float16(np.inf))
+    m16 = np.full(nb, np.float16(np.inf))
+    d = np.zeros(nb, F)
+    dm = np.zeros(nb, F)
+    h2 = F(2) * hab
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        for div in p.div_array():
-            d16, d = fp16_scale(amax / div, e)
-            m16, dm = fp16_scale(mmax / div, e)
-            fin = np.isfinite(d16) & np.isfinite(m16)
-            ls, lm = _codes6(a, d, S), _codes6(m, dm, S)
-            E = _sub_err(x, w, d, dm, ls, lm, nmax)
-            for _ in range(p.rounds):
-                for da, db in NEIGHBOURS:
-                    l2 = _clip(ls + F(da), S)
-                    m2 = _clip(lm + F(db), S)
-                    E2 = _sub_err(x, w, d, dm, l2, m2, nmax)
-                    bt = E2 < E
-                    E = np.where(bt, E2, E)
-                    ls = np.where(bt, l2, ls)
-                    lm = np.where(bt, m2, lm)
-                L, _, _ = weight_codes(x, d, dm, ls, lm, nmax)
-                A = ls[..., None] * L
-                B = np.broadcast_to(lm[..., None], L.shape)
-                wa, wb = w * A, w * B
-                saa, sab, sax = _sum2(wa * A), _sum2(wa * B), _sum2(wa * x)
-                sbb, sbx = _sum2(wb * B), _sum2(wb * x)
-                det = saa * sbb - sab * sab
-                okd = det > 0
-                dets = np.where(okd, det, F(1))
-                nd = (sax * sbb - sab * sbx) / dets
-                ndm = (sab * sax - saa * sbx) / dets
-                ndm = np.where(ndm > 0, ndm, F(0))
-                okd &= nd > 0
-                nd16, nd_ = fp16_scale(np.where(okd, nd, F(0)), e)
-                nm16, ndm_ = fp16_scale(ndm, e)
-                okd &= np.isfinite(nd16) & np.isfinite(nm16)
-                E2 = _sub_err(x, w, nd_, ndm_, ls, lm, nmax)
-                okd &= _seqsum(E2) < _seqsum(E)
-                d16, d = np.where(okd, nd16, d16), np.where(okd, nd_, d)
-                m16, dm = np.where(okd, nm16, m16), np.where(okd, ndm_, dm)
-                E = np.where(okd[:, None], E2, E)
-            Et = np.where(fin, _seqsum(E), INF)
-            bt = Et < best_E
-            best_E = np.where(bt, Et, best_E)
-            out_d16 = np.where(bt, d16, out_d16)
-            out_m16 = np.where(bt, m16, out_m16)
-            out_d, out_dm = np.where(bt, d, out_d), np.where(bt, dm, out_dm)
-            out_ls = np.where(bt[:, None], ls, out_ls)
-            out_lm = np.where(bt[:, None], lm, out_lm)
-        L, _, _ = weight_codes(x, out_d, out_dm, out_ls, out_lm, nmax)
-    return out_d16, out_m16, out_ls, out_lm, L
+        # (a) screen every (d, dmin) divisor pair with the quadratic error model
+        mc = []
+        for mv in divs:
+            c16, c = fp16_scale(mmax / mv, e)
+            dmm = c[:, None] * _codes6(m, c, S) - m
+            mc.append((c16, c, dmm, sw * (dmm * dmm)))
+        for dv in divs:
+            c16, c = fp16_scale(amax / dv, e)
+            da = c[:, None] * _codes6(a, c, S) - a
+            t1 = haa * (da * da)
+            for mv16, mvv, dmm, t3 in mc:
+                P = _seqsum((t1 - h2 * (da * dmm)) + t3)
+                P = np.where(np.isfinite(c16) & np.isfinite(mv16), P, INF)
+                bt = P < best_P
+                best_P = np.where(bt, P, best_P)
+                d16, d = np.where(bt, c16, d16), np.where(bt, c, d)
+                m16, dm = np.where(bt, mv16, m16), np.where(bt, mvv, dm)
+        # (b) refine the winner on the real, re-rounded error
+        ls, lm = _codes6(a, d, S), _codes6(m, dm, S)
+        E = _sub_err(x, w, d, dm, ls, lm, nmax)
+        for _ in range(p.rounds):
+            for da_, db_ in NEIGHBOURS:
+                l2 = _clip(ls + F(da_), S)
+                m2 = _clip(lm + F(db_), S)
+                E2 = _sub_err(x, w, d, dm, l2, m2, nmax)
+                bt = E2 < E
+                E = np.where(bt, E2, E)
+                ls = np.where(bt, l2, ls)
+                lm = np.where(bt, m2, lm)
+            L, _, _ = weight_codes(x, d, dm, ls, lm, nmax)
+            A = ls[..., None] * L
+            B = np.broadcast_to(lm[..., None], L.shape)
+            wa, wb = w * A, w * B
+            saa, sab, sax = _sum2(wa * A), _sum2(wa * B), _sum2(wa * x)
+            sbb, sbx = _sum2(wb * B), _sum2(wb * x)
+            det = saa * sbb - sab * sab
+            okd = det > 0
+            dets = np.where(okd, det, F(1))
+            nd = (sax * sbb - sab * sbx) / dets
+            ndm = (sab * sax - saa * sbx) / dets
+            ndm = np.where(ndm > 0, ndm, F(0))
+            okd &= nd > 0
+            nd16, nd_ = fp16_scale(np.where(okd, nd, F(0)), e)
+            nm16, ndm_ = fp16_scale(ndm, e)
+            okd &= np.isfinite(nd16) & np.isfinite(nm16)
+            E2 = _sub_err(x, w, nd_, ndm_, ls, lm, nmax)
+            okd &= _seqsum(E2) < _seqsum(E)
+            d16, d = np.where(okd, nd16, d16), np.where(okd, nd_, d)
+            m16, dm = np.where(okd, nm16, m16), np.where(okd, ndm_, dm)
+            E = np.where(okd[:, None], E2, E)
+        L, _, _ = weight_codes(x, d, dm, ls, lm, nmax)
+    fin = best_P < INF
+    return (np.where(fin, d16, np.float16(np.inf)), np.where(fin, m16, np.float16(np.inf)),
+            ls, lm, L)
 
 
 def encode_affine_k(x: np.ndarray, p: AffineKParams, qw: np.ndarray | None = None):
@@ -288,8 +315,10 @@ def encode_affine_k(x: np.ndarray, p: AffineKParams, qw: np.ndarray | None = Non
     else:
         w = np.ascontiguousarray(qw, F).reshape(-1, n)
         w = np.where((_seqsum(w) > 0)[:, None], w, F(1))
-    a, m = sub_search(xs, w, p)
+    a, m, haa, hab, sw = sub_search(xs, w, p)
+    sh = (nb, ns)
     d16, m16, ls, lm, L = super_search(xn.reshape(nb, ns, n), w.reshape(nb, ns, n),
-                                       a.reshape(nb, ns), m.reshape(nb, ns), e, p)
+                                       a.reshape(sh), m.reshape(sh), haa.reshape(sh),
+                                       hab.reshape(sh), sw.reshape(sh), e, p)
     return (d16, m16, ls.astype(np.uint8), lm.astype(np.uint8),
             L.reshape(nb, 256).astype(np.uint8))
