@@ -36,6 +36,9 @@ GGML_QUANT = ("Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1")
 #: GGML types with a quantize kernel bit-identical to the project's own (searching) reference
 #: in workbench.schemes.ggml (not to llama.cpp's bytes): kernels/kquant_sym.py
 GGML_QUANT_SEARCH = ("Q6_K",)
+#: GGML types whose quantize kernel runs the project's own searching quantizer, bit-identical
+#: to its numpy reference (kernels/kquant_affine.py; the layout carries the search parameters)
+GGML_QUANT_AFFINE_K = ("Q2_K", "Q4_K", "Q5_K")
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +71,8 @@ class Spec:
     fmax: float = 0.0
     fp8_table: np.ndarray | None = None
     mids: np.ndarray | None = None
+    # ggml searching quantizers: (candidate steps, super-scale divisors, iters, rounds)
+    search: tuple = ()
 
     def geometry(self, rows: int, cols: int) -> tuple[int, int]:
         """(group length along a row, blocks per row); block of (r, c) = r*bpr + c//gs."""
@@ -83,7 +88,8 @@ def make_spec(layout: dict | None) -> Spec | None:
     """The Spec of a scheme's declared layout (``Scheme.kernel_layout()``); None when no kernel
     covers it. Layout keys by family:
 
-    * ``{"family": "ggml", "ggml_name": "Q4_K"}``
+    * ``{"family": "ggml", "ggml_name": "Q4_K"}`` (Q2_K/Q4_K/Q5_K: plus ``"search": {"cands",
+      "divs", "iters", "rounds"}``, the parameters of their searching quantizer)
     * ``{"family": "affine", "quant": "int", "bits", "offset", "asym", "gran", "qmin", "qmax",
       "scale_f16", "clip", "pot"}`` (gran: "tensor" | "row" | group size)
     * ``{"family": "affine", "quant": "fp8", "values": <256-code decode table>, "fmax"}``
@@ -99,8 +105,15 @@ def make_spec(layout: dict | None) -> Spec | None:
         if g not in GGML_TYPES:
             return None
         tid, qk, bpb = GGML_TYPES[g]
-        return Spec("ggml", "ggml" if g in GGML_QUANT + GGML_QUANT_SEARCH else None, ggml_name=g, ggml_id=tid,
-                    qk=qk, bpb=bpb, name=name)
+        quant = "ggml" if g in GGML_QUANT + GGML_QUANT_SEARCH else None
+        search = ()
+        if g in GGML_QUANT_AFFINE_K and layout.get("search"):
+            se = layout["search"]
+            search = (tuple(float(c) for c in se["cands"]), tuple(float(d) for d in se["divs"]),
+                      int(se["iters"]), int(se["rounds"]))
+            quant = "ggml"
+        return Spec("ggml", quant, ggml_name=g, ggml_id=tid, qk=qk, bpb=bpb, name=name,
+                    search=search)
     if fam in ("f32", "u16"):
         return Spec(fam, table=layout.get("table", ""), name=name)
     if fam != "affine":

@@ -44,7 +44,8 @@ def test_has_kernel_reports_fallbacks():
     assert accel.has_kernel("int4-g128@mse", "quantize", "cpu")
     assert accel.has_kernel("q4_0", "quantize", "cpu") == ("q4_0" in _registered())
     if "q4_k" in _registered():
-        assert not accel.has_kernel("q4_k", "quantize", "cpu")       # numpy reference
+        assert accel.has_kernel("q4_k", "quantize", "cpu")       # kernels/kquant_affine.py
+        assert not accel.has_kernel("q4_k", "quantize", "numpy")
         assert accel.has_kernel("q4_k", "dequantize", "cuda")
     assert not accel.has_kernel("ternary-g64", "quantize", "cuda")
     assert accel.has_kernel("fp8-e4m3", "quantize", "cuda")

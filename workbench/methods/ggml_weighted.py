@@ -6,9 +6,11 @@ per-weight importance in the scale/min searches changes: as llama.cpp's
 
     qw[j] * sqrt(sigma2 + x_j^2)
 
-with sigma2 = 2·Σx²/256 for Q3_K/Q4_K/Q5_K, Σx²/256 for Q2_K/Q6_K and Σx²/32 for the
-32-weight blocks (ggml-quants.c), and the searches are the project's (search.py):
-weighted least squares for each candidate scale. Types without a weighted path here
+with sigma2 = 2·Σx²/256 for Q3_K, Σx²/256 for Q6_K and Σx²/32 for the 32-weight blocks
+(ggml-quants.c), and the searches are the project's (search.py): weighted least squares for
+each candidate scale. Q2_K/Q4_K/Q5_K instead minimise Σ qw_j (x_j − y_j)² itself (the
+figure ‖XW − XŴ‖² reduces to for uncorrelated inputs) with their own search
+(schemes/ggml/affine_k.py, numba kernel kernels/kquant_affine.py). Types without a weighted path here
 (Q8_0, IQ4_NL) are refused; llama.cpp ignores the imatrix for Q8_0 too.
 
 ``weighted_encode(scheme, x, qw)``: x float32 (n_blocks, QK), qw (n_blocks, QK) -> packed
@@ -69,28 +71,22 @@ def _legacy_affine(scheme, x, qw, nmax):
     return out
 
 
-def _affine_k(scheme, x, qw, nmax, sub_n, factor):
-    nb = x.shape[0]
-    ns = 256 // sub_n
-    xn, e = pow2_normalize(x)
-    sub = kc.sub_blocks(xn, sub_n)
-    w = _llama_weights(xn, qw, sub_n, factor)
-    scale, mins, _ = affine_search(sub, w, nmax, -0.9, 0.05, 36, use_abs=False)
-    levels = 63 if sub_n == 32 else 15
-    d16, d_eff, ls = kc.super_scale_codes(scale.reshape(nb, ns), e, levels)
-    dmin16, m_eff, lm = kc.super_scale_codes(mins.reshape(nb, ns), e, levels)
-    L = kc.requantize(xn.reshape(nb, ns, sub_n), d_eff[:, None] * ls, 0, nmax,
-                      offset=m_eff[:, None] * lm).reshape(nb, 256)
-    out = np.empty(nb, scheme.block_dtype)
-    out["d"], out["dmin"] = d16, dmin16
-    if sub_n == 32:
-        out["scales"] = kc.pack_scales_k4(ls, lm)
-        scheme._pack_codes(out, L)
-    else:
-        ls, lm = ls.astype(np.uint8), lm.astype(np.uint8)
-        out["scales"] = ls | (lm << np.uint8(4))
-        out["qs"] = kc.pack_2bit(L)
-    return out
+def _affine_k(scheme, x, qw):
+    """Q2_K/Q4_K/Q5_K: the scheme's own search (schemes/ggml/affine_k.py) minimising the
+    qw-weighted squared error directly (the diagonal layer-output error), run by the numba
+    kernel when there is one (bit-identical), else by the numpy reference."""
+    from .. import accel
+    from kernels import backend
+    spec = accel.spec_for(scheme)
+    if spec is not None and spec.search and backend.resolve("auto") != "numpy":
+        from kernels import cpu_ops
+        try:
+            res = cpu_ops.affine_k_blocks(spec, x, qw)
+        except cpu_ops.NonFinite:
+            res = None
+        if res is not None:
+            return res["blocks"].reshape(-1).view(scheme.block_dtype)
+    return scheme.encode(x, qw)
 
 
 def _q3_k(scheme, x, qw):
@@ -142,10 +138,8 @@ def _encode(scheme, x, qw):
         return _legacy_affine(scheme, x, qw, 15)
     if n == "q5_1":
         return _legacy_affine(scheme, x, qw, 31)
-    if n == "q2_k":
-        return _affine_k(scheme, x, qw, 3, 16, 1.0)
-    if n in ("q4_k", "q5_k"):
-        return _affine_k(scheme, x, qw, scheme.nmax, 32, 2.0)
+    if n in ("q2_k", "q4_k", "q5_k"):
+        return _affine_k(scheme, x, qw)
     if n == "q3_k":
         return _q3_k(scheme, x, qw)
     if n == "q6_k":
@@ -157,6 +151,7 @@ def weighted_encode(scheme, x: np.ndarray, qw: np.ndarray) -> np.ndarray:
     """Packed blocks (uint8 (n_blocks, type_size)) of x under `scheme` weighted by qw."""
     x = np.ascontiguousarray(x, F).reshape(-1, scheme.block_size)
     qw = np.ascontiguousarray(qw, F).reshape(x.shape)
+    qw = np.where(np.isfinite(qw) & (qw > 0), qw, F(0))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         enc = _encode(scheme, x, qw)
     scheme._check_scales(enc, x)

@@ -5,8 +5,8 @@ j), qs[64] (byte h*32+l holds codes h*128 + s*32 + l at bits 2s, s = 0..3), d, d
 
     w = d * sc_j * q - dmin * m_j        (j = sub-block of 16, q in 0..3)
 
-Quantize: per sub-block an affine search (weights |w|, weighted absolute error, candidate
-scales (3 - 0.5 + 0.1k)/range, k = 0..15); d and dmin = the largest scale / min over 15.
+Quantize: affine_k.encode_affine_k with 4-bit sub-block codes (affine_k.Q2_K_PARAMS; plain
+squared error); the numba kernel kernels/kquant_affine.py is bit-identical to it.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import gguf
 import numpy as np
 
 from . import kcommon as kc
-from .common import GGMLScheme, block_dtype, fp16_field, pow2_normalize
-from .search import affine_search
+from .affine_k import Q2_K_PARAMS, encode_affine_k
+from .common import GGMLScheme, block_dtype, fp16_field
 
 F = np.float32
 
@@ -31,16 +31,15 @@ class Q2_K(GGMLScheme):
     block_dtype = block_dtype([("scales", "u1", (16,)), ("qs", "u1", (64,)), ("d", "<f2"),
                                ("dmin", "<f2")], 84)
 
-    def encode(self, x):
+    params = Q2_K_PARAMS
+
+    def kernel_layout(self) -> dict:
+        return dict(super().kernel_layout(), search=self.params.layout())
+
+    def encode(self, x, qw=None):
+        """Blocks of x (nb, 256); qw: optional importance weights of the same shape."""
         nb = x.shape[0]
-        xn, e = pow2_normalize(x)
-        sub = kc.sub_blocks(xn, 16)
-        scale, mins, _ = affine_search(sub, np.abs(sub), 3, -0.5, 0.1, 15, use_abs=True)
-        d16, d_eff, ls = kc.super_scale_codes(scale.reshape(nb, 16), e, 15)
-        dmin16, m_eff, lm = kc.super_scale_codes(mins.reshape(nb, 16), e, 15)
-        ls, lm = ls.astype(np.uint8), lm.astype(np.uint8)
-        L = kc.requantize(xn.reshape(nb, 16, 16), d_eff[:, None] * ls, 0, 3,
-                          offset=m_eff[:, None] * lm).reshape(nb, 256)
+        d16, dmin16, ls, lm, L = encode_affine_k(x, self.params, qw)
         out = np.empty(nb, self.block_dtype)
         out["scales"] = ls | (lm << np.uint8(4))
         out["qs"] = kc.pack_2bit(L)

@@ -6,10 +6,9 @@ nibble, code c*64+32+l in the high nibble).
 
     w = d * sc_j * q - dmin * m_j        (j = sub-block, q in 0..15)
 
-Quantize: per sub-block an affine search (search.affine_search, weights rms + |w|, candidate
-scales (15 - 1 + 0.1k)/range, k = 0..20) gives a scale and a min; the largest of each in the
-super-block sets d and dmin (/63); the 6-bit codes are rounded; the weights are re-rounded
-with the stored scales.
+Quantize: affine_k.encode_affine_k (a searched scale/min per sub-block, then a search on the
+stored 6-bit codes and the float16 super-scales; plain squared error), see affine_k.py.
+The numba kernel kernels/kquant_affine.py is bit-identical to it.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ import gguf
 import numpy as np
 
 from . import kcommon as kc
-from .common import GGMLScheme, block_dtype, fp16_field, pow2_normalize
-from .search import affine_search
+from .affine_k import Q4_K_PARAMS, encode_affine_k
+from .common import GGMLScheme, block_dtype, fp16_field
 
 F = np.float32
 
@@ -31,18 +30,15 @@ class AffineK(GGMLScheme, register=False):
     scale_fields = ("d", "dmin")
     zero_when_worse = True
     nmax = 15
-    rmin, rdelta, nstep = -1.0, 0.1, 20
+    params = Q4_K_PARAMS
 
-    def encode(self, x):
+    def kernel_layout(self) -> dict:
+        return dict(super().kernel_layout(), search=self.params.layout())
+
+    def encode(self, x, qw=None):
+        """Blocks of x (nb, 256); qw: optional importance weights of the same shape."""
         nb = x.shape[0]
-        xn, e = pow2_normalize(x)
-        sub = kc.sub_blocks(xn, 32)
-        scale, mins, _ = affine_search(sub, kc.k4_weights(sub), self.nmax, self.rmin,
-                                       self.rdelta, self.nstep, use_abs=False)
-        d16, d_eff, ls = kc.super_scale_codes(scale.reshape(nb, 8), e, 63)
-        dmin16, m_eff, lm = kc.super_scale_codes(mins.reshape(nb, 8), e, 63)
-        L = kc.requantize(xn.reshape(nb, 8, 32), d_eff[:, None] * ls, 0, self.nmax,
-                          offset=m_eff[:, None] * lm).reshape(nb, 256)
+        d16, dmin16, ls, lm, L = encode_affine_k(x, self.params, qw)
         out = np.empty(nb, self.block_dtype)
         out["d"], out["dmin"] = d16, dmin16
         out["scales"] = kc.pack_scales_k4(ls, lm)

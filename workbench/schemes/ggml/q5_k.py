@@ -5,7 +5,7 @@ e//32 of byte e%32), qs[128] (low nibbles, as Q4_K).
 
     w = d * sc_j * q - dmin * m_j        (q in 0..31)
 
-Quantize: as Q4_K with codes 0..31 and candidate scales (31 - 0.5 + 0.1k)/range, k = 0..15.
+Quantize: as Q4_K with codes 0..31 (affine_k.Q5_K_PARAMS).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import gguf
 import numpy as np
 
 from . import kcommon as kc
+from .affine_k import Q5_K_PARAMS
 from .common import block_dtype
 from .q4_k import AffineK
 
@@ -23,7 +24,7 @@ class Q5_K(AffineK):
     nominal_bits = 5
     ggml_type = gguf.GGMLQuantizationType.Q5_K
     nmax = 31
-    rmin, rdelta, nstep = -0.5, 0.1, 15
+    params = Q5_K_PARAMS
     block_dtype = block_dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)),
                                ("qh", "u1", (32,)), ("qs", "u1", (128,))], 176)
 

@@ -1,0 +1,639 @@
+"""numba quantize kernels for Q2_K, Q4_K and Q5_K, bit-identical to the numpy reference
+``workbench.schemes.ggml.affine_k`` (the same float32 operations in the same order, no FMA
+contraction, every sum in index order).
+
+Plain arrays in, bytes out; imports nothing from ``workbench``. The search parameters
+(candidate steps, super-scale divisors, rounds) come from the caller as arrays/ints.
+
+Speed: a super-block is held transposed (weight i of sub-block j at i*ns + j), so every loop
+of the search runs across the sub-blocks (8 or 16 lanes) with a per-lane accumulator: the
+sums stay in index order per sub-block, as in the reference, and the loops vectorize.
+
+``affine_k_encode`` flags per row: 1 a float16 super-scale overflows (the reference refuses
+the tensor), 2 NaN/Inf, 4 a block needs the reference's own decision (the float64
+"decodes worse than zeros" test too close to call, or a block max at the 1e-15 all-zero
+threshold). Any flag sends the whole tensor to the numpy reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .cpu_common import _f32_to_f16_bits
+
+_J = dict(cache=True, nogil=True)
+_P = dict(cache=True, nogil=True, parallel=True)
+
+F0 = np.float32(0.0)
+F1 = np.float32(1.0)
+F2 = np.float32(2.0)
+INF = np.float32(np.inf)
+MAGIC = np.float32(12582912.0)      # 1.5 * 2**23: (v + MAGIC) - MAGIC == rint(v) for |v| < 2**22
+EPS32 = np.float32(1e-15)           # workbench.schemes.ggml.common.GROUP_EPS as numpy compares it
+
+#: kind -> (nmax, weights per sub-block, sub-blocks, scale code levels)
+KINDS = {"Q2_K": 0, "Q4_K": 1, "Q5_K": 2}
+
+
+@njit(inline="always", **_J)
+def _rc(v, hi):
+    """clip(rint(v), 0, hi); NaN -> 0. Exact for every v (outside +-2**22 the clip decides)."""
+    q = (v + MAGIC) - MAGIC
+    q = q if q > F0 else F0
+    return q if q < hi else hi
+
+
+@njit(inline="always", **_J)
+def _f16_to_f32(h):
+    s = (h >> 15) & 1
+    e = (h >> 10) & 31
+    m = h & 1023
+    if e == 0:
+        v = np.float64(m) * 2.0 ** -24
+    elif e == 31:
+        v = np.inf if m == 0 else np.nan
+    else:
+        v = np.float64(m + 1024) * 2.0 ** (e - 25)
+    return np.float32(-v if s else v)
+
+
+@njit(inline="always", **_J)
+def _ldexp32(v, e):
+    """float32 v * 2**e, rounded once (numpy's ldexp on float32)."""
+    return np.float32(np.float64(v) * math.ldexp(1.0, e))
+
+
+@njit(inline="always", **_J)
+def _fp16_scale(v, e):
+    """(float16 bits of v * 2**e, that float16's value * 2**-e as float32)."""
+    h = _f32_to_f16_bits(_ldexp32(v, e))
+    return h, _ldexp32(_f16_to_f32(h), -e)
+
+
+# ---------------------------------------------------------------- the lane scratch buffer
+# One float32 buffer per thread: 16 lanes (sub-blocks: one Q2_K super-block, or two Q4_K/Q5_K
+# super-blocks) of up to 32 weights, stored transposed (weight i of lane j at i*16 + j), and
+# per-lane rows of 16. Constant offsets into one buffer let LLVM prove the loops independent
+# and vectorize them 16 wide.
+LANES = 16
+XT, WT, XS, XH = 0, 512, 1024, 1536
+_R = 2048
+(LO, HI, RNG, SW, SX, SXX, BA, BB, BE, ISC, S1, S2, S3, T1, T2, T3, AA, MM, LS, LM, EE, E2,
+ CD, CDM, CLS, CLM, SC, MO, IV, PAA, PAB, PAX, PBB, PBX, OLS, OLM, DL, DML, WS, HAA, HAB) = \
+    [_R + 16 * k for k in range(41)]
+SBUF = _R + 16 * 42
+NDIV = 16                           # super-scale divisors screened (affine_k.NDIV)
+
+
+@njit(inline="always", **_J)
+def _consider(S, s1, s2, s3):
+    """affine_k.sub_search's consider() on all lanes (branch-free)."""
+    for j in range(LANES):
+        sl = S[s1 + j]
+        sl2 = S[s2 + j]
+        sxl = S[s3 + j]
+        sw = S[SW + j]
+        sx = S[SX + j]
+        D = sw * sl2 - sl * sl
+        Ds = D if D > F0 else F1
+        a = (sw * sxl - sx * sl) / Ds
+        b = (sl2 * sx - sl * sxl) / Ds
+        pos = b > F0
+        s2s = sl2 if sl2 > F0 else F1
+        a = sxl / s2s if pos else a
+        b = F0 if pos else b
+        err = (S[SXX + j] - F2 * a * sxl - F2 * b * sx + a * a * sl2 + F2 * a * b * sl
+               + b * b * sw)
+        ok = (D > F0) & (a > F0) & (err < S[BE + j])
+        S[BE + j] = err if ok else S[BE + j]
+        S[BA + j] = a if ok else S[BA + j]
+        S[BB + j] = b if ok else S[BB + j]
+        S[HAA + j] = sl2 if ok else S[HAA + j]
+        S[HAB + j] = sl if ok else S[HAB + j]
+
+
+@njit(inline="always", **_J)
+def _sub_err(S, n, fnmax):
+    """E2[j] = weighted squared error of lane j with its codes re-rounded for the stored
+    (CD*CLS, CDM*CLM)."""
+    for j in range(LANES):
+        s = S[CD + j] * S[CLS + j]
+        S[SC + j] = s
+        S[MO + j] = S[CDM + j] * S[CLM + j]
+        S[IV + j] = F1 / (s if s > F0 else F1)
+        S[E2 + j] = F0
+    for i in range(n):
+        for j in range(LANES):
+            x = S[XT + i * LANES + j]
+            s = S[SC + j]
+            L = _rc((x + S[MO + j]) * S[IV + j], fnmax)
+            L = L if s > F0 else F0
+            r = x - (s * L - S[MO + j])
+            S[E2 + j] += S[WT + i * LANES + j] * (r * r)
+
+
+@njit(inline="always", **_J)
+def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, iters, rounds,
+           gi, gf, codes, QDM, QT3, QP, QMD, QMH):
+    """Search G super-blocks (xa, xb: 256 float32 each; qa/qb their importance) together.
+    Per group g: gi[g] flag, gi[2+g] / gi[4+g] d / dmin float16 bits; codes[g*256 + k] the
+    weight codes, S[OLS/OLM + g*ns + j] the sub-block codes."""
+    fnmax = np.float32(nmax)
+    flev = np.float32(levels)
+    # ---- normalize (common.pow2_normalize), lanes g*ns .. g*ns+ns-1
+    for g in range(G):
+        x = xa if g == 0 else xb
+        qr = qa if g == 0 else qb
+        gi[g] = 0
+        amax = F0
+        for k in range(256):
+            a = abs(x[k])
+            amax = a if a > amax else amax
+        tiny32 = amax < EPS32
+        if tiny32 != (np.float64(amax) < 1e-15):
+            gi[g] = 4
+        e = 0 if tiny32 else math.frexp(np.float64(amax))[1]
+        gi[6 + g] = e
+        p = F0 if tiny32 else np.float32(math.ldexp(1.0, -e))
+        for jl in range(ns):
+            j = g * ns + jl
+            for i in range(n):
+                v = x[jl * n + i] * p
+                S[XT + i * LANES + j] = v if not tiny32 else F0
+                S[WT + i * LANES + j] = qr[jl * n + i] if weighted else F1
+    if weighted:
+        for j in range(LANES):
+            S[WS + j] = F0
+        for i in range(n):
+            for j in range(LANES):
+                S[WS + j] += S[WT + i * LANES + j]
+        for i in range(n):
+            for j in range(LANES):
+                k = WT + i * LANES + j
+                S[k] = S[k] if S[WS + j] > F0 else F1
+    # ---- step 1 (affine_k.sub_search)
+    for j in range(LANES):
+        S[LO + j] = F0
+        S[HI + j] = S[XT + j]
+        S[SW + j] = F0
+        S[SX + j] = F0
+        S[SXX + j] = F0
+    for i in range(n):
+        for j in range(LANES):
+            v = S[XT + i * LANES + j]
+            lo = S[LO + j]
+            hi = S[HI + j]
+            S[LO + j] = v if v < lo else lo
+            S[HI + j] = v if v > hi else hi
+            ww = S[WT + i * LANES + j]
+            wx = ww * v
+            S[SW + j] += ww
+            S[SX + j] += wx
+            S[SXX + j] += wx * v
+    for j in range(LANES):
+        r = S[HI + j] - S[LO + j]
+        rs = r if r > F0 else F1
+        S[RNG + j] = rs
+        S[BE + j] = INF
+        S[HAA + j] = F0
+        S[HAB + j] = F0
+        S[BA + j] = rs / fnmax
+        S[BB + j] = S[LO + j]
+    for i in range(n):
+        for j in range(LANES):
+            S[XS + i * LANES + j] = S[XT + i * LANES + j] - S[LO + j]
+            S[XH + i * LANES + j] = S[HI + j] - S[XT + i * LANES + j]
+    for c in cands:
+        for j in range(LANES):
+            S[ISC + j] = c / S[RNG + j]
+            S[S1 + j] = F0
+            S[S2 + j] = F0
+            S[S3 + j] = F0
+            S[T1 + j] = F0
+            S[T2 + j] = F0
+            S[T3 + j] = F0
+        for i in range(n):
+            for j in range(LANES):
+                k = i * LANES + j
+                ww = S[WT + k]
+                v = S[XT + k]
+                isc = S[ISC + j]
+                L = _rc(S[XS + k] * isc, fnmax)
+                wl = ww * L
+                S[S1 + j] += wl
+                S[S2 + j] += wl * L
+                S[S3 + j] += wl * v
+                L = fnmax - ((S[XH + k] * isc + MAGIC) - MAGIC)
+                L = L if L > F0 else F0
+                L = L if L < fnmax else fnmax
+                wl = ww * L
+                S[T1 + j] += wl
+                S[T2 + j] += wl * L
+                S[T3 + j] += wl * v
+        _consider(S, S1, S2, S3)
+        _consider(S, T1, T2, T3)
+    for _ in range(iters):
+        for j in range(LANES):
+            S[ISC + j] = F1 / S[BA + j]
+            S[S1 + j] = F0
+            S[S2 + j] = F0
+            S[S3 + j] = F0
+        for i in range(n):
+            for j in range(LANES):
+                k = i * LANES + j
+                ww = S[WT + k]
+                v = S[XT + k]
+                L = _rc((v - S[BB + j]) * S[ISC + j], fnmax)
+                wl = ww * L
+                S[S1 + j] += wl
+                S[S2 + j] += wl * L
+                S[S3 + j] += wl * v
+        _consider(S, S1, S2, S3)
+    for j in range(LANES):
+        flat = not (S[HI + j] - S[LO + j] > F0)
+        S[AA + j] = F0 if flat else S[BA + j]
+        S[MM + j] = F0 - (S[LO + j] if flat else S[BB + j])
+        S[HAA + j] = F0 if flat else S[HAA + j]
+        S[HAB + j] = F0 if flat else S[HAB + j]
+    # ---- step 2 (affine_k.super_search); per group scalars:
+    # gf[0+g] amax, [2+g] mmax, [4+g] best P, [6+g] new d, [8+g] new dm
+    # gi[2+g] / gi[4+g] the chosen d / dmin float16 bits, [8+g]/[10+g] chosen divisor indices,
+    # [12+g] new d bits (-1: no refit), [14+g] new dmin bits
+    for g in range(G):
+        amax = F0
+        mmax = F0
+        for jl in range(ns):
+            j = g * ns + jl
+            amax = S[AA + j] if S[AA + j] > amax else amax
+            mmax = S[MM + j] if S[MM + j] > mmax else mmax
+        gf[g] = amax
+        gf[2 + g] = mmax
+        gf[4 + g] = INF
+        gi[2 + g] = 0x7C00
+        gi[4 + g] = 0x7C00
+        e = gi[6 + g]
+        # (a) screening: the dmin candidates first (lanes x divisors), then each d
+        for mv in range(NDIV):
+            mh, dm = _fp16_scale(mmax / divs[mv], e)
+            QMH[g * NDIV + mv] = mh
+            QMD[g * NDIV + mv] = dm
+            for jl in range(ns):
+                j = g * ns + jl
+                mj = S[MM + j]
+                lm = _rc(mj / (dm if dm > F0 else F1), flev)
+                lm = lm if dm > F0 else F0
+                dmm = dm * lm - mj
+                QDM[j * NDIV + mv] = dmm
+                QT3[j * NDIV + mv] = S[SW + j] * (dmm * dmm)
+        QP = np.empty(NDIV, np.float32)
+        for dv in range(NDIV):
+            dh, d = _fp16_scale(amax / divs[dv], e)
+            if (dh & 0x7C00) == 0x7C00:
+                continue
+            for mv in range(NDIV):
+                QP[mv] = F0
+            for jl in range(ns):
+                j = g * ns + jl
+                a_ = S[AA + j]
+                ls = _rc(a_ / (d if d > F0 else F1), flev)
+                ls = ls if d > F0 else F0
+                da = d * ls - a_
+                t1 = S[HAA + j] * (da * da)
+                h2 = F2 * S[HAB + j]
+                for mv in range(NDIV):
+                    QP[mv] += (t1 - h2 * (da * QDM[j * NDIV + mv])) + QT3[j * NDIV + mv]
+            for mv in range(NDIV):
+                if (QMH[g * NDIV + mv] & 0x7C00) != 0x7C00 and QP[mv] < gf[4 + g]:
+                    gf[4 + g] = QP[mv]
+                    gi[2 + g] = dh
+                    gi[4 + g] = QMH[g * NDIV + mv]
+                    gi[8 + g] = dv
+                    gi[10 + g] = mv
+        if gf[4 + g] < INF:
+            dh, d = _fp16_scale(amax / divs[gi[8 + g]], e)
+            dm = QMD[g * NDIV + gi[10 + g]]
+        else:
+            d = F0
+            dm = F0
+        for jl in range(ns):
+            j = g * ns + jl
+            S[DL + j] = d
+            S[DML + j] = dm
+    # (b) refinement of the chosen pair, all lanes at once
+    for j in range(LANES):
+        d = S[DL + j]
+        dm = S[DML + j]
+        ls = _rc(S[AA + j] / (d if d > F0 else F1), flev)
+        lm = _rc(S[MM + j] / (dm if dm > F0 else F1), flev)
+        S[LS + j] = ls if d > F0 else F0
+        S[LM + j] = lm if dm > F0 else F0
+        S[CD + j] = d
+        S[CDM + j] = dm
+        S[CLS + j] = S[LS + j]
+        S[CLM + j] = S[LM + j]
+    _sub_err(S, n, fnmax)
+    for j in range(LANES):
+        S[EE + j] = S[E2 + j]
+    for _ in range(rounds):
+        for j in range(LANES):
+            S[CD + j] = S[DL + j]
+            S[CDM + j] = S[DML + j]
+        for da in range(-1, 2):
+            for db in range(-1, 2):
+                if da == 0 and db == 0:
+                    continue
+                fa = np.float32(da)
+                fb = np.float32(db)
+                for j in range(LANES):
+                    u = S[LS + j] + fa
+                    u = u if u > F0 else F0
+                    S[CLS + j] = u if u < flev else flev
+                    u = S[LM + j] + fb
+                    u = u if u > F0 else F0
+                    S[CLM + j] = u if u < flev else flev
+                _sub_err(S, n, fnmax)
+                for j in range(LANES):
+                    bt = S[E2 + j] < S[EE + j]
+                    S[EE + j] = S[E2 + j] if bt else S[EE + j]
+                    S[LS + j] = S[CLS + j] if bt else S[LS + j]
+                    S[LM + j] = S[CLM + j] if bt else S[LM + j]
+        # least-squares (d, dmin) for the fixed codes, per group
+        for j in range(LANES):
+            s = S[DL + j] * S[LS + j]
+            S[SC + j] = s
+            S[MO + j] = S[DML + j] * S[LM + j]
+            S[IV + j] = F1 / (s if s > F0 else F1)
+            S[PAA + j] = F0
+            S[PAB + j] = F0
+            S[PAX + j] = F0
+            S[PBB + j] = F0
+            S[PBX + j] = F0
+        for i in range(n):
+            for j in range(LANES):
+                k = i * LANES + j
+                v = S[XT + k]
+                s = S[SC + j]
+                L = _rc((v + S[MO + j]) * S[IV + j], fnmax)
+                L = L if s > F0 else F0
+                a_ = S[LS + j] * L
+                b_ = S[LM + j]
+                wa = S[WT + k] * a_
+                wb = S[WT + k] * b_
+                S[PAA + j] += wa * a_
+                S[PAB + j] += wa * b_
+                S[PAX + j] += wa * v
+                S[PBB + j] += wb * b_
+                S[PBX + j] += wb * v
+        anyok = False
+        for g in range(G):
+            saa = F0
+            sab = F0
+            sax = F0
+            sbb = F0
+            sbx = F0
+            for jl in range(ns):
+                j = g * ns + jl
+                saa += S[PAA + j]
+                sab += S[PAB + j]
+                sax += S[PAX + j]
+                sbb += S[PBB + j]
+                sbx += S[PBX + j]
+            det = saa * sbb - sab * sab
+            ok = det > F0
+            dets = det if ok else F1
+            nd = (sax * sbb - sab * sbx) / dets
+            ndm = (sab * sax - saa * sbx) / dets
+            ndm = ndm if ndm > F0 else F0
+            ok = ok and nd > F0 and gf[4 + g] < INF
+            ndh, nd_ = _fp16_scale(nd if ok else F0, gi[6 + g])
+            nmh, ndm_ = _fp16_scale(ndm, gi[6 + g])
+            ok = ok and (ndh & 0x7C00) != 0x7C00 and (nmh & 0x7C00) != 0x7C00
+            gi[12 + g] = ndh if ok else -1
+            gi[14 + g] = nmh
+            anyok = anyok or ok
+            for jl in range(ns):
+                j = g * ns + jl
+                S[CD + j] = nd_
+                S[CDM + j] = ndm_
+                S[CLS + j] = S[LS + j]
+                S[CLM + j] = S[LM + j]
+        if not anyok:
+            continue
+        _sub_err(S, n, fnmax)
+        for g in range(G):
+            if gi[12 + g] < 0:
+                continue
+            e1 = F0
+            e2 = F0
+            for jl in range(ns):
+                j = g * ns + jl
+                e1 += S[EE + j]
+                e2 += S[E2 + j]
+            if e2 < e1:
+                gi[2 + g] = gi[12 + g]
+                gi[4 + g] = gi[14 + g]
+                for jl in range(ns):
+                    j = g * ns + jl
+                    S[EE + j] = S[E2 + j]
+                    S[DL + j] = S[CD + j]
+                    S[DML + j] = S[CDM + j]
+    for g in range(G):
+        if not gf[4 + g] < INF:
+            gi[g] |= 1
+            continue
+        for jl in range(ns):
+            j = g * ns + jl
+            S[OLS + j] = S[LS + j]
+            S[OLM + j] = S[LM + j]
+            s = S[DL + j] * S[LS + j]
+            m_ = S[DML + j] * S[LM + j]
+            iv = F1 / (s if s > F0 else F1)
+            for i in range(n):
+                L = _rc((S[XT + i * LANES + j] + m_) * iv, fnmax)
+                codes[g * 256 + jl * n + i] = L if s > F0 else F0
+
+
+@njit(**_J)
+def _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QDM, QT3, QP,
+             QMD, QMH):
+    """Q2_K: one super-block of 16 sub-blocks of 16 (constant loop bounds: they vectorize)."""
+    _group(S, 1, xa, xa, qa, qa, weighted, 3, 16, 16, 15, cands, divs, iters, rounds, gi, gf,
+           codes, QDM, QT3, QP, QMD, QMH)
+
+
+@njit(**_J)
+def _group32(S, xa, xb, qa, qb, weighted, nmax, cands, divs, iters, rounds, gi, gf, codes,
+             QDM, QT3, QP, QMD, QMH):
+    """Q4_K/Q5_K: two super-blocks of 8 sub-blocks of 32."""
+    _group(S, 2, xa, xb, qa, qb, weighted, nmax, 32, 8, 63, cands, divs, iters, rounds, gi, gf,
+           codes, QDM, QT3, QP, QMD, QMH)
+
+
+@njit(inline="always", **_J)
+def _put16(dst, p, h):
+    dst[p] = np.uint8(h & 255)
+    dst[p + 1] = np.uint8((h >> 8) & 255)
+
+
+@njit(**_J)
+def _pack(kind, q, ls, lm, dh, mh, dst):
+    if kind == 0:                                   # Q2_K: scales[16] qs[64] d dmin
+        for j in range(16):
+            dst[j] = np.uint8((np.int64(ls[j]) & 15) | ((np.int64(lm[j]) & 15) << 4))
+        for h in range(2):
+            for l in range(32):
+                v = 0
+                for s in range(4):
+                    v |= (np.int64(q[h * 128 + s * 32 + l]) & 3) << (2 * s)
+                dst[16 + h * 32 + l] = np.uint8(v)
+        _put16(dst, 80, dh)
+        _put16(dst, 82, mh)
+        return
+    _put16(dst, 0, dh)                              # Q4_K/Q5_K: d dmin scales[12] (qh) qs
+    _put16(dst, 2, mh)
+    for j in range(4):
+        a = np.int64(ls[j])
+        b = np.int64(ls[j + 4])
+        c = np.int64(lm[j])
+        g = np.int64(lm[j + 4])
+        dst[4 + j] = np.uint8((a & 63) | ((b >> 4) << 6))
+        dst[8 + j] = np.uint8((c & 63) | ((g >> 4) << 6))
+        dst[12 + j] = np.uint8((b & 15) | ((g & 15) << 4))
+    p = 16
+    if kind == 2:
+        for l in range(32):
+            v = 0
+            for b in range(8):
+                v |= ((np.int64(q[b * 32 + l]) >> 4) & 1) << b
+            dst[16 + l] = np.uint8(v)
+        p = 48
+    for c in range(4):
+        for l in range(32):
+            lo_ = np.int64(q[c * 64 + l]) & 15
+            hi_ = np.int64(q[c * 64 + 32 + l]) & 15
+            dst[p + c * 32 + l] = np.uint8(lo_ | (hi_ << 4))
+
+
+@njit(**_J)
+def _worse_than_zero(x, q, ls, lm, dh, mh, n, ns):
+    """The reference's zero_when_worse test in float64: 1 worse, 0 not, -1 too close to call."""
+    d = _f16_to_f32(dh)
+    dm = _f16_to_f32(mh)
+    err = 0.0
+    sig = 0.0
+    for j in range(ns):
+        dl = d * ls[j]
+        ml = dm * lm[j]
+        for i in range(n):
+            k = j * n + i
+            y = dl * q[k] - ml
+            t = np.float64(y) - np.float64(x[k])
+            err += t * t
+            sig += np.float64(x[k]) * np.float64(x[k])
+    if err == sig:
+        return 0
+    if abs(err - sig) <= 1e-9 * (err + sig):
+        return -1
+    return 1 if err > sig else 0
+
+
+@njit(**_J)
+def _finish(kind, x, codes, S, g, ns, n, gi, dst, bpb):
+    """Pack group g's block into dst (or zeros when it decodes worse than zeros); returns
+    the block's flag."""
+    f = gi[g]
+    if f:
+        return f
+    q = codes[g * 256:(g + 1) * 256]
+    ls = S[OLS + g * ns:OLS + g * ns + ns]
+    lm = S[OLM + g * ns:OLM + g * ns + ns]
+    z = _worse_than_zero(x, q, ls, lm, gi[2 + g], gi[4 + g], n, ns)
+    if z < 0:
+        return 4
+    if z == 1:
+        for k in range(bpb):
+            dst[k] = np.uint8(0)
+    else:
+        _pack(kind, q, ls, lm, gi[2 + g], gi[4 + g], dst)
+    return 0
+
+
+@njit(**_P)
+def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, flags):
+    """Q2_K (kind 0), Q4_K (1), Q5_K (2) blocks of w (rows, cols % 256 == 0).
+
+    qw: importance (rows or 1, cols) when `weighted` (row r of w uses qw's row r, or row 0),
+    finite and >= 0. blocks: uint8 (rows, cols/256 * bytes per block). flags: uint8 (rows,),
+    see the module docstring."""
+    rows, cols = w.shape
+    nbk = cols // 256
+    if kind == 0:
+        nmax, n, ns, levels, bpb, G = 3, 16, 16, 15, 84, 1
+    elif kind == 1:
+        nmax, n, ns, levels, bpb, G = 15, 32, 8, 63, 144, 2
+    else:
+        nmax, n, ns, levels, bpb, G = 31, 32, 8, 63, 176, 2
+    nch = min(rows, 256)
+    for r in range(rows):
+        flags[r] = 0
+    for ch in prange(nch):
+        S = np.zeros(SBUF, np.float32)
+        gi = np.zeros(16, np.int64)
+        gf = np.zeros(20, np.float32)
+        codes = np.zeros(512, np.float32)
+        zero = np.zeros(256, np.float32)
+        QDM = np.zeros(LANES * NDIV, np.float32)
+        QT3 = np.zeros(LANES * NDIV, np.float32)
+        QP = np.zeros(NDIV, np.float32)
+        QMD = np.zeros(2 * NDIV, np.float32)
+        QMH = np.zeros(2 * NDIV, np.int64)
+        r0 = ch * rows // nch
+        r1 = (ch + 1) * rows // nch
+        for r in range(r0, r1):                 # NaN/Inf: the row is not searched
+            row = w[r]
+            for c in range(cols):
+                v = row[c]
+                if not (v == v and abs(v) < np.inf):
+                    flags[r] = 2
+                    break
+        # super-blocks of rows r0..r1 in order, G at a time (a lone last one pairs with zeros)
+        t = r0 * nbk
+        t_end = r1 * nbk
+        while t < t_end:
+            ra = t // nbk
+            if flags[ra] & 2:
+                t = (ra + 1) * nbk
+                continue
+            ba = t % nbk
+            xa = w[ra, ba * 256:(ba + 1) * 256]
+            qa = qw[ra if qw.shape[0] > 1 else 0, ba * 256:(ba + 1) * 256] if weighted else xa
+            xb, qb, rb, bb = zero, zero, -1, 0
+            if G == 2:
+                u = t + 1
+                while u < t_end and (flags[u // nbk] & 2):
+                    u = (u // nbk + 1) * nbk
+                if u < t_end:
+                    rb = u // nbk
+                    bb = u % nbk
+                    xb = w[rb, bb * 256:(bb + 1) * 256]
+                    if weighted:
+                        qb = qw[rb if qw.shape[0] > 1 else 0, bb * 256:(bb + 1) * 256]
+                    t = u + 1
+                else:
+                    t = t_end
+            else:
+                t += 1
+            if G == 1:
+                _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QDM, QT3,
+                         QP, QMD, QMH)
+            else:
+                _group32(S, xa, xb, qa, qb, weighted, nmax, cands, divs, iters, rounds, gi, gf,
+                         codes, QDM, QT3, QP, QMD, QMH)
+            flags[ra] |= _finish(kind, xa, codes, S, 0, ns, n, gi,
+                                 blocks[ra, ba * bpb:(ba + 1) * bpb], bpb)
+            if rb >= 0:
+                flags[rb] |= _finish(kind, xb, codes, S, 1, ns, n, gi,
+                                     blocks[rb, bb * bpb:(bb + 1) * bpb], bpb)
