@@ -152,6 +152,18 @@ def _llama_order(g: str):
     return (int(m.group(1)) if m else -1, g)
 
 
+def recipe_types(ftypes) -> list[str]:
+    """Every type the recipes can assign (to measure them in a SensitivityTable's `extra`)."""
+    out = []
+    for f in ftypes:
+        r = RECIPES.get(f.upper())
+        if r is None:
+            raise WorkbenchError(f"unknown recipe {f!r} (known: {', '.join(RECIPES)})")
+        out += [r["default"], "q6_k", "q8_0"] + [v[1] for k, v in r.items() if k != "default"]
+        out += [FALLBACK[t] for t in list(out) if t in FALLBACK] + ["fp16"]
+    return list(dict.fromkeys(out))
+
+
 def recipe_assignment(model, ftype: str) -> dict[str, str]:
     """{workbench name: type} that llama-quantize assigns for `ftype` (see the module doc) to
     each tensor it re-types; the others (norms, biases, position / token-type embeddings) are

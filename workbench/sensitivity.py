@@ -345,7 +345,8 @@ class SensitivityTable:
 
 
 def build_table(model, schemes, errors: dict | None = None, runtime: str = "any",
-                pins: dict | None = None, measure: str = "weight", missing_scale: float = 1.0):
+                pins: dict | None = None, measure: str = "weight", missing_scale: float = 1.0,
+                extra=()):
     """Job: a SensitivityTable from given `errors[(name, scheme)]`; entries missing there (all of
     them when `errors` is None) are evaluate's sse times `missing_scale`. Bytes are
     evaluate_tensor's under `runtime`."""
@@ -371,7 +372,8 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
         info = model.info(n)
         params += info.numel
         g = gnames.get(n) if gnames else None
-        cands = list(dict.fromkeys(list(schemes) + ([pins[n]] if n in pins else [])))
+        cands = list(dict.fromkeys(list(schemes) + list(extra)
+                                   + ([pins[n]] if n in pins else [])))
         choosable = info.ndim >= 2 and info.is_float or n in pins
         decs = {}
         if choosable:
@@ -403,15 +405,18 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
 
 
 def sensitivity_table_job(model, schemes, measure: str = "weight", calib=None, imatrix=None,
-                          samples=None, runtime: str = "any", pins: dict | None = None):
+                          samples=None, runtime: str = "any", pins: dict | None = None,
+                          extra=()):
     """Job: the SensitivityTable for `measure` (see the module doc). Activation measure: tensors
-    the statistics do not reach get their weight error times the mean second moment."""
+    the statistics do not reach get their weight error times the mean second moment. `extra`:
+    schemes measured too (e.g. a recipe's types) that the allocator does not choose from."""
     from .progress import subjob
     from .schemes import get_scheme
     schemes = [get_scheme(s).name for s in schemes]
     if measure not in MEASURES:
         raise WorkbenchError(f"unknown measure {measure!r} (choose from {', '.join(MEASURES)})")
-    cands = list(dict.fromkeys(list(schemes) + list((pins or {}).values())))
+    extra = [get_scheme(s).name for s in extra]
+    cands = list(dict.fromkeys(list(schemes) + extra + list((pins or {}).values())))
     errors, scale = None, 1.0
     if measure == "activation":
         mom = yield from subjob(second_moments(model, calib, imatrix, samples), 0, 30, 100)
@@ -428,16 +433,17 @@ def sensitivity_table_job(model, schemes, measure: str = "weight", calib=None, i
                                                      runtime=runtime), 0, 80, 100)
         scale = 0.0
     start = 0 if errors is None else 80
-    table = yield from subjob(build_table(model, schemes, errors, runtime, pins, measure, scale),
+    table = yield from subjob(build_table(model, schemes, errors, runtime, pins, measure, scale,
+                                          extra),
                               start, 100 - start, 100)
     return table
 
 
 def sensitivity_table(model, schemes, measure: str = "weight", calib=None, imatrix=None,
                       samples=None, progress=None, cancel=None, runtime: str = "any",
-                      pins: dict | None = None) -> SensitivityTable:
+                      pins: dict | None = None, extra=()) -> SensitivityTable:
     """Per tensor x scheme: the measure (weight | activation | output) plus the bytes evaluate
     counts, the one table the CLI, the GUI and the allocator share. `progress(Progress)`,
     `cancel() -> bool` (raises workbench.errors.Cancelled)."""
     return run_job(sensitivity_table_job(model, schemes, measure, calib, imatrix, samples,
-                                         runtime, pins), progress, cancel)
+                                         runtime, pins, extra), progress, cancel)

@@ -32,14 +32,14 @@ def parse_schemes(text: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def table_from_args(args, model, schemes, pins=None, quiet=False):
+def table_from_args(args, model, schemes, pins=None, quiet=False, extra=()):
     from ...errors import WorkbenchError
     from ...sensitivity import sensitivity_table_job
     if args.measure == "output" and args.imatrix:
         raise WorkbenchError("--measure output runs the calibration inputs: give --calib, "
                              "not --imatrix")
     return drive(sensitivity_table_job(model, schemes, args.measure, args.calib, args.imatrix,
-                                       args.samples, args.target, pins), quiet=quiet)
+                                       args.samples, args.target, pins, extra), quiet=quiet)
 
 
 def register(sub) -> None:
