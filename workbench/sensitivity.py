@@ -206,7 +206,8 @@ def output_errors_job(model, schemes, calib=None, samples=None, names=None, runt
     if not todo:
         yield Progress(100, 100, "output sensitivity (cached)")
         return out
-    bkey = (str(model.path), id(data))
+    data = sorted(data, key=len)          # less padding per batch; the means do not change
+    bkey = (str(model.path), tuple(map(id, data)), "by-length")
     runner.restore()
     base = _BASE_CACHE.get(bkey)
     if base is None:
@@ -244,6 +245,35 @@ def output_errors(model, schemes, calib=None, samples=None, names=None, progress
     resources/calibration.txt). `progress(Progress)`, `cancel() -> bool`."""
     return run_job(output_errors_job(model, schemes, calib, samples, names, runtime),
                    progress, cancel)
+
+
+def spearman(a, b) -> float:
+    """Spearman rank correlation (average ranks for ties)."""
+    def ranks(x):
+        x = np.asarray(x, dtype=np.float64)
+        o = np.argsort(x, kind="stable")
+        r = np.empty(len(x))
+        r[o] = np.arange(len(x), dtype=np.float64)
+        for v in np.unique(x):
+            m = x == v
+            if m.sum() > 1:
+                r[m] = r[m].mean()
+        return r
+    ra, rb = ranks(a), ranks(b)
+    ra -= ra.mean()
+    rb -= rb.mean()
+    den = np.sqrt((ra ** 2).sum() * (rb ** 2).sum())
+    return float((ra * rb).sum() / den) if den > 0 else float("nan")
+
+
+def rank_agreement(table, reference, scheme: str, names=None) -> float:
+    """Spearman correlation over tensors of `table`'s values against `reference`'s (e.g. the
+    weight or activation measure against the measured output change) for one scheme; tensors
+    whose reference value is 0 (not read by the network's forward pass) are left out."""
+    names = [n for n in (names or table.names) if (n, scheme) in reference.values
+             and (n, scheme) in table.values and reference.values[(n, scheme)] != 0.0]
+    return spearman([table.values[(n, scheme)] for n in names],
+                    [reference.values[(n, scheme)] for n in names])
 
 
 # ---- the table --------------------------------------------------------------------------------

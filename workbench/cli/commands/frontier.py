@@ -1,6 +1,6 @@
 """`quant-workbench frontier [MODEL] [--from-bpw X] [--to-bpw Y] [--points N] [--schemes ..]
 [--calib F | --imatrix F] [--measure ..] [--samples N] [--target RT] [--recipes Q4_K_M,Q5_K_M]
-[--check K] [--check-samples N] [--json]`."""
+[--check K] [--check-samples N] [--held-out FILE] [--json]`."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def register(sub) -> None:
                         "point end to end (`check`)")
     p.add_argument("--check-samples", type=int, default=None,
                    help="calibration samples for --check (default: --samples)")
+    p.add_argument("--held-out", default=None, metavar="FILE",
+                   help="--check measures on these inputs instead of the calibration inputs")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -64,8 +66,12 @@ def run(args) -> int:
         k = min(args.check, len(alloc))
         idx = sorted({int(round(i)) for i in np.linspace(0, len(alloc) - 1, k)}) if k else []
         targets = [alloc[i] for i in idx] + uni + rec
-        check_points(model, targets, args.calib, args.check_samples or args.samples,
-                     runtime=table.runtime)
+        if args.held_out:
+            check_points(model, targets, args.held_out, args.check_samples,
+                         runtime=table.runtime)
+        else:
+            check_points(model, targets, args.calib, args.check_samples or args.samples,
+                         runtime=table.runtime)
     t4 = time.perf_counter()
     points = sorted(alloc + uni + rec, key=lambda p: p.bits_per_weight)
     secs = {"sensitivity": t1 - t0, "allocate": t3 - t2, "check": t4 - t3}

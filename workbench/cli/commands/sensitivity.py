@@ -1,5 +1,5 @@
 """`quant-workbench sensitivity [MODEL] [--schemes A,B,..] [--calib F | --imatrix F]
-[--measure weight|activation|output] [--samples N] [--target RT] [--json]`."""
+[--measure weight|activation|output] [--samples N] [--target RT] [--correlate] [--json]`."""
 
 from __future__ import annotations
 
@@ -46,14 +46,46 @@ def register(sub) -> None:
     p = sub.add_parser("sensitivity", help="per tensor and scheme: how much quantizing it hurts")
     add_model_arg(p)
     add_table_args(p)
+    p.add_argument("--correlate", action="store_true",
+                   help="compute all three measures and report the Spearman rank correlation "
+                        "over tensors of the weight and activation measures against the "
+                        "measured output change, per scheme")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
+
+
+def run_correlate(args, model, schemes) -> int:
+    import time
+    from ...sensitivity import rank_agreement
+    tables, secs = {}, {}
+    for m in ("weight", "activation", "output"):
+        args.measure = m
+        t0 = time.perf_counter()
+        tables[m] = table_from_args(args, model, schemes, quiet=args.json)
+        secs[m] = time.perf_counter() - t0
+    rho = {s: {m: rank_agreement(tables[m], tables["output"], s)
+               for m in ("weight", "activation")} for s in schemes}
+    n = {s: sum(1 for x in tables["output"].names
+                if tables["output"].values[(x, s)] != 0.0) for s in schemes}
+    if args.json:
+        print_json({"spearman_vs_output": rho, "tensors": n, "seconds": secs,
+                    "target": tables["output"].runtime})
+        return 0
+    print(f"Spearman rank correlation against the measured output change, over tensors "
+          f"(target {tables['output'].runtime}; seconds: " +
+          ", ".join(f"{m} {v:.1f}" for m, v in secs.items()) + ")")
+    print(f"{'scheme':<8} {'tensors':>7} {'weight':>8} {'activation':>10}")
+    for s in schemes:
+        print(f"{s:<8} {n[s]:7d} {rho[s]['weight']:8.3f} {rho[s]['activation']:10.3f}")
+    return 0
 
 
 def run(args) -> int:
     import time
     schemes = parse_schemes(args.schemes)
     model = open_model_arg(args)
+    if args.correlate:
+        return run_correlate(args, model, schemes)
     t0 = time.perf_counter()
     table = table_from_args(args, model, schemes, quiet=args.json)
     secs = time.perf_counter() - t0
