@@ -269,9 +269,12 @@ def spearman(a, b) -> float:
 def rank_agreement(table, reference, scheme: str, names=None) -> float:
     """Spearman correlation over tensors of `table`'s values against `reference`'s (e.g. the
     weight or activation measure against the measured output change) for one scheme; tensors
-    whose reference value is 0 (not read by the network's forward pass) are left out."""
+    whose reference value is 0 up to rounding (not read by the network's forward pass, e.g.
+    BERT's pooler for mean-pooled embeddings) are left out."""
     names = [n for n in (names or table.names) if (n, scheme) in reference.values
-             and (n, scheme) in table.values and reference.values[(n, scheme)] != 0.0]
+             and (n, scheme) in table.values]
+    top = max([abs(reference.values[(n, scheme)]) for n in names] + [0.0])
+    names = [n for n in names if abs(reference.values[(n, scheme)]) > 1e-9 * top]
     return spearman([table.values[(n, scheme)] for n in names],
                     [reference.values[(n, scheme)] for n in names])
 

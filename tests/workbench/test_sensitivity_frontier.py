@@ -187,3 +187,11 @@ def test_bench_allocate_cli(capsys):
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and len(out["runs"]) == 2
     assert all(r["bytes"] <= r["budget"] for r in out["runs"])
+
+
+def test_spearman_and_rank_agreement(demo_table):
+    from workbench.sensitivity import rank_agreement, spearman
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486833)   # ties: mid-ranks
+    assert rank_agreement(demo_table, demo_table, "q4_0") == pytest.approx(1.0)

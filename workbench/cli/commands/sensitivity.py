@@ -65,8 +65,10 @@ def run_correlate(args, model, schemes) -> int:
         secs[m] = time.perf_counter() - t0
     rho = {s: {m: rank_agreement(tables[m], tables["output"], s)
                for m in ("weight", "activation")} for s in schemes}
-    n = {s: sum(1 for x in tables["output"].names
-                if tables["output"].values[(x, s)] != 0.0) for s in schemes}
+    n = {}
+    for s in schemes:
+        v = [abs(tables["output"].values[(x, s)]) for x in tables["output"].names]
+        n[s] = sum(1 for x in v if x > 1e-9 * max(v + [0.0]))
     if args.json:
         print_json({"spearman_vs_output": rho, "tensors": n, "seconds": secs,
                     "target": tables["output"].runtime})
