@@ -23,6 +23,7 @@ The result never exceeds the budget (integer arithmetic on bytes).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,7 +93,7 @@ def solve(costs: list[list[int]], errors: list[list[float]], budget: int) -> lis
 
 
 def solve_detailed(costs, errors, budget: int, state_limit: int = 200_000,
-                   work_limit: int = 2_500_000) -> Solution:
+                   work_limit: int = 5_000_000, time_limit: float | None = 0.3) -> Solution:
     """`solve` with the figures: cost, error, exactness, multiplier, bound, core size."""
     n = len(costs)
     if n == 0:
@@ -203,26 +204,42 @@ def solve_detailed(costs, errors, budget: int, state_limit: int = 200_000,
         se = np.zeros(1)
         parents, choices = [], []
         work = 0
+        t_end = time.perf_counter() + time_limit if time_limit else None
         for j, (oc, oe, ok_) in enumerate(opts):
             work += len(sc) * len(oc)
-            if work > work_limit:
+            if work > work_limit or (t_end is not None and time.perf_counter() > t_end):
                 exact = False
                 break
-            nc = (sc[:, None] + oc[None, :]).ravel()
-            ne = (se[:, None] + oe[None, :]).ravel()
-            par = np.repeat(np.arange(len(sc)), len(oc))
-            ch = np.tile(ok_, len(sc))
-            keep = nc + suf_c[j + 1] <= cap
-            keep &= ne + suf_m[j + 1] - lam * (cap - nc) <= ub_core + tol
-            nc, ne, par, ch = nc[keep], ne[keep], par[keep], ch[keep]
-            o = np.lexsort((ne, nc))
-            nc, ne, par, ch = nc[o], ne[o], par[o], ch[o]
-            if len(ne):
+            # one cost-sorted run per option (sc is sorted), pruned before merging
+            pc, pe, pp, pk = [], [], [], []
+            idx = np.arange(len(sc))
+            slack_b = cap - suf_c[j + 1]
+            for c1, e1, k1 in zip(oc, oe, ok_):
+                nc1 = sc + c1
+                ne1 = se + e1
+                keep = (nc1 <= slack_b) & \
+                    (ne1 + suf_m[j + 1] - lam * (cap - nc1) <= ub_core + tol)
+                if keep.any():
+                    pc.append(nc1[keep])
+                    pe.append(ne1[keep])
+                    pp.append(idx[keep])
+                    pk.append(np.full(int(keep.sum()), k1))
+            if not pc:
+                nc = np.zeros(0, dtype=np.int64)
+            else:
+                nc, ne = np.concatenate(pc), np.concatenate(pe)
+                par, ch = np.concatenate(pp), np.concatenate(pk)
+                o = np.argsort(nc, kind="stable")      # timsort: merges the sorted runs
+                nc, ne, par, ch = nc[o], ne[o], par[o], ch[o]
                 run_min = np.minimum.accumulate(ne)
-                dom = np.empty(len(ne), dtype=bool)
-                dom[0] = False
-                dom[1:] = ne[1:] >= run_min[:-1]
-                nc, ne, par, ch = nc[~dom], ne[~dom], par[~dom], ch[~dom]
+                keep = np.empty(len(ne), dtype=bool)
+                keep[0] = True
+                keep[1:] = ne[1:] < run_min[:-1]
+                nc, ne, par, ch = nc[keep], ne[keep], par[keep], ch[keep]
+                # equal costs: only the last kept (lowest error) survives
+                last = np.ones(len(nc), dtype=bool)
+                last[:-1] = nc[:-1] != nc[1:]
+                nc, ne, par, ch = nc[last], ne[last], par[last], ch[last]
             max_states = max(max_states, len(nc))
             if len(nc) > state_limit or len(nc) == 0:
                 exact = len(nc) == 0   # empty: nothing beats the incumbent
