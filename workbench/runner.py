@@ -63,11 +63,16 @@ def _import_transformers():
 
 def dequantized(model, name: str, scheme_name: str) -> np.ndarray:
     """The tensor `name` as the scheme would store it, dequantized (float32, original shape).
-    Tensors a scheme cannot take (1-D, ineligible shapes) come back unchanged."""
+    A shape the scheme cannot take gets the scheme `evaluate` counts for it (the ``any``
+    runtime's fallback, workbench.runtimes.decide); tensors kept come back unchanged."""
     from .evaluate import quantize
+    from .runtimes import decide
     info = model.info(name)
     w = model.read_matrix(name)
     if scheme_name == KEEP or not info.is_float:
+        return w.reshape(info.shape)
+    scheme_name = decide(info, scheme_name, "any").applied
+    if scheme_name == KEEP:
         return w.reshape(info.shape)
     scheme = get_scheme(scheme_name)
     if scheme.ineligible_reason(info.shape):

@@ -1,14 +1,38 @@
-"""Per-tensor, per-scheme sensitivity. `weight`: squared reconstruction error (evaluate's sse).
-`activation`: sum_j E[x_j^2] * ||dW[:, j]||^2 with E[x_j^2] from calibration (or an imatrix),
-the quantity llama.cpp's imatrix weights the K-quant search with."""
+"""Per-tensor, per-scheme sensitivity: three measures, one table the CLI, GUI and allocator share.
+
+* ``weight``: squared reconstruction error (evaluate's sse).
+* ``activation``: sum_j E[x_j^2] * ||dW[:, j]||^2 with E[x_j^2] from calibration (or an imatrix),
+  the quantity llama.cpp's imatrix weights the K-quant search with. Embedding tables (whose input
+  is a one-hot token / position / type) are weighted by how often each row is used in the
+  calibration samples: sum_t p(t) * ||dW[t, :]||^2, the same per-token output error.
+* ``output``: the measured change of the model's outputs with only that tensor quantized (all
+  others original): mean KL divergence of next-token distributions (causal LM, nats per token) or
+  mean 1 - cosine of the mean-pooled sentence embeddings (encoders), over the calibration samples.
+  Cached on disk by (model file signature, calibration signature, tensor, applied scheme) under
+  ``$XDG_CACHE_HOME/quant-workbench/output-sensitivity``.
+
+Every value is for the scheme the runtime applies (workbench.runtimes.decide: a scheme whose
+block does not divide a tensor's rows falls back), so values and bytes describe the same tensor.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
 import numpy as np
 
-from .progress import Progress
+from .errors import WorkbenchError
+from .plan import KEEP
+from .progress import Progress, run as run_job
+
+MEASURES = ("weight", "activation", "output")
 
 
+# ---- activation statistics -------------------------------------------------------------------
 def second_moments(model, calib=None, imatrix=None, samples=None):
     """Job: {workbench name: E[x_j^2]} from calibration inputs or an imatrix file."""
     if imatrix:
@@ -28,20 +52,431 @@ def second_moments(model, calib=None, imatrix=None, samples=None):
     return {n: s2 / max(c, 1) for n, (s2, c) in stats.items()}
 
 
-def activation_error(model, name: str, scheme: str, ex2: np.ndarray) -> float:
-    from .runner import dequantized
-    w = model.read_matrix(name).reshape(model.info(name).shape).astype(np.float32)
-    dw = dequantized(model, name, scheme) - w
-    return float(((dw.astype(np.float64) ** 2).sum(0)) @ ex2)
-
-
-def activation_errors(model, schemes, moments: dict):
-    """Job: {(name, scheme): activation-weighted error} for the tensors with moments."""
+def embedding_usage(model, calib=None, samples=None, max_len: int = 128):
+    """Job: {workbench name: p(row)} for the runnable model's embedding tables (token, position,
+    token type) from the calibration samples: how often each row is looked up, per token."""
+    from .calibration import calibration_samples
+    from .runner import get_runner
+    runner = get_runner(model)
+    data = yield from calibration_samples(model, calib, samples, max_len)
+    n_tok = sum(len(s) for s in data)
     out = {}
-    items = [n for n in model.tensors if n in moments]
+    for n, mod in runner.module_for.items():
+        if type(mod).__name__ != "Embedding":
+            continue
+        rows = int(mod.num_embeddings)
+        hf = n.lower()
+        cnt = np.zeros(rows)
+        if "position" in hf:
+            off = int(runner.cfg.get("pad_token_id") or 0) + 1 \
+                if runner.cfg.get("model_type") in ("roberta", "xlm-roberta") else 0
+            for s in data:
+                idx = np.arange(len(s)) + off
+                np.add.at(cnt, idx[idx < rows], 1.0)
+        elif "token_type" in hf:
+            cnt[0] = n_tok
+        else:
+            for s in data:
+                np.add.at(cnt, s[s < rows], 1.0)
+        out[n] = cnt / max(n_tok, 1)
+    return out
+
+
+def activation_error(model, name: str, scheme: str, ex2: np.ndarray, rows: bool = False) -> float:
+    """sum_j ex2[j] * ||dW[:, j]||^2 (columns: a Linear's inputs); `rows`: sum_t ex2[t] *
+    ||dW[t, :]||^2 (an embedding table's rows)."""
+    from .runner import dequantized
+    info = model.info(name)
+    w = model.read_matrix(name).reshape(info.shape).astype(np.float32)
+    dw = (dequantized(model, name, scheme) - w).astype(np.float64)
+    dw = dw.reshape(dw.shape[0], -1)
+    if rows:
+        return float((dw ** 2).sum(1) @ ex2)
+    if dw.shape[1] != len(ex2) and dw.shape[0] == len(ex2):   # GPT-2 Conv1D stores (in, out)
+        return float((dw ** 2).sum(1) @ ex2)
+    return float((dw ** 2).sum(0) @ ex2)
+
+
+def activation_errors(model, schemes, moments: dict, usage: dict | None = None,
+                      runtime: str = "any"):
+    """Job: {(name, scheme): activation-weighted error} for the tensors with moments (and the
+    embedding tables in `usage`). Values are for the scheme `runtime` applies."""
+    from .runtimes import decide
+    out = {}
+    usage = usage or {}
+    items = [n for n in model.tensors if n in moments or n in usage]
     for i, n in enumerate(items):
         yield Progress(i, len(items), f"sensitivity {n}")
+        info = model.info(n)
         for s in schemes:
-            out[(n, s)] = activation_error(model, n, s, moments[n])
+            applied = decide(info, s, runtime).applied
+            if applied == KEEP:
+                out[(n, s)] = 0.0
+            elif n in moments:
+                out[(n, s)] = activation_error(model, n, applied, moments[n])
+            else:
+                out[(n, s)] = activation_error(model, n, applied, usage[n], rows=True)
     yield Progress(len(items), len(items), "done")
     return out
+
+
+# ---- measured output change -------------------------------------------------------------------
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "quant-workbench" \
+        / "output-sensitivity"
+
+
+def model_signature(model) -> list:
+    from .stats import file_signature
+    files = sorted({getattr(model.info(n), "file", "") or str(model.path) for n in model.tensors})
+    return [str(Path(model.path).resolve())] + [[f, file_signature(f)] for f in files]
+
+
+def _cache_file(model, calib, samples, max_len) -> Path:
+    from .calibration import DEFAULT_CALIB
+    from .stats import file_signature
+    c = str(Path(calib or DEFAULT_CALIB).resolve())
+    key = json.dumps([model_signature(model), c, file_signature(c), samples, max_len, 1])
+    return cache_dir() / (hashlib.sha1(key.encode()).hexdigest() + ".json")
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return {k: float(v) for k, v in data.get("values", {}).items()}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+
+
+def _write_cache(path: Path, values: dict) -> None:
+    from .atomic import write_text_atomic
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps({"version": 1, "values": values}))
+    except OSError:
+        pass   # a cache that cannot be written only costs time
+
+
+def output_measure(kind: str, base, quant) -> float:
+    """Mean KL(base || quant) per token (causal LM) or mean 1 - cosine per sample (encoder)."""
+    if kind == "encoder":
+        b = np.asarray(base, dtype=np.float64)
+        q = np.asarray(quant, dtype=np.float64)
+        nb = np.linalg.norm(b, axis=1)
+        nq = np.linalg.norm(q, axis=1)
+        cos = (b * q).sum(1) / np.maximum(nb * nq, 1e-300)
+        return float(np.mean(1.0 - cos))
+    tot, cnt = 0.0, 0
+    for lb, lq in zip(base, quant):
+        if len(lb) == 0:
+            continue
+        pb = np.exp(lb.astype(np.float64))
+        tot += float((pb * (lb.astype(np.float64) - lq)).sum())
+        cnt += len(lb)
+    return tot / max(cnt, 1)
+
+
+def output_errors_job(model, schemes, calib=None, samples=None, names=None, runtime: str = "any",
+                      max_len: int = 128, batch_size: int = 32, use_cache: bool = True):
+    """Job: {(name, scheme): measured output change} (see the module doc)."""
+    from .calibration import batches, calibration_samples
+    from .progress import subjob
+    from .runner import _BASE_CACHE, dequantized, get_runner
+    from .runtimes import decide
+    runner = get_runner(model)
+    data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 2, 100)
+    names = [n for n in (names if names is not None else model.tensors)
+             if model.info(n).ndim >= 2 and model.info(n).is_float]
+    cpath = _cache_file(model, calib, samples, max_len)
+    cached = _read_cache(cpath) if use_cache else {}
+    todo = []
+    out = {}
+    for n in names:
+        info = model.info(n)
+        for s in schemes:
+            applied = decide(info, s, runtime).applied
+            if applied == KEEP or n not in runner.param_for:
+                out[(n, s)] = 0.0    # unchanged, or not read by the network's forward pass
+                continue
+            k = f"{n}|{applied}"
+            if k in cached:
+                out[(n, s)] = cached[k]
+            else:
+                todo.append((n, s, applied, k))
+    if not todo:
+        yield Progress(100, 100, "output sensitivity (cached)")
+        return out
+    data = sorted(data, key=len)          # less padding per batch; the means do not change
+    bkey = (str(model.path), tuple(map(id, data)), "by-length")
+    runner.restore()
+    base = _BASE_CACHE.get(bkey)
+    if base is None:
+        from .runner import run_outputs
+        base = yield from subjob(run_outputs(runner, data, batch_size, "original model"),
+                                 2, 3, 100)
+        _BASE_CACHE[bkey] = base
+    done_keys: dict[str, float] = {}
+    for i, (n, s, applied, k) in enumerate(todo):
+        yield Progress(5 + 95 * i / len(todo), 100, f"output change {n} {applied}")
+        if k not in done_keys:
+            runner.set_weight(n, dequantized(model, n, applied))
+            try:
+                quant = []
+                for b in batches(data, batch_size):
+                    o = runner.forward(b)
+                    quant.extend(o if isinstance(o, list) else list(o))
+            finally:
+                runner.restore([n])
+            done_keys[k] = output_measure(runner.kind, base, quant)
+            cached[k] = done_keys[k]
+            if use_cache and (len(done_keys) % 8 == 0 or i == len(todo) - 1):
+                _write_cache(cpath, cached)
+        out[(n, s)] = done_keys[k]
+    if use_cache:
+        _write_cache(cpath, cached)
+    yield Progress(100, 100, "done")
+    return out
+
+
+def output_errors(model, schemes, calib=None, samples=None, names=None, progress=None,
+                  cancel=None, runtime: str = "any") -> dict:
+    """{(name, scheme): float}: mean KL (causal LM, nats per token) or 1 - cosine (encoders) of
+    the model's outputs with only that tensor quantized, over the calibration samples (default:
+    resources/calibration.txt). `progress(Progress)`, `cancel() -> bool`."""
+    return run_job(output_errors_job(model, schemes, calib, samples, names, runtime),
+                   progress, cancel)
+
+
+def spearman(a, b) -> float:
+    """Spearman rank correlation (average ranks for ties)."""
+    def ranks(x):
+        x = np.asarray(x, dtype=np.float64)
+        o = np.argsort(x, kind="stable")
+        r = np.empty(len(x))
+        r[o] = np.arange(len(x), dtype=np.float64)
+        for v in np.unique(x):
+            m = x == v
+            if m.sum() > 1:
+                r[m] = r[m].mean()
+        return r
+    ra, rb = ranks(a), ranks(b)
+    ra -= ra.mean()
+    rb -= rb.mean()
+    den = np.sqrt((ra ** 2).sum() * (rb ** 2).sum())
+    return float((ra * rb).sum() / den) if den > 0 else float("nan")
+
+
+def rank_agreement(table, reference, scheme: str, names=None) -> float:
+    """Spearman correlation over tensors of `table`'s values against `reference`'s (e.g. the
+    weight or activation measure against the measured output change) for one scheme; tensors
+    whose reference value is 0 up to rounding (not read by the network's forward pass, e.g.
+    BERT's pooler for mean-pooled embeddings) are left out."""
+    names = [n for n in (names or table.names) if (n, scheme) in reference.values
+             and (n, scheme) in table.values]
+    top = max([abs(reference.values[(n, scheme)]) for n in names] + [0.0])
+    names = [n for n in names if abs(reference.values[(n, scheme)]) > 1e-9 * top]
+    return spearman([table.values[(n, scheme)] for n in names],
+                    [reference.values[(n, scheme)] for n in names])
+
+
+# ---- the table --------------------------------------------------------------------------------
+@dataclass
+class SensitivityTable:
+    """Per tensor x scheme: the measure and the bytes `evaluate` counts for `runtime`."""
+    model_path: str
+    measure: str
+    runtime: str
+    schemes: list[str]
+    names: list[str]                                   # tensors with a choice
+    values: dict = field(default_factory=dict)         # (name, scheme) -> float
+    bytes: dict = field(default_factory=dict)          # (name, scheme) -> int
+    applied: dict = field(default_factory=dict)        # (name, scheme) -> applied scheme
+    params: int = 0                                    # every tensor's params (evaluate's)
+    fixed_bytes: int = 0                               # bytes of the tensors without a choice
+    fixed_names: list[str] = field(default_factory=list)
+
+    def value(self, name: str, scheme: str) -> float:
+        return self.values[(name, scheme)]
+
+    def bytes_of(self, assignment: dict[str, str]) -> int:
+        """Total bytes of a plan assigning `assignment` (every tensor in `names`)."""
+        return self.fixed_bytes + sum(self.bytes[(n, assignment[n])] for n in self.names)
+
+    def bits_per_weight(self, assignment: dict[str, str]) -> float:
+        return 8.0 * self.bytes_of(assignment) / self.params if self.params else 0.0
+
+    def predicted(self, assignment: dict[str, str]) -> float:
+        """Total sensitivity of an assignment (the allocator's objective)."""
+        return float(sum(self.values[(n, assignment[n])] for n in self.names))
+
+    def budget_bytes(self, budget_bytes: int | None = None, budget_bpw: float | None = None) -> int:
+        if budget_bytes is None:
+            if budget_bpw is None:
+                raise WorkbenchError("give --budget-bpw or --budget-bytes")
+            budget_bytes = int(np.floor(budget_bpw * self.params / 8.0 + 1e-9))
+        return int(budget_bytes)
+
+    def plan_for(self, assignment: dict[str, str]):
+        from .plan import Plan
+        default = self.schemes[0] if self.schemes else KEEP
+        return Plan(default=default).with_assignments(
+            {n: assignment[n] for n in self.names})
+
+    def solve(self, budget_bytes: int, pins: dict[str, str] | None = None):
+        """(Plan, allocate.Solution): least total sensitivity within `budget_bytes` (the plan's
+        totals.bytes as evaluate counts them), pinned tensors kept."""
+        from .allocate import solve_detailed
+        pins = dict(pins or {})
+        for p, s in pins.items():
+            if p not in self.names and p not in self.fixed_names:
+                raise WorkbenchError(f"pinned tensor {p!r} is not in the model",
+                                     path=self.model_path)
+            if p in self.names and (p, s) not in self.bytes:
+                raise WorkbenchError(f"pinned scheme {s} was not measured for {p}")
+        costs, errs, opts = [], [], []
+        for n in self.names:
+            cands = [pins[n]] if n in pins else self.schemes
+            opts.append(cands)
+            costs.append([int(self.bytes[(n, s)]) for s in cands])
+            errs.append([float(self.values[(n, s)]) for s in cands])
+        try:
+            sol = solve_detailed(costs, errs, budget_bytes - self.fixed_bytes)
+        except WorkbenchError as exc:
+            cheapest = self.fixed_bytes + sum(min(c) for c in costs)
+            raise WorkbenchError(f"budget {budget_bytes:,d} bytes "
+                                 f"({8.0 * budget_bytes / max(self.params, 1):.3f} bits/weight) "
+                                 f"is below the smallest possible size {cheapest:,d} bytes "
+                                 f"({8.0 * cheapest / max(self.params, 1):.3f} bits/weight)",
+                                 path=self.model_path) from exc if "budget" in str(exc) else exc
+        assignment = {n: o[k] for n, o, k in zip(self.names, opts, sol.choice)}
+        return self.plan_for(assignment), sol
+
+    def assignment_of(self, plan, model) -> dict[str, str]:
+        """The table's view of a plan: the scheme it requests per tensor with a choice."""
+        out = {}
+        for n in self.names:
+            info = model.info(n)
+            out[n] = plan.scheme_and_source(n, info.ndim, info.is_float)[0]
+        return out
+
+    def rows(self, scheme: str | None = None) -> list[str]:
+        """Tensor names, most sensitive first (by `scheme`'s value, else the mean over schemes)."""
+        def key(n):
+            if scheme is not None:
+                return self.values[(n, scheme)]
+            return float(np.mean([self.values[(n, s)] for s in self.schemes]))
+        return sorted(self.names, key=key, reverse=True)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model_path, "measure": self.measure, "runtime": self.runtime,
+                "schemes": list(self.schemes), "params": self.params,
+                "fixed_bytes": self.fixed_bytes,
+                "tensors": {n: {s: {"value": self.values[(n, s)], "bytes": self.bytes[(n, s)],
+                                    "applied": self.applied[(n, s)]}
+                                for s in self.schemes if (n, s) in self.values}
+                            for n in self.rows()}}
+
+
+def build_table(model, schemes, errors: dict | None = None, runtime: str = "any",
+                pins: dict | None = None, measure: str = "weight", missing_scale: float = 1.0,
+                extra=()):
+    """Job: a SensitivityTable from given `errors[(name, scheme)]`; entries missing there (all of
+    them when `errors` is None) are evaluate's sse times `missing_scale`. Bytes are
+    evaluate_tensor's under `runtime`."""
+    from .evaluate import evaluate_tensor
+    from .runtimes import decide, get_runtime
+    rt = get_runtime(runtime)
+    gnames = None
+    if rt.name == "llama.cpp":
+        from .llama_names import gguf_names
+        try:
+            gnames = gguf_names(model)
+        except WorkbenchError:
+            gnames = None
+    pins = dict(pins or {})
+    for p in pins:
+        if p not in model.tensors:
+            raise WorkbenchError(f"pinned tensor {p!r} is not in the model", path=model.path)
+    names, fixed, fixed_bytes, params = [], [], 0, 0
+    values, nbytes, applied = {}, {}, {}
+    all_names = list(model.tensors)
+    for i, n in enumerate(all_names):
+        yield Progress(i, len(all_names), f"sizes {n}")
+        info = model.info(n)
+        params += info.numel
+        g = gnames.get(n) if gnames else None
+        cands = list(dict.fromkeys(list(schemes) + list(extra)
+                                   + ([pins[n]] if n in pins else [])))
+        choosable = info.ndim >= 2 and info.is_float or n in pins
+        decs = {}
+        if choosable:
+            for s in cands:
+                decs[s] = decide(info, s, rt, explicit=True, gguf_name=g)
+            if all(d.kind in ("kept", "skipped") for d in decs.values()) and n not in pins:
+                choosable = False
+        if not choosable:
+            d = decide(info, KEEP, rt)
+            fixed_bytes += int(evaluate_tensor(model, n, KEEP, decision=d).bytes)
+            fixed.append(n)
+            continue
+        names.append(n)
+        dk = decide(info, KEEP, rt)
+        nbytes[(n, KEEP)] = int(evaluate_tensor(model, n, KEEP, decision=dk).bytes)
+        values[(n, KEEP)] = 0.0
+        applied[(n, KEEP)] = KEEP
+        for s, d in decs.items():
+            r = evaluate_tensor(model, n, s, decision=d)
+            nbytes[(n, s)] = int(r.bytes)
+            applied[(n, s)] = d.applied
+            if errors is not None and (n, s) in errors:
+                values[(n, s)] = float(errors[(n, s)])
+            else:
+                values[(n, s)] = float(r.error.sse) * missing_scale
+    yield Progress(len(all_names), len(all_names), "sizes")
+    return SensitivityTable(str(model.path), measure, rt.name, list(schemes), names, values,
+                            nbytes, applied, params, fixed_bytes, fixed)
+
+
+def sensitivity_table_job(model, schemes, measure: str = "weight", calib=None, imatrix=None,
+                          samples=None, runtime: str = "any", pins: dict | None = None,
+                          extra=()):
+    """Job: the SensitivityTable for `measure` (see the module doc). Activation measure: tensors
+    the statistics do not reach get their weight error times the mean second moment. `extra`:
+    schemes measured too (e.g. a recipe's types) that the allocator does not choose from."""
+    from .progress import subjob
+    from .schemes import get_scheme
+    schemes = [get_scheme(s).name for s in schemes]
+    if measure not in MEASURES:
+        raise WorkbenchError(f"unknown measure {measure!r} (choose from {', '.join(MEASURES)})")
+    extra = [get_scheme(s).name for s in extra]
+    cands = list(dict.fromkeys(list(schemes) + extra + list((pins or {}).values())))
+    errors, scale = None, 1.0
+    if measure == "activation":
+        mom = yield from subjob(second_moments(model, calib, imatrix, samples), 0, 30, 100)
+        try:
+            usage = yield from subjob(embedding_usage(model, calib, samples), 30, 5, 100)
+        except WorkbenchError:
+            usage = {}   # an imatrix without a runnable model: linear weights only
+        errors = yield from subjob(activation_errors(model, cands, mom, usage, runtime),
+                                   35, 45, 100)
+        if mom:
+            scale = float(np.mean([np.mean(v) for v in mom.values()]))
+    elif measure == "output":
+        errors = yield from subjob(output_errors_job(model, cands, calib, samples,
+                                                     runtime=runtime), 0, 80, 100)
+        scale = 0.0
+    start = 0 if errors is None else 80
+    table = yield from subjob(build_table(model, schemes, errors, runtime, pins, measure, scale,
+                                          extra),
+                              start, 100 - start, 100)
+    return table
+
+
+def sensitivity_table(model, schemes, measure: str = "weight", calib=None, imatrix=None,
+                      samples=None, progress=None, cancel=None, runtime: str = "any",
+                      pins: dict | None = None, extra=()) -> SensitivityTable:
+    """Per tensor x scheme: the measure (weight | activation | output) plus the bytes evaluate
+    counts, the one table the CLI, the GUI and the allocator share. `progress(Progress)`,
+    `cancel() -> bool` (raises workbench.errors.Cancelled)."""
+    return run_job(sensitivity_table_job(model, schemes, measure, calib, imatrix, samples,
+                                         runtime, pins, extra), progress, cancel)

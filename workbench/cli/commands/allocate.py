@@ -1,9 +1,11 @@
 """`quant-workbench allocate [MODEL] (--budget-bpw X | --budget-bytes N) [--schemes ..]
-[--measure weight] [--pin NAME=SCHEME ..] -o PLAN.json [--json]`."""
+[--calib F | --imatrix F] [--measure weight|activation|output] [--samples N] [--target RT]
+[--pin NAME=SCHEME ..] -o PLAN.json [--json]`."""
 
 from __future__ import annotations
 
-from ..common import add_model_arg, drive, open_model_arg, print_json
+from ..common import add_model_arg, open_model_arg, print_json
+from .sensitivity import add_table_args, parse_schemes, table_from_args
 
 DEFAULT_SCHEMES = "q4_0,q4_1,q5_0,q5_1,q8_0"
 
@@ -14,10 +16,7 @@ def register(sub) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--budget-bpw", type=float, help="bits per weight as evaluate counts them")
     g.add_argument("--budget-bytes", type=int, help="total bytes as evaluate counts them")
-    p.add_argument("--schemes", default=DEFAULT_SCHEMES, help="candidate schemes, comma-separated")
-    p.add_argument("--calib", help="calibration inputs (activation measure)")
-    p.add_argument("--imatrix", help="imatrix file (activation measure)")
-    p.add_argument("--measure", default="weight", choices=["weight", "activation", "output"])
+    add_table_args(p, DEFAULT_SCHEMES)
     p.add_argument("--pin", action="append", default=[], metavar="NAME=SCHEME")
     p.add_argument("-o", "--output", required=True, help="plan JSON to write")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -26,13 +25,12 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import os
-    from ...allocate import allocate
+    import time
     from ...errors import WorkbenchError
     from ...evaluate import evaluate
+    from ...progress import run as run_job
     from ...schemes import get_scheme
-    if args.measure == "output":
-        raise WorkbenchError("--measure output is not built yet (weight, activation)")
-    schemes = [get_scheme(s.strip()).name for s in args.schemes.split(",") if s.strip()]
+    schemes = parse_schemes(args.schemes)
     pins = {}
     for item in args.pin:
         if "=" not in item:
@@ -42,24 +40,31 @@ def run(args) -> int:
     model = open_model_arg(args)
     if os.path.exists(args.output) and os.path.abspath(args.output) == os.path.abspath(model.path):
         raise WorkbenchError("refusing to write over the model", path=args.output)
-    errors = None
-    if args.measure == "activation":
-        from ...sensitivity import activation_errors, second_moments
-        mom = drive(second_moments(model, args.calib, args.imatrix), quiet=args.json)
-        errors = drive(activation_errors(model, schemes, mom), quiet=args.json)
-    plan, budget = drive(allocate(model, schemes, args.budget_bytes, args.budget_bpw, pins,
-                                  errors),
-                         quiet=args.json)
+    for p in pins:
+        if p not in model.tensors:
+            raise WorkbenchError(f"pinned tensor {p!r} is not in the model", path=model.path)
+    t0 = time.perf_counter()
+    table = table_from_args(args, model, schemes, pins, quiet=args.json)
+    t1 = time.perf_counter()
+    budget = table.budget_bytes(args.budget_bytes, args.budget_bpw)
+    plan, sol = table.solve(budget, pins)
+    t2 = time.perf_counter()
     plan.save(args.output)
-    ev = drive(evaluate(model, plan), quiet=True)
+    ev = run_job(evaluate(model, plan, runtime=args.target))
     t = ev.totals
     out = {"output": args.output, "budget_bytes": budget, "bytes": t.bytes_after,
            "bits_per_weight": t.bits_per_weight, "sqnr_db": t.sqnr_db,
+           "measure": args.measure, "predicted": sol.error, "exact": sol.exact,
+           "bound": sol.bound, "target": args.target,
+           "seconds": {"sensitivity": t1 - t0, "solve": t2 - t1},
            "schemes": {s: sum(1 for r in ev.tensors.values() if r.scheme == s) for s in schemes}}
     if args.json:
         print_json(out)
     else:
         print(f"wrote {args.output}: {t.bytes_after:,d} bytes (budget {budget:,d}), "
               f"{t.bits_per_weight:.3f} bits/weight, model SQNR {t.sqnr_db:.2f} dB")
+        print(f"  {args.measure} sensitivity total {sol.error:.6g} "
+              f"({'optimal' if sol.exact else f'lower bound {sol.bound:.6g}'}); "
+              f"solved in {1000 * (t2 - t1):.1f} ms")
         print("  " + ", ".join(f"{s}: {c}" for s, c in out["schemes"].items()))
     return 0

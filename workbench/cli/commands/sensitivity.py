@@ -1,0 +1,115 @@
+"""`quant-workbench sensitivity [MODEL] [--schemes A,B,..] [--calib F | --imatrix F]
+[--measure weight|activation|output] [--samples N] [--target RT] [--correlate] [--json]`."""
+
+from __future__ import annotations
+
+from ..common import add_model_arg, drive, open_model_arg, print_json
+
+DEFAULT_SCHEMES = "q3_k,q4_0,q4_k,q5_0,q5_k,q6_k,q8_0"
+
+
+def add_table_args(p, schemes: str = DEFAULT_SCHEMES) -> None:
+    """The flags every command that builds a SensitivityTable shares."""
+    from ...runtimes import RUNTIMES
+    p.add_argument("--schemes", default=schemes, help="candidate schemes, comma-separated "
+                                                      f"(default: {schemes})")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--calib", help="calibration inputs (text / JSONL / token ids; default: "
+                                   "resources/calibration.txt)")
+    g.add_argument("--imatrix", help="an imatrix file (llama.cpp GGUF or .dat) for the "
+                                     "activation measure")
+    p.add_argument("--measure", default="weight", choices=["weight", "activation", "output"],
+                   help="weight: squared weight error; activation: imatrix-weighted error; "
+                        "output: measured KL / 1-cosine with only that tensor quantized")
+    p.add_argument("--samples", type=int, default=None, help="use the first N calibration samples")
+    p.add_argument("--target", default="any", choices=list(RUNTIMES),
+                   help="the runtime whose fallbacks and re-typed tensors apply (default: any)")
+
+
+def parse_schemes(text: str) -> list[str]:
+    from ...schemes import get_scheme
+    out = [get_scheme(s.strip()).name for s in text.split(",") if s.strip()]
+    return list(dict.fromkeys(out))
+
+
+def table_from_args(args, model, schemes, pins=None, quiet=False, extra=()):
+    from ...errors import WorkbenchError
+    from ...sensitivity import sensitivity_table_job
+    if args.measure == "output" and args.imatrix:
+        raise WorkbenchError("--measure output runs the calibration inputs: give --calib, "
+                             "not --imatrix")
+    return drive(sensitivity_table_job(model, schemes, args.measure, args.calib, args.imatrix,
+                                       args.samples, args.target, pins, extra), quiet=quiet)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sensitivity", help="per tensor and scheme: how much quantizing it hurts")
+    add_model_arg(p)
+    add_table_args(p)
+    p.add_argument("--correlate", action="store_true",
+                   help="compute all three measures and report the Spearman rank correlation "
+                        "over tensors of the weight and activation measures against the "
+                        "measured output change, per scheme")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run_correlate(args, model, schemes) -> int:
+    import time
+    from ...sensitivity import rank_agreement
+    tables, secs = {}, {}
+    for m in ("weight", "activation", "output"):
+        args.measure = m
+        t0 = time.perf_counter()
+        tables[m] = table_from_args(args, model, schemes, quiet=args.json)
+        secs[m] = time.perf_counter() - t0
+    rho = {s: {m: rank_agreement(tables[m], tables["output"], s)
+               for m in ("weight", "activation")} for s in schemes}
+    n = {}
+    for s in schemes:
+        v = [abs(tables["output"].values[(x, s)]) for x in tables["output"].names]
+        n[s] = sum(1 for x in v if x > 1e-9 * max(v + [0.0]))
+    if args.json:
+        print_json({"spearman_vs_output": rho, "tensors": n, "seconds": secs,
+                    "target": tables["output"].runtime})
+        return 0
+    print(f"Spearman rank correlation against the measured output change, over tensors "
+          f"(target {tables['output'].runtime}; seconds: " +
+          ", ".join(f"{m} {v:.1f}" for m, v in secs.items()) + ")")
+    print(f"{'scheme':<8} {'tensors':>7} {'weight':>8} {'activation':>10}")
+    for s in schemes:
+        print(f"{s:<8} {n[s]:7d} {rho[s]['weight']:8.3f} {rho[s]['activation']:10.3f}")
+    return 0
+
+
+def run(args) -> int:
+    import time
+    schemes = parse_schemes(args.schemes)
+    model = open_model_arg(args)
+    if args.correlate:
+        return run_correlate(args, model, schemes)
+    t0 = time.perf_counter()
+    table = table_from_args(args, model, schemes, quiet=args.json)
+    secs = time.perf_counter() - t0
+    if args.json:
+        d = table.to_dict()
+        d["seconds"] = secs
+        print_json(d)
+        return 0
+    unit = {"weight": "squared weight error", "activation": "sum E[x^2] |dW|^2",
+            "output": "KL nats/token" if _is_causal(model) else "1 - cosine"}[args.measure]
+    print(f"{args.measure} sensitivity ({unit}), {len(table.names)} tensors, target "
+          f"{table.runtime}, {secs:.1f} s; most sensitive first (by the mean over schemes)")
+    w = max([len(n) for n in table.names] + [6])
+    print(f"{'tensor':<{w}}  " + "  ".join(f"{s:>10}" for s in schemes))
+    for n in table.rows():
+        print(f"{n:<{w}}  " + "  ".join(f"{table.values[(n, s)]:10.4g}" for s in schemes))
+    return 0
+
+
+def _is_causal(model) -> bool:
+    try:
+        from ...runner import model_kind, read_config
+        return model_kind(read_config(model)) == "causal-lm"
+    except Exception:   # noqa: BLE001 - only a label
+        return False
