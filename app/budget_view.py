@@ -325,14 +325,19 @@ class BudgetPanel(QWidget):
         uni = [p.bits_per_weight for p in fx.frontier if p.kind in ("uniform", "allocated")]
         if uni:
             lo, hi = min(uni), max(uni)
-            if (lo, hi) != self._range:
+            cur = fx.current_point()
+            if (lo, hi) != self._range or (not self._initialised and cur is not None):
                 keep = self.budget_bpw() if self._initialised else None
                 self._set_range(lo, hi)
-                cur = fx.current_point()
                 start = keep if keep is not None else (cur.bits_per_weight if cur else (lo + hi) / 2)
                 self.set_value_bpw(min(max(start, lo), hi))
-                self._initialised = True
+                self._initialised = self._initialised or cur is not None
         self.plot.set_points(fx.frontier, fx.current_point(),
                              self.budget_bpw() if ready else None)
         if not fx.frontier:
             self.result.setText("computing the frontier…")
+        elif fx.preview is None and not fx.allocation_error:
+            count = {k: sum(1 for p in fx.frontier if p.kind == k)
+                     for k in ("allocated", "uniform", "recipe")}
+            self.result.setText(f"{count['allocated']} allocated, {count['uniform']} uniform, "
+                                f"{count['recipe']} recipe plans · set a budget or click a point")

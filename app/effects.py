@@ -275,6 +275,7 @@ class PlanEffects(QObject):
         self._table_tasks: dict[tuple, object] = {}
         self._extending: set = set()
         self.pins: dict[str, str] = {}
+        self._kept = None
         self.frontier: list[Point] = []
         self._frontier_key = None
         self._frontier_task = None
@@ -496,7 +497,21 @@ class PlanEffects(QObject):
                 continue
             if not (info.ndim >= 2 and info.is_float) and self.doc.scheme_of(n) != KEEP:
                 out[n] = self.doc.scheme_of(n)
+        for n in self.runtime_kept():
+            out.setdefault(n, self.doc.scheme_of(n))
         return out
+
+    def runtime_kept(self) -> list[str]:
+        """Matrices llama.cpp never re-types (position / token-type embeddings: the same rule
+        as the GGUF exporter, app.commands.never_retyped): the allocator leaves them as they are."""
+        model = self.doc.model
+        if model is None:
+            return []
+        if self._kept is None or self._kept[0] is not model:
+            from .commands import never_retyped
+            names = allocatable(model)
+            self._kept = (model, [n for n, _ in never_retyped(model, {n: "q8_0" for n in names})])
+        return self._kept[1]
 
     # ---- allocation -------------------------------------------------------------------------------
     def solve(self, budget_bpw: float | None = None, budget_bytes: int | None = None,

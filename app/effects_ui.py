@@ -30,20 +30,15 @@ def install(win) -> PlanEffects:
     h.setContentsMargins(0, 0, 0, 0)
     h.setSpacing(6)
     h.addWidget(win.totals, 1)
-    h.addWidget(win.check_panel, 0)
+    h.addWidget(win.check_panel, 1)
     lay.insertWidget(max(idx, 0), row)
 
-    # the selected tensor's sensitivity beside its plots
+    # the selected tensor's sensitivity beside its plots (a third pane of the plots' splitter,
+    # under the tensor's title and summary line)
     win.tensor_sensitivity = TensorSensitivity(win.doc, fx)
-    pos = win.right.indexOf(win.plots)
-    split = QSplitter(Qt.Orientation.Horizontal)
-    split.setObjectName("PlotsSensitivitySplit")
-    win.right.insertWidget(max(pos, 0), split)
-    split.addWidget(win.plots)
+    split = win.plots.splitter
     split.addWidget(win.tensor_sensitivity)
-    split.setStretchFactor(0, 5)
-    split.setStretchFactor(1, 1)
-    split.setSizes([1000, 260])
+    split.setStretchFactor(2, 1)
     win.plots_split = split
 
     # the Sensitivity & Budget tab

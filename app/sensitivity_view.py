@@ -57,6 +57,10 @@ class HeatMap(pg.PlotWidget):
         self.image = pg.ImageItem(axisOrder="row-major")
         self.image.setColorMap(pg.colormap.get("viridis"))
         item.getAxis("bottom").setHeight(26)
+        small = pg.QtGui.QFont()
+        small.setPointSizeF(7.5)
+        item.getAxis("bottom").setStyle(tickFont=small)
+        item.getAxis("left").setStyle(tickFont=small)
         self.addItem(self.image)
         self.marker = pg.QtWidgets.QGraphicsRectItem(0, 0, 1, 1)
         self.marker.setPen(pg.mkPen("#ff5370", width=2))
@@ -79,9 +83,9 @@ class HeatMap(pg.PlotWidget):
         else:
             self.image.clear()
         self.image.setRect(0, 0, max(len(self.schemes), 1), max(len(self.names), 1))
-        step = max(1, -(-len(self.names) // 40))
+        step = max(1, -(-len(self.names) // 28))
         left = [(i + 0.5, _short(n)) for i, n in enumerate(self.names) if i % step == 0]
-        bottom = [(j + 0.5, s if len(s) <= 6 else s[:5] + "…") for j, s in enumerate(self.schemes)]
+        bottom = [(j + 0.5, s if len(s) <= 5 else s[:4] + "…") for j, s in enumerate(self.schemes)]
         item = self.getPlotItem()
         item.getAxis("left").setTicks([left, []])
         item.getAxis("bottom").setTicks([bottom, []])
@@ -158,7 +162,7 @@ class SortedBars(pg.PlotWidget):
         brushes = [pg.mkBrush("#ff5370" if n == current else "#4c9aff") for n in self.names]
         self.bars.setOpts(x0=np.zeros(len(self.names)), y=np.arange(len(self.names)) + 0.5,
                           height=0.8, width=self.share, brushes=brushes)
-        step = max(1, -(-len(self.names) // 40))
+        step = max(1, -(-len(self.names) // 28))
         self.getPlotItem().getAxis("left").setTicks(
             [[(i + 0.5, _short(n)) for i, n in enumerate(self.names) if i % step == 0], []])
         self.getPlotItem().setYRange(0, max(len(self.names), 1), padding=0.01)
