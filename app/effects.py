@@ -338,7 +338,7 @@ class PlanEffects(QObject):
         calib, samples = self.calib, self.samples
         self._check_task = self.runner.submit(
             lambda: check(model, plan, calib, samples), "End-to-end check", BACKGROUND,
-            visible=True, on_done=lambda r: self._check_done(gen, r),
+            visible=True, exclusive=True, on_done=lambda r: self._check_done(gen, r),
             on_error=lambda msg: self._check_failed(gen, msg),
             on_cancel=lambda: None)
 
@@ -432,6 +432,7 @@ class PlanEffects(QObject):
             self.tableChanged.emit(measure)
 
         task = self.runner.submit(make, f"Sensitivity ({measure})", FOREGROUND, visible=True,
+                                  exclusive=measure != "weight",
                                   on_done=done, on_error=failed,
                                   on_cancel=lambda: self.tableChanged.emit(measure))
         box["t"] = task
@@ -472,6 +473,7 @@ class PlanEffects(QObject):
 
         self.runner.submit(lambda: table_job(model, missing, measure, calib, samples),
                            f"Sensitivity ({measure}) of the plan's other schemes", BACKGROUND,
+                           exclusive=measure != "weight",
                            on_done=done, on_error=failed, on_cancel=lambda: failed(""))
 
     # ---- pins ---------------------------------------------------------------------------------

@@ -228,3 +228,36 @@ def test_clicking_a_frontier_point_applies_its_plan(make_window, qtbot):
     assert cur.predicted == pytest.approx(target.predicted)
     win.undo_stack.undo()
     assert win.doc.plan == before
+
+
+@pytest.mark.parametrize("exclusive", [True, False])
+def test_exclusive_tasks_are_not_parked(qtbot, exclusive):
+    """A job that swaps weights in the shared network (the check, activation tables) runs to
+    its end; an ordinary background job yields to interactive work between progress steps."""
+    import threading
+    from app.workers import BACKGROUND, INTERACTIVE, Runner
+    from workbench.progress import Progress
+    runner = Runner()
+    order = []
+    started = threading.Event()
+    go = threading.Event()
+
+    def long_job():
+        started.set()
+        go.wait(10)
+        for i in range(3):
+            order.append(f"long{i}")
+            yield Progress(i, 3)
+        return "long"
+
+    t1 = runner.submit(long_job, "long", BACKGROUND, exclusive=exclusive)
+    started.wait(10)
+    runner.submit(lambda: order.append("interactive"), "quick", INTERACTIVE)
+    go.set()
+    qtbot.waitUntil(runner.idle, timeout=10000)
+    runner.shutdown()
+    assert t1.state == "done"
+    if exclusive:
+        assert order == ["long0", "long1", "long2", "interactive"]
+    else:
+        assert order.index("interactive") < order.index("long2")
