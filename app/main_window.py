@@ -116,6 +116,8 @@ class MainWindow(QMainWindow):
         self._autosave_timer = QTimer(self, singleShot=True, interval=1500)
         self._autosave_timer.timeout.connect(self.autosave)
         self._build_menus()
+        from . import effects_ui
+        effects_ui.install(self)   # issue 11: check figures, sensitivity, budget, frontier
         self.resize(1600, 1000)
         self._restore_settings()
 

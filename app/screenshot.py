@@ -73,7 +73,7 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
                 raise WorkbenchError("no such tensor in this model", path=str(model_path),
                                      tensor=layer)
             win.select(layer)
-        win.tabs.setCurrentIndex(TABS.get(tab, 0))
+        win.tabs.setCurrentIndex(win.effects_tab_index if tab == "budget" else TABS.get(tab, 0))
         wait_idle(app, win)
         win.resize(*size)
         win.fit_layout()

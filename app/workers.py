@@ -72,8 +72,11 @@ class Task:
 
     def __init__(self, runner: "Runner", make: Callable, name: str, priority: int,
                  on_done=None, on_error=None, on_progress=None, on_cancel=None,
-                 visible: bool = False):
+                 visible: bool = False, exclusive: bool = False):
         self.runner = runner
+        #: never parked for a task of higher priority (jobs that swap weights in the shared
+        #: transformers network: another such job in between would see the wrong weights)
+        self.exclusive = exclusive
         self.make = make
         self.name = name
         self.priority = priority
@@ -122,9 +125,12 @@ class Runner(QObject):
 
     # ---- API (GUI thread) ---------------------------------------------------------------
     def submit(self, job, name: str = "", priority: int = BACKGROUND, *, on_done=None,
-               on_error=None, on_progress=None, on_cancel=None, visible: bool = False) -> Task:
-        """Queue `job`: a zero-argument callable returning a generator job or a value."""
-        task = Task(self, job, name, priority, on_done, on_error, on_progress, on_cancel, visible)
+               on_error=None, on_progress=None, on_cancel=None, visible: bool = False,
+               exclusive: bool = False) -> Task:
+        """Queue `job`: a zero-argument callable returning a generator job or a value.
+        `exclusive`: run to the end (or its cancellation) without being parked."""
+        task = Task(self, job, name, priority, on_done, on_error, on_progress, on_cancel, visible,
+                    exclusive)
         with self._cond:
             heapq.heappush(self._queue, (-priority, next(self._seq), task))
             self._cond.notify()
@@ -211,7 +217,7 @@ class Runner(QObject):
                 if isinstance(ev, Progress):
                     self._progress(task, ev)
                 with self._cond:
-                    if self._queue and -self._queue[0][0] > task.priority:
+                    if not task.exclusive and self._queue and -self._queue[0][0] > task.priority:
                         heapq.heappush(self._queue, (-task.priority, next(self._seq), task))
                         return  # parked; resumed when its turn comes again
         except StopIteration as stop:

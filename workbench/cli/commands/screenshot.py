@@ -15,8 +15,9 @@ def register(sub) -> None:
     p.add_argument("--plan", help="plan JSON to apply")
     p.add_argument("--layer", help="tensor to select (default: the first weight matrix)")
     p.add_argument("--size", default="1600x1000", help="window size WIDTHxHEIGHT (default 1600x1000)")
-    p.add_argument("--tab", choices=("table", "tiers", "comparison"), default="table",
-                   help="which bottom tab to show (default: table)")
+    p.add_argument("--tab", choices=("table", "tiers", "comparison", "budget"),
+                   default="table", help="which bottom tab to show (default: table; budget: "
+                   "Sensitivity & Budget, with the frontier)")
     p.add_argument("-o", "--output", required=True, help="PNG file to write")
     p.set_defaults(func=run)
 

@@ -1,0 +1,127 @@
+"""The end-to-end check figures beside the totals (workbench.runner.check, re-run after edits)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (QCheckBox, QFileDialog, QFrame, QHBoxLayout, QLabel, QPushButton,
+                               QSizePolicy, QVBoxLayout)
+
+from .theme import MUTED, POOR
+
+STYLE = """
+QFrame#CheckBar { background: #22262e; border: 1px solid #2e333d; border-radius: 6px; }
+QFrame#CheckBar QLabel, QFrame#CheckBar QCheckBox { background: transparent; }
+QLabel#CheckBadge { border-radius: 3px; padding: 1px 6px; font-size: 7pt; font-weight: bold; }
+QLabel#CheckBadge[state="stale"] { background: #5a4a16; color: #f2cc60; }
+QLabel#CheckBadge[state="fresh"] { background: #1d3b26; color: #56d364; }
+QLabel#CheckBadge[state="error"] { background: #4a1d1f; color: #ff7b72; }
+QLabel#CheckBadge[state="off"] { background: #2e333d; color: #8a92a3; }
+QPushButton#CalibButton { padding: 1px 6px; font-size: 8pt; }
+"""
+
+BADGE = {"stale": "STALE · re-running", "fresh": "CURRENT", "error": "NOT RUN", "off": "OFF"}
+
+
+def figures_text(fig: dict | None) -> str:
+    """The one-line summary of `check`'s figures (the same keys `check --json` prints)."""
+    if not fig:
+        return "—"
+    if fig.get("model_kind") == "encoder":
+        return f"cos mean {fig['cosine_mean']:.5f} · min {fig['cosine_min']:.5f}"
+    return (f"KL {fig['kl_mean']:.4f} p99 {fig['kl_p99']:.3f} · top-1 "
+            f"{100 * fig['top1_agree']:.1f}% · ppl {fig['ppl']:.4g}/{fig['ppl_base']:.4g} base")
+
+
+class CheckPanel(QFrame):
+    def __init__(self, effects, parent=None):
+        super().__init__(parent)
+        self.fx = effects
+        self.setObjectName("CheckBar")
+        self.setStyleSheet(STYLE)
+        self.caption = QLabel("END-TO-END CHECK")
+        self.caption.setProperty("role", "caption")
+        self.caption.setMinimumWidth(1)
+        self.caption.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.value = QLabel("—")
+        self.value.setObjectName("CheckFigures")
+        self.value.setStyleSheet('font-family: "DejaVu Sans Mono"; font-size: 10pt; '
+                                 'font-weight: bold; color: #e6e9ef;')
+        self.value.setMinimumWidth(1)
+        self.value.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.badge = QLabel("OFF")
+        self.badge.setObjectName("CheckBadge")
+        self.enabled_box = QCheckBox("on")
+        self.enabled_box.setToolTip("Run the calibration samples through the original and the "
+                                    "planned model after each edit (costs a forward pass; "
+                                    "remembered). Ctrl+Shift+E")
+        self.enabled_box.setChecked(effects.check_enabled)
+        self.enabled_box.toggled.connect(effects.set_check_enabled)
+        self.calib_button = QPushButton()
+        self.calib_button.setObjectName("CalibButton")
+        self.calib_button.setToolTip("Calibration inputs of the check and the activation / output "
+                                     "sensitivity (text, JSONL, .npy or safetensors token ids)")
+        self.calib_button.clicked.connect(self.choose_calib)
+        head = QHBoxLayout()
+        head.setSpacing(6)
+        head.addWidget(self.caption, 1)
+        head.addWidget(self.badge)
+        head.addWidget(self.enabled_box)
+        head.addWidget(self.calib_button)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(10, 3, 6, 3)
+        lay.setSpacing(1)
+        lay.addLayout(head)
+        lay.addWidget(self.value)
+        self.setMinimumWidth(120)    # explicit: squeezes (clips) rather than widen the window
+        self.calib_button.setMaximumWidth(170)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
+        effects.checkChanged.connect(self.refresh)
+        self.refresh()
+
+    def choose_calib(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Calibration inputs", str(Path(self.fx.calib).parent),
+            "Calibration (*.txt *.jsonl *.json *.npy *.safetensors);;All files (*)")
+        if path:
+            self.fx.set_calib(path)
+
+    def refresh(self) -> None:
+        fx = self.fx
+        state = fx.check_state if fx.check_enabled else "off"
+        self.enabled_box.blockSignals(True)
+        self.enabled_box.setChecked(fx.check_enabled)
+        self.enabled_box.blockSignals(False)
+        self.badge.setText(BADGE[state])
+        self.badge.setProperty("state", state)
+        self.badge.style().unpolish(self.badge)
+        self.badge.style().polish(self.badge)
+        self.calib_button.setText(Path(fx.calib).name)
+        self.calib_button.setToolTip(f"calibration inputs: {fx.calib} (first {fx.samples} "
+                                     "samples); click to choose another file")
+        fig = fx.figures
+        kind = (fig or {}).get("model_kind", "")
+        self.caption.setText("END-TO-END CHECK" + (f"  {kind} · {fig['samples']} samples · "
+                                                   f"{fig['tokens']} tok" if fig else ""))
+        if state == "error":
+            self.value.setText(fx.check_message)
+            self.value.setToolTip(fx.check_message)
+            self.value.setStyleSheet(f'font-size: 9pt; color: {POOR};')
+            return
+        colour = MUTED if state in ("stale", "off") else "#e6e9ef"
+        self.value.setStyleSheet(f'font-family: "DejaVu Sans Mono"; font-size: 10pt; '
+                                 f'font-weight: bold; color: {colour};')
+        if state == "off":
+            self.value.setText("off (the check costs a forward pass per edit)" if not fig
+                               else figures_text(fig))
+        else:
+            self.value.setText(figures_text(fig) if fig else "running…")
+        self.value.setToolTip(
+            "Encoders: cosine of mean-pooled final hidden states, original vs planned model. "
+            "Causal LMs: KL divergence of next-token distributions (nats, mean and 99th "
+            "percentile), same top token (fraction), perplexity of the planned and the original "
+            "model on the calibration text. The same figures as `quant-workbench check --json`."
+            + (" Grey while stale: these are the previous plan's figures." if state == "stale"
+               else ""))

@@ -1,0 +1,654 @@
+"""What a plan does to the model (issue 11): the end-to-end check, the sensitivity table, the
+budget allocation and the size / predicted-error frontier, scheduled on the compute thread.
+
+Every number comes from a `workbench` function (``workbench.runner.check``,
+``workbench.sensitivity``, ``workbench.allocate``, ``workbench.frontier`` where present); this
+module only schedules them, caches their results per model and hands them to the views in
+:mod:`app.check_panel`, :mod:`app.sensitivity_view` and :mod:`app.budget_view`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from workbench.errors import WorkbenchError
+from workbench.plan import KEEP
+from workbench.progress import Progress, subjob
+
+from .workers import BACKGROUND, FOREGROUND, INTERACTIVE
+
+DEBOUNCE_MS = 700
+DEFAULT_SAMPLES = 16
+#: candidate schemes of the sensitivity table / allocator (those the registry knows)
+DEFAULT_SCHEMES = ("q4_0", "q5_0", "q8_0", "q3_k", "q4_k", "q5_k", "q6_k")
+MEASURES = ("weight", "activation", "output")
+FRONTIER_POINTS = 12
+
+
+def default_calib() -> str:
+    from workbench.calibration import DEFAULT_CALIB
+    return str(DEFAULT_CALIB)
+
+
+def allocatable(model) -> list[str]:
+    """Tensors the allocator chooses a scheme for (float matrices, as workbench.allocate)."""
+    return [n for n, i in model.tensors.items() if i.ndim >= 2 and i.is_float]
+
+
+# ---- the sensitivity table ------------------------------------------------------------------------
+
+@dataclass
+class SensTable:
+    """Per (tensor, scheme): sensitivity under one measure and the bytes evaluate counts."""
+    measure: str
+    names: list[str]
+    schemes: list[str]
+    err: dict = field(default_factory=dict)       # (name, scheme) -> float
+    nbytes: dict = field(default_factory=dict)    # (name, scheme) -> int
+    params: int = 0
+    #: the allocator's / frontier's candidates (`schemes` may also hold the current plan's
+    #: other schemes, so the current plan can be placed on the same axes)
+    candidates: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.candidates:
+            self.candidates = list(self.schemes)
+
+    def merged(self, other: "SensTable") -> "SensTable":
+        extra = [s for s in other.schemes if s not in self.schemes]
+        return SensTable(self.measure, self.names, self.schemes + extra,
+                         {**other.err, **self.err}, {**other.nbytes, **self.nbytes}, self.params,
+                         list(self.candidates))
+
+    def row(self, name: str) -> np.ndarray:
+        return np.array([self.err.get((name, s), np.nan) for s in self.schemes], np.float64)
+
+    def matrix(self) -> np.ndarray:
+        return np.array([self.row(n) for n in self.names], np.float64).reshape(
+            len(self.names), len(self.schemes))
+
+    def value(self, name: str, scheme: str) -> float | None:
+        v = self.err.get((name, scheme))
+        return None if v is None or not np.isfinite(v) else float(v)
+
+
+def _table_from_workbench(result, measure, names, schemes) -> dict:
+    """{(name, scheme): float} from whatever workbench.sensitivity.sensitivity_table returns."""
+    if isinstance(result, dict) and all(isinstance(k, tuple) for k in list(result)[:4]):
+        return {k: float(v) for k, v in result.items()}
+    for attr in ("errors", "err", "values", "table"):
+        v = getattr(result, attr, None)
+        if isinstance(v, dict):
+            return _table_from_workbench(v, measure, names, schemes)
+    if isinstance(result, dict):  # {name: {scheme: value}}
+        return {(n, s): float(x) for n, row in result.items() if isinstance(row, dict)
+                for s, x in row.items()}
+    raise WorkbenchError("sensitivity_table returned an unknown shape")
+
+
+def table_job(model, schemes, measure: str, calib=None, samples=None, cancelled=None):
+    """Job: a SensTable. Uses workbench.sensitivity.sensitivity_table when it exists; otherwise
+    weight = evaluate's sse and activation = workbench.sensitivity.activation_errors."""
+    from workbench import sensitivity as S
+    from workbench.evaluate import evaluate_tensor
+    names = allocatable(model)
+    schemes = list(schemes)
+    params = sum(i.numel for i in model.tensors.values())
+    t = SensTable(measure, names, schemes, params=params)
+    fn = getattr(S, "sensitivity_table", None)
+    if fn is not None:
+        events = []
+        res = fn(model, schemes, measure=measure, calib=calib if measure != "weight" else None,
+                 samples=samples, progress=events.append,
+                 cancel=(cancelled or (lambda: False)))
+        t.err = _table_from_workbench(res, measure, names, schemes)
+        yield Progress(60, 100, "sensitivity table")
+    else:
+        moments = None
+        if measure == "activation":
+            moments = yield from subjob(S.second_moments(model, calib, None, samples), 0, 40, 100)
+        elif measure == "output":
+            raise WorkbenchError("the output measure needs workbench.sensitivity.sensitivity_table "
+                                 "(not in this build); use weight or activation")
+        for i, n in enumerate(names):
+            yield Progress(40 + 60 * i / max(len(names), 1), 100, f"sensitivity: {n}")
+            for s in schemes:
+                r = evaluate_tensor(model, n, s)
+                if measure == "weight":
+                    t.err[(n, s)] = float(r.error.sse)
+                elif n in moments:
+                    t.err[(n, s)] = S.activation_error(model, n, s, moments[n])
+    for i, n in enumerate(names):
+        if i % 8 == 0:
+            yield Progress(60 + 40 * i / max(len(names), 1), 100, f"sizes: {n}")
+        for s in schemes:
+            t.nbytes[(n, s)] = int(evaluate_tensor(model, n, s).bytes)
+    yield Progress(100, 100, "sensitivity table ready")
+    return t
+
+
+# ---- allocation and the frontier -------------------------------------------------------------------
+
+@dataclass
+class Point:
+    """One plan on the frontier plot: its size (as evaluate counts it) and predicted error."""
+    kind: str                  # "allocated" | "uniform" | "recipe"
+    label: str
+    bytes: int
+    bits_per_weight: float
+    predicted: float           # sum of the table's sensitivity over the allocatable tensors
+    assignment: dict           # name -> scheme (allocatable tensors + pins)
+    budget_bpw: float | None = None
+
+
+def predicted_error(table: SensTable, assignment: dict) -> float | None:
+    """Sum of the sensitivity of each allocatable tensor under its scheme (None if unknown)."""
+    total = 0.0
+    for n in table.names:
+        s = assignment.get(n, KEEP)
+        if s == KEEP:
+            continue
+        v = table.value(n, s)
+        if v is None:
+            return None
+        total += v
+    return total
+
+
+def plan_bytes(model, assignment: dict) -> int:
+    """Total bytes of an assignment as evaluate counts them (cached per tensor)."""
+    from workbench.evaluate import evaluate_tensor
+    return int(sum(evaluate_tensor(model, n, assignment.get(n, KEEP)).bytes
+                   for n in model.tensors))
+
+
+def allocate_job(model, table: SensTable, budget_bytes=None, budget_bpw=None, pins=None):
+    """Job: (assignment, budget_bytes) from workbench.allocate.allocate over the cached table."""
+    from workbench.allocate import allocate
+    plan, budget = yield from allocate(model, table.candidates, budget_bytes, budget_bpw,
+                                       pins or {}, table.err)
+    assign = {r.match: r.scheme for r in plan.rules if not r.is_regex}
+    return assign, budget
+
+
+def _point(model, table, kind, label, assignment, budget_bpw=None) -> Point | None:
+    pred = predicted_error(table, assignment)
+    if pred is None:
+        return None
+    nb = plan_bytes(model, assignment)
+    return Point(kind, label, nb, 8.0 * nb / max(table.params, 1), pred, assignment, budget_bpw)
+
+
+def frontier_job(model, table: SensTable, pins=None, n_points: int = FRONTIER_POINTS):
+    """Job: [Point]: allocated plans over a range of budgets, uniform plans, llama.cpp's
+    Q4_K_M / Q5_K_M recipes (workbench.frontier.recipe_points, where it exists)."""
+    pins = dict(pins or {})
+    names = table.names
+    points: list[Point] = []
+    uniform = []
+    for s in table.candidates:
+        a = {n: pins.get(n, s) for n in names}
+        a.update({n: v for n, v in pins.items() if n not in a})
+        p = _point(model, table, "uniform", s, a)
+        if p is not None:
+            uniform.append(p)
+    points += uniform
+    yield Progress(5, 100, "uniform plans")
+    if uniform:
+        lo = min(p.bits_per_weight for p in uniform)
+        hi = max(p.bits_per_weight for p in uniform)
+        budgets = sorted(set(np.round(np.linspace(lo, hi, n_points), 6).tolist())
+                         | {p.bits_per_weight for p in uniform})
+        for k, b in enumerate(budgets):
+            yield Progress(5 + 85 * k / len(budgets), 100, f"allocating for {b:.2f} bits/weight")
+            try:
+                a, _ = yield from allocate_job(model, table, None, float(b) + 1e-9, pins)
+            except WorkbenchError:
+                continue
+            a.update({n: v for n, v in pins.items() if n not in a})
+            p = _point(model, table, "allocated", f"{b:.2f} bpw", a, float(b))
+            if p is not None:
+                points.append(p)
+    try:
+        from workbench import frontier as F
+        recipes = F.recipe_points(model, ["Q4_K_M", "Q5_K_M"])
+    except (ImportError, AttributeError, WorkbenchError, TypeError):
+        recipes = []
+    for r in recipes:
+        a = getattr(r, "assignment", None)
+        if a is None and getattr(r, "plan", None) is not None:
+            a = r.plan.resolve(model)
+        if not a:
+            continue
+        a = {n: s for n, s in a.items() if n in model.tensors}
+        p = _point(model, table, "recipe", getattr(r, "label", None) or getattr(r, "name", "recipe"),
+                   a)
+        if p is not None:
+            points.append(p)
+    yield Progress(100, 100, "frontier ready")
+    return points
+
+
+# ---- the controller -------------------------------------------------------------------------------
+
+class PlanEffects(QObject):
+    """Schedules and caches the check, sensitivity tables, allocations and the frontier."""
+
+    checkChanged = Signal()
+    tableChanged = Signal(str)         # measure
+    frontierChanged = Signal()
+    allocationChanged = Signal()       # a solved (previewed) allocation
+    pinsChanged = Signal()
+
+    def __init__(self, doc, runner, settings, push, parent=None):
+        super().__init__(parent)
+        self.doc = doc
+        self.runner = runner
+        self.settings = settings
+        self.push = push
+        # end-to-end check
+        self.check_enabled = _to_bool(settings.value("effects/check_enabled", True))
+        self.calib = str(settings.value("effects/calib", "") or "") or default_calib()
+        if not Path(self.calib).is_file():
+            self.calib = default_calib()
+        self.samples = int(settings.value("effects/samples", DEFAULT_SAMPLES) or DEFAULT_SAMPLES)
+        self.check_state = "off"       # off | stale | fresh | error
+        self.figures: dict | None = None
+        self.check_message = ""
+        self.unrunnable: str | None = None
+        self._check_task = None
+        self._check_gen = 0
+        self.check_runs = 0            # results delivered (tests)
+        self._timer = QTimer(self, singleShot=True, interval=DEBOUNCE_MS)
+        self._timer.timeout.connect(self._run_check)
+        # sensitivity / allocation / frontier
+        self.measure = str(settings.value("effects/measure", "weight") or "weight")
+        if self.measure not in MEASURES:
+            self.measure = "weight"
+        self.schemes = list(DEFAULT_SCHEMES)
+        self.tables: dict[tuple, SensTable] = {}
+        self.table_errors: dict[tuple, str] = {}
+        self._table_tasks: dict[tuple, object] = {}
+        self._extending: set = set()
+        self.pins: dict[str, str] = {}
+        self._kept = None
+        self.frontier: list[Point] = []
+        self._frontier_key = None
+        self._frontier_task = None
+        self.preview: tuple | None = None      # (budget label, assignment, bytes, predicted)
+        self._alloc_task = None
+        self.allocation_error: str | None = None
+        doc.modelChanged.connect(self._model_changed)
+        doc.stateChanged.connect(lambda _c: self.invalidate())
+
+    # ---- end-to-end check ---------------------------------------------------------------------
+    def set_check_enabled(self, on: bool) -> None:
+        on = bool(on)
+        self.check_enabled = on
+        self.settings.setValue("effects/check_enabled", on)
+        if not on:
+            self._timer.stop()
+            self._cancel_check()
+            self.check_state = "off"
+            self.checkChanged.emit()
+        else:
+            self.invalidate(now=True)
+
+    def set_calib(self, path: str) -> None:
+        self.calib = str(path) if path else default_calib()
+        self.settings.setValue("effects/calib", "" if self.calib == default_calib() else self.calib)
+        self.unrunnable = None
+        for key in [k for k in self.tables if k[1] != "weight"]:
+            del self.tables[key]
+        self.tableChanged.emit(self.measure)
+        self.invalidate(now=True)
+
+    def invalidate(self, now: bool = False) -> None:
+        """The plan changed: mark the figures stale, drop a running check, re-run (debounced)."""
+        self._frontier_mark()
+        if not self.check_enabled or self.doc.model is None:
+            return
+        if self.unrunnable is not None:
+            self.check_state = "error"
+            self.check_message = self.unrunnable
+            self.checkChanged.emit()
+            return
+        self._cancel_check()
+        self.check_state = "stale"
+        self.checkChanged.emit()
+        self._timer.start(0 if now else DEBOUNCE_MS)
+
+    def _cancel_check(self) -> None:
+        self._check_gen += 1   # whatever is running is superseded: its result is dropped
+        if self._check_task is not None and not self._check_task.finished:
+            self._check_task.cancel()
+        self._check_task = None
+
+    def _run_check(self) -> None:
+        model, plan = self.doc.model, self.doc.plan
+        if model is None or not self.check_enabled:
+            return
+        from workbench.runner import check
+        self._check_gen += 1
+        gen = self._check_gen
+        calib, samples = self.calib, self.samples
+        self._check_task = self.runner.submit(
+            lambda: check(model, plan, calib, samples), "End-to-end check", BACKGROUND,
+            visible=True, exclusive=True, on_done=lambda r: self._check_done(gen, r),
+            on_error=lambda msg: self._check_failed(gen, msg),
+            on_cancel=lambda: None)
+
+    def _check_done(self, gen, result) -> None:
+        if gen != self._check_gen:
+            return  # superseded by a later edit
+        self._check_task = None
+        self.figures = result
+        self.check_state = "fresh"
+        self.check_message = ""
+        self.check_runs += 1
+        self.checkChanged.emit()
+
+    def _check_failed(self, gen, message: str) -> None:
+        if gen != self._check_gen:
+            return
+        self._check_task = None
+        first = message.split("\n")[0]
+        if "not runnable" in first:
+            self.unrunnable = first
+        self.check_state = "error"
+        self.check_message = first
+        self.checkChanged.emit()
+
+    def check_now(self) -> None:
+        self.unrunnable = None
+        self.invalidate(now=True)
+
+    # ---- sensitivity tables -----------------------------------------------------------------------
+    def _key(self, measure: str) -> tuple:
+        m = self.doc.model
+        return (str(m.path) if m is not None else "", measure, tuple(self.schemes),
+                self.calib if measure != "weight" else None)
+
+    def set_measure(self, measure: str) -> None:
+        if measure not in MEASURES:
+            raise WorkbenchError(f"unknown measure {measure!r}")
+        self.measure = measure
+        self.settings.setValue("effects/measure", measure)
+        self.tableChanged.emit(measure)
+        self.request_table()
+
+    def set_schemes(self, schemes) -> None:
+        from workbench.schemes import get_scheme
+        names = [get_scheme(s.strip()).name for s in schemes if s.strip()]
+        if not names:
+            raise WorkbenchError("give at least one candidate scheme")
+        self.schemes = list(dict.fromkeys(names))
+        self.tableChanged.emit(self.measure)
+        self.request_table()
+
+    def table(self, measure: str | None = None) -> SensTable | None:
+        return self.tables.get(self._key(measure or self.measure))
+
+    def table_error(self, measure: str | None = None) -> str | None:
+        return self.table_errors.get(self._key(measure or self.measure))
+
+    def table_running(self, measure: str | None = None) -> bool:
+        t = self._table_tasks.get(self._key(measure or self.measure))
+        return t is not None and not t.finished
+
+    def request_table(self, measure: str | None = None):
+        """Compute the table for a measure (cached; a running request is reused)."""
+        measure = measure or self.measure
+        model = self.doc.model
+        if model is None:
+            return None
+        key = self._key(measure)
+        if key in self.tables:
+            self._after_table(measure)
+            return None
+        running = self._table_tasks.get(key)
+        if running is not None and not running.finished:
+            return running
+        self.table_errors.pop(key, None)
+        schemes, calib, samples = list(self.schemes), self.calib, self.samples
+        box = {}
+
+        def make():
+            return table_job(model, schemes, measure, calib, samples,
+                             cancelled=lambda: box["t"].cancelled)
+
+        def done(table):
+            if self.doc.model is model:
+                self.tables[key] = table
+                self.tableChanged.emit(measure)
+                self._after_table(measure)
+
+        def failed(msg):
+            self.table_errors[key] = msg.split("\n")[0]
+            self.tableChanged.emit(measure)
+
+        task = self.runner.submit(make, f"Sensitivity ({measure})", FOREGROUND, visible=True,
+                                  exclusive=measure != "weight",
+                                  on_done=done, on_error=failed,
+                                  on_cancel=lambda: self.tableChanged.emit(measure))
+        box["t"] = task
+        self._table_tasks[key] = task
+        self.tableChanged.emit(measure)
+        return task
+
+    def _after_table(self, measure: str) -> None:
+        if measure == self.measure:
+            self.request_frontier()
+            self._extend_for_plan()
+
+    def _extend_for_plan(self) -> None:
+        """Add the current plan's non-candidate schemes to the table (columns only: the
+        allocator keeps to the candidates), so the current plan has a predicted error."""
+        table, model = self.table(), self.doc.model
+        if table is None or model is None:
+            return
+        missing = sorted({self.doc.scheme_of(n) for n in table.names} - set(table.schemes)
+                         - {KEEP})
+        key = self._key(self.measure)
+        if not missing or (key, tuple(missing)) in self._extending:
+            return
+        self._extending.add((key, tuple(missing)))
+        measure, calib, samples = self.measure, self.calib, self.samples
+
+        def done(extra):
+            self._extending.discard((key, tuple(missing)))
+            cur = self.tables.get(key)
+            if cur is not None and self.doc.model is model:
+                self.tables[key] = cur.merged(extra)
+                self.tableChanged.emit(measure)
+                self.frontierChanged.emit()
+                self._extend_for_plan()
+
+        def failed(_msg):
+            self._extending.discard((key, tuple(missing)))
+
+        self.runner.submit(lambda: table_job(model, missing, measure, calib, samples),
+                           f"Sensitivity ({measure}) of the plan's other schemes", BACKGROUND,
+                           exclusive=measure != "weight",
+                           on_done=done, on_error=failed, on_cancel=lambda: failed(""))
+
+    # ---- pins ---------------------------------------------------------------------------------
+    def toggle_pin(self, name: str | None) -> None:
+        if not name or self.doc.model is None or name not in self.doc.model.tensors:
+            return
+        if name in self.pins:
+            del self.pins[name]
+        else:
+            self.pins[name] = self.doc.scheme_of(name)
+        self.pinsChanged.emit()
+        self.request_frontier()
+
+    def effective_pins(self) -> dict:
+        """User pins (kept at the scheme they had when pinned) plus every tensor the allocator
+        does not choose for whose current scheme is not `keep` (so the total is exact)."""
+        model = self.doc.model
+        out = dict(self.pins)
+        if model is None:
+            return out
+        for n, info in model.tensors.items():
+            if n in out:
+                continue
+            if not (info.ndim >= 2 and info.is_float) and self.doc.scheme_of(n) != KEEP:
+                out[n] = self.doc.scheme_of(n)
+        for n in self.runtime_kept():
+            out.setdefault(n, self.doc.scheme_of(n))
+        return out
+
+    def runtime_kept(self) -> list[str]:
+        """Matrices llama.cpp never re-types (position / token-type embeddings: the same rule
+        as the GGUF exporter, app.commands.never_retyped): the allocator leaves them as they are."""
+        model = self.doc.model
+        if model is None:
+            return []
+        if self._kept is None or self._kept[0] is not model:
+            from .commands import never_retyped
+            names = allocatable(model)
+            self._kept = (model, [n for n, _ in never_retyped(model, {n: "q8_0" for n in names})])
+        return self._kept[1]
+
+    # ---- allocation -------------------------------------------------------------------------------
+    def solve(self, budget_bpw: float | None = None, budget_bytes: int | None = None,
+              apply: bool = True):
+        """Re-solve the allocation for a budget over the cached table (interactive priority);
+        with `apply`, the result becomes one undoable edit. Returns the task (None: no table)."""
+        table = self.table()
+        model = self.doc.model
+        if table is None or model is None:
+            return None
+        if self._alloc_task is not None and not self._alloc_task.finished:
+            self._alloc_task.cancel()
+        pins = self.effective_pins()
+        if budget_bytes is not None:
+            label = f"Allocate for budget {budget_bytes / 1e6:.3f} MB"
+        else:
+            label = f"Allocate for budget {budget_bpw:.3f} bits/weight"
+
+        def make():
+            a, budget = yield from allocate_job(model, table, budget_bytes, budget_bpw, pins)
+            a.update({n: s for n, s in pins.items() if n not in a})
+            return a, budget, plan_bytes(model, a), predicted_error(table, a)
+
+        def done(res):
+            if self.doc.model is not model:
+                return
+            a, budget, nb, pred = res
+            self.preview = (label, a, nb, pred, budget)
+            self.allocationChanged.emit()
+            if apply:
+                self.apply_assignment(a, label)
+
+        def failed(msg):
+            self.preview = None
+            self.allocation_error = msg.split("\n")[0]
+            self.allocationChanged.emit()
+
+        self.allocation_error = None
+        self._alloc_task = self.runner.submit(make, "Allocating", INTERACTIVE, on_done=done,
+                                              on_error=failed)
+        return self._alloc_task
+
+    def apply_assignment(self, assignment: dict, label: str) -> bool:
+        """One undoable edit: exact-name assignments over the current plan (its default,
+        fallbacks, methods and regex rules stay; pinned tensors keep their scheme)."""
+        from .commands import StateCommand
+        doc = self.doc
+        changes = {n: s for n, s in assignment.items()
+                   if n in doc.model.tensors and doc.scheme_of(n) != s}
+        plan = doc.plan.with_assignments(changes) if changes else doc.plan
+        if plan.resolve(doc.model) == doc.assignment:
+            return False
+        return self.push(StateCommand(label, (doc.plan, doc.tiers), (plan, doc.tiers), changes))
+
+    def apply_point(self, point: Point) -> bool:
+        if point.kind == "allocated":
+            label = f"Apply frontier plan for budget {point.budget_bpw:.2f} bits/weight"
+        else:
+            label = f"Apply {point.kind} plan {point.label} ({point.bits_per_weight:.2f} bits/weight)"
+        return self.apply_assignment(point.assignment, label)
+
+    # ---- frontier ---------------------------------------------------------------------------------
+    def request_frontier(self):
+        table = self.table()
+        model = self.doc.model
+        if table is None or model is None:
+            return None
+        pins = self.effective_pins()
+        key = (self._key(self.measure), tuple(sorted(pins.items())))
+        if key == self._frontier_key and self.frontier:
+            self.frontierChanged.emit()
+            return None
+        if self._frontier_task is not None and not self._frontier_task.finished:
+            self._frontier_task.cancel()
+
+        def done(points):
+            if self.doc.model is model:
+                self.frontier = points
+                self._frontier_key = key
+                self.frontierChanged.emit()
+
+        self._frontier_task = self.runner.submit(lambda: frontier_job(model, table, pins),
+                                                 "Frontier", FOREGROUND, visible=True,
+                                                 on_done=done)
+        return self._frontier_task
+
+    def current_point(self) -> Point | None:
+        """The current plan on the frontier axes (None until its schemes are in the table)."""
+        table, model = self.table(), self.doc.model
+        if table is None or model is None:
+            return None
+        a = dict(self.doc.assignment)
+        pred = predicted_error(table, a)
+        if pred is None:
+            return None
+        nb = 0
+        for n in model.tensors:
+            s = a.get(n, KEEP)
+            v = table.nbytes.get((n, s))
+            nb += v if v is not None else self.doc.bytes_of(n)
+        return Point("current", "current plan", nb, 8.0 * nb / max(table.params, 1), pred, a)
+
+    def _frontier_mark(self) -> None:
+        self._extend_for_plan()
+        if self.frontier:
+            key = (self._key(self.measure), tuple(sorted(self.effective_pins().items())))
+            if key != self._frontier_key:
+                self.request_frontier()
+        self.frontierChanged.emit()
+
+    # ---- model ------------------------------------------------------------------------------------
+    def _model_changed(self) -> None:
+        self._timer.stop()
+        self._cancel_check()
+        for t in self._table_tasks.values():
+            if not t.finished:
+                t.cancel()
+        self._table_tasks.clear()
+        self.tables.clear()
+        self.table_errors.clear()
+        self.pins.clear()
+        self.frontier = []
+        self._frontier_key = None
+        self.preview = None
+        self.figures = None
+        self.unrunnable = None
+        self.check_state = "off"
+        self.checkChanged.emit()
+        self.tableChanged.emit(self.measure)
+        self.frontierChanged.emit()
+        if self.doc.model is not None:
+            self.invalidate(now=True)
+
+
+def _to_bool(v) -> bool:
+    if isinstance(v, str):
+        return v.lower() in ("1", "true", "yes", "on")
+    return bool(v)
