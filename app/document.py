@@ -57,6 +57,7 @@ class Document(QObject):
         self.details: dict[tuple[str, str], object] = {}
         self.throughput: dict[tuple[str, str], float | None] = {}
         self._est: dict[tuple[str, str], int] = {}
+        self.decisions: dict = {}          # name -> workbench.runtimes.Decision ("any")
         self.backend = "…"
 
     # ---- state --------------------------------------------------------------------------
@@ -69,6 +70,8 @@ class Document(QObject):
         self.assignment = self.plan.resolve(model) if model is not None else {}
         self.stats, self._results, self.details, self.throughput = {}, {}, {}, {}
         self._est = {}
+        self.decisions = {}
+        self._update_decisions(None)
         self.current = None
         self.modelChanged.emit()
 
@@ -76,10 +79,12 @@ class Document(QObject):
         """Replace the plan (and tier setup); emits what changed."""
         tiers = self.tiers if tiers is None else tuple(tiers)
         tiers_changed = tiers != self.tiers
+        old_plan = self.plan
         self.plan, self.tiers = plan, tiers
         old = self.assignment
         self.assignment = plan.resolve(self.model) if self.model is not None else {}
         changed = [n for n, s in self.assignment.items() if old.get(n) != s]
+        self._update_decisions(None if _fallbacks(old_plan) != _fallbacks(plan) else changed)
         if tiers_changed:
             self.tiersChanged.emit()
         self.stateChanged.emit(changed)
@@ -90,6 +95,26 @@ class Document(QObject):
             return
         self.current = name
         self.currentChanged.emit(name or "")
+
+    def _update_decisions(self, names) -> None:
+        """What the workbench applies to each tensor (workbench.runtimes.decide for the
+        workbench's own runtime, as `evaluate` without --runtime): only `names` (None: all)."""
+        if self.model is None:
+            self.decisions = {}
+            return
+        from workbench.runtimes import plan_decisions
+        try:
+            self.decisions.update(plan_decisions(self.model, self.plan, "any", names))
+        except WorkbenchError:
+            pass  # the "any" runtime has a type for every scheme: not expected
+
+    def fallback_summary(self):
+        """workbench.runtimes.FallbackSummary of the plan (as `evaluate` prints it)."""
+        from workbench.runtimes import summarize
+        return summarize(self.decisions.values())
+
+    def decision(self, name: str):
+        return self.decisions.get(name)
 
     # ---- results delivered by the analyzer ------------------------------------------------
     def add_result(self, result) -> None:
@@ -190,3 +215,7 @@ class Document(QObject):
     @staticmethod
     def finite(v: float | None) -> bool:
         return v is not None and math.isfinite(v)
+
+
+def _fallbacks(plan) -> tuple:
+    return (plan.fallback, tuple(getattr(r, "fallback", None) for r in plan.rules))

@@ -151,7 +151,7 @@ class SchemeTable(QWidget):
         # "m…t"); roles fit whole ("embedding", "attn_qkv")
         self.view.setColumnWidth(C_NAME, 250)
         for col, w in zip(range(1, 11), (cell.horizontalAdvance("30522 × 1536") + 16, 68, cell.horizontalAdvance("embedding") + 20,
-                                         112, 60, 84, 80, 72, 76, 56)):
+                                         136, 60, 84, 80, 72, 76, 56)):
             text = self.model.headerData(col, Qt.Orientation.Horizontal)
             self.view.setColumnWidth(col, max(w, fm.horizontalAdvance(text) + 30))
         self.view.setTextElideMode(Qt.TextElideMode.ElideRight)
