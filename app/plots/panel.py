@@ -23,6 +23,7 @@ class PlotsPanel(QWidget):
         self.summary = QLabel("")
         self.summary.setObjectName("TensorSummary")
         self.summary.setTextFormat(Qt.TextFormat.RichText)
+        self.summary.setWordWrap(True)   # a narrow window wraps the figures, never clips them
         self.log_box = QCheckBox("log count")
         self.sort_box = QCheckBox("sort channels by range")
         self.grid_label = QLabel("")
