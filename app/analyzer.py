@@ -81,6 +81,11 @@ class Analyzer(QObject):
         if model is None:
             return
         gen = self._generation
+        from . import perf
+        if perf.FAST:   # the first edit's "never re-typed" check needs them: not on the GUI thread
+            from .commands import gguf_names_of
+            self.runner.submit(lambda: gguf_names_of(model), "llama.cpp tensor names",
+                               BACKGROUND)
         self.runner.submit(lambda: self._all_stats(model, gen), "Computing statistics",
                            BACKGROUND, visible=True, on_error=self._failed("Statistics"))
         self._schedule(list(model.tensors))
