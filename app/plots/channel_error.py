@@ -24,9 +24,11 @@ class ChannelErrorPlot(pg.PlotWidget):
         item.setLabel("bottom", "output channel")
         item.setLabel("left", "rel. error")
         item.getAxis("left").enableAutoSIPrefix(False)
-        from . import fix_axes
+        from . import fix_axes, opaque
+        opaque(self)
         fix_axes(item)
-        item.showGrid(x=True, y=True, alpha=0.15)
+        from . import fast_grid
+        fast_grid(item, 0.15)
         item.setMenuEnabled(False)
         item.setClipToView(True)
         item.setDownsampling(auto=True, mode="peak")

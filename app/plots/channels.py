@@ -71,9 +71,11 @@ class ChannelRangePlot(pg.PlotWidget):
         item.setLabel("left", "value")
         # no "(x0.001)" SI prefix in the rotated label: in a short plot it was clipped
         item.getAxis("left").enableAutoSIPrefix(False)
-        from . import fix_axes
+        from . import fix_axes, opaque
+        opaque(self)
         fix_axes(item)
-        item.showGrid(x=True, y=True, alpha=0.15)
+        from . import fast_grid
+        fast_grid(item, 0.15)
         item.setMenuEnabled(False)
         item.setClipToView(True)
         item.setDownsampling(auto=True, mode="peak")
@@ -97,6 +99,7 @@ class ChannelRangePlot(pg.PlotWidget):
         pen.setCosmetic(True)
         self.band.setPen(pen)
         self.band.setVisible(False)
+        self.band.setZValue(-10)      # under the |max| curve and the outliers
         self.addItem(self.band)
         self._prepared: OrderedDict = OrderedDict()   # per tensor: order, outliers, arrays
         self._drawn_buckets = 0

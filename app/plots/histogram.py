@@ -30,9 +30,11 @@ class HistogramPlot(pg.PlotWidget):
         item = self.getPlotItem()
         item.setLabel("bottom", "weight value")
         item.setLabel("left", "count")
-        from . import fix_axes
+        from . import fix_axes, opaque
+        opaque(self)
         fix_axes(item, "10000")
-        item.showGrid(x=True, y=True, alpha=0.15)
+        from . import fast_grid
+        fast_grid(item, 0.15)
         item.setMenuEnabled(False)
         self.legend = item.addLegend(offset=(-10, 10), labelTextColor="#c9ced8",
                                      brush=pg.mkBrush(34, 38, 46, 200))
