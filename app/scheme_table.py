@@ -146,8 +146,26 @@ def common_pattern(names, all_names=None) -> str:
             if exact(pat):
                 return "re:" + (re.escape(".".join(parts[-k:])) + "$" if exact(
                     re.escape(".".join(parts[-k:])) + "$") else pat)
-    # 2. several kinds: block numbers free, the shortest distinguishing tails
+    # 2. several kinds sharing a beginning and/or an end: "P.*S$"
+    import os.path
     stems = sorted({re.sub(r"\.\d+\.", ".", n) for n in names})
+    tails = sorted({re.sub(r"^.*?\.\d+\.", "", n) for n in names})
+    pre_all = os.path.commonprefix(names)
+    if len(pre_all) >= 4 and exact("^" + re.escape(pre_all)):
+        return "re:^" + re.escape(pre_all)         # e.g. every tensor of one block
+    for group in (tails, stems):
+        pre = os.path.commonprefix(group)
+        suf = os.path.commonprefix([t[::-1] for t in group])[::-1]
+        cands = []
+        if len(suf) >= 4:
+            cands.append(re.escape(suf) + "$")
+        if len(pre) >= 4:
+            cands.append(re.escape(pre) + ".*" + re.escape(suf) + "$")
+            cands.append(r"(^|\.)" + re.escape(pre) + ".*" + re.escape(suf) + "$")
+        for pat in cands:
+            if exact(pat):
+                return "re:" + pat
+    # 3. block numbers free, the shortest distinguishing tails
     for k in range(1, 6):
         tails = sorted({".".join(s.split(".")[-k:]) for s in stems})
         pat = "(" + "|".join(re.escape(t) for t in tails) + ")$"
