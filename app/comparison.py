@@ -172,12 +172,14 @@ class ComparisonView(QWidget):
         hdr = self.view.horizontalHeader()
         hdr.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         hdr.setStretchLastSection(True)
-        cell = self.view.fontMetrics()
+        from PySide6.QtGui import QFontMetrics
+        text, mono = self.view.fontMetrics(), QFontMetrics(mono_font())
         for col, sample in ((C_SCHEME, "● int8-g128-asym  ◆"), (C_FAMILY, "GGML legacy"),
-                            (C_BITS, "32.000"), (C_BYTES, "144 KiB"), (C_REL, "1.234e-05"),
+                            (C_BITS, "32.000"), (C_BYTES, "1023 KiB"), (C_REL, "1.234e-05"),
                             (C_SQNR, "166.44"), (C_MAX, "1.234e-05"), (C_GBS, "12.3")):
             head = hdr.fontMetrics().horizontalAdvance(COLUMNS[col]) + 26
-            self.view.setColumnWidth(col, max(cell.horizontalAdvance(sample) + 14, head))
+            fm = text if col in (C_SCHEME, C_FAMILY) else mono
+            self.view.setColumnWidth(col, max(fm.horizontalAdvance(sample) + 16, head))
         self.view.doubleClicked.connect(self._assign)
         self.view.activated.connect(self._assign)
         from .plots.scheme_points import SchemePointsPlot

@@ -2,7 +2,7 @@
 (the fast drawing paths are described in app.perf)."""
 
 
-def fix_axes(item, left_text: str = "") -> None:
+def fix_axes(item, left_text: str = "", short: bool = False) -> None:
     """Fast path (app.perf): the left axis only ever grows to fit its tick labels (never
     shrinks back for a tensor with shorter labels) and the bottom axis has a fixed height.
     pyqtgraph otherwise resizes an axis to each tensor's labels, which re-lays out the plot
@@ -20,6 +20,8 @@ def fix_axes(item, left_text: str = "") -> None:
     # ticks of the major and minor levels only: the third level's were all but invisible
     for ax in (axis, bottom):
         ax.setStyle(maxTickLevel=1)
+    if short:   # a short plot: labels at the major ticks only (minor ones overlapped)
+        axis.setStyle(maxTextLevel=0)
 
 
 def opaque(view) -> None:

@@ -26,7 +26,7 @@ class ChannelErrorPlot(pg.PlotWidget):
         item.getAxis("left").enableAutoSIPrefix(False)
         from . import fix_axes, opaque
         opaque(self)
-        fix_axes(item)
+        fix_axes(item, short=True)
         from . import fast_grid
         fast_grid(item, 0.15)
         item.setMenuEnabled(False)
@@ -58,16 +58,14 @@ class ChannelErrorPlot(pg.PlotWidget):
         if finite.size:
             self.mean_line.setValue(float(finite.mean()))
         if plots.FAST:
-            # the scheme goes in the bottom axis label (fixed height): a title of changing
-            # text re-lays out the plot (pyqtgraph's LabelItem) and paints it twice
+            # a constant title (the scheme is in the summary line above the plots): a title
+            # of changing text re-lays out the plot (pyqtgraph's LabelItem), painting it twice,
+            # and a long scheme name in the axis label was cut at the plot's edge
             if getattr(self, "_title", None) is None:
                 self.getPlotItem().setTitle("per-channel relative error", color="#8a92a3",
                                             size="9pt")
+                self.getPlotItem().titleLabel.setMinimumWidth(0)   # never widens the window
                 self._title = True
-            bottom = f"output channel · under {scheme}" if scheme and n else "output channel"
-            if bottom != getattr(self, "_bottom", None):
-                self.getPlotItem().setLabel("bottom", bottom)
-                self._bottom = bottom
         else:
             self.getPlotItem().setTitle(
                 f"per-channel error under {scheme}" if scheme and n else "", color="#8a92a3",

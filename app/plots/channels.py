@@ -73,7 +73,7 @@ class ChannelRangePlot(pg.PlotWidget):
         item.getAxis("left").enableAutoSIPrefix(False)
         from . import fix_axes, opaque
         opaque(self)
-        fix_axes(item)
+        fix_axes(item, short=True)
         from . import fast_grid
         fast_grid(item, 0.15)
         item.setMenuEnabled(False)
@@ -83,6 +83,7 @@ class ChannelRangePlot(pg.PlotWidget):
         item.setTitle("<span style='color:#4c9aff'>━ min / max</span>&nbsp;&nbsp;"
                       "<span style='color:#9ece6a'>━ |max|</span>&nbsp;&nbsp;"
                       "<span style='color:#f85149'>● outliers</span>", size="8pt")
+        item.titleLabel.setMinimumWidth(0)
         self.max_curve = pg.PlotDataItem(pen=pg.mkPen("#4c9aff", width=1))
         self.min_curve = pg.PlotDataItem(pen=pg.mkPen("#4c9aff", width=1))
         self.fill = pg.FillBetweenItem(self.max_curve, self.min_curve,

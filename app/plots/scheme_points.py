@@ -28,7 +28,8 @@ class SchemePointsPlot(pg.PlotWidget):
         self.setObjectName("SchemePointsPlot")
         self.points = []                 # workbench.scheme_choice.SchemePoint
         self.current: str | None = None
-        self._xy = np.zeros((0, 2))      # plotted (bits, sqnr) per point (exact: clipped top)
+        self._xy = np.zeros((0, 2))      # plotted (bits, sqnr) per point (clipped at the top)
+        self.top = math.inf
         item = self.getPlotItem()
         item.setLabel("bottom", "bits / weight")
         item.setLabel("left", "SQNR dB")
@@ -40,9 +41,11 @@ class SchemePointsPlot(pg.PlotWidget):
         item.getViewBox().setDefaultPadding(0.04)
         item.showGrid(x=True, y=True, alpha=0.15)
         item.setMenuEnabled(False)
-        item.setTitle("&nbsp;&nbsp;".join(
+        item.setTitle("&nbsp;".join(
             f"<span style='color:{FAMILY_COLOURS[f]}'>● {f}</span>" for f in FAMILIES)
-            + "&nbsp;&nbsp;<span style='color:#e6e9ef'>◯ Pareto ━ front</span>", size="8pt")
+            + "&nbsp;&nbsp;<span style='color:#e6e9ef'>◯ Pareto&nbsp;▲ off the top</span>",
+            size="8pt")
+        item.titleLabel.setMinimumWidth(0)      # a narrow plot clips it, never the window
         self.front = pg.PlotDataItem(pen=pg.mkPen("#e6e9ef", width=1,
                                                   style=pg.QtCore.Qt.PenStyle.DashLine),
                                      stepMode=None)
@@ -71,14 +74,20 @@ class SchemePointsPlot(pg.PlotWidget):
         pts = [p for p in self.points if p.bits_per_weight == p.bits_per_weight
                and p.bits_per_weight > 0 and not math.isnan(p.sqnr_db)]
         self.points = pts
-        finite = [p.sqnr_db for p in pts if math.isfinite(p.sqnr_db)]
-        top = (max(finite) + 6.0) if finite else 100.0
-        xy = np.array([(p.bits_per_weight, p.sqnr_db if math.isfinite(p.sqnr_db) else top)
-                       for p in pts], np.float64).reshape(-1, 2)
+        # the y axis covers the quantizing schemes (below 16 bits/weight); 16-bit floats and
+        # exact stores sit on its top edge as triangles (their value in the tooltip), so they
+        # do not squash the region where the choice is made
+        low = [p.sqnr_db for p in pts if math.isfinite(p.sqnr_db) and p.bits_per_weight < 15.9]
+        anyf = [p.sqnr_db for p in pts if math.isfinite(p.sqnr_db)]
+        top = (max(low) + 8.0) if low else ((max(anyf) + 6.0) if anyf else 100.0)
+        self.top = top
+        xy = np.array([(p.bits_per_weight, min(p.sqnr_db, top)) for p in pts],
+                      np.float64).reshape(-1, 2)
         self._xy = xy
         spots = [{"pos": (math.log10(x), y), "data": p.scheme,
                   "brush": pg.mkBrush(FAMILY_COLOURS.get(p.family, "#c9ced8")),
-                  "symbol": "t1" if not math.isfinite(p.sqnr_db) else "o"}
+                  "symbol": "t1" if p.sqnr_db > top else "o",
+                  "size": 10 if p.sqnr_db > top else 7}
                  for (x, y), p in zip(xy, pts)]
         self.scatter.setData(spots)
         front = sorted((x, y) for (x, y), p in zip(xy, pts) if p.pareto)
@@ -91,7 +100,16 @@ class SchemePointsPlot(pg.PlotWidget):
             self.front.setData([], [])
             self.rings.setData([], [])
         self._draw_current()
-        self.getPlotItem().enableAutoRange()
+        vb = self.getPlotItem().getViewBox()
+        if len(xy):
+            # explicit ranges with room for the end tick labels (32 was cut at the edge)
+            x0, x1 = float(xy[:, 0].min()), float(xy[:, 0].max())
+            y0, y1 = float(xy[:, 1].min()), float(xy[:, 1].max())
+            vb.setRange(xRange=(math.log10(x0 * 0.9), math.log10(x1 * 1.12)),
+                        yRange=(y0 - 0.05 * (y1 - y0 + 1), y1 + 0.08 * (y1 - y0 + 1)),
+                        padding=0)
+        else:
+            vb.setRange(xRange=(math.log10(2), math.log10(32)), yRange=(0, 60), padding=0)
 
     def _draw_current(self) -> None:
         i = self.index_of(self.current)
@@ -127,6 +145,8 @@ class SchemePointsPlot(pg.PlotWidget):
     def describe(self, i: int) -> str:
         p = self.points[i]
         sq = "exact" if math.isinf(p.sqnr_db) else f"{p.sqnr_db:.2f} dB"
+        if p.sqnr_db > self.top:
+            sq += " (above the plot's top edge)"
         return (f"{p.scheme} ({p.family}): {p.bits_per_weight:.3f} bits/weight, SQNR {sq}, "
                 f"rel. RMSE {p.rel_rmse:.4g}{'  · Pareto' if p.pareto else ''}"
                 f"{'  · current' if p.scheme == self.current else '  · click to assign'}")
