@@ -58,12 +58,14 @@ class Document(QObject):
         self.throughput: dict[tuple[str, str], float | None] = {}
         self._est: dict[tuple[str, str], int] = {}
         self.decisions: dict = {}          # name -> workbench.runtimes.Decision ("any")
+        self._totals = None                # cached Totals, dropped by every change below
         self.backend = "…"
 
     # ---- state --------------------------------------------------------------------------
     def set_model(self, model, plan: Plan | None = None, tiers=None) -> None:
         if self.model is not None and self.model is not model:
             self.model.close()
+        self._totals = None
         self.model = model
         self.plan = plan or Plan()
         self.tiers = tuple(tiers) if tiers else DEFAULT_TIERS
@@ -80,6 +82,7 @@ class Document(QObject):
         tiers = self.tiers if tiers is None else tuple(tiers)
         tiers_changed = tiers != self.tiers
         old_plan = self.plan
+        self._totals = None
         self.plan, self.tiers = plan, tiers
         old = self.assignment
         self.assignment = plan.resolve(self.model) if self.model is not None else {}
@@ -119,6 +122,7 @@ class Document(QObject):
     # ---- results delivered by the analyzer ------------------------------------------------
     def add_result(self, result) -> None:
         self._results[(result.name, result.requested)] = result
+        self._totals = None
         self.resultAdded.emit(result.name, result.requested)
         if self.assignment.get(result.name) == result.requested:
             self.resultsChanged.emit([result.name])
@@ -133,6 +137,7 @@ class Document(QObject):
 
     def add_throughput(self, name: str, scheme: str, gbs: float | None) -> None:
         self.throughput[(name, scheme)] = gbs
+        self._totals = None
         self.throughputChanged.emit([name])
 
     def set_backend(self, name: str) -> None:
@@ -180,6 +185,15 @@ class Document(QObject):
         return [n for n in self.names() if self.result(n) is None]
 
     def totals(self) -> Totals:
+        """The model totals; cached until the plan, a result or a throughput changes (the
+        totals bar asks once per signal, several times per edit)."""
+        from . import perf
+        if perf.FAST and self._totals is not None:
+            return self._totals
+        self._totals = self._compute_totals()
+        return self._totals
+
+    def _compute_totals(self) -> Totals:
         if self.model is None:
             return Totals(0, 0, 0, 0.0, 0.0, None, 0, None, 0)
         results, pending, before, after, params = [], 0, 0, 0, 0

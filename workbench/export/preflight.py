@@ -65,6 +65,19 @@ def _from_decisions(fmt, decisions, total_params: int) -> Preflight:
                      sum(d.params for d in unmet) / total_params if total_params else 0.0)
 
 
+def _fused_differ(decisions) -> bool:
+    """Whether any group vLLM fuses (q/k/v, gate/up) has parts with different schemes."""
+    from .compressed_tensors import FUSED
+    for name in decisions:
+        for group in FUSED:
+            if f".{group[0]}.weight" in name:
+                sibs = [name.replace(f".{group[0]}.", f".{g}.") for g in group]
+                applied = {decisions[s].applied for s in sibs if s in decisions}
+                if len(applied) > 1:
+                    return True
+    return False
+
+
 def check(model, plan, fmt: str) -> Preflight:
     """Whether `fmt`'s exporter can write `plan` for `model` (never raises WorkbenchError)."""
     from ..runtimes import plan_decisions
@@ -89,7 +102,9 @@ def check(model, plan, fmt: str) -> Preflight:
         if fmt == "compressed-tensors":
             from .compressed_tensors import _fused_conflicts
             decisions = plan_decisions(model, plan, "vllm")
-            conflicts = _fused_conflicts(decisions)
+            # the exporter's own check (it imports compressed-tensors and torch: seconds),
+            # only where a fused group's parts differ at all
+            conflicts = _fused_conflicts(decisions) if _fused_differ(decisions) else []
             if conflicts:
                 return Preflight(fmt, False, f"vLLM fuses q/k/v and gate/up and needs one scheme "
                                  f"for all their parts; {len(conflicts)} fused group(s) differ: "
