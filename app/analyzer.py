@@ -138,27 +138,10 @@ class Analyzer(QObject):
                 return
             self._eval_running = True
         model, gen = self.doc.model, self._generation
-        painted = self._after_paint()
-        self.runner.submit(lambda: self._evaluate_queue(model, gen, painted), "Evaluating error",
+        self.runner.submit(lambda: self._evaluate_queue(model, gen), "Evaluating error",
                            BACKGROUND, visible=True, on_error=self._eval_failed)
 
-    def _after_paint(self) -> threading.Event:
-        """An event set once the GUI thread has painted what is pending (a zero timer runs
-        after the posted paint requests). Fast path (app.perf): a job started by an edit or a
-        selection waits for it (at most 50 ms), so the immediate feedback (totals, plots) is
-        painted before the kernels take both cores."""
-        ev = threading.Event()
-        from . import perf
-        if not perf.FAST:
-            ev.set()
-            return ev
-        from PySide6.QtCore import QTimer
-        QTimer.singleShot(0, ev.set)
-        return ev
-
-    def _evaluate_queue(self, model, gen, painted=None):
-        if painted is not None:
-            painted.wait(0.05)
+    def _evaluate_queue(self, model, gen):
         done = 0
         while True:
             with self._lock:
@@ -198,10 +181,7 @@ class Analyzer(QObject):
         if not (need_stats or need_eval or need_detail or need_gbs):
             return
 
-        painted = self._after_paint()
-
         def job():
-            painted.wait(0.05)
             st = yield from _stats_of(model, name)
             if need_stats:
                 self.runner.post(self._deliver_stats, gen, {name: st})

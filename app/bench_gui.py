@@ -10,8 +10,9 @@ a 30000x4096 embedding and a 4096x4096 matrix:
     first edit and the median over edits to other schemes; and an edit to a scheme the
     scheme picker has already predicted.
 
-By default both the fast drawing/editing paths (app.perf.FAST) and the old ones are measured,
-back to back in the same run (`--paths old|fast` for one); caches are cleared between them.
+By default both the fast drawing/editing paths (app.perf.FAST) and the old ones are measured
+in the same run, interleaved: one window per path, each repetition measures both in turn
+(`--paths old|fast` for one); the evaluation cache is cleared before every edit.
 """
 
 from __future__ import annotations
@@ -99,21 +100,14 @@ SCHEMES = ("int4-g128", "int4-g64", "int5-g128", "int8-channel", "int3-g64", "in
            "int4-g32", "int5-g64")
 
 
-def bench(path: str, select: str, edit: str, scheme: str, first: bool, fast: bool = True,
-          repeats: int = 7) -> dict:
+def _open(app, path, fast: bool, first: bool) -> tuple:
+    """A window on `path` built with the fast paths on or off; (window, its figures)."""
     from app import perf
-    perf.FAST = fast
-    from app.main import create_app
     from app.main_window import MainWindow
     from app.messages import RecordedMessages
-    from app import commands
-    from workbench.evaluate import DEFAULT_EVAL_CACHE
     from workbench.stats import DEFAULT_CACHE
-    import workbench.llama_names  # noqa: F401 - imported before both paths (one-time cost)
-    DEFAULT_EVAL_CACHE.clear()
+    perf.FAST = fast
     DEFAULT_CACHE.clear()
-    app = create_app()
-    paints = _PaintCounter(app)
     t = time.perf_counter()
     win = MainWindow(messages=RecordedMessages(), autosave=False)
     win.resize(1600, 1000)
@@ -126,81 +120,124 @@ def bench(path: str, select: str, edit: str, scheme: str, first: bool, fast: boo
     out["window_usable_s"] = (time.perf_counter() - T0) if first else (time.perf_counter() - t)
     out["window_usable_from"] = "process start" if first else "window construction"
     out["stats_and_error_all_s"] = _wait(app, win.runner.idle)
+    return win, out
+
+
+def _median(v):
+    return sorted(v)[len(v) // 2]
+
+
+def bench_paths(path: str, select: str, edit: str, scheme: str, first: bool,
+                modes=(False, True), repeats: int = 7) -> list[dict]:
+    """Measure the given paths on one model, interleaved: one window per path, and every
+    repetition measures each window in turn (so load from other processes falls on both)."""
+    from app import perf
+    from app.main import create_app
+    from app import commands
+    from workbench.evaluate import DEFAULT_EVAL_CACHE
+    import workbench.llama_names  # noqa: F401 - imported before both paths (one-time cost)
+    app = create_app()
+    paints = _PaintCounter(app)
+    wins, outs = {}, {}
+    for k, fast in enumerate(modes):
+        DEFAULT_EVAL_CACHE.clear()
+        wins[fast], outs[fast] = _open(app, path, fast, first and k == 0)
+    doc0 = wins[modes[0]].doc
     # selection -> plots drawn (statistics cached): from the selection until an event-loop
     # pass paints nothing more (every plot painted with its final ranges)
-    other = next(n for n in win.doc.names() if n != select and win.doc.model.info(n).ndim >= 2
-                 and win.doc.model.info(n).is_float)
-    for name in (other, select):
-        win.select(name)
-        _wait(app, win.runner.idle)
-    st = win.doc.stats[select]
-    times, cpu = [], []
+    other = next(n for n in doc0.names() if n != select and doc0.model.info(n).ndim >= 2
+                 and doc0.model.info(n).is_float)
+    for fast, win in wins.items():
+        perf.FAST = fast
+        for name in (other, select):
+            win.select(name)
+            _wait(app, win.runner.idle)
+    times = {f: [] for f in modes}
+    cpu = {f: [] for f in modes}
     for _ in range(repeats):
-        win.select(other)
+        for fast, win in wins.items():
+            perf.FAST = fast
+            st = win.doc.stats[select]
+            win.select(other)
+            _settle(app, paints)
+            t, c = time.perf_counter(), time.thread_time()
+            before = paints.n
+            win.select(select)
+            _settle(app, paints)
+            times[fast].append(time.perf_counter() - t)
+            cpu[fast].append(time.thread_time() - c)
+            assert paints.n > before
+            assert (win.plots.histogram.counts == st.hist_counts).all()
+    for fast in modes:
+        outs[fast]["select_to_plots_ms"] = 1000 * _median(times[fast])
+        # the GUI thread's own CPU time (less sensitive to other processes on the machine)
+        outs[fast]["select_to_plots_gui_cpu_ms"] = 1000 * _median(cpu[fast])
+    # edit -> totals: the first edit, then the median over edits to other schemes; the
+    # evaluation cache is cleared before each edit (both windows compute every error)
+    size_ms = {f: [] for f in modes}
+    size_cpu = {f: [] for f in modes}
+    err_ms = {f: [] for f in modes}
+    schemes = [scheme] + [x for x in SCHEMES if x != scheme][:repeats - 1]
+    for i, s in enumerate(schemes):
+        for fast, win in wins.items():
+            perf.FAST = fast
+            DEFAULT_EVAL_CACHE.clear()
+            _wait(app, win.runner.idle)
+            _settle(app, paints)
+            before = win.totals.size.value.text()
+            t, c = time.perf_counter(), time.thread_time()
+            win.push(commands.assign(win.doc, [edit], s))
+            _settle(app, paints)
+            size_ms[fast].append(1000 * (time.perf_counter() - t))
+            size_cpu[fast].append(1000 * (time.thread_time() - c))
+            assert win.totals.size.value.text() != before or i > 0
+            _wait(app, lambda: win.doc.totals().sqnr_db is not None)
+            _settle(app, paints)
+            err_ms[fast].append(1000 * (time.perf_counter() - t))
+            _wait(app, win.runner.idle)
+    for fast in modes:
+        o = outs[fast]
+        o["first_edit_to_size_totals_ms"] = size_ms[fast][0]
+        o["first_edit_to_error_totals_ms"] = err_ms[fast][0]
+        o["edit_to_size_totals_ms"] = _median(size_ms[fast])
+        o["edit_to_size_totals_gui_cpu_ms"] = _median(size_cpu[fast])
+        o["edit_to_error_totals_ms"] = _median(err_ms[fast])
+    for fast, win in wins.items():
+        perf.FAST = fast
+        o = outs[fast]
+        # an edit to a scheme the picker has already predicted (its evaluation cached when
+        # the scheme editor opened): the error totals need no new computation
+        win.analyzer.predict(edit, ["int2-g32", "q8_0"])
+        _wait(app, win.runner.idle)
         _settle(app, paints)
-        t, c = time.perf_counter(), time.thread_time()
-        before = paints.n
-        win.select(select)
+        t = time.perf_counter()
+        win.push(commands.assign(win.doc, [edit], "q8_0"))
         _settle(app, paints)
-        times.append(time.perf_counter() - t)
-        cpu.append(time.thread_time() - c)
-        assert paints.n > before
-        assert (win.plots.histogram.counts == st.hist_counts).all()
-    out["select_to_plots_ms"] = 1000 * sorted(times)[len(times) // 2]
-    # the GUI thread's own CPU time (insensitive to other processes on a shared machine)
-    out["select_to_plots_gui_cpu_ms"] = 1000 * sorted(cpu)[len(cpu) // 2]
-    _wait(app, win.runner.idle)
-    # edit -> totals: the first edit, then the median over edits to other schemes
-    size_ms, size_cpu, err_ms = [], [], []
-    for i, s in enumerate([scheme] + [x for x in SCHEMES if x != scheme][:repeats - 1]):
-        before = win.totals.size.value.text()
-        t, c = time.perf_counter(), time.thread_time()
-        win.push(commands.assign(win.doc, [edit], s))
-        _settle(app, paints)
-        size_ms.append(1000 * (time.perf_counter() - t))
-        size_cpu.append(1000 * (time.thread_time() - c))
-        assert win.totals.size.value.text() != before or i > 0
         _wait(app, lambda: win.doc.totals().sqnr_db is not None)
         _settle(app, paints)
-        err_ms.append(1000 * (time.perf_counter() - t))
+        o["edit_predicted_to_error_totals_ms"] = 1000 * (time.perf_counter() - t)
+        win.undo_stack.undo()
+        _settle(app, paints)
         _wait(app, win.runner.idle)
-    out["first_edit_to_size_totals_ms"] = size_ms[0]
-    out["first_edit_to_error_totals_ms"] = err_ms[0]
-    out["edit_to_size_totals_ms"] = sorted(size_ms)[len(size_ms) // 2]
-    out["edit_to_size_totals_gui_cpu_ms"] = sorted(size_cpu)[len(size_cpu) // 2]
-    out["edit_to_error_totals_ms"] = sorted(err_ms)[len(err_ms) // 2]
-    # an edit to a scheme the picker has already predicted (its evaluation cached when the
-    # scheme editor opened): the error totals need no new computation
-    win.analyzer.predict(edit, ["int2-g32", "q8_0"])
-    _wait(app, win.runner.idle)
-    _settle(app, paints)
-    t = time.perf_counter()
-    win.push(commands.assign(win.doc, [edit], "q8_0"))
-    _settle(app, paints)
-    _wait(app, lambda: win.doc.totals().sqnr_db is not None)
-    _settle(app, paints)
-    out["edit_predicted_to_error_totals_ms"] = 1000 * (time.perf_counter() - t)
-    win.undo_stack.undo()
-    _settle(app, paints)
-    _wait(app, win.runner.idle)
-    t = time.perf_counter()
-    win.undo_stack.redo()     # cached evaluation: instant
-    _settle(app, paints)
-    out["redo_cached_to_error_totals_ms"] = 1000 * (time.perf_counter() - t)
-    assert win.doc.totals().sqnr_db is not None
-    out["edit"] = f"{edit} -> {len(size_ms)} schemes {win.doc.model.info(edit).shape}"
-    win.runner.shutdown()
-    win.hide()
-    win.deleteLater()
+        t = time.perf_counter()
+        win.undo_stack.redo()     # cached evaluation: instant
+        _settle(app, paints)
+        o["redo_cached_to_error_totals_ms"] = 1000 * (time.perf_counter() - t)
+        assert win.doc.totals().sqnr_db is not None
+        o["edit"] = f"{edit} -> {len(schemes)} schemes {win.doc.model.info(edit).shape}"
+    for win in wins.values():
+        win.runner.shutdown()
+        win.hide()
+        win.deleteLater()
     app.processEvents()
-    return out
+    perf.FAST = True
+    return [outs[f] for f in modes]
 
 
 KEYS = ("select_to_plots_ms", "select_to_plots_gui_cpu_ms", "first_edit_to_size_totals_ms",
         "edit_to_size_totals_ms", "edit_to_size_totals_gui_cpu_ms",
         "first_edit_to_error_totals_ms", "edit_to_error_totals_ms",
-        "edit_predicted_to_error_totals_ms", "redo_cached_to_error_totals_ms",
-        "stats_and_error_all_s", "window_usable_s")
+        "edit_predicted_to_error_totals_ms", "redo_cached_to_error_totals_ms")
 
 
 def main(argv=None) -> int:
@@ -227,8 +264,8 @@ def main(argv=None) -> int:
             runs.append((path, "model.embed_tokens.weight",
                          "model.layers.0.self_attn.o_proj.weight", time.perf_counter() - t))
         for path, select, edit, gen in runs:
-            for fast in modes:
-                r = bench(path, select, edit, "int4-g128", not results, fast, args.repeats)
+            for r in bench_paths(path, select, edit, "int4-g128", not results, modes,
+                                 args.repeats):
                 if gen is not None:
                     r["generate_s"] = gen
                 results.append(r)
@@ -248,6 +285,11 @@ def main(argv=None) -> int:
         for k in KEYS:
             print(f"  {k:34s}" + "".join(f"{r[k]:12.1f}" if isinstance(r[k], float)
                                          else f"{r[k]!s:>12s}" for r in rs))
+        first = rs[0]
+        print(f"  window usable {first['window_usable_s']:.2f} s from "
+              f"{first['window_usable_from']}, statistics and error of every tensor "
+              f"{first['stats_and_error_all_s']:.2f} s ({first['path'].split()[0]} window, "
+              "opened first)")
     return 0
 
 

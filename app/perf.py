@@ -6,7 +6,8 @@ kept), cache per tensor what does not change between selections (float64 copies,
 mask, sort order, envelopes), draw the channel envelope as one filled path, and set their
 view ranges from the data they hold (no auto-range pass at paint time, which moved the axes
 during a paint and painted each plot twice); llama.cpp's tensor names for the "never
-re-typed" check are computed when the model opens, not on the first edit.
+re-typed" check are computed when the model opens, not on the first edit; the totals are
+cached between changes.
 """
 
 FAST = True
