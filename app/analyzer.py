@@ -53,6 +53,8 @@ class Analyzer(QObject):
         self._generation = 0
         self._interactive = None
         self._compare = None
+        self._predict = None
+        self._predict_for = None
         self.errors: list[str] = []
         self.on_error = None  # callable(title, message), set by the window
         doc.modelChanged.connect(self._model_changed)
@@ -79,6 +81,11 @@ class Analyzer(QObject):
         if model is None:
             return
         gen = self._generation
+        from . import perf
+        if perf.FAST:   # the first edit's "never re-typed" check needs them: not on the GUI thread
+            from .commands import gguf_names_of
+            self.runner.submit(lambda: gguf_names_of(model), "llama.cpp tensor names",
+                               BACKGROUND)
         self.runner.submit(lambda: self._all_stats(model, gen), "Computing statistics",
                            BACKGROUND, visible=True, on_error=self._failed("Statistics"))
         self._schedule(list(model.tensors))
@@ -236,6 +243,34 @@ class Analyzer(QObject):
         self._compare = self.runner.submit(job, f"Comparing schemes for {name}", FOREGROUND,
                                            visible=True, on_error=self._failed("Comparison"))
         return self._compare
+
+    def predict(self, name: str, schemes=None):
+        """Evaluate the error of `name` under every scheme not evaluated yet (the scheme
+        picker's figures; no timing). Results arrive one by one; a new call cancels the last."""
+        if self._predict is not None and not self._predict.finished:
+            if self._predict_for == name:
+                return self._predict
+            self._predict.cancel()
+        model, gen = self.doc.model, self._generation
+        if model is None or name not in model.tensors:
+            return None
+        todo = [s for s in (schemes or self.eligible_schemes(name))
+                if self.doc.result_for(name, s) is None]
+        if not todo:
+            return None
+
+        def job():
+            for i, s in enumerate(todo):
+                if self.doc.result_for(name, s) is None:
+                    r = evaluate_tensor(model, name, s)
+                    self.runner.post(self._deliver_result, gen, r)
+                yield Progress(i + 1, len(todo), f"predicting {s}")
+            return None
+
+        self._predict_for = name
+        self._predict = self.runner.submit(job, f"Predicting errors for {name}", FOREGROUND,
+                                           on_error=self._failed("Prediction"))
+        return self._predict
 
     def measure_all(self):
         model, gen = self.doc.model, self._generation

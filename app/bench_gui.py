@@ -3,9 +3,16 @@
 Measures, offscreen, on the real MiniLM weights and (with --big) on a generated model with
 a 30000x4096 embedding and a 4096x4096 matrix:
   * start-up: process start to a usable window (shown, tensor list populated);
-  * selection: selecting a tensor (statistics cached) to its plots drawn;
+  * selection: selecting a tensor (statistics cached) until an event-loop pass paints
+    nothing more (every plot drawn with its final ranges), median of --repeats;
   * edit: assigning a scheme to the 4096x4096 tensor to updated totals — size totals
-    (immediate) and error totals (after the compute thread evaluated it).
+    (immediate) and error totals (after the compute thread evaluated it), painted; the
+    first edit and the median over edits to other schemes; and an edit to a scheme the
+    scheme picker has already predicted.
+
+By default both the fast drawing/editing paths (app.perf.FAST) and the old ones are measured
+in the same run, interleaved: one window per path, each repetition measures both in turn
+(`--paths old|fast` for one); the evaluation cache is cleared before every edit.
 """
 
 from __future__ import annotations
@@ -58,12 +65,49 @@ def _wait(app, pred, timeout=600.0) -> float:
     return time.perf_counter() - t
 
 
-def bench(path: str, select: str, edit: str, scheme: str, first: bool) -> dict:
-    from app.main import create_app
+class _PaintCounter:
+    """Counts paint events of every widget (an application event filter)."""
+
+    def __init__(self, app):
+        from PySide6.QtCore import QEvent, QObject
+
+        class F(QObject):
+            n = 0
+
+            def eventFilter(self, obj, ev):
+                if ev.type() == QEvent.Type.Paint:
+                    F.n += 1
+                return False
+        self.filter = F()
+        self.cls = F
+        app.installEventFilter(self.filter)
+
+    @property
+    def n(self) -> int:
+        return self.cls.n
+
+
+def _settle(app, paints) -> None:
+    """Process events until an iteration paints nothing (the picture is final)."""
+    for _ in range(200):
+        before = paints.n
+        app.processEvents()
+        if paints.n == before:
+            return
+
+
+SCHEMES = ("int4-g128", "int4-g64", "int5-g128", "int8-channel", "int3-g64", "int6-g128",
+           "int4-g32", "int5-g64")
+
+
+def _open(app, path, fast: bool, first: bool) -> tuple:
+    """A window on `path` built with the fast paths on or off; (window, its figures)."""
+    from app import perf
     from app.main_window import MainWindow
     from app.messages import RecordedMessages
-    from app import commands
-    app = create_app()
+    from workbench.stats import DEFAULT_CACHE
+    perf.FAST = fast
+    DEFAULT_CACHE.clear()
     t = time.perf_counter()
     win = MainWindow(messages=RecordedMessages(), autosave=False)
     win.resize(1600, 1000)
@@ -71,78 +115,181 @@ def bench(path: str, select: str, edit: str, scheme: str, first: bool) -> dict:
     win.open_model(path)
     _wait(app, lambda: win.doc.model is not None and win.browser.model.rowCount() > 0)
     app.processEvents()
-    out = {"model": path, "tensors": len(win.doc.model.tensors)}
+    out = {"model": path, "tensors": len(win.doc.model.tensors),
+           "path": "fast (app.perf.FAST)" if fast else "old (FAST off)"}
     out["window_usable_s"] = (time.perf_counter() - T0) if first else (time.perf_counter() - t)
     out["window_usable_from"] = "process start" if first else "window construction"
     out["stats_and_error_all_s"] = _wait(app, win.runner.idle)
-    # selection -> plots drawn (statistics cached)
-    other = next(n for n in win.doc.names() if n != select and win.doc.model.info(n).ndim >= 2)
-    win.select(other)
-    _wait(app, win.runner.idle)
-    st = win.doc.stats[select]
-    times = []
-    for _ in range(5):
-        win.select(other)
-        app.processEvents()
+    return win, out
+
+
+def _median(v):
+    return sorted(v)[len(v) // 2]
+
+
+def bench_paths(path: str, select: str, edit: str, scheme: str, first: bool,
+                modes=(False, True), repeats: int = 7) -> list[dict]:
+    """Measure the given paths on one model, interleaved: one window per path, and every
+    repetition measures each window in turn (so load from other processes falls on both)."""
+    from app import perf
+    from app.main import create_app
+    from app import commands
+    from workbench.evaluate import DEFAULT_EVAL_CACHE
+    import workbench.llama_names  # noqa: F401 - imported before both paths (one-time cost)
+    app = create_app()
+    paints = _PaintCounter(app)
+    wins, outs = {}, {}
+    for k, fast in enumerate(modes):
+        DEFAULT_EVAL_CACHE.clear()
+        wins[fast], outs[fast] = _open(app, path, fast, first and k == 0)
+    doc0 = wins[modes[0]].doc
+    # selection -> plots drawn (statistics cached): from the selection until an event-loop
+    # pass paints nothing more (every plot painted with its final ranges)
+    other = next(n for n in doc0.names() if n != select and doc0.model.info(n).ndim >= 2
+                 and doc0.model.info(n).is_float)
+    for fast, win in wins.items():
+        perf.FAST = fast
+        for name in (other, select):
+            win.select(name)
+            _wait(app, win.runner.idle)
+    times = {f: [] for f in modes}
+    cpu = {f: [] for f in modes}
+    for _ in range(repeats):
+        for fast, win in wins.items():
+            perf.FAST = fast
+            st = win.doc.stats[select]
+            win.select(other)
+            _settle(app, paints)
+            t, c = time.perf_counter(), time.thread_time()
+            before = paints.n
+            win.select(select)
+            _settle(app, paints)
+            times[fast].append(time.perf_counter() - t)
+            cpu[fast].append(time.thread_time() - c)
+            assert paints.n > before
+            assert (win.plots.histogram.counts == st.hist_counts).all()
+    for fast in modes:
+        outs[fast]["select_to_plots_ms"] = 1000 * _median(times[fast])
+        # the GUI thread's own CPU time (less sensitive to other processes on the machine)
+        outs[fast]["select_to_plots_gui_cpu_ms"] = 1000 * _median(cpu[fast])
+    # edit -> totals: the first edit, then the median over edits to other schemes; the
+    # evaluation cache is cleared before each edit (both windows compute every error)
+    size_ms = {f: [] for f in modes}
+    size_cpu = {f: [] for f in modes}
+    err_ms = {f: [] for f in modes}
+    schemes = [scheme] + [x for x in SCHEMES if x != scheme][:repeats - 1]
+    for i, s in enumerate(schemes):
+        for fast, win in wins.items():
+            perf.FAST = fast
+            DEFAULT_EVAL_CACHE.clear()
+            _wait(app, win.runner.idle)
+            _settle(app, paints)
+            before = win.totals.size.value.text()
+            t, c = time.perf_counter(), time.thread_time()
+            win.push(commands.assign(win.doc, [edit], s))
+            _settle(app, paints)
+            size_ms[fast].append(1000 * (time.perf_counter() - t))
+            size_cpu[fast].append(1000 * (time.thread_time() - c))
+            assert win.totals.size.value.text() != before or i > 0
+            _wait(app, lambda: win.doc.totals().sqnr_db is not None)
+            _settle(app, paints)
+            err_ms[fast].append(1000 * (time.perf_counter() - t))
+            _wait(app, win.runner.idle)
+    for fast in modes:
+        o = outs[fast]
+        o["first_edit_to_size_totals_ms"] = size_ms[fast][0]
+        o["first_edit_to_error_totals_ms"] = err_ms[fast][0]
+        o["edit_to_size_totals_ms"] = _median(size_ms[fast])
+        o["edit_to_size_totals_gui_cpu_ms"] = _median(size_cpu[fast])
+        o["edit_to_error_totals_ms"] = _median(err_ms[fast])
+    for fast, win in wins.items():
+        perf.FAST = fast
+        o = outs[fast]
+        # an edit to a scheme the picker has already predicted (its evaluation cached when
+        # the scheme editor opened): the error totals need no new computation
+        win.analyzer.predict(edit, ["int2-g32", "q8_0"])
+        _wait(app, win.runner.idle)
+        _settle(app, paints)
         t = time.perf_counter()
-        win.select(select)        # the panel redraws synchronously from cached arrays
-        win.plots.histogram.repaint()
-        win.plots.ranges.repaint()
-        app.processEvents()
-        times.append(time.perf_counter() - t)
-        assert (win.plots.histogram.counts == st.hist_counts).all()
-    out["select_to_plots_ms"] = 1000 * sorted(times)[len(times) // 2]
-    _wait(app, win.runner.idle)
-    # edit -> totals
-    before = win.totals.size.value.text()
-    t = time.perf_counter()
-    win.push(commands.assign(win.doc, [edit], scheme))
+        win.push(commands.assign(win.doc, [edit], "q8_0"))
+        _settle(app, paints)
+        _wait(app, lambda: win.doc.totals().sqnr_db is not None)
+        _settle(app, paints)
+        o["edit_predicted_to_error_totals_ms"] = 1000 * (time.perf_counter() - t)
+        win.undo_stack.undo()
+        _settle(app, paints)
+        _wait(app, win.runner.idle)
+        t = time.perf_counter()
+        win.undo_stack.redo()     # cached evaluation: instant
+        _settle(app, paints)
+        o["redo_cached_to_error_totals_ms"] = 1000 * (time.perf_counter() - t)
+        assert win.doc.totals().sqnr_db is not None
+        o["edit"] = f"{edit} -> {len(schemes)} schemes {win.doc.model.info(edit).shape}"
+    for win in wins.values():
+        win.runner.shutdown()
+        win.hide()
+        win.deleteLater()
     app.processEvents()
-    out["edit_to_size_totals_ms"] = 1000 * (time.perf_counter() - t)
-    assert win.totals.size.value.text() != before
-    _wait(app, lambda: win.doc.totals().sqnr_db is not None)
-    out["edit_to_error_totals_ms"] = 1000 * (time.perf_counter() - t)
-    win.undo_stack.undo()
-    app.processEvents()
-    t = time.perf_counter()
-    win.undo_stack.redo()     # cached evaluation: instant
-    app.processEvents()
-    out["redo_cached_to_error_totals_ms"] = 1000 * (time.perf_counter() - t)
-    assert win.doc.totals().sqnr_db is not None
-    out["edit"] = f"{edit} -> {scheme} {win.doc.model.info(edit).shape}"
-    win.runner.shutdown()
-    win.deleteLater()
-    return out
+    perf.FAST = True
+    return [outs[f] for f in modes]
+
+
+KEYS = ("select_to_plots_ms", "select_to_plots_gui_cpu_ms", "first_edit_to_size_totals_ms",
+        "edit_to_size_totals_ms", "edit_to_size_totals_gui_cpu_ms",
+        "first_edit_to_error_totals_ms", "edit_to_error_totals_ms",
+        "edit_predicted_to_error_totals_ms", "redo_cached_to_error_totals_ms")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--big", action="store_true", help="also the generated 30000x4096 model")
+    p.add_argument("--paths", choices=("both", "fast", "old"), default="both",
+                   help="measure the fast paths (app.perf.FAST), the old ones, or both back to "
+                        "back in this run (default: both)")
+    p.add_argument("--repeats", type=int, default=7, help="selections / edits per figure")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    modes = {"both": (False, True), "fast": (True,), "old": (False,)}[args.paths]
     results = []
     mini = _minilm()
+    runs = []
     if mini:
-        results.append(bench(mini, "encoder.layer.0.attention.self.query.weight",
-                             "encoder.layer.3.intermediate.dense.weight", "int4-g128", True))
-    if args.big:
-        with tempfile.TemporaryDirectory() as d:
+        runs.append((mini, "encoder.layer.0.attention.self.query.weight",
+                     "encoder.layer.3.intermediate.dense.weight", None))
+    tmp = tempfile.TemporaryDirectory() if args.big else None
+    try:
+        if args.big:
             t = time.perf_counter()
-            path = make_big_model(d)
-            gen = time.perf_counter() - t
-            r = bench(path, "model.embed_tokens.weight", "model.layers.0.self_attn.o_proj.weight",
-                      "int4-g128", not results)
-            r["generate_s"] = gen
-            results.append(r)
+            path = make_big_model(tmp.name)
+            runs.append((path, "model.embed_tokens.weight",
+                         "model.layers.0.self_attn.o_proj.weight", time.perf_counter() - t))
+        for path, select, edit, gen in runs:
+            for r in bench_paths(path, select, edit, "int4-g128", not results, modes,
+                                 args.repeats):
+                if gen is not None:
+                    r["generate_s"] = gen
+                results.append(r)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
     if args.json:
         json.dump(results, sys.stdout, indent=2)
         print()
-    else:
-        for r in results:
-            print(f"\n{r['model']} ({r['tensors']} tensors)")
-            for k, v in r.items():
-                if k not in ("model", "tensors"):
-                    print(f"  {k:32s} {v:.3f}" if isinstance(v, float) else f"  {k:32s} {v}")
+        return 0
+    by_model: dict = {}
+    for r in results:
+        by_model.setdefault(r["model"], []).append(r)
+    for model, rs in by_model.items():
+        print(f"\n{model} ({rs[0]['tensors']} tensors), edit {rs[0]['edit']}")
+        print(f"  {'':34s}" + "".join(f"{r['path'].split()[0]:>12s}" for r in rs))
+        for k in KEYS:
+            print(f"  {k:34s}" + "".join(f"{r[k]:12.1f}" if isinstance(r[k], float)
+                                         else f"{r[k]!s:>12s}" for r in rs))
+        first = rs[0]
+        print(f"  window usable {first['window_usable_s']:.2f} s from "
+              f"{first['window_usable_from']}, statistics and error of every tensor "
+              f"{first['stats_and_error_all_s']:.2f} s ({first['path'].split()[0]} window, "
+              "opened first)")
     return 0
 
 

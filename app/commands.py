@@ -167,12 +167,10 @@ def is_quantizing(scheme: str) -> bool:
         return False
 
 
-def never_retyped(model, targets: dict, runtime: str = "llama.cpp") -> list[tuple[str, str]]:
-    """(name, why) for each tensor `targets` would quantize that `runtime` never re-types
-    (workbench.runtimes: llama.cpp keeps norms, biases, position and token-type embeddings)."""
+def gguf_names_of(model):
+    """llama.cpp's names of the model's tensors (None: unmapped architecture), computed once
+    per model (the window asks for them when the model opens, off the GUI thread)."""
     from workbench.errors import WorkbenchError
-    from workbench.runtimes import get_runtime
-    rt = get_runtime(runtime)
     gnames = getattr(model, "_app_gguf_names", False)
     if gnames is False:
         try:
@@ -184,6 +182,15 @@ def never_retyped(model, targets: dict, runtime: str = "llama.cpp") -> list[tupl
             model._app_gguf_names = gnames
         except AttributeError:
             pass
+    return gnames
+
+
+def never_retyped(model, targets: dict, runtime: str = "llama.cpp") -> list[tuple[str, str]]:
+    """(name, why) for each tensor `targets` would quantize that `runtime` never re-types
+    (workbench.runtimes: llama.cpp keeps norms, biases, position and token-type embeddings)."""
+    from workbench.runtimes import get_runtime
+    rt = get_runtime(runtime)
+    gnames = gguf_names_of(model)
     out = []
     for n, scheme in targets.items():
         if not is_quantizing(scheme):

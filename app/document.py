@@ -57,18 +57,23 @@ class Document(QObject):
         self.details: dict[tuple[str, str], object] = {}
         self.throughput: dict[tuple[str, str], float | None] = {}
         self._est: dict[tuple[str, str], int] = {}
+        self.decisions: dict = {}          # name -> workbench.runtimes.Decision ("any")
+        self._totals = None                # cached Totals, dropped by every change below
         self.backend = "…"
 
     # ---- state --------------------------------------------------------------------------
     def set_model(self, model, plan: Plan | None = None, tiers=None) -> None:
         if self.model is not None and self.model is not model:
             self.model.close()
+        self._totals = None
         self.model = model
         self.plan = plan or Plan()
         self.tiers = tuple(tiers) if tiers else DEFAULT_TIERS
         self.assignment = self.plan.resolve(model) if model is not None else {}
         self.stats, self._results, self.details, self.throughput = {}, {}, {}, {}
         self._est = {}
+        self.decisions = {}
+        self._update_decisions(None)
         self.current = None
         self.modelChanged.emit()
 
@@ -77,11 +82,13 @@ class Document(QObject):
         tiers = self.tiers if tiers is None else tuple(tiers)
         tiers_changed = tiers != self.tiers
         old_plan = self.plan
+        self._totals = None
         self.plan, self.tiers = plan, tiers
         old = self.assignment
         self.assignment = plan.resolve(self.model) if self.model is not None else {}
         changed = [n for n, s in self.assignment.items()
                    if old.get(n) != s or old_plan.method_for(n) != plan.method_for(n)]
+        self._update_decisions(None if _fallbacks(old_plan) != _fallbacks(plan) else changed)
         if tiers_changed:
             self.tiersChanged.emit()
         self.stateChanged.emit(changed)
@@ -93,9 +100,30 @@ class Document(QObject):
         self.current = name
         self.currentChanged.emit(name or "")
 
+    def _update_decisions(self, names) -> None:
+        """What the workbench applies to each tensor (workbench.runtimes.decide for the
+        workbench's own runtime, as `evaluate` without --runtime): only `names` (None: all)."""
+        if self.model is None:
+            self.decisions = {}
+            return
+        from workbench.runtimes import plan_decisions
+        try:
+            self.decisions.update(plan_decisions(self.model, self.plan, "any", names))
+        except WorkbenchError:
+            pass  # the "any" runtime has a type for every scheme: not expected
+
+    def fallback_summary(self):
+        """workbench.runtimes.FallbackSummary of the plan (as `evaluate` prints it)."""
+        from workbench.runtimes import summarize
+        return summarize(self.decisions.values())
+
+    def decision(self, name: str):
+        return self.decisions.get(name)
+
     # ---- results delivered by the analyzer ------------------------------------------------
     def add_result(self, result) -> None:
         self._results[(result.name, result.requested)] = result
+        self._totals = None
         self.resultAdded.emit(result.name, result.requested)
         if self.assignment.get(result.name) == result.requested:
             self.resultsChanged.emit([result.name])
@@ -110,6 +138,7 @@ class Document(QObject):
 
     def add_throughput(self, name: str, scheme: str, gbs: float | None) -> None:
         self.throughput[(name, scheme)] = gbs
+        self._totals = None
         self.throughputChanged.emit([name])
 
     def set_backend(self, name: str) -> None:
@@ -161,6 +190,15 @@ class Document(QObject):
         return [n for n in self.names() if self.result(n) is None]
 
     def totals(self) -> Totals:
+        """The model totals; cached until the plan, a result or a throughput changes (the
+        totals bar asks once per signal, several times per edit)."""
+        from . import perf
+        if perf.FAST and self._totals is not None:
+            return self._totals
+        self._totals = self._compute_totals()
+        return self._totals
+
+    def _compute_totals(self) -> Totals:
         if self.model is None:
             return Totals(0, 0, 0, 0.0, 0.0, None, 0, None, 0)
         results, pending, before, after, params = [], 0, 0, 0, 0
@@ -196,3 +234,7 @@ class Document(QObject):
     @staticmethod
     def finite(v: float | None) -> bool:
         return v is not None and math.isfinite(v)
+
+
+def _fallbacks(plan) -> tuple:
+    return (plan.fallback, tuple(getattr(r, "fallback", None) for r in plan.rules))

@@ -1,11 +1,19 @@
-"""The Export dialog: every format in the exporter registry, run as the CLI runs it."""
+"""The Export dialog: every format in the exporter registry, run as the CLI runs it.
+
+Before anything is exported, each format is checked against the current plan on the compute
+thread (workbench.export.preflight, as `export --check`): the list says per format whether
+the plan can be written and why not, the format offered first is one that can write it
+(the user's last format when it can), and Export is disabled for a format that cannot."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (QComboBox, QDialog, QFileDialog, QFormLayout, QHBoxLayout,
-                               QLabel, QLineEdit, QProgressBar, QPushButton, QVBoxLayout)
+                               QLabel, QLineEdit, QProgressBar, QPushButton, QSizePolicy,
+                               QVBoxLayout)
 
 from workbench.export import export, list_exporters
 
@@ -19,16 +27,24 @@ class ExportDialog(QDialog):
         self.messages = messages
         self.settings = settings
         self.setWindowTitle("Export")
-        self.setMinimumWidth(560)
+        self.setMinimumWidth(640)
         self.doc = doc
         self.runner = runner
         self.task = None
         self.result_info = None
         self.error = None
         self.exporters = list_exporters()
+        self.checks: dict | None = None       # format -> workbench.export.preflight.Preflight
+        self._user_chose = False
         self.format = QComboBox()
         for e in self.exporters:
-            self.format.addItem(f"{e.name}  ({e.suffix})", e.name)
+            self.format.addItem(self._item_text(e, None), e.name)
+        self.format.activated.connect(lambda _i: setattr(self, "_user_chose", True))
+        self.verdicts = QLabel("checking which formats can write this plan…")
+        self.verdicts.setObjectName("ExportVerdicts")
+        self.verdicts.setWordWrap(True)
+        self.verdicts.setTextFormat(Qt.TextFormat.RichText)
+        self.verdicts.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.description = QLabel()
         self.description.setWordWrap(True)
         self.description.setObjectName("Muted")
@@ -44,6 +60,15 @@ class ExportDialog(QDialog):
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.status = QLabel("")
+        self.status.setMinimumWidth(1)
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        # an export's error, whole (word-wrapped, selectable); cleared when the format changes
+        self.error_label = QLabel("")
+        self.error_label.setObjectName("ExportError")
+        self.error_label.setWordWrap(True)
+        self.error_label.setStyleSheet("color: #f85149;")
+        self.error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.error_label.hide()
         self.export_button = QPushButton("Export")
         self.export_button.setDefault(True)
         self.cancel_button = QPushButton("Close")
@@ -53,6 +78,7 @@ class ExportDialog(QDialog):
         form.addRow("Format", self.format)
         form.addRow("", self.description)
         form.addRow("Output", row)
+        form.addRow("Formats", self.verdicts)
         buttons = QHBoxLayout()
         buttons.addWidget(self.status, 1)
         buttons.addWidget(self.export_button)
@@ -60,9 +86,71 @@ class ExportDialog(QDialog):
         lay = QVBoxLayout(self)
         lay.addLayout(form)
         lay.addWidget(self.progress)
+        lay.addWidget(self.error_label)
+        lay.addStretch(1)
         lay.addLayout(buttons)
         self.format.currentIndexChanged.connect(self._format_changed)
         self._format_changed()
+        self.check_task = None
+        if doc.model is not None:
+            model, plan = doc.model, doc.plan
+            from workbench.export.preflight import check_all
+            self.check_task = runner.submit(lambda: check_all(model, plan),
+                                            "Checking export formats", FOREGROUND,
+                                            on_done=self._checked, on_error=self._check_failed)
+
+    # ---- what each format can write ---------------------------------------------------------
+    @staticmethod
+    def _item_text(e, check) -> str:
+        mark = "" if check is None else ("  ✓" if check.ok else "  ✗ cannot write this plan")
+        return f"{e.name}  ({e.suffix or 'folder'}){mark}"
+
+    def _checked(self, checks) -> None:
+        from workbench.export.preflight import best_format
+        self.checks = checks
+        for i, e in enumerate(self.exporters):
+            c = checks.get(e.name)
+            self.format.setItemText(i, self._item_text(e, c))
+            if c is not None:
+                self.format.setItemData(i, c.text(), Qt.ItemDataRole.ToolTipRole)
+                if not c.ok:
+                    self.format.setItemData(i, QBrush(QColor("#8a92a3")),
+                                            Qt.ItemDataRole.ForegroundRole)
+        rows = []
+        for e in self.exporters:
+            c = checks.get(e.name)
+            if c is None:
+                continue
+            colour, mark = ("#3fb950", "✓") if c.ok else ("#f85149", "✗")
+            rows.append(f"<tr><td style='color:{colour}; padding-right:6px'>{mark}</td>"
+                        f"<td style='padding-right:8px'><b>{e.name}</b></td>"
+                        f"<td>{_esc(_short(c.text()))}</td></tr>")
+        self.verdicts.setText("<table cellspacing='2'>" + "".join(rows) + "</table>")
+        self.verdicts.setToolTip("\n\n".join(f"{f}: {c.text()}" for f, c in checks.items()))
+        if not self._user_chose:
+            preferred = self.settings.value("export_format", "") if self.settings is not None \
+                else ""
+            best = best_format(checks, str(preferred or "") or None)
+            names = [e.name for e in self.exporters]
+            if best in names:
+                self.format.setCurrentIndex(names.index(best))
+        self._format_changed()
+        self._fit()
+
+    def _fit(self) -> None:
+        """Grow to show every line (labels wrap; nothing clipped)."""
+        self.layout().activate()
+        self.resize(self.width(), max(self.height(), self.sizeHint().height(),
+                                      self.layout().totalHeightForWidth(self.width())))
+
+    def _check_failed(self, message: str) -> None:
+        self.verdicts.setText(f"could not check the formats: {_esc(message)}")
+
+    def check(self, name: str | None = None):
+        """The preflight of a format (default: the selected one); None while checking."""
+        if self.checks is None:
+            return None
+        return self.checks.get(name or self.exporter().name)
 
     def exporter(self):
         return self.exporters[self.format.currentIndex()]
@@ -70,6 +158,14 @@ class ExportDialog(QDialog):
     def _format_changed(self) -> None:
         e = self.exporter()
         self.description.setText(e.description)
+        self._show_error(None)
+        c = self.check(e.name)
+        busy = self.task is not None and not self.task.finished
+        self.export_button.setEnabled(not busy and (c is None or c.ok))
+        if c is not None and not c.ok:
+            self.status.setText(f"{e.name} cannot write this plan (see Formats)")
+        elif not busy:
+            self.status.setText("")
         current = self.path.text().strip()
         base = Path(current).parent if current else self._dir
         self.path.setText(str(base / f"{self._stem}-{e.name}{e.suffix}"))
@@ -83,12 +179,18 @@ class ExportDialog(QDialog):
     def start(self, fmt: str | None = None, out_path: str | None = None):
         """Run the export (on the compute thread). Returns the task."""
         if fmt is not None:
+            self._user_chose = True
             self.format.setCurrentIndex([e.name for e in self.exporters].index(fmt))
         if out_path is not None:
             self.path.setText(str(out_path))
         model, plan, name = self.doc.model, self.doc.plan, self.exporter().name
         target = self.path.text().strip()
         self.result_info = self.error = None
+        self._show_error(None)
+        c = self.check(name)
+        if c is not None and not c.ok:
+            self._failed(f"{name} cannot write this plan: {c.reason}")
+            return None
         if not target:
             self.status.setText("choose an output file")
             return None
@@ -122,21 +224,30 @@ class ExportDialog(QDialog):
         self.result_info = info or {}
         if self.settings is not None:
             self.settings.setValue("export_dir", str(Path(self.path.text()).expanduser().parent))
+            self.settings.setValue("export_format", self.exporter().name)
         self.progress.setValue(1000)
         self.status.setText(f"wrote {self.path.text()}")
         self._idle()
 
     def _failed(self, message: str) -> None:
         self.error = message
-        self.status.setText(message.split("\n")[0][:120])
+        self.status.setText("export failed")
+        self._show_error(message)
         self._idle()
+
+    def _show_error(self, message: str | None) -> None:
+        self.error_label.setText(message or "")
+        self.error_label.setVisible(bool(message))
+        if message:
+            self._fit()
 
     def _cancelled(self) -> None:
         self.status.setText("cancelled; nothing written")
         self._idle()
 
     def _idle(self) -> None:
-        self.export_button.setEnabled(True)
+        c = self.check()
+        self.export_button.setEnabled(c is None or c.ok)
         self.cancel_button.setText("Close")
 
     def _cancel_or_close(self) -> None:
@@ -144,3 +255,18 @@ class ExportDialog(QDialog):
             self.task.cancel()
         else:
             self.accept()
+
+
+def _short(text: str, limit: int = 170) -> str:
+    """One verdict for the list: the long tails (type lists, further tensor names) cut; the
+    whole text is the tooltip."""
+    for cut in (" (and ", " (types:", " (llama.cpp types:"):
+        i = text.find(cut)
+        if 0 < i:
+            text = text[:i] + " …"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _esc(text: str) -> str:
+    import html
+    return html.escape(text)

@@ -75,6 +75,7 @@ class MainWindow(QMainWindow):
         self.browser = LayerBrowser(self.doc)
         self.plots = PlotsPanel(self.doc)
         self.table = SchemeTable(self.doc, self.push)
+        self.table.predict = self.analyzer.predict
         self.tiers = TierBoard(self.doc, self.push, self.select, messages=self.messages)
         self.comparison = ComparisonView(self.doc, self.analyzer, self.push)
         self.totals = TotalsBar(self.doc)

@@ -21,37 +21,40 @@ from .table_model import C_METHOD, C_NAME, C_SCHEME, NAME_ROLE, SORT_ROLE, Schem
 
 
 class SchemeDelegate(QStyledItemDelegate):
-    """An editable combo box listing only the schemes that can take the row's tensor.
+    """An editable combo box listing only the schemes that can take the row's tensor, grouped
+    by family, each with its bits per weight on the tensor and the predicted error (SQNR) as
+    soon as the compute thread has it (app.scheme_picker).
 
     The editor has a text field: typing completes a scheme name, and Ctrl+A selects the
     field's text (it never reaches the table, where it would select every row). Text that
     names no listed scheme changes nothing."""
 
-    def __init__(self, doc, parent=None):
+    def __init__(self, doc, parent=None, predict=None):
         super().__init__(parent)
         self.doc = doc
+        self.predict = predict    # predict(name, schemes): evaluate them off the GUI thread
 
     def createEditor(self, parent, option, index):
+        from .scheme_picker import SchemeCombo, fill
         name = index.data(NAME_ROLE)
         info = self.doc.model.info(name)
-        combo = QComboBox(parent)
+        combo = SchemeCombo(self.doc, lambda: name, parent)
         combo.setEditable(True)
         combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
-        combo.addItems(schemes_for(info))
-        from .tiers import scheme_bpw
-        for i in range(combo.count()):
-            combo.setItemData(i, f"{scheme_bpw(combo.itemText(i), info):.2f} bits/weight",
-                              Qt.ItemDataRole.ToolTipRole)
-        combo.setMaxVisibleItems(20)
+        schemes = schemes_for(info)
+        fill(combo, schemes, info)
+        combo.setMaxVisibleItems(24)
+        if self.predict is not None:
+            combo.on_popup = lambda: self.predict(name, schemes)
+            self.predict(name, schemes)
         return combo
 
     def setEditorData(self, editor, index):
-        i = editor.findText(index.data(Qt.ItemDataRole.EditRole))
-        editor.setCurrentIndex(max(i, 0))
+        editor.set_scheme(index.data(Qt.ItemDataRole.EditRole))
 
     def setModelData(self, editor, model, index):
-        text = editor.currentText().strip()
-        if editor.findText(text) < 0:
+        text = editor.scheme()
+        if text is None:
             return  # not a scheme this tensor can take
         if text != index.data(Qt.ItemDataRole.EditRole):
             model.setData(index, text, Qt.ItemDataRole.EditRole)
@@ -82,11 +85,18 @@ class RuleDialog(QDialog):
         super().__init__(parent)
         self.doc = doc
         self.setWindowTitle("Add rule")
+        self.setMinimumWidth(620)
         self.match = QLineEdit(match)
-        self.scheme = QComboBox()
-        self.scheme.addItems([KEEP] + list_schemes())
-        self.scheme.setCurrentText("int4-g128")
+        self.match.setMinimumWidth(420)
+        self.match.setToolTip(match)
+        from .scheme_picker import SchemeCombo, fill
+        self.scheme = SchemeCombo(doc)
+        fill(self.scheme, [KEEP] + list_schemes())
+        self.scheme.setMaxVisibleItems(24)
+        self.scheme.set_scheme("int4-g128")
         self.count = QLabel()
+        self.count.setWordWrap(True)
+        self.count.setObjectName("Muted")
         form = QFormLayout(self)
         form.addRow("Match (name or re:pattern)", self.match)
         form.addRow("Scheme", self.scheme)
@@ -100,7 +110,7 @@ class RuleDialog(QDialog):
         self.match.textChanged.connect(self._update)
         self._update()
 
-    def matches(self) -> int | None:
+    def matched(self) -> list[str] | None:
         text = self.match.text().strip()
         if not text:
             return None
@@ -109,24 +119,82 @@ class RuleDialog(QDialog):
                 pat = compile_pattern(text[3:])
             except WorkbenchError:
                 return None
-            return sum(1 for n in self.doc.names() if pat.search(n))
-        return int(text in self.doc.names())
+            return [n for n in self.doc.names() if pat.search(n)]
+        return [text] if text in self.doc.names() else []
+
+    def matches(self) -> int | None:
+        m = self.matched()
+        return None if m is None else len(m)
 
     def _update(self) -> None:
-        n = self.matches()
-        self.count.setText("invalid pattern" if n is None else f"matches {n} tensor(s)")
-        self.ok.setEnabled(bool(n))
+        m = self.matched()
+        if m is None:
+            self.count.setText("invalid pattern")
+        else:
+            shown = ", ".join(m[:4]) + (f" … (+{len(m) - 4})" if len(m) > 4 else "")
+            self.count.setText(f"matches {len(m)} tensor(s)" + (f": {shown}" if m else ""))
+        self.ok.setEnabled(bool(m))
 
 
-def common_pattern(names) -> str:
-    """A `re:` pattern matching the same tensor kind in every block (e.g. all q_proj)."""
+def common_pattern(names, all_names=None) -> str:
+    """A short `re:` pattern matching exactly `names` among `all_names` (default: `names`):
+    the same tensor kind in every block (e.g. all q_proj) as one stem; several kinds as an
+    alternation of their stems with the block number free; an alternation of whole names only
+    when nothing shorter matches exactly the same tensors."""
+    names = list(names)
     if not names:
         return ""
-    stems = {re.sub(r"\.\d+\.", ".", n).split(".", 1)[-1] for n in names}
-    if len(stems) == 1:
-        stem = stems.pop()
-        return "re:" + re.escape(stem.split(".", 1)[-1] if "." in stem else stem) + "$"
-    return "re:" + "|".join(re.escape(n) for n in names)
+    universe = list(all_names) if all_names is not None else names
+    chosen = set(names)
+
+    def exact(pattern: str) -> bool:
+        try:
+            rx = re.compile(pattern)
+        except re.error:
+            return False
+        return {n for n in universe if rx.search(n)} == chosen
+
+    # 1. one kind: the tail after the block number, then shorter tails while exact
+    tails = {re.sub(r"^.*?\.\d+\.", "", n) for n in names}
+    if len(tails) == 1:
+        parts = tails.pop().split(".")
+        for k in range(1, len(parts) + 1):
+            pat = r"(^|\.)" + re.escape(".".join(parts[-k:])) + "$" if k < len(parts) \
+                else re.escape(".".join(parts)) + "$"
+            if exact(pat):
+                return "re:" + (re.escape(".".join(parts[-k:])) + "$" if exact(
+                    re.escape(".".join(parts[-k:])) + "$") else pat)
+    # 2. several kinds sharing a beginning and/or an end: "P.*S$"
+    import os.path
+    stems = sorted({re.sub(r"\.\d+\.", ".", n) for n in names})
+    tails = sorted({re.sub(r"^.*?\.\d+\.", "", n) for n in names})
+    pre_all = os.path.commonprefix(names)
+    if len(pre_all) >= 4 and exact("^" + re.escape(pre_all)):
+        return "re:^" + re.escape(pre_all)         # e.g. every tensor of one block
+    for group in (tails, stems):
+        pre = os.path.commonprefix(group)
+        suf = os.path.commonprefix([t[::-1] for t in group])[::-1]
+        cands = []
+        if len(suf) >= 4:
+            cands.append(re.escape(suf) + "$")
+        if len(pre) >= 4:
+            cands.append(re.escape(pre) + ".*" + re.escape(suf) + "$")
+            cands.append(r"(^|\.)" + re.escape(pre) + ".*" + re.escape(suf) + "$")
+        for pat in cands:
+            if exact(pat):
+                return "re:" + pat
+    # 3. block numbers free, the shortest distinguishing tails
+    for k in range(1, 6):
+        tails = sorted({".".join(s.split(".")[-k:]) for s in stems})
+        pat = "(" + "|".join(re.escape(t) for t in tails) + ")$"
+        if len(tails) <= 12 and exact(pat):
+            return "re:" + pat
+    numbered = sorted({re.sub(r"\.\d+\.", r".\\d+.", re.escape(n).replace(r"\.", ".")
+                              .replace(".", r"\.")) for n in names})
+    pat = "^(" + "|".join(numbered) + ")$"
+    if len(numbered) < len(names) and exact(pat):
+        return "re:" + pat
+    return "re:^(" + "|".join(re.escape(n) for n in names) + ")$"
 
 
 class SchemeTable(QWidget):
@@ -149,7 +217,9 @@ class SchemeTable(QWidget):
         self.view.sortByColumn(-1, Qt.SortOrder.AscendingOrder)
         self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
-        self.view.setItemDelegateForColumn(C_SCHEME, SchemeDelegate(doc, self.view))
+        self.delegate = SchemeDelegate(doc, self.view, predict=self._predict)
+        self.predict = None       # set by the window: Analyzer.predict(name, schemes)
+        self.view.setItemDelegateForColumn(C_SCHEME, self.delegate)
         self.view.setItemDelegateForColumn(C_METHOD, MethodDelegate(self.view))
         from .format import tail_elide_delegate
         self.view.setItemDelegateForColumn(C_NAME, tail_elide_delegate(self.view))
@@ -170,22 +240,25 @@ class SchemeTable(QWidget):
         # "m…t"); roles fit whole ("embedding", "attn_qkv")
         self.view.setColumnWidth(C_NAME, 250)
         for col, w in zip(range(1, 11), (cell.horizontalAdvance("30522 × 1536") + 16, 68, cell.horizontalAdvance("embedding") + 20,
-                                         112, 60, 84, 80, 72, 76, 56)):
+                                         136, 60, 84, 80, 72, 76, 56)):
             text = self.model.headerData(col, Qt.Orientation.Horizontal)
             self.view.setColumnWidth(col, max(w, fm.horizontalAdvance(text) + 30))
         self.view.setTextElideMode(Qt.TextElideMode.ElideRight)
 
-        self.assign_combo = QComboBox()
-        self.assign_combo.addItems([KEEP] + list_schemes())
-        self.assign_combo.setCurrentText("int4-g128")
+        from .scheme_picker import SchemeCombo, fill
+        self.assign_combo = SchemeCombo(doc)
+        fill(self.assign_combo, [KEEP] + list_schemes())
+        self.assign_combo.set_scheme("int4-g128")
         self.assign_combo.setMaxVisibleItems(24)
+        self.assign_combo.on_popup = lambda: self._predict(self.doc.current)
         for combo in (self.assign_combo,):
             combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
             combo.setMinimumContentsLength(12)
         self.assign_button = QPushButton("Assign to selection")
         self.assign_button.clicked.connect(self.assign_selection)
-        self.default_combo = QComboBox()
-        self.default_combo.addItems(list_schemes())
+        self.default_combo = SchemeCombo(doc)
+        fill(self.default_combo, list_schemes())
+        self.default_combo.on_popup = lambda: self._predict(self.doc.current)
         self.default_combo.setMaxVisibleItems(24)
         self.default_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.default_combo.setMinimumContentsLength(12)
@@ -216,6 +289,10 @@ class SchemeTable(QWidget):
         doc.currentChanged.connect(self.show_tensor)
         doc.stateChanged.connect(lambda _n: self._sync_plan())
         doc.modelChanged.connect(self._sync_plan)
+
+    def _predict(self, name, schemes=None):
+        if self.predict is not None and name and self.doc.model is not None:
+            self.predict(name, schemes)
 
     # ---- edits ------------------------------------------------------------------------------
     def selected_names(self) -> list[str]:
@@ -251,8 +328,8 @@ class SchemeTable(QWidget):
             self.push(set_default(self.doc, scheme))
 
     def add_rule_dialog(self) -> None:
-        dlg = RuleDialog(self.doc, common_pattern(self.selected_names()), self)
-        dlg.scheme.setCurrentText(self.assign_combo.currentText())
+        dlg = RuleDialog(self.doc, common_pattern(self.selected_names(), self.doc.names()), self)
+        dlg.scheme.set_scheme(self.assign_combo.currentText())
         if dlg.exec() == QDialog.DialogCode.Accepted:
             from .commands import add_rule
             self.push(add_rule(self.doc, dlg.match.text().strip(), dlg.scheme.currentText()))
@@ -263,7 +340,7 @@ class SchemeTable(QWidget):
 
     def _sync_plan(self) -> None:
         plan = self.doc.plan
-        self.default_combo.setCurrentText(plan.default)
+        self.default_combo.set_scheme(plan.default)
         self.rules_menu.clear()
         self.rules_button.setText(f"Rules ({len(plan.rules)})")
         if not plan.rules:

@@ -22,9 +22,9 @@ SORT_ROLE = Qt.ItemDataRole.UserRole + 10
 NAME_ROLE = Qt.ItemDataRole.UserRole + 11
 
 COLUMNS = ("Tensor", "Shape", "Params", "Role", "Scheme", "Bits/w", "Bytes", "Rel. RMSE",
-           "SQNR dB", "Max err", "GB/s", "Method")
+           "SQNR dB", "Max err", "GB/s", "Method", "Note")
 C_NAME, C_SHAPE, C_PARAMS, C_ROLE, C_SCHEME, C_BITS, C_BYTES, C_REL, C_SQNR, C_MAX, C_GBS, \
-    C_METHOD = range(len(COLUMNS))
+    C_METHOD, C_NOTE = range(len(COLUMNS))
 NUMERIC = {C_PARAMS, C_BITS, C_BYTES, C_REL, C_SQNR, C_MAX, C_GBS}
 TOOLTIPS = {
     C_BITS: "stored bits per weight, including scales and zero points",
@@ -34,7 +34,10 @@ TOOLTIPS = {
     C_GBS: "measured dequantization throughput of the kernels (float32 GB/s)",
     C_METHOD: "quantization method (rtn, imatrix, gptq, awq); the errors shown are the scheme's "
               "round-to-nearest ones — `evaluate/check/export --calib F` apply the method",
+    C_NOTE: "what is applied instead of the plan's scheme, and why (fallbacks, kept tensors: "
+            "workbench.runtimes, as `evaluate` reports them)",
 }
+WARN = "#d29922"
 
 
 class SchemeTableModel(QAbstractTableModel):
@@ -47,6 +50,7 @@ class SchemeTableModel(QAbstractTableModel):
         self._row: dict[str, int] = {}
         self._mono = mono_font()
         self._muted = QBrush(QColor(MUTED))
+        self._warn = QBrush(QColor(WARN))
         doc.modelChanged.connect(self.reset)
         doc.stateChanged.connect(self.rows_changed)
         doc.resultsChanged.connect(self.rows_changed)
@@ -69,7 +73,7 @@ class SchemeTableModel(QAbstractTableModel):
             if r is not None and r == prev + 1:
                 prev = r
                 continue
-            self.dataChanged.emit(self.index(start, C_SCHEME), self.index(prev, C_METHOD))
+            self.dataChanged.emit(self.index(start, C_SCHEME), self.index(prev, C_NOTE))
             if r is not None:
                 start = prev = r
 
@@ -132,9 +136,19 @@ class SchemeTableModel(QAbstractTableModel):
             return self.doc.gbs(name)
         if col == C_METHOD:
             return self.doc.method_of(name) if self._takes_method(name) else None
+        if col == C_NOTE:
+            return self.note(name)
         if r is None:
             return None
         return {C_REL: r.error.rel_rmse, C_SQNR: r.error.sqnr_db, C_MAX: r.error.max_abs_err}[col]
+
+    def note(self, name: str) -> str | None:
+        """The tensor's fallback note (None: the plan's scheme is applied as asked)."""
+        d = self.doc.decision(name)
+        if d is not None and d.kind in ("fallback", "skipped") or (
+                d is not None and d.kind == "kept" and d.requested != KEEP and d.note):
+            return f"{d.kind}: {d.note}"
+        return None
 
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):
         if not index.isValid():
@@ -167,12 +181,14 @@ class SchemeTableModel(QAbstractTableModel):
                 return QBrush(c) if c is not None else self._muted
             if col in (C_REL, C_MAX, C_GBS) and self.value(name, col) is None:
                 return self._muted
+            if col == C_NOTE or (col == C_SCHEME and self.note(name)):
+                return self._warn
             if col == C_SCHEME and self.doc.scheme_of(name) == KEEP:
                 return self._muted
         if role == Qt.ItemDataRole.ToolTipRole:
-            r = self.doc.result(name)
-            if r is not None and r.note:
-                return f"{r.requested} not applied: {r.note}"
+            note = self.note(name)
+            if note:
+                return f"{self.doc.scheme_of(name)} not applied as asked — {note}"
             return name if col == C_NAME else None
         return None
 
@@ -182,10 +198,15 @@ class SchemeTableModel(QAbstractTableModel):
         if col == C_PARAMS:
             return fmt_count(v)
         if col == C_SCHEME:
-            r = self.doc.result(name)
             if v == KEEP:
                 return f"keep ({self.doc.model.info(name).display_dtype})"
-            return f"{v} ⚠" if r is not None and r.note else v
+            d = self.doc.decision(name)
+            if d is not None and d.applied != v and self.note(name):
+                applied = "keep" if d.applied == KEEP else d.applied
+                return f"{v} → {applied} ⚠"
+            return v
+        if col == C_NOTE:
+            return v or ""
         if col == C_BITS:
             return f"{v:.2f}"
         if col == C_BYTES:

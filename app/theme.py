@@ -55,9 +55,11 @@ def mono_font(size: float = 9.0) -> QFont:
 
 def style_sheet() -> str:
     try:
-        return STYLE_SHEET.read_text(encoding="utf-8")
+        text = STYLE_SHEET.read_text(encoding="utf-8")
     except OSError:
         return ""
+    # url(...) in a style sheet is relative to the working folder: make it absolute
+    return text.replace("@RESOURCES@", RESOURCES.as_posix())
 
 
 def apply(app) -> None:

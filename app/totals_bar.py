@@ -40,12 +40,23 @@ class TotalsBar(QFrame):
         self.status.setMinimumWidth(1)
         self.status.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        # the one-line fallback summary (workbench.runtimes.FallbackSummary, as `evaluate`
+        # prints it): how many tensors and what share of parameters fell back or were kept
+        self.fallbacks = QLabel("")
+        self.fallbacks.setObjectName("FallbackSummary")
+        self.fallbacks.setMinimumWidth(1)
+        self.fallbacks.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.fallbacks.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         lay = QHBoxLayout(self)
         lay.setContentsMargins(6, 4, 6, 4)
         lay.setSpacing(2)
         for w in (self.size, self.ratio, self.bits, self.sqnr, self.backend):
             lay.addWidget(w)
-        lay.addWidget(self.status, 1)
+        side = QVBoxLayout()
+        side.setSpacing(0)
+        side.addWidget(self.status)
+        side.addWidget(self.fallbacks)
+        lay.addLayout(side, 1)
         self.last = None
         for sig in (doc.modelChanged, doc.backendChanged):
             sig.connect(lambda *_: self.refresh())
@@ -70,6 +81,11 @@ class TotalsBar(QFrame):
             self.sqnr.value.setStyleSheet(f"color: {c.name()};" if c is not None else "")
             self.status.setText(f"{self.doc.model.format} · {len(self.doc.model.tensors)} tensors")
         self.backend.value.setText(f"{self.doc.backend.upper()} · {throughput_text(self.doc, t)}")
+        fs = self.doc.fallback_summary()
+        self.fallbacks.setText(short_summary(fs))
+        self.fallbacks.setToolTip(f"What the plan's schemes become (workbench.runtimes, as "
+                                  f"`evaluate` reports it):\n{fs.line()}")
+        self.fallbacks.setStyleSheet("color: #d29922;" if fs.changed else "")
         self.backend.value.setToolTip(
             "Dequantize throughput of the kernels, warm runs only (JIT compilation excluded): "
             "float32 GB/s written, the size-weighted mean over the tensors measured so far "
@@ -86,3 +102,16 @@ def throughput_text(doc, t) -> str:
             not in doc.throughput:
         return "GB/s pending"
     return "GB/s n/a"
+
+
+def short_summary(fs) -> str:
+    """'fell back: 34 tensors (84.3% of params) · kept: 64 (0.1%)' from a FallbackSummary."""
+    parts = []
+    if fs.tensors["fallback"]:
+        parts.append(f"fell back: {fs.tensors['fallback']} tensors "
+                     f"({100 * fs.share('fallback'):.1f}% of params)")
+    if fs.tensors["skipped"]:
+        parts.append(f"rules skipped: {fs.tensors['skipped']} "
+                     f"({100 * fs.share('skipped'):.1f}%)")
+    parts.append(f"kept: {fs.tensors['kept']} tensors ({100 * fs.share('kept'):.1f}% of params)")
+    return " · ".join(parts)

@@ -6,8 +6,9 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Signal
 
+from .. import perf as plots
 from ..format import fmt_float
-from .channels import MAX_POINTS
+from .channels import MAX_POINTS, buckets_for
 
 
 class ChannelErrorPlot(pg.PlotWidget):
@@ -23,7 +24,11 @@ class ChannelErrorPlot(pg.PlotWidget):
         item.setLabel("bottom", "output channel")
         item.setLabel("left", "rel. error")
         item.getAxis("left").enableAutoSIPrefix(False)
-        item.showGrid(x=True, y=True, alpha=0.15)
+        from . import fix_axes, opaque
+        opaque(self)
+        fix_axes(item, short=True)
+        from . import fast_grid
+        fast_grid(item, 0.15)
         item.setMenuEnabled(False)
         item.setClipToView(True)
         item.setDownsampling(auto=True, mode="peak")
@@ -43,17 +48,44 @@ class ChannelErrorPlot(pg.PlotWidget):
         self.order = np.asarray(order) if order is not None and len(order) == n else np.arange(n)
         shown = np.nan_to_num(self.err[self.order], posinf=0.0) if n else self.err
         x = np.arange(n, dtype=np.float64)
-        if n > MAX_POINTS:  # peak-preserving: the worst channel of each bucket
-            starts = np.arange(0, n, -(-n // MAX_POINTS))
+        cap = buckets_for(n, self._pixels()) if plots.FAST else MAX_POINTS
+        if n > cap:  # peak-preserving: the worst channel of each bucket
+            starts = np.arange(0, n, -(-n // cap))
             x, shown = x[starts], np.maximum.reduceat(shown, starts)
         self.curve.setData(x, shown)
         finite = self.err[np.isfinite(self.err)]
         self.mean_line.setVisible(finite.size > 0)
         if finite.size:
             self.mean_line.setValue(float(finite.mean()))
-        self.getPlotItem().setTitle(
-            f"per-channel error under {scheme}" if scheme and n else "", color="#8a92a3", size="9pt")
-        self.getPlotItem().enableAutoRange()
+        if plots.FAST:
+            # a constant title (the scheme is in the summary line above the plots): a title
+            # of changing text re-lays out the plot (pyqtgraph's LabelItem), painting it twice,
+            # and a long scheme name in the axis label was cut at the plot's edge
+            if getattr(self, "_title", None) is None:
+                self.getPlotItem().setTitle("per-channel relative error", color="#8a92a3",
+                                            size="9pt")
+                self.getPlotItem().titleLabel.setMinimumWidth(0)   # never widens the window
+                self._title = True
+        else:
+            self.getPlotItem().setTitle(
+                f"per-channel error under {scheme}" if scheme and n else "", color="#8a92a3",
+                size="9pt")
+        if not plots.FAST:
+            self.getPlotItem().enableAutoRange()
+            return
+        vb = self.getPlotItem().vb
+        if n:
+            top = float(np.max(shown)) if shown.size else 1.0
+            vb.setRange(xRange=(0, max(n - 1, 1)), yRange=(0.0, top if top > 0 else 1.0),
+                        padding=0.02)
+            self.getPlotItem().vb.updateMatrix()  # transform final before the paint
+        else:
+            vb.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+            self.getPlotItem().vb.updateMatrix()  # transform final before the paint
+
+    def _pixels(self) -> int:
+        w = int(self.getPlotItem().vb.width())
+        return w if w > 10 else max(self.width() - 60, 200)
 
     def _hover(self, pos) -> None:
         n = self.err.size

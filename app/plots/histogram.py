@@ -6,6 +6,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Signal
 
+from .. import perf as plots
 from ..analysis import MAX_GRID_LINES
 from ..format import fmt_float
 
@@ -29,7 +30,11 @@ class HistogramPlot(pg.PlotWidget):
         item = self.getPlotItem()
         item.setLabel("bottom", "weight value")
         item.setLabel("left", "count")
-        item.showGrid(x=True, y=True, alpha=0.15)
+        from . import fix_axes, opaque
+        opaque(self)
+        fix_axes(item, "10000")
+        from . import fast_grid
+        fast_grid(item, 0.15)
         item.setMenuEnabled(False)
         self.legend = item.addLegend(offset=(-10, 10), labelTextColor="#c9ced8",
                                      brush=pg.mkBrush(34, 38, 46, 200))
@@ -55,6 +60,8 @@ class HistogramPlot(pg.PlotWidget):
         self.getPlotItem().setLogMode(False, self.log)
         self.getPlotItem().setLabel("left", "count (log)" if self.log else "count")
         self._draw()
+        if plots.FAST:
+            self._fit_range()
 
     def set_data(self, edges, counts, deq_counts=None, grid=None, scheme: str = "") -> None:
         self.edges = np.asarray(edges, dtype=np.float64)
@@ -63,7 +70,26 @@ class HistogramPlot(pg.PlotWidget):
         self.grid = grid
         self.scheme = scheme
         self._draw()
-        self.getPlotItem().enableAutoRange()
+        if plots.FAST:
+            self._fit_range()
+        else:
+            self.getPlotItem().enableAutoRange()
+
+    def _fit_range(self) -> None:
+        """The view range from the data held (no auto-range pass at paint time, which moved
+        the axes during the paint and painted the plot twice)."""
+        vb = self.getPlotItem().vb
+        if self.counts.size == 0 or self.edges.size < 2:
+            vb.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+            self.getPlotItem().vb.updateMatrix()  # transform final before the paint
+            return
+        top = max(float(self.counts.max()), 1.0)
+        if self.deq_counts is not None and self.deq_counts.size:
+            top = max(top, float(self.deq_counts.max()))
+        y = (0.0, np.log10(top) * 1.04 + 0.05) if self.log else (0.0, top * 1.04)
+        vb.setRange(xRange=(float(self.edges[0]), float(self.edges[-1])), yRange=y,
+                    padding=0.02)
+        self.getPlotItem().vb.updateMatrix()  # transform final before the paint
 
     def clear_data(self) -> None:
         self.set_data(np.zeros(0), np.zeros(0))

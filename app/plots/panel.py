@@ -23,6 +23,9 @@ class PlotsPanel(QWidget):
         self.summary = QLabel("")
         self.summary.setObjectName("TensorSummary")
         self.summary.setTextFormat(Qt.TextFormat.RichText)
+        # a narrow window wraps the figures (never clips them); its height follows the panel's
+        # width only, so selecting another tensor never re-lays out (and repaints) the plots
+        self.summary.setWordWrap(True)
         self.log_box = QCheckBox("log count")
         self.sort_box = QCheckBox("sort channels by range")
         self.grid_label = QLabel("")
@@ -69,6 +72,13 @@ class PlotsPanel(QWidget):
         doc.stateChanged.connect(self._maybe)
         doc.detailChanged.connect(lambda n: self._maybe([n]))
         doc.modelChanged.connect(lambda: self.show_tensor(""))
+
+    def resizeEvent(self, ev) -> None:
+        super().resizeEvent(ev)
+        lines = 1 if self.width() >= 1500 else 2
+        h = lines * self.summary.fontMetrics().lineSpacing() + 4
+        if self.summary.height() != h:
+            self.summary.setFixedHeight(h)
 
     def _maybe(self, names) -> None:
         if self.name and self.name in names:
@@ -126,6 +136,18 @@ class PlotsPanel(QWidget):
             self.ranges.set_data([], [], [])
             self.grid_label.setText("")
         self._draw_error()
+        self._flush_scenes()
+
+    def _flush_scenes(self) -> None:
+        """Fast path (app.perf): let each plot's scene process its changed items now, so the
+        next paint draws the final picture (Qt queues that processing; a paint before it ran
+        painted the plots a second time)."""
+        from .. import perf
+        if not perf.FAST:
+            return
+        from PySide6.QtCore import QCoreApplication, QEvent
+        for p in (self.histogram, self.ranges, self.errors):
+            QCoreApplication.sendPostedEvents(p.scene(), QEvent.Type.MetaCall)
 
     def _draw_error(self) -> None:
         r = self.doc.result(self.name) if self.name else None

@@ -140,7 +140,8 @@ def test_rule_commands_and_comparison(window, qtbot):
     assert cm.name == name and len(cm.schemes) > 20
     r = evaluate_tensor(open_model(DEMO), name, "int4-g32")
     row = cm.schemes.index("int4-g32")
-    assert cm.value("int4-g32", 4) == pytest.approx(r.error.sqnr_db)
+    from app.comparison import C_SQNR
+    assert cm.value("int4-g32", C_SQNR) == pytest.approx(r.error.sqnr_db)
     window.comparison._assign(window.comparison.proxy.mapFromSource(cm.index(row, 0)))
     assert window.doc.scheme_of(name) == "int4-g32"
 

@@ -1,4 +1,7 @@
-"""`quant-workbench export [MODEL] (--scheme NAME | --plan PLAN.json) --format F -o OUT`."""
+"""`quant-workbench export [MODEL] (--scheme NAME | --plan PLAN.json) --format F -o OUT`.
+
+`--check`: write nothing; say whether the format can write the plan and why not
+(workbench.export.preflight, what the GUI's Export dialog shows per format)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,9 @@ def register(sub) -> None:
     add_model_arg(p)
     add_scheme_or_plan(p)
     p.add_argument("--format", required=True, choices=formats)
-    p.add_argument("-o", "--output", required=True, help="output file")
+    p.add_argument("-o", "--output", help="output file (required unless --check)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing: say whether --format can write the plan, and why not")
     add_runtime_args(p, default=None)
     add_method_args(p)
     p.add_argument("--activations", default=None, choices=["minmax", "percentile", "mse", "kl"],
@@ -41,6 +46,11 @@ def run(args) -> int:
         numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     plan = plan_from_args(args)
     model = open_model_arg(args)
+    if args.check:
+        return run_check(args, model, plan)
+    if not args.output:
+        from ...errors import WorkbenchError
+        raise WorkbenchError("-o/--output is required (or --check to write nothing)")
     runtime = {"gguf": "llama.cpp", "compressed-tensors": "vllm"}.get(args.format, "any")
     if args.activations:
         from ...methods.apply import activation_ranges
@@ -69,3 +79,14 @@ def run(args) -> int:
     if info.get("fallbacks"):
         print(f"fallbacks: {info['fallbacks']['line']}")
     return 0
+
+
+def run_check(args, model, plan) -> int:
+    """Exit 0 when the format can write the plan, 1 when it cannot (the reason printed)."""
+    from ...export.preflight import check
+    p = check(model, plan, args.format)
+    if args.json:
+        print_json(p.to_dict())
+    else:
+        print(f"{args.format}: {p.text()}")
+    return 0 if p.ok else 1

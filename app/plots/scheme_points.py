@@ -1,0 +1,166 @@
+"""One tensor across every scheme: bits per weight (log axis) against SQNR, one point per
+scheme coloured by family, the Pareto front drawn as a step line with its points ringed,
+the current scheme highlighted. Clicking a point emits `picked(scheme)`."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QPointF, Signal
+
+from workbench.scheme_choice import FAMILIES
+
+FAMILY_COLOURS = {"Float": "#7aa2f7", "Integer": "#9ece6a", "GGML legacy": "#ff9e64",
+                  "K-quants": "#f7768e", "Codebooks": "#bb9af7", "Other": "#c9ced8"}
+CURRENT = "#ffffff"
+PICK_RADIUS_PX = 12
+TICKS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
+
+
+class SchemePointsPlot(pg.PlotWidget):
+    picked = Signal(str)
+    hovered = Signal(str)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("SchemePointsPlot")
+        self.points = []                 # workbench.scheme_choice.SchemePoint
+        self.current: str | None = None
+        self._xy = np.zeros((0, 2))      # plotted (bits, sqnr) per point (clipped at the top)
+        self.top = math.inf
+        item = self.getPlotItem()
+        item.setLabel("bottom", "bits / weight")
+        item.setLabel("left", "SQNR dB")
+        item.getAxis("left").enableAutoSIPrefix(False)
+        item.getAxis("bottom").enableAutoSIPrefix(False)
+        item.setLogMode(x=True, y=False)
+        # plain numbers on the log axis (not "2·10¹")
+        item.getAxis("bottom").setTicks([[(math.log10(v), str(v)) for v in TICKS]])
+        item.getViewBox().setDefaultPadding(0.04)
+        item.showGrid(x=True, y=True, alpha=0.15)
+        item.setMenuEnabled(False)
+        item.setTitle("&nbsp;".join(
+            f"<span style='color:{FAMILY_COLOURS[f]}'>● {f}</span>" for f in FAMILIES)
+            + "&nbsp;&nbsp;<span style='color:#e6e9ef'>◯ Pareto&nbsp;▲ off the top</span>",
+            size="8pt")
+        item.titleLabel.setMinimumWidth(0)      # a narrow plot clips it, never the window
+        self.front = pg.PlotDataItem(pen=pg.mkPen("#e6e9ef", width=1,
+                                                  style=pg.QtCore.Qt.PenStyle.DashLine),
+                                     stepMode=None)
+        self.scatter = pg.ScatterPlotItem(size=7, pen=pg.mkPen(None))
+        self.rings = pg.ScatterPlotItem(size=13, brush=pg.mkBrush(None),
+                                        pen=pg.mkPen("#e6e9ef", width=1.2))
+        self.cur = pg.ScatterPlotItem(size=19, brush=pg.mkBrush(None),
+                                      pen=pg.mkPen(CURRENT, width=2.2))
+        self.cur_label = pg.TextItem("", color=CURRENT, anchor=(0, 1.2))
+        for it in (self.front, self.scatter, self.rings, self.cur, self.cur_label):
+            self.addItem(it)
+        self.scene().sigMouseMoved.connect(self._hover)
+        self.scene().sigMouseClicked.connect(self._click)
+
+    # ---- data --------------------------------------------------------------------------------
+    def set_points(self, points, current: str | None) -> None:
+        self.points = list(points)
+        self.current = current
+        self._draw()
+
+    def set_current(self, current: str | None) -> None:
+        self.current = current
+        self._draw_current()
+
+    def _draw(self) -> None:
+        pts = [p for p in self.points if p.bits_per_weight == p.bits_per_weight
+               and p.bits_per_weight > 0 and not math.isnan(p.sqnr_db)]
+        self.points = pts
+        # the y axis covers the quantizing schemes (below 16 bits/weight); 16-bit floats and
+        # exact stores sit on its top edge as triangles (their value in the tooltip), so they
+        # do not squash the region where the choice is made
+        low = [p.sqnr_db for p in pts if math.isfinite(p.sqnr_db) and p.bits_per_weight < 15.9]
+        anyf = [p.sqnr_db for p in pts if math.isfinite(p.sqnr_db)]
+        top = (max(low) + 8.0) if low else ((max(anyf) + 6.0) if anyf else 100.0)
+        self.top = top
+        xy = np.array([(p.bits_per_weight, min(p.sqnr_db, top)) for p in pts],
+                      np.float64).reshape(-1, 2)
+        self._xy = xy
+        spots = [{"pos": (math.log10(x), y), "data": p.scheme,
+                  "brush": pg.mkBrush(FAMILY_COLOURS.get(p.family, "#c9ced8")),
+                  "symbol": "t1" if p.sqnr_db > top else "o",
+                  "size": 10 if p.sqnr_db > top else 7}
+                 for (x, y), p in zip(xy, pts)]
+        self.scatter.setData(spots)
+        front = sorted((x, y) for (x, y), p in zip(xy, pts) if p.pareto)
+        if front:
+            fx = np.array([f[0] for f in front])
+            fy = np.array([f[1] for f in front])
+            self.front.setData(np.repeat(fx, 2)[1:], np.repeat(fy, 2)[:-1])
+            self.rings.setData(np.log10(fx), fy)
+        else:
+            self.front.setData([], [])
+            self.rings.setData([], [])
+        self._draw_current()
+        vb = self.getPlotItem().getViewBox()
+        if len(xy):
+            # explicit ranges with room for the end tick labels (32 was cut at the edge)
+            x0, x1 = float(xy[:, 0].min()), float(xy[:, 0].max())
+            y0, y1 = float(xy[:, 1].min()), float(xy[:, 1].max())
+            vb.setRange(xRange=(math.log10(x0 * 0.9), math.log10(x1 * 1.12)),
+                        yRange=(y0 - 0.05 * (y1 - y0 + 1), y1 + 0.08 * (y1 - y0 + 1)),
+                        padding=0)
+        else:
+            vb.setRange(xRange=(math.log10(2), math.log10(32)), yRange=(0, 60), padding=0)
+
+    def _draw_current(self) -> None:
+        i = self.index_of(self.current)
+        if i is None:
+            self.cur.setData([], [])
+            self.cur_label.setText("")
+            return
+        x, y = self._xy[i]
+        self.cur.setData([math.log10(x)], [y])
+        self.cur_label.setText(f"{self.current}")
+        self.cur_label.setPos(math.log10(x), y)
+
+    def index_of(self, scheme: str | None) -> int | None:
+        for i, p in enumerate(self.points):
+            if p.scheme == scheme:
+                return i
+        return None
+
+    # ---- interaction ---------------------------------------------------------------------
+    def scene_pos(self, i: int) -> QPointF:
+        x, y = self._xy[i]
+        return self.getPlotItem().vb.mapViewToScene(QPointF(math.log10(x), y))
+
+    def nearest(self, scene_pos, radius: float = PICK_RADIUS_PX) -> int | None:
+        best, best_d = None, radius
+        for i in range(len(self.points)):
+            q = self.scene_pos(i)
+            d = math.hypot(q.x() - scene_pos.x(), q.y() - scene_pos.y())
+            if d <= best_d:
+                best, best_d = i, d
+        return best
+
+    def describe(self, i: int) -> str:
+        p = self.points[i]
+        sq = "exact" if math.isinf(p.sqnr_db) else f"{p.sqnr_db:.2f} dB"
+        if p.sqnr_db > self.top:
+            sq += " (above the plot's top edge)"
+        return (f"{p.scheme} ({p.family}): {p.bits_per_weight:.3f} bits/weight, SQNR {sq}, "
+                f"rel. RMSE {p.rel_rmse:.4g}{'  · Pareto' if p.pareto else ''}"
+                f"{'  · current' if p.scheme == self.current else '  · click to assign'}")
+
+    def _hover(self, pos) -> None:
+        if not self.points or not self.sceneBoundingRect().contains(pos):
+            return
+        i = self.nearest(pos)
+        text = self.describe(i) if i is not None else ""
+        self.setToolTip(text)
+        self.hovered.emit(text)
+
+    def _click(self, ev) -> None:
+        i = self.nearest(ev.scenePos())
+        if i is not None:
+            ev.accept()
+            self.picked.emit(self.points[i].scheme)

@@ -1,0 +1,92 @@
+"""Issue 10, point 6 (and the export part of point 5): the Export dialog says per format
+whether the current plan can be written and why not, before Export; defaults to a format the
+plan can produce; its error is shown whole and cleared when the format changes."""
+
+from app import commands
+from workbench.export.preflight import check_all
+from workbench.plan import Plan
+
+from apphelpers import wait_idle
+
+Q = "model.layers.0.self_attn.q_proj.weight"
+
+
+def _dialog(window, qtbot):
+    dlg = window.export_dialog()
+    qtbot.waitUntil(lambda: dlg.checks is not None, timeout=60000)
+    return dlg
+
+
+def _names(dlg):
+    return [dlg.format.itemData(i) for i in range(dlg.format.count())]
+
+
+def test_dialog_checks_each_format_and_defaults_to_a_writable_one(window, qtbot):
+    # the demo plan is int8-channel everywhere: llama.cpp has no type for it
+    dlg = _dialog(window, qtbot)
+    expected = check_all(window.doc.model, window.doc.plan)
+    assert {f: c.ok for f, c in dlg.checks.items()} == {f: c.ok for f, c in expected.items()}
+    assert not dlg.checks["gguf"].ok and dlg.checks["safetensors"].ok
+    # the registry's first format (compressed-tensors) can write it; gguf is never the default
+    assert dlg.exporter().name == "compressed-tensors" and dlg.export_button.isEnabled()
+    texts = {dlg.format.itemData(i): dlg.format.itemText(i) for i in range(dlg.format.count())}
+    assert texts["gguf"].endswith("✗ cannot write this plan")
+    assert texts["safetensors"].endswith("✓")
+    verdicts = dlg.verdicts.text()
+    assert "llama.cpp has no tensor type for int8-channel" in verdicts
+    assert verdicts.count("✓") == 3 and verdicts.count("✗") == 2
+    # choosing a format that cannot write the plan disables Export and says so
+    dlg.format.setCurrentIndex(_names(dlg).index("gguf"))
+    assert not dlg.export_button.isEnabled()
+    assert "cannot write this plan" in dlg.status.text()
+    assert dlg.start() is None and "llama.cpp has no tensor type" in dlg.error
+    dlg.close()
+
+
+def test_dialog_defaults_to_gguf_for_a_ggml_plan(window, qtbot):
+    window.push(commands.replace_plan(window.doc, Plan(default="q4_k")))
+    wait_idle(qtbot, window)
+    dlg = _dialog(window, qtbot)
+    assert dlg.exporter().name == "gguf" and dlg.checks["gguf"].ok
+    assert dlg.path.text().endswith(".gguf")
+    # vLLM cannot express q4_k: writable, but the list says nothing would be quantized
+    assert "no tensor can be quantized as the plan asks" in dlg.verdicts.text()
+    dlg.close()
+
+
+def test_dialog_prefers_the_last_format_used_when_it_can_write(make_window, qtbot, tmp_path):
+    win = make_window()
+    win.settings.setValue("export_format", "safetensors")
+    dlg = _dialog(win, qtbot)
+    assert dlg.exporter().name == "safetensors"
+    dlg.close()
+    win.settings.setValue("export_format", "gguf")      # cannot write int8-channel
+    dlg = _dialog(win, qtbot)
+    assert dlg.exporter().name == "compressed-tensors"
+    dlg.close()
+
+
+def test_fused_group_conflict_is_reported_before_export(window, qtbot):
+    window.push(commands.assign(window.doc, [Q], "int4-g128"))
+    wait_idle(qtbot, window)
+    dlg = _dialog(window, qtbot)
+    ct = dlg.checks["compressed-tensors"]
+    assert not ct.ok and "fused" in ct.reason and Q in ct.reason
+    assert dlg.exporter().name == "safetensors"          # still writable there
+    dlg.close()
+
+
+def test_export_error_is_whole_and_cleared_on_format_change(window, qtbot, tmp_path):
+    dlg = _dialog(window, qtbot)
+    dlg.format.setCurrentIndex(_names(dlg).index("safetensors"))
+    task = dlg.start(None, str(tmp_path / "missing" / "folder" / "x.safetensors"))
+    if task is not None:
+        qtbot.waitUntil(lambda: task.finished, timeout=60000)
+    assert dlg.error
+    # the whole message, word-wrapped (nothing cut at 120 characters)
+    assert dlg.error_label.text() == dlg.error and dlg.error_label.wordWrap()
+    assert dlg.error_label.isVisibleTo(dlg)
+    assert dlg.error_label.height() >= dlg.error_label.heightForWidth(dlg.error_label.width())
+    dlg.format.setCurrentIndex(_names(dlg).index("plan"))
+    assert dlg.error_label.text() == "" and not dlg.error_label.isVisibleTo(dlg)
+    dlg.close()

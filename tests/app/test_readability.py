@@ -1,0 +1,139 @@
+"""Issue 10, point 5 (the rest): the tree's width is resizable and remembered; the channel
+plot's y label is not clipped and its legend does not cover the outliers; roles fit; unchecked
+checkboxes have a visible box; the add-rule dialog is a sensible size with a short pattern.
+And the fast drawing paths (app.perf) keep the picture: peaks survive the decimation."""
+
+import re
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QSettings
+from PySide6.QtGui import QColor, QFontMetrics
+
+from app.scheme_table import RuleDialog, common_pattern
+from app.table_model import C_ROLE
+
+from apphelpers import minilm_path, wait_idle
+
+Q = "model.layers.0.self_attn.q_proj.weight"
+
+
+def test_tree_width_is_resizable_and_remembered(make_window, qtbot, tmp_path):
+    from app.main_window import MainWindow
+    from app.messages import RecordedMessages
+    win = make_window()
+    total = sum(win.main_split.sizes())
+    win.main_split.setSizes([520, total - 520])
+    assert win.main_split.sizes()[0] == 520          # the splitter handle resizes the tree
+    win.save_settings()
+    again = MainWindow(messages=RecordedMessages(), settings=win.settings, autosave=False)
+    qtbot.addWidget(again)
+    again.resize(win.size())
+    again.show()
+    qtbot.waitExposed(again)
+    assert abs(again.main_split.sizes()[0] - 520) <= 2
+    again.runner.shutdown()
+
+
+def test_channel_plot_label_legend_and_roles(window, qtbot):
+    window.resize(1280, 800)
+    window.fit_layout()
+    window.select(Q)
+    wait_idle(qtbot, window)
+    qtbot.wait(50)
+    ranges = window.plots.ranges
+    item = ranges.getPlotItem()
+    axis = item.getAxis("left")
+    label = axis.labelString()
+    assert "(x" not in label                       # no SI prefix to clip: "value (x0.00"
+    fm = QFontMetrics(axis.label.font())
+    assert fm.horizontalAdvance(axis.label.toPlainText()) < axis.boundingRect().height()
+    # the legend is the title line, not a box inside the plot over the outliers
+    assert item.legend is None and "outliers" in item.titleLabel.text
+    # roles fit their column whole
+    t = window.table
+    cell = t.view.fontMetrics()
+    widest = max(cell.horizontalAdvance(window.doc.model.info(n).role)
+                 for n in window.doc.names())
+    assert t.view.columnWidth(C_ROLE) >= widest + 8
+
+
+def test_unchecked_checkbox_has_a_visible_box(window):
+    box = window.plots.log_box
+    assert not box.isChecked()
+    img = box.grab().toImage()
+    border = QColor("#7d8595")
+    found = sum(1 for x in range(0, min(20, img.width())) for y in range(img.height())
+                if abs(QColor(img.pixel(x, y)).red() - border.red()) < 24
+                and abs(QColor(img.pixel(x, y)).blue() - border.blue()) < 24
+                and QColor(img.pixel(x, y)).red() > 90)
+    assert found >= 12                              # the box's border is drawn
+    box.setChecked(True)
+    img = box.grab().toImage()
+    blue = sum(1 for x in range(0, min(20, img.width())) for y in range(img.height())
+               if QColor(img.pixel(x, y)).blue() > 200 and QColor(img.pixel(x, y)).red() < 120)
+    assert blue >= 20                               # checked: filled with the accent colour
+    box.setChecked(False)
+
+
+def test_add_rule_dialog_size_and_short_patterns(window, qtbot):
+    names = window.doc.names()
+    q = [n for n in names if n.endswith("q_proj.weight")]
+    assert common_pattern(q, names) == r"re:q_proj\.weight$"
+    norms = [n for n in names if "layernorm" in n]
+    pat = common_pattern(norms, names)
+    assert len(pat) < 60 and {n for n in names if re.search(pat[3:], n)} == set(norms)
+    dlg = RuleDialog(window.doc, pat, window)
+    dlg.show()
+    qtbot.waitExposed(dlg)
+    assert dlg.width() >= 600
+    assert dlg.match.fontMetrics().horizontalAdvance(dlg.match.text()) < dlg.match.width()
+    assert dlg.count.text().startswith(f"matches {len(norms)} tensor(s): ")
+    dlg.close()
+
+
+def test_rule_pattern_on_minilm_is_not_a_39_name_alternation():
+    path = minilm_path()
+    if path is None:
+        pytest.skip("MiniLM not installed")
+    from workbench.loaders import open_model
+    names = list(open_model(path).tensors)
+    for chosen in ([n for n in names if n.endswith("LayerNorm.weight")],
+                   [n for n in names if n.endswith(".bias")],
+                   [n for n in names if "attention" in n and n.endswith(".weight")]):
+        pat = common_pattern(chosen, names)
+        assert len(pat) < 120, pat
+        assert {n for n in names if re.search(pat[3:], n)} == set(chosen)
+
+
+def test_envelope_keeps_peaks_at_pixel_width():
+    from app.plots.channels import buckets_for, envelope_to
+    rng = np.random.default_rng(0)
+    n = 30000
+    lo, hi = -rng.random(n), rng.random(n)
+    hi[12345], lo[54] = 7.0, -9.0
+    ab = np.maximum(-lo, hi)
+    b = buckets_for(n, 400)
+    assert b == 800
+    x, elo, ehi, eab = envelope_to(np.arange(n, dtype=float), lo, hi, ab, b)
+    assert x.size <= b and ehi.max() == 7.0 and elo.min() == -9.0 and eab.max() == 9.0
+    assert buckets_for(300, 400) == 300              # never more buckets than channels
+
+
+def test_fast_and_old_paths_draw_the_same_extremes(window, qtbot):
+    from app import perf
+    window.select(Q)
+    wait_idle(qtbot, window)
+    st = window.doc.stats[Q]
+    plot = window.plots.ranges
+    assert perf.FAST and plot.band.isVisible()
+    path = plot.band.path()
+    r = path.boundingRect()
+    assert r.top() == pytest.approx(float(np.nanmin(st.ch_min)))
+    assert r.bottom() == pytest.approx(float(np.nanmax(st.ch_max)))
+    (x0, x1), (y0, y1) = plot.getPlotItem().vb.viewRange()
+    assert x0 <= 0 and x1 >= st.ch_min.size - 1
+    assert y0 <= float(np.nanmin(st.ch_min)) and y1 >= float(np.nanmax(st.ch_absmax))
+    # the outliers are drawn where they are
+    o = np.flatnonzero(plot.outliers)
+    assert plot.out_points.data.size == o.size
