@@ -16,6 +16,9 @@ NORM = "model.layers.0.input_layernorm.weight"
 
 
 def test_ctrl_a_in_scheme_editor_selects_its_text_not_rows(window, qtbot):
+    # known issue (closing note): a background end-to-end check finishing while the scheme
+    # editor is open drops the editor's Enter commit; this test covers the editor alone
+    window.effects.set_check_enabled(False)
     t = window.table
     t.view.clearSelection()
     idx = t.proxy.mapFromSource(t.model.index(t.model.row_of(Q), C_SCHEME))
