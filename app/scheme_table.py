@@ -50,6 +50,11 @@ class SchemeDelegate(QStyledItemDelegate):
         return combo
 
     def setEditorData(self, editor, index):
+        # Qt calls this again whenever the cell's data changes while the editor is open (a
+        # background result arriving): never overwrite what the user is typing
+        if editor.property("qw_filled"):
+            return
+        editor.setProperty("qw_filled", True)
         editor.set_scheme(index.data(Qt.ItemDataRole.EditRole))
 
     def setModelData(self, editor, model, index):
@@ -70,6 +75,9 @@ class MethodDelegate(QStyledItemDelegate):
         return combo
 
     def setEditorData(self, editor, index):
+        if editor.property("qw_filled"):
+            return                    # as for schemes: keep the user's choice
+        editor.setProperty("qw_filled", True)
         editor.setCurrentIndex(max(editor.findText(index.data(Qt.ItemDataRole.EditRole) or ""), 0))
 
     def setModelData(self, editor, model, index):
