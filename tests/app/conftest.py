@@ -32,14 +32,20 @@ def _themed(qapp):
 
 
 @pytest.fixture
-def make_window(qtbot, tmp_path):
+def make_window(qtbot, tmp_path, request):
+    """Windows on isolated settings. The end-to-end check (default-on for users) starts off here
+    unless the test module sets ``WINDOW_CHECK = True`` or a test passes ``check=True``: on two
+    cores a background model run behind every edit makes unrelated waits for idle slow."""
     from PySide6.QtCore import QSettings
     from app.main_window import MainWindow
     from app.messages import RecordedMessages
     made = []
 
-    def make(path=DEMO, answer=False, autosave=False):
+    def make(path=DEMO, answer=False, autosave=False, check=None):
         settings = QSettings(str(tmp_path / f"settings{len(made)}.ini"), QSettings.Format.IniFormat)
+        if check is None:
+            check = bool(getattr(request.module, "WINDOW_CHECK", False))
+        settings.setValue("effects/check_enabled", bool(check))
         win = MainWindow(messages=RecordedMessages(answer), settings=settings, autosave=autosave)
         qtbot.addWidget(win)
         win.resize(1400, 900)

@@ -12,6 +12,7 @@ from apphelpers import DEMO, wait_idle
 pytest.importorskip("transformers")
 
 SLOW = 180000
+WINDOW_CHECK = True   # these windows run the end-to-end check, as a user's does
 
 
 def _linear(win):
