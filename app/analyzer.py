@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from PySide6.QtCore import QObject
 
+from workbench.estimate import MIN_ELEMENTS, can_estimate, estimate_tensor
 from workbench.evaluate import DEFAULT_EVAL_CACHE, evaluate_tensor
 from workbench.plan import KEEP
 from workbench.progress import Progress
@@ -124,9 +125,42 @@ class Analyzer(QObject):
                 self.doc.add_result(hit)
             elif self.doc.result(n) is None:
                 todo.append(n)
+        self._estimate(todo)    # queued first: the compute thread takes it before the exact
         self._schedule(todo)
         if self.doc.current in changed:
             self._current_changed(self.doc.current)
+
+    def _estimate(self, names) -> None:
+        """Large tensors whose scheme changed: a sampled-rows estimate of their error first
+        (workbench.estimate, a few ms), so the totals show "≈ SQNR" at once; the exact
+        evaluation follows behind it (queued after)."""
+        from . import perf
+        model, doc = self.doc.model, self.doc
+        if not perf.FAST or model is None:
+            return
+        todo = [(n, doc.scheme_of(n)) for n in names
+                if doc.estimate(n) is None and model.info(n).numel >= MIN_ELEMENTS]
+        todo = [(n, s) for n, s in todo if can_estimate(model, n, s)]
+        if not todo:
+            return
+        gen = self._generation
+
+        def job():
+            for i, (n, s) in enumerate(todo):
+                if gen != self._generation:
+                    return None
+                e = estimate_tensor(model, n, s)   # as the exact evaluation decides
+                if e is not None:
+                    self.runner.post(self._deliver_estimate, gen, e)
+                yield Progress(i + 1, len(todo), f"estimating {n}")
+            return None
+
+        self.runner.submit(job, "Estimating error", INTERACTIVE,
+                           on_error=lambda _m: None)   # the exact evaluation reports errors
+
+    def _deliver_estimate(self, gen, est) -> None:
+        if gen == self._generation:
+            self.doc.add_estimate(est)
 
     def _schedule(self, names) -> None:
         if not names:

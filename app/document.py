@@ -31,6 +31,10 @@ class Totals:
     pending: int               # tensors whose error is not known yet
     throughput_gbs: float | None
     measured: int
+    # while the only pending tensors are large ones with a sampled-rows estimate
+    # (workbench.estimate): the model SQNR with their estimates; else None
+    sqnr_estimate_db: float | None = None
+    estimated: int = 0         # pending tensors whose error is estimated
 
 
 class Document(QObject):
@@ -44,6 +48,7 @@ class Document(QObject):
     currentChanged = Signal(str)
     resultAdded = Signal(str, str)     # (name, scheme) of any new result (comparison)
     backendChanged = Signal(str)
+    estimatesChanged = Signal(list)    # names with a new sampled-rows error estimate
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -57,6 +62,7 @@ class Document(QObject):
         self.details: dict[tuple[str, str], object] = {}
         self.throughput: dict[tuple[str, str], float | None] = {}
         self._est: dict[tuple[str, str], int] = {}
+        self.estimates: dict[tuple[str, str], object] = {}   # workbench.estimate.Estimate
         self.decisions: dict = {}          # name -> workbench.runtimes.Decision ("any")
         self._totals = None                # cached Totals, dropped by every change below
         self.backend = "…"
@@ -72,6 +78,7 @@ class Document(QObject):
         self.assignment = self.plan.resolve(model) if model is not None else {}
         self.stats, self._results, self.details, self.throughput = {}, {}, {}, {}
         self._est = {}
+        self.estimates = {}
         self.decisions = {}
         self._update_decisions(None)
         self.current = None
@@ -127,6 +134,16 @@ class Document(QObject):
         self.resultAdded.emit(result.name, result.requested)
         if self.assignment.get(result.name) == result.requested:
             self.resultsChanged.emit([result.name])
+
+    def add_estimate(self, est) -> None:
+        """A sampled-rows estimate of a tensor's error (shown until the exact result arrives)."""
+        self.estimates[(est.name, est.requested)] = est
+        if self.assignment.get(est.name) == est.requested and self.result(est.name) is None:
+            self._totals = None
+            self.estimatesChanged.emit([est.name])
+
+    def estimate(self, name: str, scheme: str | None = None):
+        return self.estimates.get((name, scheme or self.scheme_of(name)))
 
     def add_stats(self, stats_by_name: dict) -> None:
         self.stats.update(stats_by_name)
@@ -202,6 +219,7 @@ class Document(QObject):
         if self.model is None:
             return Totals(0, 0, 0, 0.0, 0.0, None, 0, None, 0)
         results, pending, before, after, params = [], 0, 0, 0, 0
+        estimates = []
         for name, info in self.model.tensors.items():
             r = self.result(name)
             params += info.numel
@@ -209,13 +227,22 @@ class Document(QObject):
             if r is None:
                 pending += 1
                 after += self.estimated_bytes(name)
+                e = self.estimate(name)
+                if e is not None:
+                    estimates.append(e)
             else:
                 results.append(r)
                 after += r.bytes
-        sqnr = None
+        sqnr = sqnr_est = None
         if not pending:
             t = totals_of(results)
             before, after, sqnr = t.bytes_before, t.bytes_after, t.sqnr_db
+            sqnr_est = sqnr
+        elif len(estimates) == pending:
+            t = totals_of(results)
+            for e in estimates:
+                t.add(0, 0, 0, e.sig, e.sse)
+            sqnr_est = t.sqnr_db
         floats, secs, measured = 0.0, 0.0, 0
         for name, info in self.model.tensors.items():
             g = self.gbs(name)
@@ -225,7 +252,8 @@ class Document(QObject):
                 measured += 1
         return Totals(params, before, after, 8.0 * after / params if params else 0.0,
                       before / after if after else 0.0, sqnr, pending,
-                      floats / secs / 1e9 if secs > 0 else None, measured)
+                      floats / secs / 1e9 if secs > 0 else None, measured, sqnr_est,
+                      len(estimates) if pending else 0)
 
     def sqnr(self, name: str) -> float | None:
         r = self.result(name)

@@ -72,10 +72,11 @@ class TierListModel(QAbstractListModel):
         self.endResetModel()
 
     def _changed(self, names) -> None:
-        for n in names:
-            r = self._row.get(n)
-            if r is not None:
-                self.dataChanged.emit(self.index(r), self.index(r))
+        # one dataChanged over the changed rows' span (the column's header is refreshed once
+        # per signal: per row, an edit of many tensors refreshed it once per card)
+        rows = [r for r in (self._row.get(n) for n in names) if r is not None]
+        if rows:
+            self.dataChanged.emit(self.index(min(rows)), self.index(max(rows)))
 
     def rowCount(self, parent=QModelIndex()) -> int:
         return 0 if parent.isValid() else len(self.names)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout
 
-from .format import fmt_bytes, fmt_db, fmt_gbs
+from .format import fmt_bytes, fmt_db, fmt_gbs, plural
 from .theme import sqnr_colour
 
 
@@ -60,7 +60,8 @@ class TotalsBar(QFrame):
         self.last = None
         for sig in (doc.modelChanged, doc.backendChanged):
             sig.connect(lambda *_: self.refresh())
-        for sig in (doc.stateChanged, doc.resultsChanged, doc.throughputChanged):
+        for sig in (doc.stateChanged, doc.resultsChanged, doc.throughputChanged,
+                    doc.estimatesChanged):
             sig.connect(lambda *_: self.refresh())
 
     def refresh(self) -> None:
@@ -71,12 +72,23 @@ class TotalsBar(QFrame):
         self.size.value.setText(f"{fmt_bytes(t.bytes_before)} → {fmt_bytes(t.bytes_after)}")
         self.ratio.value.setText(f"{t.compression:.2f}×")
         self.bits.value.setText(f"{t.bits_per_weight:.3f}")
-        if t.sqnr_db is None:
+        if t.sqnr_db is None and t.sqnr_estimate_db is not None:
+            # large tensors just edited: their sampled-rows estimate until the exact error
+            self.sqnr.value.setText(f"≈{fmt_db(t.sqnr_estimate_db)} dB")
+            c = sqnr_colour(t.sqnr_estimate_db)
+            self.sqnr.value.setStyleSheet(f"color: {c.name()};" if c is not None else "")
+            self.sqnr.value.setToolTip(
+                f"Estimated: {plural(t.estimated, 'large tensor')} measured on evenly spaced "
+                "rows so far (workbench.estimate); the exact figure follows.")
+            self.status.setText(f"evaluating error of {t.pending} tensor(s)… (≈: sampled rows)")
+        elif t.sqnr_db is None:
             self.sqnr.value.setText("…")
             self.sqnr.value.setStyleSheet("")
+            self.sqnr.value.setToolTip("")
             self.status.setText(f"evaluating error of {t.pending} tensor(s)…")
         else:
             self.sqnr.value.setText(f"{fmt_db(t.sqnr_db)} dB")
+            self.sqnr.value.setToolTip("")
             c = sqnr_colour(t.sqnr_db)
             self.sqnr.value.setStyleSheet(f"color: {c.name()};" if c is not None else "")
             self.status.setText(f"{self.doc.model.format} · {len(self.doc.model.tensors)} tensors")

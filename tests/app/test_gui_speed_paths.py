@@ -1,0 +1,98 @@
+"""Behaviour of the GUI's fast paths (issue 10): the sampled-rows error estimate shown right
+after an edit of a large tensor, and the tier board refreshing a column once per change."""
+
+import numpy as np
+import pytest
+
+from workbench.estimate import MIN_ELEMENTS, estimate_tensor, sample_rows
+from workbench.evaluate import evaluate_tensor
+from workbench.export.st_writer import StreamingSafetensorsWriter
+from workbench.loaders import open_model
+
+from apphelpers import wait_idle
+
+BIG = "model.layers.0.mlp.down_proj.weight"
+
+
+@pytest.fixture(scope="module")
+def big_model(tmp_path_factory):
+    """A 2048x2048 matrix (4M weights: estimated) with a few large rows, and a small one."""
+    path = tmp_path_factory.mktemp("big") / "model.safetensors"
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((2048, 2048)) * 0.02).astype(np.float32)
+    w[::97] *= 4.0           # rows of a larger scale, spread over the tensor
+    wr = StreamingSafetensorsWriter(str(path))
+    wr.add(BIG, w)
+    wr.add("model.layers.0.self_attn.q_proj.weight",
+           (rng.standard_normal((256, 256)) * 0.02).astype(np.float32))
+    wr.finish()
+    return path
+
+
+def test_sample_rows_spans_the_tensor():
+    idx = sample_rows(4096, 4096)
+    assert idx[0] == 0 and idx[-1] == 4095
+    assert 120 <= idx.size <= 128 and np.all(np.diff(idx) > 0)
+    assert sample_rows(10, 4096).tolist() == list(range(10))
+
+
+def test_estimate_is_close_to_the_exact_error(big_model):
+    m = open_model(str(big_model))
+    assert m.info(BIG).numel >= MIN_ELEMENTS
+    for scheme in ("int4-g128", "int3-g64", "q4_0", "int8-channel"):
+        est = estimate_tensor(m, BIG, scheme)
+        exact = evaluate_tensor(m, BIG, scheme, cache=None)
+        assert est is not None and est.sampled_rows <= 2048 // 8
+        assert abs(est.sqnr_db - exact.error.sqnr_db) < 0.25, scheme
+    # a per-tensor scale depends on rows outside the sample: not estimated
+    assert estimate_tensor(m, BIG, "int4-tensor") is None
+    # small tensors are measured exactly at once
+    assert estimate_tensor(m, "model.layers.0.self_attn.q_proj.weight", "int4-g128") is None
+
+
+def test_edit_of_a_large_tensor_shows_the_estimate_first(make_window, qtbot, big_model):
+    from app import commands
+    win = make_window(big_model)
+    doc = win.doc
+    seen = []
+
+    def on_estimate(names):
+        # the totals bar is connected before this slot: it has refreshed already
+        seen.append((list(names), win.totals.sqnr.value.text(), doc.result(BIG) is None))
+    doc.estimatesChanged.connect(on_estimate)
+    win.push(commands.assign(doc, [BIG], "int3-g64"))
+    assert win.totals.sqnr.value.text() == "…"          # the size totals only, at once
+    qtbot.waitUntil(lambda: doc.totals().sqnr_db is not None, timeout=60000)
+    wait_idle(qtbot, win)
+    assert seen, "no estimate before the exact result"
+    names, text, pending = seen[0]
+    assert names == [BIG] and pending and text.startswith("≈") and text.endswith(" dB")
+    est, exact = doc.estimate(BIG), doc.result(BIG)
+    assert abs(est.sqnr_db - exact.error.sqnr_db) < 0.25
+    t = doc.totals()
+    assert t.estimated == 0 and t.sqnr_estimate_db == t.sqnr_db
+    assert not win.totals.sqnr.value.text().startswith("≈")
+    # an undo to a scheme already evaluated: the cached exact result, no estimate
+    seen.clear()
+    win.undo_stack.undo()
+    wait_idle(qtbot, win)
+    assert seen == [] and doc.totals().sqnr_db is not None
+
+
+def test_tier_header_refreshed_once_per_change(make_window, qtbot):
+    """An edit of many tensors refreshes each tier column's header once per document signal,
+    not once per card (the header sums its members)."""
+    from app import commands
+    win = make_window()
+    doc = win.doc
+    cols = win.tiers.columns
+    calls = []
+    for c in cols:
+        orig = c.refresh_header
+        c.refresh_header = (lambda o=orig, c=c: (calls.append(c.tier), o())[1])
+    names = [n for n in doc.names() if doc.model.info(n).ndim >= 2]
+    assert len(names) > 10
+    before = len(calls)
+    doc.resultsChanged.emit(names)    # results of every matrix arrive in one batch
+    per_tier = {t: calls[before:].count(t) for t in set(calls[before:])}
+    assert per_tier and max(per_tier.values()) == 1
