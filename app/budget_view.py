@@ -53,28 +53,21 @@ class FrontierPlot(pg.PlotWidget):
         self.budget_line.setVisible(False)
         self.addItem(self.budget_line)
         self.texts: list = []
+        from .plots.labels import LabelPlacer
+        self.placer = LabelPlacer(item)
         self.scene().sigMouseClicked.connect(self._click)
         self.scene().sigMouseMoved.connect(self._hover)
 
     def set_points(self, points, current=None, budget_bpw=None) -> None:
         self.points = list(points)
         self.current = current
-        for t in self.texts:
-            self.removeItem(t)
-        self.texts = []
+        labelled = []
         for kind in ("allocated", "uniform", "recipe"):
             pts = sorted((p for p in self.points if p.kind == kind and p.predicted > 0),
                          key=lambda p: p.bits_per_weight)
             self.items[kind].setData([p.bits_per_weight for p in pts], [p.predicted for p in pts])
             if kind != "allocated":
-                xs_all = [q.bits_per_weight for q in self.points] or [0.0]
-                mid = (min(xs_all) + max(xs_all)) / 2
-                for p in pts:
-                    t = pg.TextItem(p.label, color=STYLE[kind][1],
-                                    anchor=(-0.1, 1.1) if p.bits_per_weight <= mid else (1.1, 1.1))
-                    t.setPos(p.bits_per_weight, np.log10(p.predicted))
-                    self.addItem(t)
-                    self.texts.append(t)
+                labelled += [(p, kind) for p in pts]
         if current is not None and current.predicted > 0:
             self.items["current"].setData([current.bits_per_weight], [current.predicted])
         else:
@@ -94,6 +87,16 @@ class FrontierPlot(pg.PlotWidget):
             self.setYRange(min(ys) - 0.05 * yspan, max(ys) + 0.12 * yspan, padding=0)
         else:
             self.getPlotItem().enableAutoRange()
+        # labels after the ranges (placed in pixels): the recipes first, then the uniform
+        # plans; none covers another label or a point (app.plots.labels)
+        marks = [(p.bits_per_weight, float(np.log10(p.predicted)))
+                 for p in self.points if p.predicted > 0]
+        if current is not None and current.predicted > 0:
+            marks.append((current.bits_per_weight, float(np.log10(current.predicted))))
+        labelled.sort(key=lambda pk: pk[1] != "recipe")
+        self.placer.set([(p.bits_per_weight, float(np.log10(p.predicted)), p.label,
+                          STYLE[kind][1]) for p, kind in labelled], marks)
+        self.texts = [t for t in self.placer.texts if t.isVisible()]
 
     def view_pos(self, p) -> QPointF:
         return QPointF(p.bits_per_weight, float(np.log10(p.predicted)))

@@ -8,6 +8,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QCheckBox, QFileDialog, QFrame, QHBoxLayout, QLabel, QPushButton,
                                QSizePolicy, QVBoxLayout)
 
+from .fit_label import FitLabel
 from .theme import MUTED, POOR
 
 STYLE = """
@@ -26,12 +27,24 @@ BADGE = {"stale": "STALE · re-running", "fresh": "CURRENT", "error": "NOT RUN",
 
 def figures_text(fig: dict | None) -> str:
     """The one-line summary of `check`'s figures (the same keys `check --json` prints)."""
+    return figures_variants(fig)[0]
+
+
+def figures_variants(fig: dict | None) -> list[str]:
+    """The summary from the fullest to the shortest form; the panel shows the longest that
+    fits its width (a narrow window clipped "ppl 681.6/651.1 base" at the edge)."""
     if not fig:
-        return "—"
+        return ["—"]
     if fig.get("model_kind") == "encoder":
-        return f"cos mean {fig['cosine_mean']:.5f} · min {fig['cosine_min']:.5f}"
-    return (f"KL {fig['kl_mean']:.4f} p99 {fig['kl_p99']:.3f} · top-1 "
-            f"{100 * fig['top1_agree']:.1f}% · ppl {fig['ppl']:.4g}/{fig['ppl_base']:.4g} base")
+        return [f"cos mean {fig['cosine_mean']:.5f} · min {fig['cosine_min']:.5f}",
+                f"cos {fig['cosine_mean']:.5f} · min {fig['cosine_min']:.5f}",
+                f"cos {fig['cosine_mean']:.4f}/{fig['cosine_min']:.4f}"]
+    kl, p99, top1 = fig["kl_mean"], fig["kl_p99"], 100 * fig["top1_agree"]
+    ppl, base = fig["ppl"], fig["ppl_base"]
+    return [f"KL {kl:.4f} p99 {p99:.3f} · top-1 {top1:.1f}% · ppl {ppl:.4g}/{base:.4g} base",
+            f"KL {kl:.4f} p99 {p99:.3f} · top-1 {top1:.1f}% · ppl {ppl:.4g}/{base:.4g}",
+            f"KL {kl:.3f} p99 {p99:.2f} · top1 {top1:.0f}% · ppl {ppl:.0f}/{base:.0f}",
+            f"KL {kl:.3f} · top1 {top1:.0f}% · ppl {ppl:.0f}/{base:.0f}"]
 
 
 class CheckPanel(QFrame):
@@ -40,11 +53,11 @@ class CheckPanel(QFrame):
         self.fx = effects
         self.setObjectName("CheckBar")
         self.setStyleSheet(STYLE)
-        self.caption = QLabel("END-TO-END CHECK")
+        self.caption = FitLabel("END-TO-END CHECK")
         self.caption.setProperty("role", "caption")
         self.caption.setMinimumWidth(1)
         self.caption.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        self.value = QLabel("—")
+        self.value = FitLabel("—")
         self.value.setObjectName("CheckFigures")
         self.value.setStyleSheet('font-family: "DejaVu Sans Mono"; font-size: 10pt; '
                                  'font-weight: bold; color: #e6e9ef;')
@@ -81,6 +94,11 @@ class CheckPanel(QFrame):
         effects.checkChanged.connect(self.refresh)
         self.refresh()
 
+    def _fit(self) -> None:
+        self.caption.set_forms(self._captions)
+        if self._values:
+            self.value.set_forms(self._values)
+
     def choose_calib(self) -> None:
         path, _ = QFileDialog.getOpenFileName(
             self, "Calibration inputs", str(Path(self.fx.calib).parent),
@@ -103,22 +121,31 @@ class CheckPanel(QFrame):
                                      "samples); click to choose another file")
         fig = fx.figures
         kind = (fig or {}).get("model_kind", "")
-        self.caption.setText("END-TO-END CHECK" + (f"  {kind} · {fig['samples']} samples · "
-                                                   f"{fig['tokens']} tok" if fig else ""))
+        self._captions = ["END-TO-END CHECK"]
+        if fig:
+            self._captions = [f"END-TO-END CHECK · {kind} · {fig['samples']} samples · "
+                              f"{fig['tokens']} tok",
+                              f"END-TO-END CHECK · {kind} · {fig['samples']} samples",
+                              f"END-TO-END CHECK · {kind}", "END-TO-END CHECK", "CHECK"]
+        self.caption.setToolTip(self._captions[0])
         if state == "error":
+            self._values = None          # the message whole (selectable; also the tooltip)
             self.value.setText(fx.check_message)
             self.value.setToolTip(fx.check_message)
             self.value.setStyleSheet(f'font-size: 9pt; color: {POOR};')
+            self.caption.set_forms(self._captions)
             return
         colour = MUTED if state in ("stale", "off") else "#e6e9ef"
         self.value.setStyleSheet(f'font-family: "DejaVu Sans Mono"; font-size: 10pt; '
                                  f'font-weight: bold; color: {colour};')
         if state == "off":
-            self.value.setText("off (the check costs a forward pass per edit)" if not fig
-                               else figures_text(fig))
+            self._values = (["off (the check costs a forward pass per edit)", "off"]
+                            if not fig else figures_variants(fig))
         else:
-            self.value.setText(figures_text(fig) if fig else "running…")
+            self._values = figures_variants(fig) if fig else ["running…"]
+        self._fit()
         self.value.setToolTip(
+            (self._values[0] + "\n\n" if fig else "") +
             "Encoders: cosine of mean-pooled final hidden states, original vs planned model. "
             "Causal LMs: KL divergence of next-token distributions (nats, mean and 99th "
             "percentile), same top token (fraction), perplexity of the planned and the original "

@@ -64,15 +64,45 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def shorten_name(text: str, fits) -> str:
+    """A dotted tensor name shortened until `fits(text)`: leading components are abbreviated
+    to their first letter, left to right, keeping the last two whole
+    ('attention.output.LayerNorm.bias' -> 'a.output.LayerNorm.bias' -> 'a.o.LayerNorm.bias'),
+    so names that differ early stay different ('output.LayerNorm.bias' -> 'o.LayerNorm.bias');
+    eliding on the left alone gave '…LayerNorm.bias' for both. Returns the last form tried
+    when none fits (the caller elides it on the left)."""
+    if fits(text) or "." not in text:
+        return text
+    parts = text.split(".")
+    for i in range(max(len(parts) - 2, 0)):
+        if len(parts[i]) > 1 and not parts[i].isdigit():
+            parts[i] = parts[i][0]
+            short = ".".join(parts)
+            if fits(short):
+                return short
+    return ".".join(parts)
+
+
 def tail_elide_delegate(parent=None):
-    """An item delegate eliding on the left: tensor names keep their distinguishing tail
-    ('…layer.0.attention.self.query.weight'); the full name is the cell's tooltip."""
+    """An item delegate for tensor names: abbreviated from the left (`shorten_name`), then
+    elided on the left, so the distinguishing tail stays ('…0.a.self.query.weight'); the full
+    name is the cell's tooltip."""
     from PySide6.QtCore import Qt
-    from PySide6.QtWidgets import QStyledItemDelegate
+    from PySide6.QtWidgets import QStyle, QStyledItemDelegate
 
     class _TailElide(QStyledItemDelegate):
         def initStyleOption(self, option, index):
             super().initStyleOption(option, index)
             option.textElideMode = Qt.TextElideMode.ElideLeft
+            text = option.text
+            if text:
+                style = option.widget.style() if option.widget is not None else None
+                margin = style.pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, option,
+                                           option.widget) + 1 if style is not None else 3
+                room = option.rect.width() - 2 * margin
+                if not option.icon.isNull():
+                    room -= option.decorationSize.width() + 2 * margin
+                fm = option.fontMetrics
+                option.text = shorten_name(text, lambda t: fm.horizontalAdvance(t) <= room)
 
     return _TailElide(parent)

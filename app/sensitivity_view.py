@@ -37,6 +37,19 @@ def row_order_key(m: np.ndarray) -> np.ndarray:
     return np.where(cnt > 0, tot / np.maximum(cnt, 1), -np.inf)
 
 
+def _row_labels(plot_item, names, font=None) -> list:
+    """Left-axis labels of rows 0..n-1: every row's when they fit the plot's height, else
+    every k-th (a 1280x800 window drew 23 labels into 220 px, on top of each other)."""
+    from PySide6.QtGui import QFontMetrics
+    fm = QFontMetrics(font) if font is not None else QFontMetrics(pg.QtGui.QFont())
+    h = plot_item.getViewBox().height()
+    if h < 20:
+        h = 28 * (fm.height() + 1)     # not laid out yet: the next resize sets them again
+    fit = max(1, int(h // (fm.height() + 1)))
+    step = max(1, -(-len(names) // fit))
+    return [(i + 0.5, _short(n)) for i, n in enumerate(names) if i % step == 0]
+
+
 class HeatMap(pg.PlotWidget):
     """Rows: tensors (most sensitive first), columns: candidate schemes; colour: log10 value."""
 
@@ -61,6 +74,8 @@ class HeatMap(pg.PlotWidget):
         small.setPointSizeF(7.5)
         item.getAxis("bottom").setStyle(tickFont=small)
         item.getAxis("left").setStyle(tickFont=small)
+        self.small = small
+        item.getViewBox().sigResized.connect(lambda *_: self._left_ticks())
         self.addItem(self.image)
         self.marker = pg.QtWidgets.QGraphicsRectItem(0, 0, 1, 1)
         self.marker.setPen(pg.mkPen("#ff5370", width=2))
@@ -83,11 +98,9 @@ class HeatMap(pg.PlotWidget):
         else:
             self.image.clear()
         self.image.setRect(0, 0, max(len(self.schemes), 1), max(len(self.names), 1))
-        step = max(1, -(-len(self.names) // 28))
-        left = [(i + 0.5, _short(n)) for i, n in enumerate(self.names) if i % step == 0]
         bottom = [(j + 0.5, s if len(s) <= 5 else s[:4] + "…") for j, s in enumerate(self.schemes)]
         item = self.getPlotItem()
-        item.getAxis("left").setTicks([left, []])
+        self._left_ticks()
         item.getAxis("bottom").setTicks([bottom, []])
         item.setXRange(0, max(len(self.schemes), 1), padding=0)
         item.setYRange(0, max(len(self.names), 1), padding=0)
@@ -99,6 +112,10 @@ class HeatMap(pg.PlotWidget):
                 ys.append(i + 0.5)
         self.assigned.setData(xs, ys)
         self.set_current(current)
+
+    def _left_ticks(self) -> None:
+        self.getPlotItem().getAxis("left").setTicks(
+            [_row_labels(self.getPlotItem(), self.names, self.small), []])
 
     def set_current(self, name) -> None:
         if name in self.names:
@@ -148,6 +165,7 @@ class SortedBars(pg.PlotWidget):
         item.invertY(True)
         item.setLabel("bottom", "share of the plan's predicted error (%)")
         self.setMouseEnabled(x=False, y=False)
+        item.getViewBox().sigResized.connect(lambda *_: self._left_ticks())
         self.bars = pg.BarGraphItem(x0=[], y=[], height=0.8, width=[], brush="#4c9aff")
         self.addItem(self.bars)
         self.scene().sigMouseClicked.connect(self._click)
@@ -162,12 +180,14 @@ class SortedBars(pg.PlotWidget):
         brushes = [pg.mkBrush("#ff5370" if n == current else "#4c9aff") for n in self.names]
         self.bars.setOpts(x0=np.zeros(len(self.names)), y=np.arange(len(self.names)) + 0.5,
                           height=0.8, width=self.share, brushes=brushes)
-        step = max(1, -(-len(self.names) // 28))
-        self.getPlotItem().getAxis("left").setTicks(
-            [[(i + 0.5, _short(n)) for i, n in enumerate(self.names) if i % step == 0], []])
+        self._left_ticks()
         self.getPlotItem().setYRange(0, max(len(self.names), 1), padding=0.01)
         self.getPlotItem().setXRange(0, float(self.share.max()) if self.share.size else 1.0,
                                      padding=0.02)
+
+    def _left_ticks(self) -> None:
+        self.getPlotItem().getAxis("left").setTicks(
+            [_row_labels(self.getPlotItem(), self.names), []])
 
     def _row(self, scene_pos):
         if not self.names:
@@ -210,7 +230,8 @@ class SensitivityView(QWidget):
         self.schemes_edit.setToolTip("Candidate schemes of the table, the allocator and the "
                                      "frontier (comma-separated); Enter recomputes")
         self.schemes_edit.returnPressed.connect(self._schemes_entered)
-        self.status = QLabel("")
+        from .fit_label import FitLabel
+        self.status = FitLabel("")
         self.status.setObjectName("Muted")
         self.status.setMinimumWidth(1)
         self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -294,8 +315,10 @@ class SensitivityView(QWidget):
         vals = [table.value(n, assignment.get(n, KEEP)) or 0.0 for n in table.names]
         self.bars.set_values(table.names, vals, self.doc.current)
         pred = sum(vals)
-        self.status.setText(f"{len(table.names)} tensors × {len(table.schemes)} schemes · "
-                            f"plan's predicted error {fmt_float(pred)} · click a row to select")
+        size = f"{len(table.names)} tensors × {len(table.schemes)} schemes"
+        self.status.set_forms([f"{size} · plan's predicted error {fmt_float(pred)} · click a "
+                               "row to select", f"{size} · predicted error {fmt_float(pred)}",
+                               f"predicted error {fmt_float(pred)}"])
         self.status.setToolTip(MEASURE_TEXT[fx.measure] + "; colour: log10 of the value; "
                                "circles: the scheme each tensor has now")
 
@@ -329,33 +352,47 @@ class TensorSensitivity(QWidget):
                                     symbolBrush="#ff5370", symbolPen="#ffffff")
         self.plot.addItem(self.curve)
         self.plot.addItem(self.mark)
-        self.labels: list = []
+        self.placer = None      # app.plots.labels.LabelPlacer: scheme names, no overlaps
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 0, 0, 0)
         lay.setSpacing(2)
         lay.addWidget(self.title)
         lay.addWidget(self.summary)
         lay.addWidget(self.plot, 1)
+        # without a table the empty log axis crowded its labels ("9 8 7 6 5 …"): the plot is
+        # hidden (and not painted on each selection) until there is something to show
+        self.blank = QWidget()
+        lay.addWidget(self.blank, 1)
+        self._show_plot(False)
         self.setMinimumWidth(200)
         doc.currentChanged.connect(lambda _n: self.refresh())
         doc.stateChanged.connect(lambda _c: self.refresh())
         effects.tableChanged.connect(lambda _m: self.refresh())
 
+    def _show_plot(self, on: bool) -> None:
+        if self.plot.isVisibleTo(self) != on or self.blank.isVisibleTo(self) == on:
+            self.plot.setVisible(on)
+            self.blank.setVisible(not on)
+
     def refresh(self) -> None:
-        for t in self.labels:
-            self.plot.removeItem(t)
-        self.labels = []
+        if self.placer is None:
+            from .plots.labels import LabelPlacer
+            self.placer = LabelPlacer(self.plot.getPlotItem())
         name = self.doc.current
         table = self.fx.table()
         self.title.setText(f"Sensitivity · {self.fx.measure}")
         if not name or table is None or name not in table.names:
             self.curve.setData([], [])
             self.mark.setData([], [])
+            self.placer.set([])
+            self._show_plot(False)
             if table is None:
-                self.summary.setText("open the Sensitivity && Budget tab (Ctrl+4) to compute")
+                # a label, not a tab title: one "&" (a doubled one showed as "&&")
+                self.summary.setText("open the Sensitivity & Budget tab (Ctrl+4) to compute")
             else:
                 self.summary.setText("not allocatable (kept)" if name else "")
             return
+        self._show_plot(True)
         info = self.doc.model.info(name)
         pts = []
         for s in table.schemes:
@@ -371,13 +408,13 @@ class TensorSensitivity(QWidget):
             ys = [np.log10(p[1]) for p in pts]
             yspan = max(max(ys) - min(ys), 0.5)
             self.plot.setYRange(min(ys) - 0.05 * yspan, max(ys) + 0.12 * yspan, padding=0)
-        mid = (pts[0][0] + pts[-1][0]) / 2 if pts else 0.0
-        for x, v, s in pts:
-            t = pg.TextItem(s, color="#8a92a3", anchor=(0, 1) if x <= mid else (1, 1))
-            t.setPos(x, np.log10(v))
-            self.plot.addItem(t)
-            self.labels.append(t)
         cur = self.doc.scheme_of(name)
+        # the assigned scheme's label first, then the ends of the curve, then the rest; a
+        # label that would cover another or a point is left out (hover the table for it)
+        cands = sorted(pts, key=lambda p: (p[2] != cur, p not in (pts[0], pts[-1])))
+        self.placer.set([(x, float(np.log10(v)), s, "#dfe3ea" if s == cur else "#8a92a3")
+                         for x, v, s in cands],
+                        [(x, float(np.log10(v))) for x, v, _s in pts])
         v = table.value(name, cur)
         ranked = sorted(((table.value(n, self.doc.scheme_of(n)) or 0.0), n) for n in table.names)
         rank = len(ranked) - [n for _, n in ranked].index(name)

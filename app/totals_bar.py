@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout
 
+from .fit_label import FitLabel
 from .format import fmt_bytes, fmt_db, fmt_gbs, plural
 from .theme import sqnr_colour
 
@@ -35,14 +36,14 @@ class TotalsBar(QFrame):
         self.bits = _Stat("AVG BITS / WEIGHT", "TotalBits")
         self.sqnr = _Stat("MODEL SQNR", "TotalSqnr")
         self.backend = _Stat("KERNELS  backend · dequant", "TotalBackend")
-        self.status = QLabel("")
+        self.status = FitLabel("")
         self.status.setObjectName("Muted")
         self.status.setMinimumWidth(1)
         self.status.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         # the one-line fallback summary (workbench.runtimes.FallbackSummary, as `evaluate`
         # prints it): how many tensors and what share of parameters fell back or were kept
-        self.fallbacks = QLabel("")
+        self.fallbacks = FitLabel("")
         self.fallbacks.setObjectName("FallbackSummary")
         self.fallbacks.setMinimumWidth(1)
         self.fallbacks.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
@@ -58,11 +59,19 @@ class TotalsBar(QFrame):
         side.addWidget(self.fallbacks)
         lay.addLayout(side, 1)
         self.last = None
+        self._status: list[str] = [""]
+        self._fallbacks: list[str] = [""]
         for sig in (doc.modelChanged, doc.backendChanged):
             sig.connect(lambda *_: self.refresh())
         for sig in (doc.stateChanged, doc.resultsChanged, doc.throughputChanged,
                     doc.estimatesChanged):
             sig.connect(lambda *_: self.refresh())
+
+    def _fit(self) -> None:
+        """The longest form of the status and fallback lines that fits (a narrow window, or
+        the end-to-end check beside the bar, clipped them at the left: "nsors · 39 tensors")."""
+        self.status.set_forms(self._status)
+        self.fallbacks.set_forms(self._fallbacks)
 
     def refresh(self) -> None:
         t = self.doc.totals()
@@ -80,21 +89,26 @@ class TotalsBar(QFrame):
             self.sqnr.value.setToolTip(
                 f"Estimated: {plural(t.estimated, 'large tensor')} measured on evenly spaced "
                 "rows so far (workbench.estimate); the exact figure follows.")
-            self.status.setText(f"evaluating error of {t.pending} tensor(s)… (≈: sampled rows)")
+            self._status = [f"evaluating error of {t.pending} tensor(s)… (≈: sampled rows)",
+                            f"evaluating error of {t.pending} tensor(s)…",
+                            f"evaluating {t.pending}…", ""]
         elif t.sqnr_db is None:
             self.sqnr.value.setText("…")
             self.sqnr.value.setStyleSheet("")
             self.sqnr.value.setToolTip("")
-            self.status.setText(f"evaluating error of {t.pending} tensor(s)…")
+            self._status = [f"evaluating error of {t.pending} tensor(s)…",
+                            f"evaluating {t.pending}…", ""]
         else:
             self.sqnr.value.setText(f"{fmt_db(t.sqnr_db)} dB")
             self.sqnr.value.setToolTip("")
             c = sqnr_colour(t.sqnr_db)
             self.sqnr.value.setStyleSheet(f"color: {c.name()};" if c is not None else "")
-            self.status.setText(f"{self.doc.model.format} · {len(self.doc.model.tensors)} tensors")
+            n = len(self.doc.model.tensors)
+            self._status = [f"{self.doc.model.format} · {n} tensors", f"{n} tensors", ""]
         self.backend.value.setText(f"{self.doc.backend.upper()} · {throughput_text(self.doc, t)}")
         fs = self.doc.fallback_summary()
-        self.fallbacks.setText(short_summary(fs))
+        self._fallbacks = [short_summary(fs), short_summary(fs, compact=True), ""]
+        self._fit()
         self.fallbacks.setToolTip(f"What the plan's schemes become (workbench.runtimes, as "
                                   f"`evaluate` reports it):\n{fs.line()}")
         self.fallbacks.setStyleSheet("color: #d29922;" if fs.changed else "")
@@ -116,14 +130,16 @@ def throughput_text(doc, t) -> str:
     return "GB/s n/a"
 
 
-def short_summary(fs) -> str:
-    """'fell back: 34 tensors (84.3% of params) · kept: 64 (0.1%)' from a FallbackSummary."""
+def short_summary(fs, compact: bool = False) -> str:
+    """'fell back: 34 tensors (84.3% of params) · kept: 64 (0.1%)' from a FallbackSummary;
+    `compact`: 'fell back: 34 (84.3%) · kept: 64 (0.1%)' (a narrow window)."""
     parts = []
+    tensors, params = ("", "") if compact else (" tensors", " of params")
     if fs.tensors["fallback"]:
-        parts.append(f"fell back: {fs.tensors['fallback']} tensors "
-                     f"({100 * fs.share('fallback'):.1f}% of params)")
+        parts.append(f"fell back: {fs.tensors['fallback']}{tensors} "
+                     f"({100 * fs.share('fallback'):.1f}%{params})")
     if fs.tensors["skipped"]:
         parts.append(f"rules skipped: {fs.tensors['skipped']} "
                      f"({100 * fs.share('skipped'):.1f}%)")
-    parts.append(f"kept: {fs.tensors['kept']} tensors ({100 * fs.share('kept'):.1f}% of params)")
+    parts.append(f"kept: {fs.tensors['kept']}{tensors} ({100 * fs.share('kept'):.1f}%{params})")
     return " · ".join(parts)

@@ -20,6 +20,7 @@ class ChannelErrorPlot(pg.PlotWidget):
         self.err = np.zeros(0)
         self.order = np.zeros(0, np.int64)
         self.scheme = ""
+        self._cache: dict = {}
         item = self.getPlotItem()
         item.setLabel("bottom", "output channel")
         item.setLabel("left", "rel. error")
@@ -40,23 +41,41 @@ class ChannelErrorPlot(pg.PlotWidget):
         self.addItem(self.mean_line)
         self.scene().sigMouseMoved.connect(self._hover)
 
+    def _reduce(self, src, order, cap):
+        """(x, shown, mean) to draw: the channels in order, decimated to `cap` buckets
+        (peak-preserving); with the fast paths cached per result array, order and width."""
+        key = (id(src), None if order is None else id(order), cap)
+        hit = self._cache.get(key) if plots.FAST else None
+        if hit is not None and hit[0] is src and hit[1] is order:
+            return hit[2]
+        n = self.err.size
+        shown = np.nan_to_num(self.err[self.order], posinf=0.0) if n else self.err
+        x = np.arange(n, dtype=np.float64)
+        if n > cap:  # peak-preserving: the worst channel of each bucket
+            starts = np.arange(0, n, -(-n // cap))
+            x, shown = x[starts], np.maximum.reduceat(shown, starts)
+        finite = self.err[np.isfinite(self.err)]
+        out = (x, shown, float(finite.mean()) if finite.size else None)
+        if plots.FAST:
+            self._cache[key] = (src, order, out)
+            while len(self._cache) > 16:
+                self._cache.pop(next(iter(self._cache)))
+        return out
+
     def set_data(self, channel_rel_err, order=None, scheme: str = "") -> None:
         self.err = np.asarray(channel_rel_err, np.float64) if channel_rel_err is not None \
             else np.zeros(0)
         self.scheme = scheme
         n = self.err.size
-        self.order = np.asarray(order) if order is not None and len(order) == n else np.arange(n)
-        shown = np.nan_to_num(self.err[self.order], posinf=0.0) if n else self.err
-        x = np.arange(n, dtype=np.float64)
+        if order is not None and len(order) != n:
+            order = None
+        self.order = np.asarray(order) if order is not None else np.arange(n)
         cap = buckets_for(n, self._pixels()) if plots.FAST else MAX_POINTS
-        if n > cap:  # peak-preserving: the worst channel of each bucket
-            starts = np.arange(0, n, -(-n // cap))
-            x, shown = x[starts], np.maximum.reduceat(shown, starts)
+        x, shown, mean = self._reduce(channel_rel_err, order, cap)
         self.curve.setData(x, shown)
-        finite = self.err[np.isfinite(self.err)]
-        self.mean_line.setVisible(finite.size > 0)
-        if finite.size:
-            self.mean_line.setValue(float(finite.mean()))
+        self.mean_line.setVisible(mean is not None)
+        if mean is not None:
+            self.mean_line.setValue(mean)
         if plots.FAST:
             # a constant title (the scheme is in the summary line above the plots): a title
             # of changing text re-lays out the plot (pyqtgraph's LabelItem), painting it twice,
