@@ -70,11 +70,13 @@ def shorten_name(text: str, fits) -> str:
     ('attention.output.LayerNorm.bias' -> 'a.output.LayerNorm.bias' -> 'a.o.LayerNorm.bias'),
     so names that differ early stay different ('output.LayerNorm.bias' -> 'o.LayerNorm.bias');
     eliding on the left alone gave '…LayerNorm.bias' for both. Returns the last form tried
-    when none fits (the caller elides it on the left)."""
+    when none fits (the delegate then elides its middle)."""
     if fits(text) or "." not in text:
         return text
     parts = text.split(".")
-    for i in range(max(len(parts) - 2, 0)):
+    # the last two components stay whole ('LayerNorm.bias'); of a two-part name the last
+    # ('model.embed_tokens' -> 'm.embed_tokens')
+    for i in range(max(len(parts) - 2, 1)):
         if len(parts[i]) > 1 and not parts[i].isdigit():
             parts[i] = parts[i][0]
             short = ".".join(parts)
@@ -84,9 +86,9 @@ def shorten_name(text: str, fits) -> str:
 
 
 def tail_elide_delegate(parent=None):
-    """An item delegate for tensor names: abbreviated from the left (`shorten_name`), then
-    elided on the left, so the distinguishing tail stays ('…0.a.self.query.weight'); the full
-    name is the cell's tooltip."""
+    """An item delegate for tensor names: abbreviated from the left (`shorten_name`); when
+    that is still too wide its middle is elided ('a.o.Lay…m.bias'); names never abbreviated
+    elide on the left (the distinguishing tail stays). The full name is the cell's tooltip."""
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QStyle, QStyledItemDelegate
 
@@ -96,13 +98,17 @@ def tail_elide_delegate(parent=None):
             option.textElideMode = Qt.TextElideMode.ElideLeft
             text = option.text
             if text:
-                style = option.widget.style() if option.widget is not None else None
-                margin = style.pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, option,
-                                           option.widget) + 1 if style is not None else 3
-                room = option.rect.width() - 2 * margin
-                if not option.icon.isNull():
-                    room -= option.decorationSize.width() + 2 * margin
+                if option.widget is not None:    # the rectangle the style draws the text in
+                    room = option.widget.style().subElementRect(
+                        QStyle.SubElement.SE_ItemViewItemText, option, option.widget).width()
+                else:
+                    room = option.rect.width() - 8
                 fm = option.fontMetrics
-                option.text = shorten_name(text, lambda t: fm.horizontalAdvance(t) <= room)
+                short = shorten_name(text, lambda t: fm.horizontalAdvance(t) <= room)
+                option.text = short
+                if fm.horizontalAdvance(short) > room and short != text:
+                    # still too wide: elide its middle, so the abbreviated head (which tells
+                    # 'a.o.LayerNorm.bias' from 'o.LayerNorm.bias') and the tail both stay
+                    option.textElideMode = Qt.TextElideMode.ElideMiddle
 
     return _TailElide(parent)

@@ -22,6 +22,27 @@ def fix_axes(item, left_text: str = "", short: bool = False) -> None:
         ax.setStyle(maxTickLevel=1)
     if short:   # a short plot: labels at the major ticks only (minor ones overlapped)
         axis.setStyle(maxTextLevel=0)
+    for ax in (axis, bottom):
+        keep_label(ax)
+
+
+def keep_label(axis) -> None:
+    """Fast path (app.perf): the axis re-sets its label's HTML only when the text changes.
+    pyqtgraph re-set it (QGraphicsTextItem.setHtml: a text layout, 0.4-0.8 ms) on every range
+    change, for the SI-prefix check: six times per selection for an unchanged "count"."""
+    import types
+    orig = type(axis)._updateLabel
+
+    def _update_label(self):
+        from .. import perf
+        text = self.labelString()
+        if perf.FAST and getattr(self, "_shown_label", None) == text:
+            self.picture = None
+            self.update()
+            return
+        self._shown_label = text
+        orig(self)
+    axis._updateLabel = types.MethodType(_update_label, axis)
 
 
 def opaque(view) -> None:

@@ -32,6 +32,17 @@ def test_shortened_bert_names_stay_distinct(qapp):
         assert len(set(shown)) == len(LAYER0), (room, shown)
         if room <= 130:
             assert len(set(left)) < len(LAYER0)
+    # what the delegate paints: the shortened name, its middle elided when still too wide
+    from PySide6.QtCore import Qt
+    for room in (100, 120, 140):
+        fits = (lambda t, room=room: fm.horizontalAdvance(t) <= room)
+        painted = []
+        for n in LAYER0:
+            short = shorten_name(n, fits)
+            mode = Qt.TextElideMode.ElideMiddle if short != n else Qt.TextElideMode.ElideLeft
+            painted.append(fm.elidedText(short, mode, room))
+        assert len(set(painted)) == len(LAYER0), (room, painted)
+        assert painted[0] != painted[12]    # attention.output.LayerNorm.bias / output.Layer…
     assert shorten_name("attention.output.LayerNorm.bias", lambda t: len(t) <= 20) == \
         "a.o.LayerNorm.bias"
     assert shorten_name("output.dense", lambda t: True) == "output.dense"
