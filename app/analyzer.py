@@ -26,6 +26,24 @@ from . import analysis, throughput
 from .workers import BACKGROUND, FOREGROUND, IDLE, INTERACTIVE
 
 
+class _one_thread:
+    """numba's parallel kernels on the calling thread only, for the block (numba's thread
+    count is per calling thread; restored after)."""
+
+    def __enter__(self):
+        try:
+            import numba
+            self.prev = numba.get_num_threads()
+            numba.set_num_threads(1)
+        except Exception:  # noqa: BLE001 - no numba: the numpy reference runs anyway
+            self.prev = None
+
+    def __exit__(self, *exc):
+        if self.prev is not None:
+            import numba
+            numba.set_num_threads(self.prev)
+
+
 @dataclass
 class Detail:
     """What the plots of one tensor need beyond its statistics, for one scheme."""
@@ -149,7 +167,8 @@ class Analyzer(QObject):
             for i, (n, s) in enumerate(todo):
                 if gen != self._generation:
                     return None
-                e = estimate_tensor(model, n, s)   # as the exact evaluation decides
+                with _one_thread():   # a few ms of work: the other core stays with the GUI
+                    e = estimate_tensor(model, n, s)   # as the exact evaluation decides
                 if e is not None:
                     self.runner.post(self._deliver_estimate, gen, e)
                 yield Progress(i + 1, len(todo), f"estimating {n}")
