@@ -93,6 +93,8 @@ def tail_elide_delegate(parent=None):
     from PySide6.QtWidgets import QStyle, QStyledItemDelegate
 
     class _TailElide(QStyledItemDelegate):
+        _memo: dict = {}      # (text, room, font) -> (shown text, elide mode)
+
         def initStyleOption(self, option, index):
             super().initStyleOption(option, index)
             option.textElideMode = Qt.TextElideMode.ElideLeft
@@ -103,12 +105,19 @@ def tail_elide_delegate(parent=None):
                         QStyle.SubElement.SE_ItemViewItemText, option, option.widget).width()
                 else:
                     room = option.rect.width() - 8
-                fm = option.fontMetrics
-                short = shorten_name(text, lambda t: fm.horizontalAdvance(t) <= room)
-                option.text = short
-                if fm.horizontalAdvance(short) > room and short != text:
-                    # still too wide: elide its middle, so the abbreviated head (which tells
-                    # 'a.o.LayerNorm.bias' from 'o.LayerNorm.bias') and the tail both stay
-                    option.textElideMode = Qt.TextElideMode.ElideMiddle
+                key = (text, room, option.font.key())
+                hit = self._memo.get(key)
+                if hit is None:
+                    fm = option.fontMetrics
+                    short = shorten_name(text, lambda t: fm.horizontalAdvance(t) <= room)
+                    mode = Qt.TextElideMode.ElideLeft
+                    if fm.horizontalAdvance(short) > room and short != text:
+                        # still too wide: elide its middle, so the abbreviated head (which
+                        # tells 'a.o.LayerNorm.bias' from 'o.LayerNorm.bias') and the tail stay
+                        mode = Qt.TextElideMode.ElideMiddle
+                    if len(self._memo) > 20000:
+                        self._memo.clear()
+                    hit = self._memo[key] = (short, mode)
+                option.text, option.textElideMode = hit
 
     return _TailElide(parent)

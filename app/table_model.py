@@ -15,6 +15,8 @@ from PySide6.QtGui import QBrush, QColor
 
 from workbench.plan import KEEP
 
+from . import perf
+
 from .format import fmt_bytes, fmt_count, fmt_db, fmt_float, fmt_gbs, fmt_shape
 from .theme import MUTED, mono_font, sqnr_colour
 
@@ -51,6 +53,15 @@ class SchemeTableModel(QAbstractTableModel):
         self._mono = mono_font()
         self._muted = QBrush(QColor(MUTED))
         self._warn = QBrush(QColor(WARN))
+        # fast path (app.perf): each cell's value per role is kept until the document
+        # changes (these connections come first, so every later slot and paint reads fresh
+        # values); a selection repaints up to a whole viewport of cells, ten roles each,
+        # every one a Python call
+        self._cache: dict = {}
+        for sig in (doc.modelChanged, doc.stateChanged, doc.resultsChanged,
+                    doc.throughputChanged, doc.statsChanged, doc.tiersChanged,
+                    doc.estimatesChanged, doc.backendChanged):
+            sig.connect(self._drop_cache)
         doc.modelChanged.connect(self.reset)
         doc.stateChanged.connect(self.rows_changed)
         doc.resultsChanged.connect(self.rows_changed)
@@ -58,6 +69,7 @@ class SchemeTableModel(QAbstractTableModel):
 
     # ---- structure ------------------------------------------------------------------------
     def reset(self) -> None:
+        self._cache.clear()
         self.beginResetModel()
         self._names = self.doc.names()
         self._row = {n: i for i, n in enumerate(self._names)}
@@ -150,9 +162,22 @@ class SchemeTableModel(QAbstractTableModel):
             return f"{d.kind}: {d.note}"
         return None
 
+    def _drop_cache(self, *_args) -> None:
+        self._cache.clear()
+
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):
         if not index.isValid():
             return None
+        if perf.FAST:
+            key = (index.row(), index.column(), role)
+            try:
+                return self._cache[key]
+            except KeyError:
+                v = self._cache[key] = self._data(index, role)
+                return v
+        return self._data(index, role)
+
+    def _data(self, index, role):
         name, col = self._names[index.row()], index.column()
         if role == NAME_ROLE:
             return name

@@ -96,3 +96,20 @@ def test_tier_header_refreshed_once_per_change(make_window, qtbot):
     doc.resultsChanged.emit(names)    # results of every matrix arrive in one batch
     per_tier = {t: calls[before:].count(t) for t in set(calls[before:])}
     assert per_tier and max(per_tier.values()) == 1
+
+
+def test_table_cells_cached_until_the_document_changes(window):
+    from app import commands
+    from app.table_model import C_SCHEME
+    m = window.table.model
+    name = "model.layers.0.self_attn.q_proj.weight"
+    idx = m.index(m.row_of(name), C_SCHEME)
+    calls = []
+    orig = m._data
+    m._data = lambda i, r: (calls.append((i.row(), i.column(), r)), orig(i, r))[1]
+    first = idx.data()
+    assert idx.data() == first and len(calls) == 1          # served from the cache
+    window.select("model.layers.1.mlp.up_proj.weight")        # a selection changes no value
+    assert idx.data() == first and len(calls) == 1
+    window.push(commands.assign(window.doc, [name], "q8_0"))  # an edit drops the cache
+    assert idx.data() == "q8_0" and len(calls) == 2
