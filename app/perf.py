@@ -7,7 +7,10 @@ mask, sort order, envelopes), draw the channel envelope as one filled path, and 
 view ranges from the data they hold (no auto-range pass at paint time, which moved the axes
 during a paint and painted each plot twice); llama.cpp's tensor names for the "never
 re-typed" check are computed when the model opens, not on the first edit; the totals are
-cached between changes.
+cached between changes; axes re-set their label's HTML only when its text changes; the scheme
+table keeps each cell's value per role until the document changes; and an edit of a tensor of
+4M+ weights first gets a sampled-rows error estimate (workbench.estimate, shown "≈") before
+the exact evaluation.
 """
 
 FAST = True
