@@ -100,9 +100,12 @@ def tail_elide_delegate(parent=None):
             option.textElideMode = Qt.TextElideMode.ElideLeft
             text = option.text
             if text:
-                if option.widget is not None:    # the rectangle the style draws the text in
-                    room = option.widget.style().subElementRect(
-                        QStyle.SubElement.SE_ItemViewItemText, option, option.widget).width()
+                if option.widget is not None:    # the rectangle the style draws the text in,
+                    style = option.widget.style()  # less the margins it lays the text out in
+                    room = style.subElementRect(
+                        QStyle.SubElement.SE_ItemViewItemText, option, option.widget).width() \
+                        - 2 * (style.pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None,
+                                                 option.widget) + 1)
                 else:
                     room = option.rect.width() - 8
                 key = (text, room, option.font.key())
