@@ -1,10 +1,17 @@
-"""numba quantize kernel for Q6_K (256-weight super-blocks, sixteen 16-weight sub-blocks),
-bit-identical to ``workbench.schemes.ggml.q6_k`` (float32 operation for operation, sums in
-index order, no FMA contraction).
+"""numba quantize kernels for Q3_K and Q6_K, bit-identical to the numpy reference
+``workbench.schemes.ggml.sym_k`` (the same float32 operations in the same order, no FMA
+contraction, every sum in index order).
 
-``q6k_encode`` flags per row: 1 the float16 super-scale overflows (the reference decides),
-2 NaN/Inf in the row. Any flag sends the whole tensor to the numpy reference.
-Plain arrays in, bytes out: imports nothing from ``workbench``; releases the GIL.
+Plain arrays in, bytes out; imports nothing from ``workbench``. The search parameters
+(candidate steps, super-scale divisors, rounds) come from the caller as arrays/ints.
+
+Speed: a super-block is held transposed (weight i of sub-block j at i*16 + j), so every loop
+of the search runs across the 16 sub-blocks with a per-lane accumulator: the sums stay in
+index order per sub-block, as in the reference, and the loops vectorize 16 wide.
+
+``sym_k_encode`` flags per row: 1 the float16 super-scale overflows (the reference refuses
+the tensor), 2 NaN/Inf in the row, 4 a block max at the 1e-15 all-zero threshold (the
+reference decides). Any flag sends the whole tensor to the numpy reference.
 """
 
 from __future__ import annotations
@@ -18,159 +25,358 @@ from .cpu_common import _f32_to_f16_bits
 
 _J = dict(cache=True, nogil=True)
 _P = dict(cache=True, nogil=True, parallel=True)
+
 F0 = np.float32(0.0)
-EPS = np.float32(1e-15)          # GROUP_EPS of the reference, compared in float32
-#: candidate inverse-scale numerators -(32 + 0.1 k), k = -9..9 (float64 -> float32, as numpy)
-Q6K_STEPS = np.array([-(32 + 0.1 * k) for k in range(-9, 10)], np.float32)
+F1 = np.float32(1.0)
+FM1 = np.float32(-1.0)
+INF = np.float32(np.inf)
+MAGIC = np.float32(12582912.0)      # 1.5 * 2**23: (v + MAGIC) - MAGIC == rint(v) for |v| < 2**22
+EPS32 = np.float32(1e-15)           # common.GROUP_EPS as numpy compares it
+SUB_EPS = np.float32(1e-30)         # sym_k.SUB_EPS
+
+#: kind of ``sym_k_encode``
+KINDS = {"Q3_K": 0, "Q6_K": 1}
+
+LANES = 16
+XT, WT, WX = 0, 256, 512
+_R = 768
+(MXS, ZR, ISC, S2, S3, BS, BA, HAA, AA, LS, CLS, SC, IV, EE, E2, PAA, PAX, DL) = \
+    [_R + 16 * k for k in range(18)]
+SBUF = _R + 16 * 19
 
 
 @njit(inline="always", **_J)
-def _clip_rint(v, lo, hi):
-    q = np.rint(v)
-    if q < lo:
-        q = np.float32(lo)
-    if q > hi:
-        q = np.float32(hi)
-    return q
+def _rc(v, lo, hi):
+    """clip(rint(v), lo, hi); NaN -> lo, -0 -> +0 (sym_k._rc)."""
+    q = (v + MAGIC) - MAGIC
+    q = q if q > lo else lo
+    return q if q < hi else hi
 
 
 @njit(inline="always", **_J)
-def _f16_value(h):
-    """float32 value of float16 bits h (exact)."""
-    s = -1.0 if (h >> 15) & 1 else 1.0
+def _f16_to_f32(h):
+    s = (h >> 15) & 1
     e = (h >> 10) & 31
     m = h & 1023
     if e == 0:
-        return np.float32(s * m * 2.0 ** -24)
-    if e == 31:
-        return np.float32(s * np.inf) if m == 0 else np.float32(np.nan)
-    return np.float32(s * (1024 + m) * 2.0 ** (e - 25))
+        v = np.float64(m) * 2.0 ** -24
+    elif e == 31:
+        v = np.inf if m == 0 else np.nan
+    else:
+        v = np.float64(m + 1024) * 2.0 ** (e - 25)
+    return np.float32(-v if s else v)
 
 
 @njit(inline="always", **_J)
-def _sym_search(x, o, n, nmax, steps):
-    """Least-squares scale of the best candidate codes for x[o:o+n] (weights x^2)."""
-    mx = x[o]
-    am = abs(mx)
-    for j in range(1, n):
-        a = abs(x[o + j])
-        if a > am:
-            am = a
-            mx = x[o + j]
-    if am < EPS:
-        return F0
-    best_scale = F0
-    best_score = np.float32(-np.inf)
-    for k in range(steps.shape[0]):
-        iscale = steps[k] / mx
-        sxl = F0
-        sl2 = F0
-        for j in range(n):
-            v = x[o + j]
-            L = _clip_rint(iscale * v, -nmax, nmax - 1)
-            wl = (v * v) * L
-            if j == 0:
-                sxl = wl * v
-                sl2 = wl * L
-            else:
-                sxl = sxl + wl * v
-                sl2 = sl2 + wl * L
-        if sl2 > 0:
-            scale = sxl / sl2
-            score = scale * sxl
-            if score > best_score:
-                best_score = score
-                best_scale = scale
-    if best_score == -np.inf:
-        best_scale = -mx / np.float32(nmax)
-    return best_scale
+def _ldexp32(v, e):
+    """float32 v * 2**e, rounded once (numpy's ldexp on float32)."""
+    return np.float32(np.float64(v) * math.ldexp(1.0, e))
+
+
+@njit(inline="always", **_J)
+def _fp16_scale(v, e):
+    """(float16 bits of v * 2**e, that float16's value * 2**-e as float32)."""
+    h = _f32_to_f16_bits(_ldexp32(v, e))
+    return h, _ldexp32(_f16_to_f32(h), -e)
+
+
+@njit(inline="always", **_J)
+def _consider(S):
+    for j in range(LANES):
+        sl2 = S[S2 + j]
+        sxl = S[S3 + j]
+        ok = sl2 > F0
+        a = sxl / (sl2 if ok else F1)
+        score = a * sxl
+        bt = ok & (score > S[BS + j])
+        S[BS + j] = score if bt else S[BS + j]
+        S[BA + j] = a if bt else S[BA + j]
+        S[HAA + j] = sl2 if bt else S[HAA + j]
+
+
+@njit(inline="always", **_J)
+def _pass(S, lo, hi):
+    """S2/S3 of the codes clip(rint(x * ISC)) on all lanes."""
+    for j in range(LANES):
+        S[S2 + j] = F0
+        S[S3 + j] = F0
+    for i in range(16):
+        for j in range(LANES):
+            k = i * LANES + j
+            L = _rc(S[XT + k] * S[ISC + j], lo, hi)
+            S[S3 + j] += S[WX + k] * L
+            S[S2 + j] += (S[WT + k] * L) * L
+
+
+@njit(inline="always", **_J)
+def _sub_err(S, lo, hi):
+    """E2[j] = weighted squared error of lane j with codes re-rounded for DL * CLS."""
+    for j in range(LANES):
+        sc = S[DL + j] * S[CLS + j]
+        S[SC + j] = sc
+        S[IV + j] = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
+        S[E2 + j] = F0
+    for i in range(16):
+        for j in range(LANES):
+            k = i * LANES + j
+            x = S[XT + k]
+            L = _rc(x * S[IV + j], lo, hi)
+            r = x - S[SC + j] * L
+            S[E2 + j] += S[WT + k] * (r * r)
 
 
 @njit(**_J)
-def _enc_q6k(x, xn, sc, L, dst):
-    """One 256-weight block x -> 210 bytes in dst; returns the flag (1: fp16 overflow)."""
+def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, gi):
+    """Search one super-block x (256 float32; q its importance). Returns the flag; gi[0]
+    the float16 bits of d; S[LS + j] the sub-block codes, codes[256] the weight codes."""
+    lo = np.float32(-nmax)
+    hi = np.float32(nmax - 1)
+    slo = np.float32(-levels)
+    shi = np.float32(levels - 1)
+    # ---- normalize (common.pow2_normalize)
+    flag = 0
     amax = F0
-    for j in range(256):
-        a = abs(x[j])
-        if a > amax:
-            amax = a
-    if amax < EPS:
-        e = 0
-        for j in range(256):
-            xn[j] = F0
-    else:
-        e = math.frexp(np.float64(amax))[1]
-        for j in range(256):
-            xn[j] = np.float32(math.ldexp(np.float64(x[j]), -e))
-    for s in range(16):
-        sc[s] = _sym_search(xn, 16 * s, 16, 32, Q6K_STEPS)
-    top = sc[0]
-    at = abs(top)
-    for s in range(1, 16):
-        a = abs(sc[s])
-        if a > at:
-            at = a
-            top = sc[s]
-    d = top / np.float32(-128.0)
-    d_real = np.float32(math.ldexp(np.float64(d), e))
-    h = _f32_to_f16_bits(d_real)
-    if (h & 0x7FFF) >= 0x7C00:
+    for k in range(256):
+        a = abs(x[k])
+        amax = a if a > amax else amax
+    tiny32 = amax < EPS32
+    if tiny32 != (np.float64(amax) < 1e-15):
+        return 4
+    e = 0 if tiny32 else math.frexp(np.float64(amax))[1]
+    p = F0 if tiny32 else np.float32(math.ldexp(1.0, -e))
+    for j in range(LANES):
+        for i in range(16):
+            v = x[j * 16 + i] * p
+            S[XT + i * LANES + j] = v if not tiny32 else F0
+            S[WT + i * LANES + j] = q[j * 16 + i] if weighted else F1
+    if weighted:
+        for j in range(LANES):
+            S[PAA + j] = F0
+        for i in range(16):
+            for j in range(LANES):
+                S[PAA + j] += S[WT + i * LANES + j]
+        for i in range(16):
+            for j in range(LANES):
+                k = WT + i * LANES + j
+                S[k] = S[k] if S[PAA + j] > F0 else F1
+    for k in range(256):
+        S[WX + k] = S[WT + k] * S[XT + k]
+    # ---- step 1 (sym_k.sub_search)
+    for j in range(LANES):
+        S[MXS + j] = S[XT + j]
+        S[PAX + j] = abs(S[XT + j])
+    for i in range(1, 16):
+        for j in range(LANES):
+            v = S[XT + i * LANES + j]
+            a = abs(v)
+            bt = a > S[PAX + j]
+            S[MXS + j] = v if bt else S[MXS + j]
+            S[PAX + j] = a if bt else S[PAX + j]
+    for j in range(LANES):
+        z = not (S[PAX + j] >= SUB_EPS)
+        S[ZR + j] = F1 if z else F0
+        S[MXS + j] = F1 if z else S[MXS + j]
+        S[BS + j] = FM1
+        S[BA + j] = F0
+        S[HAA + j] = F0
+    for c in cands:
+        for j in range(LANES):
+            S[ISC + j] = c / S[MXS + j]
+        _pass(S, lo, hi)
+        _consider(S)
+    for _ in range(iters):
+        for j in range(LANES):
+            b = S[BA + j]
+            S[ISC + j] = F1 / (b if b != F0 else F1) if b != F0 else F0
+        _pass(S, lo, hi)
+        _consider(S)
+    for j in range(LANES):
+        z = S[ZR + j] != F0
+        S[AA + j] = F0 if z else S[BA + j]
+        S[HAA + j] = F0 if z else S[HAA + j]
+    # ---- step 2 (sym_k.super_search): (a) screening
+    top = S[AA]
+    ta = abs(top)
+    for j in range(1, LANES):
+        a = abs(S[AA + j])
+        if a > ta:
+            ta = a
+            top = S[AA + j]
+    best_p = INF
+    dh = 0x7C00
+    d = F0
+    for k in range(divs.shape[0]):
+        ch, c = _fp16_scale(top / (-divs[k]), e)
+        P = F0
+        for j in range(LANES):
+            a = S[AA + j]
+            s = _rc(a / (c if c != F0 else F1), slo, shi) if c != F0 else F0
+            da = c * s - a
+            P += S[HAA + j] * (da * da)
+        if (ch & 0x7C00) != 0x7C00 and P < best_p:
+            best_p = P
+            dh = ch
+            d = c
+    if not best_p < INF:
         return 1
-    hv = _f16_value(h)
-    if d_real != 0:
-        if hv == 0:
-            over = True
+    # (b) refinement
+    for j in range(LANES):
+        a = S[AA + j]
+        s = _rc(a / (d if d != F0 else F1), slo, shi) if d != F0 else F0
+        S[LS + j] = s
+        S[CLS + j] = s
+        S[DL + j] = d
+    _sub_err(S, lo, hi)
+    for j in range(LANES):
+        S[EE + j] = S[E2 + j]
+    for _ in range(rounds):
+        for t in range(2):
+            delta = FM1 if t == 0 else F1
+            for j in range(LANES):
+                S[CLS + j] = _rc(S[LS + j] + delta, slo, shi)
+            _sub_err(S, lo, hi)
+            for j in range(LANES):
+                bt = S[E2 + j] < S[EE + j]
+                S[EE + j] = S[E2 + j] if bt else S[EE + j]
+                S[LS + j] = S[CLS + j] if bt else S[LS + j]
+        # least-squares d for the fixed codes
+        for j in range(LANES):
+            sc = d * S[LS + j]
+            S[SC + j] = sc
+            S[IV + j] = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
+            S[PAA + j] = F0
+            S[PAX + j] = F0
+        for i in range(16):
+            for j in range(LANES):
+                k = i * LANES + j
+                xv = S[XT + k]
+                L = _rc(xv * S[IV + j], lo, hi)
+                A = S[LS + j] * L
+                wa = S[WT + k] * A
+                S[PAA + j] += wa * A
+                S[PAX + j] += wa * xv
+        saa = F0
+        sax = F0
+        for j in range(LANES):
+            saa += S[PAA + j]
+        for j in range(LANES):
+            sax += S[PAX + j]
+        ok = saa > F0
+        nd = sax / (saa if ok else F1)
+        nh, nd_ = _fp16_scale(nd if ok else F0, e)
+        ok = ok and (nh & 0x7C00) != 0x7C00 and nd_ != F0
+        if not ok:
+            continue
+        for j in range(LANES):
+            S[DL + j] = nd_
+            S[CLS + j] = S[LS + j]
+        _sub_err(S, lo, hi)
+        e1 = F0
+        e2 = F0
+        for j in range(LANES):
+            e1 += S[EE + j]
+        for j in range(LANES):
+            e2 += S[E2 + j]
+        if e2 < e1:
+            d = nd_
+            dh = nh
+            for j in range(LANES):
+                S[EE + j] = S[E2 + j]
         else:
-            over = np.rint(np.float32(128.0) * abs(d_real) / abs(hv)) > 128
-        if over:
-            h = h + 1
-            if (h & 0x7FFF) >= 0x7C00:
-                return 1
-            hv = _f16_value(h)
-    d_eff = np.float32(math.ldexp(np.float64(hv), -e))
-    ok = d_eff != 0 and abs(d_eff) < np.inf
-    for s in range(16):
-        c = _clip_rint(sc[s] / d_eff, -128, 127) if ok else F0
-        dst[192 + s] = np.uint8(np.int32(c) & 255)
-        dsub = d_eff * c
-        for j in range(16):
-            if dsub != 0:
-                q = np.int32(_clip_rint(xn[16 * s + j] / dsub, -32, 31))
-            else:
-                q = 0
-            L[16 * s + j] = np.uint8(q + 32)
+            for j in range(LANES):
+                S[DL + j] = d
+    # ---- final codes
+    for j in range(LANES):
+        sc = d * S[LS + j]
+        iv = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
+        for i in range(16):
+            codes[j * 16 + i] = _rc(S[XT + i * LANES + j] * iv, lo, hi)
+    gi[0] = dh
+    return flag
+
+
+@njit(inline="always", **_J)
+def _put16(dst, p, h):
+    dst[p] = np.uint8(h & 255)
+    dst[p + 1] = np.uint8((h >> 8) & 255)
+
+
+@njit(**_J)
+def _pack(kind, codes, S, dh, dst):
+    if kind == 0:                       # Q3_K: hmask[32] qs[64] scales[12] d
+        for l in range(32):
+            v = 0
+            for b in range(8):
+                v |= ((np.int64(codes[b * 32 + l]) + 4) >> 2 & 1) << b
+            dst[l] = np.uint8(v)
+        for h in range(2):
+            for l in range(32):
+                v = 0
+                for s in range(4):
+                    v |= ((np.int64(codes[h * 128 + s * 32 + l]) + 4) & 3) << (2 * s)
+                dst[32 + h * 32 + l] = np.uint8(v)
+        for j in range(8):
+            a = np.int64(S[LS + j]) + 32
+            b = np.int64(S[LS + j + 8]) + 32
+            dst[96 + j] = np.uint8((a & 15) | ((b & 15) << 4))
+        for k in range(4):
+            v = 0
+            for g in range(4):
+                v |= ((np.int64(S[LS + 4 * g + k]) + 32) >> 4 & 3) << (2 * g)
+            dst[104 + k] = np.uint8(v)
+        _put16(dst, 108, dh)
+        return
+    # Q6_K: ql[128] qh[64] scales[16] d
     for hh in range(2):
         for l in range(32):
             b = hh * 128 + l
-            dst[hh * 64 + l] = np.uint8((L[b] & 15) | ((L[b + 64] & 15) << 4))
-            dst[hh * 64 + 32 + l] = np.uint8((L[b + 32] & 15) | ((L[b + 96] & 15) << 4))
-            dst[128 + hh * 32 + l] = np.uint8((L[b] >> 4) | ((L[b + 32] >> 4) << 2)
-                                              | ((L[b + 64] >> 4) << 4) | ((L[b + 96] >> 4) << 6))
-    dst[208] = np.uint8(h & 255)
-    dst[209] = np.uint8((h >> 8) & 255)
-    return 0
-
+            c0 = np.int64(codes[b]) + 32
+            c1 = np.int64(codes[b + 32]) + 32
+            c2 = np.int64(codes[b + 64]) + 32
+            c3 = np.int64(codes[b + 96]) + 32
+            dst[hh * 64 + l] = np.uint8((c0 & 15) | ((c2 & 15) << 4))
+            dst[hh * 64 + 32 + l] = np.uint8((c1 & 15) | ((c3 & 15) << 4))
+            dst[128 + hh * 32 + l] = np.uint8((c0 >> 4) | ((c1 >> 4) << 2) | ((c2 >> 4) << 4)
+                                              | ((c3 >> 4) << 6))
+    for j in range(16):
+        dst[192 + j] = np.uint8(np.int64(S[LS + j]) & 255)
+    _put16(dst, 208, dh)
 
 
 @njit(**_P)
-def q6k_encode(w, blocks, flags):
-    """Q6_K blocks of w (rows, cols), cols a multiple of 256; flags as the module says."""
+def sym_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, flags):
+    """Q3_K (kind 0) or Q6_K (kind 1) blocks of w (rows, cols % 256 == 0).
+
+    qw: importance (rows or 1, cols) when `weighted` (row r of w uses qw's row r, or row 0),
+    finite and >= 0. blocks: uint8 (rows, cols/256 * bytes per block). flags: uint8 (rows,),
+    see the module docstring."""
     rows, cols = w.shape
-    nb = cols // 256
+    nbk = cols // 256
+    if kind == 0:
+        nmax, levels, bpb = 4, 32, 110
+    else:
+        nmax, levels, bpb = 32, 128, 210
     nch = min(rows, 256)
     for ch in prange(nch):
-        xn = np.empty(256, np.float32)
-        sc = np.empty(16, np.float32)
-        L = np.empty(256, np.uint8)
+        S = np.zeros(SBUF, np.float32)
+        gi = np.zeros(2, np.int64)
+        codes = np.zeros(256, np.float32)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             row = w[r]
             f = 0
-            for j in range(cols):
-                if not abs(row[j]) < np.inf:
+            for c in range(cols):
+                v = row[c]
+                if not (v == v and abs(v) < np.inf):
                     f = 2
                     break
             if f == 0:
-                for b in range(nb):
-                    f |= _enc_q6k(row[b * 256:b * 256 + 256], xn, sc, L,
-                                  blocks[r, b * 210:b * 210 + 210])
+                for b in range(nbk):
+                    xa = row[b * 256:(b + 1) * 256]
+                    qa = qw[r if qw.shape[0] > 1 else 0, b * 256:(b + 1) * 256] if weighted else xa
+                    fb = _block(S, xa, qa, weighted, nmax, levels, cands, divs, iters, rounds,
+                                codes, gi)
+                    if fb:
+                        f |= fb
+                        break
+                    _pack(kind, codes, S, gi[0], blocks[r, b * bpb:(b + 1) * bpb])
             flags[r] = f
