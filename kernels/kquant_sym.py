@@ -23,8 +23,8 @@ from numba import njit, prange
 
 from .cpu_common import _f32_to_f16_bits
 
-_J = dict(cache=True, nogil=True)
-_P = dict(cache=True, nogil=True, parallel=True)
+_J = dict(cache=True, nogil=True, error_model="numpy")
+_P = dict(cache=True, nogil=True, parallel=True, error_model="numpy")
 
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
@@ -126,6 +126,23 @@ def _sub_err(S, lo, hi):
 
 
 @njit(**_J)
+def _candidates(S, cands, iters, lo, hi):
+    """Step 1's candidate and refit passes on all lanes (kept out of _block: on its own the
+    pass loop vectorizes fully)."""
+    for c in cands:
+        for j in range(LANES):
+            S[ISC + j] = c / S[MXS + j]
+        _pass(S, lo, hi)
+        _consider(S)
+    for _ in range(iters):
+        for j in range(LANES):
+            b = S[BA + j]
+            S[ISC + j] = F1 / (b if b != F0 else F1) if b != F0 else F0
+        _pass(S, lo, hi)
+        _consider(S)
+
+
+@njit(**_J)
 def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, gi):
     """Search one super-block x (256 float32; q its importance). Returns the flag; gi[0]
     the float16 bits of d; S[LS + j] the sub-block codes, codes[256] the weight codes."""
@@ -179,17 +196,7 @@ def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, g
         S[BS + j] = FM1
         S[BA + j] = F0
         S[HAA + j] = F0
-    for c in cands:
-        for j in range(LANES):
-            S[ISC + j] = c / S[MXS + j]
-        _pass(S, lo, hi)
-        _consider(S)
-    for _ in range(iters):
-        for j in range(LANES):
-            b = S[BA + j]
-            S[ISC + j] = F1 / (b if b != F0 else F1) if b != F0 else F0
-        _pass(S, lo, hi)
-        _consider(S)
+    _candidates(S, cands, iters, lo, hi)
     for j in range(LANES):
         z = S[ZR + j] != F0
         S[AA + j] = F0 if z else S[BA + j]
