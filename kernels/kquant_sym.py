@@ -152,20 +152,37 @@ def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, g
     shi = np.float32(levels - 1)
     # ---- normalize (common.pow2_normalize)
     flag = 0
+    # transpose first; the block max is the max of the lane maxima (the same value)
+    for i in range(16):
+        for j in range(LANES):
+            S[XT + i * LANES + j] = x[j * 16 + i]
+    if weighted:
+        for i in range(16):
+            for j in range(LANES):
+                S[WT + i * LANES + j] = q[j * 16 + i]
+    else:
+        for k in range(256):
+            S[WT + k] = F1
+    for j in range(LANES):
+        S[PAX + j] = F0
+    for i in range(16):
+        for j in range(LANES):
+            a = abs(S[XT + i * LANES + j])
+            S[PAX + j] = a if a > S[PAX + j] else S[PAX + j]
     amax = F0
-    for k in range(256):
-        a = abs(x[k])
-        amax = a if a > amax else amax
+    for j in range(LANES):
+        amax = S[PAX + j] if S[PAX + j] > amax else amax
     tiny32 = amax < EPS32
     if tiny32 != (np.float64(amax) < 1e-15):
         return 4
     e = 0 if tiny32 else math.frexp(np.float64(amax))[1]
     p = F0 if tiny32 else np.float32(math.ldexp(1.0, -e))
-    for j in range(LANES):
-        for i in range(16):
-            v = x[j * 16 + i] * p
-            S[XT + i * LANES + j] = v if not tiny32 else F0
-            S[WT + i * LANES + j] = q[j * 16 + i] if weighted else F1
+    if tiny32:
+        for k in range(256):
+            S[XT + k] = F0
+    else:
+        for k in range(256):
+            S[XT + k] = S[XT + k] * p
     if weighted:
         for j in range(LANES):
             S[PAA + j] = F0
@@ -295,9 +312,10 @@ def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, g
     # ---- final codes
     for j in range(LANES):
         sc = d * S[LS + j]
-        iv = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
-        for i in range(16):
-            codes[j * 16 + i] = _rc(S[XT + i * LANES + j] * iv, lo, hi)
+        S[IV + j] = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
+    for i in range(16):
+        for j in range(LANES):
+            codes[j * 16 + i] = _rc(S[XT + i * LANES + j] * S[IV + j], lo, hi)
     gi[0] = dh
     return flag
 

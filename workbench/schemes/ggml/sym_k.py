@@ -71,10 +71,10 @@ def _cands(nmax, ts):
 # integer offsets, mostly coarser steps than the range mapping (the refit re-centres them);
 # Q3_K wants candidates that clip the largest weight hard (offset +4: the largest weight at
 # code -8 before the clip), which matters most with an imatrix. More candidates or rounds
-# gain < 0.5 % in error for twice the time.
-Q6_K_PARAMS = SymKParams(32, 128, _cands(32, (-8, -4, -2, -1, 0, 1)), 2,
+# gain < 0.5 % in error for twice the time; a second refit round gains nothing.
+Q6_K_PARAMS = SymKParams(32, 128, _cands(32, (-8, -4, -2, -1, 0, 1)), 1,
                          (128.0, 127.5, 127.0, 126.5), 1)
-Q3_K_PARAMS = SymKParams(4, 32, _cands(4, (0, 1, 2, 4)), 2, (32.0, 31.5, 31.0, 30.5), 1)
+Q3_K_PARAMS = SymKParams(4, 32, _cands(4, (0, 1, 2, 4)), 1, (32.0, 31.5, 31.0, 30.5), 1)
 
 
 def _rc(v, nmax):
