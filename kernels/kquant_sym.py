@@ -127,8 +127,8 @@ def _sub_err(S, lo, hi):
 
 @njit(**_J)
 def _candidates(S, cands, iters, lo, hi):
-    """Step 1's candidate and refit passes on all lanes (kept out of _block: on its own the
-    pass loop vectorizes fully)."""
+    """Step 1's candidate and refit passes on all lanes (in a function of its own: that way
+    the pass loops vectorize fully)."""
     for c in cands:
         for j in range(LANES):
             S[ISC + j] = c / S[MXS + j]
@@ -140,6 +140,77 @@ def _candidates(S, cands, iters, lo, hi):
             S[ISC + j] = F1 / (b if b != F0 else F1) if b != F0 else F0
         _pass(S, lo, hi)
         _consider(S)
+
+
+@njit(**_J)
+def _refine(S, d, dh, e, rounds, lo, hi, slo, shi):
+    """Step 2b: +-1 on each sub-block scale code, then the least-squares super-scale."""
+    for j in range(LANES):
+        a = S[AA + j]
+        s = _rc(a / (d if d != F0 else F1), slo, shi) if d != F0 else F0
+        S[LS + j] = s
+        S[CLS + j] = s
+        S[DL + j] = d
+    _sub_err(S, lo, hi)
+    for j in range(LANES):
+        S[EE + j] = S[E2 + j]
+    for _ in range(rounds):
+        for t in range(2):
+            delta = FM1 if t == 0 else F1
+            for j in range(LANES):
+                S[CLS + j] = _rc(S[LS + j] + delta, slo, shi)
+            _sub_err(S, lo, hi)
+            for j in range(LANES):
+                bt = S[E2 + j] < S[EE + j]
+                S[EE + j] = S[E2 + j] if bt else S[EE + j]
+                S[LS + j] = S[CLS + j] if bt else S[LS + j]
+        # least-squares d for the fixed codes
+        for j in range(LANES):
+            sc = d * S[LS + j]
+            S[SC + j] = sc
+            S[IV + j] = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
+            S[PAA + j] = F0
+            S[PAX + j] = F0
+        for i in range(16):
+            for j in range(LANES):
+                k = i * LANES + j
+                xv = S[XT + k]
+                L = _rc(xv * S[IV + j], lo, hi)
+                A = S[LS + j] * L
+                wa = S[WT + k] * A
+                S[PAA + j] += wa * A
+                S[PAX + j] += wa * xv
+        saa = F0
+        sax = F0
+        for j in range(LANES):
+            saa += S[PAA + j]
+        for j in range(LANES):
+            sax += S[PAX + j]
+        ok = saa > F0
+        nd = sax / (saa if ok else F1)
+        nh, nd_ = _fp16_scale(nd if ok else F0, e)
+        ok = ok and (nh & 0x7C00) != 0x7C00 and nd_ != F0
+        if not ok:
+            continue
+        for j in range(LANES):
+            S[DL + j] = nd_
+            S[CLS + j] = S[LS + j]
+        _sub_err(S, lo, hi)
+        e1 = F0
+        e2 = F0
+        for j in range(LANES):
+            e1 += S[EE + j]
+        for j in range(LANES):
+            e2 += S[E2 + j]
+        if e2 < e1:
+            d = nd_
+            dh = nh
+            for j in range(LANES):
+                S[EE + j] = S[E2 + j]
+        else:
+            for j in range(LANES):
+                S[DL + j] = d
+    return d, dh
 
 
 @njit(**_J)
@@ -244,71 +315,7 @@ def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, g
     if not best_p < INF:
         return 1
     # (b) refinement
-    for j in range(LANES):
-        a = S[AA + j]
-        s = _rc(a / (d if d != F0 else F1), slo, shi) if d != F0 else F0
-        S[LS + j] = s
-        S[CLS + j] = s
-        S[DL + j] = d
-    _sub_err(S, lo, hi)
-    for j in range(LANES):
-        S[EE + j] = S[E2 + j]
-    for _ in range(rounds):
-        for t in range(2):
-            delta = FM1 if t == 0 else F1
-            for j in range(LANES):
-                S[CLS + j] = _rc(S[LS + j] + delta, slo, shi)
-            _sub_err(S, lo, hi)
-            for j in range(LANES):
-                bt = S[E2 + j] < S[EE + j]
-                S[EE + j] = S[E2 + j] if bt else S[EE + j]
-                S[LS + j] = S[CLS + j] if bt else S[LS + j]
-        # least-squares d for the fixed codes
-        for j in range(LANES):
-            sc = d * S[LS + j]
-            S[SC + j] = sc
-            S[IV + j] = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
-            S[PAA + j] = F0
-            S[PAX + j] = F0
-        for i in range(16):
-            for j in range(LANES):
-                k = i * LANES + j
-                xv = S[XT + k]
-                L = _rc(xv * S[IV + j], lo, hi)
-                A = S[LS + j] * L
-                wa = S[WT + k] * A
-                S[PAA + j] += wa * A
-                S[PAX + j] += wa * xv
-        saa = F0
-        sax = F0
-        for j in range(LANES):
-            saa += S[PAA + j]
-        for j in range(LANES):
-            sax += S[PAX + j]
-        ok = saa > F0
-        nd = sax / (saa if ok else F1)
-        nh, nd_ = _fp16_scale(nd if ok else F0, e)
-        ok = ok and (nh & 0x7C00) != 0x7C00 and nd_ != F0
-        if not ok:
-            continue
-        for j in range(LANES):
-            S[DL + j] = nd_
-            S[CLS + j] = S[LS + j]
-        _sub_err(S, lo, hi)
-        e1 = F0
-        e2 = F0
-        for j in range(LANES):
-            e1 += S[EE + j]
-        for j in range(LANES):
-            e2 += S[E2 + j]
-        if e2 < e1:
-            d = nd_
-            dh = nh
-            for j in range(LANES):
-                S[EE + j] = S[E2 + j]
-        else:
-            for j in range(LANES):
-                S[DL + j] = d
+    d, dh = _refine(S, d, dh, e, rounds, lo, hi, slo, shi)
     # ---- final codes
     for j in range(LANES):
         sc = d * S[LS + j]
