@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schemes.ggml import kcommon as kc
-from ..schemes.ggml.common import pow2_normalize, to_fp16
+from ..schemes.ggml.common import to_fp16
 from ..schemes.ggml.search import affine_search, symmetric_search
 
 F = np.float32
