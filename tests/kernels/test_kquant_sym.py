@@ -167,3 +167,18 @@ def test_search_beats_one_pass_scales(name):
     y0 = np.ldexp(dl[..., None] * L, e[:, None, None]).reshape(x.shape)
     err, err0 = float(((y - x) ** 2).sum()), float(((y0 - x) ** 2).sum())
     assert err < 0.99 * err0
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_kernel_bit_identical_on_minilm(minilm, name):
+    """Real weights (MiniLM FFN-down rows of 1536 = 6 super-blocks), plain and weighted by a
+    per-column importance of the spread an imatrix has."""
+    w = np.ascontiguousarray(minilm.read_matrix("encoder.layer.1.output.dense.weight")[:48],
+                             np.float32)
+    blocks, flags = _kernel(name, w)
+    assert not flags.any()
+    assert np.array_equal(blocks, _ref(name, w))
+    qw = np.exp(np.random.default_rng(2).normal(0, 1.5, w.shape[1])).astype(np.float32)
+    blocks, flags = _kernel(name, w, qw[None])
+    assert not flags.any()
+    assert np.array_equal(blocks, _ref(name, w, qw))
