@@ -40,9 +40,9 @@ KINDS = {"Q3_K": 0, "Q6_K": 1}
 LANES = 16
 XT, WT, WX = 0, 256, 512
 _R = 768
-(MXS, ZR, ISC, S2, S3, BS, BA, HAA, AA, LS, CLS, SC, IV, EE, E2, PAA, PAX, DL) = \
-    [_R + 16 * k for k in range(18)]
-SBUF = _R + 16 * 19
+(MXS, ZR, ISC, S2, S3, BS, BA, HAA, AA, LS, CLS, SC, IV, EE, E2, PAA, PAX, DL, ISC2, T2,
+ T3, CL3, E3, SC0, IV0, SC3, IV3) = [_R + 16 * k for k in range(27)]
+SBUF = _R + 16 * 28
 
 
 @njit(inline="always", **_J)
@@ -81,10 +81,10 @@ def _fp16_scale(v, e):
 
 
 @njit(inline="always", **_J)
-def _consider(S):
+def _consider(S, s2, s3):
     for j in range(LANES):
-        sl2 = S[S2 + j]
-        sxl = S[S3 + j]
+        sl2 = S[s2 + j]
+        sxl = S[s3 + j]
         ok = sl2 > F0
         a = sxl / (sl2 if ok else F1)
         score = a * sxl
@@ -109,6 +109,65 @@ def _pass(S, lo, hi):
 
 
 @njit(inline="always", **_J)
+def _pass2(S, lo, hi):
+    """_pass for two candidates at once (ISC -> S2/S3, ISC2 -> T2/T3): four independent
+    accumulator chains instead of two."""
+    for j in range(LANES):
+        S[S2 + j] = F0
+        S[S3 + j] = F0
+        S[T2 + j] = F0
+        S[T3 + j] = F0
+    for i in range(16):
+        for j in range(LANES):
+            k = i * LANES + j
+            x = S[XT + k]
+            w = S[WT + k]
+            wx = S[WX + k]
+            L = _rc(x * S[ISC + j], lo, hi)
+            M = _rc(x * S[ISC2 + j], lo, hi)
+            S[S3 + j] += wx * L
+            S[S2 + j] += (w * L) * L
+            S[T3 + j] += wx * M
+            S[T2 + j] += (w * M) * M
+
+
+@njit(inline="always", **_J)
+def _iv(sc):
+    return F1 / (sc if sc != F0 else F1) if sc != F0 else F0
+
+
+@njit(inline="always", **_J)
+def _err3(S, lo, hi):
+    """_sub_err for three scale codes at once (three independent chains): LS -> EE,
+    CLS -> E2, CL3 -> E3, all with the super-scale DL."""
+    for j in range(LANES):
+        d = S[DL + j]
+        a = d * S[LS + j]
+        b = d * S[CLS + j]
+        c = d * S[CL3 + j]
+        S[SC0 + j] = a
+        S[SC + j] = b
+        S[SC3 + j] = c
+        S[IV0 + j] = _iv(a)
+        S[IV + j] = _iv(b)
+        S[IV3 + j] = _iv(c)
+        S[EE + j] = F0
+        S[E2 + j] = F0
+        S[E3 + j] = F0
+    for i in range(16):
+        for j in range(LANES):
+            k = i * LANES + j
+            x = S[XT + k]
+            w = S[WT + k]
+            r = x - S[SC0 + j] * _rc(x * S[IV0 + j], lo, hi)
+            S[EE + j] += w * (r * r)
+            r = x - S[SC + j] * _rc(x * S[IV + j], lo, hi)
+            S[E2 + j] += w * (r * r)
+            r = x - S[SC3 + j] * _rc(x * S[IV3 + j], lo, hi)
+            S[E3 + j] += w * (r * r)
+
+
+@njit(inline="always", **_J)
 def _sub_err(S, lo, hi):
     """E2[j] = weighted squared error of lane j with codes re-rounded for DL * CLS."""
     for j in range(LANES):
@@ -129,17 +188,27 @@ def _sub_err(S, lo, hi):
 def _candidates(S, cands, iters, lo, hi):
     """Step 1's candidate and refit passes on all lanes (in a function of its own: that way
     the pass loops vectorize fully)."""
-    for c in cands:
+    nc = cands.shape[0]
+    for t in range(0, nc - 1, 2):
+        c = cands[t]
+        c2 = cands[t + 1]
         for j in range(LANES):
             S[ISC + j] = c / S[MXS + j]
+            S[ISC2 + j] = c2 / S[MXS + j]
+        _pass2(S, lo, hi)
+        _consider(S, S2, S3)
+        _consider(S, T2, T3)
+    if nc % 2:
+        for j in range(LANES):
+            S[ISC + j] = cands[nc - 1] / S[MXS + j]
         _pass(S, lo, hi)
-        _consider(S)
+        _consider(S, S2, S3)
     for _ in range(iters):
         for j in range(LANES):
             b = S[BA + j]
             S[ISC + j] = F1 / (b if b != F0 else F1) if b != F0 else F0
         _pass(S, lo, hi)
-        _consider(S)
+        _consider(S, S2, S3)
 
 
 @njit(**_J)
@@ -149,21 +218,20 @@ def _refine(S, d, dh, e, rounds, lo, hi, slo, shi):
         a = S[AA + j]
         s = _rc(a / (d if d != F0 else F1), slo, shi) if d != F0 else F0
         S[LS + j] = s
-        S[CLS + j] = s
         S[DL + j] = d
-    _sub_err(S, lo, hi)
-    for j in range(LANES):
-        S[EE + j] = S[E2 + j]
     for _ in range(rounds):
-        for t in range(2):
-            delta = FM1 if t == 0 else F1
-            for j in range(LANES):
-                S[CLS + j] = _rc(S[LS + j] + delta, slo, shi)
-            _sub_err(S, lo, hi)
-            for j in range(LANES):
-                bt = S[E2 + j] < S[EE + j]
-                S[EE + j] = S[E2 + j] if bt else S[EE + j]
-                S[LS + j] = S[CLS + j] if bt else S[LS + j]
+        # the errors of s, s - 1 and s + 1 in one pass (EE of s equals the carried one: the
+        # same formula). Where s - 1 wins, the reference's next try (s - 1) + 1 is s again,
+        # which cannot win: so s + 1 is tried only where s - 1 lost.
+        for j in range(LANES):
+            S[CLS + j] = _rc(S[LS + j] + FM1, slo, shi)
+            S[CL3 + j] = _rc(S[LS + j] + F1, slo, shi)
+        _err3(S, lo, hi)
+        for j in range(LANES):
+            bt = S[E2 + j] < S[EE + j]
+            b3 = (not bt) & (S[E3 + j] < S[EE + j])
+            S[LS + j] = S[CLS + j] if bt else (S[CL3 + j] if b3 else S[LS + j])
+            S[EE + j] = S[E2 + j] if bt else (S[E3 + j] if b3 else S[EE + j])
         # least-squares d for the fixed codes
         for j in range(LANES):
             sc = d * S[LS + j]
