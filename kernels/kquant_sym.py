@@ -21,7 +21,6 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .cpu_common import _f32_to_f16_bits
 
 _J = dict(cache=True, nogil=True, error_model="numpy")
 _P = dict(cache=True, nogil=True, parallel=True, error_model="numpy")
@@ -74,9 +73,25 @@ def _ldexp32(v, e):
 
 
 @njit(inline="always", **_J)
+def _f16_bits(x):
+    """float16 bits of float32 x, nearest even, overflow -> Inf (cpu_common._f32_to_f16_bits,
+    in float64 arithmetic: every step exact but the one rint)."""
+    a = abs(np.float64(x))
+    sign = 0x8000 if math.copysign(1.0, x) < 0 else 0
+    if a != a:
+        return 0x7E00 | sign
+    if a >= 65520.0:
+        return 0x7C00 | sign
+    if a < 6.103515625e-05:                     # 2**-14: float16 subnormals, step 2**-24
+        return np.int64(np.rint(a * 16777216.0)) | sign
+    m, ex = math.frexp(a)                       # a = m * 2**ex, m in [0.5, 1)
+    return (((ex + 14) << 10) + np.int64(np.rint(m * 2048.0)) - 1024) | sign
+
+
+@njit(inline="always", **_J)
 def _fp16_scale(v, e):
     """(float16 bits of v * 2**e, that float16's value * 2**-e as float32)."""
-    h = _f32_to_f16_bits(_ldexp32(v, e))
+    h = _f16_bits(_ldexp32(v, e))
     return h, _ldexp32(_f16_to_f32(h), -e)
 
 
@@ -281,16 +296,14 @@ def _refine(S, d, dh, e, rounds, lo, hi, slo, shi):
     return d, dh
 
 
+NOPE = -100000        # _prep: the block max is at the all-zero threshold (flag 4)
+
+
 @njit(**_J)
-def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, gi):
-    """Search one super-block x (256 float32; q its importance). Returns the flag; gi[0]
-    the float16 bits of d; S[LS + j] the sub-block codes, codes[256] the weight codes."""
-    lo = np.float32(-nmax)
-    hi = np.float32(nmax - 1)
-    slo = np.float32(-levels)
-    shi = np.float32(levels - 1)
+def _prep(S, x, q, weighted):
+    """Normalize and transpose a super-block into S, find each lane's largest weight;
+    returns the exponent e (NOPE: the reference decides)."""
     # ---- normalize (common.pow2_normalize)
-    flag = 0
     # transpose first; the block max is the max of the lane maxima (the same value)
     for i in range(16):
         for j in range(LANES):
@@ -313,7 +326,7 @@ def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, g
         amax = S[PAX + j] if S[PAX + j] > amax else amax
     tiny32 = amax < EPS32
     if tiny32 != (np.float64(amax) < 1e-15):
-        return 4
+        return NOPE
     e = 0 if tiny32 else math.frexp(np.float64(amax))[1]
     p = F0 if tiny32 else np.float32(math.ldexp(1.0, -e))
     if tiny32:
@@ -352,6 +365,32 @@ def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, g
         S[BS + j] = FM1
         S[BA + j] = F0
         S[HAA + j] = F0
+    return e
+
+
+@njit(**_J)
+def _final(S, d, lo, hi, codes):
+    """The weight codes for the stored scales."""
+    for j in range(LANES):
+        sc = d * S[LS + j]
+        S[IV + j] = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
+    for i in range(16):
+        for j in range(LANES):
+            codes[j * 16 + i] = _rc(S[XT + i * LANES + j] * S[IV + j], lo, hi)
+
+
+@njit(**_J)
+def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, gi):
+    """Search one super-block x (256 float32; q its importance). Returns the flag; gi[0]
+    the float16 bits of d; S[LS + j] the sub-block codes, codes[256] the weight codes."""
+    lo = np.float32(-nmax)
+    hi = np.float32(nmax - 1)
+    slo = np.float32(-levels)
+    shi = np.float32(levels - 1)
+    flag = 0
+    e = _prep(S, x, q, weighted)
+    if e == NOPE:
+        return 4
     _candidates(S, cands, iters, lo, hi)
     for j in range(LANES):
         z = S[ZR + j] != F0
@@ -384,13 +423,7 @@ def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, g
         return 1
     # (b) refinement
     d, dh = _refine(S, d, dh, e, rounds, lo, hi, slo, shi)
-    # ---- final codes
-    for j in range(LANES):
-        sc = d * S[LS + j]
-        S[IV + j] = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
-    for i in range(16):
-        for j in range(LANES):
-            codes[j * 16 + i] = _rc(S[XT + i * LANES + j] * S[IV + j], lo, hi)
+    _final(S, d, lo, hi, codes)
     gi[0] = dh
     return flag
 
