@@ -182,3 +182,32 @@ def test_kernel_bit_identical_on_minilm(minilm, name):
     blocks, flags = _kernel(name, w, qw[None])
     assert not flags.any()
     assert np.array_equal(blocks, _ref(name, w, qw))
+
+
+def test_float16_rounding_matches_numpy():
+    """The kernel's float16 rounding of the scales (kquant_sym._f16_bits) against numpy's
+    float32 -> float16 cast: every float16 value, the ties half an ulp either side, their
+    float32 neighbours, random float32 bit patterns and wide-range values."""
+    from numba import njit
+
+    from kernels.kquant_sym import _f16_bits
+
+    @njit
+    def conv(a, out):
+        for i in range(a.shape[0]):
+            out[i] = _f16_bits(a[i])
+
+    rng = np.random.default_rng(0)
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    h = h[np.isfinite(h)].astype(np.float32)
+    rnd = rng.integers(0, 2 ** 32, 300_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    wide = (rng.standard_normal(300_000) * np.exp(rng.uniform(-25, 12, 300_000))).astype(np.float32)
+    x = np.concatenate([h, h * np.float32(1 + 2 ** -11), h * np.float32(1 - 2 ** -12),
+                        np.nextafter(h, np.float32(np.inf)), np.nextafter(h, np.float32(-np.inf)),
+                        rnd[np.isfinite(rnd)], wide,
+                        np.array([65519.996, 65520, -65520, np.inf, -np.inf, -0.0], np.float32)])
+    with np.errstate(over="ignore"):
+        ref = x.astype(np.float16).view(np.uint16).astype(np.int64)
+    out = np.empty(x.shape[0], np.int64)
+    conv(x, out)
+    assert np.array_equal(out, ref)
