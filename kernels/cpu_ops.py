@@ -270,6 +270,7 @@ def sym_k_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
     importance (rows or 1, cols), finite and >= 0. None: the kernel declines (the reference
     decides); NonFinite when w2d holds NaN/Inf and check_finite."""
     from . import kquant_sym as ks
+    w2d = np.ascontiguousarray(w2d, np.float32)
     rows, cols = w2d.shape
     cands, divs, iters, rounds = spec.search
     blocks = np.empty((rows, (cols // 256) * spec.bpb), np.uint8)

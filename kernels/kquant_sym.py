@@ -485,6 +485,7 @@ def sym_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, flag
     see the module docstring."""
     rows, cols = w.shape
     nbk = cols // 256
+    wi = w.view(np.uint32)
     if kind == 0:
         nmax, levels, bpb = 4, 32, 110
     else:
@@ -496,12 +497,11 @@ def sym_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, flag
         codes = np.zeros(256, np.float32)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             row = w[r]
-            f = 0
-            for c in range(cols):
-                v = row[c]
-                if not (v == v and abs(v) < np.inf):
-                    f = 2
-                    break
+            bits = wi[r]
+            nf = 0
+            for c in range(cols):               # NaN/Inf: exponent bits all set (vectorizes)
+                nf |= np.int64((bits[c] & 0x7F800000) == 0x7F800000)
+            f = 2 if nf else 0
             if f == 0:
                 for b in range(nbk):
                     xa = row[b * 256:(b + 1) * 256]
