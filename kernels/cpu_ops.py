@@ -247,11 +247,10 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
         flags = np.empty(rows, np.uint8)
         if spec.ggml_id in (0, 4):
             _k().ggml_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb, blocks, flags)
+        elif spec.search and spec.ggml_name in ("Q3_K", "Q6_K"):
+            return sym_k_blocks(spec, w2d, None, check_finite)
         elif spec.search:
             return affine_k_blocks(spec, w2d, None, check_finite)
-        elif spec.ggml_name == "Q6_K":
-            from . import kquant_sym
-            kquant_sym.q6k_encode(w2d, blocks, flags)
         else:
             from . import ggml_legacy_quant
             ggml_legacy_quant.legacy_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb,
@@ -263,6 +262,31 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
             return None        # a float16 field overflows, or a block the reference decides
         return {"blocks": blocks}
     raise ValueError(f"no quantize kernel for {spec.name}")
+
+
+def sym_k_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
+                 check_finite: bool = True) -> dict | None:
+    """Q3_K/Q6_K blocks of w2d (rows, cols % 256 == 0) by kernels/kquant_sym.py; qw: optional
+    importance (rows or 1, cols), finite and >= 0. None: the kernel declines (the reference
+    decides); NonFinite when w2d holds NaN/Inf and check_finite."""
+    from . import kquant_sym as ks
+    w2d = np.ascontiguousarray(w2d, np.float32)
+    rows, cols = w2d.shape
+    cands, divs, iters, rounds = spec.search
+    blocks = np.empty((rows, (cols // 256) * spec.bpb), np.uint8)
+    flags = np.empty(rows, np.uint8)
+    weighted = qw is not None
+    q = (np.ascontiguousarray(qw, np.float32).reshape(-1, cols) if weighted
+         else np.ones((1, 1), np.float32))
+    with _threads(w2d.size):
+        ks.sym_k_encode(w2d, q, weighted, ks.KINDS[spec.ggml_name], np.array(cands, np.float32),
+                        np.array(divs, np.float32), iters, rounds, blocks, flags)
+    f = int(np.bitwise_or.reduce(flags)) if rows else 0
+    if f & 2:
+        return _nonfinite_found(w2d, check_finite)
+    if f & 5:
+        return None
+    return {"blocks": blocks}
 
 
 def affine_k_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,

@@ -1,10 +1,17 @@
-"""numba quantize kernel for Q6_K (256-weight super-blocks, sixteen 16-weight sub-blocks),
-bit-identical to ``workbench.schemes.ggml.q6_k`` (float32 operation for operation, sums in
-index order, no FMA contraction).
+"""numba quantize kernels for Q3_K and Q6_K, bit-identical to the numpy reference
+``workbench.schemes.ggml.sym_k`` (the same float32 operations in the same order, no FMA
+contraction, every sum in index order).
 
-``q6k_encode`` flags per row: 1 the float16 super-scale overflows (the reference decides),
-2 NaN/Inf in the row. Any flag sends the whole tensor to the numpy reference.
-Plain arrays in, bytes out: imports nothing from ``workbench``; releases the GIL.
+Plain arrays in, bytes out; imports nothing from ``workbench``. The search parameters
+(candidate steps, super-scale divisors, rounds) come from the caller as arrays/ints.
+
+Speed: a super-block is held transposed (weight i of sub-block j at i*16 + j), so every loop
+of the search runs across the 16 sub-blocks with a per-lane accumulator: the sums stay in
+index order per sub-block, as in the reference, and the loops vectorize 16 wide.
+
+``sym_k_encode`` flags per row: 1 the float16 super-scale overflows (the reference refuses
+the tensor), 2 NaN/Inf in the row, 4 a block max at the 1e-15 all-zero threshold (the
+reference decides). Any flag sends the whole tensor to the numpy reference.
 """
 
 from __future__ import annotations
@@ -14,163 +21,495 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .cpu_common import _f32_to_f16_bits
 
-_J = dict(cache=True, nogil=True)
-_P = dict(cache=True, nogil=True, parallel=True)
+_J = dict(cache=True, nogil=True, error_model="numpy")
+_P = dict(cache=True, nogil=True, parallel=True, error_model="numpy")
+
 F0 = np.float32(0.0)
-EPS = np.float32(1e-15)          # GROUP_EPS of the reference, compared in float32
-#: candidate inverse-scale numerators -(32 + 0.1 k), k = -9..9 (float64 -> float32, as numpy)
-Q6K_STEPS = np.array([-(32 + 0.1 * k) for k in range(-9, 10)], np.float32)
+F1 = np.float32(1.0)
+FM1 = np.float32(-1.0)
+INF = np.float32(np.inf)
+MAGIC = np.float32(12582912.0)      # 1.5 * 2**23: (v + MAGIC) - MAGIC == rint(v) for |v| < 2**22
+EPS32 = np.float32(1e-15)           # common.GROUP_EPS as numpy compares it
+SUB_EPS = np.float32(1e-30)         # sym_k.SUB_EPS
+
+#: kind of ``sym_k_encode``
+KINDS = {"Q3_K": 0, "Q6_K": 1}
+
+LANES = 16
+XT, WT, WX = 0, 256, 512
+_R = 768
+(MXS, ZR, ISC, S2, S3, BS, BA, HAA, AA, LS, CLS, SC, IV, EE, E2, PAA, PAX, DL, ISC2, T2,
+ T3, CL3, E3, SC0, IV0, SC3, IV3) = [_R + 16 * k for k in range(27)]
+SBUF = _R + 16 * 28
 
 
 @njit(inline="always", **_J)
-def _clip_rint(v, lo, hi):
-    q = np.rint(v)
-    if q < lo:
-        q = np.float32(lo)
-    if q > hi:
-        q = np.float32(hi)
-    return q
+def _rc(v, lo, hi):
+    """clip(rint(v), lo, hi); NaN -> lo, -0 -> +0 (sym_k._rc)."""
+    q = (v + MAGIC) - MAGIC
+    q = q if q > lo else lo
+    return q if q < hi else hi
 
 
 @njit(inline="always", **_J)
-def _f16_value(h):
-    """float32 value of float16 bits h (exact)."""
-    s = -1.0 if (h >> 15) & 1 else 1.0
+def _f16_to_f32(h):
+    s = (h >> 15) & 1
     e = (h >> 10) & 31
     m = h & 1023
     if e == 0:
-        return np.float32(s * m * 2.0 ** -24)
-    if e == 31:
-        return np.float32(s * np.inf) if m == 0 else np.float32(np.nan)
-    return np.float32(s * (1024 + m) * 2.0 ** (e - 25))
+        v = np.float64(m) * 2.0 ** -24
+    elif e == 31:
+        v = np.inf if m == 0 else np.nan
+    else:
+        v = np.float64(m + 1024) * 2.0 ** (e - 25)
+    return np.float32(-v if s else v)
 
 
 @njit(inline="always", **_J)
-def _sym_search(x, o, n, nmax, steps):
-    """Least-squares scale of the best candidate codes for x[o:o+n] (weights x^2)."""
-    mx = x[o]
-    am = abs(mx)
-    for j in range(1, n):
-        a = abs(x[o + j])
-        if a > am:
-            am = a
-            mx = x[o + j]
-    if am < EPS:
-        return F0
-    best_scale = F0
-    best_score = np.float32(-np.inf)
-    for k in range(steps.shape[0]):
-        iscale = steps[k] / mx
-        sxl = F0
-        sl2 = F0
-        for j in range(n):
-            v = x[o + j]
-            L = _clip_rint(iscale * v, -nmax, nmax - 1)
-            wl = (v * v) * L
-            if j == 0:
-                sxl = wl * v
-                sl2 = wl * L
-            else:
-                sxl = sxl + wl * v
-                sl2 = sl2 + wl * L
-        if sl2 > 0:
-            scale = sxl / sl2
-            score = scale * sxl
-            if score > best_score:
-                best_score = score
-                best_scale = scale
-    if best_score == -np.inf:
-        best_scale = -mx / np.float32(nmax)
-    return best_scale
+def _ldexp32(v, e):
+    """float32 v * 2**e, rounded once (numpy's ldexp on float32)."""
+    return np.float32(np.float64(v) * math.ldexp(1.0, e))
+
+
+@njit(inline="always", **_J)
+def _f16_bits(x):
+    """float16 bits of float32 x, nearest even, overflow -> Inf (cpu_common._f32_to_f16_bits,
+    in float64 arithmetic: every step exact but the one rint)."""
+    a = abs(np.float64(x))
+    sign = 0x8000 if math.copysign(1.0, x) < 0 else 0
+    if a != a:
+        return 0x7E00 | sign
+    if a >= 65520.0:
+        return 0x7C00 | sign
+    if a < 6.103515625e-05:                     # 2**-14: float16 subnormals, step 2**-24
+        return np.int64(np.rint(a * 16777216.0)) | sign
+    m, ex = math.frexp(a)                       # a = m * 2**ex, m in [0.5, 1)
+    return (((ex + 14) << 10) + np.int64(np.rint(m * 2048.0)) - 1024) | sign
+
+
+@njit(inline="always", **_J)
+def _fp16_scale(v, e):
+    """(float16 bits of v * 2**e, that float16's value * 2**-e as float32)."""
+    h = _f16_bits(_ldexp32(v, e))
+    return h, _ldexp32(_f16_to_f32(h), -e)
+
+
+@njit(inline="always", **_J)
+def _consider(S, s2, s3):
+    for j in range(LANES):
+        sl2 = S[s2 + j]
+        sxl = S[s3 + j]
+        ok = sl2 > F0
+        a = sxl / (sl2 if ok else F1)
+        score = a * sxl
+        bt = ok & (score > S[BS + j])
+        S[BS + j] = score if bt else S[BS + j]
+        S[BA + j] = a if bt else S[BA + j]
+        S[HAA + j] = sl2 if bt else S[HAA + j]
+
+
+@njit(inline="always", **_J)
+def _pass(S, lo, hi):
+    """S2/S3 of the codes clip(rint(x * ISC)) on all lanes."""
+    for j in range(LANES):
+        S[S2 + j] = F0
+        S[S3 + j] = F0
+    for i in range(16):
+        for j in range(LANES):
+            k = i * LANES + j
+            L = _rc(S[XT + k] * S[ISC + j], lo, hi)
+            S[S3 + j] += S[WX + k] * L
+            S[S2 + j] += (S[WT + k] * L) * L
+
+
+@njit(inline="always", **_J)
+def _pass2(S, lo, hi):
+    """_pass for two candidates at once (ISC -> S2/S3, ISC2 -> T2/T3): four independent
+    accumulator chains instead of two."""
+    for j in range(LANES):
+        S[S2 + j] = F0
+        S[S3 + j] = F0
+        S[T2 + j] = F0
+        S[T3 + j] = F0
+    for i in range(16):
+        for j in range(LANES):
+            k = i * LANES + j
+            x = S[XT + k]
+            w = S[WT + k]
+            wx = S[WX + k]
+            L = _rc(x * S[ISC + j], lo, hi)
+            M = _rc(x * S[ISC2 + j], lo, hi)
+            S[S3 + j] += wx * L
+            S[S2 + j] += (w * L) * L
+            S[T3 + j] += wx * M
+            S[T2 + j] += (w * M) * M
+
+
+@njit(inline="always", **_J)
+def _iv(sc):
+    return F1 / (sc if sc != F0 else F1) if sc != F0 else F0
+
+
+@njit(inline="always", **_J)
+def _err3(S, lo, hi):
+    """_sub_err for three scale codes at once (three independent chains): LS -> EE,
+    CLS -> E2, CL3 -> E3, all with the super-scale DL."""
+    for j in range(LANES):
+        d = S[DL + j]
+        a = d * S[LS + j]
+        b = d * S[CLS + j]
+        c = d * S[CL3 + j]
+        S[SC0 + j] = a
+        S[SC + j] = b
+        S[SC3 + j] = c
+        S[IV0 + j] = _iv(a)
+        S[IV + j] = _iv(b)
+        S[IV3 + j] = _iv(c)
+        S[EE + j] = F0
+        S[E2 + j] = F0
+        S[E3 + j] = F0
+    for i in range(16):
+        for j in range(LANES):
+            k = i * LANES + j
+            x = S[XT + k]
+            w = S[WT + k]
+            r = x - S[SC0 + j] * _rc(x * S[IV0 + j], lo, hi)
+            S[EE + j] += w * (r * r)
+            r = x - S[SC + j] * _rc(x * S[IV + j], lo, hi)
+            S[E2 + j] += w * (r * r)
+            r = x - S[SC3 + j] * _rc(x * S[IV3 + j], lo, hi)
+            S[E3 + j] += w * (r * r)
+
+
+@njit(inline="always", **_J)
+def _sub_err(S, lo, hi):
+    """E2[j] = weighted squared error of lane j with codes re-rounded for DL * CLS."""
+    for j in range(LANES):
+        sc = S[DL + j] * S[CLS + j]
+        S[SC + j] = sc
+        S[IV + j] = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
+        S[E2 + j] = F0
+    for i in range(16):
+        for j in range(LANES):
+            k = i * LANES + j
+            x = S[XT + k]
+            L = _rc(x * S[IV + j], lo, hi)
+            r = x - S[SC + j] * L
+            S[E2 + j] += S[WT + k] * (r * r)
 
 
 @njit(**_J)
-def _enc_q6k(x, xn, sc, L, dst):
-    """One 256-weight block x -> 210 bytes in dst; returns the flag (1: fp16 overflow)."""
-    amax = F0
-    for j in range(256):
-        a = abs(x[j])
-        if a > amax:
-            amax = a
-    if amax < EPS:
-        e = 0
-        for j in range(256):
-            xn[j] = F0
-    else:
-        e = math.frexp(np.float64(amax))[1]
-        for j in range(256):
-            xn[j] = np.float32(math.ldexp(np.float64(x[j]), -e))
-    for s in range(16):
-        sc[s] = _sym_search(xn, 16 * s, 16, 32, Q6K_STEPS)
-    top = sc[0]
-    at = abs(top)
-    for s in range(1, 16):
-        a = abs(sc[s])
-        if a > at:
-            at = a
-            top = sc[s]
-    d = top / np.float32(-128.0)
-    d_real = np.float32(math.ldexp(np.float64(d), e))
-    h = _f32_to_f16_bits(d_real)
-    if (h & 0x7FFF) >= 0x7C00:
-        return 1
-    hv = _f16_value(h)
-    if d_real != 0:
-        if hv == 0:
-            over = True
+def _candidates(S, cands, iters, lo, hi):
+    """Step 1's candidate and refit passes on all lanes (in a function of its own: that way
+    the pass loops vectorize fully)."""
+    nc = cands.shape[0]
+    for t in range(0, nc - 1, 2):
+        c = cands[t]
+        c2 = cands[t + 1]
+        for j in range(LANES):
+            S[ISC + j] = c / S[MXS + j]
+            S[ISC2 + j] = c2 / S[MXS + j]
+        _pass2(S, lo, hi)
+        _consider(S, S2, S3)
+        _consider(S, T2, T3)
+    if nc % 2:
+        for j in range(LANES):
+            S[ISC + j] = cands[nc - 1] / S[MXS + j]
+        _pass(S, lo, hi)
+        _consider(S, S2, S3)
+    for _ in range(iters):
+        for j in range(LANES):
+            b = S[BA + j]
+            S[ISC + j] = F1 / (b if b != F0 else F1) if b != F0 else F0
+        _pass(S, lo, hi)
+        _consider(S, S2, S3)
+
+
+@njit(**_J)
+def _refine(S, d, dh, e, rounds, lo, hi, slo, shi):
+    """Step 2b: +-1 on each sub-block scale code, then the least-squares super-scale."""
+    for j in range(LANES):
+        a = S[AA + j]
+        s = _rc(a / (d if d != F0 else F1), slo, shi) if d != F0 else F0
+        S[LS + j] = s
+        S[DL + j] = d
+    for _ in range(rounds):
+        # the errors of s, s - 1 and s + 1 in one pass (EE of s equals the carried one: the
+        # same formula). Where s - 1 wins, the reference's next try (s - 1) + 1 is s again,
+        # which cannot win: so s + 1 is tried only where s - 1 lost.
+        for j in range(LANES):
+            S[CLS + j] = _rc(S[LS + j] + FM1, slo, shi)
+            S[CL3 + j] = _rc(S[LS + j] + F1, slo, shi)
+        _err3(S, lo, hi)
+        for j in range(LANES):
+            bt = S[E2 + j] < S[EE + j]
+            b3 = (not bt) & (S[E3 + j] < S[EE + j])
+            S[LS + j] = S[CLS + j] if bt else (S[CL3 + j] if b3 else S[LS + j])
+            S[EE + j] = S[E2 + j] if bt else (S[E3 + j] if b3 else S[EE + j])
+        # least-squares d for the fixed codes
+        for j in range(LANES):
+            sc = d * S[LS + j]
+            S[SC + j] = sc
+            S[IV + j] = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
+            S[PAA + j] = F0
+            S[PAX + j] = F0
+        for i in range(16):
+            for j in range(LANES):
+                k = i * LANES + j
+                xv = S[XT + k]
+                L = _rc(xv * S[IV + j], lo, hi)
+                A = S[LS + j] * L
+                wa = S[WT + k] * A
+                S[PAA + j] += wa * A
+                S[PAX + j] += wa * xv
+        saa = F0
+        sax = F0
+        for j in range(LANES):
+            saa += S[PAA + j]
+        for j in range(LANES):
+            sax += S[PAX + j]
+        ok = saa > F0
+        nd = sax / (saa if ok else F1)
+        nh, nd_ = _fp16_scale(nd if ok else F0, e)
+        ok = ok and (nh & 0x7C00) != 0x7C00 and nd_ != F0
+        if not ok:
+            continue
+        for j in range(LANES):
+            S[DL + j] = nd_
+            S[CLS + j] = S[LS + j]
+        _sub_err(S, lo, hi)
+        e1 = F0
+        e2 = F0
+        for j in range(LANES):
+            e1 += S[EE + j]
+        for j in range(LANES):
+            e2 += S[E2 + j]
+        if e2 < e1:
+            d = nd_
+            dh = nh
+            for j in range(LANES):
+                S[EE + j] = S[E2 + j]
         else:
-            over = np.rint(np.float32(128.0) * abs(d_real) / abs(hv)) > 128
-        if over:
-            h = h + 1
-            if (h & 0x7FFF) >= 0x7C00:
-                return 1
-            hv = _f16_value(h)
-    d_eff = np.float32(math.ldexp(np.float64(hv), -e))
-    ok = d_eff != 0 and abs(d_eff) < np.inf
-    for s in range(16):
-        c = _clip_rint(sc[s] / d_eff, -128, 127) if ok else F0
-        dst[192 + s] = np.uint8(np.int32(c) & 255)
-        dsub = d_eff * c
-        for j in range(16):
-            if dsub != 0:
-                q = np.int32(_clip_rint(xn[16 * s + j] / dsub, -32, 31))
-            else:
-                q = 0
-            L[16 * s + j] = np.uint8(q + 32)
+            for j in range(LANES):
+                S[DL + j] = d
+    return d, dh
+
+
+NOPE = -100000        # _prep: the block max is at the all-zero threshold (flag 4)
+
+
+@njit(**_J)
+def _prep(S, x, q, weighted):
+    """Normalize and transpose a super-block into S, find each lane's largest weight;
+    returns the exponent e (NOPE: the reference decides)."""
+    # ---- normalize (common.pow2_normalize)
+    # transpose first; the block max is the max of the lane maxima (the same value)
+    for i in range(16):
+        for j in range(LANES):
+            S[XT + i * LANES + j] = x[j * 16 + i]
+    if weighted:
+        for i in range(16):
+            for j in range(LANES):
+                S[WT + i * LANES + j] = q[j * 16 + i]
+    else:
+        for k in range(256):
+            S[WT + k] = F1
+    for j in range(LANES):
+        S[PAX + j] = F0
+    for i in range(16):
+        for j in range(LANES):
+            a = abs(S[XT + i * LANES + j])
+            S[PAX + j] = a if a > S[PAX + j] else S[PAX + j]
+    amax = F0
+    for j in range(LANES):
+        amax = S[PAX + j] if S[PAX + j] > amax else amax
+    tiny32 = amax < EPS32
+    if tiny32 != (np.float64(amax) < 1e-15):
+        return NOPE
+    e = 0 if tiny32 else math.frexp(np.float64(amax))[1]
+    p = F0 if tiny32 else np.float32(math.ldexp(1.0, -e))
+    if tiny32:
+        for k in range(256):
+            S[XT + k] = F0
+    else:
+        for k in range(256):
+            S[XT + k] = S[XT + k] * p
+    if weighted:
+        for j in range(LANES):
+            S[PAA + j] = F0
+        for i in range(16):
+            for j in range(LANES):
+                S[PAA + j] += S[WT + i * LANES + j]
+        for i in range(16):
+            for j in range(LANES):
+                k = WT + i * LANES + j
+                S[k] = S[k] if S[PAA + j] > F0 else F1
+    for k in range(256):
+        S[WX + k] = S[WT + k] * S[XT + k]
+    # ---- step 1 (sym_k.sub_search)
+    for j in range(LANES):
+        S[MXS + j] = S[XT + j]
+        S[PAX + j] = abs(S[XT + j])
+    for i in range(1, 16):
+        for j in range(LANES):
+            v = S[XT + i * LANES + j]
+            a = abs(v)
+            bt = a > S[PAX + j]
+            S[MXS + j] = v if bt else S[MXS + j]
+            S[PAX + j] = a if bt else S[PAX + j]
+    for j in range(LANES):
+        z = not (S[PAX + j] >= SUB_EPS)
+        S[ZR + j] = F1 if z else F0
+        S[MXS + j] = F1 if z else S[MXS + j]
+        S[BS + j] = FM1
+        S[BA + j] = F0
+        S[HAA + j] = F0
+    return e
+
+
+@njit(**_J)
+def _final(S, d, lo, hi, codes):
+    """The weight codes for the stored scales."""
+    for j in range(LANES):
+        sc = d * S[LS + j]
+        S[IV + j] = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
+    for i in range(16):
+        for j in range(LANES):
+            codes[j * 16 + i] = _rc(S[XT + i * LANES + j] * S[IV + j], lo, hi)
+
+
+@njit(**_J)
+def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, gi):
+    """Search one super-block x (256 float32; q its importance). Returns the flag; gi[0]
+    the float16 bits of d; S[LS + j] the sub-block codes, codes[256] the weight codes."""
+    lo = np.float32(-nmax)
+    hi = np.float32(nmax - 1)
+    slo = np.float32(-levels)
+    shi = np.float32(levels - 1)
+    flag = 0
+    e = _prep(S, x, q, weighted)
+    if e == NOPE:
+        return 4
+    _candidates(S, cands, iters, lo, hi)
+    for j in range(LANES):
+        z = S[ZR + j] != F0
+        S[AA + j] = F0 if z else S[BA + j]
+        S[HAA + j] = F0 if z else S[HAA + j]
+    # ---- step 2 (sym_k.super_search): (a) screening
+    top = S[AA]
+    ta = abs(top)
+    for j in range(1, LANES):
+        a = abs(S[AA + j])
+        if a > ta:
+            ta = a
+            top = S[AA + j]
+    best_p = INF
+    dh = 0x7C00
+    d = F0
+    for k in range(divs.shape[0]):
+        ch, c = _fp16_scale(top / (-divs[k]), e)
+        P = F0
+        for j in range(LANES):
+            a = S[AA + j]
+            s = _rc(a / (c if c != F0 else F1), slo, shi) if c != F0 else F0
+            da = c * s - a
+            P += S[HAA + j] * (da * da)
+        if (ch & 0x7C00) != 0x7C00 and P < best_p:
+            best_p = P
+            dh = ch
+            d = c
+    if not best_p < INF:
+        return 1
+    # (b) refinement
+    d, dh = _refine(S, d, dh, e, rounds, lo, hi, slo, shi)
+    _final(S, d, lo, hi, codes)
+    gi[0] = dh
+    return flag
+
+
+@njit(inline="always", **_J)
+def _put16(dst, p, h):
+    dst[p] = np.uint8(h & 255)
+    dst[p + 1] = np.uint8((h >> 8) & 255)
+
+
+@njit(**_J)
+def _pack(kind, codes, S, dh, dst):
+    if kind == 0:                       # Q3_K: hmask[32] qs[64] scales[12] d
+        for l in range(32):
+            v = 0
+            for b in range(8):
+                v |= ((np.int64(codes[b * 32 + l]) + 4) >> 2 & 1) << b
+            dst[l] = np.uint8(v)
+        for h in range(2):
+            for l in range(32):
+                v = 0
+                for s in range(4):
+                    v |= ((np.int64(codes[h * 128 + s * 32 + l]) + 4) & 3) << (2 * s)
+                dst[32 + h * 32 + l] = np.uint8(v)
+        for j in range(8):
+            a = np.int64(S[LS + j]) + 32
+            b = np.int64(S[LS + j + 8]) + 32
+            dst[96 + j] = np.uint8((a & 15) | ((b & 15) << 4))
+        for k in range(4):
+            v = 0
+            for g in range(4):
+                v |= ((np.int64(S[LS + 4 * g + k]) + 32) >> 4 & 3) << (2 * g)
+            dst[104 + k] = np.uint8(v)
+        _put16(dst, 108, dh)
+        return
+    # Q6_K: ql[128] qh[64] scales[16] d
     for hh in range(2):
         for l in range(32):
             b = hh * 128 + l
-            dst[hh * 64 + l] = np.uint8((L[b] & 15) | ((L[b + 64] & 15) << 4))
-            dst[hh * 64 + 32 + l] = np.uint8((L[b + 32] & 15) | ((L[b + 96] & 15) << 4))
-            dst[128 + hh * 32 + l] = np.uint8((L[b] >> 4) | ((L[b + 32] >> 4) << 2)
-                                              | ((L[b + 64] >> 4) << 4) | ((L[b + 96] >> 4) << 6))
-    dst[208] = np.uint8(h & 255)
-    dst[209] = np.uint8((h >> 8) & 255)
-    return 0
-
+            c0 = np.int64(codes[b]) + 32
+            c1 = np.int64(codes[b + 32]) + 32
+            c2 = np.int64(codes[b + 64]) + 32
+            c3 = np.int64(codes[b + 96]) + 32
+            dst[hh * 64 + l] = np.uint8((c0 & 15) | ((c2 & 15) << 4))
+            dst[hh * 64 + 32 + l] = np.uint8((c1 & 15) | ((c3 & 15) << 4))
+            dst[128 + hh * 32 + l] = np.uint8((c0 >> 4) | ((c1 >> 4) << 2) | ((c2 >> 4) << 4)
+                                              | ((c3 >> 4) << 6))
+    for j in range(16):
+        dst[192 + j] = np.uint8(np.int64(S[LS + j]) & 255)
+    _put16(dst, 208, dh)
 
 
 @njit(**_P)
-def q6k_encode(w, blocks, flags):
-    """Q6_K blocks of w (rows, cols), cols a multiple of 256; flags as the module says."""
+def sym_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, flags):
+    """Q3_K (kind 0) or Q6_K (kind 1) blocks of w (rows, cols % 256 == 0).
+
+    qw: importance (rows or 1, cols) when `weighted` (row r of w uses qw's row r, or row 0),
+    finite and >= 0. blocks: uint8 (rows, cols/256 * bytes per block). flags: uint8 (rows,),
+    see the module docstring."""
     rows, cols = w.shape
-    nb = cols // 256
+    nbk = cols // 256
+    wi = w.view(np.uint32)
+    if kind == 0:
+        nmax, levels, bpb = 4, 32, 110
+    else:
+        nmax, levels, bpb = 32, 128, 210
     nch = min(rows, 256)
     for ch in prange(nch):
-        xn = np.empty(256, np.float32)
-        sc = np.empty(16, np.float32)
-        L = np.empty(256, np.uint8)
+        S = np.zeros(SBUF, np.float32)
+        gi = np.zeros(2, np.int64)
+        codes = np.zeros(256, np.float32)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             row = w[r]
-            f = 0
-            for j in range(cols):
-                if not abs(row[j]) < np.inf:
-                    f = 2
-                    break
+            bits = wi[r]
+            nf = 0
+            for c in range(cols):               # NaN/Inf: exponent bits all set (vectorizes)
+                nf |= np.int64((bits[c] & 0x7F800000) == 0x7F800000)
+            f = 2 if nf else 0
             if f == 0:
-                for b in range(nb):
-                    f |= _enc_q6k(row[b * 256:b * 256 + 256], xn, sc, L,
-                                  blocks[r, b * 210:b * 210 + 210])
+                for b in range(nbk):
+                    xa = row[b * 256:(b + 1) * 256]
+                    qa = qw[r if qw.shape[0] > 1 else 0, b * 256:(b + 1) * 256] if weighted else xa
+                    fb = _block(S, xa, qa, weighted, nmax, levels, cands, divs, iters, rounds,
+                                codes, gi)
+                    if fb:
+                        f |= fb
+                        break
+                    _pack(kind, codes, S, gi[0], blocks[r, b * bpb:(b + 1) * bpb])
             flags[r] = f

@@ -33,9 +33,10 @@ GGML_TYPES = {
 }
 #: GGML types with a quantize kernel (bit-identical to gguf-py / llama.cpp reference)
 GGML_QUANT = ("Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1")
-#: GGML types with a quantize kernel bit-identical to the project's own (searching) reference
-#: in workbench.schemes.ggml (not to llama.cpp's bytes): kernels/kquant_sym.py
-GGML_QUANT_SEARCH = ("Q6_K",)
+#: GGML types whose quantize kernel runs the project's own symmetric searching quantizer,
+#: bit-identical to its numpy reference (kernels/kquant_sym.py; the layout carries the search
+#: parameters, as for GGML_QUANT_AFFINE_K)
+GGML_QUANT_SYM_K = ("Q3_K", "Q6_K")
 #: GGML types whose quantize kernel runs the project's own searching quantizer, bit-identical
 #: to its numpy reference (kernels/kquant_affine.py; the layout carries the search parameters)
 GGML_QUANT_AFFINE_K = ("Q2_K", "Q4_K", "Q5_K")
@@ -88,8 +89,8 @@ def make_spec(layout: dict | None) -> Spec | None:
     """The Spec of a scheme's declared layout (``Scheme.kernel_layout()``); None when no kernel
     covers it. Layout keys by family:
 
-    * ``{"family": "ggml", "ggml_name": "Q4_K"}`` (Q2_K/Q4_K/Q5_K: plus ``"search": {"cands",
-      "divs", "iters", "rounds"}``, the parameters of their searching quantizer)
+    * ``{"family": "ggml", "ggml_name": "Q4_K"}`` (Q2_K/Q3_K/Q4_K/Q5_K/Q6_K: plus ``"search":
+      {"cands", "divs", "iters", "rounds"}``, the parameters of their searching quantizer)
     * ``{"family": "affine", "quant": "int", "bits", "offset", "asym", "gran", "qmin", "qmax",
       "scale_f16", "clip", "pot"}`` (gran: "tensor" | "row" | group size)
     * ``{"family": "affine", "quant": "fp8", "values": <256-code decode table>, "fmax"}``
@@ -105,9 +106,9 @@ def make_spec(layout: dict | None) -> Spec | None:
         if g not in GGML_TYPES:
             return None
         tid, qk, bpb = GGML_TYPES[g]
-        quant = "ggml" if g in GGML_QUANT + GGML_QUANT_SEARCH else None
+        quant = "ggml" if g in GGML_QUANT else None
         search = ()
-        if g in GGML_QUANT_AFFINE_K and layout.get("search"):
+        if g in GGML_QUANT_AFFINE_K + GGML_QUANT_SYM_K and layout.get("search"):
             se = layout["search"]
             search = (tuple(float(c) for c in se["cands"]), tuple(float(d) for d in se["divs"]),
                       int(se["iters"]), int(se["rounds"]))

@@ -47,6 +47,10 @@ def test_quality_vs_llama_cpp_reference(weights, tensor, name):
     back = s.dequantize(qt)
     rel = rel_rmse(back, w)
     assert rel <= REF[(tensor, name)] * 1.02, f"{name} on {tensor}: {rel:.5f} vs llama.cpp {REF[(tensor, name)]:.5f}"
+    # Q3_K/Q6_K search their scales against the decoded error (schemes/ggml/sym_k.py): at
+    # least 3 % below llama.cpp's error
+    if name in ("q3_k", "q6_k"):
+        assert rel <= REF[(tensor, name)] * 0.97, f"{name}: {rel:.5f}"
     # the legacy quantizers are byte-exact copies of the reference rules: equal error
     if name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"):
         assert abs(rel - REF[(tensor, name)]) < 2e-5

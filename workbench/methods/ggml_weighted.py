@@ -6,11 +6,11 @@ per-weight importance in the scale/min searches changes: as llama.cpp's
 
     qw[j] * sqrt(sigma2 + x_j^2)
 
-with sigma2 = 2·Σx²/256 for Q3_K, Σx²/256 for Q6_K and Σx²/32 for the 32-weight blocks
-(ggml-quants.c), and the searches are the project's (search.py): weighted least squares for
-each candidate scale. Q2_K/Q4_K/Q5_K instead minimise Σ qw_j (x_j − y_j)² itself (the
-figure ‖XW − XŴ‖² reduces to for uncorrelated inputs) with their own search
-(schemes/ggml/affine_k.py, numba kernel kernels/kquant_affine.py). Types without a weighted path here
+with sigma2 = Σx²/32 for the 32-weight blocks (ggml-quants.c), and the searches are the
+project's (search.py): weighted least squares for each candidate scale. The K-quants instead
+minimise Σ qw_j (x_j − y_j)² itself (the figure ‖XW − XŴ‖² reduces to for uncorrelated
+inputs) with their own searches (Q2_K/Q4_K/Q5_K: schemes/ggml/affine_k.py, numba kernel
+kernels/kquant_affine.py; Q3_K/Q6_K: schemes/ggml/sym_k.py, kernels/kquant_sym.py). Types without a weighted path here
 (Q8_0, IQ4_NL) are refused; llama.cpp ignores the imatrix for Q8_0 too.
 
 ``weighted_encode(scheme, x, qw)``: x float32 (n_blocks, QK), qw (n_blocks, QK) -> packed
@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schemes.ggml import kcommon as kc
-from ..schemes.ggml.common import pow2_normalize, to_fp16
+from ..schemes.ggml.common import to_fp16
 from ..schemes.ggml.search import affine_search, symmetric_search
 
 F = np.float32
@@ -89,43 +88,22 @@ def _affine_k(scheme, x, qw):
     return scheme.encode(x, qw)
 
 
-def _q3_k(scheme, x, qw):
-    from ..schemes.ggml.q3_k import pack_scales_q3
-    nb = x.shape[0]
-    xn, e = pow2_normalize(x)
-    sub = kc.sub_blocks(xn, 16)
-    scale, _ = symmetric_search(sub, _llama_weights(xn, qw, 16, 2.0), 4, range(-9, 10), refine=2)
-    d16, d_eff, codes = kc.super_scale_codes(scale.reshape(nb, 16), e, 32, signed=True)
-    L = kc.requantize(xn.reshape(nb, 16, 16), d_eff[:, None] * codes.astype(F), -4, 3,
-                      empty=0).reshape(nb, 256) + 4
-    out = np.empty(nb, scheme.block_dtype)
-    out["hmask"] = kc.pack_high_bits(L, 2)
-    out["qs"] = kc.pack_2bit(L & 3)
-    out["scales"] = pack_scales_q3(codes + 32)
-    out["d"] = d16
-    return out
-
-
-def _q6_k(scheme, x, qw):
-    nb = x.shape[0]
-    xn, e = pow2_normalize(x)
-    sub = kc.sub_blocks(xn, 16)
-    scale, _ = symmetric_search(sub, _llama_weights(xn, qw, 16, 1.0), 32, range(-9, 10),
-                                refine=1)
-    d16, d_eff, codes = kc.super_scale_codes(scale.reshape(nb, 16), e, 128, signed=True)
-    L = kc.requantize(xn.reshape(nb, 16, 16), d_eff[:, None] * codes.astype(F), -32, 31,
-                      empty=0).reshape(nb, 2, 4, 32).astype(np.uint8) + np.uint8(32)
-    lo = L & np.uint8(15)
-    out = np.empty(nb, scheme.block_dtype)
-    ql = np.concatenate([lo[:, :, 0] | (lo[:, :, 2] << np.uint8(4)),
-                         lo[:, :, 1] | (lo[:, :, 3] << np.uint8(4))], axis=2)
-    out["ql"] = ql.reshape(nb, 128)
-    hi = L >> np.uint8(4)
-    out["qh"] = (hi[:, :, 0] | (hi[:, :, 1] << np.uint8(2)) | (hi[:, :, 2] << np.uint8(4))
-                 | (hi[:, :, 3] << np.uint8(6))).reshape(nb, 64)
-    out["scales"] = codes.astype(np.int8)
-    out["d"] = d16
-    return out
+def _sym_k(scheme, x, qw):
+    """Q3_K/Q6_K: the scheme's own search (schemes/ggml/sym_k.py) minimising the qw-weighted
+    squared error directly, run by the numba kernel kernels/kquant_sym.py when it can
+    (bit-identical), else by the numpy reference."""
+    from .. import accel
+    from kernels import backend
+    spec = accel.spec_for(scheme)
+    if spec is not None and spec.search and backend.resolve("auto") != "numpy":
+        from kernels import cpu_ops
+        try:
+            res = cpu_ops.sym_k_blocks(spec, x, qw)
+        except cpu_ops.NonFinite:
+            res = None
+        if res is not None:
+            return res["blocks"].reshape(-1).view(scheme.block_dtype)
+    return scheme.encode(x, qw)
 
 
 def _encode(scheme, x, qw):
@@ -140,10 +118,8 @@ def _encode(scheme, x, qw):
         return _legacy_affine(scheme, x, qw, 31)
     if n in ("q2_k", "q4_k", "q5_k"):
         return _affine_k(scheme, x, qw)
-    if n == "q3_k":
-        return _q3_k(scheme, x, qw)
-    if n == "q6_k":
-        return _q6_k(scheme, x, qw)
+    if n in ("q3_k", "q6_k"):
+        return _sym_k(scheme, x, qw)
     raise KeyError(n)
 
 

@@ -8,9 +8,9 @@ byte 8 + j%4; stored +32), d (fp16).
 
     w = d * (s_j - 32) * (q - 4)          (q = low | high << 2, in 0..7)
 
-Quantize: per sub-block a symmetric search (weights rms + |w| as for Q4_K, codes -4..3, 19
-candidate scales (4 + 0.1k)/max plus refits); the scale of largest magnitude sets d (/ -32); 6-bit signed
-codes; the weights are re-rounded with the stored scales.
+Quantize: sym_k.encode_sym_k (a searched scale per sub-block, then a search on the stored
+6-bit sub-block scales and the float16 super-scale; plain or importance-weighted squared
+error), see sym_k.py. The numba kernel kernels/kquant_sym.py is bit-identical to it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import gguf
 import numpy as np
 
 from . import kcommon as kc
-from .common import GGMLScheme, block_dtype, fp16_field, pow2_normalize
-from .search import symmetric_search
+from .common import GGMLScheme, block_dtype, fp16_field
+from .sym_k import Q3_K_PARAMS, encode_sym_k
 
 F = np.float32
 
@@ -48,17 +48,16 @@ class Q3_K(GGMLScheme):
     ggml_type = gguf.GGMLQuantizationType.Q3_K
     block_dtype = block_dtype([("hmask", "u1", (32,)), ("qs", "u1", (64,)),
                                ("scales", "u1", (12,)), ("d", "<f2")], 110)
-    steps = range(-9, 10)   # candidate scales (4 + 0.1k) / max
-    refine = 2              # re-round + refit rounds after the candidates
+    params = Q3_K_PARAMS
 
-    def encode(self, x):
+    def kernel_layout(self) -> dict:
+        return dict(super().kernel_layout(), search=self.params.layout())
+
+    def encode(self, x, qw=None):
+        """Blocks of x (nb, 256); qw: optional importance weights of the same shape."""
         nb = x.shape[0]
-        xn, e = pow2_normalize(x)
-        sub = kc.sub_blocks(xn, 16)
-        scale, _ = symmetric_search(sub, kc.k4_weights(sub), 4, self.steps, refine=self.refine)
-        d16, d_eff, codes = kc.super_scale_codes(scale.reshape(nb, 16), e, 32, signed=True)
-        L = kc.requantize(xn.reshape(nb, 16, 16), d_eff[:, None] * codes.astype(F), -4, 3,
-                          empty=0).reshape(nb, 256) + 4
+        d16, codes, L = encode_sym_k(x, self.params, qw)
+        L = L + 4
         out = np.empty(nb, self.block_dtype)
         out["hmask"] = kc.pack_high_bits(L, 2)
         out["qs"] = kc.pack_2bit(L & 3)

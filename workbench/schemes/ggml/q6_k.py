@@ -7,9 +7,9 @@ with bits 4-5 from qh[h*32+l] >> 2k.
 
     w = d * scales_j * (q - 32)            (q in 0..63)
 
-Quantize: per sub-block a symmetric search (weights w^2, codes -32..31, 19 candidate scales
-(32 + 0.1k)/max); the scale of largest magnitude sets d (/ -128); int8 sub-block scales; the
-weights are re-rounded with the stored scales.
+Quantize: sym_k.encode_sym_k (a searched scale per sub-block, then a search on the stored
+int8 sub-block scales and the float16 super-scale; plain or importance-weighted squared
+error), see sym_k.py. The numba kernel kernels/kquant_sym.py is bit-identical to it.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
-from . import kcommon as kc
-from .common import GGMLScheme, block_dtype, fp16_field, pow2_normalize
-from .search import symmetric_search
+from .common import GGMLScheme, block_dtype, fp16_field
+from .sym_k import Q6_K_PARAMS, encode_sym_k
 
 F = np.float32
 
@@ -32,14 +31,16 @@ class Q6_K(GGMLScheme):
     block_dtype = block_dtype([("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16,)),
                                ("d", "<f2")], 210)
 
-    def encode(self, x):
+    params = Q6_K_PARAMS
+
+    def kernel_layout(self) -> dict:
+        return dict(super().kernel_layout(), search=self.params.layout())
+
+    def encode(self, x, qw=None):
+        """Blocks of x (nb, 256); qw: optional importance weights of the same shape."""
         nb = x.shape[0]
-        xn, e = pow2_normalize(x)
-        sub = kc.sub_blocks(xn, 16)
-        scale, _ = symmetric_search(sub, sub * sub, 32, range(-9, 10))
-        d16, d_eff, codes = kc.super_scale_codes(scale.reshape(nb, 16), e, 128, signed=True)
-        L = kc.requantize(xn.reshape(nb, 16, 16), d_eff[:, None] * codes.astype(F), -32, 31,
-                          empty=0).reshape(nb, 2, 4, 32).astype(np.uint8) + np.uint8(32)
+        d16, codes, L = encode_sym_k(x, self.params, qw)
+        L = (L + 32).astype(np.uint8).reshape(nb, 2, 4, 32)
         lo = L & np.uint8(15)
         out = np.empty(nb, self.block_dtype)
         ql = np.concatenate([lo[:, :, 0] | (lo[:, :, 2] << np.uint8(4)),

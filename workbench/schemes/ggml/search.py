@@ -25,8 +25,8 @@ def _wsum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _seqsum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise sum of a*b in index order (float32): the order the numba kernels
-    (kernels/kquant_sym.py) reproduce bit for bit."""
+    """Row-wise sum of a*b in index order (float32), the order a numba kernel can reproduce
+    bit for bit."""
     acc = a[:, 0] * b[:, 0]
     for j in range(1, a.shape[1]):
         acc = acc + a[:, j] * b[:, j]
