@@ -1,4 +1,4 @@
-"""Per-tensor, per-scheme sensitivity: three measures, one table the CLI, GUI and allocator share.
+"""Per-tensor, per-scheme sensitivity: four measures, one table the CLI, GUI and allocator share.
 
 * ``weight``: squared reconstruction error (evaluate's sse).
 * ``activation``: sum_j E[x_j^2] * ||dW[:, j]||^2 with E[x_j^2] from calibration (or an imatrix),

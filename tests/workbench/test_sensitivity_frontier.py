@@ -1,4 +1,4 @@
-"""Sensitivity table (three measures), allocation on it, the frontier, llama.cpp recipes."""
+"""Sensitivity table (four measures), allocation on it, the frontier, llama.cpp recipes."""
 
 from __future__ import annotations
 
