@@ -99,12 +99,13 @@ def table_job(model, schemes, measure: str, calib=None, samples=None, cancelled=
     schemes = list(schemes)
     params = sum(i.numel for i in model.tensors.values())
     t = SensTable(measure, names, schemes, params=params)
-    fn = getattr(S, "sensitivity_table", None)
+    fn = getattr(S, "sensitivity_table_job", None)
     if fn is not None:
-        events = []
-        res = fn(model, schemes, measure=measure, calib=calib if measure != "weight" else None,
-                 samples=samples, progress=events.append,
-                 cancel=(cancelled or (lambda: False)))
+        # the workbench job itself, so its progress reaches the status bar and a cancel stops
+        # it between steps (the generator is closed)
+        res = yield from subjob(fn(model, schemes, measure,
+                                   calib if measure != "weight" else None, None, samples),
+                                0, 60, 100)
         t.err = _table_from_workbench(res, measure, names, schemes)
         yield Progress(60, 100, "sensitivity table")
     else:

@@ -1,10 +1,16 @@
-"""Per-tensor, per-scheme sensitivity: three measures, one table the CLI, GUI and allocator share.
+"""Per-tensor, per-scheme sensitivity: four measures, one table the CLI, GUI and allocator share.
 
 * ``weight``: squared reconstruction error (evaluate's sse).
 * ``activation``: sum_j E[x_j^2] * ||dW[:, j]||^2 with E[x_j^2] from calibration (or an imatrix),
   the quantity llama.cpp's imatrix weights the K-quant search with. Embedding tables (whose input
   is a one-hot token / position / type) are weighted by how often each row is used in the
   calibration samples: sum_t p(t) * ||dW[t, :]||^2, the same per-token output error.
+* ``fisher``: 1/2 sum_ij F_ij * dW_ij^2 with F the diagonal of the output measure's Fisher
+  information per weight, estimated from one calibration pass with random probes (see
+  `fisher_diagonals`): the activation-weighted error with each weight also weighted by how much
+  a change of its output reaches the model's output (E[g_i^2 x_j^2], g the gradient arriving at
+  the layer's output). Its value estimates the ``output`` measure (second order) without running
+  the model once per tensor and scheme.
 * ``output``: the measured change of the model's outputs with only that tensor quantized (all
   others original): mean KL divergence of next-token distributions (causal LM, nats per token) or
   mean 1 - cosine of the mean-pooled sentence embeddings (encoders), over the calibration samples.
@@ -29,7 +35,7 @@ from .errors import WorkbenchError
 from .plan import KEEP
 from .progress import Progress, run as run_job
 
-MEASURES = ("weight", "activation", "output")
+MEASURES = ("weight", "activation", "fisher", "output")
 
 
 # ---- activation statistics -------------------------------------------------------------------
@@ -116,6 +122,122 @@ def activation_errors(model, schemes, moments: dict, usage: dict | None = None,
                 out[(n, s)] = activation_error(model, n, applied, moments[n])
             else:
                 out[(n, s)] = activation_error(model, n, applied, usage[n], rows=True)
+    yield Progress(len(items), len(items), "done")
+    return out
+
+
+# ---- output-gradient-weighted (Fisher) error ----------------------------------------------------
+_FISHER_CACHE: dict[tuple, tuple] = {}
+
+
+def fisher_diagonals(model, calib=None, samples=None, probes: int = 2, max_len: int = 128,
+                     batch_size: int = 8, seed: int = 0):
+    """Job: ({workbench name: F (the tensor's shape, float32)}, count) with F_ij summed over
+    calibration samples (encoders) or next-token positions (causal LMs) and `probes` random
+    probes each, so that 1/2 * sum_ij F_ij dW_ij^2 / count estimates the ``output`` measure of a
+    weight change dW to second order:
+
+    * encoders (1 - cosine of the pooled embedding b): probe v = P z / |b|, z ~ N(0, I), P the
+      projection orthogonal to b; E[(v . db)^2] = |P db|^2 / |b|^2 = 2 (1 - cos) to second order;
+    * causal LMs (KL of next-token distributions): the score of a token y sampled from the
+      model's own distribution, whose covariance is the Fisher information of the logits;
+      E[(d log p(y))^2] = 2 KL to second order.
+
+    The gradients of one batch are summed before squaring: the probes of different samples
+    (positions) are independent with zero mean, so the cross terms vanish in expectation."""
+    import torch
+    from .calibration import batches, calibration_samples
+    from .progress import subjob
+    from .runner import get_runner
+    runner = get_runner(model)
+    data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 5, 100)
+    key = (str(model.path), tuple(map(id, data)), probes, seed)
+    if key in _FISHER_CACHE:
+        return _FISHER_CACHE[key]
+    runner.restore()
+    data = sorted(data, key=len)
+    params = {n: p for n, p in runner.param_for.items()}
+    acc = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
+    gen = torch.Generator().manual_seed(seed)
+    count = 0
+    net = runner.net
+    saved = {n: p.requires_grad for n, p in net.named_parameters()}
+    for p in net.parameters():
+        p.requires_grad_(True)
+    nb = (len(data) + batch_size - 1) // batch_size
+    try:
+        for bi, (ids, mask) in enumerate(batches(data, batch_size)):
+            ids_t, mask_t = torch.from_numpy(ids), torch.from_numpy(mask)
+            for k in range(probes):
+                yield Progress(5 + 95 * (bi * probes + k) / (nb * probes), 100,
+                               "output gradients")
+                net.zero_grad(set_to_none=True)
+                with torch.enable_grad():
+                    if runner.kind == "encoder":
+                        h = net(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
+                        m = mask_t.unsqueeze(-1).to(h.dtype)
+                        b = (h * m).sum(1) / m.sum(1).clamp(min=1)
+                        bd = b.detach()
+                        nrm = bd.norm(dim=1, keepdim=True).clamp(min=1e-30)
+                        u = bd / nrm
+                        z = torch.randn(bd.shape, generator=gen, dtype=bd.dtype)
+                        z = z - (z * u).sum(1, keepdim=True) * u
+                        obj = (b * (z / nrm)).sum()
+                        if k == 0:
+                            count += ids.shape[0]
+                    else:
+                        logits = net(input_ids=ids_t, attention_mask=mask_t).logits.float()
+                        lp = torch.log_softmax(logits[:, :-1], dim=-1)
+                        valid = (mask_t[:, 1:] > 0) & (mask_t[:, :-1] > 0)
+                        y = torch.multinomial(lp.detach().exp().reshape(-1, lp.shape[-1]), 1,
+                                              generator=gen).reshape(lp.shape[:2])
+                        obj = (lp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * valid).sum()
+                        if k == 0:
+                            count += int(valid.sum())
+                    obj.backward()
+                with torch.no_grad():
+                    for n, p in params.items():
+                        if p.grad is not None:
+                            acc[n] += p.grad.float() ** 2
+    finally:
+        net.zero_grad(set_to_none=True)
+        for n, p in net.named_parameters():
+            p.requires_grad_(saved.get(n, False))
+    out = {}
+    for n, a in acc.items():
+        a = a.numpy() / probes
+        shape = tuple(model.info(n).shape)
+        if a.shape != shape and a.ndim == 2 and a.T.shape == shape:   # GPT-2 Conv1D
+            a = a.T
+        out[n] = np.ascontiguousarray(a.reshape(shape), dtype=np.float32)
+    res = (out, count)
+    _FISHER_CACHE.clear()
+    _FISHER_CACHE[key] = res
+    yield Progress(100, 100, "output gradients")
+    return res
+
+
+def fisher_errors(model, schemes, diag: dict, count: int, runtime: str = "any"):
+    """Job: {(name, scheme): 1/2 sum_ij F_ij dW_ij^2 / count} (see `fisher_diagonals`); tensors
+    the network does not read (no gradient) get 0, like the ``output`` measure."""
+    from .runner import dequantized
+    from .runtimes import decide
+    out = {}
+    items = [n for n in model.tensors if model.info(n).ndim >= 2 and model.info(n).is_float]
+    for i, n in enumerate(items):
+        yield Progress(i, len(items), f"sensitivity {n}")
+        info = model.info(n)
+        f = diag.get(n)
+        w = None
+        for s in schemes:
+            applied = decide(info, s, runtime).applied
+            if applied == KEEP or f is None or not f.any():
+                out[(n, s)] = 0.0
+                continue
+            if w is None:
+                w = model.read_matrix(n).reshape(info.shape).astype(np.float32)
+            dw = (dequantized(model, n, applied).reshape(info.shape) - w).astype(np.float64)
+            out[(n, s)] = float(0.5 * np.vdot(f, dw * dw) / max(count, 1))
     yield Progress(len(items), len(items), "done")
     return out
 
@@ -461,6 +583,11 @@ def sensitivity_table_job(model, schemes, measure: str = "weight", calib=None, i
                                    35, 45, 100)
         if mom:
             scale = float(np.mean([np.mean(v) for v in mom.values()]))
+    elif measure == "fisher":
+        diag, count = yield from subjob(fisher_diagonals(model, calib, samples), 0, 40, 100)
+        errors = yield from subjob(fisher_errors(model, cands, diag, count, runtime),
+                                   40, 40, 100)
+        scale = 0.0
     elif measure == "output":
         errors = yield from subjob(output_errors_job(model, cands, calib, samples,
                                                      runtime=runtime), 0, 80, 100)

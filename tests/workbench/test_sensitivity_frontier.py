@@ -1,4 +1,4 @@
-"""Sensitivity table (three measures), allocation on it, the frontier, llama.cpp recipes."""
+"""Sensitivity table (four measures), allocation on it, the frontier, llama.cpp recipes."""
 
 from __future__ import annotations
 
@@ -195,3 +195,18 @@ def test_spearman_and_rank_agreement(demo_table):
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486833)   # ties: mid-ranks
     assert rank_agreement(demo_table, demo_table, "q4_0") == pytest.approx(1.0)
+
+
+def test_fisher_measure_estimates_the_measured_output_change(demo, tmp_path, monkeypatch):
+    """Causal LM: 1/2 sum F dW^2 estimates the measured KL (nats/token) of quantizing one tensor,
+    so it ranks the tensors as the measurement does (weight error does not)."""
+    from workbench.sensitivity import rank_agreement
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    fis = sensitivity_table(demo, ["q3_k"], "fisher", samples=8)
+    out = sensitivity_table(demo, ["q3_k"], "output", samples=8)
+    wt = sensitivity_table(demo, ["q3_k"], "weight")
+    assert rank_agreement(fis, out, "q3_k") > 0.9
+    assert rank_agreement(wt, out, "q3_k") < 0.6
+    for n in out.names:
+        o, f = out.values[(n, "q3_k")], fis.values[(n, "q3_k")]
+        assert o > 0 and 0.33 < f / o < 3.0, n

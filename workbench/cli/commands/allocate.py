@@ -1,5 +1,5 @@
 """`quant-workbench allocate [MODEL] (--budget-bpw X | --budget-bytes N) [--schemes ..]
-[--calib F | --imatrix F] [--measure weight|activation|output] [--samples N] [--target RT]
+[--calib F | --imatrix F] [--measure weight|activation|fisher|output] [--samples N] [--target RT]
 [--pin NAME=SCHEME ..] -o PLAN.json [--json]`."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`quant-workbench sensitivity [MODEL] [--schemes A,B,..] [--calib F | --imatrix F]
-[--measure weight|activation|output] [--samples N] [--target RT] [--correlate] [--json]`."""
+[--measure weight|activation|fisher|output] [--samples N] [--target RT] [--correlate] [--json]`."""
 
 from __future__ import annotations
 
@@ -18,8 +18,11 @@ def add_table_args(p, schemes: str = DEFAULT_SCHEMES) -> None:
                                    "resources/calibration.txt)")
     g.add_argument("--imatrix", help="an imatrix file (llama.cpp GGUF or .dat) for the "
                                      "activation measure")
-    p.add_argument("--measure", default="weight", choices=["weight", "activation", "output"],
+    p.add_argument("--measure", default="weight",
+                   choices=["weight", "activation", "fisher", "output"],
                    help="weight: squared weight error; activation: imatrix-weighted error; "
+                        "fisher: activation- and output-gradient-weighted error (a second-order "
+                        "estimate of the output measure from one calibration pass); "
                         "output: measured KL / 1-cosine with only that tensor quantized")
     p.add_argument("--samples", type=int, default=None, help="use the first N calibration samples")
     p.add_argument("--target", default="any", choices=list(RUNTIMES),
@@ -35,9 +38,9 @@ def parse_schemes(text: str) -> list[str]:
 def table_from_args(args, model, schemes, pins=None, quiet=False, extra=()):
     from ...errors import WorkbenchError
     from ...sensitivity import sensitivity_table_job
-    if args.measure == "output" and args.imatrix:
-        raise WorkbenchError("--measure output runs the calibration inputs: give --calib, "
-                             "not --imatrix")
+    if args.measure in ("output", "fisher") and args.imatrix:
+        raise WorkbenchError(f"--measure {args.measure} runs the calibration inputs: give "
+                             "--calib, not --imatrix")
     return drive(sensitivity_table_job(model, schemes, args.measure, args.calib, args.imatrix,
                                        args.samples, args.target, pins, extra), quiet=quiet)
 
@@ -47,9 +50,9 @@ def register(sub) -> None:
     add_model_arg(p)
     add_table_args(p)
     p.add_argument("--correlate", action="store_true",
-                   help="compute all three measures and report the Spearman rank correlation "
-                        "over tensors of the weight and activation measures against the "
-                        "measured output change, per scheme")
+                   help="compute every measure and report the Spearman rank correlation "
+                        "over tensors of the weight, activation and fisher measures against "
+                        "the measured output change, per scheme")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -58,13 +61,18 @@ def run_correlate(args, model, schemes) -> int:
     import time
     from ...sensitivity import rank_agreement
     tables, secs = {}, {}
-    for m in ("weight", "activation", "output"):
+    preds = ("weight", "activation") if args.imatrix else ("weight", "activation", "fisher")
+    if args.imatrix:
+        from ...errors import WorkbenchError
+        raise WorkbenchError("--correlate runs the calibration inputs: give --calib, "
+                             "not --imatrix")
+    for m in preds + ("output",):
         args.measure = m
         t0 = time.perf_counter()
         tables[m] = table_from_args(args, model, schemes, quiet=args.json)
         secs[m] = time.perf_counter() - t0
-    rho = {s: {m: rank_agreement(tables[m], tables["output"], s)
-               for m in ("weight", "activation")} for s in schemes}
+    rho = {s: {m: rank_agreement(tables[m], tables["output"], s) for m in preds}
+           for s in schemes}
     n = {}
     for s in schemes:
         v = [abs(tables["output"].values[(x, s)]) for x in tables["output"].names]
@@ -76,9 +84,10 @@ def run_correlate(args, model, schemes) -> int:
     print(f"Spearman rank correlation against the measured output change, over tensors "
           f"(target {tables['output'].runtime}; seconds: " +
           ", ".join(f"{m} {v:.1f}" for m, v in secs.items()) + ")")
-    print(f"{'scheme':<8} {'tensors':>7} {'weight':>8} {'activation':>10}")
+    w = max([len(s) for s in schemes] + [6])
+    print(f"{'scheme':<{w}} {'tensors':>7} " + " ".join(f"{m:>10}" for m in preds))
     for s in schemes:
-        print(f"{s:<8} {n[s]:7d} {rho[s]['weight']:8.3f} {rho[s]['activation']:10.3f}")
+        print(f"{s:<{w}} {n[s]:7d} " + " ".join(f"{rho[s][m]:10.3f}" for m in preds))
     return 0
 
 
@@ -97,6 +106,7 @@ def run(args) -> int:
         print_json(d)
         return 0
     unit = {"weight": "squared weight error", "activation": "sum E[x^2] |dW|^2",
+            "fisher": ("KL nats/token" if _is_causal(model) else "1 - cosine") + " (estimated)",
             "output": "KL nats/token" if _is_causal(model) else "1 - cosine"}[args.measure]
     print(f"{args.measure} sensitivity ({unit}), {len(table.names)} tensors, target "
           f"{table.runtime}, {secs:.1f} s; most sensitive first (by the mean over schemes)")
