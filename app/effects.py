@@ -18,6 +18,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from workbench.errors import WorkbenchError
 from workbench.plan import KEEP
 from workbench.progress import Progress, subjob
+from workbench.sensitivity import MEASURES  # weight, activation, fisher, output
 
 from .workers import BACKGROUND, FOREGROUND, INTERACTIVE
 
@@ -25,7 +26,6 @@ DEBOUNCE_MS = 700
 DEFAULT_SAMPLES = 16
 #: candidate schemes of the sensitivity table / allocator (those the registry knows)
 DEFAULT_SCHEMES = ("q4_0", "q5_0", "q8_0", "q3_k", "q4_k", "q5_k", "q6_k")
-MEASURES = ("weight", "activation", "output")
 FRONTIER_POINTS = 12
 
 
@@ -76,53 +76,20 @@ class SensTable:
         return None if v is None or not np.isfinite(v) else float(v)
 
 
-def _table_from_workbench(result, measure, names, schemes) -> dict:
-    """{(name, scheme): float} from whatever workbench.sensitivity.sensitivity_table returns."""
-    if isinstance(result, dict) and all(isinstance(k, tuple) for k in list(result)[:4]):
-        return {k: float(v) for k, v in result.items()}
-    for attr in ("errors", "err", "values", "table"):
-        v = getattr(result, attr, None)
-        if isinstance(v, dict):
-            return _table_from_workbench(v, measure, names, schemes)
-    if isinstance(result, dict):  # {name: {scheme: value}}
-        return {(n, s): float(x) for n, row in result.items() if isinstance(row, dict)
-                for s, x in row.items()}
-    raise WorkbenchError("sensitivity_table returned an unknown shape")
-
-
 def table_job(model, schemes, measure: str, calib=None, samples=None, cancelled=None):
-    """Job: a SensTable. Uses workbench.sensitivity.sensitivity_table when it exists; otherwise
-    weight = evaluate's sse and activation = workbench.sensitivity.activation_errors."""
+    """Job: a SensTable from workbench.sensitivity.sensitivity_table_job (its progress reaches
+    the status bar; a cancel stops it between steps). Sizes are the bytes `evaluate` counts."""
     from workbench import sensitivity as S
     from workbench.evaluate import evaluate_tensor
     names = allocatable(model)
     schemes = list(schemes)
     params = sum(i.numel for i in model.tensors.values())
     t = SensTable(measure, names, schemes, params=params)
-    fn = getattr(S, "sensitivity_table_job", None)
-    if fn is not None:
-        # the workbench job itself, so its progress reaches the status bar and a cancel stops
-        # it between steps (the generator is closed)
-        res = yield from subjob(fn(model, schemes, measure,
-                                   calib if measure != "weight" else None, None, samples),
-                                0, 60, 100)
-        t.err = _table_from_workbench(res, measure, names, schemes)
-        yield Progress(60, 100, "sensitivity table")
-    else:
-        moments = None
-        if measure == "activation":
-            moments = yield from subjob(S.second_moments(model, calib, None, samples), 0, 40, 100)
-        elif measure == "output":
-            raise WorkbenchError("the output measure needs workbench.sensitivity.sensitivity_table "
-                                 "(not in this build); use weight or activation")
-        for i, n in enumerate(names):
-            yield Progress(40 + 60 * i / max(len(names), 1), 100, f"sensitivity: {n}")
-            for s in schemes:
-                r = evaluate_tensor(model, n, s)
-                if measure == "weight":
-                    t.err[(n, s)] = float(r.error.sse)
-                elif n in moments:
-                    t.err[(n, s)] = S.activation_error(model, n, s, moments[n])
+    res = yield from subjob(S.sensitivity_table_job(model, schemes, measure,
+                                                    calib if measure != "weight" else None,
+                                                    None, samples), 0, 60, 100)
+    t.err = {k: float(v) for k, v in res.values.items()}
+    yield Progress(60, 100, "sensitivity table")
     for i, n in enumerate(names):
         if i % 8 == 0:
             yield Progress(60 + 40 * i / max(len(names), 1), 100, f"sizes: {n}")

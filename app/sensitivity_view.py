@@ -19,6 +19,8 @@ from .format import fmt_float
 
 MEASURE_TEXT = {"weight": "weight error (Σ squared reconstruction error)",
                 "activation": "activation-weighted error Σ_j E[x_j²]·‖ΔW[:,j]‖²",
+                "fisher": "output-gradient- and activation-weighted error ½·Σ F·ΔW² (an estimate "
+                          "of the output change from one calibration pass)",
                 "output": "measured output change with only that tensor quantized"}
 
 

@@ -167,6 +167,25 @@ def test_activation_measure_differs_from_weight(make_window, qtbot):
     assert win.settings.value("effects/measure") == "activation"
 
 
+def test_fisher_measure_in_the_window_equals_the_headless_table(make_window, qtbot):
+    from workbench.sensitivity import sensitivity_table
+    win = make_window()
+    fx = win.effects
+    _open_tab(win, qtbot)
+    combo = win.sensitivity_view.measure_combo
+    assert [combo.itemText(i) for i in range(combo.count())] == \
+        ["weight", "activation", "fisher", "output"]
+    combo.setCurrentText("fisher")
+    qtbot.waitUntil(lambda: fx.table("fisher") is not None, timeout=SLOW)
+    f = fx.table("fisher")
+    ref = sensitivity_table(win.doc.model, fx.schemes, "fisher", fx.calib, None, fx.samples)
+    n = "model.layers.1.mlp.down_proj.weight"
+    for s in fx.schemes:
+        assert f.value(n, s) == pytest.approx(ref.value(n, s), rel=1e-9)
+    # the output-change estimate grows as the scheme gets coarser
+    assert f.value(n, "q3_k") > f.value(n, "q8_0") > 0
+
+
 def test_budget_control_applies_one_undoable_edit_within_budget(make_window, qtbot):
     win = make_window()
     fx = win.effects
