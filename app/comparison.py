@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, QTimer
 from PySide6.QtGui import QBrush, QColor
@@ -306,6 +307,17 @@ class ComparisonModel(QAbstractTableModel):
         return None
 
 
+class ScopeProxy(QSortFilterProxyModel):
+    """Sorts; with methods on, shows only the schemes in the methods' scope (their rtn row and
+    a row per method), the set the plot shows."""
+
+    def filterAcceptsRow(self, row, parent) -> bool:
+        m = self.sourceModel()
+        if not m.methods_on:
+            return True
+        return m.rows[row][0] in m.scope
+
+
 class ComparisonView(QWidget):
     def __init__(self, doc, analyzer, push, parent=None):
         super().__init__(parent)
@@ -316,7 +328,7 @@ class ComparisonView(QWidget):
         from .method_compare import CALIBRATED, MethodComparer
         self.comparer = MethodComparer(doc, analyzer.runner, self)
         self.model = ComparisonModel(doc, self.comparer, self)
-        self.proxy = QSortFilterProxyModel(self)
+        self.proxy = ScopeProxy(self)
         self.proxy.setSourceModel(self.model)
         self.proxy.setSortRole(SORT_ROLE)
         self.view = QTableView()
@@ -344,7 +356,7 @@ class ComparisonView(QWidget):
             self.view.setColumnWidth(col, max(fm.horizontalAdvance(sample) + 16, head))
         # with methods on, Method and Out SQNR sit beside the scheme and its weight SQNR
         hdr.moveSection(hdr.visualIndex(C_METHOD), 1)
-        hdr.moveSection(hdr.visualIndex(C_OUT), hdr.visualIndex(C_SQNR) + 1)
+        hdr.moveSection(hdr.visualIndex(C_OUT), hdr.visualIndex(C_SQNR))
         self.view.doubleClicked.connect(self._assign)
         self.view.activated.connect(self._assign)
         from .plots.scheme_points import SchemePointsPlot
@@ -481,6 +493,7 @@ class ComparisonView(QWidget):
         methods = self.selected_methods()
         self.model.set_methods(methods, self._scope(methods))
         self._show_method_columns()
+        self._set_label()
         self.refresh_plot()
         self.run_methods()
 
@@ -509,6 +522,7 @@ class ComparisonView(QWidget):
         scope = self._scope()
         if scope != self.model.scope:
             self.model.set_methods(self.model.methods, scope)
+            self._set_label()
         self.comparer.request(name, self.model.pairs())
 
     def _task_finished(self, task) -> None:
@@ -543,11 +557,23 @@ class ComparisonView(QWidget):
         self._show_method_columns()
         self.refresh_plot()
         if name:
+            self._set_label()
+            if self.isVisible():
+                self.run()
+
+    def _set_label(self) -> None:
+        name = self.model.name
+        if not name:
+            self.label.setText("Select a tensor to compare every scheme that can take it.")
+        elif self.model.methods_on:
+            self.label.setText(
+                f"{name}: {len(self.model.scope)} schemes × rtn, {', '.join(self.model.methods)}"
+                f"; Out SQNR: layer output on {Path(self.comparer.calib()).name}; ◆ Pareto · "
+                "● current · click a point or double-click a row to assign scheme + method")
+        else:
             self.label.setText(f"{name}: all {len(self.model.schemes)} eligible schemes; "
                                "◆ Pareto · ● current · double-click a row or click a point "
                                "to assign")
-            if self.isVisible():
-                self.run()
 
     def showEvent(self, event) -> None:
         super().showEvent(event)

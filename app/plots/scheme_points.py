@@ -155,6 +155,11 @@ class SchemePointsPlot(pg.PlotWidget):
         x, y = self._xy[i]
         self.cur.setData([math.log10(x)], [y])
         self.cur_label.setText(" · ".join(cur) if isinstance(cur, tuple) else f"{cur}")
+        # right of the point, or left of it in the right third (not cut at the edge)
+        xs = self._xy[:, 0]
+        lo, hi = math.log10(float(xs.min())), math.log10(float(xs.max()))
+        right = hi > lo and math.log10(x) > lo + 0.67 * (hi - lo)
+        self.cur_label.setAnchor((1.05, 1.2) if right else (0, 1.2))
         self.cur_label.setPos(math.log10(x), y)
 
     def index_of(self, scheme: str | None, method: str | None = None) -> int | None:
