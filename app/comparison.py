@@ -518,6 +518,8 @@ class ComparisonView(QWidget):
         if self.task is not None and not self.task.finished:
             self._methods_pending = True
             return
+        if self._methods_pending:       # the Pareto points were partial until now: start
+            self._scope_key = None      # the scope afresh from the complete comparison
         self._methods_pending = False
         scope = self._scope()
         if scope != self.model.scope:
@@ -562,6 +564,10 @@ class ComparisonView(QWidget):
                 self.run()
 
     def _set_label(self) -> None:
+        self._label_text()
+        self.label.setToolTip(self.label.text())
+
+    def _label_text(self) -> None:
         name = self.model.name
         if not name:
             self.label.setText("Select a tensor to compare every scheme that can take it.")

@@ -21,6 +21,7 @@ FAMILY_COLOURS = {"Float": "#7aa2f7", "Integer": "#9ece6a", "GGML legacy": "#ff9
                   "K-quants": "#f7768e", "Codebooks": "#bb9af7", "Other": "#c9ced8"}
 METHOD_COLOURS = {"rtn": "#c9ced8", "imatrix": "#e0af68", "gptq": "#7dcfff", "awq": "#f7768e"}
 METHOD_SYMBOLS = {"rtn": "o", "imatrix": "s", "gptq": "d", "awq": "star"}
+METHOD_SIZES = {"rtn": 6, "imatrix": 9, "gptq": 10, "awq": 13}
 METHOD_GLYPHS = {"rtn": "●", "imatrix": "■", "gptq": "◆", "awq": "★"}
 CURRENT = "#ffffff"
 PICK_RADIUS_PX = 12
@@ -115,8 +116,10 @@ class SchemePointsPlot(pg.PlotWidget):
             spots = [{"pos": (math.log10(x), y), "data": i,
                       "brush": pg.mkBrush(METHOD_COLOURS.get(p.method, "#c9ced8")),
                       "symbol": "t1" if p.sqnr_db > top else METHOD_SYMBOLS.get(p.method, "o"),
-                      "size": 10 if p.sqnr_db > top or p.method != "rtn" else 7}
+                      "size": 10 if p.sqnr_db > top else METHOD_SIZES.get(p.method, 8)}
                      for i, ((x, y), p) in enumerate(zip(xy, pts))]
+            # methods with near-equal figures overlap: the larger markers go underneath
+            spots.sort(key=lambda d: -d["size"])
         else:
             spots = [{"pos": (math.log10(x), y), "data": p.scheme,
                       "brush": pg.mkBrush(FAMILY_COLOURS.get(p.family, "#c9ced8")),
