@@ -22,7 +22,7 @@ Q = "model.layers.0.self_attn.q_proj.weight"
 METHODS = ("rtn", "imatrix", "gptq", "awq")
 
 
-def test_method_rows_match_workbench_and_click_assigns_both(window, qtbot):
+def test_method_rows_match_workbench_and_click_assigns_both(window, qtbot, tmp_path):
     doc, cmp = window.doc, window.comparison
     start = (doc.scheme_of(Q), doc.method_of(Q))
     assert start[1] == "rtn"
@@ -33,8 +33,17 @@ def test_method_rows_match_workbench_and_click_assigns_both(window, qtbot):
     assert all(b.isEnabled() for b in cmp.method_boxes.values())
     assert cmp.view.isColumnHidden(C_OUT) and cmp.view.isColumnHidden(C_METHOD)
     cmp.set_methods(["imatrix", "gptq", "awq"], scope="current")
-    wait_idle(qtbot, window, 300000)
     cm = cmp.model
+    # long work shows in the status bar with Cancel, as other long work does
+    qtbot.waitUntil(lambda: window.progress.task is not None
+                    and window.progress.task.name.startswith("Calibration inputs of"), timeout=60000)
+    assert window.progress.isVisible()
+    qtbot.mouseClick(window.progress.cancel, Qt.MouseButton.LeftButton)
+    wait_idle(qtbot, window, 300000)
+    assert cm.value("int4-g128", C_OUT, "gptq") is None
+    assert cm.index(cm.rows.index(("int4-g128", "gptq")), C_OUT).data() == "…"
+    qtbot.mouseClick(cmp.run_button, Qt.MouseButton.LeftButton)     # computes what is missing
+    wait_idle(qtbot, window, 300000)
     assert cm.scope == ["int4-g128"] and not cmp.view.isColumnHidden(C_OUT)
     for m in METHODS[1:]:
         assert ("int4-g128", m) in cm.rows
@@ -97,6 +106,12 @@ def test_method_rows_match_workbench_and_click_assigns_both(window, qtbot):
     assert (doc.scheme_of(Q), doc.method_of(Q)) == ("int4-g128", "awq")
     window.undo_stack.undo()
     assert (doc.scheme_of(Q), doc.method_of(Q)) == start
+
+    # a calibration file that is gone disables the methods, saying why
+    window.effects.calib = str(tmp_path / "gone.txt")
+    cmp.update_method_boxes()
+    assert not cmp.method_boxes["gptq"].isEnabled()
+    assert "gone.txt does not exist" in cmp.method_boxes["gptq"].toolTip()
 
 
 def test_methods_disabled_without_a_runnable_model(make_window, qtbot, tmp_path):
