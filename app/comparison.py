@@ -603,6 +603,15 @@ class ComparisonView(QWidget):
             self._replot.start()
 
     def _state(self, names) -> None:
+        name = self.model.name
+        if name and self.model.methods_on and name not in names and \
+                set(names) & set(self.comparer.peers(name)):
+            # a fold peer's scheme or method changed: the pairs are measured again in that plan
+            self.model.beginResetModel()
+            self.model.endResetModel()
+            self.refresh_plot()
+            if self.isVisible():
+                self.run_methods()
         if self.model.name in names:
             if self.model.methods_on and self.doc.scheme_of(self.model.name) not in \
                     self.model.scope and self.isVisible():

@@ -103,3 +103,20 @@ def test_not_a_linear_input_and_refusals(calib_file):
     assert mr.out_rel is None and any("not the input of a Linear" in n for n in mr.notes)
     with pytest.raises(WorkbenchError, match="does not apply"):
         run(evaluate_method(m, Q, "fp16", "gptq", {Q: LayerStats()}))
+
+
+def test_fold_peer_changes_the_producer_without_touching_the_plain_cache(calib_file):
+    from workbench.evaluate import evaluate_tensor
+    m = open_model(DEMO)
+    up, down = "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"
+    assert down in peers_of(m, up)                 # down_proj's AWQ scale folds into up_proj
+    plain = evaluate_tensor(m, up, "int4-g128")
+    stats = run(tensor_stats(m, [up, down], str(calib_file)))
+    alone = run(evaluate_method(m, up, "int4-g128", "rtn", stats))
+    assert alone.result.error.sqnr_db == plain.error.sqnr_db
+    folded = run(evaluate_method(m, up, "int4-g128", "rtn", stats,
+                                 {down: ("int4-g128", "awq")}))
+    assert folded.result.error.sqnr_db != plain.error.sqnr_db
+    assert folded.out_rel != alone.out_rel
+    # the plain result cached for the GUI's scheme rows is still the plain one
+    assert evaluate_tensor(m, up, "int4-g128").error.sqnr_db == plain.error.sqnr_db

@@ -135,7 +135,11 @@ def evaluate_method(model, name: str, scheme: str, method: str, stats: dict,
                 memo[key] = _f(n, w, s)
             return memo[key]
         mm.quantize_tensor = quantize_tensor
-    r = evaluate_tensor(mm, name, scheme, decision=decision)
+    # a tensor whose weights an AWQ fold changed must not share the plain result's cache entry
+    # (evaluate_tensor keys rtn results by file, tensor and scheme only)
+    folded = name in getattr(mm, "folded_names", ())
+    r = evaluate_tensor(mm, name, scheme, decision=decision,
+                        **({"cache": None} if folded else {}))
     yield Progress(1, 2, f"{scheme} · {method}")
     st = stats.get(name)
     out = None
