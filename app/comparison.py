@@ -347,16 +347,16 @@ class ComparisonView(QWidget):
         hdr.setSectionsMovable(True)
         from PySide6.QtGui import QFontMetrics
         text, mono = self.view.fontMetrics(), QFontMetrics(mono_font())
-        for col, sample in ((C_SCHEME, "● int8-g128-asym · imatrix ◆"), (C_FAMILY, "GGML legacy"),
+        for col, sample in ((C_SCHEME, "● int8-g128-asym · imatrix"), (C_FAMILY, "GGML legacy"),
                             (C_BITS, "32.000"), (C_BYTES, "1023 KiB"), (C_REL, "1.234e-05"),
                             (C_SQNR, "166.44"), (C_MAX, "1.234e-05"), (C_GBS, "12.3"),
                             (C_METHOD, "imatrix"), (C_OUT, "166.44")):
             head = hdr.fontMetrics().horizontalAdvance(COLUMNS[col]) + 26
             fm = text if col in (C_SCHEME, C_FAMILY, C_METHOD) else mono
             self.view.setColumnWidth(col, max(fm.horizontalAdvance(sample) + 16, head))
-        # with methods on, Method and Out SQNR sit beside the scheme and its weight SQNR
+        # with methods on, Method and Out SQNR sit next to the scheme (seen in a narrow pane)
         hdr.moveSection(hdr.visualIndex(C_METHOD), 1)
-        hdr.moveSection(hdr.visualIndex(C_OUT), hdr.visualIndex(C_SQNR))
+        hdr.moveSection(hdr.visualIndex(C_OUT), 2)
         self.view.doubleClicked.connect(self._assign)
         self.view.activated.connect(self._assign)
         from .plots.scheme_points import SchemePointsPlot

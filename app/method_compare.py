@@ -153,9 +153,10 @@ class MethodComparer(QObject):
                         have[n] = got[n]
                     else:
                         self.not_linear.add((model.path, calib, n))
-                while len(have) > STATS_KEEP:
-                    del have[next(iter(have))]
-                if name not in got:
+                old = [n for n in have if n not in need]       # oldest first
+                for n in old[:max(0, len(have) - STATS_KEEP)]:
+                    del have[n]
+                if name not in have:
                     self.nonLinear.emit(name)
                     return
                 if self.doc.model is model:

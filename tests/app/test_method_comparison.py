@@ -107,6 +107,13 @@ def test_method_rows_match_workbench_and_click_assigns_both(window, qtbot, tmp_p
     window.undo_stack.undo()
     assert (doc.scheme_of(Q), doc.method_of(Q)) == start
 
+    # a fold peer's method change: the pairs are measured again in the new plan
+    before = cm.value("int4-g128", C_OUT, "awq")
+    window.push(commands.set_method(doc, ["model.layers.0.self_attn.k_proj.weight"], "awq"))
+    assert cm.value("int4-g128", C_OUT, "awq") is None
+    wait_idle(qtbot, window, 300000)
+    assert cm.value("int4-g128", C_OUT, "awq") == pytest.approx(before, rel=1e-6)  # v: no fold
+
     # a calibration file that is gone disables the methods, saying why
     window.effects.calib = str(tmp_path / "gone.txt")
     cmp.update_method_boxes()
