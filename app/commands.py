@@ -90,6 +90,22 @@ def set_method(doc, names, method: str) -> StateCommand | None:
                         (plan, doc.tiers))
 
 
+def assign_with_method(doc, names, scheme: str, method: str) -> StateCommand | None:
+    """Assign `scheme` and `method` together (the comparison view's method rows): one edit, so
+    one undo restores both. Tensors that cannot take the scheme are skipped; 1-D / non-float
+    ones get the scheme only; tensors that already have both are left alone."""
+    ok, _ = eligible(doc, names, scheme)
+    ok = [n for n in ok if doc.scheme_of(n) != scheme or doc.plan.method_for(n) != method]
+    if not ok:
+        return None
+    plan = doc.plan.with_assignments({n: scheme for n in ok})
+    takes = [n for n in ok if doc.model.info(n).is_float and doc.model.info(n).ndim >= 2]
+    if takes:
+        plan = plan.with_method(method, takes)
+    return StateCommand(f"Assign {scheme} · {method} to {_what(ok)}", (doc.plan, doc.tiers),
+                        (plan, doc.tiers), {n: scheme for n in ok})
+
+
 def move_to_tier(doc, names, tier: int) -> StateCommand | None:
     t: Tier = doc.tiers[tier]
     ok, _ = eligible(doc, [n for n in names if on_board(doc.model.info(n))], t.scheme)

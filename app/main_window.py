@@ -119,6 +119,9 @@ class MainWindow(QMainWindow):
         self._build_menus()
         from . import effects_ui
         effects_ui.install(self)   # issue 11: check figures, sensitivity, budget, frontier
+        # the comparison view's methods calibrate with the check's file (issue 12)
+        self.comparison.set_calib_source(lambda: getattr(getattr(self, "effects", None),
+                                                         "calib", None))
         self.resize(1600, 1000)
         self._restore_settings()
 

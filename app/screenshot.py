@@ -53,8 +53,10 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), tab="table",
-           compare: bool = False) -> None:
-    """Open the window offscreen on a model (+ plan), select a layer, wait, save a PNG."""
+           compare: bool = False, methods=(), scope: str = "pareto") -> None:
+    """Open the window offscreen on a model (+ plan), select a layer, wait, save a PNG.
+    `methods` (imatrix, gptq, awq): ticked in the comparison tab, rows per method in `scope`
+    (pareto | current | all)."""
     from .main import create_app, build_window
     from .messages import RecordedMessages
     app = create_app(offscreen=True)
@@ -75,6 +77,16 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
             win.select(layer)
         win.tabs.setCurrentIndex(win.effects_tab_index if tab == "budget" else TABS.get(tab, 0))
         wait_idle(app, win)
+        if methods:
+            cmp = win.comparison
+            why = cmp.comparer.unavailable() or cmp.comparer.tensor_unavailable(cmp.model.name)
+            if why:
+                raise WorkbenchError(f"--methods: {why}", path=str(model_path))
+            cmp.set_methods(list(methods), scope)
+            wait_idle(app, win, timeout=900.0)
+            if msgs.errors:
+                raise WorkbenchError(msgs.errors[0][1].split("\n")[0])
+            cmp.refresh_plot()
         win.resize(*size)
         win.fit_layout()
         app.processEvents()

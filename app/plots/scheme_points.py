@@ -1,6 +1,11 @@
 """One tensor across every scheme: bits per weight (log axis) against SQNR, one point per
 scheme coloured by family, the Pareto front drawn as a step line with its points ringed,
-the current scheme highlighted. Clicking a point emits `picked(scheme)`."""
+the current scheme highlighted. Clicking a point emits `picked(scheme)`.
+
+Given points that carry a ``method`` (app.comparison.MethodPoint: the comparison view with
+methods ticked), the plot shows layer output SQNR, one series per method (its own colour and
+marker, named in the legend line), the Pareto front across all of them, and a click emits
+`pickedMethod(scheme, method)`."""
 
 from __future__ import annotations
 
@@ -14,6 +19,10 @@ from workbench.scheme_choice import FAMILIES
 
 FAMILY_COLOURS = {"Float": "#7aa2f7", "Integer": "#9ece6a", "GGML legacy": "#ff9e64",
                   "K-quants": "#f7768e", "Codebooks": "#bb9af7", "Other": "#c9ced8"}
+METHOD_COLOURS = {"rtn": "#c9ced8", "imatrix": "#e0af68", "gptq": "#7dcfff", "awq": "#f7768e"}
+METHOD_SYMBOLS = {"rtn": "o", "imatrix": "s", "gptq": "d", "awq": "star"}
+METHOD_SIZES = {"rtn": 6, "imatrix": 9, "gptq": 10, "awq": 13}
+METHOD_GLYPHS = {"rtn": "●", "imatrix": "■", "gptq": "◆", "awq": "★"}
 CURRENT = "#ffffff"
 PICK_RADIUS_PX = 12
 TICKS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
@@ -21,6 +30,7 @@ TICKS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 
 class SchemePointsPlot(pg.PlotWidget):
     picked = Signal(str)
+    pickedMethod = Signal(str, str)
     hovered = Signal(str)
 
     def __init__(self, parent=None):
@@ -41,10 +51,8 @@ class SchemePointsPlot(pg.PlotWidget):
         item.getViewBox().setDefaultPadding(0.04)
         item.showGrid(x=True, y=True, alpha=0.15)
         item.setMenuEnabled(False)
-        item.setTitle("&nbsp;".join(
-            f"<span style='color:{FAMILY_COLOURS[f]}'>● {f}</span>" for f in FAMILIES)
-            + "&nbsp;&nbsp;<span style='color:#e6e9ef'>◯ Pareto&nbsp;▲ off the top</span>",
-            size="8pt")
+        self.methods_mode = False
+        self._set_title()
         item.titleLabel.setMinimumWidth(0)      # a narrow plot clips it, never the window
         self.front = pg.PlotDataItem(pen=pg.mkPen("#e6e9ef", width=1,
                                                   style=pg.QtCore.Qt.PenStyle.DashLine),
@@ -60,10 +68,30 @@ class SchemePointsPlot(pg.PlotWidget):
         self.scene().sigMouseMoved.connect(self._hover)
         self.scene().sigMouseClicked.connect(self._click)
 
+    def _set_title(self) -> None:
+        item = self.getPlotItem()
+        if self.methods_mode:
+            shown = {getattr(p, "method", None) for p in self.points} or set(METHOD_COLOURS)
+            legend = "&nbsp;".join(
+                f"<span style='color:{METHOD_COLOURS[m]}'>{METHOD_GLYPHS[m]} {m}</span>"
+                for m in METHOD_COLOURS if m in shown)
+            item.setLabel("left", "layer output SQNR dB")
+        else:
+            legend = "&nbsp;".join(
+                f"<span style='color:{FAMILY_COLOURS[f]}'>● {f}</span>" for f in FAMILIES)
+            item.setLabel("left", "SQNR dB")
+        item.setTitle(legend + "&nbsp;&nbsp;<span style='color:#e6e9ef'>◯ Pareto&nbsp;▲ off "
+                      "the top</span>", size="8pt")
+
     # ---- data --------------------------------------------------------------------------------
-    def set_points(self, points, current: str | None) -> None:
+    def set_points(self, points, current, methods: bool | None = None) -> None:
+        """`current`: the current scheme, or (scheme, method) for method points; `methods`:
+        whether these are method points (default: whether the points carry a method)."""
         self.points = list(points)
         self.current = current
+        mode = any(hasattr(p, "method") for p in self.points) if methods is None else methods
+        self.methods_mode = mode
+        self._set_title()
         self._draw()
 
     def set_current(self, current: str | None) -> None:
@@ -84,11 +112,20 @@ class SchemePointsPlot(pg.PlotWidget):
         xy = np.array([(p.bits_per_weight, min(p.sqnr_db, top)) for p in pts],
                       np.float64).reshape(-1, 2)
         self._xy = xy
-        spots = [{"pos": (math.log10(x), y), "data": p.scheme,
-                  "brush": pg.mkBrush(FAMILY_COLOURS.get(p.family, "#c9ced8")),
-                  "symbol": "t1" if p.sqnr_db > top else "o",
-                  "size": 10 if p.sqnr_db > top else 7}
-                 for (x, y), p in zip(xy, pts)]
+        if self.methods_mode:
+            spots = [{"pos": (math.log10(x), y), "data": i,
+                      "brush": pg.mkBrush(METHOD_COLOURS.get(p.method, "#c9ced8")),
+                      "symbol": "t1" if p.sqnr_db > top else METHOD_SYMBOLS.get(p.method, "o"),
+                      "size": 10 if p.sqnr_db > top else METHOD_SIZES.get(p.method, 8)}
+                     for i, ((x, y), p) in enumerate(zip(xy, pts))]
+            # methods with near-equal figures overlap: the larger markers go underneath
+            spots.sort(key=lambda d: -d["size"])
+        else:
+            spots = [{"pos": (math.log10(x), y), "data": p.scheme,
+                      "brush": pg.mkBrush(FAMILY_COLOURS.get(p.family, "#c9ced8")),
+                      "symbol": "t1" if p.sqnr_db > top else "o",
+                      "size": 10 if p.sqnr_db > top else 7}
+                     for (x, y), p in zip(xy, pts)]
         self.scatter.setData(spots)
         front = sorted((x, y) for (x, y), p in zip(xy, pts) if p.pareto)
         if front:
@@ -112,19 +149,26 @@ class SchemePointsPlot(pg.PlotWidget):
             vb.setRange(xRange=(math.log10(2), math.log10(32)), yRange=(0, 60), padding=0)
 
     def _draw_current(self) -> None:
-        i = self.index_of(self.current)
+        cur = self.current
+        i = self.index_of(*cur) if isinstance(cur, tuple) else self.index_of(cur)
         if i is None:
             self.cur.setData([], [])
             self.cur_label.setText("")
             return
         x, y = self._xy[i]
         self.cur.setData([math.log10(x)], [y])
-        self.cur_label.setText(f"{self.current}")
+        self.cur_label.setText(" · ".join(cur) if isinstance(cur, tuple) else f"{cur}")
+        # right of the point, or left of it in the right third (not cut at the edge)
+        xs = self._xy[:, 0]
+        lo, hi = math.log10(float(xs.min())), math.log10(float(xs.max()))
+        right = hi > lo and math.log10(x) > lo + 0.67 * (hi - lo)
+        self.cur_label.setAnchor((1.05, 1.2) if right else (0, 1.2))
         self.cur_label.setPos(math.log10(x), y)
 
-    def index_of(self, scheme: str | None) -> int | None:
+    def index_of(self, scheme: str | None, method: str | None = None) -> int | None:
+        """The point of `scheme` (and `method`, for method points; rtn when not given)."""
         for i, p in enumerate(self.points):
-            if p.scheme == scheme:
+            if p.scheme == scheme and getattr(p, "method", "rtn") == (method or "rtn"):
                 return i
         return None
 
@@ -147,6 +191,12 @@ class SchemePointsPlot(pg.PlotWidget):
         sq = "exact" if math.isinf(p.sqnr_db) else f"{p.sqnr_db:.2f} dB"
         if p.sqnr_db > self.top:
             sq += " (above the plot's top edge)"
+        if hasattr(p, "method"):
+            cur = self.current == (p.scheme, p.method)
+            return (f"{p.scheme} · {p.method}: {p.bits_per_weight:.3f} bits/weight, layer output "
+                    f"SQNR {sq}, weight SQNR {p.weight_sqnr_db:.2f} dB"
+                    f"{'  · Pareto' if p.pareto else ''}"
+                    f"{'  · current' if cur else '  · click to assign scheme and method'}")
         return (f"{p.scheme} ({p.family}): {p.bits_per_weight:.3f} bits/weight, SQNR {sq}, "
                 f"rel. RMSE {p.rel_rmse:.4g}{'  · Pareto' if p.pareto else ''}"
                 f"{'  · current' if p.scheme == self.current else '  · click to assign'}")
@@ -163,4 +213,8 @@ class SchemePointsPlot(pg.PlotWidget):
         i = self.nearest(ev.scenePos())
         if i is not None:
             ev.accept()
-            self.picked.emit(self.points[i].scheme)
+            p = self.points[i]
+            if hasattr(p, "method"):
+                self.pickedMethod.emit(p.scheme, p.method)
+            else:
+                self.picked.emit(p.scheme)

@@ -315,8 +315,11 @@ def needs_stats(plan, names) -> set[str]:
     return {n for n in names if plan.method_for(n) != "rtn"}
 
 
-def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples=None):
-    """Job: the MethodModel of `model` under `plan` (the model itself when every tensor is rtn)."""
+def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples=None,
+            stats: dict | None = None):
+    """Job: the MethodModel of `model` under `plan` (the model itself when every tensor is rtn).
+    `stats`: {name: LayerStats} already collected (``collect_stats``) — used as they are, no
+    calibration run; a tensor missing from them uses rtn (as one that is not a Linear input)."""
     from ..runtimes import plan_decisions
     decisions = plan_decisions(model, plan, runtime)
     todo = {n for n, d in decisions.items() if d.applied != KEEP and model.info(n).ndim >= 2
@@ -325,15 +328,16 @@ def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples
         return model
     methods = {plan.method_for(n) for n in todo}
     notes = []
-    stats: dict = {}
-    if imatrix:
+    given = stats is not None
+    stats = {n: st for n, st in (stats or {}).items() if n in todo}
+    if imatrix and not given:
         stats = yield from stats_from_imatrix(model, imatrix)
         heavy = sorted(methods - {"imatrix"})
         if heavy and not calib:
             raise WorkbenchError(f"method {heavy[0]} needs calibration inputs (--calib FILE); an "
                                  "imatrix holds only E[x^2], enough for --method imatrix",
                                  path=str(imatrix))
-    if calib or methods - {"imatrix"} or not imatrix:
+    if not given and (calib or methods - {"imatrix"} or not imatrix):
         if calib is None:
             from ..calibration import DEFAULT_CALIB
             from ..runner import model_folder

@@ -1,4 +1,5 @@
-"""`quant-workbench screenshot [MODEL] [--plan PLAN.json] [--layer NAME] [--size WxH] -o out.png`.
+"""`quant-workbench screenshot [MODEL] [--plan PLAN.json] [--layer NAME] [--size WxH] [--tab T]
+[--methods imatrix,gptq,awq [--scope pareto|current|all]] -o out.png`.
 
 Renders the real desktop window offscreen with that state and saves a PNG (needs PySide6;
 the app is imported lazily so the rest of the CLI works without Qt).
@@ -18,6 +19,12 @@ def register(sub) -> None:
     p.add_argument("--tab", choices=("table", "tiers", "comparison", "budget"),
                    default="table", help="which bottom tab to show (default: table; budget: "
                    "Sensitivity & Budget, with the frontier)")
+    p.add_argument("--methods", default="",
+                   help="comparison tab: methods to compare beside rtn, comma-separated "
+                        "(imatrix,gptq,awq; needs a runnable model and calibration)")
+    p.add_argument("--scope", choices=("pareto", "current", "all"), default="pareto",
+                   help="with --methods: which schemes get a row per method (default: the RTN "
+                        "Pareto schemes and the current one)")
     p.add_argument("-o", "--output", required=True, help="PNG file to write")
     p.set_defaults(func=run)
 
@@ -29,7 +36,14 @@ def run(args) -> int:
     except ImportError as exc:
         raise WorkbenchError(f"the desktop app is not available ({exc})") from None
     size = parse_size(args.size)
+    methods = [m.strip().lower() for m in (args.methods or "").split(",") if m.strip()]
+    bad = [m for m in methods if m not in ("imatrix", "gptq", "awq")]
+    if bad:
+        raise WorkbenchError(f"--methods: unknown method '{bad[0]}' (choose from imatrix, gptq, "
+                             "awq; rtn is always shown)")
+    if methods and args.tab != "comparison":
+        raise WorkbenchError("--methods needs --tab comparison")
     render(model_path(args), args.output, plan_path=args.plan, layer=args.layer, size=size,
-           tab=args.tab)
+           tab=args.tab, methods=methods, scope=args.scope)
     print(f"wrote {args.output} ({size[0]}x{size[1]})")
     return 0
