@@ -107,6 +107,7 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
                     "ratio_quantize": lq_s / q_s, "ratio_read_quantize": lq_s / rq_s,
                     "export_s": ex, "ratio_export": lq_s / ex,
                     "export_in_process_s": ex_in, "ratio_export_in_process": lq_s / ex_in})
+                say(format_row(rows_out[-1]))
     finally:
         numba.set_num_threads(prev)
     return {"source": src, "threads": threads, "repeats": repeats, "rows": rows_out}
@@ -163,19 +164,22 @@ def _time_export_in_process(src: str, todo, ty: str, tmp: str, repeats: int) -> 
     return best
 
 
+def format_row(r: dict) -> str:
+    return (f"{r['type']:8} {r['tensors']:7d} {r['mbytes_f32']:8.1f} "
+            f"{r['llama_quantize_s']:10.3f} {r['ours_quantize_s']:9.3f} "
+            f"{r['ours_read_quantize_s']:9.3f} {r['ours_mbps']:9.0f} "
+            f"{r['ratio_quantize']:6.2f} {r['ratio_read_quantize']:7.2f} "
+            f"{r['export_s']:9.3f} {r['ratio_export']:7.2f} "
+            f"{r['export_in_process_s']:9.3f} {r['ratio_export_in_process']:5.2f}  "
+            f"{','.join(r['ggml_types'])}")
+
+
 def format_table(rep: dict) -> str:
     lines = [f"{rep['source']}: {rep['threads']} thread(s), best of {rep['repeats']}",
              f"{'type':8} {'tensors':>7} {'MB f32':>8} {'llama-q s':>10} {'ours q s':>9} "
              f"{'read+q s':>9} {'ours MB/s':>9} {'x (q)':>6} {'x (r+q)':>7} {'export s':>9} "
              f"{'x (exp)':>7} {'in-proc s':>9} {'x':>5}  types"]
-    for r in rep["rows"]:
-        lines.append(f"{r['type']:8} {r['tensors']:7d} {r['mbytes_f32']:8.1f} "
-                     f"{r['llama_quantize_s']:10.3f} {r['ours_quantize_s']:9.3f} "
-                     f"{r['ours_read_quantize_s']:9.3f} {r['ours_mbps']:9.0f} "
-                     f"{r['ratio_quantize']:6.2f} {r['ratio_read_quantize']:7.2f} "
-                     f"{r['export_s']:9.3f} {r['ratio_export']:7.2f} "
-                     f"{r['export_in_process_s']:9.3f} {r['ratio_export_in_process']:5.2f}  "
-                     f"{','.join(r['ggml_types'])}")
+    lines.extend(format_row(r) for r in rep["rows"])
     lines.append("x > 1: the workbench is faster. llama-q s and export s are wall times of "
                  "whole processes (start, read, quantize, write): llama-quantize and "
                  "`quant-workbench export --format gguf --threads N` writing the same types; "

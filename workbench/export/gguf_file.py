@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ import numpy as np
 
 from ..atomic import default_file_mode, make_temp
 from ..errors import WorkbenchError
+from ..model import Model
 from ..plan import KEEP
 from ..progress import Progress
 from ..schemes import get_scheme
@@ -211,9 +213,51 @@ def _copy_fields(writer, reader) -> list[str]:
     return skipped
 
 
-def _tensor_data(model, item: _Item, reader_tensors, target=None) -> np.ndarray:
-    """The bytes of one output tensor (float tensors quantized in row chunks with the numba
-    kernels where they exist). Runs on worker threads: the kernels release the GIL."""
+_scratch = threading.local()   # per worker thread: one float32 buffer for decoded row chunks
+
+
+def _scratch_f32(n: int) -> np.ndarray:
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _scratch.buf = np.empty(n, np.float32)
+    return buf[:n]
+
+
+def _plain_chunks(model, info):
+    """float32 row chunks of a plain F16/BF16/F32 tensor of a loader's Model, decoded into one
+    reused per-thread buffer (a chunk is overwritten by the next: the caller copies what it
+    keeps). None when this does not apply (numba missing, other dtypes, a method's model)."""
+    if not isinstance(model, Model) or info.quant or info.dtype not in ("F16", "BF16", "F32"):
+        return None
+    if info.dtype != "F32":
+        try:
+            from kernels import convert
+        except ImportError:
+            return None
+        widen = convert.f16_to_f32 if info.dtype == "F16" else convert.bf16_to_f32
+
+    def gen():
+        raw = model.raw(info.name)
+        rows, cols = info.matrix_shape
+        step = max(1, CHUNK_ELEMENTS // max(cols, 1))
+        for r0 in range(0, rows, step):
+            part = raw[r0:r0 + step]
+            if info.dtype == "F32":
+                yield np.asarray(part, dtype=np.float32)
+            else:
+                yield widen(part, out=_scratch_f32(part.size).reshape(part.shape))
+    return gen()
+
+
+def _tensor_data(model, item: _Item, reader_tensors, target=None) -> list[np.ndarray]:
+    """The bytes of one output tensor as a list of C-contiguous arrays written one after the
+    other (float tensors quantized in row chunks with the numba kernels where they exist).
+    Runs on worker threads: the kernels release the GIL."""
+    data = _tensor_parts(model, item, reader_tensors, target)
+    return data if isinstance(data, list) else [data]
+
+
+def _tensor_parts(model, item: _Item, reader_tensors, target=None):
     from ..evaluate import quantize
     info = model.info(item.name)
     if item.how == "copy":
@@ -240,7 +284,10 @@ def _tensor_data(model, item: _Item, reader_tensors, target=None) -> np.ndarray:
     elif getattr(model, "quantize_tensor", None) is not None:
         rows = [model.read_matrix(item.name)]   # a method (workbench.methods): the whole matrix
     else:
-        rows = (chunk for _r0, chunk in model.iter_rows(item.name, max_elements=CHUNK_ELEMENTS))
+        rows = _plain_chunks(model, info)
+        if rows is None:
+            rows = (chunk for _r0, chunk in model.iter_rows(item.name,
+                                                             max_elements=CHUNK_ELEMENTS))
     method_q = getattr(model, "quantize_tensor", None)
     parts = []
     for chunk in rows:
@@ -252,10 +299,20 @@ def _tensor_data(model, item: _Item, reader_tensors, target=None) -> np.ndarray:
             check_representable(qt, chunk, item.name)
         else:
             qt = quantize(chunk, item.scheme, tensor=item.name)
-        parts.append(next(iter(qt.arrays.values())))
-    if not parts:
-        return np.zeros(0, np.uint8)
-    return np.concatenate([np.ascontiguousarray(p).reshape(p.shape[0], -1) for p in parts])
+        out = next(iter(qt.arrays.values()))
+        if np.may_share_memory(out, chunk):   # e.g. fp32 of a reused scratch chunk: keep a copy
+            out = out.copy()
+        parts.append(np.ascontiguousarray(out))
+    return parts
+
+
+def _write_all(fd: int, data) -> int:
+    """Write bytes or a C-contiguous array to fd entirely; returns the byte count."""
+    mv = memoryview(data if isinstance(data, bytes) else data.reshape(-1).view(np.uint8))
+    n = len(mv)
+    while mv:
+        mv = mv[os.write(fd, mv):]
+    return n
 
 
 def _workers() -> int:
@@ -353,6 +410,11 @@ def export_gguf(model, plan, out_path, strict: bool = False):
         writer.write_header_to_file(Path(tmp))
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
+        # tensor data: written here straight from the arrays (each tensor padded to the
+        # alignment, as GGUFWriter.write_tensor_data does), part by part, no joined copy
+        fout = writer.fout[0]
+        fout.flush()
+        fd, pos, align = fout.fileno(), fout.tell(), writer.data_alignment
         total = sum(max(int(np.prod(it.shape)), 1) for it in items) or 1
         done = 0
         types: dict[str, int] = {}
@@ -366,20 +428,22 @@ def export_gguf(model, plan, out_path, strict: bool = False):
                 futures[i] = pool.submit(_tensor_data, model, it, reader_tensors, hf)
             for i, it in enumerate(items):
                 yield Progress(done, total, f"writing {it.out} ({it.gtype})")
-                data = futures.pop(i).result()
+                parts = futures.pop(i).result()
                 if i + ahead < len(items):
                     futures[i + ahead] = pool.submit(_tensor_data, model, items[i + ahead],
                                                      reader_tensors, hf)
-                if data.nbytes != it.nbytes:
-                    raise WorkbenchError(f"internal error: {data.nbytes} bytes for a {it.gtype} "
+                nbytes = sum(p.nbytes for p in parts)
+                if nbytes != it.nbytes:
+                    raise WorkbenchError(f"internal error: {nbytes} bytes for a {it.gtype} "
                                          f"tensor of {it.nbytes}", tensor=it.name)
-                writer.write_tensor_data(np.ascontiguousarray(data))
-                del data
+                pos += _write_all(fd, b"\0" * (-pos % align))
+                for p in parts:
+                    pos += _write_all(fd, p)
+                pos += _write_all(fd, b"\0" * (-nbytes % align))
+                del parts
                 types[it.gtype] = types.get(it.gtype, 0) + 1
                 done += max(int(np.prod(it.shape)), 1)
-        for fh in writer.fout or []:
-            fh.flush()
-            os.fsync(fh.fileno())
+        os.fsync(fd)
         writer.close()
         writer = None
         os.chmod(tmp, default_file_mode())
