@@ -30,6 +30,7 @@ import json
 import os
 import tempfile
 import threading
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,30 +224,59 @@ def _scratch_f32(n: int) -> np.ndarray:
     return buf[:n]
 
 
-def _plain_chunks(model, info):
-    """float32 row chunks of a plain F16/BF16/F32 tensor of a loader's Model, decoded into one
-    reused per-thread buffer (a chunk is overwritten by the next: the caller copies what it
-    keeps). None when this does not apply (numba missing, other dtypes, a method's model)."""
-    if not isinstance(model, Model) or info.quant or info.dtype not in ("F16", "BF16", "F32"):
+def _row_chunks(model, item: _Item):
+    """The row ranges a tensor is quantized in as separate tasks, or None when it is one task:
+    a loader's tensor (not a method's model) re-encoded by a scheme, without a layout change,
+    is cut into chunks of about CHUNK_ELEMENTS, so a large tensor spreads over the workers.
+    Each chunk's bytes are those of the same rows quantized alone: the GGML and float schemes
+    encode rows independently (and the exporter always quantized in these row chunks)."""
+    if item.how != "scheme" or item.transform or not isinstance(model, Model):
         return None
-    if info.dtype != "F32":
+    info = model.info(item.name)
+    rows, cols = info.matrix_shape
+    step = max(1, CHUNK_ELEMENTS // max(cols, 1))
+    return [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)] or None
+
+
+def _decode(model, info, r0: int, r1: int) -> np.ndarray:
+    """float32 rows r0:r1 of a loader's tensor. F16/BF16 are widened into the worker thread's
+    reused buffer (overwritten by its next chunk: callers copy what they keep)."""
+    raw = model.raw(info.name)[r0:r1]
+    if info.dtype in ("F16", "BF16") and not info.quant:
         try:
             from kernels import convert
         except ImportError:
-            return None
-        widen = convert.f16_to_f32 if info.dtype == "F16" else convert.bf16_to_f32
+            convert = None
+        if convert is not None:
+            widen = convert.f16_to_f32 if info.dtype == "F16" else convert.bf16_to_f32
+            return widen(raw, out=_scratch_f32(raw.size).reshape(raw.shape))
+    from ..dtypes import decode_rows
+    from ..errors import context
+    with context(info.file or model.path, info.name):
+        return decode_rows(raw, info)
 
-    def gen():
-        raw = model.raw(info.name)
-        rows, cols = info.matrix_shape
-        step = max(1, CHUNK_ELEMENTS // max(cols, 1))
-        for r0 in range(0, rows, step):
-            part = raw[r0:r0 + step]
-            if info.dtype == "F32":
-                yield np.asarray(part, dtype=np.float32)
-            else:
-                yield widen(part, out=_scratch_f32(part.size).reshape(part.shape))
-    return gen()
+
+def _chunk_data(model, item: _Item, r0: int, r1: int) -> list[np.ndarray]:
+    """The bytes of rows r0:r1 of one output tensor (a task of its own, on a worker)."""
+    chunk = _decode(model, model.info(item.name), r0, r1)
+    return [_encode_chunk(model, item, chunk)]
+
+
+def _encode_chunk(model, item: _Item, chunk: np.ndarray) -> np.ndarray:
+    from ..evaluate import quantize
+    method_q = getattr(model, "quantize_tensor", None)
+    if method_q is not None and item.scheme not in FLOAT_SCHEMES:
+        qt = method_q(item.name, chunk, item.scheme)
+    elif item.scheme in FLOAT_SCHEMES:
+        from ..evaluate import check_representable
+        qt = get_scheme(item.scheme).quantize(chunk, tensor=item.name)
+        check_representable(qt, chunk, item.name)
+    else:
+        qt = quantize(chunk, item.scheme, tensor=item.name)
+    out = next(iter(qt.arrays.values()))
+    if np.may_share_memory(out, chunk):   # e.g. a reused buffer passed through: keep a copy
+        out = out.copy()
+    return np.ascontiguousarray(out)
 
 
 def _tensor_data(model, item: _Item, reader_tensors, target=None) -> list[np.ndarray]:
@@ -258,7 +288,6 @@ def _tensor_data(model, item: _Item, reader_tensors, target=None) -> list[np.nda
 
 
 def _tensor_parts(model, item: _Item, reader_tensors, target=None):
-    from ..evaluate import quantize
     info = model.info(item.name)
     if item.how == "copy":
         return np.asarray(reader_tensors[item.name].data)
@@ -284,26 +313,8 @@ def _tensor_parts(model, item: _Item, reader_tensors, target=None):
     elif getattr(model, "quantize_tensor", None) is not None:
         rows = [model.read_matrix(item.name)]   # a method (workbench.methods): the whole matrix
     else:
-        rows = _plain_chunks(model, info)
-        if rows is None:
-            rows = (chunk for _r0, chunk in model.iter_rows(item.name,
-                                                             max_elements=CHUNK_ELEMENTS))
-    method_q = getattr(model, "quantize_tensor", None)
-    parts = []
-    for chunk in rows:
-        if method_q is not None and item.scheme not in FLOAT_SCHEMES:
-            qt = method_q(item.name, chunk, item.scheme)
-        elif item.scheme in FLOAT_SCHEMES:
-            from ..evaluate import check_representable
-            qt = get_scheme(item.scheme).quantize(chunk, tensor=item.name)
-            check_representable(qt, chunk, item.name)
-        else:
-            qt = quantize(chunk, item.scheme, tensor=item.name)
-        out = next(iter(qt.arrays.values()))
-        if np.may_share_memory(out, chunk):   # e.g. fp32 of a reused scratch chunk: keep a copy
-            out = out.copy()
-        parts.append(np.ascontiguousarray(out))
-    return parts
+        rows = (chunk for _r0, chunk in model.iter_rows(item.name, max_elements=CHUNK_ELEMENTS))
+    return [_encode_chunk(model, item, chunk) for chunk in rows]
 
 
 def _write_all(fd: int, data) -> int:
@@ -418,31 +429,50 @@ def export_gguf(model, plan, out_path, strict: bool = False):
         total = sum(max(int(np.prod(it.shape)), 1) for it in items) or 1
         done = 0
         types: dict[str, int] = {}
-        # quantize tensors in parallel (the kernels release the GIL), write them in order;
-        # at most `ahead` tensors are held at once, so memory stays bounded
+        # tasks in file order: a row chunk of a re-encoded tensor, or a whole tensor. Workers
+        # run them in parallel (the kernels release the GIL); this thread writes the results
+        # in order. At most `window` tasks are queued or held, so memory stays bounded.
+        tasks = ((i, rng, k == len(chunks) - 1) for i, it in enumerate(items)
+                 for chunks in [_row_chunks(model, it) or [None]]
+                 for k, rng in enumerate(chunks))
         workers = _workers()
-        ahead = workers + 1
+        window = 2 * workers + 2
         with ThreadPoolExecutor(max_workers=workers, initializer=_one_kernel_thread) as pool:
-            futures = {}
-            for i, it in enumerate(items[:ahead]):
-                futures[i] = pool.submit(_tensor_data, model, it, reader_tensors, hf)
-            for i, it in enumerate(items):
-                yield Progress(done, total, f"writing {it.out} ({it.gtype})")
-                parts = futures.pop(i).result()
-                if i + ahead < len(items):
-                    futures[i + ahead] = pool.submit(_tensor_data, model, items[i + ahead],
-                                                     reader_tensors, hf)
-                nbytes = sum(p.nbytes for p in parts)
-                if nbytes != it.nbytes:
-                    raise WorkbenchError(f"internal error: {nbytes} bytes for a {it.gtype} "
+            pending: deque = deque()
+
+            def submit() -> None:
+                task = next(tasks, None)
+                if task is None:
+                    return
+                i, rng, last = task
+                fut = (pool.submit(_chunk_data, model, items[i], *rng) if rng is not None else
+                       pool.submit(_tensor_data, model, items[i], reader_tensors, hf))
+                pending.append((i, rng is None or rng[0] == 0, last, fut))
+
+            for _ in range(window):
+                submit()
+            written = 0
+            while pending:
+                i, first, last, fut = pending.popleft()
+                it = items[i]
+                if first:
+                    yield Progress(done, total, f"writing {it.out} ({it.gtype})")
+                    pos += _write_all(fd, b"\0" * (-pos % align))
+                    written = 0
+                parts = fut.result()
+                submit()
+                n = sum(p.nbytes for p in parts)
+                if written + n > it.nbytes or (last and written + n != it.nbytes):
+                    raise WorkbenchError(f"internal error: {written + n} bytes for a {it.gtype} "
                                          f"tensor of {it.nbytes}", tensor=it.name)
-                pos += _write_all(fd, b"\0" * (-pos % align))
                 for p in parts:
                     pos += _write_all(fd, p)
-                pos += _write_all(fd, b"\0" * (-nbytes % align))
+                written += n
                 del parts
-                types[it.gtype] = types.get(it.gtype, 0) + 1
-                done += max(int(np.prod(it.shape)), 1)
+                if last:
+                    pos += _write_all(fd, b"\0" * (-written % align))
+                    types[it.gtype] = types.get(it.gtype, 0) + 1
+                    done += max(int(np.prod(it.shape)), 1)
         os.fsync(fd)
         writer.close()
         writer = None
