@@ -17,8 +17,11 @@ every GGML block scheme (Q4_0 ... Q6_K, IQ4_NL), whose bytes are exactly
 (innermost dimension) is not a multiple of the GGML block, is refused with a WorkbenchError
 naming the tensor, before anything is written.
 
-Written with gguf.GGUFWriter: header, key/values and tensor infos first, then the tensors one
-at a time (each quantized in row chunks), so memory is bounded by one tensor's output.
+Header, key/values and tensor infos are written with gguf.GGUFWriter, then the tensor data in
+file order (padded to the alignment as the package pads it) with os.write. Re-encoded tensors
+are cut into row chunks that worker threads quantize in parallel (numba kernels, GIL released)
+while this thread writes finished chunks in order; at most 2 x workers + 2 tasks are in
+flight, so memory is bounded by a few chunks (and whole tensors for copies and widenings).
 Atomic: a temporary file beside the target, renamed over it on success, removed on error or
 cancel.
 """
