@@ -8,6 +8,7 @@ conversion, so the result is numpy's bit for bit (NaN payloads and subnormals in
 
 from __future__ import annotations
 
+from . import _numba_prelude  # noqa: F401  (before numba: cheaper start)
 import numpy as np
 from numba import njit, prange
 
@@ -32,15 +33,24 @@ def _flat_u16(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint16)
 
 
-def f16_to_f32(a: np.ndarray) -> np.ndarray:
-    """float16 (or its uint16 bits) -> float32 of the same shape."""
-    out = np.empty(a.shape, np.float32)
+def _out(a: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    if out is None:
+        return np.empty(a.shape, np.float32)
+    if out.dtype != np.float32 or out.size != a.size or not out.flags.c_contiguous:
+        raise ValueError("out must be a C-contiguous float32 array of the input's size")
+    return out
+
+
+def f16_to_f32(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float16 (or its uint16 bits) -> float32 of the same shape (into `out` when given: a
+    C-contiguous float32 array of the same size, e.g. a reused scratch buffer)."""
+    out = _out(a, out)
     _gather(_flat_u16(a), _F16_TABLE, out.reshape(-1).view(np.uint32))
     return out
 
 
-def bf16_to_f32(a: np.ndarray) -> np.ndarray:
-    """bfloat16 bits (uint16) -> float32 of the same shape."""
-    out = np.empty(a.shape, np.float32)
+def bf16_to_f32(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """bfloat16 bits (uint16) -> float32 of the same shape (into `out` when given)."""
+    out = _out(a, out)
     _shift16(_flat_u16(a), out.reshape(-1).view(np.uint32))
     return out

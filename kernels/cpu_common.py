@@ -3,6 +3,7 @@ rounding, block keys and the NaN/Inf count. Imports nothing from ``workbench``."
 
 from __future__ import annotations
 
+from . import _numba_prelude  # noqa: F401  (before numba: cheaper start)
 import numpy as np
 from numba import njit, prange
 

@@ -12,6 +12,7 @@ histogram bins are computed in float64 exactly as the reference does.
 
 from __future__ import annotations
 
+from . import _numba_prelude  # noqa: F401  (before numba: cheaper start)
 import numba as nb
 import numpy as np
 

@@ -23,6 +23,9 @@ from kernels import backend as _backend
 from kernels.spec import Spec, make_spec
 
 
+_CUDA_QUANT = ("int", "nf4", "fp8")   # spec.quant kinds with a CUDA quantize kernel
+
+
 def _scheme(s):
     from .schemes import get_scheme
     return get_scheme(s) if isinstance(s, str) else s
@@ -120,20 +123,27 @@ def quantize(scheme, w: np.ndarray, backend: str = "auto", tensor: str | None = 
     """Quantize `w` with `scheme` (object or name): identical to ``scheme.quantize(w)``."""
     from .errors import WorkbenchError
     from .schemes.base import QuantizedTensor, matrix_shape
+    from .schemes.base import Scheme
     scheme = _scheme(scheme)
-    b = _backend.resolve(backend)
     spec = spec_for(scheme)
+    if (backend or "auto").lower() == "auto" and spec is not None \
+            and spec.quant not in _CUDA_QUANT:
+        b = "cpu"   # no CUDA quantize kernel: the CPU one, without probing for a GPU
+    else:
+        b = _backend.resolve(backend)
     w = np.asarray(w)
     shape = tuple(int(s) for s in w.shape)
     n = int(np.prod(shape)) if shape else 1
     if (b == "numpy" or spec is None or spec.quant is None or n == 0
-            or (b == "cuda" and spec.quant not in ("int", "nf4", "fp8"))):
+            or (b == "cuda" and spec.quant not in _CUDA_QUANT)):
         return scheme.quantize(w, tensor=tensor)
     reason = scheme.ineligible_reason(shape)
     if reason:
         raise WorkbenchError(reason, tensor=tensor)
     w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(matrix_shape(shape))
-    if np.isfinite(w2).all():
+    # the range check needs finite weights; a scheme without one (GGML: its kernels test
+    # for NaN/Inf themselves) skips that extra pass over the tensor
+    if type(scheme).check_range is not Scheme.check_range and np.isfinite(w2).all():
         scheme.check_range(w2, tensor)
     from kernels import cpu_ops
 

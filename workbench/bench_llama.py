@@ -30,6 +30,65 @@ def llama_bin_dir() -> str | None:
     return None
 
 
+def make_llama_f16_gguf(path: str, hidden: int = 1024, mlp: int = 2816, layers: int = 24,
+                        vocab: int = 32000, seed: int = 0) -> dict:
+    """Write a Llama-shaped F16 GGUF that llama.cpp loads, for timing on a large model: random
+    weights (normal, std 0.02; norms 1), the demo model's BPE tokenizer padded to `vocab`,
+    written as a Hugging Face folder (config.json, float16 safetensors) in a temporary folder
+    and exported with `export --scheme fp16 --format gguf`. The defaults give 373.9 M
+    parameters (a 748 MB file). Returns {"path", "params"}."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from .export import export
+    from .export.st_writer import StreamingSafetensorsWriter
+    from .loaders import open_model
+    from .plan import Plan
+    from .progress import run
+
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo_model"
+    heads = max(1, hidden // 64)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "hidden_size": hidden, "intermediate_size": mlp, "num_hidden_layers": layers,
+              "num_attention_heads": heads, "num_key_value_heads": heads, "vocab_size": vocab,
+              "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+              "tie_word_embeddings": False, "torch_dtype": "float16", "hidden_act": "silu"}
+    rng = np.random.default_rng(seed)
+    pool = (rng.standard_normal(1 << 24, dtype=np.float32) * np.float32(0.02)).astype(np.float16)
+    params = 0
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(path))) as tmp:
+        folder = Path(tmp)
+        (folder / "config.json").write_text(json.dumps(config))
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(demo / name, folder / name)
+        w = StreamingSafetensorsWriter(folder / "model.safetensors", {"format": "pt"})
+
+        def add(name, shape):
+            nonlocal params
+            n = int(np.prod(shape))
+            arr = (np.ones(n, np.float16) if len(shape) == 1 else
+                   np.resize(np.roll(pool, int(rng.integers(0, pool.size))), n))
+            w.add(name, arr.reshape(shape), dtype="F16")
+            params += n
+
+        add("model.embed_tokens.weight", (vocab, hidden))
+        for i in range(layers):
+            p = f"model.layers.{i}."
+            add(p + "input_layernorm.weight", (hidden,))
+            for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                add(p + f"self_attn.{proj}.weight", (hidden, hidden))
+            add(p + "post_attention_layernorm.weight", (hidden,))
+            add(p + "mlp.gate_proj.weight", (mlp, hidden))
+            add(p + "mlp.up_proj.weight", (mlp, hidden))
+            add(p + "mlp.down_proj.weight", (hidden, mlp))
+        add("model.norm.weight", (hidden,))
+        add("lm_head.weight", (vocab, hidden))
+        w.finish()
+        run(export(open_model(folder), Plan("fp16", []), "gguf", path))
+    return {"path": path, "params": params}
+
+
 def _retyped(path: str) -> list[tuple[str, str]]:
     """(tensor name, GGML type name) of every quantized tensor in a GGUF."""
     import gguf
@@ -61,13 +120,15 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
             for ty in types:
                 out = os.path.join(tmp, f"lq-{ty}.gguf")
                 say(f"llama-quantize {ty.upper()} ({threads} threads)")
-                lq = []
+                lq, lq_cpu = [], []
                 for _ in range(repeats):
+                    c0 = _children_cpu()
                     t0 = time.perf_counter()
                     p = subprocess.run([tool, src, out, ty.upper(), str(threads)],
                                        capture_output=True, text=True,
                                        env={**os.environ, "LD_LIBRARY_PATH": bindir})
                     lq.append(time.perf_counter() - t0)
+                    lq_cpu.append(_children_cpu() - c0)
                     if p.returncode != 0:
                         raise RuntimeError(f"llama-quantize failed: {p.stderr.strip()[-300:]}")
                 todo = _retyped(out)
@@ -96,7 +157,7 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
                     ours_rq.append(time.perf_counter() - t0)
                 kinds = sorted({tn for _, tn in todo})
                 say(f"quant-workbench export ({threads} threads)")
-                ex = _time_export(src, todo, ty, threads, tmp, repeats)
+                ex, ex_cpu = _time_export(src, todo, ty, threads, tmp, repeats)
                 ex_in = _time_export_in_process(src, todo, ty, tmp, repeats)
                 lq_s, q_s, rq_s = min(lq), min(ours_q), min(ours_rq)
                 rows_out.append({
@@ -106,7 +167,10 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
                     "ours_mbps": nbytes / q_s / 1e6,
                     "ratio_quantize": lq_s / q_s, "ratio_read_quantize": lq_s / rq_s,
                     "export_s": ex, "ratio_export": lq_s / ex,
-                    "export_in_process_s": ex_in, "ratio_export_in_process": lq_s / ex_in})
+                    "export_in_process_s": ex_in, "ratio_export_in_process": lq_s / ex_in,
+                    "llama_quantize_cpu_s": min(lq_cpu), "export_cpu_s": ex_cpu,
+                    "ratio_export_cpu": min(lq_cpu) / ex_cpu if ex_cpu > 0 else float("inf")})
+                say(format_row(rows_out[-1]))
     finally:
         numba.set_num_threads(prev)
     return {"source": src, "threads": threads, "repeats": repeats, "rows": rows_out}
@@ -115,7 +179,8 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
 def _time_export(src: str, todo, ty: str, threads: int, tmp: str, repeats: int) -> float:
     """Best wall time of `quant-workbench export SRC --plan P --format gguf --threads N` as a
     process (start-up, read, quantize, write, fsync), where the plan gives every tensor
-    llama-quantize re-typed the type it chose and keeps the rest: the same file content."""
+    llama-quantize re-typed the type it chose and keeps the rest: the same file content.
+    Returns (best wall s, least CPU s of a run: user + system, all threads)."""
     import json
     import sys
     plan = {"format": "quant-workbench-plan", "version": 1, "default": "keep",
@@ -127,13 +192,15 @@ def _time_export(src: str, todo, ty: str, threads: int, tmp: str, repeats: int) 
     cmd = [sys.executable, "-c", "import sys; from workbench.cli import main; sys.exit(main())",
            "export", src, "--plan", plan_path, "--format", "gguf", "-o", out,
            "--threads", str(threads)]
-    best = float("inf")
+    best = best_cpu = float("inf")
     for _ in range(repeats):
         if os.path.exists(out):
             os.remove(out)
+        c0 = _children_cpu()
         t0 = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True)
         best = min(best, time.perf_counter() - t0)
+        best_cpu = min(best_cpu, _children_cpu() - c0)
         if p.returncode != 0:
             raise RuntimeError(f"quant-workbench export failed: {p.stderr.strip()[-300:]}")
     got = dict(_retyped(out))
@@ -141,7 +208,14 @@ def _time_export(src: str, todo, ty: str, threads: int, tmp: str, repeats: int) 
     if got != want:
         diff = sorted(set(got.items()) ^ set(want.items()))[:3]
         raise RuntimeError(f"the export's types differ from llama-quantize's: {diff}")
-    return best
+    return best, best_cpu
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes so far."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def _time_export_in_process(src: str, todo, ty: str, tmp: str, repeats: int) -> float:
@@ -163,22 +237,30 @@ def _time_export_in_process(src: str, todo, ty: str, tmp: str, repeats: int) -> 
     return best
 
 
+def format_row(r: dict) -> str:
+    nan = float("nan")
+    return (f"{r['type']:8} {r['tensors']:7d} {r['mbytes_f32']:8.1f} "
+            f"{r['llama_quantize_s']:10.3f} {r['ours_quantize_s']:9.3f} "
+            f"{r['ours_read_quantize_s']:9.3f} {r['ours_mbps']:9.0f} "
+            f"{r['ratio_quantize']:6.2f} {r['ratio_read_quantize']:7.2f} "
+            f"{r['export_s']:9.3f} {r['ratio_export']:7.2f} "
+            f"{r['export_in_process_s']:9.3f} {r['ratio_export_in_process']:5.2f} "
+            f"{r.get('llama_quantize_cpu_s', nan):9.3f} {r.get('export_cpu_s', nan):9.3f} "
+            f"{r.get('ratio_export_cpu', nan):7.2f}  {','.join(r['ggml_types'])}")
+
+
 def format_table(rep: dict) -> str:
     lines = [f"{rep['source']}: {rep['threads']} thread(s), best of {rep['repeats']}",
              f"{'type':8} {'tensors':>7} {'MB f32':>8} {'llama-q s':>10} {'ours q s':>9} "
              f"{'read+q s':>9} {'ours MB/s':>9} {'x (q)':>6} {'x (r+q)':>7} {'export s':>9} "
-             f"{'x (exp)':>7} {'in-proc s':>9} {'x':>5}  types"]
-    for r in rep["rows"]:
-        lines.append(f"{r['type']:8} {r['tensors']:7d} {r['mbytes_f32']:8.1f} "
-                     f"{r['llama_quantize_s']:10.3f} {r['ours_quantize_s']:9.3f} "
-                     f"{r['ours_read_quantize_s']:9.3f} {r['ours_mbps']:9.0f} "
-                     f"{r['ratio_quantize']:6.2f} {r['ratio_read_quantize']:7.2f} "
-                     f"{r['export_s']:9.3f} {r['ratio_export']:7.2f} "
-                     f"{r['export_in_process_s']:9.3f} {r['ratio_export_in_process']:5.2f}  "
-                     f"{','.join(r['ggml_types'])}")
+             f"{'x (exp)':>7} {'in-proc s':>9} {'x':>5} {'lq cpu s':>9} {'exp cpu s':>9} "
+             f"{'x (cpu)':>7}  types"]
+    lines.extend(format_row(r) for r in rep["rows"])
     lines.append("x > 1: the workbench is faster. llama-q s and export s are wall times of "
                  "whole processes (start, read, quantize, write): llama-quantize and "
                  "`quant-workbench export --format gguf --threads N` writing the same types; "
                  "in-proc s: that export run inside this process (warm: no interpreter start, "
-                 "imports or kernel loading).")
+                 "imports or kernel loading). lq cpu s / exp cpu s: the least user + system CPU "
+                 "time of one such process (all its threads), steadier than wall time on a "
+                 "shared machine.")
     return "\n".join(lines)

@@ -321,3 +321,32 @@ def test_cli_evaluate_q4_k_on_minilm_and_on_gguf(minilm_path, tiny_llama, tmp_pa
     rows = {r["name"]: r for r in out["tensors"]}
     assert rows["model.layers.0.mlp.up_proj.weight"]["scheme"] == "q4_k"
     assert rows["model.layers.0.mlp.up_proj.weight"]["bits_per_weight"] == 4.5
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, "bf16"])
+def test_row_chunks_decoded_into_a_reused_buffer_keep_every_byte(make_safetensors, tmp_path,
+                                                                  monkeypatch, dtype):
+    """F16/BF16 row chunks are widened into one per-thread buffer that the next chunk
+    overwrites, and each tensor is written part by part: every byte stays the scheme's own
+    over several chunks and tensors on the worker threads (fp32 output of a buffer that is
+    reused, q8_0 and fp16 between them)."""
+    import torch
+
+    from workbench.export import gguf_file
+    monkeypatch.setattr(gguf_file, "CHUNK_ELEMENTS", 3 * 256)     # 3 rows a chunk
+    rng = np.random.default_rng(5)
+    t = {f"w{i}": rng.standard_normal((10 + i, 256)).astype(np.float32) for i in range(5)}
+    if dtype == "bf16":
+        t = {k: torch.from_numpy(v).to(torch.bfloat16) for k, v in t.items()}
+    else:
+        t = {k: v.astype(dtype) for k, v in t.items()}
+    model = open_model(make_safetensors(t))
+    plan = Plan(default="fp32", rules=[{"match": "w1", "scheme": "q8_0"},
+                                       {"match": "w3", "scheme": "fp16"}])
+    out = tmp_path / "chunks.gguf"
+    run(export(model, plan, "gguf", out))
+    types = check_bytes(model, plan, out)
+    assert types == {"w0": "F32", "w1": "Q8_0", "w2": "F32", "w3": "F16", "w4": "F32"}
+    reader = gguf.GGUFReader(str(out))
+    w4 = [x for x in reader.tensors if x.name == "w4"][0]
+    assert np.array_equal(np.asarray(w4.data).reshape(14, 256), model.read_matrix("w4"))

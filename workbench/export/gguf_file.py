@@ -17,8 +17,11 @@ every GGML block scheme (Q4_0 ... Q6_K, IQ4_NL), whose bytes are exactly
 (innermost dimension) is not a multiple of the GGML block, is refused with a WorkbenchError
 naming the tensor, before anything is written.
 
-Written with gguf.GGUFWriter: header, key/values and tensor infos first, then the tensors one
-at a time (each quantized in row chunks), so memory is bounded by one tensor's output.
+Header, key/values and tensor infos are written with gguf.GGUFWriter, then the tensor data in
+file order (padded to the alignment as the package pads it) with os.write. Re-encoded tensors
+are cut into row chunks that worker threads quantize in parallel (numba kernels, GIL released)
+while this thread writes finished chunks in order; at most 2 x workers + 2 tasks are in
+flight, so memory is bounded by a few chunks (and whole tensors for copies and widenings).
 Atomic: a temporary file beside the target, renamed over it on success, removed on error or
 cancel.
 """
@@ -29,6 +32,8 @@ import contextlib
 import json
 import os
 import tempfile
+import threading
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +41,7 @@ import numpy as np
 
 from ..atomic import default_file_mode, make_temp
 from ..errors import WorkbenchError
+from ..model import Model
 from ..plan import KEEP
 from ..progress import Progress
 from ..schemes import get_scheme
@@ -211,10 +217,80 @@ def _copy_fields(writer, reader) -> list[str]:
     return skipped
 
 
-def _tensor_data(model, item: _Item, reader_tensors, target=None) -> np.ndarray:
-    """The bytes of one output tensor (float tensors quantized in row chunks with the numba
-    kernels where they exist). Runs on worker threads: the kernels release the GIL."""
+_scratch = threading.local()   # per worker thread: one float32 buffer for decoded row chunks
+
+
+def _scratch_f32(n: int) -> np.ndarray:
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _scratch.buf = np.empty(n, np.float32)
+    return buf[:n]
+
+
+def _row_chunks(model, item: _Item):
+    """The row ranges a tensor is quantized in as separate tasks, or None when it is one task:
+    a loader's tensor (not a method's model) re-encoded by a scheme, without a layout change,
+    is cut into chunks of about CHUNK_ELEMENTS, so a large tensor spreads over the workers.
+    Each chunk's bytes are those of the same rows quantized alone: the GGML and float schemes
+    encode rows independently (and the exporter always quantized in these row chunks)."""
+    if item.how != "scheme" or item.transform or not isinstance(model, Model):
+        return None
+    info = model.info(item.name)
+    rows, cols = info.matrix_shape
+    step = max(1, CHUNK_ELEMENTS // max(cols, 1))
+    return [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)] or None
+
+
+def _decode(model, info, r0: int, r1: int) -> np.ndarray:
+    """float32 rows r0:r1 of a loader's tensor. F16/BF16 are widened into the worker thread's
+    reused buffer (overwritten by its next chunk: callers copy what they keep)."""
+    raw = model.raw(info.name)[r0:r1]
+    if info.dtype in ("F16", "BF16") and not info.quant:
+        try:
+            from kernels import convert
+        except ImportError:
+            convert = None
+        if convert is not None:
+            widen = convert.f16_to_f32 if info.dtype == "F16" else convert.bf16_to_f32
+            return widen(raw, out=_scratch_f32(raw.size).reshape(raw.shape))
+    from ..dtypes import decode_rows
+    from ..errors import context
+    with context(info.file or model.path, info.name):
+        return decode_rows(raw, info)
+
+
+def _chunk_data(model, item: _Item, r0: int, r1: int) -> list[np.ndarray]:
+    """The bytes of rows r0:r1 of one output tensor (a task of its own, on a worker)."""
+    chunk = _decode(model, model.info(item.name), r0, r1)
+    return [_encode_chunk(model, item, chunk)]
+
+
+def _encode_chunk(model, item: _Item, chunk: np.ndarray) -> np.ndarray:
     from ..evaluate import quantize
+    method_q = getattr(model, "quantize_tensor", None)
+    if method_q is not None and item.scheme not in FLOAT_SCHEMES:
+        qt = method_q(item.name, chunk, item.scheme)
+    elif item.scheme in FLOAT_SCHEMES:
+        from ..evaluate import check_representable
+        qt = get_scheme(item.scheme).quantize(chunk, tensor=item.name)
+        check_representable(qt, chunk, item.name)
+    else:
+        qt = quantize(chunk, item.scheme, tensor=item.name)
+    out = next(iter(qt.arrays.values()))
+    if np.may_share_memory(out, chunk):   # e.g. a reused buffer passed through: keep a copy
+        out = out.copy()
+    return np.ascontiguousarray(out)
+
+
+def _tensor_data(model, item: _Item, reader_tensors, target=None) -> list[np.ndarray]:
+    """The bytes of one output tensor as a list of C-contiguous arrays written one after the
+    other (float tensors quantized in row chunks with the numba kernels where they exist).
+    Runs on worker threads: the kernels release the GIL."""
+    data = _tensor_parts(model, item, reader_tensors, target)
+    return data if isinstance(data, list) else [data]
+
+
+def _tensor_parts(model, item: _Item, reader_tensors, target=None):
     info = model.info(item.name)
     if item.how == "copy":
         return np.asarray(reader_tensors[item.name].data)
@@ -241,21 +317,16 @@ def _tensor_data(model, item: _Item, reader_tensors, target=None) -> np.ndarray:
         rows = [model.read_matrix(item.name)]   # a method (workbench.methods): the whole matrix
     else:
         rows = (chunk for _r0, chunk in model.iter_rows(item.name, max_elements=CHUNK_ELEMENTS))
-    method_q = getattr(model, "quantize_tensor", None)
-    parts = []
-    for chunk in rows:
-        if method_q is not None and item.scheme not in FLOAT_SCHEMES:
-            qt = method_q(item.name, chunk, item.scheme)
-        elif item.scheme in FLOAT_SCHEMES:
-            from ..evaluate import check_representable
-            qt = get_scheme(item.scheme).quantize(chunk, tensor=item.name)
-            check_representable(qt, chunk, item.name)
-        else:
-            qt = quantize(chunk, item.scheme, tensor=item.name)
-        parts.append(next(iter(qt.arrays.values())))
-    if not parts:
-        return np.zeros(0, np.uint8)
-    return np.concatenate([np.ascontiguousarray(p).reshape(p.shape[0], -1) for p in parts])
+    return [_encode_chunk(model, item, chunk) for chunk in rows]
+
+
+def _write_all(fd: int, data) -> int:
+    """Write bytes or a C-contiguous array to fd entirely; returns the byte count."""
+    mv = memoryview(data if isinstance(data, bytes) else data.reshape(-1).view(np.uint8))
+    n = len(mv)
+    while mv:
+        mv = mv[os.write(fd, mv):]
+    return n
 
 
 def _workers() -> int:
@@ -353,33 +424,59 @@ def export_gguf(model, plan, out_path, strict: bool = False):
         writer.write_header_to_file(Path(tmp))
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
+        # tensor data: written here straight from the arrays (each tensor padded to the
+        # alignment, as GGUFWriter.write_tensor_data does), part by part, no joined copy
+        fout = writer.fout[0]
+        fout.flush()
+        fd, pos, align = fout.fileno(), fout.tell(), writer.data_alignment
         total = sum(max(int(np.prod(it.shape)), 1) for it in items) or 1
         done = 0
         types: dict[str, int] = {}
-        # quantize tensors in parallel (the kernels release the GIL), write them in order;
-        # at most `ahead` tensors are held at once, so memory stays bounded
+        # tasks in file order: a row chunk of a re-encoded tensor, or a whole tensor. Workers
+        # run them in parallel (the kernels release the GIL); this thread writes the results
+        # in order. At most `window` tasks are queued or held, so memory stays bounded.
+        tasks = ((i, rng, k == len(chunks) - 1) for i, it in enumerate(items)
+                 for chunks in [_row_chunks(model, it) or [None]]
+                 for k, rng in enumerate(chunks))
         workers = _workers()
-        ahead = workers + 1
+        window = 2 * workers + 2
         with ThreadPoolExecutor(max_workers=workers, initializer=_one_kernel_thread) as pool:
-            futures = {}
-            for i, it in enumerate(items[:ahead]):
-                futures[i] = pool.submit(_tensor_data, model, it, reader_tensors, hf)
-            for i, it in enumerate(items):
-                yield Progress(done, total, f"writing {it.out} ({it.gtype})")
-                data = futures.pop(i).result()
-                if i + ahead < len(items):
-                    futures[i + ahead] = pool.submit(_tensor_data, model, items[i + ahead],
-                                                     reader_tensors, hf)
-                if data.nbytes != it.nbytes:
-                    raise WorkbenchError(f"internal error: {data.nbytes} bytes for a {it.gtype} "
+            pending: deque = deque()
+
+            def submit() -> None:
+                task = next(tasks, None)
+                if task is None:
+                    return
+                i, rng, last = task
+                fut = (pool.submit(_chunk_data, model, items[i], *rng) if rng is not None else
+                       pool.submit(_tensor_data, model, items[i], reader_tensors, hf))
+                pending.append((i, rng is None or rng[0] == 0, last, fut))
+
+            for _ in range(window):
+                submit()
+            written = 0
+            while pending:
+                i, first, last, fut = pending.popleft()
+                it = items[i]
+                if first:
+                    yield Progress(done, total, f"writing {it.out} ({it.gtype})")
+                    pos += _write_all(fd, b"\0" * (-pos % align))
+                    written = 0
+                parts = fut.result()
+                submit()
+                n = sum(p.nbytes for p in parts)
+                if written + n > it.nbytes or (last and written + n != it.nbytes):
+                    raise WorkbenchError(f"internal error: {written + n} bytes for a {it.gtype} "
                                          f"tensor of {it.nbytes}", tensor=it.name)
-                writer.write_tensor_data(np.ascontiguousarray(data))
-                del data
-                types[it.gtype] = types.get(it.gtype, 0) + 1
-                done += max(int(np.prod(it.shape)), 1)
-        for fh in writer.fout or []:
-            fh.flush()
-            os.fsync(fh.fileno())
+                for p in parts:
+                    pos += _write_all(fd, p)
+                written += n
+                del parts
+                if last:
+                    pos += _write_all(fd, b"\0" * (-written % align))
+                    types[it.gtype] = types.get(it.gtype, 0) + 1
+                    done += max(int(np.prod(it.shape)), 1)
+        os.fsync(fd)
         writer.close()
         writer = None
         os.chmod(tmp, default_file_mode())

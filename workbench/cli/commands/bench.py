@@ -42,6 +42,9 @@ def register(sub) -> None:
     p.add_argument("--vs-llama-quantize", metavar="F16_GGUF", default=None,
                    help="time llama-quantize on this F16 GGUF against the workbench's quantize "
                         "of the same tensors to the same types (ratio in one run)")
+    p.add_argument("--make-llama-f16", metavar="OUT_GGUF", default=None,
+                   help="write a Llama-shaped F16 GGUF with random weights (373.9 M parameters) "
+                        "for --vs-llama-quantize, then exit")
     p.add_argument("--vs-ggml", metavar="MODEL", nargs="?", const="", default=None,
                    help="compare the workbench's GGML quantizers with ggml's own C code on "
                         "MODEL's tensors (default: the real MiniLM): relative RMSE, quantize "
@@ -119,6 +122,11 @@ def _run_vs_ggml(args) -> int:
 
 
 def run(args) -> int:
+    if getattr(args, "make_llama_f16", None):
+        from ... import bench_llama
+        info = bench_llama.make_llama_f16_gguf(args.make_llama_f16)
+        print(f"wrote {info['path']} ({info['params'] / 1e6:.1f} M parameters, F16)")
+        return 0
     if getattr(args, "vs_llama_quantize", None):
         return _run_vs_llama(args)
     if getattr(args, "vs_ggml", None) is not None:
