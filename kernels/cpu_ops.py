@@ -264,12 +264,10 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
     raise ValueError(f"no quantize kernel for {spec.name}")
 
 
-def sym_k_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
-                 check_finite: bool = True) -> dict | None:
-    """Q3_K/Q6_K blocks of w2d (rows, cols % 256 == 0) by kernels/kquant_sym.py; qw: optional
+def _searched_k_blocks(encode, kinds, spec: Spec, w2d, qw, check_finite) -> dict | None:
+    """Blocks of w2d (rows, cols % 256 == 0) by a searched K-quant kernel `encode`; qw: optional
     importance (rows or 1, cols), finite and >= 0. None: the kernel declines (the reference
     decides); NonFinite when w2d holds NaN/Inf and check_finite."""
-    from . import kquant_sym as ks
     w2d = np.ascontiguousarray(w2d, np.float32)
     rows, cols = w2d.shape
     cands, divs, iters, rounds = spec.search
@@ -279,35 +277,25 @@ def sym_k_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
     q = (np.ascontiguousarray(qw, np.float32).reshape(-1, cols) if weighted
          else np.ones((1, 1), np.float32))
     with _threads(w2d.size):
-        ks.sym_k_encode(w2d, q, weighted, ks.KINDS[spec.ggml_name], np.array(cands, np.float32),
-                        np.array(divs, np.float32), iters, rounds, blocks, flags)
+        encode(w2d, q, weighted, kinds[spec.ggml_name], np.array(cands, np.float32),
+               np.array(divs, np.float32), iters, rounds, blocks, flags)
     f = int(np.bitwise_or.reduce(flags)) if rows else 0
     if f & 2:
         return _nonfinite_found(w2d, check_finite)
     if f & 5:
         return None
     return {"blocks": blocks}
+
+
+def sym_k_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
+                 check_finite: bool = True) -> dict | None:
+    """Q3_K/Q6_K blocks by kernels/kquant_sym.py (see _searched_k_blocks)."""
+    from . import kquant_sym as ks
+    return _searched_k_blocks(ks.sym_k_encode, ks.KINDS, spec, w2d, qw, check_finite)
 
 
 def affine_k_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
                     check_finite: bool = True) -> dict | None:
-    """Q2_K/Q4_K/Q5_K blocks of w2d (rows, cols % 256 == 0) by kernels/kquant_affine.py;
-    qw: optional importance (rows or 1, cols), finite and >= 0. None: the kernel declines
-    (the reference decides); NonFinite when w2d holds NaN/Inf and check_finite."""
+    """Q2_K/Q4_K/Q5_K blocks by kernels/kquant_affine.py (see _searched_k_blocks)."""
     from . import kquant_affine as kq
-    rows, cols = w2d.shape
-    cands, divs, iters, rounds = spec.search
-    blocks = np.empty((rows, (cols // 256) * spec.bpb), np.uint8)
-    flags = np.empty(rows, np.uint8)
-    weighted = qw is not None
-    q = (np.ascontiguousarray(qw, np.float32).reshape(-1, cols) if weighted
-         else np.ones((1, 1), np.float32))
-    with _threads(w2d.size):
-        kq.affine_k_encode(w2d, q, weighted, kq.KINDS[spec.ggml_name], np.array(cands, np.float32),
-                           np.array(divs, np.float32), iters, rounds, blocks, flags)
-    f = int(np.bitwise_or.reduce(flags)) if rows else 0
-    if f & 2:
-        return _nonfinite_found(w2d, check_finite)
-    if f & 5:
-        return None
-    return {"blocks": blocks}
+    return _searched_k_blocks(kq.affine_k_encode, kq.KINDS, spec, w2d, qw, check_finite)

@@ -21,6 +21,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .kquant_affine import _f16_to_f32, _ldexp32  # noqa: F401  (shared float16/ldexp helpers)
+
 
 _J = dict(cache=True, nogil=True, error_model="numpy")
 _P = dict(cache=True, nogil=True, parallel=True, error_model="numpy")
@@ -50,26 +52,6 @@ def _rc(v, lo, hi):
     q = (v + MAGIC) - MAGIC
     q = q if q > lo else lo
     return q if q < hi else hi
-
-
-@njit(inline="always", **_J)
-def _f16_to_f32(h):
-    s = (h >> 15) & 1
-    e = (h >> 10) & 31
-    m = h & 1023
-    if e == 0:
-        v = np.float64(m) * 2.0 ** -24
-    elif e == 31:
-        v = np.inf if m == 0 else np.nan
-    else:
-        v = np.float64(m + 1024) * 2.0 ** (e - 25)
-    return np.float32(-v if s else v)
-
-
-@njit(inline="always", **_J)
-def _ldexp32(v, e):
-    """float32 v * 2**e, rounded once (numpy's ldexp on float32)."""
-    return np.float32(np.float64(v) * math.ldexp(1.0, e))
 
 
 @njit(inline="always", **_J)
