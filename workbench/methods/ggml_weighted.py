@@ -70,35 +70,18 @@ def _legacy_affine(scheme, x, qw, nmax):
     return out
 
 
-def _affine_k(scheme, x, qw):
-    """Q2_K/Q4_K/Q5_K: the scheme's own search (schemes/ggml/affine_k.py) minimising the
+def _searched_k(scheme, x, qw, driver: str):
+    """Q2_K..Q6_K: the scheme's own search (schemes/ggml/affine_k.py, sym_k.py) minimising the
     qw-weighted squared error directly (the diagonal layer-output error), run by the numba
-    kernel when there is one (bit-identical), else by the numpy reference."""
+    kernel (`driver`, a kernels.cpu_ops function; bit-identical) when it can, else by the
+    numpy reference."""
     from .. import accel
     from kernels import backend
     spec = accel.spec_for(scheme)
     if spec is not None and spec.search and backend.resolve("auto") != "numpy":
         from kernels import cpu_ops
         try:
-            res = cpu_ops.affine_k_blocks(spec, x, qw)
-        except cpu_ops.NonFinite:
-            res = None
-        if res is not None:
-            return res["blocks"].reshape(-1).view(scheme.block_dtype)
-    return scheme.encode(x, qw)
-
-
-def _sym_k(scheme, x, qw):
-    """Q3_K/Q6_K: the scheme's own search (schemes/ggml/sym_k.py) minimising the qw-weighted
-    squared error directly, run by the numba kernel kernels/kquant_sym.py when it can
-    (bit-identical), else by the numpy reference."""
-    from .. import accel
-    from kernels import backend
-    spec = accel.spec_for(scheme)
-    if spec is not None and spec.search and backend.resolve("auto") != "numpy":
-        from kernels import cpu_ops
-        try:
-            res = cpu_ops.sym_k_blocks(spec, x, qw)
+            res = getattr(cpu_ops, driver)(spec, x, qw)
         except cpu_ops.NonFinite:
             res = None
         if res is not None:
@@ -117,9 +100,9 @@ def _encode(scheme, x, qw):
     if n == "q5_1":
         return _legacy_affine(scheme, x, qw, 31)
     if n in ("q2_k", "q4_k", "q5_k"):
-        return _affine_k(scheme, x, qw)
+        return _searched_k(scheme, x, qw, "affine_k_blocks")
     if n in ("q3_k", "q6_k"):
-        return _sym_k(scheme, x, qw)
+        return _searched_k(scheme, x, qw, "sym_k_blocks")
     raise KeyError(n)
 
 
