@@ -165,6 +165,15 @@ def _scale_min_k4(src, s, j):
             (a >> 4) | ((np.int64(src[s + j]) >> 6) << 4))
 
 
+@njit(inline="always", **_J)
+def _u8f(x):
+    """float32 of a uint8 code computed in uint8. numba widens integer arithmetic to int64,
+    and LLVM then keeps the vector loop in 64-bit lanes (8 per AVX-512 register, int64 ->
+    float conversions); truncating every step back to uint8 and converting through int32
+    lets it narrow to 8/32-bit lanes (about 2x faster on q4_K/q5_K, the same values)."""
+    return np.float32(np.int32(np.uint8(x)))
+
+
 @njit(**_J)
 def _q4_k(src, f16, kv, dst):           # d | dmin | scales[12] | qs[128]
     for b in range(dst.shape[0] // 256):
@@ -180,13 +189,15 @@ def _q4_k(src, f16, kv, dst):           # d | dmin | scales[12] | qs[128]
             d2 = d * np.float32(sc2)
             n2 = dmin * np.float32(m2)
             for l in range(32):
-                b = np.int64(src[p + 16 + 32 * c + l])
-                dst[o + 64 * c + l] = d1 * np.float32(b & 15) - n1
-                dst[o + 64 * c + 32 + l] = d2 * np.float32(b >> 4) - n2
+                b = src[p + 16 + 32 * c + l]
+                dst[o + 64 * c + l] = d1 * _u8f(b & np.uint8(15)) - n1
+                dst[o + 64 * c + 32 + l] = d2 * _u8f(b >> np.uint8(4)) - n2
 
 
 @njit(**_J)
 def _q5_k(src, f16, kv, dst):           # d | dmin | scales[12] | qh[32] | qs[128]
+    u0 = np.uint8(0)
+    u16 = np.uint8(16)
     for b in range(dst.shape[0] // 256):
         p = b * 176
         o = b * 256
@@ -199,13 +210,17 @@ def _q5_k(src, f16, kv, dst):           # d | dmin | scales[12] | qh[32] | qs[12
             n1 = dmin * np.float32(m1)
             d2 = d * np.float32(sc2)
             n2 = dmin * np.float32(m2)
+            # the 5th bits: a test against a uint8 mask and a select of 16 (not a shift by a
+            # run-time amount, which keeps the loop in 64-bit lanes; see _u8f)
+            k1 = np.uint8(1 << (2 * c))
+            k2 = np.uint8(2 << (2 * c))
             for l in range(32):
-                b = np.int64(src[p + 48 + 32 * c + l])
-                hb = np.int64(src[p + 16 + l])
-                q1 = (b & 15) | (((hb >> (2 * c)) & 1) << 4)
-                q2 = (b >> 4) | (((hb >> (2 * c + 1)) & 1) << 4)
-                dst[o + 64 * c + l] = d1 * np.float32(q1) - n1
-                dst[o + 64 * c + 32 + l] = d2 * np.float32(q2) - n2
+                b = src[p + 48 + 32 * c + l]
+                hb = src[p + 16 + l]
+                q1 = np.uint8(b & np.uint8(15)) + (u16 if np.uint8(hb & k1) != 0 else u0)
+                q2 = np.uint8(b >> np.uint8(4)) + (u16 if np.uint8(hb & k2) != 0 else u0)
+                dst[o + 64 * c + l] = d1 * _u8f(q1) - n1
+                dst[o + 64 * c + 32 + l] = d2 * _u8f(q2) - n2
 
 
 @njit(**_J)
