@@ -17,6 +17,15 @@ def _h(src, p, f16):
     return f16[np.int64(src[p]) | (np.int64(src[p + 1]) << 8)]
 
 
+@njit(inline="always", **_J)
+def _u8f(x):
+    """float32 of a uint8 code computed in uint8. numba widens integer arithmetic to int64,
+    and LLVM then keeps the vector loop in 64-bit lanes (8 per AVX-512 register, int64 ->
+    float conversions); truncating every step back to uint8 and converting through int32
+    lets it narrow to 8/32-bit lanes (about 2x faster on q4_K/q5_K, the same values)."""
+    return np.float32(np.int32(np.uint8(x)))
+
+
 @njit(**_J)
 def _q4_0(src, f16, kv, dst, qk):       # d f16 | qs[16]: lo nibble j, hi nibble j+16
     h = qk >> 1                         # run-time trip count (see _q8_0)
@@ -31,16 +40,17 @@ def _q4_0(src, f16, kv, dst, qk):       # d f16 | qs[16]: lo nibble j, hi nibble
 
 
 @njit(**_J)
-def _q4_1(src, f16, kv, dst):           # d f16 | m f16 | qs[16]
+def _q4_1(src, f16, kv, dst, qk):       # d f16 | m f16 | qs[16]
+    h = qk >> 1                         # run-time trip count (see _q8_0)
     for b in range(dst.shape[0] // 32):
         p = b * 20
         o = b * 32
         d = _h(src, p, f16)
         m = _h(src, p + 2, f16)
-        for j in range(16):
-            b = np.int64(src[p + 4 + j])
-            dst[o + j] = d * np.float32(b & 15) + m
-            dst[o + j + 16] = d * np.float32(b >> 4) + m
+        for j in range(h):
+            v = src[p + 4 + j]
+            dst[o + j] = d * _u8f(v & np.uint8(15)) + m
+            dst[o + j + 16] = d * _u8f(v >> np.uint8(4)) + m
 
 
 @njit(inline="always", **_J)
@@ -165,15 +175,6 @@ def _scale_min_k4(src, s, j):
             (a >> 4) | ((np.int64(src[s + j]) >> 6) << 4))
 
 
-@njit(inline="always", **_J)
-def _u8f(x):
-    """float32 of a uint8 code computed in uint8. numba widens integer arithmetic to int64,
-    and LLVM then keeps the vector loop in 64-bit lanes (8 per AVX-512 register, int64 ->
-    float conversions); truncating every step back to uint8 and converting through int32
-    lets it narrow to 8/32-bit lanes (about 2x faster on q4_K/q5_K, the same values)."""
-    return np.float32(np.int32(np.uint8(x)))
-
-
 @njit(**_J)
 def _q4_k(src, f16, kv, dst):           # d | dmin | scales[12] | qs[128]
     for b in range(dst.shape[0] // 256):
@@ -248,7 +249,7 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
     if tid == 0:
         _q4_0(src, f16, kv, dst, qk)
     elif tid == 1:
-        _q4_1(src, f16, kv, dst)
+        _q4_1(src, f16, kv, dst, qk)
     elif tid == 2:
         _q5_0(src, f16, kv, dst)
     elif tid == 3:
