@@ -247,6 +247,9 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
         flags = np.empty(rows, np.uint8)
         if spec.ggml_id in (0, 4):
             _k().ggml_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb, blocks, flags)
+        elif spec.ggml_name == "IQ4_NL":
+            from . import iq4nl_quant
+            iq4nl_quant.encode_blocks(w2d, blocks, flags)
         elif spec.search and spec.ggml_name in ("Q3_K", "Q6_K"):
             return sym_k_blocks(spec, w2d, None, check_finite)
         elif spec.search:

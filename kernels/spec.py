@@ -40,6 +40,9 @@ GGML_QUANT_SYM_K = ("Q3_K", "Q6_K")
 #: GGML types whose quantize kernel runs the project's own searching quantizer, bit-identical
 #: to its numpy reference (kernels/kquant_affine.py; the layout carries the search parameters)
 GGML_QUANT_AFFINE_K = ("Q2_K", "Q4_K", "Q5_K")
+#: GGML types whose quantize kernel runs the project's own codebook search, bit-identical to
+#: its numpy reference (kernels/iq4nl_quant.py)
+GGML_QUANT_IQ4NL = ("IQ4_NL",)
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,7 +109,7 @@ def make_spec(layout: dict | None) -> Spec | None:
         if g not in GGML_TYPES:
             return None
         tid, qk, bpb = GGML_TYPES[g]
-        quant = "ggml" if g in GGML_QUANT else None
+        quant = "ggml" if g in GGML_QUANT + GGML_QUANT_IQ4NL else None
         search = ()
         if g in GGML_QUANT_AFFINE_K + GGML_QUANT_SYM_K and layout.get("search"):
             se = layout["search"]

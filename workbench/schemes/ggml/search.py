@@ -164,8 +164,8 @@ def codebook_search(x: np.ndarray, w: np.ndarray, values: np.ndarray, ntry: int,
     for iscale in cands:
         q = v[nearest(iscale[:, None] * x)]
         wq = w * q
-        sqx = _wsum(wq, x)
-        sq2 = _wsum(wq, q)
+        sqx = _seqsum(wq, x)         # index order: what kernels/iq4nl_quant.py reproduces
+        sq2 = _seqsum(wq, q)
         ok = sq2 > 0
         d = sqx / np.where(ok, sq2, F(1))
         score = np.where(ok, d * sqx, F(-np.inf))
