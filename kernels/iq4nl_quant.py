@@ -104,21 +104,20 @@ def _normalize(x, xn, o):
 
 
 @njit(**_J)
-def _enc_group(row, b0, nb, kv, mids, num, f16, xn, xr, iscale, sqx, sq2, out):
+def _enc_group(row, b0, nb, kv, mids, num, f16, xn, xr, iscale, sqx, sq2, es, mxs, zeros,
+               out):
     """Blocks b0 .. b0+GROUP-1 of a row (those < nb) -> out; returns the OR of their flags.
     Lane l = g*nc + c: block b0+g, candidate c. Missing blocks of the last group are zeros."""
     nc = num.shape[0]
     lanes = GROUP * nc
-    es = np.zeros(GROUP, np.int64)
     for g in range(GROUP):
         b = b0 + g
+        es[g] = 0
         if b < nb:
             es[g] = _normalize(row[b * 32:b * 32 + 32], xn, g * 32)
         else:
             for j in range(32):
                 xn[g * 32 + j] = F32(0.0)
-    mxs = np.empty(GROUP, np.float32)
-    zeros = np.empty(GROUP, np.bool_)
     for g in range(GROUP):
         # codebook_search: mx = the first value of largest |xn|
         i = 0
@@ -211,6 +210,9 @@ def iq4nl_encode(w, kv, mids, num, f16, blocks, flags):
         iscale = np.empty(lanes, np.float32)
         sqx = np.empty(lanes, np.float32)
         sq2 = np.empty(lanes, np.float32)
+        es = np.empty(GROUP, np.int64)
+        mxs = np.empty(GROUP, np.float32)
+        zeros = np.empty(GROUP, np.bool_)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             row = w[r]
             out = blocks[r]
@@ -222,7 +224,7 @@ def iq4nl_encode(w, kv, mids, num, f16, blocks, flags):
             if f == 0:
                 for b0 in range(0, nb, GROUP):
                     f |= _enc_group(row, b0, nb, kv, mids, num, f16, xn, xr, iscale, sqx,
-                                    sq2, out)
+                                    sq2, es, mxs, zeros, out)
             flags[r] = f
 
 

@@ -8,8 +8,9 @@ KVALUES (ggml ``kvalues_iq4nl``, a format fact): -127 -104 -83 -65 -49 -35 -22 -
 38 53 69 89 113.
 
 Quantize: codebook search (weights w^2; 16 candidate scales mapping the weight of largest
-magnitude near -127; least-squares scale per candidate); indices = nearest codebook value
-to w / d with the stored float16 d.
+magnitude near -127; least-squares scale per candidate, its sums in index order); indices =
+nearest codebook value to w / d with the stored float16 d. The numba kernel
+kernels/iq4nl_quant.py is bit-identical to it.
 """
 
 from __future__ import annotations
