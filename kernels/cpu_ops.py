@@ -248,8 +248,7 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
         if spec.ggml_id in (0, 4):
             _k().ggml_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb, blocks, flags)
         elif spec.ggml_name == "IQ4_NL":
-            from . import iq4nl_quant
-            iq4nl_quant.encode_blocks(w2d, blocks, flags)
+            return iq4nl_blocks(spec, w2d, None, check_finite)
         elif spec.search and spec.ggml_name in ("Q3_K", "Q6_K"):
             return sym_k_blocks(spec, w2d, None, check_finite)
         elif spec.search:
@@ -302,3 +301,23 @@ def affine_k_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
     """Q2_K/Q4_K/Q5_K blocks by kernels/kquant_affine.py (see _searched_k_blocks)."""
     from . import kquant_affine as kq
     return _searched_k_blocks(kq.affine_k_encode, kq.KINDS, spec, w2d, qw, check_finite)
+
+
+def iq4nl_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
+                 check_finite: bool = True) -> dict | None:
+    """IQ4_NL blocks by kernels/iq4nl_quant.py; qw: optional importance (rows or 1, cols),
+    finite and >= 0. None: the kernel declines (the reference decides); NonFinite when w2d
+    holds NaN/Inf and check_finite."""
+    from . import iq4nl_quant
+    w2d = np.ascontiguousarray(w2d, np.float32)
+    rows, cols = w2d.shape
+    blocks = np.empty((rows, (cols // 32) * spec.bpb), np.uint8)
+    flags = np.empty(rows, np.uint8)
+    with _threads(w2d.size):
+        iq4nl_quant.encode_blocks(w2d, blocks, flags, qw)
+    f = int(np.bitwise_or.reduce(flags)) if rows else 0
+    if f & 2:
+        return _nonfinite_found(w2d, check_finite)
+    if f & 5:
+        return None
+    return {"blocks": blocks}

@@ -104,10 +104,12 @@ def _normalize(x, xn, o):
 
 
 @njit(**_J)
-def _enc_group(row, b0, nb, kv, mids, num, f16, xn, xr, iscale, sqx, sq2, es, mxs, zeros,
-               out):
+def _enc_group(row, qrow, weighted, b0, nb, kv, mids, num, f16, xn, xr, wr, iscale, sqx, sq2, es,
+               mxs, zeros, out):
     """Blocks b0 .. b0+GROUP-1 of a row (those < nb) -> out; returns the OR of their flags.
-    Lane l = g*nc + c: block b0+g, candidate c. Missing blocks of the last group are zeros."""
+    Lane l = g*nc + c: block b0+g, candidate c. Missing blocks of the last group are zeros.
+    Search weights: xn^2, or with `weighted` qrow_j * sqrt(sigma2 + xn_j^2), sigma2 =
+    2 * sum(xn^2) / 32 (the reference's IQ4_NL.encode(x, qw))."""
     nc = num.shape[0]
     lanes = GROUP * nc
     for g in range(GROUP):
@@ -134,11 +136,24 @@ def _enc_group(row, b0, nb, kv, mids, num, f16, xn, xr, iscale, sqx, sq2, es, mx
         mxs[g] = mx
         for c in range(nc):
             iscale[g * nc + c] = num[c] / mx
-    for j in range(32):                          # weights laid out per lane
-        for g in range(GROUP):
+    for g in range(GROUP):
+        sigma2 = F32(0.0)
+        if weighted:
+            acc = xn[g * 32] * xn[g * 32]
+            for j in range(1, 32):
+                acc = acc + xn[g * 32 + j] * xn[g * 32 + j]
+            sigma2 = F32(2.0) * acc / F32(32.0)
+        for j in range(32):                      # weights and search weights laid out per lane
             v = xn[g * 32 + j]
+            if not weighted:
+                wv = v * v
+            elif b0 + g < nb:
+                wv = qrow[(b0 + g) * 32 + j] * np.sqrt(sigma2 + v * v)
+            else:
+                wv = F32(0.0)
             for c in range(nc):
                 xr[j * lanes + g * nc + c] = v
+                wr[j * lanes + g * nc + c] = wv
     for l in range(lanes):
         sqx[l] = F32(-0.0)                       # -0 + t == t: the sum starts with its first term
         sq2[l] = F32(-0.0)
@@ -150,7 +165,7 @@ def _enc_group(row, b0, nb, kv, mids, num, f16, xn, xr, iscale, sqx, sq2, es, mx
             v = xr[base + l]
             y = iscale[l] * v
             q = _nearest_value(y)
-            wq = (v * v) * q
+            wq = wr[base + l] * q
             sqx[l] = sqx[l] + wq * v
             sq2[l] = sq2[l] + wq * q
     f = 0
@@ -198,8 +213,9 @@ def _enc_group(row, b0, nb, kv, mids, num, f16, xn, xr, iscale, sqx, sq2, es, mx
 
 
 @njit(**_P)
-def iq4nl_encode(w, kv, mids, num, f16, blocks, flags):
-    """IQ4_NL blocks of w (rows, cols % 32 == 0) into blocks (rows, cols/32*18)."""
+def iq4nl_encode(w, qw, weighted, kv, mids, num, f16, blocks, flags):
+    """IQ4_NL blocks of w (rows, cols % 32 == 0) into blocks (rows, cols/32*18); with
+    `weighted`, qw (rows or 1, cols) is the importance (finite, >= 0)."""
     rows, cols = w.shape
     nb = cols // 32
     lanes = GROUP * num.shape[0]
@@ -207,6 +223,7 @@ def iq4nl_encode(w, kv, mids, num, f16, blocks, flags):
     for ch in prange(nch):
         xn = np.empty(GROUP * 32, np.float32)
         xr = np.empty(32 * lanes, np.float32)
+        wr = np.empty(32 * lanes, np.float32)
         iscale = np.empty(lanes, np.float32)
         sqx = np.empty(lanes, np.float32)
         sq2 = np.empty(lanes, np.float32)
@@ -215,6 +232,7 @@ def iq4nl_encode(w, kv, mids, num, f16, blocks, flags):
         zeros = np.empty(GROUP, np.bool_)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             row = w[r]
+            qrow = qw[r if qw.shape[0] > 1 else 0]
             out = blocks[r]
             f = 0
             for c in range(cols):
@@ -223,11 +241,16 @@ def iq4nl_encode(w, kv, mids, num, f16, blocks, flags):
                     break
             if f == 0:
                 for b0 in range(0, nb, GROUP):
-                    f |= _enc_group(row, b0, nb, kv, mids, num, f16, xn, xr, iscale, sqx,
-                                    sq2, es, mxs, zeros, out)
+                    f |= _enc_group(row, qrow, weighted, b0, nb, kv, mids, num, f16, xn, xr,
+                                    wr, iscale, sqx, sq2, es, mxs, zeros, out)
             flags[r] = f
 
 
-def encode_blocks(w2d: np.ndarray, blocks: np.ndarray, flags: np.ndarray) -> None:
-    """Fill blocks (rows, cols/32*18 uint8) and flags (rows uint8) from float32 w2d."""
-    iq4nl_encode(w2d, KVALUES, MIDS, CAND_NUM, tables.f16_table(), blocks, flags)
+def encode_blocks(w2d: np.ndarray, blocks: np.ndarray, flags: np.ndarray,
+                  qw: np.ndarray | None = None) -> None:
+    """Fill blocks (rows, cols/32*18 uint8) and flags (rows uint8) from float32 w2d; qw:
+    optional importance (rows or 1, cols), finite and >= 0."""
+    weighted = qw is not None
+    q = (np.ascontiguousarray(qw, np.float32).reshape(-1, w2d.shape[1]) if weighted
+         else np.ones((1, 1), np.float32))
+    iq4nl_encode(w2d, q, weighted, KVALUES, MIDS, CAND_NUM, tables.f16_table(), blocks, flags)

@@ -48,8 +48,7 @@ def _err(w: np.ndarray, y: np.ndarray, qw: np.ndarray | None):
 def _weighted_types() -> set[str]:
     """The types the workbench's importance-weighted encoder takes."""
     from .methods import ggml_weighted
-    return set(getattr(ggml_weighted, "WEIGHTED_TYPES", ("q4_0", "q5_0", "q4_1", "q5_1", "q2_k",
-                                                          "q3_k", "q4_k", "q5_k", "q6_k")))
+    return set(getattr(ggml_weighted, "WEIGHTED_TYPES", ggml_weighted.SUPPORTED))
 
 
 def run_vs_ggml(model, types=DEFAULT_TYPES, importance: dict | None = None, threads: int = 2,

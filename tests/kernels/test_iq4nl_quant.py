@@ -146,3 +146,60 @@ def test_evaluate_and_export_quantize_use_the_kernel(monkeypatch):
         raise AssertionError("the numpy IQ4_NL encoder ran")
     monkeypatch.setattr(IQ4_NL, "encode", boom)
     assert same_qt(quantize(w, "iq4_nl"), ref)
+
+
+def _weighted_ref(w, qw):
+    """The numpy reference of the importance-weighted encoding, packed rows."""
+    x = w.reshape(-1, 32)
+    enc = S.encode(x, np.ascontiguousarray(qw, np.float32).reshape(-1, 32))
+    return enc.view(np.uint8).reshape(w.shape[0], -1)
+
+
+def test_weighted_same_bytes_as_reference():
+    """qw * sqrt(2 sum(x^2)/32 + x^2) weights: per-column importance with dead columns,
+    per-row importance, a block whose importance is all zero, edge blocks."""
+    rng = np.random.default_rng(21)
+    w = (rng.standard_normal((12, 416)) * rng.uniform(1e-4, 5, (12, 1))).astype(np.float32)
+    w[0, :32] = 0.0
+    w[1, :64] *= np.float32(1e-6)
+    w[2, 32:64] = np.float32(0.25)
+    qcol = rng.lognormal(0.0, 1.5, 416).astype(np.float32)
+    qcol[::9] = 0.0
+    qcol[64:96] = 0.0                                 # a whole block without importance
+    qrow = rng.lognormal(0.0, 1.0, w.shape).astype(np.float32)
+    for qw in (np.broadcast_to(qcol, w.shape), qrow):
+        want = _weighted_ref(w, qw)
+        blocks, flags = _kernel_bytes_weighted(w, qw)
+        assert not flags.any()
+        assert np.array_equal(blocks, want)
+    # the importance changes the result (the weighted path is not the plain one)
+    assert not np.array_equal(_kernel_bytes_weighted(w, qrow)[0], _kernel_bytes(w)[0])
+
+
+def _kernel_bytes_weighted(w, qw):
+    from kernels import iq4nl_quant
+    blocks = np.empty((w.shape[0], w.shape[1] // 32 * 18), np.uint8)
+    flags = np.empty(w.shape[0], np.uint8)
+    iq4nl_quant.encode_blocks(np.ascontiguousarray(w), blocks, flags, np.ascontiguousarray(qw))
+    return blocks, flags
+
+
+def test_weighted_encode_runs_the_kernel_and_matches(monkeypatch):
+    """methods.ggml_weighted (the imatrix method) takes IQ4_NL through the kernel, for block
+    counts that do and do not divide into 64-block rows."""
+    from workbench.methods.ggml_weighted import SUPPORTED, weighted_encode
+    from workbench.schemes.ggml.iq4_nl import IQ4_NL
+    assert "iq4_nl" in SUPPORTED
+    rng = np.random.default_rng(22)
+    cases = []
+    for shape in ((6, 256), (3, 96), (1, 32)):
+        w = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+        qw = np.broadcast_to(rng.lognormal(0, 1, shape[1]).astype(np.float32), shape)
+        cases.append((w, qw, _weighted_ref(w, qw)))
+
+    def boom(self, x, qw=None):
+        raise AssertionError("the numpy IQ4_NL encoder ran")
+    monkeypatch.setattr(IQ4_NL, "encode", boom)
+    for w, qw, want in cases:
+        got = weighted_encode(S, w, qw).reshape(w.shape[0], -1)
+        assert np.array_equal(got, want), w.shape

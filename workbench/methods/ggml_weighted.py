@@ -10,8 +10,10 @@ with sigma2 = Σx²/32 for the 32-weight blocks (ggml-quants.c), and the searche
 project's (search.py): weighted least squares for each candidate scale. The K-quants instead
 minimise Σ qw_j (x_j − y_j)² itself (the figure ‖XW − XŴ‖² reduces to for uncorrelated
 inputs) with their own searches (Q2_K/Q4_K/Q5_K: schemes/ggml/affine_k.py, numba kernel
-kernels/kquant_affine.py; Q3_K/Q6_K: schemes/ggml/sym_k.py, kernels/kquant_sym.py). Types without a weighted path here
-(Q8_0, IQ4_NL) are refused; llama.cpp ignores the imatrix for Q8_0 too.
+kernels/kquant_affine.py; Q3_K/Q6_K: schemes/ggml/sym_k.py, kernels/kquant_sym.py). IQ4_NL
+weighs its codebook search as llama.cpp does, qw * sqrt(2 Σx²/32 + x²) (schemes/ggml/iq4_nl.py,
+kernel kernels/iq4nl_quant.py). Q8_0 has no weighted path and is refused; llama.cpp ignores
+the imatrix for Q8_0 too.
 
 ``weighted_encode(scheme, x, qw)``: x float32 (n_blocks, QK), qw (n_blocks, QK) -> packed
 blocks uint8 (n_blocks, type_size).
@@ -25,7 +27,7 @@ from ..schemes.ggml.common import to_fp16
 from ..schemes.ggml.search import affine_search, symmetric_search
 
 F = np.float32
-SUPPORTED = ("q4_0", "q5_0", "q4_1", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
+SUPPORTED = ("q4_0", "q5_0", "q4_1", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl")
 
 
 def _llama_weights(x: np.ndarray, qw: np.ndarray, sub: int, factor: float) -> np.ndarray:
@@ -89,6 +91,26 @@ def _searched_k(scheme, x, qw, driver: str):
     return scheme.encode(x, qw)
 
 
+def _iq4_nl(scheme, x, qw):
+    """IQ4_NL: the scheme's codebook search with llama.cpp's importance weights, by the numba
+    kernel (bit-identical) when it can, else by the numpy reference. The (n_blocks, 32) blocks
+    go to the kernel as rows of up to 64 blocks (it searches 4 blocks at a time)."""
+    from .. import accel
+    from kernels import backend
+    spec = accel.spec_for(scheme)
+    n = x.shape[0]
+    if spec is not None and spec.quant and n and backend.resolve("auto") != "numpy":
+        from kernels import cpu_ops
+        k = next(k for k in (64, 32, 16, 8, 4, 2, 1) if n % k == 0)
+        try:
+            res = cpu_ops.iq4nl_blocks(spec, x.reshape(n // k, 32 * k), qw.reshape(n // k, 32 * k))
+        except cpu_ops.NonFinite:
+            res = None
+        if res is not None:
+            return res["blocks"].reshape(-1).view(scheme.block_dtype)
+    return scheme.encode(x, qw)
+
+
 def _encode(scheme, x, qw):
     n = scheme.name
     if n == "q4_0":
@@ -103,6 +125,8 @@ def _encode(scheme, x, qw):
         return _searched_k(scheme, x, qw, "affine_k_blocks")
     if n in ("q3_k", "q6_k"):
         return _searched_k(scheme, x, qw, "sym_k_blocks")
+    if n == "iq4_nl":
+        return _iq4_nl(scheme, x, qw)
     raise KeyError(n)
 
 

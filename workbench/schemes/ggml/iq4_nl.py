@@ -20,7 +20,7 @@ import numpy as np
 
 from .common import (GGMLScheme, NearestIndex, block_dtype, denormalize, fp16_field, pack_nibbles,
                      pow2_normalize, renormalize, to_fp16, unpack_nibbles)
-from .search import codebook_search
+from .search import _seqsum, codebook_search
 
 F = np.float32
 KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
@@ -35,9 +35,18 @@ class IQ4_NL(GGMLScheme):
     ggml_type = gguf.GGMLQuantizationType.IQ4_NL
     block_dtype = block_dtype([("d", "<f2"), ("qs", "u1", (16,))], 18)
 
-    def encode(self, x):
+    def encode(self, x, qw=None):
+        """qw: optional importance (n_blocks, 32), finite and >= 0 (methods/ggml_weighted):
+        the search weights become qw * sqrt(sigma2 + xn^2), sigma2 = 2 * sum(xn^2) / 32, as
+        llama.cpp's quantize_row_iq4_nl_impl weighs them (on the normalized block; the sums
+        in index order, as the kernel computes them)."""
         xn, e = pow2_normalize(x)
-        d = codebook_search(xn, xn * xn, KVALUES, 7, NEAREST)
+        if qw is None:
+            w = xn * xn
+        else:
+            sigma2 = F(2) * _seqsum(xn, xn) / F(32)
+            w = np.asarray(qw, F) * np.sqrt(sigma2[:, None] + xn * xn)
+        d = codebook_search(xn, w, KVALUES, 7, NEAREST)
         d16 = to_fp16(denormalize(d, e))
         d_eff = renormalize(d16.astype(F), e)
         ok = d_eff != 0
