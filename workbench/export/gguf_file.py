@@ -22,6 +22,8 @@ file order (padded to the alignment as the package pads it) with os.write. Re-en
 are cut into row chunks that worker threads quantize in parallel (numba kernels, GIL released)
 while this thread writes finished chunks in order; at most 2 x workers + 2 tasks are in
 flight, so memory is bounded by a few chunks (and whole tensors for copies and widenings).
+F16/BF16 rows bound for Q4_0/Q8_0 are widened inside the quantize kernel itself
+(accel.quantize_widening), the same bytes as widening them first.
 Atomic: a temporary file beside the target, renamed over it on success, removed on error or
 cancel.
 """
