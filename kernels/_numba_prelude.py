@@ -7,6 +7,16 @@ numpy.f2py, charset_normalizer, ...) although the kernels never call BLAS. Loadi
 ``cython_blas`` extension module itself, under its own name, gives numba the very module it
 would get, in about a third of the time; ``scipy.linalg`` is imported normally if anything
 asks for it later. Any failure here changes nothing (numba then imports scipy.linalg itself).
+
+Loading a kernel from numba's on-disk cache (``cache=True``) first calls the CPU target
+context's ``refresh()``, which imports and installs every typing and lowering registry of
+numba (unicode, charseq, cffi, linalg, random, polynomial, ...): 0.2-0.3 s of CPU in each
+new process, needed to *compile* a function, not to load machine code that is already
+compiled. ``_cheaper_cache_loads`` makes a cache load on the CPU target initialize only
+numba's runtime (NRT, whose symbols the loaded code links against) and then load. A cache
+miss still compiles through numba's compiler, which refreshes the contexts itself; any other
+target (CUDA), or a load that fails for any reason, goes through numba's own method
+unchanged. The machine code run is the same either way (tests/kernels/test_numba_start.py).
 """
 
 from __future__ import annotations
@@ -46,4 +56,36 @@ def _preload_cython_blas() -> None:
         return
 
 
+def _cheaper_cache_loads() -> None:
+    try:
+        from numba.core import caching
+        from numba.core.cpu import CPUContext
+        from numba.core.runtime import rtsys
+    except Exception:  # noqa: BLE001 - an optimisation only
+        return
+    cls = caching.Cache
+    own = cls.__dict__.get("load_overload")
+    if (own is None or getattr(own, "_skips_refresh", False)
+            or not hasattr(cls, "_load_overload")
+            or not hasattr(cls, "_guard_against_spurious_io_errors")
+            or not hasattr(rtsys, "initialize")):
+        return  # not the numba this was written for, or done already
+
+    def load_overload(self, sig, target_context):
+        if type(target_context) is not CPUContext:
+            return own(self, sig, target_context)
+        try:
+            rtsys.initialize(target_context)
+            with self._guard_against_spurious_io_errors():
+                return self._load_overload(sig, target_context)
+        except Exception:  # noqa: BLE001 - numba's own path: refresh, then load
+            return own(self, sig, target_context)
+
+    load_overload._skips_refresh = True
+    load_overload.__doc__ = own.__doc__
+    load_overload.__wrapped__ = own
+    cls.load_overload = load_overload
+
+
 _preload_cython_blas()
+_cheaper_cache_loads()

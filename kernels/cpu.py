@@ -20,15 +20,35 @@ Imported lazily by ``kernels.cpu_ops``: importing this module compiles (or loads
 kernel is first called.
 
 The kernels live in ``cpu_common`` (shared helpers), ``cpu_affine``, ``cpu_floats`` and
-``cpu_ggml``; this module gathers them under one name for ``cpu_ops``.
+``cpu_ggml``; this module gathers them under one name for ``cpu_ops``. A family's module is
+imported when one of its names is first asked for (``cpu.ggml_encode`` imports ``cpu_ggml``
+only), so a process that quantizes GGML blocks never defines the affine kernels.
 """
 
 from __future__ import annotations
 
-from .cpu_affine import (_f64_to_f16_bits, affine_dequant, affine_error, block_stats,  # noqa: F401
-                         encode, int_qparams,
-                         quant_fused)
-from .cpu_common import (F0, _J, _P, _acc_row, _block_keys, _f32_to_f16_bits,  # noqa: F401
-                         _put_f16, count_nonfinite)
-from .cpu_floats import f32_copy, f32_error, u16_dequant, u16_error  # noqa: F401
-from .cpu_ggml import ggml_dequant, ggml_encode, ggml_error  # noqa: F401
+import importlib
+
+_FAMILIES = {
+    "cpu_affine": ("_f64_to_f16_bits", "affine_dequant", "affine_error", "block_stats", "encode",
+                   "int_qparams", "quant_fused"),
+    "cpu_common": ("F0", "_J", "_P", "_acc_row", "_block_keys", "_f32_to_f16_bits", "_put_f16",
+                   "count_nonfinite"),
+    "cpu_floats": ("f32_copy", "f32_error", "u16_dequant", "u16_error"),
+    "cpu_ggml": ("ggml_dequant", "ggml_encode", "ggml_error"),
+}
+_WHERE = {name: mod for mod, names in _FAMILIES.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    mod = _WHERE.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__package__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))

@@ -266,6 +266,28 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
     raise ValueError(f"no quantize kernel for {spec.name}")
 
 
+def quantize_ggml_f16(spec: Spec, h2d: np.ndarray, bf16: bool) -> dict | None:
+    """Q4_0 / Q8_0 blocks of float16 (bf16 False) or bfloat16 bits h2d (rows, cols; uint16),
+    widened row by row inside the kernel (kernels/ggml_f16_quant.py): the bytes ``quantize``
+    gives on the widened float32 tensor. None when no such kernel covers the spec, or when a
+    row holds NaN/Inf or a block scale overflows float16 (the caller then widens and takes the
+    float32 path, which raises or decides as it always does)."""
+    if spec.quant != "ggml" or spec.ggml_id not in (0, 4) or h2d.ndim != 2:
+        return None
+    rows, cols = h2d.shape
+    if cols % spec.qk:
+        return None
+    from . import ggml_f16_quant
+    h2d = np.ascontiguousarray(h2d).view(np.uint16)
+    blocks = np.empty((rows, cols // spec.qk * spec.bpb), np.uint8)
+    flags = np.empty(rows, np.uint8)
+    with _threads(h2d.size):
+        ggml_f16_quant.ggml_encode_f16(h2d, bool(bf16), spec.ggml_id, spec.bpb, blocks, flags)
+    if rows and int(np.bitwise_or.reduce(flags)):
+        return None
+    return {"blocks": blocks}
+
+
 def _searched_k_blocks(encode, kinds, spec: Spec, w2d, qw, check_finite) -> dict | None:
     """Blocks of w2d (rows, cols % 256 == 0) by a searched K-quant kernel `encode`; qw: optional
     importance (rows or 1, cols), finite and >= 0. None: the kernel declines (the reference

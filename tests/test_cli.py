@@ -264,3 +264,23 @@ def test_lone_surrogate_names_print_and_internal_errors_are_one_line(tmp_path, m
     assert len(err) == 1 and "internal error: ZeroDivisionError" in err[0]
     log = err[0].split("details in ")[1].rstrip(")")
     assert "Traceback" in open(log).read()
+
+
+def test_a_named_command_builds_only_its_own_parser():
+    """`export ...` imports the export command's module only (not gui, bench, sensitivity);
+    help, an unknown word and a model path still get the whole command line."""
+    from workbench.cli import _command_names, build_parser
+    full = _command_names(build_parser())
+    assert {"export", "bench-load", "gui", "evaluate"} <= full
+    for name in ("export", "bench-load", "gui"):
+        assert _command_names(build_parser(only=name)) == {name}
+    for word in ("exprt", "bench_load", "-h", "_x", "resources/demo_model", "commands"):
+        assert build_parser(only=word) is None
+    code = ("import sys\nfrom workbench.cli import main\n"
+            "rc = main(['export', '--scheme', 'q8_0', '--format', 'plan', '--check'])\n"
+            "mods = sorted(m for m in sys.modules if m.startswith('workbench.cli.commands.'))\n"
+            "print(rc, mods)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "0 ['workbench.cli.commands.export']"

@@ -171,6 +171,28 @@ def quantize(scheme, w: np.ndarray, backend: str = "auto", tensor: str | None = 
     return qt
 
 
+def quantize_widening(scheme, raw: np.ndarray, dtype: str):
+    """``quantize(scheme, widened raw)`` for float16 / bfloat16 weights (`dtype` "F16" or
+    "BF16"; `raw` their 2-D storage: float16, or uint16 bits), widened inside the kernel in the
+    same pass, for the schemes whose kernel does that (Q4_0, Q8_0). None when there is no such
+    kernel, or the weights need the float32 path's decisions (NaN/Inf, a float16 scale that
+    overflows): the caller then widens and calls ``quantize``. The bytes are ``quantize``'s."""
+    from .schemes.base import QuantizedTensor, Scheme
+    scheme = _scheme(scheme)
+    spec = spec_for(scheme)
+    raw = np.asarray(raw)
+    if (spec is None or dtype not in ("F16", "BF16") or raw.ndim != 2 or raw.size == 0
+            or raw.dtype.itemsize != 2 or type(scheme).check_range is not Scheme.check_range
+            or scheme.ineligible_reason(raw.shape)):
+        return None
+    from kernels import cpu_ops
+    arrays = cpu_ops.quantize_ggml_f16(spec, raw, dtype == "BF16")
+    if arrays is None:
+        return None
+    qt = QuantizedTensor(scheme.name, tuple(int(s) for s in raw.shape), arrays)
+    return None if scheme.reference_needed(qt) else qt
+
+
 def dequant_error(w: np.ndarray, qt, backend: str = "auto"):
     """ErrorSums of `w` against the dequantized `qt`, in one pass, without writing the
     dequantized tensor (float64 sums; max_abs_err exact)."""

@@ -47,3 +47,57 @@ def test_ggml_quantize_on_auto_backend_does_not_probe_cuda():
         "  'kernel': accel.has_kernel('q8_0', 'quantize', 'cpu'),\n"
         "  'equal': qt.arrays['blocks'].tobytes() == ref.arrays['blocks'].tobytes()}))\n")
     assert got == {"cuda": False, "kernel": True, "equal": True}
+
+
+def test_cached_kernels_load_without_numba_registries_and_give_the_same_bytes():
+    """A kernel loaded from numba's cache in a fresh process skips the CPU context's refresh
+    (numba's linalg/polynomial/cffi registries are never imported) and computes the very bytes
+    a process with numba's own refresh computes; a kernel family not used is not imported."""
+    code = (
+        "import hashlib, json, os, sys, numpy as np\n"
+        "if os.environ.get('QW_FULL_REFRESH'):\n"
+        "    import numba  # numba's own load path: refresh first\n"
+        "    from numba.core import caching\n"
+        "    import kernels._numba_prelude\n"
+        "    caching.Cache.load_overload = caching.Cache.load_overload.__wrapped__\n"
+        "from workbench import accel\n"
+        "from kernels import convert\n"
+        "rng = np.random.default_rng(1)\n"
+        "w = (rng.standard_normal((96, 512)) * 0.05).astype(np.float16)\n"
+        "f = convert.f16_to_f32(w)\n"
+        "h = hashlib.sha256(f.tobytes())\n"
+        "for s in ('q4_0', 'q8_0', 'q6_k', 'q4_k', 'q5_0'):\n"
+        "    h.update(accel.quantize(s, f, backend='cpu').arrays['blocks'].tobytes())\n"
+        "print(json.dumps({'sha': h.hexdigest(),\n"
+        "  'registries': sorted(m for m in ('numba.np.linalg', 'numba.np.polynomial',\n"
+        "                                   'numba.core.typing.cffi_utils') if m in sys.modules),\n"
+        "  'affine': 'kernels.cpu_affine' in sys.modules}))\n")
+    _run(code)                                  # compiles into the cache where needed
+    fast = _run(code)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       timeout=600, env={**os.environ, "QW_FULL_REFRESH": "1"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    full = json.loads(p.stdout.strip().splitlines()[-1])
+    assert fast == {"sha": full["sha"], "registries": [], "affine": False}
+    assert full["registries"] == ["numba.core.typing.cffi_utils", "numba.np.linalg",
+                                  "numba.np.polynomial"]
+
+
+def test_cache_loads_for_other_targets_and_failures_take_numbas_own_path():
+    got = _run(
+        "import json\n"
+        "import kernels._numba_prelude\n"
+        "from numba.core import caching\n"
+        "calls = []\n"
+        "class Ctx:\n"
+        "    def refresh(self): calls.append('refresh')\n"
+        "class C:\n"
+        "    load_overload = caching.Cache.load_overload\n"
+        "    def _load_overload(self, sig, ctx): calls.append('load'); return 'cres'\n"
+        "    def _guard_against_spurious_io_errors(self):\n"
+        "        import contextlib; return contextlib.nullcontext()\n"
+        "r = C().load_overload(None, Ctx())\n"
+        "print(json.dumps({'calls': calls, 'r': r,\n"
+        "  'marked': caching.Cache.load_overload._skips_refresh}))\n")
+    # a context that is not numba's CPU context: refresh first, then load (numba's method)
+    assert got == {"calls": ["refresh", "load"], "r": "cres", "marked": True}

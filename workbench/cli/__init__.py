@@ -24,16 +24,27 @@ from pathlib import Path
 from ..errors import Cancelled, WorkbenchError, one_line
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `only` (a command name), a parser holding just that
+    command, whose module is the only one imported (`export` does not load what `gui`,
+    `bench` or `sensitivity` import). None when `only` names no command module."""
     from . import commands
     parser = argparse.ArgumentParser(
         prog="quant-workbench",
         description="Decide how each layer of a neural network is quantized. "
                     "With no command, opens the desktop app (on MODEL or the bundled demo model).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for mod in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{commands.__name__}.{mod.name}")
+    names = sorted(m.name for m in pkgutil.iter_modules(commands.__path__))
+    if only is not None:
+        mod = only.replace("-", "_")
+        if only.startswith(("_", "-")) or mod not in names:
+            return None
+        names = [mod]
+    for name in names:
+        module = importlib.import_module(f"{commands.__name__}.{name}")
         module.register(sub)
+    if only is not None and only not in _command_names(parser):
+        return None
     return parser
 
 
@@ -46,10 +57,14 @@ def _command_names(parser: argparse.ArgumentParser) -> set[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    names = _command_names(parser)
-    if not argv or (argv[0] not in names and argv[0] not in ("-h", "--help")):
-        argv = ["gui", *argv]
+    # a command named first: build only its parser (module names are command names, "_"
+    # for "-"); anything else (help, a model path for the GUI, a typo) gets the whole parser
+    parser = build_parser(only=argv[0]) if argv else None
+    if parser is None:
+        parser = build_parser()
+        names = _command_names(parser)
+        if not argv or (argv[0] not in names and argv[0] not in ("-h", "--help")):
+            argv = ["gui", *argv]
     _tolerant_streams()
     try:
         args = parser.parse_args(argv)

@@ -22,6 +22,8 @@ file order (padded to the alignment as the package pads it) with os.write. Re-en
 are cut into row chunks that worker threads quantize in parallel (numba kernels, GIL released)
 while this thread writes finished chunks in order; at most 2 x workers + 2 tasks are in
 flight, so memory is bounded by a few chunks (and whole tensors for copies and widenings).
+F16/BF16 rows bound for Q4_0/Q8_0 are widened inside the quantize kernel itself
+(accel.quantize_widening), the same bytes as widening them first.
 Atomic: a temporary file beside the target, renamed over it on success, removed on error or
 cancel.
 """
@@ -53,6 +55,7 @@ QUANTIZATION_VERSION = 2
 CHUNK_ELEMENTS = 1 << 22
 
 FLOAT_SCHEMES = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}
+FUSED_WIDENING = {"q4_0", "q8_0"}   # schemes with a kernel that widens F16/BF16 as it quantizes
 # catalog dtype -> (GGUF type name, numpy dtype written) for `keep` from non-GGUF sources
 KEEP_TYPES = {
     "F32": ("F32", np.float32), "F16": ("F16", np.float16), "BF16": ("BF16", np.uint16),
@@ -260,9 +263,24 @@ def _decode(model, info, r0: int, r1: int) -> np.ndarray:
 
 
 def _chunk_data(model, item: _Item, r0: int, r1: int) -> list[np.ndarray]:
-    """The bytes of rows r0:r1 of one output tensor (a task of its own, on a worker)."""
-    chunk = _decode(model, model.info(item.name), r0, r1)
+    """The bytes of rows r0:r1 of one output tensor (a task of its own, on a worker).
+    F16/BF16 rows go to Q4_0/Q8_0 in one pass where the kernel takes them (no float32 copy);
+    anything it declines is widened and quantized as before, the same bytes either way."""
+    info = model.info(item.name)
+    if info.dtype in ("F16", "BF16") and not info.quant and item.scheme in FUSED_WIDENING:
+        qt = _quantize_widening(item.scheme, model.raw(info.name)[r0:r1], info.dtype)
+        if qt is not None:
+            return [np.ascontiguousarray(qt.arrays["blocks"])]
+    chunk = _decode(model, info, r0, r1)
     return [_encode_chunk(model, item, chunk)]
+
+
+def _quantize_widening(scheme: str, raw, dtype: str):
+    try:
+        from ..accel import quantize_widening
+    except ImportError:
+        return None
+    return quantize_widening(scheme, raw, dtype)
 
 
 def _encode_chunk(model, item: _Item, chunk: np.ndarray) -> np.ndarray:
