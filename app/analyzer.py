@@ -316,7 +316,7 @@ class Analyzer(QObject):
             if need_stats:
                 self.runner.post(self._deliver_stats, gen, {name: st})
             if need_eval:
-                r = evaluate_tensor(model, name, scheme)
+                r = evaluate_tensor(model, name, scheme, matrix=self._matrix(model, name, scheme))
                 self.runner.post(self._deliver_result, gen, r)
                 yield Progress(1, 3, name)
             if need_detail:

@@ -79,6 +79,42 @@ def test_edit_of_a_large_tensor_shows_the_estimate_first(make_window, qtbot, big
     assert seen == [] and doc.totals().sqnr_db is not None
 
 
+def test_edits_of_a_large_tensor_reuse_its_matrix(make_window, qtbot, big_model):
+    """The exact evaluation after an edit of a large tensor reads the matrix once and keeps
+    it for the next edit (not re-read from the file); results equal a fresh evaluation, and
+    the estimate sampled from the held matrix equals the one sampled from the file."""
+    from app import commands
+    from workbench.evaluate import DEFAULT_EVAL_CACHE
+    win = make_window(big_model)
+    doc, m = win.doc, win.doc.model
+    small = "model.layers.0.self_attn.q_proj.weight"
+    win.select(small)      # the plots of the selected tensor read it for their histogram
+    wait_idle(qtbot, win)
+    reads = []
+    orig = m.read_matrix
+    m.read_matrix = lambda n: (reads.append(n), orig(n))[1]
+    try:
+        for scheme in ("int3-g64", "int5-g128", "q4_0"):
+            DEFAULT_EVAL_CACHE.clear()
+            win.push(commands.assign(doc, [BIG], scheme))
+            qtbot.waitUntil(lambda: doc.totals().sqnr_db is not None, timeout=60000)
+            wait_idle(qtbot, win)
+            fresh = evaluate_tensor(open_model(str(big_model)), BIG, scheme, cache=None)
+            assert doc.result(BIG).error.sse == fresh.error.sse
+            assert doc.result(BIG).error.max_abs_err == fresh.error.max_abs_err
+    finally:
+        m.read_matrix = orig
+    assert reads.count(BIG) <= 1 and BIG in win.analyzer.matrices.names()
+    held = win.analyzer.matrices.peek(m, BIG)
+    a = estimate_tensor(m, BIG, "int4-g64", matrix=held)
+    b = estimate_tensor(m, BIG, "int4-g64")
+    assert a.sse == b.sse and a.sig == b.sig
+    # a small tensor is never held
+    win.push(commands.assign(doc, [small], "int3-g64"))
+    wait_idle(qtbot, win)
+    assert small not in win.analyzer.matrices.names()
+
+
 def test_tier_header_refreshed_once_per_change(make_window, qtbot):
     """An edit of many tensors refreshes each tier column's header once per document signal,
     not once per card (the header sums its members)."""
