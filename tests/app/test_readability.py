@@ -50,6 +50,9 @@ def test_channel_plot_label_legend_and_roles(window, qtbot):
     assert fm.horizontalAdvance(axis.label.toPlainText()) < axis.boundingRect().height()
     # the legend is the title line, not a box inside the plot over the outliers
     assert item.legend is None and "outliers" in item.titleLabel.text
+    # the histogram's too (its box covered the peak when the range was lopsided)
+    hist = window.plots.histogram.getPlotItem()
+    assert hist.legend is None and "dequantized" in hist.titleLabel.text
     # roles fit their column whole
     t = window.table
     cell = t.view.fontMetrics()
