@@ -213,3 +213,19 @@ def test_comparison_current_label_clears_points_and_labels(qtbot):
     for p in mpts[::3]:
         plot.set_current((p.scheme, p.method))
         _assert_label_clear(plot, f"{p.scheme} · {p.method}")
+
+
+def test_comparison_caption_fits_at_1280(window, qtbot):
+    """The caption above the comparison table shows a whole form at 1280x800 (it was cut by
+    the method boxes: "◆ Pareto · ● curr"), its text stays the fullest form."""
+    window.resize(1280, 800)
+    window.fit_layout()
+    window.select(Q)
+    window.tabs.setCurrentIndex(2)
+    wait_idle(qtbot, window, 120000)
+    label = window.comparison.label
+    qtbot.wait(20)
+    shown = label.shown_text()
+    assert shown in label._forms and not shown.endswith("…")
+    assert label.fontMetrics().horizontalAdvance(shown) <= label.contentsRect().width()
+    assert label.text().startswith(Q) and "click a point" in label.text()
