@@ -156,3 +156,35 @@ def test_table_cells_cached_until_the_document_changes(window, qtbot):
     n = len(calls)
     window.push(commands.assign(window.doc, [name], "q8_0"))  # an edit drops the cache
     assert idx.data() == "q8_0" and len(calls) == n + 1
+
+
+def test_axis_pictures_replayed_are_the_ones_drawn(window, qtbot):
+    """Selecting a tensor again replays each axis' kept picture and the grid's kept paths:
+    the plots look exactly as when they were drawn afresh (caches emptied)."""
+    a, b = "model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight"
+    plots = (window.plots.histogram, window.plots.ranges, window.plots.errors)
+
+    def show(name):
+        window.select(name)
+        wait_idle(qtbot, window)
+        qtbot.wait(10)
+        return [p.grab().toImage() for p in plots]
+
+    show(a)
+    show(b)      # a left axis may grow to b's labels (then a's picture is drawn once more)
+    first = show(a)
+    show(b)
+    axes = [p.getPlotItem().getAxis(s) for p in plots for s in ("left", "bottom")]
+    sizes = [len(ax._picture_cache) for ax in axes]
+    assert all(n >= 2 for n in sizes)            # a's and b's pictures kept
+    again = show(a)                              # replayed from the caches
+    assert [len(ax._picture_cache) for ax in axes] == sizes   # nothing new drawn
+    for ax in axes:
+        ax._picture_cache.clear()
+        ax.picture = None
+    for p in plots:
+        p.getPlotItem()._fast_grid._cache.clear()
+        p.getPlotItem()._fast_grid.update()
+    fresh = [p.grab().toImage() for p in plots]
+    for x, y, z in zip(first, again, fresh):
+        assert x == y == z
