@@ -44,6 +44,67 @@ class _one_thread:
             numba.set_num_threads(self.prev)
 
 
+class Matrices:
+    """The float32 matrices of the large tensors evaluated last (two at most, 384 MiB in
+    all; none of more than 256 MiB), so trying scheme after scheme on one tensor does not
+    read and decode it from the file each time (a 4096x4096 matrix: a 64 MiB copy, page
+    faults and its release: about a fifth of the exact evaluation). Loader models only (a
+    method model's matrix depends on its state). Used on the compute thread; cleared when
+    the model changes."""
+
+    ENTRIES = 2
+    MAX_TENSOR = 256 << 20
+    MAX_TOTAL = 384 << 20
+
+    def __init__(self):
+        from collections import OrderedDict
+        self._lock = threading.Lock()
+        self._data: OrderedDict = OrderedDict()
+        self._model = None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self._model = None
+
+    def _eligible(self, model, name) -> bool:
+        if getattr(model, "quantize_tensor", None) is not None:
+            return False
+        info = model.info(name)
+        return info.is_float and MIN_ELEMENTS <= info.numel and 4 * info.numel <= self.MAX_TENSOR
+
+    def peek(self, model, name):
+        """The cached matrix, or None (never reads)."""
+        with self._lock:
+            if model is not self._model:
+                return None
+            w = self._data.get(name)
+            if w is not None:
+                self._data.move_to_end(name)
+            return w
+
+    def get(self, model, name):
+        """The matrix (read and kept when eligible), or None when not kept (the caller reads)."""
+        w = self.peek(model, name)
+        if w is not None or not self._eligible(model, name):
+            return w
+        w = model.read_matrix(name)
+        with self._lock:
+            if model is not self._model:
+                self._data.clear()
+                self._model = model
+            self._data[name] = w
+            while len(self._data) > self.ENTRIES or (
+                    len(self._data) > 1 and sum(a.nbytes for a in self._data.values())
+                    > self.MAX_TOTAL):
+                self._data.popitem(last=False)
+        return w
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._data)
+
+
 @dataclass
 class Detail:
     """What the plots of one tensor need beyond its statistics, for one scheme."""
@@ -74,6 +135,7 @@ class Analyzer(QObject):
         self._compare = None
         self._predict = None
         self._predict_for = None
+        self.matrices = Matrices()
         self.errors: list[str] = []
         self.on_error = None  # callable(title, message), set by the window
         doc.modelChanged.connect(self._model_changed)
@@ -92,6 +154,7 @@ class Analyzer(QObject):
     # ---- model --------------------------------------------------------------------------
     def _model_changed(self) -> None:
         self._generation += 1
+        self.matrices.clear()
         with self._lock:
             self._queue.clear()
         if self._compare is not None:
@@ -168,7 +231,8 @@ class Analyzer(QObject):
                 if gen != self._generation:
                     return None
                 with _one_thread():   # a few ms of work: the other core stays with the GUI
-                    e = estimate_tensor(model, n, s)   # as the exact evaluation decides
+                    # as the exact evaluation decides; rows from the matrix when it is held
+                    e = estimate_tensor(model, n, s, matrix=self.matrices.peek(model, n))
                 if e is not None:
                     self.runner.post(self._deliver_estimate, gen, e)
                 yield Progress(i + 1, len(todo), f"estimating {n}")
@@ -204,10 +268,23 @@ class Analyzer(QObject):
                 name = self._queue.pop(0)
                 left = len(self._queue)
             scheme = self.doc.assignment.get(name, KEEP)
-            r = evaluate_tensor(model, name, scheme)
+            r = evaluate_tensor(model, name, scheme, matrix=self._matrix(model, name, scheme))
             self.runner.post(self._deliver_result, gen, r)
             done += 1
             yield Progress(done, done + left, f"error: {name}")
+
+    def _matrix(self, model, name, scheme):
+        """The held matrix of a large tensor (read once, then kept) when its evaluation is not
+        cached already; else None (evaluate_tensor reads it, or needs nothing)."""
+        from . import perf
+        if not perf.FAST:
+            return None
+        from workbench.runtimes import decide
+        d = decide(model.info(name), scheme, "any")     # evaluate_tensor's cache key
+        if d.applied == KEEP or DEFAULT_EVAL_CACHE.get(
+                (model.path, name, scheme, d.applied, d.kind)) is not None:
+            return None
+        return self.matrices.get(model, name)
 
     def _eval_failed(self, message: str) -> None:
         with self._lock:
@@ -239,7 +316,7 @@ class Analyzer(QObject):
             if need_stats:
                 self.runner.post(self._deliver_stats, gen, {name: st})
             if need_eval:
-                r = evaluate_tensor(model, name, scheme)
+                r = evaluate_tensor(model, name, scheme, matrix=self._matrix(model, name, scheme))
                 self.runner.post(self._deliver_result, gen, r)
                 yield Progress(1, 3, name)
             if need_detail:

@@ -363,7 +363,8 @@ class ComparisonView(QWidget):
         self.plot = SchemePointsPlot()
         self.plot.picked.connect(self.assign_scheme)
         self.plot.pickedMethod.connect(self.assign_pair)
-        self.label = QLabel("Select a tensor to compare every scheme that can take it.")
+        from .fit_label import FitLabel     # a shorter form when narrow, never cut mid-word
+        self.label = FitLabel("Select a tensor to compare every scheme that can take it.")
         self.label.setObjectName("Muted")
         self.label.setMinimumWidth(1)
         from PySide6.QtWidgets import QSizePolicy
@@ -572,14 +573,23 @@ class ComparisonView(QWidget):
         if not name:
             self.label.setText("Select a tensor to compare every scheme that can take it.")
         elif self.model.methods_on:
-            self.label.setText(
-                f"{name}: {len(self.model.scope)} schemes × rtn, {', '.join(self.model.methods)}"
-                f"; Out SQNR: layer output on {Path(self.comparer.calib()).name}; ◆ Pareto · "
-                "● current · click a point or double-click a row to assign scheme + method")
+            n, ms = len(self.model.scope), ", ".join(self.model.methods)
+            calib = Path(self.comparer.calib()).name
+            self.label.set_forms([
+                f"{name}: {n} schemes × rtn, {ms}; Out SQNR: layer output on {calib}; ◆ Pareto "
+                "· ● current · click a point or double-click a row to assign scheme + method",
+                f"{name}: {n} schemes × rtn, {ms}; Out SQNR: layer output on {calib}; "
+                "◆ Pareto · ● current",
+                f"{n} schemes × rtn, {ms}; Out SQNR on {calib}; ◆ Pareto · ● current",
+                f"{n} schemes × {len(self.model.methods) + 1} methods · ◆ Pareto · ● current"])
         else:
-            self.label.setText(f"{name}: all {len(self.model.schemes)} eligible schemes; "
-                               "◆ Pareto · ● current · double-click a row or click a point "
-                               "to assign")
+            n = len(self.model.schemes)
+            self.label.set_forms([
+                f"{name}: all {n} eligible schemes; ◆ Pareto · ● current · double-click a row "
+                "or click a point to assign",
+                f"{name}: all {n} eligible schemes; ◆ Pareto · ● current",
+                f"all {n} eligible schemes; ◆ Pareto · ● current · click a point to assign",
+                f"{n} eligible schemes · ◆ Pareto · ● current"])
 
     def showEvent(self, event) -> None:
         super().showEvent(event)

@@ -1,8 +1,17 @@
-"""Status-bar progress: the running task's message, a progress bar and Cancel."""
+"""Status-bar progress: the running task's message, a progress bar and Cancel.
+
+A task shows here once it has run for SHOW_AFTER_MS (then with every progress event): the
+evaluation after an edit takes tens of milliseconds, and flashing a bar for it cost the GUI
+thread a synchronous repaint (QProgressBar.setValue repaints at once) per event while the
+compute thread was finishing the figure the totals wait for."""
 
 from __future__ import annotations
 
+from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
+
+
+SHOW_AFTER_MS = 250
 
 
 class ProgressPanel(QWidget):
@@ -10,6 +19,8 @@ class ProgressPanel(QWidget):
         super().__init__(parent)
         self.runner = runner
         self.task = None
+        self._delay = QTimer(self, singleShot=True, interval=SHOW_AFTER_MS)
+        self._delay.timeout.connect(self._delayed)
         self.label = QLabel("")
         self.label.setObjectName("Muted")
         self.bar = QProgressBar()
@@ -40,6 +51,18 @@ class ProgressPanel(QWidget):
             self._show(task)
 
     def _show(self, task) -> None:
+        if not self.isVisible():
+            if not self._delay.isActive():
+                self._delay.start()
+            return
+        self._fill(task)
+
+    def _delayed(self) -> None:
+        task = self.task
+        if task is not None and not task.finished:
+            self._fill(task)
+
+    def _fill(self, task) -> None:
         text = task.message or task.name
         self.label.setText(text if len(text) < 70 else text[:67] + "…")
         self.bar.setValue(int(1000 * task.fraction))
@@ -50,6 +73,7 @@ class ProgressPanel(QWidget):
             others = [t for t in self.runner.tasks() if t.visible and not t.finished]
             self.task = others[0] if others else None
             if self.task is None:
+                self._delay.stop()
                 self.setVisible(False)
             else:
                 self._show(self.task)

@@ -86,7 +86,11 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
             wait_idle(app, win, timeout=900.0)
             if msgs.errors:
                 raise WorkbenchError(msgs.errors[0][1].split("\n")[0])
-            cmp.refresh_plot()
+        if tab == "comparison":
+            # the plot redraws at most every 150 ms while results stream in: the last batch
+            # may still be waiting for that timer when the compute thread goes idle
+            win.comparison._replot.stop()
+            win.comparison.refresh_plot()
         win.resize(*size)
         win.fit_layout()
         app.processEvents()

@@ -268,9 +268,23 @@ class SensitivityView(QWidget):
         lay.addWidget(self.status)
         lay.addWidget(self.stack, 1)
         lay.addWidget(self.hover)
-        effects.tableChanged.connect(lambda _m: self.refresh())
-        doc.stateChanged.connect(lambda _c: self.refresh())
+        # redrawn when shown: an edit made with this tab hidden cost every edit a redraw
+        self._stale = False
+        effects.tableChanged.connect(lambda _m: self._changed())
+        doc.stateChanged.connect(lambda _c: self._changed())
         doc.currentChanged.connect(self._current)
+
+    def _changed(self) -> None:
+        if self.isVisible():
+            self.refresh()
+        else:
+            self._stale = True
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if self._stale:
+            self._stale = False
+            self.refresh()
 
     def _measure_chosen(self, m: str) -> None:
         if m and m != self.fx.measure:
@@ -291,7 +305,7 @@ class SensitivityView(QWidget):
     def _current(self, name: str) -> None:
         self.heat.set_current(name)
         if self.stack.currentIndex() == 1:
-            self.refresh()
+            self._changed()
 
     def refresh(self) -> None:
         fx = self.fx
@@ -384,10 +398,12 @@ class TensorSensitivity(QWidget):
         table = self.fx.table()
         self.title.setText(f"Sensitivity · {self.fx.measure}")
         if not name or table is None or name not in table.names:
-            self.curve.setData([], [])
-            self.mark.setData([], [])
-            self.placer.set([])
-            self._show_plot(False)
+            if not getattr(self, "_empty", False):   # cleared already: nothing to redraw
+                self.curve.setData([], [])
+                self.mark.setData([], [])
+                self.placer.set([])
+                self._show_plot(False)
+                self._empty = True
             if table is None:
                 # a label, not a tab title: one "&" (a doubled one showed as "&&")
                 self.summary.setText("open the Sensitivity & Budget tab (Ctrl+4) to compute")
@@ -395,6 +411,7 @@ class TensorSensitivity(QWidget):
                 self.summary.setText("not allocatable (kept)" if name else "")
             return
         self._show_plot(True)
+        self._empty = False
         info = self.doc.model.info(name)
         pts = []
         for s in table.schemes:

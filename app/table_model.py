@@ -107,6 +107,16 @@ class SchemeTableModel(QAbstractTableModel):
         return None
 
     def flags(self, index):
+        if perf.FAST:    # asked for twice per painted cell: kept with the cell values
+            key = (index.row(), index.column(), -1)
+            try:
+                return self._cache[key]
+            except KeyError:
+                f = self._cache[key] = self._flags(index)
+                return f
+        return self._flags(index)
+
+    def _flags(self, index):
         f = Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
         if index.column() == C_SCHEME and self.doc.model.info(self._names[index.row()]).is_float:
             f |= Qt.ItemFlag.ItemIsEditable

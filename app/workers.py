@@ -93,6 +93,8 @@ class Task:
         self._last_post = 0.0
 
     def cancel(self) -> None:
+        if self.finished:   # nothing to stop: waking the compute thread would cost the GIL
+            return
         self._cancel.set()
         self.runner._wake()
 

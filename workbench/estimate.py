@@ -77,8 +77,11 @@ def can_estimate(model, name: str, scheme_name: str, decision=None) -> bool:
         return False
 
 
-def estimate_tensor(model, name: str, scheme_name: str, decision=None) -> Estimate | None:
-    """Estimate of `name` under `scheme_name` from sampled rows (None when not estimable)."""
+def estimate_tensor(model, name: str, scheme_name: str, decision=None,
+                    matrix: np.ndarray | None = None) -> Estimate | None:
+    """Estimate of `name` under `scheme_name` from sampled rows (None when not estimable);
+    `matrix`: the tensor as `model.read_matrix(name)` returns it, when the caller holds it
+    (the rows are sampled from it instead of the file)."""
     import time
     from .dtypes import decode_rows
     from .evaluate import quantize_measure
@@ -90,8 +93,11 @@ def estimate_tensor(model, name: str, scheme_name: str, decision=None) -> Estima
     decision = decision or decide(info, scheme_name, "any")
     rows, cols = info.matrix_shape
     idx = sample_rows(rows, cols)
-    raw = model.raw(name)
-    w = np.ascontiguousarray(decode_rows(raw[idx], info), dtype=np.float32)
+    if matrix is not None:
+        w = np.ascontiguousarray(matrix[idx], dtype=np.float32)
+    else:
+        raw = model.raw(name)
+        w = np.ascontiguousarray(decode_rows(raw[idx], info), dtype=np.float32)
     if not np.isfinite(w).all():
         return None          # NaN/Inf: the exact evaluation decides (refusal or pass-through)
     try:

@@ -157,9 +157,11 @@ DEFAULT_EVAL_CACHE = EvalCache()
 
 def evaluate_tensor(model, name: str, scheme_name: str,
                     cache: EvalCache | None = DEFAULT_EVAL_CACHE, *,
-                    decision: Decision | None = None) -> TensorResult:
+                    decision: Decision | None = None,
+                    matrix: np.ndarray | None = None) -> TensorResult:
     """One tensor under `scheme_name`; `decision` (workbench.runtimes.decide) says what is
-    applied — by default the fallback rules of the ``any`` runtime."""
+    applied — by default the fallback rules of the ``any`` runtime. `matrix`: the tensor as
+    `model.read_matrix(name)` returns it, when the caller holds it already (not modified)."""
     info = model.info(name)
     if decision is None:
         decision = decide(info, scheme_name, "any")
@@ -171,16 +173,16 @@ def evaluate_tensor(model, name: str, scheme_name: str,
     if cache is not None and (hit := cache.get(key)) is not None:
         return hit
     with context(getattr(info, "file", None) or model.path, name):
-        res = _evaluate_tensor(model, info, name, scheme_name, decision)
+        res = _evaluate_tensor(model, info, name, scheme_name, decision, matrix)
     if cache is not None:
         cache.put(key, res)
     return res
 
 
-def _evaluate_tensor(model, info, name, scheme_name, decision) -> TensorResult:
+def _evaluate_tensor(model, info, name, scheme_name, decision, matrix=None) -> TensorResult:
     t0 = time.perf_counter()
     applied, note = decision.applied, decision.note
-    w = model.read_matrix(name)
+    w = matrix if matrix is not None else model.read_matrix(name)
     if applied == KEEP:
         if info.is_float:
             finite = np.where(np.isfinite(w), w, 0)

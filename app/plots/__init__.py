@@ -24,6 +24,61 @@ def fix_axes(item, left_text: str = "", short: bool = False) -> None:
         axis.setStyle(maxTextLevel=0)
     for ax in (axis, bottom):
         keep_label(ax)
+        cache_pictures(ax)
+    for hidden in ("top", "right"):   # linked to the view too: their label was re-set as well
+        keep_label(item.getAxis(hidden))
+
+
+PICTURES = 8     # axis pictures kept per axis (by range and geometry)
+
+
+def _rect(r) -> tuple:
+    return (r.x(), r.y(), r.width(), r.height())
+
+
+def _picture_key(axis) -> tuple:
+    """Everything an axis' picture is drawn from (pyqtgraph's generateDrawSpecs): its range
+    and scale, its own and the view's geometry, log mode, tick settings and style."""
+    bounds = axis.mapRectFromParent(axis.geometry())
+    view = axis.linkedView()
+    ticks = view.mapRectToItem(axis, view.boundingRect()) if view is not None \
+        and axis.grid is not False else bounds
+    return (tuple(axis.range), _rect(bounds), _rect(ticks), axis.logMode, axis.scale,
+            axis.autoSIPrefixScale, repr(axis._tickLevels), repr(axis._tickSpacing),
+            getattr(axis, "_tickDensity", None), repr(sorted(axis.style.items())),
+            axis.pen().color().rgba(), axis.textPen().color().rgba(),
+            axis.tickPen().color().rgba())
+
+
+def cache_pictures(axis) -> None:
+    """Fast path (app.perf): the axis keeps its last few pictures (tick marks and labels),
+    keyed by everything they are drawn from, and replays one instead of generating the
+    ticks again (tick values, label strings, text metrics: a millisecond or more per axis)
+    when a range comes back — selecting a tensor seen a moment ago, toggling log counts.
+    The picture is the one pyqtgraph drew for that key."""
+    import types
+    from collections import OrderedDict
+    orig = type(axis).paint
+    cache: OrderedDict = OrderedDict()
+
+    def paint(self, p, opt, widget):
+        from .. import perf
+        if not perf.FAST:
+            return orig(self, p, opt, widget)
+        if self.picture is None:
+            key = _picture_key(self)
+            hit = cache.get(key)
+            if hit is None:
+                orig(self, p, opt, widget)          # draws self.picture and plays it
+                cache[key] = self.picture
+                while len(cache) > PICTURES:
+                    cache.popitem(last=False)
+                return
+            cache.move_to_end(key)
+            self.picture = hit
+        self.picture.play(p)
+    axis.paint = types.MethodType(paint, axis)
+    axis._picture_cache = cache
 
 
 def keep_label(axis) -> None:
@@ -78,6 +133,7 @@ class _Grid:
         self.item = item
         self.alpha = alpha
         self.paths = []
+        self._cache: dict = {}
         vb = item.getViewBox()
         for level in range(2):
             p = QGraphicsPathItem()
@@ -91,15 +147,32 @@ class _Grid:
         vb.sigResized.connect(lambda *_: self.update())
 
     def update(self) -> None:
-        import numpy as np
-        import pyqtgraph as pg
-        from PySide6.QtGui import QColor, QPainterPath
         vb = self.item.getViewBox()
         (x0, x1), (y0, y1) = vb.viewRange()
         w, h = max(vb.width(), 1.0), max(vb.height(), 1.0)
-        xs = self.item.getAxis("bottom").tickValues(x0, x1, w)
-        ys = self.item.getAxis("left").tickValues(y0, y1, h)
-        for level, path_item in enumerate(self.paths):
+        bottom, left = self.item.getAxis("bottom"), self.item.getAxis("left")
+        # the same range and size as a moment ago (a tensor selected again): its paths again
+        key = (x0, x1, y0, y1, w, h, bottom.logMode, left.logMode, repr(bottom._tickLevels),
+               repr(left._tickLevels))
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self._paths(x0, x1, y0, y1, w, h, bottom, left)
+            while len(self._cache) > 8:
+                self._cache.pop(next(iter(self._cache)))
+        for path_item, (path, colour) in zip(self.paths, hit):
+            pen = path_item.pen()
+            pen.setColor(colour)
+            path_item.setPen(pen)
+            path_item.setPath(path)
+
+    def _paths(self, x0, x1, y0, y1, w, h, bottom, left) -> list:
+        import numpy as np
+        import pyqtgraph as pg
+        from PySide6.QtGui import QColor, QPainterPath
+        xs = bottom.tickValues(x0, x1, w)
+        ys = left.tickValues(y0, y1, h)
+        out = []
+        for level in range(len(self.paths)):
             segs = []
             for ticks, lo, hi, length, vertical in ((xs, y0, y1, w, True), (ys, x0, x1, h, False)):
                 if level < len(ticks):
@@ -116,9 +189,7 @@ class _Grid:
                 # pyqtgraph's grid alpha: 255/(level+1) * alpha * clip(0.05 * px / (n+1), 0, 1)
                 alpha_px = max(alpha_px, 255.0 / (level + 1) * self.alpha
                                * min(max(0.05 * length / (n + 1), 0.0), 1.0))
-            pen = path_item.pen()
             c = QColor(*self.COLOUR)
             c.setAlpha(int(alpha_px))
-            pen.setColor(c)
-            path_item.setPen(pen)
-            path_item.setPath(path)
+            out.append((path, c))
+        return out

@@ -31,8 +31,11 @@ class ChannelErrorPlot(pg.PlotWidget):
         from . import fast_grid
         fast_grid(item, 0.15)
         item.setMenuEnabled(False)
-        item.setClipToView(True)
-        item.setDownsampling(auto=True, mode="peak")
+        if not plots.FAST:
+            # the fast path draws data already reduced to the plot's pixel width: clipping
+            # and downsampling it again re-ran on every range change for nothing
+            item.setClipToView(True)
+            item.setDownsampling(auto=True, mode="peak")
         self.curve = pg.PlotDataItem(pen=pg.mkPen("#ffb454", width=1), fillLevel=0,
                                      brush=pg.mkBrush(255, 180, 84, 50))
         self.mean_line = pg.InfiniteLine(angle=0, pen=pg.mkPen("#c9ced8", width=1,

@@ -77,8 +77,11 @@ class ChannelRangePlot(pg.PlotWidget):
         from . import fast_grid
         fast_grid(item, 0.15)
         item.setMenuEnabled(False)
-        item.setClipToView(True)
-        item.setDownsampling(auto=True, mode="peak")
+        if not plots.FAST:
+            # the fast path draws data already reduced to the plot's pixel width: clipping
+            # and downsampling it again re-ran on every range change for nothing
+            item.setClipToView(True)
+            item.setDownsampling(auto=True, mode="peak")
         # the legend is the plot's title line: inside the plot it covered the outliers
         item.setTitle("<span style='color:#4c9aff'>━ min / max</span>&nbsp;&nbsp;"
                       "<span style='color:#9ece6a'>━ |max|</span>&nbsp;&nbsp;"

@@ -36,8 +36,12 @@ class HistogramPlot(pg.PlotWidget):
         from . import fast_grid
         fast_grid(item, 0.15)
         item.setMenuEnabled(False)
-        self.legend = item.addLegend(offset=(-10, 10), labelTextColor="#c9ced8",
-                                     brush=pg.mkBrush(34, 38, 46, 200))
+        # the legend is the plot's title line (as the channel plot's): a box inside the plot
+        # covered the peak of a histogram whose range is lopsided
+        self.legend = None
+        item.setTitle(f"<span style='color:{ORIGINAL}'>▆ weights</span>&nbsp;&nbsp;"
+                      f"<span style='color:{DEQUANT}'>━ dequantized</span>", size="8pt")
+        item.titleLabel.setMinimumWidth(0)
         self.grid_item = pg.PlotCurveItem(pen=pg.mkPen(GRID, width=1), connect="pairs")
         self.rug_item = pg.PlotCurveItem(pen=pg.mkPen(RUG, width=1), connect="pairs")
         self.bars = pg.PlotDataItem(stepMode="center", fillLevel=0,

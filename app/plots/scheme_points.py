@@ -25,6 +25,8 @@ METHOD_SIZES = {"rtn": 6, "imatrix": 9, "gptq": 10, "awq": 13}
 METHOD_GLYPHS = {"rtn": "●", "imatrix": "■", "gptq": "◆", "awq": "★"}
 CURRENT = "#ffffff"
 PICK_RADIUS_PX = 12
+RING_SIZE = 13          # the ring around a Pareto point, pixels
+CURRENT_SIZE = 19       # the ring around the current scheme's point
 TICKS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 
 
@@ -58,13 +60,17 @@ class SchemePointsPlot(pg.PlotWidget):
                                                   style=pg.QtCore.Qt.PenStyle.DashLine),
                                      stepMode=None)
         self.scatter = pg.ScatterPlotItem(size=7, pen=pg.mkPen(None))
-        self.rings = pg.ScatterPlotItem(size=13, brush=pg.mkBrush(None),
+        self.rings = pg.ScatterPlotItem(size=RING_SIZE, brush=pg.mkBrush(None),
                                         pen=pg.mkPen("#e6e9ef", width=1.2))
-        self.cur = pg.ScatterPlotItem(size=19, brush=pg.mkBrush(None),
+        self.cur = pg.ScatterPlotItem(size=CURRENT_SIZE, brush=pg.mkBrush(None),
                                       pen=pg.mkPen(CURRENT, width=2.2))
-        self.cur_label = pg.TextItem("", color=CURRENT, anchor=(0, 1.2))
-        for it in (self.front, self.scatter, self.rings, self.cur, self.cur_label):
+        for it in (self.front, self.scatter, self.rings, self.cur):
             self.addItem(it)
+        # the current scheme's name: placed clear of every marker (app.plots.labels)
+        from .labels import LabelPlacer
+        self.placer = LabelPlacer(item)
+        self._half = np.zeros(0)         # half the drawn size of each point's marker, pixels
+        item.getViewBox().sigRangeChanged.connect(lambda *_: self.placer.place())
         self.scene().sigMouseMoved.connect(self._hover)
         self.scene().sigMouseClicked.connect(self._click)
 
@@ -127,6 +133,12 @@ class SchemePointsPlot(pg.PlotWidget):
                       "size": 10 if p.sqnr_db > top else 7}
                      for (x, y), p in zip(xy, pts)]
         self.scatter.setData(spots)
+        half = np.array([(10 if p.sqnr_db > top else (METHOD_SIZES.get(p.method, 8)
+                                                      if self.methods_mode else 7)) / 2 + 1.0
+                         for p in pts], np.float64)
+        ringed = np.array([bool(p.pareto) for p in pts], bool)
+        self._half = np.where(ringed, np.maximum(half, RING_SIZE / 2 + 1.0), half) \
+            if len(pts) else np.zeros(0)
         front = sorted((x, y) for (x, y), p in zip(xy, pts) if p.pareto)
         if front:
             fx = np.array([f[0] for f in front])
@@ -136,7 +148,6 @@ class SchemePointsPlot(pg.PlotWidget):
         else:
             self.front.setData([], [])
             self.rings.setData([], [])
-        self._draw_current()
         vb = self.getPlotItem().getViewBox()
         if len(xy):
             # explicit ranges with room for the end tick labels (32 was cut at the edge)
@@ -147,23 +158,29 @@ class SchemePointsPlot(pg.PlotWidget):
                         padding=0)
         else:
             vb.setRange(xRange=(math.log10(2), math.log10(32)), yRange=(0, 60), padding=0)
+        self._draw_current()      # placed in the final view range
+
+    @property
+    def cur_label(self):
+        """The current scheme's label (a pyqtgraph TextItem), or None before the first."""
+        return self.placer.texts[0] if self.placer.texts else None
 
     def _draw_current(self) -> None:
         cur = self.current
         i = self.index_of(*cur) if isinstance(cur, tuple) else self.index_of(cur)
         if i is None:
             self.cur.setData([], [])
-            self.cur_label.setText("")
+            self.placer.set([])
             return
         x, y = self._xy[i]
         self.cur.setData([math.log10(x)], [y])
-        self.cur_label.setText(" · ".join(cur) if isinstance(cur, tuple) else f"{cur}")
-        # right of the point, or left of it in the right third (not cut at the edge)
-        xs = self._xy[:, 0]
-        lo, hi = math.log10(float(xs.min())), math.log10(float(xs.max()))
-        right = hi > lo and math.log10(x) > lo + 0.67 * (hi - lo)
-        self.cur_label.setAnchor((1.05, 1.2) if right else (0, 1.2))
-        self.cur_label.setPos(math.log10(x), y)
+        text = " · ".join(cur) if isinstance(cur, tuple) else f"{cur}"
+        # clear of every other marker and of its own ring; never hidden (the name of what is
+        # assigned), farther out when the points around it are crowded
+        others = [(math.log10(px), py, h) for j, ((px, py), h)
+                  in enumerate(zip(self._xy, self._half)) if j != i]
+        self.placer.set([(math.log10(x), y, text, CURRENT, CURRENT_SIZE / 2 + 1.5, True)],
+                        others)
 
     def index_of(self, scheme: str | None, method: str | None = None) -> int | None:
         """The point of `scheme` (and `method`, for method points; rtn when not given)."""

@@ -79,6 +79,42 @@ def test_edit_of_a_large_tensor_shows_the_estimate_first(make_window, qtbot, big
     assert seen == [] and doc.totals().sqnr_db is not None
 
 
+def test_edits_of_a_large_tensor_reuse_its_matrix(make_window, qtbot, big_model):
+    """The exact evaluation after an edit of a large tensor reads the matrix once and keeps
+    it for the next edit (not re-read from the file); results equal a fresh evaluation, and
+    the estimate sampled from the held matrix equals the one sampled from the file."""
+    from app import commands
+    from workbench.evaluate import DEFAULT_EVAL_CACHE
+    win = make_window(big_model)
+    doc, m = win.doc, win.doc.model
+    small = "model.layers.0.self_attn.q_proj.weight"
+    win.select(small)      # the plots of the selected tensor read it for their histogram
+    wait_idle(qtbot, win)
+    reads = []
+    orig = m.read_matrix
+    m.read_matrix = lambda n: (reads.append(n), orig(n))[1]
+    try:
+        for scheme in ("int3-g64", "int5-g128", "q4_0"):
+            DEFAULT_EVAL_CACHE.clear()
+            win.push(commands.assign(doc, [BIG], scheme))
+            qtbot.waitUntil(lambda: doc.totals().sqnr_db is not None, timeout=60000)
+            wait_idle(qtbot, win)
+            fresh = evaluate_tensor(open_model(str(big_model)), BIG, scheme, cache=None)
+            assert doc.result(BIG).error.sse == fresh.error.sse
+            assert doc.result(BIG).error.max_abs_err == fresh.error.max_abs_err
+    finally:
+        m.read_matrix = orig
+    assert reads.count(BIG) <= 1 and BIG in win.analyzer.matrices.names()
+    held = win.analyzer.matrices.peek(m, BIG)
+    a = estimate_tensor(m, BIG, "int4-g64", matrix=held)
+    b = estimate_tensor(m, BIG, "int4-g64")
+    assert a.sse == b.sse and a.sig == b.sig
+    # a small tensor is never held
+    win.push(commands.assign(doc, [small], "int3-g64"))
+    wait_idle(qtbot, win)
+    assert small not in win.analyzer.matrices.names()
+
+
 def test_tier_header_refreshed_once_per_change(make_window, qtbot):
     """An edit of many tensors refreshes each tier column's header once per document signal,
     not once per card (the header sums its members)."""
@@ -120,3 +156,35 @@ def test_table_cells_cached_until_the_document_changes(window, qtbot):
     n = len(calls)
     window.push(commands.assign(window.doc, [name], "q8_0"))  # an edit drops the cache
     assert idx.data() == "q8_0" and len(calls) == n + 1
+
+
+def test_axis_pictures_replayed_are_the_ones_drawn(window, qtbot):
+    """Selecting a tensor again replays each axis' kept picture and the grid's kept paths:
+    the plots look exactly as when they were drawn afresh (caches emptied)."""
+    a, b = "model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight"
+    plots = (window.plots.histogram, window.plots.ranges, window.plots.errors)
+
+    def show(name):
+        window.select(name)
+        wait_idle(qtbot, window)
+        qtbot.wait(10)
+        return [p.grab().toImage() for p in plots]
+
+    show(a)
+    show(b)      # a left axis may grow to b's labels (then a's picture is drawn once more)
+    first = show(a)
+    show(b)
+    axes = [p.getPlotItem().getAxis(s) for p in plots for s in ("left", "bottom")]
+    sizes = [len(ax._picture_cache) for ax in axes]
+    assert all(n >= 2 for n in sizes)            # a's and b's pictures kept
+    again = show(a)                              # replayed from the caches
+    assert [len(ax._picture_cache) for ax in axes] == sizes   # nothing new drawn
+    for ax in axes:
+        ax._picture_cache.clear()
+        ax.picture = None
+    for p in plots:
+        p.getPlotItem()._fast_grid._cache.clear()
+        p.getPlotItem()._fast_grid.update()
+    fresh = [p.grab().toImage() for p in plots]
+    for x, y, z in zip(first, again, fresh):
+        assert x == y == z

@@ -37,7 +37,7 @@ def test_method_rows_match_workbench_and_click_assigns_both(window, qtbot, tmp_p
     # long work shows in the status bar with Cancel, as other long work does
     qtbot.waitUntil(lambda: window.progress.task is not None
                     and window.progress.task.name.startswith("Calibration inputs of"), timeout=60000)
-    assert window.progress.isVisible()
+    qtbot.waitUntil(window.progress.isVisible, timeout=2000)   # shown after 250 ms
     qtbot.mouseClick(window.progress.cancel, Qt.MouseButton.LeftButton)
     wait_idle(qtbot, window, 300000)
     assert cm.value("int4-g128", C_OUT, "gptq") is None

@@ -50,6 +50,9 @@ def test_channel_plot_label_legend_and_roles(window, qtbot):
     assert fm.horizontalAdvance(axis.label.toPlainText()) < axis.boundingRect().height()
     # the legend is the title line, not a box inside the plot over the outliers
     assert item.legend is None and "outliers" in item.titleLabel.text
+    # the histogram's too (its box covered the peak when the range was lopsided)
+    hist = window.plots.histogram.getPlotItem()
+    assert hist.legend is None and "dequantized" in hist.titleLabel.text
     # roles fit their column whole
     t = window.table
     cell = t.view.fontMetrics()
@@ -137,3 +140,92 @@ def test_fast_and_old_paths_draw_the_same_extremes(window, qtbot):
     # the outliers are drawn where they are
     o = np.flatnonzero(plot.outliers)
     assert plot.out_points.data.size == o.size
+
+
+def _marker_boxes(plot):
+    """Scene rectangles of every marker drawn on the comparison plot: each point at its
+    drawn size, the ring of each Pareto point, the current scheme's ring."""
+    from PySide6.QtCore import QPointF, QRectF
+    vb = plot.getPlotItem().getViewBox()
+    boxes = []
+
+    def add(x, y, size):
+        c = vb.mapViewToScene(QPointF(float(x), float(y)))
+        boxes.append(QRectF(c.x() - size / 2, c.y() - size / 2, size, size))
+    d = plot.scatter.data
+    for x, y, s in zip(d["x"], d["y"], d["size"]):
+        add(x, y, s if s > 0 else plot.scatter.opts["size"])
+    for item in (plot.rings, plot.cur):
+        for x, y in zip(item.data["x"], item.data["y"]):
+            add(x, y, item.opts["size"])
+    return boxes
+
+
+def _assert_label_clear(plot, text):
+    label = plot.cur_label
+    assert label is not None and label.isVisible() and label.toPlainText() == text
+    # the text itself (TextItem pads it by a few pixels), in scene coordinates
+    rect = label.mapRectToScene(label.boundingRect()).adjusted(3, 4, -3, -4)
+    vb = plot.getPlotItem().getViewBox()
+    # inside the plotting area: clear of the axes' tick labels, the axis titles and the
+    # legend line above the plot (the only other labels of this plot)
+    assert vb.sceneBoundingRect().contains(rect), text
+    for box in _marker_boxes(plot):
+        assert not rect.intersects(box), (text, rect, box)
+    others = [t for t in plot.placer.texts if t is not label and t.isVisible()]
+    for t in others:
+        assert not rect.intersects(t.mapRectToScene(t.boundingRect()).adjusted(3, 4, -3, -4))
+
+
+def test_comparison_current_label_clears_points_and_labels(qtbot):
+    """The current scheme's name on the bits/weight-vs-SQNR plot never covers a point marker
+    (its own ring included) or another label, for every scheme of a real tensor as the current
+    one, and with methods (four markers per scheme, near-equal figures)."""
+    import math
+    from app.comparison import MethodPoint
+    from app.plots.scheme_points import SchemePointsPlot
+    from workbench.loaders import open_model
+    from workbench.scheme_choice import tensor_points
+    from apphelpers import DEMO
+    pts = tensor_points(open_model(str(DEMO)), Q)
+    plot = SchemePointsPlot()
+    qtbot.addWidget(plot)
+    plot.resize(620, 400)
+    plot.show()
+    qtbot.waitExposed(plot)
+    plot.set_points(pts, pts[0].scheme)
+    qtbot.wait(20)
+    assert len(plot.points) > 90
+    for p in plot.points:
+        plot.set_current(p.scheme)
+        _assert_label_clear(plot, p.scheme)
+    # methods: each quantizing scheme four times, the figures a little apart
+    mpts = []
+    for p in plot.points:
+        if not math.isfinite(p.sqnr_db) or p.bits_per_weight > 9:
+            continue
+        for k, m in enumerate(("rtn", "imatrix", "gptq", "awq")):
+            mpts.append(MethodPoint(p.scheme, m, p.family, p.bits_per_weight,
+                                    p.sqnr_db + 0.4 * k, p.sqnr_db, p.rel_rmse, p.bytes,
+                                    p.pareto and k == 2))
+    plot.set_points(mpts, (mpts[0].scheme, "gptq"))
+    qtbot.wait(20)
+    for p in mpts[::3]:
+        plot.set_current((p.scheme, p.method))
+        _assert_label_clear(plot, f"{p.scheme} · {p.method}")
+
+
+def test_comparison_caption_fits_at_1280(window, qtbot):
+    """The caption above the comparison table shows a whole form at 1280x800 (it was cut by
+    the method boxes: "◆ Pareto · ● curr"), its text stays the fullest form."""
+    window.resize(1280, 800)
+    window.fit_layout()
+    window.select(Q)
+    window.tabs.setCurrentIndex(2)
+    wait_idle(qtbot, window, 120000)
+    label = window.comparison.label
+    qtbot.wait(20)
+    shown = label.shown_text()
+    assert shown in label._forms and not shown.endswith("…")
+    assert label.fontMetrics().horizontalAdvance(shown) <= label.contentsRect().width()
+    assert label.text().startswith(Q) and "click a point" in label.text()
