@@ -24,8 +24,8 @@ from numba import njit, prange
 
 from .cpu_common import _f32_to_f16_bits
 
-_J = dict(cache=True, nogil=True)
-_P = dict(cache=True, nogil=True, parallel=True)
+_J = dict(cache=True, nogil=True, error_model="numpy")
+_P = dict(cache=True, nogil=True, parallel=True, error_model="numpy")
 
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
@@ -47,23 +47,35 @@ def _rc(v, hi):
 
 
 @njit(inline="always", **_J)
+def _pow2(e):
+    """2.0**e as float64 for -1022 <= e <= 1023 (built from its bits: no libm call)."""
+    return np.int64((e + 1023) << 52).view(np.float64)
+
+
+@njit(inline="always", **_J)
+def _frexp_e(a):
+    """math.frexp(a)[1] for a normal, positive float64 a (from its bits)."""
+    return ((np.float64(a).view(np.int64) >> 52) & 0x7FF) - 1022
+
+
+@njit(inline="always", **_J)
 def _f16_to_f32(h):
     s = (h >> 15) & 1
     e = (h >> 10) & 31
     m = h & 1023
     if e == 0:
-        v = np.float64(m) * 2.0 ** -24
+        v = np.float64(m) * _pow2(-24)
     elif e == 31:
         v = np.inf if m == 0 else np.nan
     else:
-        v = np.float64(m + 1024) * 2.0 ** (e - 25)
+        v = np.float64(m + 1024) * _pow2(e - 25)
     return np.float32(-v if s else v)
 
 
 @njit(inline="always", **_J)
 def _ldexp32(v, e):
-    """float32 v * 2**e, rounded once (numpy's ldexp on float32)."""
-    return np.float32(np.float64(v) * math.ldexp(1.0, e))
+    """float32 v * 2**e, rounded once (numpy's ldexp on float32); |e| <= 300."""
+    return np.float32(np.float64(v) * _pow2(e))
 
 
 @njit(inline="always", **_J)
@@ -84,7 +96,10 @@ _R = 2048
 (LO, HI, RNG, SW, SX, SXX, BA, BB, BE, ISC, S1, S2, S3, T1, T2, T3, AA, MM, LS, LM, EE, E2,
  CD, CDM, CLS, CLM, SC, MO, IV, PAA, PAB, PAX, PBB, PBX, OLS, OLM, DL, DML, WS, HAA, HAB) = \
     [_R + 16 * k for k in range(41)]
-SBUF = _R + 16 * 42
+_Q = _R + 16 * 42
+QD, QT, CT = _Q, _Q + 256, _Q + 512        # 16 x 16 screening rows; 32 x 16 final codes
+QP, QMD, QOK, PDA, PT1, PH2 = [_Q + 1024 + 32 * k for k in range(6)]
+SBUF = _Q + 1024 + 32 * 6
 NDIV = 16                           # super-scale divisors screened (affine_k.NDIV)
 
 
@@ -137,7 +152,7 @@ def _sub_err(S, n, fnmax):
 
 @njit(inline="always", **_J)
 def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, iters, rounds,
-           gi, gf, codes, QDM, QT3, QP, QMD, QMH):
+           gi, gf, codes, QMH):
     """Search G super-blocks (xa, xb: 256 float32 each; qa/qb their importance) together.
     Per group g: gi[g] flag, gi[2+g] / gi[4+g] d / dmin float16 bits; codes[g*256 + k] the
     weight codes, S[OLS/OLM + g*ns + j] the sub-block codes."""
@@ -155,9 +170,9 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
         tiny32 = amax < EPS32
         if tiny32 != (np.float64(amax) < 1e-15):
             gi[g] = 4
-        e = 0 if tiny32 else math.frexp(np.float64(amax))[1]
+        e = 0 if tiny32 else _frexp_e(amax)
         gi[6 + g] = e
-        p = F0 if tiny32 else np.float32(math.ldexp(1.0, -e))
+        p = F0 if tiny32 else np.float32(_pow2(-e))
         for jl in range(ns):
             j = g * ns + jl
             for i in range(n):
@@ -275,46 +290,61 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
         gi[2 + g] = 0x7C00
         gi[4 + g] = 0x7C00
         e = gi[6 + g]
-        # (a) screening: the dmin candidates first (lanes x divisors), then each d
+        # (a) screening: the dmin candidates first (divisors mv in the lanes), then each d.
+        # QD/QT: per sub-block jl a row of the 16 dmin candidates; QP the 16 sums for one d.
         for mv in range(NDIV):
             mh, dm = _fp16_scale(mmax / divs[mv], e)
             QMH[g * NDIV + mv] = mh
-            QMD[g * NDIV + mv] = dm
-            for jl in range(ns):
-                j = g * ns + jl
-                mj = S[MM + j]
+            S[QMD + g * NDIV + mv] = dm
+            S[QOK + mv] = F1 if (mh & 0x7C00) != 0x7C00 else F0
+        for jl in range(ns):
+            j = g * ns + jl
+            mj = S[MM + j]
+            swj = S[SW + j]
+            for mv in range(NDIV):
+                dm = S[QMD + g * NDIV + mv]
                 lm = _rc(mj / (dm if dm > F0 else F1), flev)
                 lm = lm if dm > F0 else F0
                 dmm = dm * lm - mj
-                QDM[j * NDIV + mv] = dmm
-                QT3[j * NDIV + mv] = S[SW + j] * (dmm * dmm)
-        QP = np.empty(NDIV, np.float32)
+                S[QD + jl * NDIV + mv] = dmm
+                S[QT + jl * NDIV + mv] = swj * (dmm * dmm)
         for dv in range(NDIV):
             dh, d = _fp16_scale(amax / divs[dv], e)
             if (dh & 0x7C00) == 0x7C00:
                 continue
-            for mv in range(NDIV):
-                QP[mv] = F0
+            ds = d if d > F0 else F1
             for jl in range(ns):
-                j = g * ns + jl
-                a_ = S[AA + j]
-                ls = _rc(a_ / (d if d > F0 else F1), flev)
+                a_ = S[AA + g * ns + jl]
+                ls = _rc(a_ / ds, flev)
                 ls = ls if d > F0 else F0
                 da = d * ls - a_
-                t1 = S[HAA + j] * (da * da)
-                h2 = F2 * S[HAB + j]
-                for mv in range(NDIV):
-                    QP[mv] += (t1 - h2 * (da * QDM[j * NDIV + mv])) + QT3[j * NDIV + mv]
+                S[PDA + jl] = da
+                S[PT1 + jl] = S[HAA + g * ns + jl] * (da * da)
+                S[PH2 + jl] = F2 * S[HAB + g * ns + jl]
             for mv in range(NDIV):
-                if (QMH[g * NDIV + mv] & 0x7C00) != 0x7C00 and QP[mv] < gf[4 + g]:
-                    gf[4 + g] = QP[mv]
+                S[QP + mv] = F0
+            for jl in range(ns):
+                t1 = S[PT1 + jl]
+                h2 = S[PH2 + jl]
+                da = S[PDA + jl]
+                for mv in range(NDIV):
+                    S[QP + mv] += (t1 - h2 * (da * S[QD + jl * NDIV + mv])) + S[QT + jl * NDIV + mv]
+            bp = gf[4 + g]
+            anyb = 0
+            for mv in range(NDIV):
+                anyb |= np.int64((S[QOK + mv] != F0) & (S[QP + mv] < bp))
+            if anyb == 0:
+                continue
+            for mv in range(NDIV):             # in order: the first of the least wins
+                if S[QOK + mv] != F0 and S[QP + mv] < gf[4 + g]:
+                    gf[4 + g] = S[QP + mv]
                     gi[2 + g] = dh
                     gi[4 + g] = QMH[g * NDIV + mv]
                     gi[8 + g] = dv
                     gi[10 + g] = mv
         if gf[4 + g] < INF:
             dh, d = _fp16_scale(amax / divs[gi[8 + g]], e)
-            dm = QMD[g * NDIV + gi[10 + g]]
+            dm = S[QMD + g * NDIV + gi[10 + g]]
         else:
             d = F0
             dm = F0
@@ -440,6 +470,16 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
                     S[EE + j] = S[E2 + j]
                     S[DL + j] = S[CD + j]
                     S[DML + j] = S[CDM + j]
+    # the weight codes for the stored values, all lanes at once (CT, transposed), then out
+    for j in range(LANES):
+        s = S[DL + j] * S[LS + j]
+        S[SC + j] = s
+        S[MO + j] = S[DML + j] * S[LM + j]
+        S[IV + j] = F1 / (s if s > F0 else F1)
+    for i in range(n):
+        for j in range(LANES):
+            L = _rc((S[XT + i * LANES + j] + S[MO + j]) * S[IV + j], fnmax)
+            S[CT + i * LANES + j] = L if S[SC + j] > F0 else F0
     for g in range(G):
         if not gf[4 + g] < INF:
             gi[g] |= 1
@@ -448,28 +488,23 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
             j = g * ns + jl
             S[OLS + j] = S[LS + j]
             S[OLM + j] = S[LM + j]
-            s = S[DL + j] * S[LS + j]
-            m_ = S[DML + j] * S[LM + j]
-            iv = F1 / (s if s > F0 else F1)
             for i in range(n):
-                L = _rc((S[XT + i * LANES + j] + m_) * iv, fnmax)
-                codes[g * 256 + jl * n + i] = L if s > F0 else F0
+                codes[g * 256 + jl * n + i] = S[CT + i * LANES + j]
 
 
 @njit(**_J)
-def _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QDM, QT3, QP,
-             QMD, QMH):
+def _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QMH):
     """Q2_K: one super-block of 16 sub-blocks of 16 (constant loop bounds: they vectorize)."""
     _group(S, 1, xa, xa, qa, qa, weighted, 3, 16, 16, 15, cands, divs, iters, rounds, gi, gf,
-           codes, QDM, QT3, QP, QMD, QMH)
+           codes, QMH)
 
 
 @njit(**_J)
 def _group32(S, xa, xb, qa, qb, weighted, nmax, cands, divs, iters, rounds, gi, gf, codes,
-             QDM, QT3, QP, QMD, QMH):
+             QMH):
     """Q4_K/Q5_K: two super-blocks of 8 sub-blocks of 32."""
     _group(S, 2, xa, xb, qa, qb, weighted, nmax, 32, 8, 63, cands, divs, iters, rounds, gi, gf,
-           codes, QDM, QT3, QP, QMD, QMH)
+           codes, QMH)
 
 
 @njit(inline="always", **_J)
@@ -585,10 +620,6 @@ def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, f
         gf = np.zeros(20, np.float32)
         codes = np.zeros(512, np.float32)
         zero = np.zeros(256, np.float32)
-        QDM = np.zeros(LANES * NDIV, np.float32)
-        QT3 = np.zeros(LANES * NDIV, np.float32)
-        QP = np.zeros(NDIV, np.float32)
-        QMD = np.zeros(2 * NDIV, np.float32)
         QMH = np.zeros(2 * NDIV, np.int64)
         r0 = ch * rows // nch
         r1 = (ch + 1) * rows // nch
@@ -627,11 +658,10 @@ def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, f
             else:
                 t += 1
             if G == 1:
-                _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QDM, QT3,
-                         QP, QMD, QMH)
+                _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QMH)
             else:
                 _group32(S, xa, xb, qa, qb, weighted, nmax, cands, divs, iters, rounds, gi, gf,
-                         codes, QDM, QT3, QP, QMD, QMH)
+                         codes, QMH)
             flags[ra] |= _finish(kind, xa, codes, S, 0, ns, n, gi,
                                  blocks[ra, ba * bpb:(ba + 1) * bpb], bpb)
             if rb >= 0:
