@@ -118,7 +118,8 @@ def _consider(S, s1, s2, s3):
         b = (sl2 * sx - sl * sxl) / Ds
         pos = b > F0
         s2s = sl2 if sl2 > F0 else F1
-        a = sxl / s2s if pos else a
+        a0 = sxl / s2s
+        a = a0 if pos else a
         b = F0 if pos else b
         err = (S[SXX + j] - F2 * a * sxl - F2 * b * sx + a * a * sl2 + F2 * a * b * sl
                + b * b * sw)
@@ -130,6 +131,20 @@ def _consider(S, s1, s2, s3):
         S[HAB + j] = sl if ok else S[HAB + j]
 
 
+@njit(**_J)
+def _screen_sums(S, ns):
+    """QP[mv] = sum over the sub-blocks jl of the error model for dmin candidate mv (a
+    function of its own: that way the mv loop vectorizes)."""
+    for mv in range(NDIV):
+        S[QP + mv] = F0
+    for jl in range(ns):
+        t1 = S[PT1 + jl]
+        h2 = S[PH2 + jl]
+        da = S[PDA + jl]
+        for mv in range(NDIV):
+            S[QP + mv] += (t1 - h2 * (da * S[QD + jl * NDIV + mv])) + S[QT + jl * NDIV + mv]
+
+
 @njit(inline="always", **_J)
 def _sub_err(S, n, fnmax):
     """E2[j] = weighted squared error of lane j with its codes re-rounded for the stored
@@ -138,7 +153,8 @@ def _sub_err(S, n, fnmax):
         s = S[CD + j] * S[CLS + j]
         S[SC + j] = s
         S[MO + j] = S[CDM + j] * S[CLM + j]
-        S[IV + j] = F1 / (s if s > F0 else F1)
+        r = F1 / s                  # no division inside a select: it would become a branch
+        S[IV + j] = r if s > F0 else F1
         S[E2 + j] = F0
     for i in range(n):
         for j in range(LANES):
@@ -303,7 +319,8 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
             swj = S[SW + j]
             for mv in range(NDIV):
                 dm = S[QMD + g * NDIV + mv]
-                lm = _rc(mj / (dm if dm > F0 else F1), flev)
+                q = mj / dm
+                lm = _rc(q if dm > F0 else mj, flev)
                 lm = lm if dm > F0 else F0
                 dmm = dm * lm - mj
                 S[QD + jl * NDIV + mv] = dmm
@@ -321,14 +338,7 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
                 S[PDA + jl] = da
                 S[PT1 + jl] = S[HAA + g * ns + jl] * (da * da)
                 S[PH2 + jl] = F2 * S[HAB + g * ns + jl]
-            for mv in range(NDIV):
-                S[QP + mv] = F0
-            for jl in range(ns):
-                t1 = S[PT1 + jl]
-                h2 = S[PH2 + jl]
-                da = S[PDA + jl]
-                for mv in range(NDIV):
-                    S[QP + mv] += (t1 - h2 * (da * S[QD + jl * NDIV + mv])) + S[QT + jl * NDIV + mv]
+            _screen_sums(S, ns)
             bp = gf[4 + g]
             anyb = 0
             for mv in range(NDIV):
@@ -356,8 +366,10 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
     for j in range(LANES):
         d = S[DL + j]
         dm = S[DML + j]
-        ls = _rc(S[AA + j] / (d if d > F0 else F1), flev)
-        lm = _rc(S[MM + j] / (dm if dm > F0 else F1), flev)
+        qa = S[AA + j] / d
+        qm = S[MM + j] / dm
+        ls = _rc(qa if d > F0 else S[AA + j], flev)
+        lm = _rc(qm if dm > F0 else S[MM + j], flev)
         S[LS + j] = ls if d > F0 else F0
         S[LM + j] = lm if dm > F0 else F0
         S[CD + j] = d
@@ -395,7 +407,8 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
             s = S[DL + j] * S[LS + j]
             S[SC + j] = s
             S[MO + j] = S[DML + j] * S[LM + j]
-            S[IV + j] = F1 / (s if s > F0 else F1)
+            r = F1 / s
+            S[IV + j] = r if s > F0 else F1
             S[PAA + j] = F0
             S[PAB + j] = F0
             S[PAX + j] = F0
@@ -475,7 +488,8 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
         s = S[DL + j] * S[LS + j]
         S[SC + j] = s
         S[MO + j] = S[DML + j] * S[LM + j]
-        S[IV + j] = F1 / (s if s > F0 else F1)
+        r = F1 / s
+        S[IV + j] = r if s > F0 else F1
     for i in range(n):
         for j in range(LANES):
             L = _rc((S[XT + i * LANES + j] + S[MO + j]) * S[IV + j], fnmax)

@@ -78,15 +78,20 @@ def _fp16_scale(v, e):
 
 
 @njit(inline="always", **_J)
-def _consider(S, s2, s3):
-    for j in range(LANES):
+def _consider(S, s2, s3, nl):
+    """nl: LANES, as a value LLVM cannot see (numba leaves the SLP vectorizer off: a lane
+    loop of constant length is unrolled and stays scalar; of unknown length, the loop
+    vectorizer takes it). No division inside a select (it would become a branch)."""
+    for j in range(nl):
         sl2 = S[s2 + j]
         sxl = S[s3 + j]
         ok = sl2 > F0
-        a = sxl / (sl2 if ok else F1)
+        a0 = sxl / sl2
+        a = a0 if ok else sxl
         score = a * sxl
-        bt = ok & (score > S[BS + j])
-        S[BS + j] = score if bt else S[BS + j]
+        bs = S[BS + j]
+        bt = ok & (score > bs)
+        S[BS + j] = score if bt else bs
         S[BA + j] = a if bt else S[BA + j]
         S[HAA + j] = sl2 if bt else S[HAA + j]
 
@@ -182,30 +187,31 @@ def _sub_err(S, lo, hi):
 
 
 @njit(**_J)
-def _candidates(S, cands, iters, lo, hi):
+def _candidates(S, cands, iters, lo, hi, nl):
     """Step 1's candidate and refit passes on all lanes (in a function of its own: that way
     the pass loops vectorize fully)."""
     nc = cands.shape[0]
     for t in range(0, nc - 1, 2):
         c = cands[t]
         c2 = cands[t + 1]
-        for j in range(LANES):
+        for j in range(nl):
             S[ISC + j] = c / S[MXS + j]
             S[ISC2 + j] = c2 / S[MXS + j]
         _pass2(S, lo, hi)
-        _consider(S, S2, S3)
-        _consider(S, T2, T3)
+        _consider(S, S2, S3, nl)
+        _consider(S, T2, T3, nl)
     if nc % 2:
-        for j in range(LANES):
+        for j in range(nl):
             S[ISC + j] = cands[nc - 1] / S[MXS + j]
         _pass(S, lo, hi)
-        _consider(S, S2, S3)
+        _consider(S, S2, S3, nl)
     for _ in range(iters):
-        for j in range(LANES):
+        for j in range(nl):
             b = S[BA + j]
-            S[ISC + j] = F1 / (b if b != F0 else F1) if b != F0 else F0
+            r = F1 / b
+            S[ISC + j] = r if b != F0 else F0
         _pass(S, lo, hi)
-        _consider(S, S2, S3)
+        _consider(S, S2, S3, nl)
 
 
 @njit(**_J)
@@ -362,7 +368,7 @@ def _final(S, d, lo, hi, codes):
 
 
 @njit(**_J)
-def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, gi):
+def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, gi, nl):
     """Search one super-block x (256 float32; q its importance). Returns the flag; gi[0]
     the float16 bits of d; S[LS + j] the sub-block codes, codes[256] the weight codes."""
     lo = np.float32(-nmax)
@@ -373,7 +379,7 @@ def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, g
     e = _prep(S, x, q, weighted)
     if e == NOPE:
         return 4
-    _candidates(S, cands, iters, lo, hi)
+    _candidates(S, cands, iters, lo, hi, nl)
     for j in range(LANES):
         z = S[ZR + j] != F0
         S[AA + j] = F0 if z else S[BA + j]
@@ -473,6 +479,7 @@ def sym_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, flag
     else:
         nmax, levels, bpb = 32, 128, 210
     nch = min(rows, 256)
+    nl = min(cols >> 4, LANES)          # LANES wherever a block is searched (see _consider)
     for ch in prange(nch):
         S = np.zeros(SBUF, np.float32)
         gi = np.zeros(2, np.int64)
@@ -489,7 +496,7 @@ def sym_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, flag
                     xa = row[b * 256:(b + 1) * 256]
                     qa = qw[r if qw.shape[0] > 1 else 0, b * 256:(b + 1) * 256] if weighted else xa
                     fb = _block(S, xa, qa, weighted, nmax, levels, cands, divs, iters, rounds,
-                                codes, gi)
+                                codes, gi, nl)
                     if fb:
                         f |= fb
                         break
