@@ -27,6 +27,7 @@ from .cpu_common import _f32_to_f16_bits
 _J = dict(cache=True, nogil=True, error_model="numpy")
 _P = dict(cache=True, nogil=True, parallel=True, error_model="numpy")
 
+U = np.uint64
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
 F2 = np.float32(2.0)
@@ -104,9 +105,9 @@ NDIV = 16                           # super-scale divisors screened (affine_k.ND
 
 
 @njit(inline="always", **_J)
-def _consider(S, s1, s2, s3):
-    """affine_k.sub_search's consider() on all lanes (branch-free)."""
-    for j in range(LANES):
+def _consider(S, s1, s2, s3, nl):
+    """affine_k.sub_search's consider() on all lanes (branch-free; nl: see _screen_sums)."""
+    for j in range(nl):
         sl = S[s1 + j]
         sl2 = S[s2 + j]
         sxl = S[s3 + j]
@@ -132,17 +133,21 @@ def _consider(S, s1, s2, s3):
 
 
 @njit(**_J)
-def _screen_sums(S, ns):
-    """QP[mv] = sum over the sub-blocks jl of the error model for dmin candidate mv (a
-    function of its own: that way the mv loop vectorizes)."""
-    for mv in range(NDIV):
-        S[QP + mv] = F0
-    for jl in range(ns):
-        t1 = S[PT1 + jl]
-        h2 = S[PH2 + jl]
-        da = S[PDA + jl]
-        for mv in range(NDIV):
-            S[QP + mv] += (t1 - h2 * (da * S[QD + jl * NDIV + mv])) + S[QT + jl * NDIV + mv]
+def _screen_sums(S, ns, nl):
+    """QP[mv] = sum over the sub-blocks jl of the error model for dmin candidate mv. nl:
+    LANES (= NDIV) as a value LLVM cannot see, and unsigned indices (no wraparound
+    select): numba leaves the SLP vectorizer off, so only a loop of unknown length whose
+    addresses are affine gets vectorized (a constant 16 is unrolled and stays scalar)."""
+    for mv in range(nl):
+        S[U(QP + mv)] = F0
+    for jl in range(16):
+        if jl < ns:
+            t1 = S[PT1 + jl]
+            h2 = S[PH2 + jl]
+            da = S[PDA + jl]
+            for mv in range(nl):
+                S[U(QP + mv)] += ((t1 - h2 * (da * S[U(QD + jl * NDIV + mv)]))
+                                  + S[U(QT + jl * NDIV + mv)])
 
 
 @njit(inline="always", **_J)
@@ -168,7 +173,7 @@ def _sub_err(S, n, fnmax):
 
 @njit(inline="always", **_J)
 def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, iters, rounds,
-           gi, gf, codes, QMH):
+           gi, gf, codes, QMH, nl):
     """Search G super-blocks (xa, xb: 256 float32 each; qa/qb their importance) together.
     Per group g: gi[g] flag, gi[2+g] / gi[4+g] d / dmin float16 bits; codes[g*256 + k] the
     weight codes, S[OLS/OLM + g*ns + j] the sub-block codes."""
@@ -264,8 +269,8 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
                 S[T1 + j] += wl
                 S[T2 + j] += wl * L
                 S[T3 + j] += wl * v
-        _consider(S, S1, S2, S3)
-        _consider(S, T1, T2, T3)
+        _consider(S, S1, S2, S3, nl)
+        _consider(S, T1, T2, T3, nl)
     for _ in range(iters):
         for j in range(LANES):
             S[ISC + j] = F1 / S[BA + j]
@@ -282,7 +287,7 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
                 S[S1 + j] += wl
                 S[S2 + j] += wl * L
                 S[S3 + j] += wl * v
-        _consider(S, S1, S2, S3)
+        _consider(S, S1, S2, S3, nl)
     for j in range(LANES):
         flat = not (S[HI + j] - S[LO + j] > F0)
         S[AA + j] = F0 if flat else S[BA + j]
@@ -338,7 +343,7 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
                 S[PDA + jl] = da
                 S[PT1 + jl] = S[HAA + g * ns + jl] * (da * da)
                 S[PH2 + jl] = F2 * S[HAB + g * ns + jl]
-            _screen_sums(S, ns)
+            _screen_sums(S, ns, nl)
             bp = gf[4 + g]
             anyb = 0
             for mv in range(NDIV):
@@ -507,18 +512,18 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
 
 
 @njit(**_J)
-def _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QMH):
+def _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QMH, nl):
     """Q2_K: one super-block of 16 sub-blocks of 16 (constant loop bounds: they vectorize)."""
     _group(S, 1, xa, xa, qa, qa, weighted, 3, 16, 16, 15, cands, divs, iters, rounds, gi, gf,
-           codes, QMH)
+           codes, QMH, nl)
 
 
 @njit(**_J)
 def _group32(S, xa, xb, qa, qb, weighted, nmax, cands, divs, iters, rounds, gi, gf, codes,
-             QMH):
+             QMH, nl):
     """Q4_K/Q5_K: two super-blocks of 8 sub-blocks of 32."""
     _group(S, 2, xa, xb, qa, qb, weighted, nmax, 32, 8, 63, cands, divs, iters, rounds, gi, gf,
-           codes, QMH)
+           codes, QMH, nl)
 
 
 @njit(inline="always", **_J)
@@ -626,6 +631,7 @@ def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, f
     else:
         nmax, n, ns, levels, bpb, G = 31, 32, 8, 63, 176, 2
     nch = min(rows, 256)
+    nl = min(cols >> 4, LANES)          # LANES wherever a block is searched (see _screen_sums)
     for r in range(rows):
         flags[r] = 0
     for ch in prange(nch):
@@ -672,10 +678,11 @@ def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, f
             else:
                 t += 1
             if G == 1:
-                _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QMH)
+                _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QMH,
+                         nl)
             else:
                 _group32(S, xa, xb, qa, qb, weighted, nmax, cands, divs, iters, rounds, gi, gf,
-                         codes, QMH)
+                         codes, QMH, nl)
             flags[ra] |= _finish(kind, xa, codes, S, 0, ns, n, gi,
                                  blocks[ra, ba * bpb:(ba + 1) * bpb], bpb)
             if rb >= 0:
