@@ -24,9 +24,10 @@ from numba import njit, prange
 
 from .cpu_common import _f32_to_f16_bits
 
-_J = dict(cache=True, nogil=True)
-_P = dict(cache=True, nogil=True, parallel=True)
+_J = dict(cache=True, nogil=True, error_model="numpy")
+_P = dict(cache=True, nogil=True, parallel=True, error_model="numpy")
 
+U = np.uint64
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
 F2 = np.float32(2.0)
@@ -47,23 +48,35 @@ def _rc(v, hi):
 
 
 @njit(inline="always", **_J)
+def _pow2(e):
+    """2.0**e as float64 for -1022 <= e <= 1023 (built from its bits: no libm call)."""
+    return np.int64((e + 1023) << 52).view(np.float64)
+
+
+@njit(inline="always", **_J)
+def _frexp_e(a):
+    """math.frexp(a)[1] for a normal, positive float64 a (from its bits)."""
+    return ((np.float64(a).view(np.int64) >> 52) & 0x7FF) - 1022
+
+
+@njit(inline="always", **_J)
 def _f16_to_f32(h):
     s = (h >> 15) & 1
     e = (h >> 10) & 31
     m = h & 1023
     if e == 0:
-        v = np.float64(m) * 2.0 ** -24
+        v = np.float64(m) * _pow2(-24)
     elif e == 31:
         v = np.inf if m == 0 else np.nan
     else:
-        v = np.float64(m + 1024) * 2.0 ** (e - 25)
+        v = np.float64(m + 1024) * _pow2(e - 25)
     return np.float32(-v if s else v)
 
 
 @njit(inline="always", **_J)
 def _ldexp32(v, e):
-    """float32 v * 2**e, rounded once (numpy's ldexp on float32)."""
-    return np.float32(np.float64(v) * math.ldexp(1.0, e))
+    """float32 v * 2**e, rounded once (numpy's ldexp on float32); |e| <= 300."""
+    return np.float32(np.float64(v) * _pow2(e))
 
 
 @njit(inline="always", **_J)
@@ -84,14 +97,17 @@ _R = 2048
 (LO, HI, RNG, SW, SX, SXX, BA, BB, BE, ISC, S1, S2, S3, T1, T2, T3, AA, MM, LS, LM, EE, E2,
  CD, CDM, CLS, CLM, SC, MO, IV, PAA, PAB, PAX, PBB, PBX, OLS, OLM, DL, DML, WS, HAA, HAB) = \
     [_R + 16 * k for k in range(41)]
-SBUF = _R + 16 * 42
+_Q = _R + 16 * 42
+QD, QT, CT = _Q, _Q + 256, _Q + 512        # 16 x 16 screening rows; 32 x 16 final codes
+QP, QMD, QOK, PDA, PT1, PH2 = [_Q + 1024 + 32 * k for k in range(6)]
+SBUF = _Q + 1024 + 32 * 6
 NDIV = 16                           # super-scale divisors screened (affine_k.NDIV)
 
 
 @njit(inline="always", **_J)
-def _consider(S, s1, s2, s3):
-    """affine_k.sub_search's consider() on all lanes (branch-free)."""
-    for j in range(LANES):
+def _consider(S, s1, s2, s3, nl):
+    """affine_k.sub_search's consider() on all lanes (branch-free; nl: see _screen_sums)."""
+    for j in range(nl):
         sl = S[s1 + j]
         sl2 = S[s2 + j]
         sxl = S[s3 + j]
@@ -103,7 +119,8 @@ def _consider(S, s1, s2, s3):
         b = (sl2 * sx - sl * sxl) / Ds
         pos = b > F0
         s2s = sl2 if sl2 > F0 else F1
-        a = sxl / s2s if pos else a
+        a0 = sxl / s2s
+        a = a0 if pos else a
         b = F0 if pos else b
         err = (S[SXX + j] - F2 * a * sxl - F2 * b * sx + a * a * sl2 + F2 * a * b * sl
                + b * b * sw)
@@ -115,6 +132,24 @@ def _consider(S, s1, s2, s3):
         S[HAB + j] = sl if ok else S[HAB + j]
 
 
+@njit(**_J)
+def _screen_sums(S, ns, nl):
+    """QP[mv] = sum over the sub-blocks jl of the error model for dmin candidate mv. nl:
+    LANES (= NDIV) as a value LLVM cannot see, and unsigned indices (no wraparound
+    select): numba leaves the SLP vectorizer off, so only a loop of unknown length whose
+    addresses are affine gets vectorized (a constant 16 is unrolled and stays scalar)."""
+    for mv in range(nl):
+        S[U(QP + mv)] = F0
+    for jl in range(16):
+        if jl < ns:
+            t1 = S[PT1 + jl]
+            h2 = S[PH2 + jl]
+            da = S[PDA + jl]
+            for mv in range(nl):
+                S[U(QP + mv)] += ((t1 - h2 * (da * S[U(QD + jl * NDIV + mv)]))
+                                  + S[U(QT + jl * NDIV + mv)])
+
+
 @njit(inline="always", **_J)
 def _sub_err(S, n, fnmax):
     """E2[j] = weighted squared error of lane j with its codes re-rounded for the stored
@@ -123,7 +158,8 @@ def _sub_err(S, n, fnmax):
         s = S[CD + j] * S[CLS + j]
         S[SC + j] = s
         S[MO + j] = S[CDM + j] * S[CLM + j]
-        S[IV + j] = F1 / (s if s > F0 else F1)
+        r = F1 / s                  # no division inside a select: it would become a branch
+        S[IV + j] = r if s > F0 else F1
         S[E2 + j] = F0
     for i in range(n):
         for j in range(LANES):
@@ -137,7 +173,7 @@ def _sub_err(S, n, fnmax):
 
 @njit(inline="always", **_J)
 def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, iters, rounds,
-           gi, gf, codes, QDM, QT3, QP, QMD, QMH):
+           gi, gf, codes, QMH, nl):
     """Search G super-blocks (xa, xb: 256 float32 each; qa/qb their importance) together.
     Per group g: gi[g] flag, gi[2+g] / gi[4+g] d / dmin float16 bits; codes[g*256 + k] the
     weight codes, S[OLS/OLM + g*ns + j] the sub-block codes."""
@@ -155,9 +191,9 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
         tiny32 = amax < EPS32
         if tiny32 != (np.float64(amax) < 1e-15):
             gi[g] = 4
-        e = 0 if tiny32 else math.frexp(np.float64(amax))[1]
+        e = 0 if tiny32 else _frexp_e(amax)
         gi[6 + g] = e
-        p = F0 if tiny32 else np.float32(math.ldexp(1.0, -e))
+        p = F0 if tiny32 else np.float32(_pow2(-e))
         for jl in range(ns):
             j = g * ns + jl
             for i in range(n):
@@ -233,8 +269,8 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
                 S[T1 + j] += wl
                 S[T2 + j] += wl * L
                 S[T3 + j] += wl * v
-        _consider(S, S1, S2, S3)
-        _consider(S, T1, T2, T3)
+        _consider(S, S1, S2, S3, nl)
+        _consider(S, T1, T2, T3, nl)
     for _ in range(iters):
         for j in range(LANES):
             S[ISC + j] = F1 / S[BA + j]
@@ -251,7 +287,7 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
                 S[S1 + j] += wl
                 S[S2 + j] += wl * L
                 S[S3 + j] += wl * v
-        _consider(S, S1, S2, S3)
+        _consider(S, S1, S2, S3, nl)
     for j in range(LANES):
         flat = not (S[HI + j] - S[LO + j] > F0)
         S[AA + j] = F0 if flat else S[BA + j]
@@ -275,46 +311,55 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
         gi[2 + g] = 0x7C00
         gi[4 + g] = 0x7C00
         e = gi[6 + g]
-        # (a) screening: the dmin candidates first (lanes x divisors), then each d
+        # (a) screening: the dmin candidates first (divisors mv in the lanes), then each d.
+        # QD/QT: per sub-block jl a row of the 16 dmin candidates; QP the 16 sums for one d.
         for mv in range(NDIV):
             mh, dm = _fp16_scale(mmax / divs[mv], e)
             QMH[g * NDIV + mv] = mh
-            QMD[g * NDIV + mv] = dm
-            for jl in range(ns):
-                j = g * ns + jl
-                mj = S[MM + j]
-                lm = _rc(mj / (dm if dm > F0 else F1), flev)
+            S[QMD + g * NDIV + mv] = dm
+            S[QOK + mv] = F1 if (mh & 0x7C00) != 0x7C00 else F0
+        for jl in range(ns):
+            j = g * ns + jl
+            mj = S[MM + j]
+            swj = S[SW + j]
+            for mv in range(NDIV):
+                dm = S[QMD + g * NDIV + mv]
+                q = mj / dm
+                lm = _rc(q if dm > F0 else mj, flev)
                 lm = lm if dm > F0 else F0
                 dmm = dm * lm - mj
-                QDM[j * NDIV + mv] = dmm
-                QT3[j * NDIV + mv] = S[SW + j] * (dmm * dmm)
-        QP = np.empty(NDIV, np.float32)
+                S[QD + jl * NDIV + mv] = dmm
+                S[QT + jl * NDIV + mv] = swj * (dmm * dmm)
         for dv in range(NDIV):
             dh, d = _fp16_scale(amax / divs[dv], e)
             if (dh & 0x7C00) == 0x7C00:
                 continue
-            for mv in range(NDIV):
-                QP[mv] = F0
+            ds = d if d > F0 else F1
             for jl in range(ns):
-                j = g * ns + jl
-                a_ = S[AA + j]
-                ls = _rc(a_ / (d if d > F0 else F1), flev)
+                a_ = S[AA + g * ns + jl]
+                ls = _rc(a_ / ds, flev)
                 ls = ls if d > F0 else F0
                 da = d * ls - a_
-                t1 = S[HAA + j] * (da * da)
-                h2 = F2 * S[HAB + j]
-                for mv in range(NDIV):
-                    QP[mv] += (t1 - h2 * (da * QDM[j * NDIV + mv])) + QT3[j * NDIV + mv]
+                S[PDA + jl] = da
+                S[PT1 + jl] = S[HAA + g * ns + jl] * (da * da)
+                S[PH2 + jl] = F2 * S[HAB + g * ns + jl]
+            _screen_sums(S, ns, nl)
+            bp = gf[4 + g]
+            anyb = 0
             for mv in range(NDIV):
-                if (QMH[g * NDIV + mv] & 0x7C00) != 0x7C00 and QP[mv] < gf[4 + g]:
-                    gf[4 + g] = QP[mv]
+                anyb |= np.int64((S[QOK + mv] != F0) & (S[QP + mv] < bp))
+            if anyb == 0:
+                continue
+            for mv in range(NDIV):             # in order: the first of the least wins
+                if S[QOK + mv] != F0 and S[QP + mv] < gf[4 + g]:
+                    gf[4 + g] = S[QP + mv]
                     gi[2 + g] = dh
                     gi[4 + g] = QMH[g * NDIV + mv]
                     gi[8 + g] = dv
                     gi[10 + g] = mv
         if gf[4 + g] < INF:
             dh, d = _fp16_scale(amax / divs[gi[8 + g]], e)
-            dm = QMD[g * NDIV + gi[10 + g]]
+            dm = S[QMD + g * NDIV + gi[10 + g]]
         else:
             d = F0
             dm = F0
@@ -326,8 +371,10 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
     for j in range(LANES):
         d = S[DL + j]
         dm = S[DML + j]
-        ls = _rc(S[AA + j] / (d if d > F0 else F1), flev)
-        lm = _rc(S[MM + j] / (dm if dm > F0 else F1), flev)
+        qa = S[AA + j] / d
+        qm = S[MM + j] / dm
+        ls = _rc(qa if d > F0 else S[AA + j], flev)
+        lm = _rc(qm if dm > F0 else S[MM + j], flev)
         S[LS + j] = ls if d > F0 else F0
         S[LM + j] = lm if dm > F0 else F0
         S[CD + j] = d
@@ -365,7 +412,8 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
             s = S[DL + j] * S[LS + j]
             S[SC + j] = s
             S[MO + j] = S[DML + j] * S[LM + j]
-            S[IV + j] = F1 / (s if s > F0 else F1)
+            r = F1 / s
+            S[IV + j] = r if s > F0 else F1
             S[PAA + j] = F0
             S[PAB + j] = F0
             S[PAX + j] = F0
@@ -440,6 +488,17 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
                     S[EE + j] = S[E2 + j]
                     S[DL + j] = S[CD + j]
                     S[DML + j] = S[CDM + j]
+    # the weight codes for the stored values, all lanes at once (CT, transposed), then out
+    for j in range(LANES):
+        s = S[DL + j] * S[LS + j]
+        S[SC + j] = s
+        S[MO + j] = S[DML + j] * S[LM + j]
+        r = F1 / s
+        S[IV + j] = r if s > F0 else F1
+    for i in range(n):
+        for j in range(LANES):
+            L = _rc((S[XT + i * LANES + j] + S[MO + j]) * S[IV + j], fnmax)
+            S[CT + i * LANES + j] = L if S[SC + j] > F0 else F0
     for g in range(G):
         if not gf[4 + g] < INF:
             gi[g] |= 1
@@ -448,28 +507,23 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
             j = g * ns + jl
             S[OLS + j] = S[LS + j]
             S[OLM + j] = S[LM + j]
-            s = S[DL + j] * S[LS + j]
-            m_ = S[DML + j] * S[LM + j]
-            iv = F1 / (s if s > F0 else F1)
             for i in range(n):
-                L = _rc((S[XT + i * LANES + j] + m_) * iv, fnmax)
-                codes[g * 256 + jl * n + i] = L if s > F0 else F0
+                codes[g * 256 + jl * n + i] = S[CT + i * LANES + j]
 
 
 @njit(**_J)
-def _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QDM, QT3, QP,
-             QMD, QMH):
+def _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QMH, nl):
     """Q2_K: one super-block of 16 sub-blocks of 16 (constant loop bounds: they vectorize)."""
     _group(S, 1, xa, xa, qa, qa, weighted, 3, 16, 16, 15, cands, divs, iters, rounds, gi, gf,
-           codes, QDM, QT3, QP, QMD, QMH)
+           codes, QMH, nl)
 
 
 @njit(**_J)
 def _group32(S, xa, xb, qa, qb, weighted, nmax, cands, divs, iters, rounds, gi, gf, codes,
-             QDM, QT3, QP, QMD, QMH):
+             QMH, nl):
     """Q4_K/Q5_K: two super-blocks of 8 sub-blocks of 32."""
     _group(S, 2, xa, xb, qa, qb, weighted, nmax, 32, 8, 63, cands, divs, iters, rounds, gi, gf,
-           codes, QDM, QT3, QP, QMD, QMH)
+           codes, QMH, nl)
 
 
 @njit(inline="always", **_J)
@@ -577,6 +631,7 @@ def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, f
     else:
         nmax, n, ns, levels, bpb, G = 31, 32, 8, 63, 176, 2
     nch = min(rows, 256)
+    nl = min(cols >> 4, LANES)          # LANES wherever a block is searched (see _screen_sums)
     for r in range(rows):
         flags[r] = 0
     for ch in prange(nch):
@@ -585,10 +640,6 @@ def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, f
         gf = np.zeros(20, np.float32)
         codes = np.zeros(512, np.float32)
         zero = np.zeros(256, np.float32)
-        QDM = np.zeros(LANES * NDIV, np.float32)
-        QT3 = np.zeros(LANES * NDIV, np.float32)
-        QP = np.zeros(NDIV, np.float32)
-        QMD = np.zeros(2 * NDIV, np.float32)
         QMH = np.zeros(2 * NDIV, np.int64)
         r0 = ch * rows // nch
         r1 = (ch + 1) * rows // nch
@@ -627,11 +678,11 @@ def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, f
             else:
                 t += 1
             if G == 1:
-                _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QDM, QT3,
-                         QP, QMD, QMH)
+                _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QMH,
+                         nl)
             else:
                 _group32(S, xa, xb, qa, qb, weighted, nmax, cands, divs, iters, rounds, gi, gf,
-                         codes, QDM, QT3, QP, QMD, QMH)
+                         codes, QMH, nl)
             flags[ra] |= _finish(kind, xa, codes, S, 0, ns, n, gi,
                                  blocks[ra, ba * bpb:(ba + 1) * bpb], bpb)
             if rb >= 0:

@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .kquant_affine import _f16_to_f32, _ldexp32  # noqa: F401  (shared float16/ldexp helpers)
+from .kquant_affine import U, _f16_to_f32, _frexp_e, _ldexp32, _pow2  # noqa: F401  (shared helpers)
 
 
 _J = dict(cache=True, nogil=True, error_model="numpy")
@@ -78,42 +78,60 @@ def _fp16_scale(v, e):
 
 
 @njit(inline="always", **_J)
-def _consider(S, s2, s3):
-    for j in range(LANES):
+def _consider(S, s2, s3, nl):
+    """nl: LANES, as a value LLVM cannot see (numba leaves the SLP vectorizer off: a lane
+    loop of constant length is unrolled and stays scalar; of unknown length, the loop
+    vectorizer takes it). No division inside a select (it would become a branch)."""
+    for j in range(nl):
         sl2 = S[s2 + j]
         sxl = S[s3 + j]
         ok = sl2 > F0
-        a = sxl / (sl2 if ok else F1)
+        a0 = sxl / sl2
+        a = a0 if ok else sxl
         score = a * sxl
-        bt = ok & (score > S[BS + j])
-        S[BS + j] = score if bt else S[BS + j]
+        bs = S[BS + j]
+        bt = ok & (score > bs)
+        S[BS + j] = score if bt else bs
         S[BA + j] = a if bt else S[BA + j]
         S[HAA + j] = sl2 if bt else S[HAA + j]
 
 
 @njit(inline="always", **_J)
-def _pass(S, lo, hi):
+def _pass(S, lo, hi, nl):
     """S2/S3 of the codes clip(rint(x * ISC)) on all lanes."""
-    for j in range(LANES):
-        S[S2 + j] = F0
-        S[S3 + j] = F0
+    for j in range(nl):
+        S[U(S2 + j)] = F0
+        S[U(S3 + j)] = F0
     for i in range(16):
-        for j in range(LANES):
-            k = i * LANES + j
-            L = _rc(S[XT + k] * S[ISC + j], lo, hi)
-            S[S3 + j] += S[WX + k] * L
-            S[S2 + j] += (S[WT + k] * L) * L
+        for j in range(nl):
+            k = U(i * LANES + j)
+            L = _rc(S[XT + k] * S[U(ISC + j)], lo, hi)
+            S[U(S3 + j)] += S[WX + k] * L
+            S[U(S2 + j)] += (S[WT + k] * L) * L
 
 
 @njit(inline="always", **_J)
-def _pass2(S, lo, hi):
+def _pass2(S, lo, hi, weighted):
     """_pass for two candidates at once (ISC -> S2/S3, ISC2 -> T2/T3): four independent
-    accumulator chains instead of two."""
+    accumulator chains instead of two. Unweighted (w = 1): w * x == x and (w * L) * L ==
+    L * L exactly, so the multiplications by w are left out."""
     for j in range(LANES):
         S[S2 + j] = F0
         S[S3 + j] = F0
         S[T2 + j] = F0
         S[T3 + j] = F0
+    if not weighted:
+        for i in range(16):
+            for j in range(LANES):
+                k = i * LANES + j
+                x = S[XT + k]
+                L = _rc(x * S[ISC + j], lo, hi)
+                M = _rc(x * S[ISC2 + j], lo, hi)
+                S[S3 + j] += x * L
+                S[S2 + j] += L * L
+                S[T3 + j] += x * M
+                S[T2 + j] += M * M
+        return
     for i in range(16):
         for j in range(LANES):
             k = i * LANES + j
@@ -130,27 +148,41 @@ def _pass2(S, lo, hi):
 
 @njit(inline="always", **_J)
 def _iv(sc):
-    return F1 / (sc if sc != F0 else F1) if sc != F0 else F0
+    """1 / sc, 0 for sc == 0 (the division outside the select: inside it becomes a branch)."""
+    r = F1 / sc
+    return r if sc != F0 else F0
 
 
 @njit(inline="always", **_J)
-def _err3(S, lo, hi):
+def _err3(S, lo, hi, nl, weighted):
     """_sub_err for three scale codes at once (three independent chains): LS -> EE,
     CLS -> E2, CL3 -> E3, all with the super-scale DL."""
-    for j in range(LANES):
-        d = S[DL + j]
-        a = d * S[LS + j]
-        b = d * S[CLS + j]
-        c = d * S[CL3 + j]
-        S[SC0 + j] = a
-        S[SC + j] = b
-        S[SC3 + j] = c
-        S[IV0 + j] = _iv(a)
-        S[IV + j] = _iv(b)
-        S[IV3 + j] = _iv(c)
-        S[EE + j] = F0
-        S[E2 + j] = F0
-        S[E3 + j] = F0
+    for j in range(nl):
+        d = S[U(DL + j)]
+        a = d * S[U(LS + j)]
+        b = d * S[U(CLS + j)]
+        c = d * S[U(CL3 + j)]
+        S[U(SC0 + j)] = a
+        S[U(SC + j)] = b
+        S[U(SC3 + j)] = c
+        S[U(IV0 + j)] = _iv(a)
+        S[U(IV + j)] = _iv(b)
+        S[U(IV3 + j)] = _iv(c)
+        S[U(EE + j)] = F0
+        S[U(E2 + j)] = F0
+        S[U(E3 + j)] = F0
+    if not weighted:                    # w = 1: w * (r * r) == r * r
+        for i in range(16):
+            for j in range(LANES):
+                k = i * LANES + j
+                x = S[XT + k]
+                r = x - S[SC0 + j] * _rc(x * S[IV0 + j], lo, hi)
+                S[EE + j] += r * r
+                r = x - S[SC + j] * _rc(x * S[IV + j], lo, hi)
+                S[E2 + j] += r * r
+                r = x - S[SC3 + j] * _rc(x * S[IV3 + j], lo, hi)
+                S[E3 + j] += r * r
+        return
     for i in range(16):
         for j in range(LANES):
             k = i * LANES + j
@@ -165,86 +197,90 @@ def _err3(S, lo, hi):
 
 
 @njit(inline="always", **_J)
-def _sub_err(S, lo, hi):
+def _sub_err(S, lo, hi, nl):
     """E2[j] = weighted squared error of lane j with codes re-rounded for DL * CLS."""
-    for j in range(LANES):
-        sc = S[DL + j] * S[CLS + j]
-        S[SC + j] = sc
-        S[IV + j] = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
-        S[E2 + j] = F0
+    for j in range(nl):
+        sc = S[U(DL + j)] * S[U(CLS + j)]
+        S[U(SC + j)] = sc
+        S[U(IV + j)] = _iv(sc)
+        S[U(E2 + j)] = F0
     for i in range(16):
-        for j in range(LANES):
-            k = i * LANES + j
+        for j in range(nl):
+            k = U(i * LANES + j)
             x = S[XT + k]
-            L = _rc(x * S[IV + j], lo, hi)
-            r = x - S[SC + j] * L
-            S[E2 + j] += S[WT + k] * (r * r)
+            L = _rc(x * S[U(IV + j)], lo, hi)
+            r = x - S[U(SC + j)] * L
+            S[U(E2 + j)] += S[WT + k] * (r * r)
 
 
 @njit(**_J)
-def _candidates(S, cands, iters, lo, hi):
+def _candidates(S, cands, iters, lo, hi, nl, weighted):
     """Step 1's candidate and refit passes on all lanes (in a function of its own: that way
     the pass loops vectorize fully)."""
     nc = cands.shape[0]
     for t in range(0, nc - 1, 2):
         c = cands[t]
         c2 = cands[t + 1]
-        for j in range(LANES):
+        for j in range(nl):
             S[ISC + j] = c / S[MXS + j]
             S[ISC2 + j] = c2 / S[MXS + j]
-        _pass2(S, lo, hi)
-        _consider(S, S2, S3)
-        _consider(S, T2, T3)
+        _pass2(S, lo, hi, weighted)
+        _consider(S, S2, S3, nl)
+        _consider(S, T2, T3, nl)
     if nc % 2:
-        for j in range(LANES):
+        for j in range(nl):
             S[ISC + j] = cands[nc - 1] / S[MXS + j]
-        _pass(S, lo, hi)
-        _consider(S, S2, S3)
+        _pass(S, lo, hi, nl)
+        _consider(S, S2, S3, nl)
     for _ in range(iters):
-        for j in range(LANES):
+        for j in range(nl):
             b = S[BA + j]
-            S[ISC + j] = F1 / (b if b != F0 else F1) if b != F0 else F0
-        _pass(S, lo, hi)
-        _consider(S, S2, S3)
+            r = F1 / b
+            S[ISC + j] = r if b != F0 else F0
+        _pass(S, lo, hi, nl)
+        _consider(S, S2, S3, nl)
 
 
 @njit(**_J)
-def _refine(S, d, dh, e, rounds, lo, hi, slo, shi):
+def _refine(S, d, dh, e, rounds, lo, hi, slo, shi, nl, weighted):
     """Step 2b: +-1 on each sub-block scale code, then the least-squares super-scale."""
-    for j in range(LANES):
-        a = S[AA + j]
-        s = _rc(a / (d if d != F0 else F1), slo, shi) if d != F0 else F0
-        S[LS + j] = s
-        S[DL + j] = d
+    for j in range(nl):
+        q = _rc(S[U(AA + j)] / d, slo, shi)
+        S[U(LS + j)] = q if d != F0 else F0
+        S[U(DL + j)] = d
     for _ in range(rounds):
         # the errors of s, s - 1 and s + 1 in one pass (EE of s equals the carried one: the
         # same formula). Where s - 1 wins, the reference's next try (s - 1) + 1 is s again,
         # which cannot win: so s + 1 is tried only where s - 1 lost.
-        for j in range(LANES):
-            S[CLS + j] = _rc(S[LS + j] + FM1, slo, shi)
-            S[CL3 + j] = _rc(S[LS + j] + F1, slo, shi)
-        _err3(S, lo, hi)
-        for j in range(LANES):
-            bt = S[E2 + j] < S[EE + j]
-            b3 = (not bt) & (S[E3 + j] < S[EE + j])
-            S[LS + j] = S[CLS + j] if bt else (S[CL3 + j] if b3 else S[LS + j])
-            S[EE + j] = S[E2 + j] if bt else (S[E3 + j] if b3 else S[EE + j])
+        for j in range(nl):
+            S[U(CLS + j)] = _rc(S[U(LS + j)] + FM1, slo, shi)
+            S[U(CL3 + j)] = _rc(S[U(LS + j)] + F1, slo, shi)
+        _err3(S, lo, hi, nl, weighted)
+        for j in range(nl):
+            ee = S[U(EE + j)]
+            e2 = S[U(E2 + j)]
+            e3 = S[U(E3 + j)]
+            bt = e2 < ee
+            b3 = (not bt) & (e3 < ee)
+            ls = S[U(LS + j)]
+            S[U(LS + j)] = S[U(CLS + j)] if bt else (S[U(CL3 + j)] if b3 else ls)
+            S[U(EE + j)] = e2 if bt else (e3 if b3 else ee)
         # least-squares d for the fixed codes
-        for j in range(LANES):
-            sc = d * S[LS + j]
-            S[SC + j] = sc
-            S[IV + j] = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
-            S[PAA + j] = F0
-            S[PAX + j] = F0
+        for j in range(nl):
+            sc = d * S[U(LS + j)]
+            S[U(SC + j)] = sc
+            S[U(IV + j)] = _iv(sc)
+            S[U(PAA + j)] = F0
+            S[U(PAX + j)] = F0
         for i in range(16):
-            for j in range(LANES):
-                k = i * LANES + j
+            for j in range(nl):
+                k = U(i * LANES + j)
                 xv = S[XT + k]
-                L = _rc(xv * S[IV + j], lo, hi)
-                A = S[LS + j] * L
+                L = _rc(xv * S[U(IV + j)], lo, hi)
+                A = S[U(LS + j)] * L
                 wa = S[WT + k] * A
-                S[PAA + j] += wa * A
-                S[PAX + j] += wa * xv
+                S[U(PAA + j)] += wa * A
+                S[U(PAX + j)] += wa * xv
         saa = F0
         sax = F0
         for j in range(LANES):
@@ -260,7 +296,7 @@ def _refine(S, d, dh, e, rounds, lo, hi, slo, shi):
         for j in range(LANES):
             S[DL + j] = nd_
             S[CLS + j] = S[LS + j]
-        _sub_err(S, lo, hi)
+        _sub_err(S, lo, hi, nl)
         e1 = F0
         e2 = F0
         for j in range(LANES):
@@ -282,35 +318,37 @@ NOPE = -100000        # _prep: the block max is at the all-zero threshold (flag 
 
 
 @njit(**_J)
-def _prep(S, x, q, weighted):
+def _prep(S, x, q, weighted, nl):
     """Normalize and transpose a super-block into S, find each lane's largest weight;
-    returns the exponent e (NOPE: the reference decides)."""
+    returns the exponent e (NOPE: the reference decides). nl: see _consider; U(...): unsigned
+    indices (no wraparound select), so that the loop vectorizer takes the lane loops."""
     # ---- normalize (common.pow2_normalize)
     # transpose first; the block max is the max of the lane maxima (the same value)
     for i in range(16):
-        for j in range(LANES):
-            S[XT + i * LANES + j] = x[j * 16 + i]
+        for j in range(nl):
+            S[U(XT + i * LANES + j)] = x[U(j * 16 + i)]
     if weighted:
         for i in range(16):
-            for j in range(LANES):
-                S[WT + i * LANES + j] = q[j * 16 + i]
+            for j in range(nl):
+                S[U(WT + i * LANES + j)] = q[U(j * 16 + i)]
     else:
         for k in range(256):
             S[WT + k] = F1
-    for j in range(LANES):
-        S[PAX + j] = F0
+    for j in range(nl):
+        S[U(PAX + j)] = F0
     for i in range(16):
-        for j in range(LANES):
-            a = abs(S[XT + i * LANES + j])
-            S[PAX + j] = a if a > S[PAX + j] else S[PAX + j]
+        for j in range(nl):
+            a = abs(S[U(XT + i * LANES + j)])
+            b = S[U(PAX + j)]
+            S[U(PAX + j)] = a if a > b else b
     amax = F0
     for j in range(LANES):
         amax = S[PAX + j] if S[PAX + j] > amax else amax
     tiny32 = amax < EPS32
     if tiny32 != (np.float64(amax) < 1e-15):
         return NOPE
-    e = 0 if tiny32 else math.frexp(np.float64(amax))[1]
-    p = F0 if tiny32 else np.float32(math.ldexp(1.0, -e))
+    e = 0 if tiny32 else _frexp_e(amax)
+    p = F0 if tiny32 else np.float32(_pow2(-e))
     if tiny32:
         for k in range(256):
             S[XT + k] = F0
@@ -318,51 +356,54 @@ def _prep(S, x, q, weighted):
         for k in range(256):
             S[XT + k] = S[XT + k] * p
     if weighted:
-        for j in range(LANES):
-            S[PAA + j] = F0
+        for j in range(nl):
+            S[U(PAA + j)] = F0
         for i in range(16):
-            for j in range(LANES):
-                S[PAA + j] += S[WT + i * LANES + j]
+            for j in range(nl):
+                S[U(PAA + j)] += S[U(WT + i * LANES + j)]
         for i in range(16):
-            for j in range(LANES):
-                k = WT + i * LANES + j
-                S[k] = S[k] if S[PAA + j] > F0 else F1
+            for j in range(nl):
+                k = U(WT + i * LANES + j)
+                w = S[k]
+                S[k] = w if S[U(PAA + j)] > F0 else F1
     for k in range(256):
         S[WX + k] = S[WT + k] * S[XT + k]
     # ---- step 1 (sym_k.sub_search)
-    for j in range(LANES):
-        S[MXS + j] = S[XT + j]
-        S[PAX + j] = abs(S[XT + j])
+    for j in range(nl):
+        S[U(MXS + j)] = S[U(XT + j)]
+        S[U(PAX + j)] = abs(S[U(XT + j)])
     for i in range(1, 16):
-        for j in range(LANES):
-            v = S[XT + i * LANES + j]
+        for j in range(nl):
+            v = S[U(XT + i * LANES + j)]
             a = abs(v)
-            bt = a > S[PAX + j]
-            S[MXS + j] = v if bt else S[MXS + j]
-            S[PAX + j] = a if bt else S[PAX + j]
-    for j in range(LANES):
-        z = not (S[PAX + j] >= SUB_EPS)
-        S[ZR + j] = F1 if z else F0
-        S[MXS + j] = F1 if z else S[MXS + j]
-        S[BS + j] = FM1
-        S[BA + j] = F0
-        S[HAA + j] = F0
+            m = S[U(MXS + j)]
+            b = S[U(PAX + j)]
+            bt = a > b
+            S[U(MXS + j)] = v if bt else m
+            S[U(PAX + j)] = a if bt else b
+    for j in range(nl):
+        z = not (S[U(PAX + j)] >= SUB_EPS)
+        S[U(ZR + j)] = F1 if z else F0
+        m = S[U(MXS + j)]
+        S[U(MXS + j)] = F1 if z else m
+        S[U(BS + j)] = FM1
+        S[U(BA + j)] = F0
+        S[U(HAA + j)] = F0
     return e
 
 
 @njit(**_J)
-def _final(S, d, lo, hi, codes):
+def _final(S, d, lo, hi, codes, nl):
     """The weight codes for the stored scales."""
-    for j in range(LANES):
-        sc = d * S[LS + j]
-        S[IV + j] = F1 / (sc if sc != F0 else F1) if sc != F0 else F0
+    for j in range(nl):
+        S[U(IV + j)] = _iv(d * S[U(LS + j)])
     for i in range(16):
         for j in range(LANES):
             codes[j * 16 + i] = _rc(S[XT + i * LANES + j] * S[IV + j], lo, hi)
 
 
 @njit(**_J)
-def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, gi):
+def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, gi, nl):
     """Search one super-block x (256 float32; q its importance). Returns the flag; gi[0]
     the float16 bits of d; S[LS + j] the sub-block codes, codes[256] the weight codes."""
     lo = np.float32(-nmax)
@@ -370,10 +411,10 @@ def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, g
     slo = np.float32(-levels)
     shi = np.float32(levels - 1)
     flag = 0
-    e = _prep(S, x, q, weighted)
+    e = _prep(S, x, q, weighted, nl)
     if e == NOPE:
         return 4
-    _candidates(S, cands, iters, lo, hi)
+    _candidates(S, cands, iters, lo, hi, nl, weighted)
     for j in range(LANES):
         z = S[ZR + j] != F0
         S[AA + j] = F0 if z else S[BA + j]
@@ -391,12 +432,15 @@ def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, g
     d = F0
     for k in range(divs.shape[0]):
         ch, c = _fp16_scale(top / (-divs[k]), e)
+        for j in range(nl):                     # the terms across lanes, then their sum in order
+            a = S[U(AA + j)]
+            q = _rc(a / c, slo, shi)
+            s = q if c != F0 else F0
+            da = c * s - a
+            S[U(PAA + j)] = S[U(HAA + j)] * (da * da)
         P = F0
         for j in range(LANES):
-            a = S[AA + j]
-            s = _rc(a / (c if c != F0 else F1), slo, shi) if c != F0 else F0
-            da = c * s - a
-            P += S[HAA + j] * (da * da)
+            P += S[PAA + j]
         if (ch & 0x7C00) != 0x7C00 and P < best_p:
             best_p = P
             dh = ch
@@ -404,8 +448,8 @@ def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, g
     if not best_p < INF:
         return 1
     # (b) refinement
-    d, dh = _refine(S, d, dh, e, rounds, lo, hi, slo, shi)
-    _final(S, d, lo, hi, codes)
+    d, dh = _refine(S, d, dh, e, rounds, lo, hi, slo, shi, nl, weighted)
+    _final(S, d, lo, hi, codes, nl)
     gi[0] = dh
     return flag
 
@@ -473,6 +517,7 @@ def sym_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, flag
     else:
         nmax, levels, bpb = 32, 128, 210
     nch = min(rows, 256)
+    nl = min(cols >> 4, LANES)          # LANES wherever a block is searched (see _consider)
     for ch in prange(nch):
         S = np.zeros(SBUF, np.float32)
         gi = np.zeros(2, np.int64)
@@ -489,7 +534,7 @@ def sym_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, flag
                     xa = row[b * 256:(b + 1) * 256]
                     qa = qw[r if qw.shape[0] > 1 else 0, b * 256:(b + 1) * 256] if weighted else xa
                     fb = _block(S, xa, qa, weighted, nmax, levels, cands, divs, iters, rounds,
-                                codes, gi)
+                                codes, gi, nl)
                     if fb:
                         f |= fb
                         break
