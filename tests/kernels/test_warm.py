@@ -1,0 +1,32 @@
+"""`python -m workbench.warm` compiles the kernels a scheme needs ahead of use (.ci/setup runs it)."""
+
+import subprocess
+import sys
+
+from kernels import kquant_affine, kquant_sym
+from workbench import warm
+
+
+def test_warm_names_compiles_the_searched_k_quant_kernels_plain_and_weighted():
+    done = warm.warm_names(["q4_k", "q6_k"])
+    assert done == ["q4_k", "q6_k"]
+    # the plain and the importance-weighted searches each left a compiled signature
+    assert len(kquant_affine.affine_k_encode.signatures) >= 1
+    assert len(kquant_sym.sym_k_encode.signatures) >= 1
+
+
+def test_heavy_kernels_go_to_different_processes_first():
+    names = ["int8-channel", "q4_0", "q3_k", "fp16", "q4_k", "iq4_nl"]
+    order = warm._order(names)
+    assert order[:3] == ["q4_k", "q3_k", "iq4_nl"] and sorted(order) == sorted(names)
+    shares = [order[i::2] for i in range(2)]
+    assert "q4_k" in shares[0] and "q3_k" in shares[1]
+
+
+def test_warm_command_runs_its_workers_and_reports(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "workbench.warm", "--only", "q8_0,int4-g128"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "workbench.warm", "--only", "no-such-scheme"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "no-such-scheme" in r.stderr

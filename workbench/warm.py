@@ -1,0 +1,80 @@
+"""Compile every CPU kernel into numba's on-disk cache ahead of use: ``python -m workbench.warm``.
+
+numba compiles a kernel the first time it runs and keeps the machine code on disk beside the
+source (``cache=True``); from then on a process loads it in milliseconds. The first compile of
+the searched K-quant kernels takes a minute or more on a small machine, which a user would
+otherwise meet as a long "pending" the first time they pick Q4_K, and the test suite as a
+cold start. ``.ci/setup`` runs this once after installing, like a build step.
+
+The schemes are split over ``--jobs`` processes (default: the CPU count), each running
+``accel.warmup`` (quantize, dequantize and the fused error kernel per kernel family) on its
+share, plus the importance-weighted GGML encoders and the one-pass F16 → Q4_0/Q8_0 path.
+numba writes each cache file atomically, so processes compiling shared helpers do not clash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+# compiled first and in different processes: each takes most of a minute on its own
+HEAVY = ("q4_k", "q3_k", "iq4_nl", "q5_0", "q4_0", "int4-g128")
+
+
+def _order(names: list[str]) -> list[str]:
+    heavy = [n for n in HEAVY if n in names]
+    return heavy + [n for n in names if n not in heavy]
+
+
+def warm_names(names: list[str]) -> list[str]:
+    """Run every kernel `names` need once on tiny inputs (in this process); the names done."""
+    import numpy as np
+    from . import accel
+    from .methods.ggml_weighted import SUPPORTED, weighted_encode
+    from .schemes import get_scheme
+    done = accel.warmup(names, backend="cpu")
+    rng = np.random.default_rng(0)
+    for n in names:
+        s = get_scheme(n)
+        if n in SUPPORTED:
+            x = rng.standard_normal((2, s.block_size)).astype(np.float32)
+            weighted_encode(s, x, np.abs(x) + np.float32(0.5))
+        if n in ("q4_0", "q8_0"):
+            raw = rng.standard_normal((2, 256)).astype(np.float16)
+            accel.quantize_widening(s, raw, "F16")
+            accel.quantize_widening(s, raw.view(np.uint16), "BF16")
+    return done
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m workbench.warm", description=__doc__.split("\n")[0])
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="processes compiling in parallel (default: the CPU count)")
+    p.add_argument("--only", default=None, help=argparse.SUPPRESS)  # one worker's share
+    args = p.parse_args(argv)
+    from .schemes import list_schemes
+    if args.only is not None:
+        warm_names([n for n in args.only.split(",") if n])
+        return 0
+    t0 = time.perf_counter()
+    names = _order(list(list_schemes()))
+    jobs = max(1, min(args.jobs, len(names)))
+    shares = [names[i::jobs] for i in range(jobs)]
+    procs = [subprocess.Popen([sys.executable, "-m", "workbench.warm", "--only", ",".join(s)])
+             for s in shares if s]
+    rcs = [pr.wait() for pr in procs]
+    took = time.perf_counter() - t0
+    if any(rcs):
+        print(f"kernel warm-up failed in {sum(1 for r in rcs if r)} of {len(rcs)} processes "
+              f"({took:.0f} s)", file=sys.stderr)
+        return 1
+    print(f"kernels compiled or loaded for {len(names)} schemes in {took:.0f} s "
+          f"({len(procs)} processes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
