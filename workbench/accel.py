@@ -232,7 +232,8 @@ def warmup(schemes=None, backend: str = "auto") -> list[str]:
         spec = spec_for(scheme)
         if spec is None:
             continue
-        key = (spec.family, spec.quant, getattr(scheme, "clip", None))
+        # every GGML type has kernels of its own (all of them have spec.quant "ggml")
+        key = (spec.family, spec.quant, spec.ggml_name, getattr(scheme, "clip", None))
         cols = int(scheme.block_size or 1) * 2 if scheme.block_size else 64
         cols = max(cols, 256) if spec.family == "ggml" else cols
         w = rng.standard_normal((2, cols)).astype(np.float32)

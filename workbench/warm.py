@@ -8,7 +8,8 @@ cold start. ``.ci/setup`` runs this once after installing, like a build step.
 
 The schemes are split over ``--jobs`` processes (default: the CPU count), each running
 ``accel.warmup`` (quantize, dequantize and the fused error kernel per kernel family) on its
-share, plus the importance-weighted GGML encoders and the one-pass F16 → Q4_0/Q8_0 path.
+share, on writable and on read-only (memory-mapped) weights, plus the importance-weighted GGML
+encoders, the one-pass F16 → Q4_0/Q8_0 path and the statistics kernels.
 numba writes each cache file atomically, so processes compiling shared helpers do not clash.
 """
 
@@ -37,16 +38,65 @@ def warm_names(names: list[str]) -> list[str]:
     from .schemes import get_scheme
     done = accel.warmup(names, backend="cpu")
     rng = np.random.default_rng(0)
+    seen = set()
     for n in names:
         s = get_scheme(n)
+        spec = accel.spec_for(s)
+        key = None if spec is None else (spec.family, spec.quant, spec.ggml_name)
+        if key is not None and key not in seen:
+            # weights read from a file are read-only memory maps: numba compiles a kernel
+            # again for read-only arrays, so warm that variant too (export, evaluate)
+            seen.add(key)
+            cols = max(256, int(s.block_size or 1) * 2) if spec.family == "ggml" else 256
+            w = rng.standard_normal((2, cols)).astype(np.float32)
+            w.setflags(write=False)
+            accel.dequant_error(w, accel.quantize(s, w, backend="cpu"), backend="cpu")
         if n in SUPPORTED:
             x = rng.standard_normal((2, s.block_size)).astype(np.float32)
             weighted_encode(s, x, np.abs(x) + np.float32(0.5))
         if n in ("q4_0", "q8_0"):
             raw = rng.standard_normal((2, 256)).astype(np.float16)
-            accel.quantize_widening(s, raw, "F16")
-            accel.quantize_widening(s, raw.view(np.uint16), "BF16")
+            for ro in (False, True):
+                raw.setflags(write=not ro)
+                accel.quantize_widening(s, raw, "F16")
+                accel.quantize_widening(s, raw.view(np.uint16), "BF16")
     return done
+
+
+def warm_convert() -> None:
+    """The F16/BF16 → float32 widening kernels (writable and read-only storage)."""
+    import numpy as np
+    from kernels import convert
+    raw = np.arange(512, dtype=np.uint16).view(np.float16).reshape(2, 256)
+    for ro in (False, True):
+        raw.setflags(write=not ro)
+        convert.f16_to_f32(raw)
+        convert.bf16_to_f32(raw.view(np.uint16))
+
+
+def warm_stats() -> None:
+    """Compile the statistics kernels (histograms, per-channel ranges) on a tiny F32/F16
+    safetensors file, read the way a model is opened (memory-mapped, read-only)."""
+    import tempfile
+    import numpy as np
+    from .export.st_writer import StreamingSafetensorsWriter
+    from .loaders import open_model
+    from .progress import run
+    from .stats import model_stats
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "warm.safetensors")
+        w = StreamingSafetensorsWriter(path)
+        w.add("a.weight", rng.standard_normal((8, 64)).astype(np.float32))
+        w.add("b.weight", rng.standard_normal((8, 64)).astype(np.float16))
+        w.finish()
+        model = open_model(path)
+        try:
+            run(model_stats(model, cache=None))
+        finally:
+            close = getattr(model, "close", None)
+            if close is not None:
+                close()
 
 
 def main(argv=None) -> int:
@@ -54,17 +104,22 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="processes compiling in parallel (default: the CPU count)")
     p.add_argument("--only", default=None, help=argparse.SUPPRESS)  # one worker's share
+    p.add_argument("--stats", action="store_true", help=argparse.SUPPRESS)  # and the stats kernels
     args = p.parse_args(argv)
     from .schemes import list_schemes
     if args.only is not None:
         warm_names([n for n in args.only.split(",") if n])
+        if args.stats:
+            warm_stats()
+            warm_convert()
         return 0
     t0 = time.perf_counter()
     names = _order(list(list_schemes()))
     jobs = max(1, min(args.jobs, len(names)))
     shares = [names[i::jobs] for i in range(jobs)]
-    procs = [subprocess.Popen([sys.executable, "-m", "workbench.warm", "--only", ",".join(s)])
-             for s in shares if s]
+    procs = [subprocess.Popen([sys.executable, "-m", "workbench.warm", "--only", ",".join(s)]
+                              + (["--stats"] if i == len(shares) - 1 else []))
+             for i, s in enumerate(shares) if s]
     rcs = [pr.wait() for pr in procs]
     took = time.perf_counter() - t0
     if any(rcs):
