@@ -30,3 +30,21 @@ def test_warm_command_runs_its_workers_and_reports(tmp_path):
     r = subprocess.run([sys.executable, "-m", "workbench.warm", "--only", "no-such-scheme"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "no-such-scheme" in r.stderr
+
+
+def test_accel_warmup_runs_every_ggml_type_not_only_the_first():
+    from kernels import cpu_ops, ggml_legacy_quant, iq4nl_quant
+    from workbench import accel
+    calls = []
+    real = cpu_ops._quantize
+
+    def spy(spec, *a, **k):
+        calls.append(spec.ggml_name)
+        return real(spec, *a, **k)
+    cpu_ops._quantize = spy
+    try:
+        accel.warmup(["q8_0", "q5_1", "iq4_nl"], backend="cpu")
+    finally:
+        cpu_ops._quantize = real
+    assert {"Q8_0", "Q5_1", "IQ4_NL"} <= set(calls)
+    assert ggml_legacy_quant.legacy_encode.signatures and iq4nl_quant.iq4nl_encode.signatures
