@@ -16,11 +16,18 @@ F0 = np.float32(0.0)
 # ---------------------------------------------------------------- error accumulation
 @njit(fastmath={"reassoc", "contract"}, **_J)
 def _acc_row(w, q, acc):
-    """acc[0..4] = sum (w-q)^2, sum w^2, sum q^2, sum w*q, max |w-q| (float64; NaN propagates)."""
+    """acc[0..4] = sum (w-q)^2, sum w^2, sum q^2, sum w*q, max |w-q| (float64; NaN propagates).
+
+    The maximum is taken over the bit patterns of |w-q| as int64, in the same loop: for
+    non-negative doubles their order is the order of the values, and a NaN (its sign bit
+    cleared by abs) sorts above +inf, so a NaN anywhere gives NaN as the float reduction
+    would. An integer max vectorizes; numba's float max with NaN handling did not (it was
+    two thirds of the fused error's time)."""
     sse = 0.0
     sig = 0.0
     deq = 0.0
     dot = 0.0
+    mx = np.int64(0)
     for i in range(w.shape[0]):
         a = np.float64(w[i])
         b = np.float64(q[i])
@@ -29,17 +36,13 @@ def _acc_row(w, q, acc):
         sig += a * a
         deq += b * b
         dot += a * b
-    mx = 0.0
-    for i in range(w.shape[0]):
-        ad = abs(np.float64(w[i]) - np.float64(q[i]))
-        if ad > mx or ad != ad:
-            if mx == mx:
-                mx = ad
+        u = np.float64(abs(d)).view(np.int64)
+        mx = u if u > mx else mx
     acc[0] = sse
     acc[1] = sig
     acc[2] = deq
     acc[3] = dot
-    acc[4] = mx
+    acc[4] = np.int64(mx).view(np.float64)
 
 
 @njit(inline="always", **_J)
