@@ -512,6 +512,47 @@ def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
                 _pack_row(cb, bits, orow)
 
 
+@njit(**_P)
+def quant_error_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
+                      scale32, scale16, zero, bad, acc):
+    """The exact error of quantizing w as quant_fused does (acc as affine_error's), in one
+    pass and without packing: each row's codes, one per byte (quant_fused's row helper with
+    its row-wise layout: the same codes), dequantized at once as the integer lookup table
+    gives them ((code - offset) - zero) * scale, float32 as affine_dequant) and measured
+    against the row while it is in cache. Scales and zero points are written as quant_fused
+    writes them (the caller checks their range); bad as there (that row is skipped)."""
+    rows, cols = w.shape
+    bpr = cols // gs
+    fq = np.float32(qmax)
+    fqmin = np.float32(qmin)
+    nch = min(rows, 256)
+    for ch in prange(nch):
+        t = np.empty(gs if mode == 1 else 1, np.float64)
+        cb = np.empty(cols, np.uint8)
+        tk = np.empty((2, bpr), np.int32)
+        tq = np.empty(2 * bpr, np.float32)
+        buf = np.empty(cols, np.float32)
+        for r in range(ch * rows // nch, (ch + 1) * rows // nch):
+            _quant_row(w[r], wu[r], r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16,
+                       f16_table, scale32, scale16, zero, cb, 0, t, bad, True, cb, tk, tq)
+            if bad[r]:
+                continue
+            k0 = r * bpr
+            for b in range(bpr):
+                s = f16_table[scale16[k0 + b]] if f16 else scale32[k0 + b]
+                z = np.float32(zero[k0 + b]) if asym else F0
+                _deq_int(cb[b * gs:(b + 1) * gs], offset, z, s, buf[b * gs:(b + 1) * gs])
+            _acc_row(w[r], buf, acc[r])
+
+
+@njit(**_J)
+def _deq_int(codes, offset, z, s, dst):
+    """(lut[code] - z) * s for the integer table lut[c] = float32(c - offset) (tables.int_lut),
+    computed instead of looked up (vectorizes); x - 0.0 == x for the symmetric schemes."""
+    for c in range(codes.shape[0]):
+        dst[c] = (np.float32(np.int32(codes[c]) - offset) - z) * s
+
+
 @njit(**_J)
 def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, f16_table,
                scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq):

@@ -183,6 +183,39 @@ def _quantize_fused(spec: Spec, w2d: np.ndarray, check_finite: bool) -> dict | N
     return res
 
 
+def quantize_error(spec: Spec, w2d: np.ndarray):
+    """(the quantized tensor's arrays less its codes, (rows, 5) error sums as error_sums
+    gives them) in one pass over w2d, for the schemes quant_fused quantizes; None when that
+    kernel does not apply or w2d holds NaN/Inf (the caller takes the two-pass path, which
+    decides what those mean). The arrays are quantize()'s: the caller checks their range."""
+    rows, cols = w2d.shape
+    mode = _fused_mode(spec, rows, cols)
+    if mode < 0:
+        return None
+    gs, bpr = spec.geometry(rows, cols)
+    nb = rows * bpr
+    if mode == 0:
+        f16, asym = spec.scale_f16, spec.asym
+        qmin, qmax, offset = spec.qmin, spec.qmax, spec.offset
+    else:
+        f16, asym, qmin, qmax, offset = True, False, -1, 1, 1
+    scale32 = np.empty(1 if f16 else nb, np.float32)
+    scale16 = np.empty(nb if f16 else 1, np.uint16)
+    zero = np.empty(nb if asym else 1, np.uint8)
+    bad = np.zeros(rows, np.uint8)
+    acc = np.zeros((rows, 5), np.float64)
+    with _threads(w2d.size):
+        _k().quant_error_fused(w2d, w2d.view(np.int32), mode, spec.bits, gs, asym, qmin, qmax,
+                               offset, f16, tables.f16_table(), scale32, scale16, zero, bad,
+                               acc)
+    if bad.any():
+        return None
+    res = {"scales": scale16.view(np.float16) if f16 else scale32}
+    if asym:
+        res["zeros"] = zero
+    return res, acc
+
+
 def _int_qparams_kernel(spec: Spec, w2d: np.ndarray):
     """Min/max qparams fully in kernels (same values as scheme.choose_qparams)."""
     rows, cols = w2d.shape

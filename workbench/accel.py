@@ -211,10 +211,49 @@ def dequant_error(w: np.ndarray, qt, backend: str = "auto"):
     else:
         from kernels import cpu_ops
         acc = cpu_ops.error_sums(spec, qt.arrays, w2)
-    return ErrorSums(n=rows * cols, sse=float(acc[:, 0].sum()), sig=float(acc[:, 1].sum()),
+    return _sums(acc, rows * cols)
+
+
+def _sums(acc: np.ndarray, n: int):
+    """ErrorSums from the kernels' (rows, 5) per-row sse, sig, deq, dot, max|err|."""
+    from .metrics import ErrorSums
+    return ErrorSums(n=n, sse=float(acc[:, 0].sum()), sig=float(acc[:, 1].sum()),
                      deq=float(acc[:, 2].sum()), dot=float(acc[:, 3].sum()),
                      max_abs_err=float(np.max(acc[:, 4])), ch_sse=acc[:, 0].copy(),
                      ch_sig=acc[:, 1].copy())
+
+
+def quantize_error(scheme, w: np.ndarray, backend: str = "auto"):
+    """(quantized bytes, ErrorSums) of `w` under `scheme` from one pass over `w` on the CPU
+    (kernels.cpu_ops.quantize_error), without keeping the quantized tensor: the same figures
+    as ``quantize`` followed by ``dequant_error``. None when that path does not apply (no such
+    kernel for the scheme or shape, the CUDA or numpy backend, NaN/Inf weights, a scale at
+    the edge of its range): the caller then takes those two steps."""
+    from .schemes.base import QuantizedTensor, Scheme, matrix_shape
+    scheme = _scheme(scheme)
+    spec = spec_for(scheme)
+    if spec is None or spec.family != "affine" or spec.quant not in ("int", "ternary"):
+        return None
+    if _backend.resolve(backend) != "cpu":
+        return None
+    w = np.asarray(w)
+    shape = tuple(int(s) for s in w.shape)
+    if not shape or scheme.ineligible_reason(shape) \
+            or type(scheme).check_range is not Scheme.check_range:
+        return None
+    rows, cols = matrix_shape(shape)
+    w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(rows, cols)
+    from kernels import cpu_ops
+    got = cpu_ops.quantize_error(spec, w2)
+    if got is None:
+        return None
+    arrays, acc = got
+    small = QuantizedTensor(scheme.name, shape, arrays)     # scales and zero points only
+    if scheme.reference_needed(small) or any(
+            a.dtype.kind == "f" and not np.isfinite(a).all() for a in arrays.values()):
+        return None
+    nbytes = small.nbytes + rows * cols * spec.bits // 8    # + the packed codes
+    return nbytes, _sums(acc, rows * cols)
 
 
 def warmup(schemes=None, backend: str = "auto") -> list[str]:
@@ -241,6 +280,7 @@ def warmup(schemes=None, backend: str = "auto") -> list[str]:
             qt = quantize(scheme, w, backend=b)
             dequantize(qt, backend=b)
             dequant_error(w, qt, backend=b)
+            quantize_error(scheme, w, backend=b)     # the one-pass error (where it applies)
             seen.add(key)
         done.append(scheme.name if hasattr(scheme, "name") else str(name))
     return done

@@ -84,7 +84,7 @@ def estimate_tensor(model, name: str, scheme_name: str, decision=None,
     (the rows are sampled from it instead of the file)."""
     import time
     from .dtypes import decode_rows
-    from .evaluate import quantize_measure
+    from .evaluate import measure
     from .runtimes import decide
     if not can_estimate(model, name, scheme_name, decision):
         return None
@@ -101,7 +101,7 @@ def estimate_tensor(model, name: str, scheme_name: str, decision=None,
     if not np.isfinite(w).all():
         return None          # NaN/Inf: the exact evaluation decides (refusal or pass-through)
     try:
-        _qt, sums = quantize_measure(w, decision.applied, tensor=name)
+        _nbytes, sums = measure(w, decision.applied, tensor=name)
     except Exception:  # noqa: BLE001 - the exact evaluation reports the problem
         return None
     scale = rows / idx.size

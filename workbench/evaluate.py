@@ -126,6 +126,21 @@ def quantize_measure(w: np.ndarray, scheme_name: str, tensor: str | None = None)
         return qt, ErrorSums.from_arrays(w, wq)
 
 
+def measure(w: np.ndarray, scheme_name: str, tensor: str | None = None):
+    """(quantized bytes, ErrorSums) of a 2-D float32 matrix: quantize_measure's figures, from
+    one pass over the weights where a kernel does both (accel.quantize_error: integer and
+    ternary schemes on the CPU), else through quantize_measure."""
+    try:
+        from . import accel
+        got = accel.quantize_error(scheme_name, w)
+    except (ImportError, AttributeError):
+        got = None
+    if got is not None:
+        return got
+    qt, sums = quantize_measure(w, scheme_name, tensor=tensor)
+    return qt.nbytes, sums
+
+
 class EvalCache:
     """Results keyed by (model path, tensor, scheme); an entry is dropped when the file at the
     model path has changed since (its mtime/size), so a rewritten file is measured again."""
@@ -201,8 +216,7 @@ def _evaluate_tensor(model, info, name, scheme_name, decision, matrix=None) -> T
         sums = ErrorSums.from_arrays(w0, wq)
         nbytes = qt.nbytes
     else:
-        qt, sums = quantize_measure(w, applied, tensor=name)
-        nbytes = qt.nbytes
+        nbytes, sums = measure(w, applied, tensor=name)
         if not (math.isfinite(sums.sse) and math.isfinite(sums.max_abs_err)) \
                 and np.isfinite(w).all():
             raise WorkbenchError(

@@ -7,9 +7,10 @@ otherwise meet as a long "pending" the first time they pick Q4_K, and the test s
 cold start. ``.ci/setup`` runs this once after installing, like a build step.
 
 The schemes are split over ``--jobs`` processes (default: the CPU count), each running
-``accel.warmup`` (quantize, dequantize and the fused error kernel per kernel family) on its
-share, on writable and on read-only (memory-mapped) weights, plus the importance-weighted GGML
-encoders, the one-pass F16 → Q4_0/Q8_0 path and the statistics kernels.
+``accel.warmup`` (quantize, dequantize, the fused error kernel and the one-pass
+quantize-and-measure kernel per kernel family) on its share, on writable and on read-only
+(memory-mapped) weights, plus the importance-weighted GGML encoders, the one-pass
+F16 → Q4_0/Q8_0 path and the statistics kernels.
 numba writes each cache file atomically, so processes compiling shared helpers do not clash.
 """
 
@@ -51,6 +52,7 @@ def warm_names(names: list[str]) -> list[str]:
             w = rng.standard_normal((2, cols)).astype(np.float32)
             w.setflags(write=False)
             accel.dequant_error(w, accel.quantize(s, w, backend="cpu"), backend="cpu")
+            accel.quantize_error(s, w, backend="cpu")
         if n in SUPPORTED:
             x = rng.standard_normal((2, s.block_size)).astype(np.float32)
             weighted_encode(s, x, np.abs(x) + np.float32(0.5))
