@@ -20,6 +20,8 @@ class FitLabel(QLabel):
     def set_forms(self, forms: list[str]) -> None:
         """The forms from the fullest to the shortest; shows the first that fits."""
         forms = [f for f in forms if f is not None] or [""]
+        if forms == getattr(self, "_forms", None) and self.text() == forms[0]:
+            return      # unchanged: no repaint
         self._forms = list(forms)
         if self.text() != forms[0]:
             super().setText(forms[0])

@@ -10,6 +10,23 @@ from .format import fmt_bytes, fmt_db, fmt_gbs, plural
 from .theme import sqnr_colour
 
 
+def _style(widget, css: str) -> None:
+    """Set a widget's style sheet only when it changes: setting one, even the same text,
+    re-polishes the widget and lays the bar out again (a few ms on every refresh)."""
+    if widget.styleSheet() != css:
+        widget.setStyleSheet(css)
+
+
+def _text(widget, text: str) -> None:
+    if widget.text() != text:
+        widget.setText(text)
+
+
+def _tip(widget, text: str) -> None:
+    if widget.toolTip() != text:
+        widget.setToolTip(text)
+
+
 class _Stat(QFrame):
     def __init__(self, caption: str, name: str):
         super().__init__()
@@ -78,44 +95,45 @@ class TotalsBar(QFrame):
         self.last = t
         if self.doc.model is None:
             return
-        self.size.value.setText(f"{fmt_bytes(t.bytes_before)} → {fmt_bytes(t.bytes_after)}")
-        self.ratio.value.setText(f"{t.compression:.2f}×")
-        self.bits.value.setText(f"{t.bits_per_weight:.3f}")
+        _text(self.size.value, f"{fmt_bytes(t.bytes_before)} → {fmt_bytes(t.bytes_after)}")
+        _text(self.ratio.value, f"{t.compression:.2f}×")
+        _text(self.bits.value, f"{t.bits_per_weight:.3f}")
         if t.sqnr_db is None and t.sqnr_estimate_db is not None:
             # large tensors just edited: their sampled-rows estimate until the exact error
-            self.sqnr.value.setText(f"≈{fmt_db(t.sqnr_estimate_db)} dB")
+            _text(self.sqnr.value, f"≈{fmt_db(t.sqnr_estimate_db)} dB")
             c = sqnr_colour(t.sqnr_estimate_db)
-            self.sqnr.value.setStyleSheet(f"color: {c.name()};" if c is not None else "")
-            self.sqnr.value.setToolTip(
-                f"Estimated: {plural(t.estimated, 'large tensor')} measured on evenly spaced "
-                "rows so far (workbench.estimate); the exact figure follows.")
+            _style(self.sqnr.value, f"color: {c.name()};" if c is not None else "")
+            _tip(self.sqnr.value,
+                 f"Estimated: {plural(t.estimated, 'large tensor')} measured on evenly spaced "
+                 "rows so far (workbench.estimate); the exact figure follows.")
             self._status = [f"evaluating error of {t.pending} tensor(s)… (≈: sampled rows)",
                             f"evaluating error of {t.pending} tensor(s)…",
                             f"evaluating {t.pending}…", ""]
         elif t.sqnr_db is None:
-            self.sqnr.value.setText("…")
-            self.sqnr.value.setStyleSheet("")
-            self.sqnr.value.setToolTip("")
+            _text(self.sqnr.value, "…")
+            _style(self.sqnr.value, "")
+            _tip(self.sqnr.value, "")
             self._status = [f"evaluating error of {t.pending} tensor(s)…",
                             f"evaluating {t.pending}…", ""]
         else:
-            self.sqnr.value.setText(f"{fmt_db(t.sqnr_db)} dB")
-            self.sqnr.value.setToolTip("")
+            _text(self.sqnr.value, f"{fmt_db(t.sqnr_db)} dB")
+            _tip(self.sqnr.value, "")
             c = sqnr_colour(t.sqnr_db)
-            self.sqnr.value.setStyleSheet(f"color: {c.name()};" if c is not None else "")
+            _style(self.sqnr.value, f"color: {c.name()};" if c is not None else "")
             n = len(self.doc.model.tensors)
             self._status = [f"{self.doc.model.format} · {n} tensors", f"{n} tensors", ""]
-        self.backend.value.setText(f"{self.doc.backend.upper()} · {throughput_text(self.doc, t)}")
+        _text(self.backend.value, f"{self.doc.backend.upper()} · {throughput_text(self.doc, t)}")
         fs = self.doc.fallback_summary()
         self._fallbacks = [short_summary(fs), short_summary(fs, compact=True), ""]
         self._fit()
-        self.fallbacks.setToolTip(f"What the plan's schemes become (workbench.runtimes, as "
-                                  f"`evaluate` reports it):\n{fs.line()}")
-        self.fallbacks.setStyleSheet("color: #d29922;" if fs.changed else "")
-        self.backend.value.setToolTip(
-            "Dequantize throughput of the kernels, warm runs only (JIT compilation excluded): "
-            "float32 GB/s written, the size-weighted mean over the tensors measured so far "
-            "(each tensor's best timed run); (N/M): N of the M weight matrices measured. Tools > Measure Dequant Throughput measures every tensor.")
+        _tip(self.fallbacks, f"What the plan's schemes become (workbench.runtimes, as "
+                             f"`evaluate` reports it):\n{fs.line()}")
+        _style(self.fallbacks, "color: #d29922;" if fs.changed else "")
+        _tip(self.backend.value,
+             "Dequantize throughput of the kernels, warm runs only (JIT compilation excluded): "
+             "float32 GB/s written, the size-weighted mean over the tensors measured so far "
+             "(each tensor's best timed run); (N/M): N of the M weight matrices measured. "
+             "Tools > Measure Dequant Throughput measures every tensor.")
 
 
 def throughput_text(doc, t) -> str:
