@@ -351,7 +351,8 @@ class ComparisonView(QWidget):
                             (C_BITS, "32.000"), (C_BYTES, "1023 KiB"), (C_REL, "1.234e-05"),
                             (C_SQNR, "166.44"), (C_MAX, "1.234e-05"), (C_GBS, "12.3"),
                             (C_METHOD, "imatrix"), (C_OUT, "166.44")):
-            head = hdr.fontMetrics().horizontalAdvance(COLUMNS[col]) + 26
+            # + 40: the text stays centred clear of the sort arrow at the section's right
+            head = hdr.fontMetrics().horizontalAdvance(COLUMNS[col]) + 40
             fm = text if col in (C_SCHEME, C_FAMILY, C_METHOD) else mono
             self.view.setColumnWidth(col, max(fm.horizontalAdvance(sample) + 16, head))
         # with methods on, Method and Out SQNR sit next to the scheme (seen in a narrow pane)
@@ -409,6 +410,10 @@ class ComparisonView(QWidget):
         self.split.addWidget(right)
         self.split.setStretchFactor(0, 5)
         self.split.setStretchFactor(1, 4)
+        # the table's first width: its key columns whole (Scheme to Rel. RMSE, what one
+        # compares), the plot keeping at least PLOT_MIN; until the user moves the divider
+        self._split_user = False
+        self.split.splitterMoved.connect(lambda *_a: setattr(self, "_split_user", True))
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 4, 0, 0)
         lay.addLayout(bar)
@@ -502,6 +507,7 @@ class ComparisonView(QWidget):
         on = self.model.methods_on
         self.view.setColumnHidden(C_METHOD, not on)
         self.view.setColumnHidden(C_OUT, not on)
+        self._fit_split()
 
     def _refresh_methods_ui(self) -> None:
         self.update_method_boxes()
@@ -591,8 +597,30 @@ class ComparisonView(QWidget):
                 f"all {n} eligible schemes; ◆ Pareto · ● current · click a point to assign",
                 f"{n} eligible schemes · ◆ Pareto · ● current"])
 
+    PLOT_MIN = 380
+
+    def table_want(self) -> int:
+        """Width that shows the Scheme, Bits/w, SQNR and Rel. RMSE columns (and the Method
+        columns when shown) whole, with the frame and the vertical scroll bar."""
+        cols = [C_SCHEME, C_BITS, C_SQNR, C_REL] + (
+            [C_METHOD, C_OUT] if self.model.methods_on else [])
+        w = sum(self.view.columnWidth(c) for c in cols if not self.view.isColumnHidden(c))
+        return w + 2 * self.view.frameWidth() + self.view.verticalScrollBar().sizeHint().width() + 2
+
+    def _fit_split(self) -> None:
+        total = self.split.width() - self.split.handleWidth()
+        if self._split_user or total <= 0:
+            return
+        table = min(self.table_want(), max(total - self.PLOT_MIN, total // 2))
+        self.split.setSizes([table, total - table])
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._fit_split()
+
     def showEvent(self, event) -> None:
         super().showEvent(event)
+        self._fit_split()
         self.update_method_boxes()
         if self._pending is not None:
             self._apply_pending()

@@ -54,8 +54,17 @@ class SchemePointsPlot(pg.PlotWidget):
         item.showGrid(x=True, y=True, alpha=0.15)
         item.setMenuEnabled(False)
         self.methods_mode = False
+        # the title's minimum width stays 0 whatever pyqtgraph sets it to (LabelItem.updateMin
+        # on every setText: the plot item, a top-level graphics widget, then grew to the
+        # unwrapped legend's width and stayed that wide, cut off at the pane's edge)
+        lab = item.titleLabel
+        own_update_min = lab.updateMin
+
+        def update_min():
+            own_update_min()
+            lab.setMinimumWidth(0)
+        lab.updateMin = update_min
         self._set_title()
-        item.titleLabel.setMinimumWidth(0)      # a narrow plot clips it, never the window
         self.front = pg.PlotDataItem(pen=pg.mkPen("#e6e9ef", width=1,
                                                   style=pg.QtCore.Qt.PenStyle.DashLine),
                                      stepMode=None)
@@ -76,18 +85,42 @@ class SchemePointsPlot(pg.PlotWidget):
 
     def _set_title(self) -> None:
         item = self.getPlotItem()
+        # entries joined by plain spaces (where a narrow plot wraps the line), each entry
+        # held together by non-breaking ones
         if self.methods_mode:
             shown = {getattr(p, "method", None) for p in self.points} or set(METHOD_COLOURS)
-            legend = "&nbsp;".join(
-                f"<span style='color:{METHOD_COLOURS[m]}'>{METHOD_GLYPHS[m]} {m}</span>"
+            legend = " ".join(
+                f"<span style='color:{METHOD_COLOURS[m]}'>{METHOD_GLYPHS[m]}&nbsp;{m}</span>"
                 for m in METHOD_COLOURS if m in shown)
             item.setLabel("left", "layer output SQNR dB")
         else:
-            legend = "&nbsp;".join(
-                f"<span style='color:{FAMILY_COLOURS[f]}'>● {f}</span>" for f in FAMILIES)
+            legend = " ".join(
+                f"<span style='color:{FAMILY_COLOURS[f]}'>●&nbsp;{f.replace(' ', '&nbsp;')}"
+                "</span>" for f in FAMILIES)
             item.setLabel("left", "SQNR dB")
-        item.setTitle(legend + "&nbsp;&nbsp;<span style='color:#e6e9ef'>◯ Pareto&nbsp;▲ off "
-                      "the top</span>", size="8pt")
+        item.setTitle(legend + " &nbsp;<span style='color:#e6e9ef'>◯&nbsp;Pareto "
+                      "▲&nbsp;off&nbsp;the&nbsp;top</span>", size="8pt")
+        self._fit_title()
+
+    def _fit_title(self, width: float | None = None) -> None:
+        """The legend line wraps onto a second line when the plot is narrower than it (a
+        1280-pixel window with the table beside it) instead of widening the plot past its
+        pane, where the right end of the axis and the legend were cut off. The label's
+        minimum width never exceeds the plot's (a top-level graphics widget grows to its
+        children's minimum, and stays that wide)."""
+        item = getattr(self, "plotItem", None)
+        if item is None:                    # a resize while pyqtgraph builds the widget
+            return
+        lab = item.titleLabel
+        avail = max(120.0, (self.width() if width is None else width) - 24.0)
+        doc = lab.item.document().clone()
+        doc.setTextWidth(-1)
+        lab.item.setTextWidth(avail if doc.idealWidth() > avail else -1)
+        lab.updateMin()
+
+    def resizeEvent(self, ev) -> None:     # noqa: N802 - Qt's name
+        self._fit_title(ev.size().width() if ev is not None else None)
+        super().resizeEvent(ev)
 
     # ---- data --------------------------------------------------------------------------------
     def set_points(self, points, current, methods: bool | None = None) -> None:

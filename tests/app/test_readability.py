@@ -229,3 +229,45 @@ def test_comparison_caption_fits_at_1280(window, qtbot):
     assert shown in label._forms and not shown.endswith("…")
     assert label.fontMetrics().horizontalAdvance(shown) <= label.contentsRect().width()
     assert label.text().startswith(Q) and "click a point" in label.text()
+
+
+def test_comparison_at_1280_shows_key_columns_and_the_whole_plot(window, qtbot):
+    """At 1280x800 the comparison table shows Scheme, Bits/w, SQNR and Rel. RMSE whole (it
+    showed Scheme, Bits/w and a sliver of SQNR), the header text clears the sort arrow, and
+    the plot beside it is no wider than its pane (its unwrapped legend had widened the plot
+    item past the pane: the right end of the axis, 24 and 32 bits, was cut off)."""
+    from app.comparison import C_BITS, C_REL, C_SCHEME, C_SQNR, COLUMNS
+    window.resize(1280, 800)
+    window.fit_layout()
+    window.select(Q)
+    window.tabs.setCurrentIndex(2)
+    wait_idle(qtbot, window, 120000)
+    qtbot.wait(20)
+    cmp = window.comparison
+    view = cmp.view
+    hdr = view.horizontalHeader()
+    right = max(hdr.sectionViewportPosition(c) + hdr.sectionSize(c)
+                for c in (C_SCHEME, C_BITS, C_SQNR, C_REL))
+    assert right <= view.viewport().width(), (right, view.viewport().width())
+    fm = hdr.fontMetrics()
+    for c in (C_BITS, C_SQNR, C_REL):
+        # centred text, a sort arrow of about 12 px at the right: 14 px clear on each side
+        assert hdr.sectionSize(c) - fm.horizontalAdvance(COLUMNS[c]) >= 28 + 8, COLUMNS[c]
+    plot = cmp.plot
+    assert plot.width() >= cmp.PLOT_MIN - 2
+    item = plot.getPlotItem()
+    assert item.geometry().width() <= plot.width() + 0.5, (item.geometry().width(), plot.width())
+    assert item.titleLabel.item.boundingRect().width() <= plot.width()
+    # the whole log axis is in view: the 32 bits/weight tick lies inside the plot
+    vb = item.getViewBox()
+    from PySide6.QtCore import QPointF
+    x32 = vb.mapViewToScene(QPointF(float(np.log10(32.0)), 0.0)).x()
+    assert 0 < x32 <= plot.width()
+    # moving the divider is the user's choice: a resize shares the change out as usual
+    # instead of fitting the table again (which would put it back near 476 px)
+    cmp.split.moveSplitter(300, 1)
+    kept = cmp.split.sizes()[0]
+    assert kept < cmp.table_want() - 100
+    window.resize(1300, 800)
+    qtbot.wait(20)
+    assert abs(cmp.split.sizes()[0] - kept) <= 20
