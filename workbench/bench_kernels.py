@@ -9,6 +9,11 @@ run the baselines on the same matrix:
 * ``gguf``: for GGML types, ``gguf.quants.dequantize`` / ``quantize`` (numpy);
 * ``d2d_copy``: on a GPU, a device-to-device copy of the float32 matrix.
 
+On the CPU also the evaluation of the tensor (its quantized bytes and error sums, what the app
+computes after an edit): ``evaluate_gbps`` (``evaluate.measure``, one pass over the weights
+where ``accel.quantize_error`` applies: ``evaluate_one_pass``) against
+``evaluate_two_pass_gbps`` (``quantize`` then ``dequant_error``), ``evaluate_vs_two_pass``.
+
 On CUDA, dequantize times the kernel alone (inputs already on the device); quantize times the
 whole call (upload, kernels, download). Schemes without a kernel for an operation are timed
 through the numpy fallback and marked ``*_kernel: false``.
@@ -142,6 +147,17 @@ def run_bench(schemes: list[str] | None = None, size: tuple[int, int] = (4096, 4
                 qq = timed(lambda: accel.quantize(scheme, w, backend=b), repeats)
             rec["dequant_gbps"] = _gbps(nbytes, dq)
             rec["quant_gbps"] = _gbps(nbytes, qq)
+            if b == "cpu":
+                # evaluating one tensor (its bytes and error sums, what the app computes
+                # after an edit): evaluate.measure against quantize + dequant_error
+                from .evaluate import measure, quantize_measure
+                rec["evaluate_one_pass"] = accel.quantize_error(scheme, w, backend=b) is not None
+                ev1 = timed(lambda: measure(w, scheme.name), repeats)
+                ev2 = timed(lambda: quantize_measure(w, scheme.name), repeats)
+                rec["evaluate_gbps"] = _gbps(nbytes, ev1)
+                rec["evaluate_two_pass_gbps"] = _gbps(nbytes, ev2)
+                rec["evaluate_vs_two_pass"] = _ratio(rec["evaluate_gbps"],
+                                                     rec["evaluate_two_pass_gbps"])
             rec["dequant_runs"], rec["quant_runs"] = dq["runs"], qq["runs"]
             for k, t in ref.items():
                 rec[f"{k}_gbps"] = _gbps(nbytes, t)
@@ -189,7 +205,8 @@ def format_table(report: dict) -> str:
     if base.get("d2d_copy_gbps"):
         lines.append(f"baseline device-to-device copy: {base['d2d_copy_gbps']:.2f} GB/s")
     hdr = (f"{'scheme':<16}{'backend':>8}{'deq GB/s':>10}{'x copy':>8}{'x numpy':>9}{'x gguf':>8}"
-           f"{'quant GB/s':>12}{'x numpy':>9}{'x gguf':>8}  notes")
+           f"{'quant GB/s':>12}{'x numpy':>9}{'x gguf':>8}{'eval GB/s':>11}{'x 2-pass':>9}"
+           f"  notes")
     lines += ["", hdr, "-" * len(hdr)]
 
     def f(v, spec=".2f"):
@@ -203,6 +220,8 @@ def format_table(report: dict) -> str:
             notes.append("dequant=numpy")
         if not r["quant_kernel"]:
             notes.append("quant=numpy")
+        if r.get("evaluate_one_pass"):
+            notes.append("eval one-pass")
         missed = [k for k, t in r.get("targets", {}).items() if not t["met"]]
         if missed:
             notes.append("below target: " + ",".join(missed))
@@ -210,5 +229,6 @@ def format_table(report: dict) -> str:
                      f"{f(r.get('dequant_vs_copy')):>8}{f(r.get('dequant_vs_numpy'), '.1f'):>9}"
                      f"{f(r.get('dequant_vs_gguf'), '.1f'):>8}{f(r['quant_gbps'], '.3f'):>12}"
                      f"{f(r.get('quant_vs_numpy'), '.1f'):>9}{f(r.get('quant_vs_gguf'), '.1f'):>8}"
+                     f"{f(r.get('evaluate_gbps')):>11}{f(r.get('evaluate_vs_two_pass')):>9}"
                      f"  {'; '.join(notes)}")
     return "\n".join(lines)

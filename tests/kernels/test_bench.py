@@ -16,6 +16,11 @@ def test_run_bench_small():
     if "q4_0" in by and "skipped" not in by["q4_0"]:
         assert by["q4_0"]["gguf_dequant_gbps"] > 0 and by["q4_0"]["quant_vs_gguf"] > 0
     assert "int4-g128" in format_table(rep)
+    # the evaluation of the tensor: one pass for int4-g128, two (quantize + error) for q4_0
+    assert by["int4-g128"]["evaluate_one_pass"] is True
+    assert by["int4-g128"]["evaluate_gbps"] > 0 and by["int4-g128"]["evaluate_two_pass_gbps"] > 0
+    assert by["fp16"]["evaluate_one_pass"] is False
+    assert "eval one-pass" in format_table(rep)
 
 
 def test_bench_cli_json(capsys):
