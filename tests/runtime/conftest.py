@@ -88,15 +88,23 @@ def minilm_reference(minilm_folder, sentences) -> np.ndarray:
 
 def perplexity(llama_bin: Path, gguf_path: Path, text: Path, ctx: int = 128) -> float:
     """llama-perplexity's final estimate. Its log goes through an asynchronous worker thread
-    that sometimes exits before printing the last lines (rc 0, no "Final estimate"): run again
-    then, up to three times."""
+    that sometimes exits before printing the last lines (rc 0, no "Final estimate"; under load
+    three runs in a row did). The tool prints the running perplexity after every chunk,
+    "[k]value" = exp(mean NLL over chunks 1..k), the same formula and 4 decimals as the final
+    estimate: when all N chunks of "calculating perplexity over N chunks" were printed, the
+    N-th value is the final estimate. Otherwise run again, up to three times."""
     import re
     tail = ""
     for _ in range(3):
         r = run_tool(llama_bin, "llama-perplexity", "-m", gguf_path, "-f", text, "-c", ctx, "-b",
                      ctx, "-t", "2")
-        m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
+        out = r.stdout + r.stderr
+        m = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
         if m:
             return float(m.group(1))
-        tail = (r.stdout + r.stderr)[-1500:]
+        n = re.search(r"calculating perplexity over (\d+) chunks", out)
+        last = re.search(rf"\[{n.group(1)}\]([0-9]+\.[0-9]+)", out) if n else None
+        if last:
+            return float(last.group(1))
+        tail = out[-1500:]
     raise AssertionError(f"llama-perplexity printed no final estimate three times:\n{tail}")
