@@ -159,28 +159,40 @@ def _nonfinite_found(w2d, check_finite: bool):
 def _quantize_fused(spec: Spec, w2d: np.ndarray, check_finite: bool) -> dict | None:
     """The one-pass kernels that test for NaN/Inf themselves (None: not applicable)."""
     rows, cols = w2d.shape
-    mode = _fused_mode(spec, rows, cols)
-    gs, bpr = spec.geometry(rows, cols)
-    nb = rows * bpr
-    bits = spec.bits
-    if mode == 0:
-        f16, asym = spec.scale_f16, spec.asym
-        qmin, qmax, offset = spec.qmin, spec.qmax, spec.offset
-    else:
-        f16, asym, qmin, qmax, offset = True, False, -1, 1, 1
-    scale32 = np.empty(1 if f16 else nb, np.float32)
-    scale16 = np.empty(nb if f16 else 1, np.uint16)
-    zero = np.empty(nb if asym else 1, np.uint8)
-    out = np.empty(rows * cols * bits // 8, np.uint8)
-    bad = np.zeros(rows, np.uint8)
-    _k().quant_fused(w2d, w2d.view(np.int32), mode, bits, gs, asym, qmin, qmax, offset, f16,
-                     tables.f16_table(), scale32, scale16, zero, out, bad)
-    if bad.any():
+    p = _FusedParams(spec, rows, cols, _fused_mode(spec, rows, cols))
+    out = np.empty(rows * cols * spec.bits // 8, np.uint8)
+    _k().quant_fused(w2d, w2d.view(np.int32), p.mode, spec.bits, p.gs, p.asym, p.qmin, p.qmax,
+                     p.offset, p.f16, tables.f16_table(), p.scale32, p.scale16, p.zero, out,
+                     p.bad)
+    if p.bad.any():
         return _nonfinite_found(w2d, check_finite)
-    res = {"codes": out, "scales": scale16.view(np.float16) if f16 else scale32}
-    if asym:
-        res["zeros"] = zero
-    return res
+    return {"codes": out, **p.arrays()}
+
+
+class _FusedParams:
+    """What quant_fused and quant_error_fused take besides the weights: the integer range
+    and layout of mode 0 (integer min/max) or 1 (ternary), and the per-block outputs."""
+
+    def __init__(self, spec: Spec, rows: int, cols: int, mode: int):
+        self.mode = mode
+        self.gs, bpr = spec.geometry(rows, cols)
+        nb = rows * bpr
+        if mode == 0:
+            self.f16, self.asym = spec.scale_f16, spec.asym
+            self.qmin, self.qmax, self.offset = spec.qmin, spec.qmax, spec.offset
+        else:
+            self.f16, self.asym, self.qmin, self.qmax, self.offset = True, False, -1, 1, 1
+        self.scale32 = np.empty(1 if self.f16 else nb, np.float32)
+        self.scale16 = np.empty(nb if self.f16 else 1, np.uint16)
+        self.zero = np.empty(nb if self.asym else 1, np.uint8)
+        self.bad = np.zeros(rows, np.uint8)
+
+    def arrays(self) -> dict:
+        """The QuantizedTensor's scales (and zero points) as the scheme stores them."""
+        res = {"scales": self.scale16.view(np.float16) if self.f16 else self.scale32}
+        if self.asym:
+            res["zeros"] = self.zero
+        return res
 
 
 def quantize_error(spec: Spec, w2d: np.ndarray):
@@ -192,28 +204,15 @@ def quantize_error(spec: Spec, w2d: np.ndarray):
     mode = _fused_mode(spec, rows, cols)
     if mode < 0:
         return None
-    gs, bpr = spec.geometry(rows, cols)
-    nb = rows * bpr
-    if mode == 0:
-        f16, asym = spec.scale_f16, spec.asym
-        qmin, qmax, offset = spec.qmin, spec.qmax, spec.offset
-    else:
-        f16, asym, qmin, qmax, offset = True, False, -1, 1, 1
-    scale32 = np.empty(1 if f16 else nb, np.float32)
-    scale16 = np.empty(nb if f16 else 1, np.uint16)
-    zero = np.empty(nb if asym else 1, np.uint8)
-    bad = np.zeros(rows, np.uint8)
+    p = _FusedParams(spec, rows, cols, mode)
     acc = np.zeros((rows, 5), np.float64)
     with _threads(w2d.size):
-        _k().quant_error_fused(w2d, w2d.view(np.int32), mode, spec.bits, gs, asym, qmin, qmax,
-                               offset, f16, tables.f16_table(), scale32, scale16, zero, bad,
-                               acc)
-    if bad.any():
+        _k().quant_error_fused(w2d, w2d.view(np.int32), mode, spec.bits, p.gs, p.asym, p.qmin,
+                               p.qmax, p.offset, p.f16, tables.f16_table(), p.scale32,
+                               p.scale16, p.zero, p.bad, acc)
+    if p.bad.any():
         return None
-    res = {"scales": scale16.view(np.float16) if f16 else scale32}
-    if asym:
-        res["zeros"] = zero
-    return res, acc
+    return p.arrays(), acc
 
 
 def _int_qparams_kernel(spec: Spec, w2d: np.ndarray):
