@@ -111,12 +111,14 @@ def _encode_row(enc, row, wu, t, q, nb, bpb, tid, out):
     enc(x, key, q, dst, tid) into out[b*bpb : b*bpb+bpb] and the OR of enc's flags returned.
     enc: an inline block encoder (the format picked by tid); q its scratch, or None."""
     _block_keys(wu, t, nb)
-    for b in range(nb):
-        if (t[b] >> 5) >= 0x7F800000:
-            return 2
     f = 0
     for b in range(nb):
-        f |= enc(row[b * 32:b * 32 + 32], t[b], q, out[b * bpb:b * bpb + bpb], tid)
+        if (t[b] >> 5) >= 0x7F800000:
+            f = 2
+            break
+    if f == 0:
+        for b in range(nb):
+            f |= enc(row[b * 32:b * 32 + 32], t[b], q, out[b * bpb:b * bpb + bpb], tid)
     return f
 
 
