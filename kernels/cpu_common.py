@@ -1,5 +1,6 @@
 """Shared numba helpers of the CPU kernels: the fused error accumulator, float16 bit
-rounding, block keys, the GGML row encoding loop and the NaN/Inf count. Imports nothing from ``workbench``."""
+rounding, block keys, the GGML row encoding loop and the NaN/Inf count. Imports nothing from
+``workbench``."""
 
 from __future__ import annotations
 
