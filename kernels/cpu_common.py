@@ -1,5 +1,6 @@
 """Shared numba helpers of the CPU kernels: the fused error accumulator, float16 bit
-rounding, block keys and the NaN/Inf count. Imports nothing from ``workbench``."""
+rounding, block keys, the GGML row encoding loop and the NaN/Inf count. Imports nothing from
+``workbench``."""
 
 from __future__ import annotations
 
@@ -102,6 +103,24 @@ def _block_keys(u, t, nb):
         n >>= 1
         for i in range(n):
             t[i] = max(t[2 * i], t[2 * i + 1])
+
+
+@njit(inline="always", **_J)
+def _encode_row(enc, row, wu, t, q, nb, bpb, tid, out):
+    """One row of 32-weight GGML blocks: the block keys of wu (row's int32 bits) into t; a
+    NaN/Inf in the row returns 2 and writes nothing, else block b of row is encoded by
+    enc(x, key, q, dst, tid) into out[b*bpb : b*bpb+bpb] and the OR of enc's flags returned.
+    enc: an inline block encoder (the format picked by tid); q its scratch, or None."""
+    _block_keys(wu, t, nb)
+    f = 0
+    for b in range(nb):
+        if (t[b] >> 5) >= 0x7F800000:
+            f = 2
+            break
+    if f == 0:
+        for b in range(nb):
+            f |= enc(row[b * 32:b * 32 + 32], t[b], q, out[b * bpb:b * bpb + bpb], tid)
+    return f
 
 
 @njit(**_P)

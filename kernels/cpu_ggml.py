@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .cpu_common import F0, _J, _P, _acc_row, _block_keys, _key_f32, _put_f16
+from .cpu_common import F0, _J, _P, _acc_row, _encode_row, _key_f32, _put_f16
 
 # ---------------------------------------------------------------- GGML block decoders
 # Common signature: (src row bytes, f16 table, IQ4_NL levels, dst row); each decodes every
@@ -319,6 +319,12 @@ def _enc_q8_0(x, key, dst):
     return _put_f16(dst, d)
 
 
+@njit(inline="always", **_J)
+def _enc_block(x, key, q, dst, tid):
+    """_encode_row's block encoder: Q4_0 (tid 0) or Q8_0 (tid 4); q unused (None)."""
+    return _enc_q4_0(x, key, dst) if tid == 0 else _enc_q8_0(x, key, dst)
+
+
 @njit(**_P)
 def ggml_encode(w, wu, tid, bpb, blocks, flags):
     """Q4_0 (tid 0) / Q8_0 (tid 4) blocks of w (rows, cols), float16 scale included.
@@ -329,20 +335,4 @@ def ggml_encode(w, wu, tid, bpb, blocks, flags):
     for ch in prange(nch):
         t = np.empty(max(cols >> 2, 1), np.int64)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
-            row = w[r]
-            out = blocks[r]
-            _block_keys(wu[r], t, nb)
-            f = 0
-            for b in range(nb):
-                if (t[b] >> 5) >= 0x7F800000:
-                    f = 2
-                    break
-            if f == 0:
-                for b in range(nb):
-                    x = row[b * 32:b * 32 + 32]
-                    dst = out[b * bpb:b * bpb + bpb]
-                    if tid == 0:
-                        f |= _enc_q4_0(x, t[b], dst)
-                    else:
-                        f |= _enc_q8_0(x, t[b], dst)
-            flags[r] = f
+            flags[r] = _encode_row(_enc_block, w[r], wu[r], t, None, nb, bpb, tid, blocks[r])

@@ -1,12 +1,12 @@
 """Q4_0 / Q8_0 blocks straight from float16 or bfloat16 weights (numba; the GIL released).
 
 ``ggml_encode_f16`` widens each row into a small per-thread float32 row (the conversions of
-``kernels.convert``, exact) and encodes it with the very block encoders and block keys of
-``cpu_ggml.ggml_encode``, in the same order, so its bytes and flags are that kernel's on the
-widened tensor (tests/kernels/test_ggml_f16_quant.py). The widened tensor is never written
-out: an F16 checkpoint is quantized in one pass over its 2-byte weights instead of a widening
-pass (4 bytes a weight written, then read again) and an encoding pass. Imports nothing from
-``workbench``.
+``kernels.convert``, exact) and encodes it with ``cpu_ggml.ggml_encode``'s very row encoder
+(``cpu_common._encode_row`` with ``cpu_ggml._enc_block``), so its bytes and flags are that
+kernel's on the widened tensor (tests/kernels/test_ggml_f16_quant.py). The widened tensor is
+never written out: an F16 checkpoint is quantized in one pass over its 2-byte weights instead
+of a widening pass (4 bytes a weight written, then read again) and an encoding pass. Imports
+nothing from ``workbench``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 from numba import njit, prange
 
 from .convert import _f16_bits_to_f32_bits
-from .cpu_common import _block_keys
-from .cpu_ggml import _enc_q4_0, _enc_q8_0
+from .cpu_common import _encode_row
+from .cpu_ggml import _enc_block
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -41,19 +41,4 @@ def ggml_encode_f16(h, bf16, tid, bpb, blocks, flags):
             else:
                 for c in range(cols):
                     bits[c] = _f16_bits_to_f32_bits(src[c])
-            out = blocks[r]
-            _block_keys(wu, t, nb)
-            f = 0
-            for b in range(nb):
-                if (t[b] >> 5) >= 0x7F800000:
-                    f = 2
-                    break
-            if f == 0:
-                for b in range(nb):
-                    x = row[b * 32:b * 32 + 32]
-                    dst = out[b * bpb:b * bpb + bpb]
-                    if tid == 0:
-                        f |= _enc_q4_0(x, t[b], dst)
-                    else:
-                        f |= _enc_q8_0(x, t[b], dst)
-            flags[r] = f
+            flags[r] = _encode_row(_enc_block, row, wu, t, None, nb, bpb, tid, blocks[r])

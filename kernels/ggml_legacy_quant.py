@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .cpu import F0, _block_keys, _f32_to_f16_bits, _put_f16
+from .cpu_common import F0, _encode_row, _f32_to_f16_bits, _put_f16
 
 _J = dict(cache=True, nogil=True)
 _P = dict(cache=True, nogil=True, parallel=True)
@@ -86,6 +86,14 @@ def _enc_q_1(x, nmax, q, dst, five):
     return f | _put_f16(dst[2:4], lo)
 
 
+@njit(inline="always", **_J)
+def _enc_block(x, key, q, dst, tid):
+    """_encode_row's block encoder: Q4_1 (tid 1), Q5_0 (2) or Q5_1 (3); q int32[32] scratch."""
+    if tid == 2:
+        return _enc_q5_0(x, key, q, dst)
+    return _enc_q_1(x, 15 if tid == 1 else 31, q, dst, tid == 3)
+
+
 @njit(**_P)
 def legacy_encode(w, wu, tid, bpb, blocks, flags):
     """Q4_1 (tid 1), Q5_0 (2), Q5_1 (3) blocks of w (rows, cols); flags as the module says."""
@@ -96,20 +104,4 @@ def legacy_encode(w, wu, tid, bpb, blocks, flags):
         t = np.empty(max(cols >> 2, 1), np.int64)
         q = np.empty(32, np.int32)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
-            row = w[r]
-            out = blocks[r]
-            _block_keys(wu[r], t, nb)
-            f = 0
-            for b in range(nb):
-                if (t[b] >> 5) >= 0x7F800000:
-                    f = 2
-                    break
-            if f == 0:
-                for b in range(nb):
-                    x = row[b * 32:b * 32 + 32]
-                    dst = out[b * bpb:b * bpb + bpb]
-                    if tid == 2:
-                        f |= _enc_q5_0(x, t[b], q, dst)
-                    else:
-                        f |= _enc_q_1(x, 15 if tid == 1 else 31, q, dst, tid == 3)
-            flags[r] = f
+            flags[r] = _encode_row(_enc_block, w[r], wu[r], t, q, nb, bpb, tid, blocks[r])

@@ -151,23 +151,36 @@ def _screen_sums(S, ns, nl):
 
 
 @njit(inline="always", **_J)
+def _lane_steps(S, d, ls, dm, lm):
+    """Per lane j: SC = step d*ls, MO = offset dm*lm, IV = 1/SC (1 where SC <= 0), for
+    _lane_code; d, ls, dm, lm: offsets of lane rows in S."""
+    for j in range(LANES):
+        s = S[d + j] * S[ls + j]
+        S[SC + j] = s
+        S[MO + j] = S[dm + j] * S[lm + j]
+        r = F1 / s                  # no division inside a select: it would become a branch
+        S[IV + j] = r if s > F0 else F1
+
+
+@njit(inline="always", **_J)
+def _lane_code(S, x, j, fnmax):
+    """The code of weight x (normalized) in lane j for _lane_steps' step and offset."""
+    L = _rc((x + S[MO + j]) * S[IV + j], fnmax)
+    return L if S[SC + j] > F0 else F0
+
+
+@njit(inline="always", **_J)
 def _sub_err(S, n, fnmax):
     """E2[j] = weighted squared error of lane j with its codes re-rounded for the stored
     (CD*CLS, CDM*CLM)."""
+    _lane_steps(S, CD, CLS, CDM, CLM)
     for j in range(LANES):
-        s = S[CD + j] * S[CLS + j]
-        S[SC + j] = s
-        S[MO + j] = S[CDM + j] * S[CLM + j]
-        r = F1 / s                  # no division inside a select: it would become a branch
-        S[IV + j] = r if s > F0 else F1
         S[E2 + j] = F0
     for i in range(n):
         for j in range(LANES):
             x = S[XT + i * LANES + j]
-            s = S[SC + j]
-            L = _rc((x + S[MO + j]) * S[IV + j], fnmax)
-            L = L if s > F0 else F0
-            r = x - (s * L - S[MO + j])
+            L = _lane_code(S, x, j, fnmax)
+            r = x - (S[SC + j] * L - S[MO + j])
             S[E2 + j] += S[WT + i * LANES + j] * (r * r)
 
 
@@ -408,12 +421,8 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
                     S[LS + j] = S[CLS + j] if bt else S[LS + j]
                     S[LM + j] = S[CLM + j] if bt else S[LM + j]
         # least-squares (d, dmin) for the fixed codes, per group
+        _lane_steps(S, DL, LS, DML, LM)
         for j in range(LANES):
-            s = S[DL + j] * S[LS + j]
-            S[SC + j] = s
-            S[MO + j] = S[DML + j] * S[LM + j]
-            r = F1 / s
-            S[IV + j] = r if s > F0 else F1
             S[PAA + j] = F0
             S[PAB + j] = F0
             S[PAX + j] = F0
@@ -423,9 +432,7 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
             for j in range(LANES):
                 k = i * LANES + j
                 v = S[XT + k]
-                s = S[SC + j]
-                L = _rc((v + S[MO + j]) * S[IV + j], fnmax)
-                L = L if s > F0 else F0
+                L = _lane_code(S, v, j, fnmax)
                 a_ = S[LS + j] * L
                 b_ = S[LM + j]
                 wa = S[WT + k] * a_
@@ -489,16 +496,10 @@ def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, ite
                     S[DL + j] = S[CD + j]
                     S[DML + j] = S[CDM + j]
     # the weight codes for the stored values, all lanes at once (CT, transposed), then out
-    for j in range(LANES):
-        s = S[DL + j] * S[LS + j]
-        S[SC + j] = s
-        S[MO + j] = S[DML + j] * S[LM + j]
-        r = F1 / s
-        S[IV + j] = r if s > F0 else F1
+    _lane_steps(S, DL, LS, DML, LM)
     for i in range(n):
         for j in range(LANES):
-            L = _rc((S[XT + i * LANES + j] + S[MO + j]) * S[IV + j], fnmax)
-            S[CT + i * LANES + j] = L if S[SC + j] > F0 else F0
+            S[CT + i * LANES + j] = _lane_code(S, S[XT + i * LANES + j], j, fnmax)
     for g in range(G):
         if not gf[4 + g] < INF:
             gi[g] |= 1
