@@ -17,6 +17,14 @@ numba's runtime (NRT, whose symbols the loaded code links against) and then load
 miss still compiles through numba's compiler, which refreshes the contexts itself; any other
 target (CUDA), or a load that fails for any reason, goes through numba's own method
 unchanged. The machine code run is the same either way (tests/kernels/test_numba_start.py).
+
+``_package_stamps`` makes every cached kernel of this package stale when *any* module of the
+package changes. numba stamps a cache entry with its own source file only, but the kernels
+inline helpers from other modules (``cpu_common._acc_row``, ``_encode_row``, ...): an edit of
+a helper alone left the kernels that inline it loading their old machine code from the cache
+(a developer's ``git pull`` of an editable install, silently). The stamp is a digest of the
+contents of every ``*.py`` file of ``kernels/`` (re-read when one's size or mtime changes),
+taken by subclasses of numba's own cache locators that apply to this folder only.
 """
 
 from __future__ import annotations
@@ -87,5 +95,64 @@ def _cheaper_cache_loads() -> None:
     cls.load_overload = load_overload
 
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def package_digest(folder: str = _HERE) -> bytes:
+    """sha256 over the names and contents of the ``*.py`` files of `folder` (sorted)."""
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
+    key = tuple((n, os.stat(os.path.join(folder, n)).st_mtime_ns,
+                 os.stat(os.path.join(folder, n)).st_size) for n in names)
+    return _digest(folder, key)
+
+
+def _digest(folder: str, key: tuple) -> bytes:
+    hit = _DIGESTS.get((folder, key))
+    if hit is None:
+        import hashlib
+        h = hashlib.sha256()
+        for name, _mtime, _size in key:
+            with open(os.path.join(folder, name), "rb") as f:
+                data = f.read()
+            h.update(name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+        hit = _DIGESTS[(folder, key)] = h.digest()
+    return hit
+
+
+_DIGESTS: dict = {}
+
+
+def _package_stamps() -> None:
+    try:
+        from numba.core import caching
+        impl = caching.CacheImpl
+        originals = list(impl._locator_classes)
+    except Exception:  # noqa: BLE001 - not the numba this was written for: its own stamps
+        return
+    if any(getattr(c, "_whole_package", False) for c in originals):
+        return
+
+    def make(orig):
+        def from_function(cls, py_func, py_file):
+            if os.path.dirname(os.path.abspath(py_file)) != _HERE:
+                return None                  # not a kernel of this package: numba's own
+            return orig.from_function.__func__(cls, py_func, py_file)
+
+        def get_source_stamp(self):
+            return package_digest()
+        return type(f"WholePackage{orig.__name__}", (orig,),
+                    {"from_function": classmethod(from_function),
+                     "get_source_stamp": get_source_stamp, "_whole_package": True,
+                     "__doc__": f"{orig.__name__} stamped by every module of kernels/"})
+    mine = []
+    for orig in originals:
+        try:
+            mine.append(make(orig))
+        except Exception:  # noqa: BLE001 - a locator we cannot wrap: left to numba
+            continue
+    impl._locator_classes = mine + originals
+
+
 _preload_cython_blas()
 _cheaper_cache_loads()
+_package_stamps()

@@ -101,3 +101,45 @@ def test_cache_loads_for_other_targets_and_failures_take_numbas_own_path():
         "  'marked': caching.Cache.load_overload._skips_refresh}))\n")
     # a context that is not numba's CPU context: refresh first, then load (numba's method)
     assert got == {"calls": ["refresh", "load"], "r": "cres", "marked": True}
+
+
+def test_a_change_to_any_kernels_module_makes_every_cached_kernel_stale(tmp_path):
+    """numba stamps a cache entry with the function's own file; the kernels inline helpers
+    from other modules, so kernels/ stamps every entry with a digest of all its modules: a
+    helper's edit alone then recompiles the kernels that inline it. Functions elsewhere keep
+    numba's own locators and stamps."""
+    from kernels._numba_prelude import package_digest
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "b.py").write_text("y = 2\n")
+    (tmp_path / "notes.txt").write_text("not a module\n")
+    d0 = package_digest(str(tmp_path))
+    assert package_digest(str(tmp_path)) == d0
+    (tmp_path / "notes.txt").write_text("changed, still not a module\n")
+    assert package_digest(str(tmp_path)) == d0
+    (tmp_path / "b.py").write_text("y = 3\n")          # same size, new content
+    os.utime(tmp_path / "b.py", ns=(1, 1))
+    d1 = package_digest(str(tmp_path))
+    assert d1 != d0
+    (tmp_path / "c.py").write_text("")                  # a new module
+    assert package_digest(str(tmp_path)) != d1
+    mod = tmp_path / "elsewhere.py"
+    mod.write_text("from numba import njit\n\n@njit(cache=True)\ndef f(x):\n    return x + 1\n")
+    got = _run(
+        "import json, sys, numpy as np\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from kernels import cpu_affine, cpu_common\n"
+        "from kernels._numba_prelude import package_digest\n"
+        "from workbench import accel\n"
+        "accel.quantize('int4-g128', np.ones((2, 256), np.float32), backend='cpu')\n"
+        "import elsewhere\n"
+        "elsewhere.f(1)\n"
+        "loc = cpu_affine.quant_fused._cache._impl._locator\n"
+        "other = elsewhere.f._cache._impl._locator\n"
+        "print(json.dumps({'mine': type(loc).__name__,\n"
+        "  'stamp': loc.get_source_stamp() == package_digest(),\n"
+        "  'helper_module': type(cpu_common._acc_row._cache._impl._locator).__name__,\n"
+        "  'other': type(other).__name__,\n"
+        "  'other_stamp': other.get_source_stamp() != package_digest()}))\n")
+    assert got == {"mine": "WholePackageInTreeCacheLocator", "stamp": True,
+                   "helper_module": "WholePackageInTreeCacheLocator",
+                   "other": "InTreeCacheLocator", "other_stamp": True}
