@@ -39,20 +39,8 @@ def warm_names(names: list[str]) -> list[str]:
     from .schemes import get_scheme
     done = accel.warmup(names, backend="cpu")
     rng = np.random.default_rng(0)
-    seen = set()
     for n in names:
         s = get_scheme(n)
-        spec = accel.spec_for(s)
-        key = None if spec is None else (spec.family, spec.quant, spec.ggml_name)
-        if key is not None and key not in seen:
-            # weights read from a file are read-only memory maps: numba compiles a kernel
-            # again for read-only arrays, so warm that variant too (export, evaluate)
-            seen.add(key)
-            cols = max(256, int(s.block_size or 1) * 2) if spec.family == "ggml" else 256
-            w = rng.standard_normal((2, cols)).astype(np.float32)
-            w.setflags(write=False)
-            accel.dequant_error(w, accel.quantize(s, w, backend="cpu"), backend="cpu")
-            accel.quantize_error(s, w, backend="cpu")
         if n in SUPPORTED:
             x = rng.standard_normal((2, s.block_size)).astype(np.float32)
             weighted_encode(s, x, np.abs(x) + np.float32(0.5))

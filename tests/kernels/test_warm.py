@@ -48,3 +48,26 @@ def test_accel_warmup_runs_every_ggml_type_not_only_the_first():
         cpu_ops._quantize = real
     assert {"Q8_0", "Q5_1", "IQ4_NL"} <= set(calls)
     assert ggml_legacy_quant.legacy_encode.signatures and iq4nl_quant.iq4nl_encode.signatures
+
+
+def test_accel_warmup_loads_the_read_only_variants_the_app_evaluates_with():
+    """A model's weights are read-only memory maps, for which numba has separate machine
+    code: the app's start-up warm-up loads it too (a first edit on MiniLM had waited ~90 ms
+    for the one-pass error kernel's read-only variant). In a fresh process, so that no other
+    test has compiled the variant already."""
+    code = (
+        "import json\n"
+        "from kernels import cpu_affine\n"
+        "from workbench import accel\n"
+        "accel.warmup(['int4-g128'], backend='cpu')\n"
+        "def readonly(kernel):\n"
+        "    return sorted({not next(t for t in sig if getattr(t, 'ndim', 0) == 2 and\n"
+        "                            str(getattr(t, 'dtype', '')) == 'float32').mutable\n"
+        "                   for sig in kernel.signatures})\n"
+        "print(json.dumps([readonly(k) for k in (cpu_affine.quant_error_fused,\n"
+        "                  cpu_affine.quant_fused, cpu_affine.affine_error)]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [[False, True]] * 3
