@@ -135,3 +135,27 @@ def test_methods_disabled_without_a_runnable_model(make_window, qtbot, tmp_path)
     cmp.set_methods(["gptq"])
     assert not cmp.model.methods_on and cmp.view.isColumnHidden(C_OUT)
     assert all(m == "rtn" for _s, m in cmp.model.rows)
+
+
+def test_method_scope_is_the_pareto_front_of_every_result_in_hand(window, qtbot):
+    """The default scope (the RTN Pareto schemes + the current one) comes from every
+    evaluated scheme, not from the Pareto marks of the last plot refresh (at most every
+    150 ms while results stream in): methods started right after the comparison had a
+    scope of 30-49 instead of 49 schemes on MiniLM, varying from run to run."""
+    from workbench.methods.compare import applies
+    cmp = window.comparison
+    window.select(Q)
+    window.tabs.setCurrentIndex(2)
+    wait_idle(qtbot, window, 300000)
+    cmp._replot.stop()
+    cm = cmp.model
+    pts = cm._rtn_points()
+    assert len(pts) == len(cm.schemes) > 20           # every scheme evaluated
+    front = pareto_front((p.scheme, p.bits_per_weight, p.sqnr_db) for p in pts)
+    cm.pareto = set()                                  # marks as a late plot refresh leaves them
+    methods = ["gptq"]
+    want = [s for s in cm.schemes if applies("gptq", s) is None
+            and (s in front or s == window.doc.scheme_of(Q))]
+    assert len(want) > 5
+    assert cmp._scope(methods) == want
+    assert cm.pareto == front
