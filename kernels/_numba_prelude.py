@@ -101,8 +101,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 def package_digest(folder: str = _HERE) -> bytes:
     """sha256 over the names and contents of the ``*.py`` files of `folder` (sorted)."""
     names = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
-    key = tuple((n, os.stat(os.path.join(folder, n)).st_mtime_ns,
-                 os.stat(os.path.join(folder, n)).st_size) for n in names)
+    stats = [os.stat(os.path.join(folder, n)) for n in names]
+    key = tuple((n, st.st_mtime_ns, st.st_size) for n, st in zip(names, stats))
     return _digest(folder, key)
 
 

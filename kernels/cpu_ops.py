@@ -289,12 +289,7 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
             from . import ggml_legacy_quant
             ggml_legacy_quant.legacy_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb,
                                             blocks, flags)
-        f = int(np.bitwise_or.reduce(flags)) if rows else 0
-        if f & 2:
-            return _nonfinite_found(w2d, check_finite)
-        if f & 5:
-            return None        # a float16 field overflows, or a block the reference decides
-        return {"blocks": blocks}
+        return _blocks_or_decline(blocks, flags, w2d, check_finite)
     raise ValueError(f"no quantize kernel for {spec.name}")
 
 
@@ -320,6 +315,18 @@ def quantize_ggml_f16(spec: Spec, h2d: np.ndarray, bf16: bool) -> dict | None:
     return {"blocks": blocks}
 
 
+def _blocks_or_decline(blocks, flags, w2d, check_finite: bool) -> dict | None:
+    """The GGML kernels' per-row flags read: 2, a NaN/Inf (NonFinite when check_finite,
+    else None); 1 or 4, a float16 field that overflows or a block the reference decides
+    (None: the reference quantizes); else the blocks."""
+    f = int(np.bitwise_or.reduce(flags)) if flags.size else 0
+    if f & 2:
+        return _nonfinite_found(w2d, check_finite)
+    if f & 5:
+        return None
+    return {"blocks": blocks}
+
+
 def _searched_k_blocks(encode, kinds, spec: Spec, w2d, qw, check_finite) -> dict | None:
     """Blocks of w2d (rows, cols % 256 == 0) by a searched K-quant kernel `encode`; qw: optional
     importance (rows or 1, cols), finite and >= 0. None: the kernel declines (the reference
@@ -335,12 +342,7 @@ def _searched_k_blocks(encode, kinds, spec: Spec, w2d, qw, check_finite) -> dict
     with _threads(w2d.size):
         encode(w2d, q, weighted, kinds[spec.ggml_name], np.array(cands, np.float32),
                np.array(divs, np.float32), iters, rounds, blocks, flags)
-    f = int(np.bitwise_or.reduce(flags)) if rows else 0
-    if f & 2:
-        return _nonfinite_found(w2d, check_finite)
-    if f & 5:
-        return None
-    return {"blocks": blocks}
+    return _blocks_or_decline(blocks, flags, w2d, check_finite)
 
 
 def sym_k_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
@@ -369,9 +371,4 @@ def iq4nl_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
     flags = np.empty(rows, np.uint8)
     with _threads(w2d.size):
         iq4nl_quant.encode_blocks(w2d, blocks, flags, qw)
-    f = int(np.bitwise_or.reduce(flags)) if rows else 0
-    if f & 2:
-        return _nonfinite_found(w2d, check_finite)
-    if f & 5:
-        return None
-    return {"blocks": blocks}
+    return _blocks_or_decline(blocks, flags, w2d, check_finite)
