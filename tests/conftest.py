@@ -92,3 +92,21 @@ def tiny_llama(make_safetensors):
     t["model.norm.weight"] = np.ones(h, np.float32)
     t["lm_head.weight"] = rng.standard_normal((vocab, h)).astype(np.float32) * 0.05
     return make_safetensors(t, name="tiny_llama.safetensors"), t
+
+
+@pytest.fixture(scope="session")
+def tiny_arch(tmp_path_factory):
+    """Factory: tiny_arch("qwen3_moe") -> the folder of that tiny generated model (built once
+    per session; tests/tiny_archs.py). Skips, naming the reason, when the installed
+    transformers cannot build the architecture."""
+    from tests.tiny_archs import available, make_tiny
+    built: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in built:
+            if arch not in available():
+                pytest.skip(f"transformers has no {arch} architecture")
+            built[arch] = make_tiny(arch, tmp_path_factory.mktemp(f"tiny-{arch}"))
+        return built[arch]
+
+    return get
