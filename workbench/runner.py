@@ -59,8 +59,10 @@ ARCH = {
     # dim-1 parts (gate then up: transformers' Concatenate(dim=1) order)
     "gguf_experts": {"gate_up_proj": ("ffn_gate_exps", "ffn_up_exps"),
                      "down_proj": ("ffn_down_exps",)},
-    # module class names whose 2-D weight is read as a Linear (hookable, statistics)
+    # module class names whose 2-D weight is read as a Linear (hookable, statistics); and
+    # class-name endings of MoE routers (their input: the hidden state of every token)
     "linear_classes": {"Linear", "Conv1D"},
+    "router_suffixes": ("router",),
 }
 ENCODER_TYPES = ARCH["encoder_types"]
 
@@ -509,7 +511,7 @@ class Runner:
         import torch
         for n, b in self.buffer_for.items():
             buf = self.net.get_buffer(b)
-            w = torch.from_numpy(np.ascontiguousarray(self.model.read(n)))
+            w = torch.from_numpy(np.array(self.model.read(n)))
             if tuple(w.shape) == tuple(buf.shape):
                 buf.data = w.to(buf.dtype)
 
@@ -596,8 +598,11 @@ class Runner:
         out = []
         for n, s in self.slots.items():
             mod, attr = self._owner[s.param]
-            if attr == "weight" and type(mod).__name__ in ARCH["linear_classes"] \
-                    and s.expert is None and self.block_of(n) is not None:
+            cname = type(mod).__name__
+            if attr == "weight" and (cname in ARCH["linear_classes"]
+                                     or cname.lower().endswith(ARCH["router_suffixes"])) \
+                    and s.expert is None and self._meta[s.param].ndim == 2 \
+                    and self.block_of(n) is not None:
                 out.append(n)
         return out
 

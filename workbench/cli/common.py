@@ -25,7 +25,19 @@ def model_path(args) -> str:
 
 def open_model_arg(args):
     from ..loaders import open_model
+    if getattr(args, "device", None):
+        from ..runner import set_device
+        set_device(args.device)
     return open_model(model_path(args))
+
+
+def add_device_arg(p) -> None:
+    """--device for the commands that run the model (workbench.runner)."""
+    if any("--device" in a.option_strings for a in p._actions):
+        return
+    p.add_argument("--device", default=None, choices=["cpu", "cuda"],
+                   help="where model-level work runs, one block at a time (default: cuda when "
+                        "torch sees a GPU, else cpu)")
 
 
 def json_safe(obj):
@@ -103,6 +115,7 @@ def add_method_args(p, calib: bool = True) -> None:
                             "when a method needs them: resources/calibration.txt, runnable models)")
     p.add_argument("--imatrix", default=None,
                    help="a llama.cpp imatrix file: E[x^2] per input channel (method imatrix)")
+    add_device_arg(p)
 
 
 def apply_methods(args, model, plan, runtime: str = "any", quiet: bool = False):

@@ -11,6 +11,8 @@ def register(sub) -> None:
     p.add_argument("--calib", help="calibration inputs (default: resources/calibration.txt)")
     p.add_argument("--samples", type=int, default=None)
     p.add_argument("-o", "--output", required=True)
+    from ..common import add_device_arg
+    add_device_arg(p)
     p.set_defaults(func=run)
 
 

@@ -27,6 +27,8 @@ def add_table_args(p, schemes: str = DEFAULT_SCHEMES) -> None:
     p.add_argument("--samples", type=int, default=None, help="use the first N calibration samples")
     p.add_argument("--target", default="any", choices=list(RUNTIMES),
                    help="the runtime whose fallbacks and re-typed tensors apply (default: any)")
+    from ..common import add_device_arg
+    add_device_arg(p)
 
 
 def parse_schemes(text: str) -> list[str]:
