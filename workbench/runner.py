@@ -1016,8 +1016,8 @@ def check(model, plan, calib=None, samples: int | None = None, max_len: int = 12
                         ii = torch.tensor([r[0] for r in rr])
                         tt = torch.tensor([r[1] for r in rr])
                         with torch.no_grad():
-                            lb = torch.log_softmax(runner.logits(hf[ii, tt]), -1)
-                            lq = torch.log_softmax(runner.logits(hq[ii, tt], qhead), -1)
+                            lb = torch.log_softmax(runner.logits(hf[ii, tt]).double(), -1)
+                            lq = torch.log_softmax(runner.logits(hq[ii, tt], qhead).double(), -1)
                         nxt = np.array([b.ids[i, t + 1] for i, t in rr])
                         acc.add(lb.double().cpu().numpy(), lq.double().cpu().numpy(), nxt)
             finally:

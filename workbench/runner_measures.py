@@ -202,8 +202,8 @@ def _measure(runner, batches, base, quant, qhead=None) -> float:
         for c in range(0, len(rows), step):
             ii, tt = _rows_index(rows[c:c + step])
             with torch.no_grad():
-                lb = torch.log_softmax(runner.logits(hb[ii, tt]), -1).double()
-                lq = torch.log_softmax(runner.logits(hq[ii, tt], qhead), -1).double()
+                lb = torch.log_softmax(runner.logits(hb[ii, tt]).double(), -1)
+                lq = torch.log_softmax(runner.logits(hq[ii, tt], qhead).double(), -1)
             tot += float((lb.exp() * (lb - lq)).sum())
             cnt += len(ii)
     return tot / max(cnt, 1)

@@ -71,7 +71,8 @@ def test_check_figures(tiny_arch, arch):
     else:
         assert keep["kl_max"] < 1e-6 and keep["top1_agree"] == 1.0
         assert keep["ppl"] == pytest.approx(keep["ppl_base"], rel=1e-5)
-        assert 0 < q8["kl_mean"] < q4["kl_mean"] < 5
+        # (the tiny gemma2's soft-capped logits are saturated: tiny but positive KL)
+        assert 0 <= q8["kl_mean"] < q4["kl_mean"] < 5 and q4["ppl"] != q4["ppl_base"]
         assert q8["top1_agree"] >= q4["top1_agree"] > 0.3
         assert q8["ppl_base"] == pytest.approx(keep["ppl_base"], rel=1e-6)
 
@@ -222,23 +223,41 @@ def test_fisher_equals_whole_model_autograd(tiny_arch, arch):
 
 @pytest.mark.parametrize("arch", ALL)
 def test_calibrate_fisher_allocate_cli(tiny_arch, arch, tmp_path, capsys):
+    from workbench.errors import WorkbenchError
+    from workbench.export.llama_tensor_types import detect_family
+    from workbench.imatrix import collect, read_imatrix
     folder = str(tiny_arch(arch))
-    im = tmp_path / "im.gguf"
-    assert main(["calibrate", folder, "--samples", "3", "-o", str(im), "--device", "cpu"]) == 0
-    from workbench.imatrix import read_imatrix
-    assert len(read_imatrix(im)) >= 4
+    model = open_model(folder)
+    stats, n, longest = run(collect(model, samples=3))
+    assert n == 3 and len(stats) >= 4
+    assert all(c > 0 and s2.min() >= 0 and s2.max() > 0 for s2, c in stats.values())
+    try:
+        detect_family(model)      # the llama.cpp names the imatrix file needs
+    except WorkbenchError:
+        mapped = False
+    else:
+        mapped = True
+    if mapped:
+        im = tmp_path / "im.gguf"
+        assert main(["calibrate", folder, "--samples", "3", "-o", str(im), "--device",
+                     "cpu"]) == 0
+        assert len(read_imatrix(im)) >= 4
     capsys.readouterr()
     assert main(["sensitivity", folder, "--measure", "fisher", "--schemes", "q4_0,q8_0",
                  "--samples", "3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    vals = [v for t in out["tensors"].values() for v in t.values()] \
-        if isinstance(out["tensors"], dict) else None
-    assert vals is None or (max(vals) > 0 and all(np.isfinite(vals)))
+    assert out["measure"] == "fisher"
+    q4 = [t["q4_0"]["value"] for t in out["tensors"].values()]
+    q8 = [t["q8_0"]["value"] for t in out["tensors"].values()]
+    assert all(np.isfinite(q4)) and max(q4) > 0
+    assert sum(q4) > 10 * sum(q8) > 0          # 4 bits hurt more than 8, by far
     plan = tmp_path / "plan.json"
     assert main(["allocate", folder, "--measure", "fisher", "--schemes", "q4_0,q8_0",
                  "--samples", "3", "--budget-bpw", "7", "-o", str(plan), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert json.loads(plan.read_text())["version"] >= 1 and res
+    assert res["measure"] == "fisher" and res["bits_per_weight"] <= 7.0
+    assert res["schemes"].get("q4_0", 0) > 0 and res["schemes"].get("q8_0", 0) > 0
+    assert json.loads(plan.read_text())["rules"]
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "mixtral", "gpt2", "bert"])

@@ -26,6 +26,7 @@ tensors, so every format (GGUF, compressed-tensors, quantized safetensors) carri
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -345,27 +346,50 @@ def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples
     return MethodModel(model, plan, stats, col, row, vec, notes, alphas)
 
 
-def runner_weights(mm, plan, runtime: str = "any") -> dict[str, np.ndarray]:
+class RunnerWeights(Mapping):
     """{name: float array} to load into a Runner for the plan-quantized (and folded) model:
-    each quantized tensor's dequantized stored weights, each folded float tensor as folded."""
-    from ..runtimes import plan_decisions
-    from ..schemes import get_scheme
-    out = {}
-    fold = set(getattr(mm, "folded_names", []))
-    for n, d in plan_decisions(mm, plan, runtime).items():
+    each quantized tensor's dequantized stored weights, each folded float tensor as folded.
+    Lazy: a tensor is quantized when the layer-by-layer runner materializes its block, so the
+    whole model is never held at once."""
+
+    def __init__(self, mm, plan, runtime: str = "any"):
+        from ..runtimes import plan_decisions
+        self.mm = mm
+        fold = set(getattr(mm, "folded_names", []))
+        self.decisions = {}
+        for n, d in plan_decisions(mm, plan, runtime).items():
+            info = mm.info(n)
+            if (d.applied != KEEP and info.is_float) or n in fold:
+                self.decisions[n] = d
+
+    def __getitem__(self, n):
+        from ..schemes import get_scheme
+        d = self.decisions[n]
+        mm = self.mm
         info = mm.info(n)
         if d.applied == KEEP or not info.is_float:
-            if n in fold:
-                out[n] = mm.read(n)
-            continue
+            return mm.read(n)
         w = mm.read_matrix(n)
         if hasattr(mm, "quantize_tensor"):
             qt = mm.quantize_tensor(n, w, d.applied)
         else:
             from ..evaluate import quantize
             qt = quantize(w, d.applied, tensor=n)
-        out[n] = np.asarray(get_scheme(d.applied).dequantize(qt), np.float32).reshape(info.shape)
-    return out
+        return np.asarray(get_scheme(d.applied).dequantize(qt), np.float32).reshape(info.shape)
+
+    def __iter__(self):
+        return iter(self.decisions)
+
+    def __len__(self):
+        return len(self.decisions)
+
+    def __contains__(self, n):
+        return n in self.decisions
+
+
+def runner_weights(mm, plan, runtime: str = "any") -> RunnerWeights:
+    """{name: float array} (lazy, see RunnerWeights) for ``runner.check(weights=...)``."""
+    return RunnerWeights(mm, plan, runtime)
 
 
 def activation_ranges(model, names=None, calib=None, method: str = "minmax", bits: int = 8,
