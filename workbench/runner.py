@@ -247,7 +247,6 @@ class ActivationStore:
         self.dir = None
 
     def put(self, key, t) -> None:
-        import torch
         self.drop(key)
         t = t.detach()
         nbytes = t.numel() * t.element_size()
@@ -261,7 +260,6 @@ class ActivationStore:
         path = os.path.join(self.dir.name, f"{abs(hash(key))}-{len(self.items)}.safetensors")
         save_file({"x": t.to("cpu").contiguous()}, path)
         self.items[key] = ("disk", (path, t.device), nbytes)
-        del torch
 
     def get(self, key):
         kind, v, _ = self.items[key]
@@ -631,7 +629,6 @@ class Runner:
         """Embed every batch and capture each block's call arguments. Returns (batches, store
         of block-0 inputs). With `grad`, the embedding parameters require gradients and the
         captured first-block inputs keep their graph (`only_first` then)."""
-        import torch
         from .calibration import batches as make_batches
         store = store if store is not None else ActivationStore()
         out = []
@@ -641,16 +638,13 @@ class Runner:
                 b = Batch(ids, mask, [None] * len(self.layers))
                 b.first = None
                 self._run_capture(b, grad, only_first)
-                store.put(bi, b.first) if not grad else None
-                if grad:
-                    out.append(b)
-                    continue
-                b.first = None
+                if not grad:          # with gradients the caller keeps b.first's graph
+                    store.put(bi, b.first)
+                    b.first = None
                 out.append(b)
         finally:
             if not grad:
                 self.release(self.pre_params)
-        del torch
         return out, store
 
     def _run_capture(self, b: Batch, grad: bool, only_first: bool) -> None:
