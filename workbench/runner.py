@@ -486,9 +486,18 @@ class Runner:
                    for o, q in self._meta.items() if o != pname)
 
     def _map_gguf(self, names, params) -> None:
+        """llama.cpp names: the file's own `general.architecture` picks gguf-py's tensor-name
+        map (else the model type's family in ARCH["gguf_family"])."""
+        import gguf
         from .export.llama_tensor_types import llama_cpp_name
-        family = ARCH["gguf_family"].get(self.cfg["model_type"], "llama")
         have = set(names)
+        arch = self.model.metadata.get("general.architecture")
+        name_map = None
+        if isinstance(arch, str):
+            key = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch)
+            if key is not None:
+                name_map = gguf.get_tensor_name_map(key, max(len(self.layers), 1))
+        family = ARCH["gguf_family"].get(self.cfg["model_type"], "llama")
         for pname in params:
             leaf = pname.rsplit(".", 1)[-1]
             m = re.search(r"\.(\d+)\.", pname)
@@ -500,7 +509,12 @@ class Runner:
                         self.slots[g] = Slot(pname, None, k, len(parts))
                 continue
             for c in self._candidates(pname):
-                g = c if c in have else llama_cpp_name(c, family)
+                if c in have:
+                    g = c
+                elif name_map is not None:
+                    g = name_map.get_name(c, try_suffixes=(".weight", ".bias"))
+                else:
+                    g = llama_cpp_name(c, family)
                 if g in have and g not in self.slots:
                     self.slots[g] = Slot(pname)
                     break

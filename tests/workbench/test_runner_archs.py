@@ -300,3 +300,62 @@ def test_unknown_architecture_is_one_clear_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no_such_arch" in err and "weight-only features still work" in err
     assert main(["evaluate", str(tmp_path), "--scheme", "q8_0", "--json"]) == 0
+
+
+def test_activations_spilled_to_disk_give_the_same_figures(tiny_arch, monkeypatch):
+    from workbench.runner import ActivationStore, check, new_budget
+    model = open_model(str(tiny_arch("llama")))
+    plan = Plan(default="q4_0")
+    ram = run(check(model, plan, samples=N, max_len=LEN, batch_size=2))
+    monkeypatch.setenv("QUANT_WORKBENCH_ACTIVATION_MB", "0.001")     # ~1 kB: every batch spills
+    spilled = []
+    orig_put = ActivationStore.put
+
+    def put(self, key, t):
+        orig_put(self, key, t)
+        spilled.append(self.items[key][0] == "disk")
+    monkeypatch.setattr(ActivationStore, "put", put)
+    disk = run(check(model, plan, samples=N, max_len=LEN, batch_size=2))
+    assert spilled and all(spilled)
+    assert new_budget()["limit"] < 2048
+    for k, v in ram.items():
+        assert disk[k] == (pytest.approx(v, rel=1e-9) if isinstance(v, float) else v)
+
+
+def test_gguf_named_checkpoint_with_merged_experts_runs_the_same(tiny_arch, tmp_path):
+    """A GGUF with llama.cpp names (its general.architecture picks gguf-py's name map) and
+    merged 3-D `blk.N.ffn_*_exps` expert tensors maps onto the fused expert parameters."""
+    import re
+    import shutil
+
+    import gguf
+    from safetensors.numpy import load_file
+
+    from workbench.runner import get_runner, run_outputs
+    src = tiny_arch("qwen3_moe")
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / f, tmp_path / f)
+    t = load_file(str(src / "model.safetensors"))
+    nm = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3MOE, 2)
+    w = gguf.GGUFWriter(str(tmp_path / "model.gguf"), "qwen3moe")
+    merged: dict = {}
+    for n, a in t.items():
+        m = re.match(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight", n)
+        if m:
+            merged.setdefault((int(m[1]), m[3]), {})[int(m[2])] = a
+            continue
+        w.add_tensor(nm.get_name(n, try_suffixes=(".weight", ".bias")), a)
+    for (layer, p), d in merged.items():
+        w.add_tensor(f"blk.{layer}.ffn_{p}_exps.weight", np.stack([d[e] for e in sorted(d)]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    hf, gg = open_model(str(src)), open_model(str(tmp_path / "model.gguf"))
+    rg = get_runner(gg, "cpu")
+    assert rg.slots["blk.1.ffn_up_exps.weight"].param == "model.layers.1.mlp.experts.gate_up_proj"
+    assert rg.slots["blk.1.ffn_up_exps.weight"].part == 1
+    data = _data(hf)
+    a = run(run_outputs(get_runner(hf, "cpu"), data))
+    b = run(run_outputs(rg, data))
+    assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-5
