@@ -59,6 +59,9 @@ ARCH = {
     # dim-1 parts (gate then up: transformers' Concatenate(dim=1) order)
     "gguf_experts": {"gate_up_proj": ("ffn_gate_exps", "ffn_up_exps"),
                      "down_proj": ("ffn_down_exps",)},
+    # GGUF general.architecture values whose q/k projections convert_hf_to_gguf stores with
+    # rows permuted for llama.cpp's rope (LlamaModel.permute): undone when the network loads
+    "gguf_rope_permuted": {"llama"},
     # module class names whose 2-D weight is read as a Linear (hookable, statistics); and
     # class-name endings of MoE routers (their input: the hidden state of every token)
     "linear_classes": {"Linear", "Conv1D"},
@@ -492,6 +495,7 @@ class Runner:
         from .export.llama_tensor_types import llama_cpp_name
         have = set(names)
         arch = self.model.metadata.get("general.architecture")
+        self.unpermute = arch in ARCH["gguf_rope_permuted"]
         name_map = None
         if isinstance(arch, str):
             key = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch)
@@ -552,11 +556,25 @@ class Runner:
             if w is None:
                 w = self.model.read(n)
             t = torch.from_numpy(np.require(w, np.float32, ["C", "W"]))
+            if getattr(self, "unpermute", False):
+                t = self._rope_unpermute(pname, t)
             if single:
                 return self._fit(t, shape, n)
             region = self.slots[n].region(out)
             region.copy_(self._fit(t, tuple(region.shape), n))
         return out
+
+    def _rope_unpermute(self, pname: str, t):
+        """Undo convert_hf_to_gguf's q/k row permutation (rows (head, 2, d/2) <- (head, d/2, 2))."""
+        m = re.search(r"self_attn\.([qk])_proj\.(weight|bias)$", pname)
+        if m is None:
+            return t
+        n_head = int(self.config.num_attention_heads)
+        if m.group(1) == "k":
+            n_head = int(getattr(self.config, "num_key_value_heads", None) or n_head)
+        rows = t.shape[0]
+        return (t.reshape(n_head, rows // n_head // 2, 2, *t.shape[1:]).swapaxes(1, 2)
+                .reshape(t.shape).contiguous())
 
     def _fit(self, t, shape, name):
         if tuple(t.shape) == shape:

@@ -359,3 +359,37 @@ def test_gguf_named_checkpoint_with_merged_experts_runs_the_same(tiny_arch, tmp_
     a = run(run_outputs(get_runner(hf, "cpu"), data))
     b = run(run_outputs(rg, data))
     assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-5
+
+
+def test_llama_gguf_with_permuted_qk_runs_the_same(tiny_arch, tmp_path):
+    """convert_hf_to_gguf stores Llama q/k rows permuted for llama.cpp's rope
+    (w.reshape(heads, 2, d/2, ...).swapaxes(1, 2)); the runner undoes it."""
+    import shutil
+
+    import gguf
+    from safetensors.numpy import load_file
+
+    from workbench.runner import get_runner, run_outputs
+    src = tiny_arch("llama")
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / f, tmp_path / f)
+    cfg = json.loads((src / "config.json").read_text())
+    t = load_file(str(src / "model.safetensors"))
+    nm = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+    w = gguf.GGUFWriter(str(tmp_path / "model.gguf"), "llama")
+    for n, a in t.items():
+        heads = {"q_proj": cfg["num_attention_heads"], "k_proj": cfg["num_key_value_heads"]}
+        for k, h in heads.items():
+            if f"self_attn.{k}." in n:
+                a = a.reshape(h, 2, a.shape[0] // h // 2, *a.shape[1:]).swapaxes(1, 2) \
+                    .reshape(a.shape).copy()
+        w.add_tensor(nm.get_name(n, try_suffixes=(".weight", ".bias")), a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    hf, gg = open_model(str(src)), open_model(str(tmp_path / "model.gguf"))
+    data = _data(hf)
+    a = run(run_outputs(get_runner(hf, "cpu"), data))
+    b = run(run_outputs(get_runner(gg, "cpu"), data))
+    assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-5
