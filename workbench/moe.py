@@ -287,7 +287,7 @@ def _net_with_weights(model):
             raise WorkbenchError(f"not runnable: no tensor in the file for the network's {hf}",
                                  path=str(model.path))
         with torch.no_grad():
-            p.data.copy_(torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)))
+            p.data.copy_(torch.from_numpy(np.array(w, dtype=np.float32)))
     return net
 
 

@@ -32,12 +32,12 @@ def run(args) -> int:
         return 0
     print(f"{model.path}  ({model.format}, {len(rows)} tensors, {model.total_params:,} params, "
           f"{fmt_bytes(model.total_bytes)})")
-    print(f"{'name':<52} {'shape':<14} {'dtype':<12} {'role':<9} {'absmax':>9} {'std':>9} "
+    print(f"{'name':<52} {'shape':<14} {'dtype':<12} {'role':<13} {'absmax':>9} {'std':>9} "
           f"{'kurt':>7} {'outl%':>6} {'nan/inf':>7}")
     for d in rows:
         s = d.get("stats")
         shape = "x".join(map(str, d["shape"])) or "scalar"
-        line = f"{d['name'][:52]:<52} {shape:<14} {d['dtype']:<12} {d['role']:<9}"
+        line = f"{d['name'][:52]:<52} {shape:<14} {d['dtype']:<12} {d['role']:<13}"
         if s:
             line += (f" {s['absmax']:>9.4g} {s['std']:>9.4g} {s['kurtosis']:>7.2f} "
                      f"{100 * s['outlier_frac']:>6.3f} {s['nan'] + s['inf']:>7d}")
