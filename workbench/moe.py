@@ -33,7 +33,7 @@ from .progress import Progress
 PREFIX = "moe:"
 KINDS = {"experts": "expert", "shared": "shared_expert", "router": "router"}
 PROJECTIONS = ("gate", "up", "down", "gate_up")
-_SELECTOR = re.compile(r"^moe:(experts|shared|router)(?:\.([a-z_]+))?(?:@(\d+)(?:-(\d+))?)?$")
+_SELECTOR = re.compile(r"^moe:(experts|shared|router)(?:\.([a-z0-9_]+))?(?:@(\d+)(?:-(\d+))?)?$")
 
 
 @dataclass(frozen=True)
@@ -258,23 +258,19 @@ def usage_by_tensor(model, counts: dict[int, np.ndarray], n_tok: int) -> dict:
 
 
 def _net_with_weights(model):
-    """A transformers network of the model's config with the file's weights, the runner's when
-    it can build this architecture; else built here from the config (``from_config``: nothing
-    downloaded, no code from the folder executed), per-expert tensors stacked into the fused
-    expert parameters transformers keeps in memory."""
-    from .runner import get_runner
-    try:
-        runner = get_runner(model)
-        return runner.net
-    except WorkbenchError as exc:
-        first = exc
+    """A whole transformers network of the model's config with the file's weights, built from
+    the config (``from_config``: nothing downloaded, no code from the folder executed), the
+    per-expert tensors stacked into the fused expert parameters transformers keeps in memory.
+    (Small models: the routing counts of `workbench.runner.expert_usage`, where the runner has
+    it, come from its layer-by-layer pass instead.)"""
     from .runner import _import_transformers, read_config
     import torch
     transformers = _import_transformers()
     cfg = read_config(model)
     mt = cfg.get("model_type", "")
     if mt not in transformers.CONFIG_MAPPING:
-        raise first
+        raise WorkbenchError(f"not runnable: transformers has no model_type {mt!r}",
+                             path=str(model.path))
     config = transformers.CONFIG_MAPPING[mt](**{k: v for k, v in cfg.items()
                                                 if not k.startswith("_")})
     torch.manual_seed(0)
@@ -291,22 +287,32 @@ def _net_with_weights(model):
     return net
 
 
+# in-memory module paths whose checkpoint names differ (transformers' conversion mapping):
+# Mixtral keeps ``mlp.`` in memory and ``block_sparse_moe.`` in the file
+_FILE_ALIASES = ((".mlp.", ".block_sparse_moe."),)
+
+
 def _assemble(model, names, hf: str, shape):
     def get(n):
         if n in names:
             return model.read(n)
         return None
-    w = get(hf)
-    if w is None and not hf.startswith("model.") and f"model.{hf}" in names:
-        w = get(f"model.{hf}")
-    if w is not None:
-        return w.reshape(shape)
+    cands = [hf] + [hf.replace(a, b) for a, b in _FILE_ALIASES if a in hf]
+    cands += [f"model.{c}" for c in cands if not c.startswith("model.")]
+    for c in cands:
+        w = get(c)
+        if w is not None:
+            return w.reshape(shape)
     m = re.match(r"^(.*\.experts)\.(gate_up_proj|down_proj)$", hf)
     if not m:
         return None
-    base, which = m.groups()
-    mix = base.replace(".experts", ".experts").endswith("block_sparse_moe.experts") \
-        or f"{base}.0.w1.weight" in names
+    which = m.group(2)
+    bases = [m.group(1)] + [m.group(1).replace(a, b) for a, b in _FILE_ALIASES if a in hf]
+    base = next((b for b in bases if f"{b}.0.w1.weight" in names
+                 or f"{b}.0.down_proj.weight" in names), None)
+    if base is None:
+        return None
+    mix = f"{base}.0.w1.weight" in names
     parts = []
     for e in range(shape[0]):
         if which == "gate_up_proj":
