@@ -411,3 +411,19 @@ def test_runner_expert_usage_agrees(tiny_arch):
     assert set(mine) == set(theirs)
     for n in mine:
         assert theirs[n] == pytest.approx(mine[n], abs=1e-9), n
+
+
+def test_inspect_experts_prints_the_spread(moe_gguf):
+    from workbench.loaders import open_model
+    from workbench.moe import expert_spread
+    path, _ = moe_gguf
+    r = _cli("inspect", path, "--experts", "--json")
+    assert r.returncode == 0, r.stderr
+    groups = {g["group"]: g for g in json.loads(r.stdout)["groups"]}
+    assert sorted(groups) == sorted(f"layer {b} experts {p}" for b in (0, 1)
+                                    for p in ("gate", "up", "down"))
+    sp = run(expert_spread(open_model(path), "layer 1 experts down"))
+    np.testing.assert_allclose(groups["layer 1 experts down"]["std"], sp.std, rtol=1e-12)
+    np.testing.assert_allclose(groups["layer 1 experts down"]["absmax"], sp.absmax, rtol=1e-12)
+    dense = _cli("inspect", ROOT / "resources" / "demo_model", "--experts")
+    assert dense.returncode == 2 and "no mixture-of-experts tensors" in dense.stderr
