@@ -427,3 +427,42 @@ def test_inspect_experts_prints_the_spread(moe_gguf):
     np.testing.assert_allclose(groups["layer 1 experts down"]["absmax"], sp.absmax, rtol=1e-12)
     dense = _cli("inspect", ROOT / "resources" / "demo_model", "--experts")
     assert dense.returncode == 2 and "no mixture-of-experts tensors" in dense.stderr
+
+
+ROWWISE = ["fp16", "bf16", "fp8-e4m3", "nf4-g64", "ternary-g64", "iq4_nl", "q4_0", "q4_1",
+           "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "int4-channel",
+           "int4-g128-asym", "int8-channel-asym", "int3-g32"]
+
+
+@pytest.mark.parametrize("scheme", ROWWISE)
+def test_merged_experts_every_scheme_is_per_expert_rows(moe_gguf, scheme):
+    """Under every row-wise scheme (per channel, per group, every GGML type), a merged tensor's
+    error and bytes are the sums over its experts quantized alone."""
+    from workbench.evaluate import evaluate_tensor
+    from workbench.loaders import open_model
+    from workbench.moe import expert_slices
+    from workbench.sensitivity import merged_expert_errors
+    from workbench.evaluate import quantize
+    path, _ = moe_gguf
+    m = open_model(path)
+    name = "blk.0.ffn_gate_exps.weight"
+    r = evaluate_tensor(m, name, scheme)
+    assert r.scheme == scheme
+    per = merged_expert_errors(m, name, scheme)
+    assert r.error.sse == pytest.approx(float(per.sum()), rel=1e-5)
+    nbytes = sum(quantize(w, scheme).nbytes for _e, w in expert_slices(m, name))
+    assert r.bytes == nbytes
+
+
+def test_merged_experts_per_tensor_scheme_spans_the_stack(moe_gguf):
+    """A per-tensor scheme has one scale for the whole stored tensor (all experts)."""
+    from workbench.evaluate import evaluate_tensor, quantize
+    from workbench.loaders import open_model
+    path, _ = moe_gguf
+    m = open_model(path)
+    name = "blk.0.ffn_gate_exps.weight"
+    r = evaluate_tensor(m, name, "int8-tensor")
+    w = m.read_matrix(name)
+    from workbench.schemes import get_scheme
+    q = get_scheme("int8-tensor").dequantize(quantize(w, "int8-tensor")).reshape(w.shape)
+    assert r.error.sse == pytest.approx(float(((q.astype(np.float64) - w) ** 2).sum()), rel=1e-6)
