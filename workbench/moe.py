@@ -183,11 +183,7 @@ def _routers(net) -> list[tuple[str, object]]:
     return out
 
 
-def _block_of_module(mname: str) -> int | None:
-    return catalog.block_index(mname)
-
-
-def _indices(output, n_experts: int):
+def _indices(output):
     """The top-k expert indices from a router's output: transformers 5 routers return
     (logits, weights, indices); older ones the logits alone (then top-k is taken here)."""
     import torch
@@ -214,7 +210,7 @@ def usage_from_network(net, forward, data, top_k: int | None = None):
         n_exp = int(mod.weight.shape[0])
 
         def hook(_m, _inp, out):
-            idx = _indices(out, n_exp)
+            idx = _indices(out)
             if idx is not None and idx.is_floating_point():   # logits: take the top-k here
                 k = top_k or 1
                 idx = torch.topk(idx.reshape(-1, n_exp), k, dim=-1).indices
@@ -223,7 +219,7 @@ def usage_from_network(net, forward, data, top_k: int | None = None):
         return hook
 
     for mname, mod in routers:
-        b = _block_of_module(mname)
+        b = catalog.block_index(mname)
         handles.append(mod.register_forward_hook(hook_for(-1 if b is None else b, mod)))
     n_tok = 0
     try:
@@ -355,17 +351,3 @@ def find_expert_usage():
     """The runner's expert_usage job when it provides one, else this module's."""
     from . import runner
     return getattr(runner, "expert_usage", None) or expert_usage
-
-
-def usage_weights(model, names, usage: dict) -> dict[str, float]:
-    """{tensor: weight of its error}: a per-expert tensor's routed-token fraction; a merged
-    tensor's mean fraction times its expert count (its error sums every expert's; use
-    `merged_weighted_error` for the exact per-expert weighting)."""
-    out = {}
-    for n in names:
-        if n not in usage:
-            continue
-        u = usage[n]
-        out[n] = float(np.sum(u)) / max(model.info(n).n_experts, 1) \
-            if isinstance(u, np.ndarray) else float(u)
-    return out
