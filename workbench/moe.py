@@ -93,6 +93,27 @@ def expert_groups(model, names=None) -> dict[str, list[str]]:
     return out
 
 
+#: how a target runtime stores a layer's experts, i.e. which experts must share one scheme:
+#: llama.cpp one merged tensor per projection (ffn_{gate,up,down}_exps); vLLM's FusedMoE one
+#: quantized layer for every projection of every expert of a layer
+RUNTIME_EXPERT_UNIT = {"llama.cpp": "projection", "vllm": "layer"}
+
+
+def decision_groups(model, names, runtime: str) -> dict[str, list[str]]:
+    """{key: names} of the expert tensors among `names` that `runtime` stores together (one
+    scheme for all); {} for a runtime that takes each tensor on its own."""
+    unit = RUNTIME_EXPERT_UNIT.get(runtime)
+    if unit is None:
+        return {}
+    groups = expert_groups(model, names)
+    if unit == "layer":
+        merged: dict[str, list[str]] = {}
+        for key, ns in groups.items():
+            merged.setdefault(key.rsplit(" ", 1)[0], []).extend(ns)
+        groups = merged
+    return {k: ns for k, ns in groups.items() if len(ns) > 1}
+
+
 def expert_count(model, names) -> int:
     """Experts held by the tensors `names` (a merged tensor counts its first dimension)."""
     return sum(model.info(n).n_experts for n in names)

@@ -19,7 +19,8 @@
 
 Mixture-of-experts (docs/moe.md): routers are not a choice (they stay in float unless pinned);
 with target ``llama.cpp`` one projection's experts of a layer are one decision (llama.cpp stores
-them as one merged tensor of one type: `SensitivityTable.groups`); and where the measure does
+them as one merged tensor of one type: `SensitivityTable.groups`), with ``vllm`` every expert of a
+layer (vLLM's FusedMoE quantizes them as one layer); and where the measure does
 not already see the routing (``weight`` with --calib, ``activation``), each expert's value is
 weighted by the fraction of calibration tokens the router sends to it (`expert_usage`), so an
 expert every token reaches counts like a dense layer and a rarely picked one little.
@@ -424,7 +425,8 @@ class SensitivityTable:
     fixed_bytes: int = 0                               # bytes of the tensors without a choice
     fixed_names: list[str] = field(default_factory=list)
     #: decisions made together: {group key: member names} (llama.cpp: one projection's experts
-    #: of a layer, stored as one tensor); every member gets the same scheme
+    #: of a layer, stored as one tensor; vLLM: every expert of a layer, one FusedMoE layer);
+    #: every member gets the same scheme (workbench.moe.decision_groups)
     groups: dict = field(default_factory=dict)
     #: {expert tensor: fraction of calibration tokens routed to it} the values were weighted by
     usage: dict = field(default_factory=dict)
@@ -623,10 +625,8 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
                 else:
                     values[(n, s)] *= float(np.mean(u))
     yield Progress(len(all_names), len(all_names), "sizes")
-    groups = {}
-    if rt.name == "llama.cpp":
-        from .moe import expert_groups
-        groups = {g: ns for g, ns in expert_groups(model, names).items() if len(ns) > 1}
+    from .moe import decision_groups
+    groups = decision_groups(model, names, rt.name)
     return SensitivityTable(str(model.path), measure, rt.name, list(schemes), names, values,
                             nbytes, applied, params, fixed_bytes, fixed, groups,
                             dict(usage or {}))

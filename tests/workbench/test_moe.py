@@ -347,6 +347,10 @@ def test_usage_weighted_sensitivity_and_one_decision_per_group(tiny_arch):
     assert not [n for n in weighted.names if m.info(n).role == "router"]
     assert len(weighted.groups) == 6 and all(len(v) == 4 for v in weighted.groups.values())
     assert run(build_table(m, schemes, runtime="any")).groups == {}
+    # vLLM's FusedMoE: every expert of a layer (all projections) is one decision
+    vg = run(build_table(m, ["int4-channel", "int8-channel"], runtime="vllm")).groups
+    assert sorted(vg) == ["layer 0 experts", "layer 1 experts"]
+    assert all(len(ns) == 12 for ns in vg.values())
     free_table = run(build_table(m, schemes, runtime="any", usage=usage))
     split_free, mixes = 0, 0
     for bpw in np.linspace(4.6, 8.4, 12):
