@@ -470,3 +470,20 @@ def test_merged_experts_per_tensor_scheme_spans_the_stack(moe_gguf):
     from workbench.schemes import get_scheme
     q = get_scheme("int8-tensor").dequantize(quantize(w, "int8-tensor")).reshape(w.shape)
     assert r.error.sse == pytest.approx(float(((q.astype(np.float64) - w) ** 2).sum()), rel=1e-6)
+
+
+def test_allocate_pin_selector(tiny_arch, tmp_path):
+    folder = tiny_arch("qwen3_moe")
+    out = tmp_path / "plan.json"
+    r = _cli("allocate", folder, "--target", "llama.cpp", "--budget-bpw", "5.5",
+             "--schemes", "q4_k,q8_0", "--pin", "moe:experts.down@1=q8_0",
+             "--pin", "moe:router@0=q8_0", "-o", out, "--json")
+    assert r.returncode == 0, r.stderr
+    plan = Plan.load(out)
+    for e in range(4):
+        assert plan.scheme_for(f"model.layers.1.mlp.experts.{e}.down_proj.weight") == "q8_0"
+    # pinned router: an exact rule (llama.cpp then keeps ffn_gate_inp anyway, as it says)
+    assert plan.scheme_for("model.layers.0.mlp.gate.weight") == "q8_0"
+    assert plan.scheme_for("model.layers.1.mlp.gate.weight") == KEEP
+    bad = _cli("allocate", folder, "--budget-bpw", "5", "--pin", "moe:shared=q8_0", "-o", out)
+    assert bad.returncode == 2 and "no tensor of the model matches" in bad.stderr
