@@ -53,9 +53,13 @@ LLAMA_NEVER = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight",
                "attn_rel_b.weight", "time_mix_", ".position_embd", ".rel_pos", ".patch_embd")
 LLAMA_NEVER_EXACT = ("position_embd.weight", "token_types.weight")
 VLLM_ROLES = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_o", "mlp_up", "mlp_gate",
-              "mlp_down", "expert", "shared_expert")   # not "router": vLLM keeps it unquantized
+              "mlp_down")
 _VLLM_SCHEME = re.compile(r"^(int4|int8)-(channel|g\d+)(-asym)?(@[a-z0-9.]+)*$|^fp8-e4m3$")
 _INT_GROUP = re.compile(r"^(int\d+)-g\d+(-asym)?(@.*)?$")
+
+# mixture-of-experts projections (catalog roles) are Linear layers to vLLM too; routers are not
+# (vLLM builds them unquantized): they stay float and go to compressed-tensors' `ignore`
+VLLM_ROLES += ("expert", "shared_expert")
 
 
 @dataclass(frozen=True)
