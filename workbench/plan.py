@@ -162,33 +162,35 @@ class Plan:
         if self._compiled is None:
             from .moe import parse_selector
             exact = {}
-            regex = []
-            for r in self.rules:
+            regex, regex_pos = [], []   # re: rules and their positions in the rule list
+            selectors = []              # (position, workbench.moe.Selector, rule)
+            for i, r in enumerate(self.rules):
                 if r.is_selector:
-                    regex.append((parse_selector(r.match).matches, r))
+                    selectors.append((i, parse_selector(r.match), r))
                 elif r.is_regex:
-                    regex.append((compile_pattern(r.match[3:]).search, r))
+                    regex.append((compile_pattern(r.match[3:]), r))
+                    regex_pos.append(i)
                 else:
                     exact.setdefault(r.match, r)
-            self._compiled = (exact, regex)
+            self._compiled = (exact, regex, regex_pos, selectors)
         return self._compiled
 
     def rule_for(self, name: str) -> Rule | None:
-        """The rule that assigns `name` (None: the default applies). A router is reached only by
-        its exact name or a ``moe:router`` selector."""
-        exact, regex = self._index()
+        """The rule that assigns `name` (None: the default applies): an exact name first, then
+        the first ``re:`` or ``moe:`` rule in list order that matches. A router is reached only
+        by its exact name or a ``moe:router`` selector."""
+        exact, regex, regex_pos, selectors = self._index()
         if name in exact:
             return exact[name]
-        router = None
-        for match, rule in regex:
-            if match(name):
-                if router is None:
-                    from .catalog import moe_role
-                    router = moe_role(name) == "router"
-                if router and not rule.is_selector:
-                    continue   # a pattern that merely matches a router does not quantize it
+        sel = next(((i, r) for i, s, r in selectors if s.matches(name)), None)
+        if (regex or sel is not None) and self._is_router(name):
+            return sel[1] if sel is not None else None   # patterns never reach a router
+        for k, (pat, rule) in enumerate(regex):
+            if sel is not None and regex_pos[k] > sel[0]:
+                break
+            if pat.search(name):
                 return rule
-        return None
+        return sel[1] if sel is not None else None
 
     @staticmethod
     def _is_router(name: str) -> bool:

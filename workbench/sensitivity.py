@@ -424,25 +424,10 @@ class SensitivityTable:
     params: int = 0                                    # every tensor's params (evaluate's)
     fixed_bytes: int = 0                               # bytes of the tensors without a choice
     fixed_names: list[str] = field(default_factory=list)
-    #: decisions made together: {group key: member names} (llama.cpp: one projection's experts
-    #: of a layer, stored as one tensor; vLLM: every expert of a layer, one FusedMoE layer);
-    #: every member gets the same scheme (workbench.moe.decision_groups)
-    groups: dict = field(default_factory=dict)
+    #: tensors the runtime fuses into one layer (vLLM's q/k/v, gate/up): one scheme per group
+    groups: list = field(default_factory=list)
     #: {expert tensor: fraction of calibration tokens routed to it} the values were weighted by
     usage: dict = field(default_factory=dict)
-
-    def units(self) -> list[list[str]]:
-        """The decisions: groups of names that take one scheme together, singletons else."""
-        grouped = {n: g for g, ns in self.groups.items() for n in ns}
-        out, seen = [], set()
-        for n in self.names:
-            g = grouped.get(n)
-            if g is None:
-                out.append([n])
-            elif g not in seen:
-                seen.add(g)
-                out.append([m for m in self.groups[g] if m in set(self.names)])
-        return out
 
     def value(self, name: str, scheme: str) -> float:
         return self.values[(name, scheme)]
@@ -482,20 +467,27 @@ class SensitivityTable:
                                      path=self.model_path)
             if p in self.names and (p, s) not in self.bytes:
                 raise WorkbenchError(f"pinned scheme {s} was not measured for {p}")
+        # items: single tensors, or a fused group whose members take one scheme together
+        grouped = {n: g for g in self.groups for n in g if all(m in self.names for m in g)}
+        items, seen = [], set()
+        for n in self.names:
+            if n in seen:
+                continue
+            item = grouped.get(n, [n])
+            seen.update(item)
+            items.append(item)
         costs, errs, opts = [], [], []
-        units = self.units()
-        for unit in units:
-            pinned = {pins[n] for n in unit if n in pins}
+        for item in items:
+            pinned = {pins[m] for m in item if m in pins}
             if len(pinned) > 1:
-                raise WorkbenchError(f"pins give {', '.join(sorted(pinned))} to tensors stored "
-                                     f"as one tensor ({unit[0]} ...): pin one scheme",
+                raise WorkbenchError(f"pins differ within a fused group the {self.runtime} "
+                                     f"runtime needs one scheme for: {', '.join(item)}",
                                      path=self.model_path)
-            cands = sorted(pinned) if pinned else self.schemes
-            if pinned and any((n, cands[0]) not in self.bytes for n in unit):
-                raise WorkbenchError(f"pinned scheme {cands[0]} was not measured for {unit[0]}")
+            cands = sorted(pinned) if pinned else [s for s in self.schemes
+                                                   if all((m, s) in self.bytes for m in item)]
             opts.append(cands)
-            costs.append([sum(int(self.bytes[(n, s)]) for n in unit) for s in cands])
-            errs.append([sum(float(self.values[(n, s)]) for n in unit) for s in cands])
+            costs.append([sum(int(self.bytes[(m, s)]) for m in item) for s in cands])
+            errs.append([sum(float(self.values[(m, s)]) for m in item) for s in cands])
         try:
             sol = solve_detailed(costs, errs, budget_bytes - self.fixed_bytes)
         except WorkbenchError as exc:
@@ -505,7 +497,7 @@ class SensitivityTable:
                                  f"is below the smallest possible size {cheapest:,d} bytes "
                                  f"({8.0 * cheapest / max(self.params, 1):.3f} bits/weight)",
                                  path=self.model_path) from exc if "budget" in str(exc) else exc
-        assignment = {n: o[k] for unit, o, k in zip(units, opts, sol.choice) for n in unit}
+        assignment = {m: o[k] for item, o, k in zip(items, opts, sol.choice) for m in item}
         return self.plan_for(assignment), sol
 
     def assignment_of(self, plan, model) -> dict[str, str]:
@@ -532,8 +524,7 @@ class SensitivityTable:
                                     "applied": self.applied[(n, s)]}
                                 for s in self.schemes if (n, s) in self.values}
                             for n in self.rows()},
-                **({"groups": {g: list(ns) for g, ns in self.groups.items()}}
-                   if self.groups else {}),
+                **({"groups": [list(g) for g in self.groups]} if self.groups else {}),
                 **({"expert_usage": {n: (v.tolist() if isinstance(v, np.ndarray) else v)
                                      for n, v in self.usage.items()}} if self.usage else {})}
 
@@ -626,9 +617,9 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
                     values[(n, s)] *= float(np.mean(u))
     yield Progress(len(all_names), len(all_names), "sizes")
     from .moe import decision_groups
-    groups = decision_groups(model, names, rt.name)
     return SensitivityTable(str(model.path), measure, rt.name, list(schemes), names, values,
-                            nbytes, applied, params, fixed_bytes, fixed, groups,
+                            nbytes, applied, params, fixed_bytes, fixed,
+                            list(decision_groups(model, names, rt.name).values()),
                             dict(usage or {}))
 
 

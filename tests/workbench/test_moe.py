@@ -345,24 +345,26 @@ def test_usage_weighted_sensitivity_and_one_decision_per_group(tiny_arch):
             assert weighted.values[(n, s)] == pytest.approx(plain.values[(n, s)] * f, rel=1e-12)
     # routers are not a choice; one projection's experts of a layer are one llama.cpp decision
     assert not [n for n in weighted.names if m.info(n).role == "router"]
-    assert len(weighted.groups) == 6 and all(len(v) == 4 for v in weighted.groups.values())
-    assert run(build_table(m, schemes, runtime="any")).groups == {}
+    assert len(weighted.groups) == 6 and all(len(v) == 4 for v in weighted.groups)
+    from workbench.catalog import expert_group
+    assert all(len({expert_group(n) for n in g}) == 1 for g in weighted.groups)
+    assert run(build_table(m, schemes, runtime="any")).groups == []
     # vLLM's FusedMoE: every expert of a layer (all projections) is one decision
     vg = run(build_table(m, ["int4-channel", "int8-channel"], runtime="vllm")).groups
-    assert sorted(vg) == ["layer 0 experts", "layer 1 experts"]
-    assert all(len(ns) == 12 for ns in vg.values())
+    assert len(vg) == 2 and all(len(ns) == 12 for ns in vg)
+    assert [{m.info(n).block for n in ns} for ns in vg] == [{0}, {1}]
     free_table = run(build_table(m, schemes, runtime="any", usage=usage))
     split_free, mixes = 0, 0
     for bpw in np.linspace(4.6, 8.4, 12):
         budget = weighted.budget_bytes(budget_bpw=float(bpw))
         plan, _ = weighted.solve(budget)
         res = plan.resolve(m)
-        for g, names in weighted.groups.items():
-            assert len({res[n] for n in names}) == 1, (bpw, g)
+        for names in weighted.groups:
+            assert len({res[n] for n in names}) == 1, (bpw, names[0])
         mixes += {res[n] for n in weighted.names} == {"q4_k", "q8_0"}
         # the "any" runtime chooses per tensor: experts of one group may differ
         fr = free_table.solve(budget)[0].resolve(m)
-        split_free += any(len({fr[n] for n in ns}) > 1 for ns in weighted.groups.values())
+        split_free += any(len({fr[n] for n in ns}) > 1 for ns in weighted.groups)
     assert mixes >= 3 and split_free >= 1
 
 
@@ -487,3 +489,21 @@ def test_allocate_pin_selector(tiny_arch, tmp_path):
     assert plan.scheme_for("model.layers.1.mlp.gate.weight") == KEEP
     bad = _cli("allocate", folder, "--budget-bpw", "5", "--pin", "moe:shared=q8_0", "-o", out)
     assert bad.returncode == 2 and "no tensor of the model matches" in bad.stderr
+
+
+def test_selectors_and_patterns_first_match_in_list_order():
+    n0 = "model.layers.2.mlp.experts.0.down_proj.weight"
+    n1 = "model.layers.2.mlp.experts.1.down_proj.weight"
+    p = Plan(default="q4_k", rules=[{"match": r"re:experts\.0\.", "scheme": "q8_0"},
+                                    {"match": "moe:experts", "scheme": "q6_k"}])
+    assert (p.scheme_for(n0), p.scheme_for(n1)) == ("q8_0", "q6_k")
+    p = Plan(default="q4_k", rules=[{"match": "moe:experts", "scheme": "q6_k"},
+                                    {"match": r"re:experts\.0\.", "scheme": "q8_0"}])
+    assert (p.scheme_for(n0), p.scheme_for(n1)) == ("q6_k", "q6_k")
+    # an exact name beats both; a router skips the pattern and takes the later selector
+    p = Plan(default="q4_k", rules=[{"match": r"re:mlp", "scheme": "q8_0"},
+                                    {"match": "moe:router@2", "scheme": "fp16"},
+                                    {"match": n1, "scheme": "q5_0"}])
+    assert p.scheme_for("model.layers.2.mlp.gate.weight") == "fp16"
+    assert p.scheme_for("model.layers.3.mlp.gate.weight") == KEEP
+    assert (p.scheme_for(n0), p.scheme_for(n1)) == ("q8_0", "q5_0")
