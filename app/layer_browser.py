@@ -1,4 +1,7 @@
-"""The layer browser: tensors grouped by block, with a substring / `re:` filter."""
+"""The layer browser: tensors grouped by block, with a substring / `re:` filter. A block's
+mixture-of-experts tensors sit in one expandable "experts" row: one row per projection
+(gate / up / down) holding that projection's per-expert tensors, or the merged 3-D tensor
+(GGUF); selecting a projection row or a merged tensor shows the spread across experts."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ from .theme import mono_font
 
 NAME_ROLE = Qt.ItemDataRole.UserRole + 1
 SORT_ROLE = Qt.ItemDataRole.UserRole + 2
+GROUP_ROLE = Qt.ItemDataRole.UserRole + 3   # an expert group key ('layer 5 experts down')
+_PROJ_ORDER = {"gate": 0, "up": 1, "gate_up": 2, "down": 3}
 COLUMNS = ("Tensor", "Shape", "Params", "DType", "Role")
 
 
@@ -25,6 +30,14 @@ def _group_key(group: str) -> tuple:
     if group.startswith("layer "):
         return (1, int(group.split()[1]))
     return (2, 0) if group == "head" else (3, 0)
+
+
+def _expert_label(name: str) -> str:
+    """'mlp.experts.3.down_proj.weight' -> 'expert 3 · down_proj'."""
+    from workbench.catalog import expert_index
+    e = expert_index(name)
+    tail = name[:-7] if name.endswith(".weight") else name
+    return f"expert {e} · {tail.rsplit('.', 1)[-1]}" if e is not None else tail
 
 
 def _short(name: str, group: str) -> str:
@@ -78,6 +91,8 @@ class LayerBrowser(QWidget):
     """Emits `activated(name)` when the current tensor changes."""
 
     activated = Signal(str)
+    #: an expert group row became current: its key ('layer 5 experts down')
+    groupActivated = Signal(str)
 
     def __init__(self, doc, parent=None):
         super().__init__(parent)
@@ -148,39 +163,136 @@ class LayerBrowser(QWidget):
                 it.setEditable(False)
                 it.setSelectable(False)
             head[2].setFont(mono)
+            experts = [i for i in infos if i.role == "expert"]
+            exp_row = None
             for info in infos:
-                row = [QStandardItem(_short(info.name, g)), QStandardItem(fmt_shape(info.shape)),
-                       QStandardItem(fmt_count(info.numel)),
-                       QStandardItem(info.display_dtype), QStandardItem(info.role)]
-                for it in row:
-                    it.setEditable(False)
-                    it.setData(info.name, NAME_ROLE)
-                    it.setToolTip(info.name)
-                row[1].setFont(mono)
-                row[2].setFont(mono)
-                row[2].setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-                head[0].appendRow(row)
+                if info.role == "expert":
+                    if exp_row is None:
+                        exp_row = self._experts_row(experts, g, mono)
+                        head[0].appendRow(exp_row)
+                    continue
+                head[0].appendRow(self._tensor_row(info, _short(info.name, g), mono))
             self.model.appendRow(head)
         self.view.expandAll()
+        self._collapse_experts()
+
+    def _tensor_row(self, info, label: str, mono) -> list:
+        row = [QStandardItem(label), QStandardItem(fmt_shape(info.shape)),
+               QStandardItem(fmt_count(info.numel)),
+               QStandardItem(info.display_dtype), QStandardItem(info.role)]
+        for it in row:
+            it.setEditable(False)
+            it.setData(info.name, NAME_ROLE)
+            it.setToolTip(info.name)
+            if info.merged_experts:
+                it.setData(info.expert_group, GROUP_ROLE)
+        row[1].setFont(mono)
+        row[2].setFont(mono)
+        row[2].setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        return row
+
+    def _experts_row(self, experts, g: str, mono) -> list:
+        """One expandable row for a block's routed experts: a child per projection."""
+        groups: dict[str, list] = {}
+        for info in experts:
+            groups.setdefault(info.expert_group, []).append(info)
+        n_exp = max(sum(i.n_experts for i in members) for members in groups.values())
+        row = [QStandardItem(f"experts ×{n_exp}"), QStandardItem(plural(len(experts), "tensor")),
+               QStandardItem(fmt_count(sum(i.numel for i in experts))), QStandardItem(""),
+               QStandardItem("expert")]
+        for it in row:
+            it.setEditable(False)
+            it.setSelectable(False)
+            it.setData(True, GROUP_ROLE + 1)   # marks the experts row (kept collapsed)
+        row[2].setFont(mono)
+
+        def order(key):
+            return _PROJ_ORDER.get(key.rsplit(" ", 1)[-1], 9)
+        for key in sorted(groups, key=order):
+            members = groups[key]
+            if len(members) == 1 and members[0].merged_experts:
+                row[0].appendRow(self._tensor_row(members[0], _short(members[0].name, g), mono))
+                continue
+            members.sort(key=lambda i: i.expert if i.expert is not None else -1)
+            proj = key.rsplit(" ", 1)[-1]
+            sub = [QStandardItem(f"{proj} · {len(members)} experts"),
+                   QStandardItem(fmt_shape(members[0].shape)),
+                   QStandardItem(fmt_count(sum(i.numel for i in members))),
+                   QStandardItem(members[0].display_dtype), QStandardItem("expert")]
+            for it in sub:
+                it.setEditable(False)
+                it.setData(key, GROUP_ROLE)
+                it.setToolTip(f"{key}: {len(members)} tensors (one llama.cpp tensor)")
+            sub[1].setFont(mono)
+            sub[2].setFont(mono)
+            for info in members:
+                sub[0].appendRow(self._tensor_row(info, _expert_label(info.name), mono))
+            row[0].appendRow(sub)
+        return row
+
+    def _collapse_experts(self) -> None:
+        """Expert rows start closed: a 128-expert layer would fill the panel."""
+        def walk(parent):
+            for r in range(self.proxy.rowCount(parent)):
+                idx = self.proxy.index(r, 0, parent)
+                if idx.data(GROUP_ROLE + 1):
+                    self.view.collapse(idx)
+                elif idx.data(GROUP_ROLE) and not idx.data(NAME_ROLE):
+                    self.view.collapse(idx)
+                else:
+                    walk(idx)
+        walk(self.view.rootIndex())
 
     def _filter(self, text: str) -> None:
         self.proxy.set_text(text)
         self.filter_error.setText(self.proxy.error)
         self.filter_error.setVisible(bool(self.proxy.error))
         self.view.expandAll()
+        if not self.proxy._pattern:
+            self._collapse_experts()
 
     def _current(self, current, _previous) -> None:
         name = current.data(NAME_ROLE) if current.isValid() else None
         if name:
             self.activated.emit(name)
+            if current.data(GROUP_ROLE):   # a merged expert tensor: its spread too
+                self.groupActivated.emit(current.data(GROUP_ROLE))
+        elif current.isValid() and current.data(GROUP_ROLE):
+            self.groupActivated.emit(current.data(GROUP_ROLE))
 
     def _find(self, name: str):
+        def walk(item):
+            for r in range(item.rowCount()):
+                child = item.child(r, 0)
+                if child.data(NAME_ROLE) == name:
+                    return child
+                found = walk(child) if child.hasChildren() else None
+                if found is not None:
+                    return found
+            return None
         for g in range(self.model.rowCount()):
-            head = self.model.item(g, 0)
-            for r in range(head.rowCount()):
-                if head.child(r, 0).data(NAME_ROLE) == name:
-                    return self.proxy.mapFromSource(head.child(r, 0).index())
+            found = walk(self.model.item(g, 0))
+            if found is not None:
+                return self.proxy.mapFromSource(found.index())
         return None
+
+    def group_names(self, key: str) -> list[str]:
+        """The tensor names under an expert group row."""
+        def walk(item):
+            out = []
+            for r in range(item.rowCount()):
+                child = item.child(r, 0)
+                if child.data(GROUP_ROLE) == key and child.data(NAME_ROLE):
+                    out.append(child.data(NAME_ROLE))
+                elif child.data(GROUP_ROLE) == key:
+                    out += [child.child(i, 0).data(NAME_ROLE) for i in range(child.rowCount())]
+                elif child.hasChildren():
+                    out += walk(child)
+            return out
+        out = []
+        for g in range(self.model.rowCount()):
+            out += walk(self.model.item(g, 0))
+        return out
 
     def show_tensor(self, name: str) -> None:
         """Make `name` the current row (without re-emitting when already current)."""
@@ -189,17 +301,48 @@ class LayerBrowser(QWidget):
             return
         idx = self._find(name)
         if idx is not None and idx.isValid():
+            parent = idx.parent()
+            while parent.isValid():   # inside a collapsed experts row: open it
+                self.view.expand(parent)
+                parent = parent.parent()
             self.view.selectionModel().setCurrentIndex(
                 idx, QItemSelectionModel.SelectionFlag.ClearAndSelect
                 | QItemSelectionModel.SelectionFlag.Rows)
             self.view.scrollTo(idx)
 
+    def show_group(self, key: str) -> bool:
+        """Make the row of expert group `key` current (emits groupActivated)."""
+        def walk(parent):
+            for r in range(self.proxy.rowCount(parent)):
+                idx = self.proxy.index(r, 0, parent)
+                if idx.data(GROUP_ROLE) == key:
+                    return idx
+                found = walk(idx)
+                if found is not None:
+                    return found
+            return None
+        idx = walk(self.view.rootIndex())
+        if idx is None:
+            return False
+        parent = idx.parent()
+        while parent.isValid():
+            self.view.expand(parent)
+            parent = parent.parent()
+        self.view.selectionModel().setCurrentIndex(
+            idx, QItemSelectionModel.SelectionFlag.ClearAndSelect
+            | QItemSelectionModel.SelectionFlag.Rows)
+        self.view.scrollTo(idx)
+        return True
+
     def selected_names(self) -> list[str]:
         names = []
         for idx in self.view.selectionModel().selectedRows(0):
             n = idx.data(NAME_ROLE)
-            if n and n not in names:
-                names.append(n)
+            group = [n] if n else (self.group_names(idx.data(GROUP_ROLE))
+                                   if idx.data(GROUP_ROLE) else [])
+            for m in group:   # an expert group row stands for every expert under it
+                if m and m not in names:
+                    names.append(m)
         return names
 
     def state(self) -> dict:

@@ -111,6 +111,8 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.progress)
 
         self.browser.activated.connect(self.select)
+        self.browser.groupActivated.connect(self.select_expert_group)
+        self.plots.runner = self.runner
         self.table.activated.connect(self.select)
         self.undo_stack.indexChanged.connect(lambda _i: self._schedule_autosave())
         self.doc.modelChanged.connect(self._model_changed)
@@ -242,6 +244,10 @@ class MainWindow(QMainWindow):
 
     def select(self, name: str) -> None:
         self.doc.set_current(name)
+
+    def select_expert_group(self, key: str) -> None:
+        """Show the spread across the experts of `key` ('layer 5 experts down')."""
+        self.plots.show_expert_group(key)
 
     def assign_selection(self) -> None:
         if self.tabs.currentIndex() == TAB_TABLE and self.table.selected_names():

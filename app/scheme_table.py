@@ -87,7 +87,8 @@ class MethodDelegate(QStyledItemDelegate):
 
 
 class RuleDialog(QDialog):
-    """Add a plan rule: an exact name or a `re:` pattern, and a scheme; shows the matches."""
+    """Add a plan rule: an exact name, a `re:` pattern or a `moe:` selector, and a scheme; shows
+    the matches."""
 
     def __init__(self, doc, match: str = "", parent=None):
         super().__init__(parent)
@@ -106,7 +107,7 @@ class RuleDialog(QDialog):
         self.count.setWordWrap(True)
         self.count.setObjectName("Muted")
         form = QFormLayout(self)
-        form.addRow("Match (name or re:pattern)", self.match)
+        form.addRow("Match (name, re:pattern or moe:selector)", self.match)
         form.addRow("Scheme", self.scheme)
         form.addRow("", self.count)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
@@ -122,12 +123,21 @@ class RuleDialog(QDialog):
         text = self.match.text().strip()
         if not text:
             return None
+        if text.startswith("moe:"):   # workbench.moe selectors: experts / shared / router
+            from workbench.moe import parse_selector
+            try:
+                sel = parse_selector(text)
+            except WorkbenchError:
+                return None
+            return [n for n in self.doc.names() if sel.matches(n)]
         if text.startswith("re:"):
+            from workbench.catalog import moe_role
             try:
                 pat = compile_pattern(text[3:])
             except WorkbenchError:
                 return None
-            return [n for n in self.doc.names() if pat.search(n)]
+            # a pattern never reaches a router (workbench.plan): not counted
+            return [n for n in self.doc.names() if pat.search(n) and moe_role(n) != "router"]
         return [text] if text in self.doc.names() else []
 
     def matches(self) -> int | None:

@@ -71,10 +71,18 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
         if msgs.errors:
             raise WorkbenchError(msgs.errors[0][1].split("\n")[0])
         if layer:
-            if layer not in win.doc.model.tensors:
-                raise WorkbenchError("no such tensor in this model", path=str(model_path),
-                                     tensor=layer)
-            win.select(layer)
+            from workbench.moe import expert_groups
+            groups = expert_groups(win.doc.model)
+            if layer in groups:   # an expert group ('layer 1 experts down'): its spread
+                win.select(groups[layer][0])
+                wait_idle(app, win)
+                if not win.browser.show_group(layer):
+                    win.select_expert_group(layer)
+            elif layer not in win.doc.model.tensors:
+                raise WorkbenchError("no such tensor or expert group in this model",
+                                     path=str(model_path), tensor=layer)
+            else:
+                win.select(layer)
         win.tabs.setCurrentIndex(win.effects_tab_index if tab == "budget" else TABS.get(tab, 0))
         wait_idle(app, win)
         if methods:

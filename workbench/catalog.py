@@ -3,6 +3,23 @@
 Covers Llama/Mistral/Qwen (``model.layers.N.self_attn.q_proj.weight``), GPT-2
 (``h.N.attn.c_attn.weight``), BERT (``encoder.layer.N.attention.self.query.weight``) and
 GGUF (``blk.N.attn_q.weight``) names.
+
+Mixture-of-experts tensors (docs/moe.md) have three roles of their own:
+
+* ``router`` — the gate that scores experts: ``mlp.gate.weight`` (Qwen-MoE, DeepSeek),
+  ``block_sparse_moe.gate.weight`` (Mixtral), ``mlp.router.weight``, Qwen2-MoE's
+  ``shared_expert_gate``, DeepSeek-V3's ``e_score_correction_bias``; GGUF ``ffn_gate_inp``,
+  ``ffn_gate_inp_shexp``, ``exp_probs_b``. Kept in float by default (workbench.plan).
+* ``expert`` — a routed expert's projection: Hugging Face per-expert tensors
+  (``mlp.experts.N.{gate,up,down}_proj.weight``, Mixtral ``block_sparse_moe.experts.N.w1/w2/w3``)
+  with their expert index N, and merged 3-D tensors holding every expert of a layer
+  (GGUF ``blk.N.ffn_{gate,up,down}_exps.weight``, transformers' fused ``mlp.experts.gate_up_proj``
+  / ``mlp.experts.down_proj``), numpy shape (n_expert, rows, cols), expert index None.
+* ``shared_expert`` — the always-active expert(s): ``mlp.shared_expert(s).*_proj``, GGUF
+  ``ffn_{gate,up,down}_shexp``.
+
+:func:`projection` says which projection (gate / up / down / gate_up) an expert tensor is and
+:func:`expert_group` names the set of tensors llama.cpp stores as one merged tensor.
 """
 
 from __future__ import annotations
@@ -10,7 +27,9 @@ from __future__ import annotations
 import re
 
 ROLES = ("embedding", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_o", "mlp_up", "mlp_gate",
-         "mlp_down", "norm", "bias", "lm_head", "conv", "other")
+         "mlp_down", "norm", "bias", "lm_head", "conv", "router", "expert", "shared_expert",
+         "other")
+MOE_ROLES = ("router", "expert", "shared_expert")
 
 _BLOCK_RE = re.compile(r"(?:^|\.)(?:layers|layer|h|blk|blocks|block|decoder\.layers)\.(\d+)(?:\.|$)")
 
@@ -34,6 +53,70 @@ _ROLE_PATTERNS = [
 ]
 _COMPILED = [(role, re.compile(p)) for role, p in _ROLE_PATTERNS]
 
+# mixture-of-experts names, checked on the lower-cased full name before the patterns above
+_ROUTER_RE = re.compile(
+    r"(?:^|\.)(?:mlp|block_sparse_moe|moe|feed_forward)\.(?:gate|router)\.(?:weight|bias)$"
+    r"|(?:^|\.)(?:mlp|moe|feed_forward)\.router\.(?:weight|bias)$"
+    r"|shared_experts?_gate\.(?:weight|bias)$|e_score_correction_bias$"
+    r"|(?:^|\.)ffn_gate_inp(?:_shexp)?\.(?:weight|bias)$|(?:^|\.)exp_probs_b(?:\.bias)?$")
+_EXPERT_RE = re.compile(r"\.experts\.(\d+)\.")
+_MERGED_RE = re.compile(r"\.experts\.(gate_up_proj|gate_proj|up_proj|down_proj)(?:\.weight)?$"
+                        r"|(?:^|\.)ffn_(gate_up|gate|up|down)_exps\.weight$")
+_SHARED_RE = re.compile(r"\.shared_experts?\.|(?:^|\.)ffn_(?:gate|up|down)_shexp\.weight$")
+_PROJ_RE = [("gate_up", re.compile(r"gate_up_proj|ffn_gate_up_exps")),
+            ("gate", re.compile(r"gate_proj|\.w1\.weight$|ffn_gate_(?:exps|shexp)")),
+            ("up", re.compile(r"up_proj|\.w3\.weight$|ffn_up_(?:exps|shexp)")),
+            ("down", re.compile(r"down_proj|\.w2\.weight$|ffn_down_(?:exps|shexp)"))]
+
+
+def moe_role(name: str) -> str | None:
+    """'router', 'expert' or 'shared_expert' for a mixture-of-experts tensor name, else None."""
+    low = name.lower()
+    if "gate" in low or "router" in low or "exp_probs" in low or "e_score" in low:
+        if _ROUTER_RE.search(low):
+            return "router"
+    if "exp" not in low:
+        return None
+    if _SHARED_RE.search(low):
+        return "shared_expert"
+    if _EXPERT_RE.search(low) or _MERGED_RE.search(low):
+        return "expert"
+    return None
+
+
+def expert_index(name: str) -> int | None:
+    """The expert number N of a Hugging Face per-expert tensor (``.experts.N.``); None for
+    merged 3-D tensors (every expert) and non-expert tensors."""
+    m = _EXPERT_RE.search(name.lower())
+    return int(m.group(1)) if m else None
+
+
+def projection(name: str) -> str | None:
+    """'gate', 'up', 'down' or 'gate_up' for an expert or shared-expert tensor, else None."""
+    if moe_role(name) not in ("expert", "shared_expert"):
+        return None
+    low = name.lower()
+    for proj, pat in _PROJ_RE:
+        if pat.search(low):
+            return proj
+    return None
+
+
+def is_merged_experts(name: str, ndim: int) -> bool:
+    """A 3-D tensor holding every expert of a layer: (n_expert, rows, cols)."""
+    return ndim == 3 and moe_role(name) == "expert"
+
+
+def expert_group(name: str) -> str | None:
+    """The key shared by one projection's experts of one layer — the tensors llama.cpp stores
+    as one merged tensor — e.g. 'layer 5 experts down'; a merged tensor is its own group.
+    None for everything else."""
+    if moe_role(name) != "expert":
+        return None
+    idx = block_index(name)
+    proj = projection(name) or "?"
+    return f"layer {idx if idx is not None else '?'} experts {proj}"
+
 
 def block_index(name: str) -> int | None:
     m = _BLOCK_RE.search(name)
@@ -42,6 +125,9 @@ def block_index(name: str) -> int | None:
 
 def infer_role(name: str, ndim: int) -> str:
     low = name.lower()
+    moe = moe_role(name)
+    if moe is not None and not (moe != "router" and (low.endswith(".bias"))):
+        return moe
     if low.endswith(".bias") or low.endswith("_bias"):
         # GPT-2's attn.bias (a 4-D causal mask) and attn.masked_bias (a scalar) are buffers
         if ndim >= 2 or low.endswith("masked_bias"):

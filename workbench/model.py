@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Iterator
 
 import numpy as np
@@ -33,12 +34,18 @@ class TensorInfo:
 
     @property
     def rows(self) -> int:
-        """Output channels: dim 0 (1 for 0-d/1-d tensors)."""
+        """Output channels: dim 0 (1 for 0-d/1-d tensors); a merged 3-D expert tensor
+        (n_expert, rows, cols) has n_expert * rows (every expert's output channels)."""
+        if self.merged_experts:
+            return self.shape[0] * self.shape[1]
         return self.shape[0] if self.ndim >= 2 else 1
 
     @property
     def cols(self) -> int:
-        """Input dimension: product of all dims after the first."""
+        """Input dimension: product of all dims after the first (a merged expert tensor's
+        last dim)."""
+        if self.merged_experts:
+            return self.shape[2]
         if self.ndim >= 2:
             return math.prod(self.shape[1:])
         return self.shape[0] if self.ndim == 1 else 1
@@ -55,9 +62,40 @@ class TensorInfo:
     def bits_per_weight(self) -> float:
         return 8.0 * self.nbytes / self.numel if self.numel else 0.0
 
-    @property
+    @cached_property
     def role(self) -> str:
         return catalog.infer_role(self.name, self.ndim)
+
+    @cached_property
+    def merged_experts(self) -> bool:
+        """A 3-D tensor holding every expert of a layer, numpy shape (n_expert, rows, cols)
+        (GGUF ``ffn_*_exps``): read as an (n_expert * rows, cols) matrix, expert e's rows
+        at e * rows ... (e + 1) * rows."""
+        return catalog.is_merged_experts(self.name, self.ndim)
+
+    @property
+    def n_experts(self) -> int:
+        """Experts held: n_expert for a merged tensor, 1 for a per-expert tensor, else 0."""
+        if self.merged_experts:
+            return self.shape[0]
+        return 1 if self.role == "expert" else 0
+
+    @property
+    def expert(self) -> int | None:
+        """The expert index of a Hugging Face per-expert tensor (None: merged or not an
+        expert)."""
+        return catalog.expert_index(self.name)
+
+    @property
+    def projection(self) -> str | None:
+        """gate / up / down / gate_up for expert and shared-expert tensors."""
+        return catalog.projection(self.name)
+
+    @property
+    def expert_group(self) -> str | None:
+        """'layer N experts PROJ': one projection's experts of one layer (one llama.cpp
+        tensor)."""
+        return catalog.expert_group(self.name)
 
     @property
     def block(self) -> int | None:
@@ -72,9 +110,16 @@ class TensorInfo:
         return self.quant or self.dtype
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.display_dtype,
-                "params": self.numel, "bytes": self.nbytes, "block": self.block,
-                "role": self.role}
+        d = {"name": self.name, "shape": list(self.shape), "dtype": self.display_dtype,
+             "params": self.numel, "bytes": self.nbytes, "block": self.block,
+             "role": self.role}
+        if self.role in catalog.MOE_ROLES:
+            if self.role != "router":
+                d["projection"] = self.projection
+            if self.role == "expert":
+                d["expert"] = self.expert
+                d["experts"] = self.n_experts
+        return d
 
 
 @dataclass

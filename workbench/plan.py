@@ -14,6 +14,18 @@ JSON form (version 1)::
      "rules": [{"match": "model.embed_tokens.weight", "scheme": "fp16"},
                {"match": "re:\\.mlp\\.down_proj\\.", "scheme": "int8-channel"}]}
 
+Mixture-of-experts (docs/moe.md):
+
+* a rule whose ``match`` is a ``moe:`` selector (``moe:experts``, ``moe:experts.down@5``,
+  ``moe:shared.up@2-7``, ``moe:router`` — workbench.moe) addresses a set of MoE tensors by role;
+  selectors and ``re:`` patterns are tried together, in list order, after exact names;
+* a router (catalog role ``router``: ``mlp.gate``, ``block_sparse_moe.gate``, GGUF
+  ``ffn_gate_inp`` ...) stays in float: the default scheme and ``re:`` patterns never reach it,
+  only an exact-name rule or a ``moe:router`` selector does.
+
+A plan using a ``moe:`` selector is written as version 2 (an older reader refuses it rather than
+ignoring the rule); version 1 plans load unchanged.
+
 An optional ``"fallback"`` (plan-level, or per rule) names the scheme for tensors whose shape
 cannot take theirs (e.g. ``q4_k`` on rows that are not a multiple of 256); without one the
 target runtime's own rule applies (:mod:`workbench.runtimes`).
@@ -30,6 +42,8 @@ from .errors import WorkbenchError
 
 PLAN_FORMAT = "quant-workbench-plan"
 PLAN_VERSION = 1
+#: versions this reader takes; 2 = a plan with moe: selectors (written only when it has one)
+PLAN_VERSIONS = (1, 2)
 KEEP = "keep"
 
 
@@ -42,7 +56,12 @@ class Rule:
 
     @property
     def is_regex(self) -> bool:
-        return self.match.startswith("re:")
+        """A pattern rule (``re:`` or a ``moe:`` selector): not an exact name."""
+        return self.match.startswith(("re:", "moe:"))
+
+    @property
+    def is_selector(self) -> bool:
+        return self.match.startswith("moe:")
 
     def to_dict(self) -> dict:
         d = {"match": self.match, "scheme": self.scheme}
@@ -124,7 +143,13 @@ class Plan:
         _check_scheme(rule.scheme, f"rule '{rule.match}'", path)
         if rule.method is not None:
             _check_method(rule.method, f"rule '{rule.match[:80]}'", path)
-        if rule.is_regex:
+        if rule.is_selector:
+            from .moe import parse_selector
+            try:
+                parse_selector(rule.match)
+            except WorkbenchError as exc:
+                raise WorkbenchError(str(exc), path=path) from None
+        elif rule.is_regex:
             from .patterns import compile_pattern
             try:
                 compile_pattern(rule.match[3:])
@@ -135,33 +160,50 @@ class Plan:
     def _index(self):
         from .patterns import compile_pattern
         if self._compiled is None:
+            from .moe import parse_selector
             exact = {}
-            regex = []
-            for r in self.rules:
-                if r.is_regex:
+            regex, regex_pos = [], []   # re: rules and their positions in the rule list
+            selectors = []              # (position, workbench.moe.Selector, rule)
+            for i, r in enumerate(self.rules):
+                if r.is_selector:
+                    selectors.append((i, parse_selector(r.match), r))
+                elif r.is_regex:
                     regex.append((compile_pattern(r.match[3:]), r))
+                    regex_pos.append(i)
                 else:
                     exact.setdefault(r.match, r)
-            self._compiled = (exact, regex)
+            self._compiled = (exact, regex, regex_pos, selectors)
         return self._compiled
 
     def rule_for(self, name: str) -> Rule | None:
-        """The rule that assigns `name` (None: the default applies)."""
-        exact, regex = self._index()
+        """The rule that assigns `name` (None: the default applies): an exact name first, then
+        the first ``re:`` or ``moe:`` rule in list order that matches. A router is reached only
+        by its exact name or a ``moe:router`` selector."""
+        exact, regex, regex_pos, selectors = self._index()
         if name in exact:
             return exact[name]
-        for pat, rule in regex:
+        sel = next(((i, r) for i, s, r in selectors if s.matches(name)), None)
+        if (regex or sel is not None) and self._is_router(name):
+            return sel[1] if sel is not None else None   # patterns never reach a router
+        for k, (pat, rule) in enumerate(regex):
+            if sel is not None and regex_pos[k] > sel[0]:
+                break
             if pat.search(name):
                 return rule
-        return None
+        return sel[1] if sel is not None else None
+
+    @staticmethod
+    def _is_router(name: str) -> bool:
+        from .catalog import moe_role
+        return moe_role(name) == "router"
 
     def scheme_and_source(self, name: str, ndim: int = 2, is_float: bool = True):
         """(scheme, explicit): the scheme for a tensor and whether a rule chose it."""
         rule = self.rule_for(name)
         if rule is not None:
             return rule.scheme, True
-        if ndim < 2 or not is_float:
-            return KEEP, False
+        if ndim < 2 or not is_float or self._is_router(name):
+            return KEEP, False   # routers stay in float unless a rule names them
         return self.default, False
 
     def scheme_for(self, name: str, ndim: int = 2, is_float: bool = True) -> str:
@@ -242,7 +284,8 @@ class Plan:
 
     # ---- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        d = {"format": PLAN_FORMAT, "version": self.version, "default": self.default}
+        version = 2 if any(r.is_selector for r in self.rules) else PLAN_VERSION
+        d = {"format": PLAN_FORMAT, "version": version, "default": self.default}
         if self.fallback:
             d["fallback"] = self.fallback
         if self.method != "rtn":
@@ -262,9 +305,9 @@ class Plan:
         if data.get("format", PLAN_FORMAT) != PLAN_FORMAT:
             raise WorkbenchError(f"not a plan file (format is {data.get('format')!r})", path=path)
         version = data.get("version")
-        if type(version) is not int or version != PLAN_VERSION:
-            raise WorkbenchError(f"unsupported plan version {version!r} (expected {PLAN_VERSION})",
-                                 path=path)
+        if type(version) is not int or version not in PLAN_VERSIONS:
+            raise WorkbenchError(f"unsupported plan version {version!r} (expected "
+                                 f"{' or '.join(map(str, PLAN_VERSIONS))})", path=path)
         default = data.get("default", "int8-channel")
         if not isinstance(default, str):
             raise WorkbenchError("'default' must be a scheme name", path=path)

@@ -136,7 +136,7 @@ def dequantized(model, name: str, scheme_name: str) -> np.ndarray:
     if scheme_name == KEEP:
         return w.reshape(info.shape)
     scheme = get_scheme(scheme_name)
-    if scheme.ineligible_reason(info.shape):
+    if scheme.ineligible_reason(info.matrix_shape if info.merged_experts else info.shape):
         return w.reshape(info.shape)
     qt = quantize(w, scheme_name, tensor=name)
     return np.asarray(scheme.dequantize(qt), dtype=np.float32).reshape(info.shape)

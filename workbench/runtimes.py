@@ -57,6 +57,10 @@ VLLM_ROLES = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_o", "mlp_up", "mlp
 _VLLM_SCHEME = re.compile(r"^(int4|int8)-(channel|g\d+)(-asym)?(@[a-z0-9.]+)*$|^fp8-e4m3$")
 _INT_GROUP = re.compile(r"^(int\d+)-g\d+(-asym)?(@.*)?$")
 
+# mixture-of-experts projections (catalog roles) are Linear layers to vLLM too; routers are not
+# (vLLM builds them unquantized): they stay float and go to compressed-tensors' `ignore`
+VLLM_ROLES += ("expert", "shared_expert")
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -239,7 +243,10 @@ def decide(info, requested: str, runtime: str | Runtime = "any", *, fallback: st
     Raises WorkbenchError (naming the tensor) when the runtime has no type for the scheme.
     `shape`: the shape the runtime stores (when it differs from the source's)."""
     rt = get_runtime(runtime) if isinstance(runtime, str) else runtime
-    shape = tuple(info.shape) if shape is None else tuple(shape)
+    if shape is None:   # a merged expert tensor is quantized as (n_expert * rows, cols)
+        shape = tuple(info.matrix_shape) if getattr(info, "merged_experts", False) \
+            else tuple(info.shape)
+    shape = tuple(shape)
     n, params = info.name, info.numel
     if requested == KEEP:
         return Decision(n, KEEP, KEEP, "kept", None, params)

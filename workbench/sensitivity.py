@@ -17,6 +17,14 @@
   Cached on disk by (model file signature, calibration signature, tensor, applied scheme) under
   ``$XDG_CACHE_HOME/quant-workbench/output-sensitivity``.
 
+Mixture-of-experts (docs/moe.md): routers are not a choice (they stay in float unless pinned);
+with target ``llama.cpp`` one projection's experts of a layer are one decision (llama.cpp stores
+them as one merged tensor of one type: `SensitivityTable.groups`), with ``vllm`` every expert of a
+layer (vLLM's FusedMoE quantizes them as one layer); and where the measure does
+not already see the routing (``weight`` with --calib, ``activation``), each expert's value is
+weighted by the fraction of calibration tokens the router sends to it (`expert_usage`), so an
+expert every token reaches counts like a dense layer and a rarely picked one little.
+
 Every value is for the scheme the runtime applies (workbench.runtimes.decide: a scheme whose
 block does not divide a tensor's rows falls back), so values and bytes describe the same tensor.
 """
@@ -354,6 +362,10 @@ class SensitivityTable:
     params: int = 0                                    # every tensor's params (evaluate's)
     fixed_bytes: int = 0                               # bytes of the tensors without a choice
     fixed_names: list[str] = field(default_factory=list)
+    #: tensors the runtime fuses into one layer (vLLM's q/k/v, gate/up): one scheme per group
+    groups: list = field(default_factory=list)
+    #: {expert tensor: fraction of calibration tokens routed to it} the values were weighted by
+    usage: dict = field(default_factory=dict)
 
     def value(self, name: str, scheme: str) -> float:
         return self.values[(name, scheme)]
@@ -393,12 +405,27 @@ class SensitivityTable:
                                      path=self.model_path)
             if p in self.names and (p, s) not in self.bytes:
                 raise WorkbenchError(f"pinned scheme {s} was not measured for {p}")
-        costs, errs, opts = [], [], []
+        # items: single tensors, or a fused group whose members take one scheme together
+        grouped = {n: g for g in self.groups for n in g if all(m in self.names for m in g)}
+        items, seen = [], set()
         for n in self.names:
-            cands = [pins[n]] if n in pins else self.schemes
+            if n in seen:
+                continue
+            item = grouped.get(n, [n])
+            seen.update(item)
+            items.append(item)
+        costs, errs, opts = [], [], []
+        for item in items:
+            pinned = {pins[m] for m in item if m in pins}
+            if len(pinned) > 1:
+                raise WorkbenchError(f"pins differ within a fused group the {self.runtime} "
+                                     f"runtime needs one scheme for: {', '.join(item)}",
+                                     path=self.model_path)
+            cands = sorted(pinned) if pinned else [s for s in self.schemes
+                                                   if all((m, s) in self.bytes for m in item)]
             opts.append(cands)
-            costs.append([int(self.bytes[(n, s)]) for s in cands])
-            errs.append([float(self.values[(n, s)]) for s in cands])
+            costs.append([sum(int(self.bytes[(m, s)]) for m in item) for s in cands])
+            errs.append([sum(float(self.values[(m, s)]) for m in item) for s in cands])
         try:
             sol = solve_detailed(costs, errs, budget_bytes - self.fixed_bytes)
         except WorkbenchError as exc:
@@ -408,7 +435,7 @@ class SensitivityTable:
                                  f"is below the smallest possible size {cheapest:,d} bytes "
                                  f"({8.0 * cheapest / max(self.params, 1):.3f} bits/weight)",
                                  path=self.model_path) from exc if "budget" in str(exc) else exc
-        assignment = {n: o[k] for n, o, k in zip(self.names, opts, sol.choice)}
+        assignment = {m: o[k] for item, o, k in zip(items, opts, sol.choice) for m in item}
         return self.plan_for(assignment), sol
 
     def assignment_of(self, plan, model) -> dict[str, str]:
@@ -434,15 +461,38 @@ class SensitivityTable:
                 "tensors": {n: {s: {"value": self.values[(n, s)], "bytes": self.bytes[(n, s)],
                                     "applied": self.applied[(n, s)]}
                                 for s in self.schemes if (n, s) in self.values}
-                            for n in self.rows()}}
+                            for n in self.rows()},
+                **({"groups": [list(g) for g in self.groups]} if self.groups else {}),
+                **({"expert_usage": {n: (v.tolist() if isinstance(v, np.ndarray) else v)
+                                     for n, v in self.usage.items()}} if self.usage else {})}
+
+
+def merged_expert_errors(model, name: str, scheme: str) -> np.ndarray:
+    """Squared error per expert of a merged 3-D expert tensor under `scheme` (each expert's
+    rows quantized alone: the row-wise schemes give the same bytes as the whole tensor)."""
+    from .evaluate import quantize
+    from .moe import expert_slices
+    from .schemes import get_scheme
+    out = []
+    sch = get_scheme(scheme)
+    for _e, w in expert_slices(model, name):
+        if sch.ineligible_reason(w.shape):
+            out.append(0.0)
+            continue
+        q = np.asarray(sch.dequantize(quantize(w, scheme, tensor=name)),
+                       dtype=np.float64).reshape(w.shape)
+        out.append(float(((q - w) ** 2).sum()))
+    return np.array(out)
 
 
 def build_table(model, schemes, errors: dict | None = None, runtime: str = "any",
                 pins: dict | None = None, measure: str = "weight", missing_scale: float = 1.0,
-                extra=()):
+                extra=(), usage: dict | None = None):
     """Job: a SensitivityTable from given `errors[(name, scheme)]`; entries missing there (all of
     them when `errors` is None) are evaluate's sse times `missing_scale`. Bytes are
-    evaluate_tensor's under `runtime`."""
+    evaluate_tensor's under `runtime`. `usage`: {expert tensor: routed-token fraction} to weight
+    the experts' values by (workbench.moe.expert_usage). Routers are not a choice unless
+    pinned; with llama.cpp one projection's experts of a layer form one group (`groups`)."""
     from .evaluate import evaluate_tensor
     from .runtimes import decide, get_runtime
     rt = get_runtime(runtime)
@@ -467,7 +517,7 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
         g = gnames.get(n) if gnames else None
         cands = list(dict.fromkeys(list(schemes) + list(extra)
                                    + ([pins[n]] if n in pins else [])))
-        choosable = info.ndim >= 2 and info.is_float or n in pins
+        choosable = (info.ndim >= 2 and info.is_float and info.role != "router") or n in pins
         decs = {}
         if choosable:
             for s in cands:
@@ -490,19 +540,50 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
             applied[(n, s)] = d.applied
             if errors is not None and (n, s) in errors:
                 values[(n, s)] = float(errors[(n, s)])
+                from_sse = False
             else:
                 values[(n, s)] = float(r.error.sse) * missing_scale
+                from_sse = True
+            u = (usage or {}).get(n)
+            if u is not None and d.applied != KEEP:   # weight by the routed-token fraction
+                if not isinstance(u, np.ndarray):
+                    values[(n, s)] *= float(u)
+                elif from_sse and missing_scale:      # merged: sum_e f_e * sse_e
+                    values[(n, s)] = float(merged_expert_errors(model, n, d.applied) @ u) \
+                        * missing_scale
+                else:
+                    values[(n, s)] *= float(np.mean(u))
     yield Progress(len(all_names), len(all_names), "sizes")
+    from .moe import decision_groups
     return SensitivityTable(str(model.path), measure, rt.name, list(schemes), names, values,
-                            nbytes, applied, params, fixed_bytes, fixed)
+                            nbytes, applied, params, fixed_bytes, fixed,
+                            list(decision_groups(model, names, rt.name).values()),
+                            dict(usage or {}))
+
+
+def _has_experts(model) -> bool:
+    return any(model.info(n).role == "expert" for n in model.tensors)
+
+
+def routing_usage(model, calib=None, samples=None):
+    """Job: {expert tensor: routed-token fraction} (workbench.moe.find_expert_usage: the
+    runner's expert_usage when it has one), or {} when the model cannot run."""
+    from .moe import find_expert_usage
+    try:
+        return (yield from find_expert_usage()(model, calib, samples))
+    except WorkbenchError:
+        return {}
 
 
 def sensitivity_table_job(model, schemes, measure: str = "weight", calib=None, imatrix=None,
                           samples=None, runtime: str = "any", pins: dict | None = None,
-                          extra=()):
+                          extra=(), expert_weighting: bool | None = None):
     """Job: the SensitivityTable for `measure` (see the module doc). Activation measure: tensors
     the statistics do not reach get their weight error times the mean second moment. `extra`:
-    schemes measured too (e.g. a recipe's types) that the allocator does not choose from."""
+    schemes measured too (e.g. a recipe's types) that the allocator does not choose from.
+    `expert_weighting`: weight experts by how often the router picks them (None: for the
+    ``activation`` measure, and ``weight`` when `calib` is given, on a mixture of experts; the
+    ``fisher`` and ``output`` measures already see the routing)."""
     from .progress import subjob
     from .schemes import get_scheme
     schemes = [get_scheme(s).name for s in schemes]
@@ -531,8 +612,14 @@ def sensitivity_table_job(model, schemes, measure: str = "weight", calib=None, i
                                                      runtime=runtime), 0, 80, 100)
         scale = 0.0
     start = 0 if errors is None else 80
+    if expert_weighting is None:
+        expert_weighting = measure == "activation" or (measure == "weight" and calib is not None)
+    usage = {}
+    if expert_weighting and not imatrix and _has_experts(model):
+        usage = yield from subjob(routing_usage(model, calib, samples), start, 5, 100)
+        start += 5
     table = yield from subjob(build_table(model, schemes, errors, runtime, pins, measure, scale,
-                                          extra),
+                                          extra, usage),
                               start, 100 - start, 100)
     return table
 

@@ -10,6 +10,7 @@ from ..format import fmt_count, fmt_db, fmt_float, fmt_shape
 from ..theme import sqnr_colour
 from .channel_error import ChannelErrorPlot
 from .channels import ChannelRangePlot
+from .expert_spread import ExpertSpreadPlot
 from .histogram import HistogramPlot
 
 
@@ -38,7 +39,14 @@ class PlotsPanel(QWidget):
         self.histogram = HistogramPlot()
         self.ranges = ChannelRangePlot()
         self.errors = ChannelErrorPlot()
-        for p in (self.histogram, self.ranges, self.errors):
+        self.spread = ExpertSpreadPlot()
+        self.spread.hide()
+        #: set by the main window: the compute thread's runner (spreads are computed there)
+        self.runner = None
+        self.group: str | None = None          # the expert group shown (None: a tensor)
+        self._spreads: dict = {}               # group key -> workbench.moe.ExpertSpread
+        self._spread_pending: set = set()
+        for p in (self.histogram, self.ranges, self.errors, self.spread):
             p.hovered.connect(self.hover.setText)
 
         head = QHBoxLayout()
@@ -48,6 +56,8 @@ class PlotsPanel(QWidget):
         right = QSplitter(Qt.Orientation.Vertical)
         right.addWidget(self.ranges)
         right.addWidget(self.errors)
+        right.addWidget(self.spread)
+        self.right_split = right
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.addWidget(self.histogram)
         self.splitter.addWidget(right)
@@ -71,7 +81,12 @@ class PlotsPanel(QWidget):
         doc.resultsChanged.connect(self._maybe)
         doc.stateChanged.connect(self._maybe)
         doc.detailChanged.connect(lambda n: self._maybe([n]))
-        doc.modelChanged.connect(lambda: self.show_tensor(""))
+        doc.modelChanged.connect(self._model_changed)
+
+    def _model_changed(self) -> None:
+        self._spreads.clear()
+        self._spread_pending.clear()
+        self.show_tensor("")
 
     def resizeEvent(self, ev) -> None:
         super().resizeEvent(ev)
@@ -83,6 +98,10 @@ class PlotsPanel(QWidget):
     def _maybe(self, names) -> None:
         if self.name and self.name in names:
             self.refresh()
+        elif self.group is not None and self.doc.model is not None:
+            from workbench.moe import expert_groups
+            if set(names) & set(expert_groups(self.doc.model).get(self.group, [])):
+                self.refresh()
 
     def _sort(self, on: bool) -> None:
         self.ranges.set_sorted(on)
@@ -90,12 +109,91 @@ class PlotsPanel(QWidget):
 
     def show_tensor(self, name: str) -> None:
         self.name = name or None
+        self.group = None
         self.refresh()
+
+    # ---- mixture of experts --------------------------------------------------------------------
+    def show_expert_group(self, key: str) -> None:
+        """Show the spread across the experts of group `key` ('layer 5 experts down'); a merged
+        tensor's group shows beside its own plots."""
+        doc = self.doc
+        if doc.model is None or not key:
+            return
+        from workbench.moe import expert_groups
+        names = expert_groups(doc.model).get(key, [])
+        if not names:
+            return
+        if len(names) == 1 and doc.model.info(names[0]).merged_experts:
+            if self.name != names[0]:
+                self.name = names[0]
+            self.group = None
+            self.refresh()
+            return
+        self.name = None
+        self.group = key
+        self._refresh_group(names)
+
+    def _refresh_group(self, names) -> None:
+        doc = self.doc
+        infos = [doc.model.info(n) for n in names]
+        schemes = sorted({doc.scheme_of(n) for n in names})
+        self.title.setText(f"{self.group} — {len(names)} experts")
+        parts = [f"{len(names)} × {fmt_shape(infos[0].shape)}",
+                 f"{fmt_count(sum(i.numel for i in infos))} params", infos[0].display_dtype,
+                 "expert", "<b>" + ", ".join(schemes) + "</b>",
+                 "one llama.cpp tensor (blk.N.ffn_*_exps)"]
+        self.summary.setText("  ·  ".join(parts))
+        self.histogram.clear_data()
+        self.ranges.set_data([], [], [])
+        self.errors.set_data(None)
+        self.grid_label.setText("")
+        self.splitter.widget(0).hide()
+        self.ranges.hide()
+        self.errors.hide()
+        self.spread.show()
+        self._show_spread(self.group, names)
+
+    def _show_spread(self, key: str, names) -> None:
+        sp = self._spreads.get(key)
+        self.spread.set_spread(sp)
+        if sp is not None or key in self._spread_pending:
+            return
+        if self.runner is None:
+            return
+        from ..workers import INTERACTIVE
+        from workbench.moe import expert_spread
+        model = self.doc.model
+        self._spread_pending.add(key)
+
+        def done(result, key=key, model=model):
+            self._spread_pending.discard(key)
+            if self.doc.model is not model:
+                return
+            self._spreads[key] = result
+            if self.group == key or (self.name and self.doc.model.info(self.name).expert_group
+                                     == key and self.doc.model.info(self.name).merged_experts):
+                self.spread.set_spread(result)
+
+        def failed(*_a, key=key):
+            self._spread_pending.discard(key)
+        self.runner.submit(lambda: expert_spread(model, key, list(names)),
+                           f"expert spread {key}", INTERACTIVE, on_done=done, on_error=failed)
+
+    def spread_of(self, key: str):
+        """The ExpertSpread computed for `key` (None until its task is done)."""
+        return self._spreads.get(key)
 
     def refresh(self) -> None:
         """Draw what is known about the current tensor (cheap: only cached arrays)."""
         name, doc = self.name, self.doc
+        if self.group is not None and doc.model is not None:
+            from workbench.moe import expert_groups
+            names = expert_groups(doc.model).get(self.group, [])
+            if names:
+                self._refresh_group(names)
+                return
         if not name or doc.model is None:
+            self.spread.hide()
             self.title.setText("Select a tensor")
             self.summary.setText("")
             self.histogram.clear_data()
@@ -104,6 +202,17 @@ class PlotsPanel(QWidget):
             return
         info = doc.model.info(name)
         scheme = doc.scheme_of(name)
+        self.splitter.widget(0).show()
+        self.ranges.show()
+        self.errors.show()
+        if info.merged_experts:
+            if not self.spread.isVisible():   # three plots share the column evenly
+                self.spread.show()
+                h = max(self.right_split.height(), 300)
+                self.right_split.setSizes([h // 3] * 3)
+            self._show_spread(info.expert_group, [name])
+        else:
+            self.spread.hide()
         self.title.setText(f"{name}")
         st = doc.stats.get(name)
         r = doc.result(name)

@@ -24,9 +24,9 @@ CASES = [
     ("model.layers.4.self_attn.rotary_emb.inv_freq", 1, "other", 4),
     ("model.norm.weight", 1, "norm", None),
     ("lm_head.weight", 2, "lm_head", None),
-    ("model.layers.2.block_sparse_moe.experts.5.w1.weight", 2, "mlp_gate", 2),
-    ("model.layers.2.block_sparse_moe.experts.5.w3.weight", 2, "mlp_up", 2),
-    ("model.layers.2.block_sparse_moe.experts.5.w2.weight", 2, "mlp_down", 2),
+    ("model.layers.2.block_sparse_moe.experts.5.w1.weight", 2, "expert", 2),
+    ("model.layers.2.block_sparse_moe.experts.5.w3.weight", 2, "expert", 2),
+    ("model.layers.2.block_sparse_moe.experts.5.w2.weight", 2, "expert", 2),
     ("model.layers.0.self_attn.qkv_proj.weight", 2, "attn_qkv", 0),
     ("model.layers.0.mlp.gate_up_proj.weight", 2, "mlp_up", 0),
     # Meta Llama original names

@@ -193,7 +193,7 @@ def test_save_and_load(tmp_path):
 @pytest.mark.parametrize("text, needle", [
     ("{not json", "malformed plan JSON"),
     ("[]", "must be a JSON object"),
-    ('{"version": 2, "default": "int8-channel"}', "unsupported plan version 2"),
+    ('{"version": 3, "default": "int8-channel"}', "unsupported plan version 3"),
     ('{"default": "int8-channel"}', "unsupported plan version None"),
     ('{"version": true, "default": "int8-channel"}', "version"),
     ('{"version": "1", "default": "int8-channel"}', "version"),

@@ -71,14 +71,41 @@ def add_scheme_or_plan(p) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--scheme", help="one scheme for every weight matrix (see `schemes`)")
     g.add_argument("--plan", help="a plan JSON file (see `export --format plan`)")
+    add_rule_arg(p)
+
+
+def add_rule_arg(p) -> None:
+    p.add_argument("--rule", action="append", default=[], metavar="MATCH=SCHEME",
+                   help="a plan rule ahead of the plan's own (repeatable): an exact tensor "
+                        "name, re:PATTERN or a moe: selector (moe:experts, "
+                        "moe:experts.down@5, moe:router; docs/moe.md), '=' and a scheme")
+
+
+def parse_rules(texts) -> list:
+    """--rule MATCH=SCHEME values as plan Rules (the last '=' splits: patterns may hold '=')."""
+    from ..errors import WorkbenchError
+    from ..plan import Rule
+    out = []
+    for t in texts or []:
+        match, sep, scheme = t.rpartition("=")
+        if not sep or not match.strip() or not scheme.strip():
+            raise WorkbenchError(f"--rule {t!r}: expected MATCH=SCHEME (e.g. "
+                                 "moe:experts.down@5=q6_k)")
+        out.append(Rule(match.strip(), scheme.strip()))
+    return out
 
 
 def plan_from_args(args):
     from ..plan import Plan
     if getattr(args, "plan", None):
-        return Plan.load(args.plan)
-    from ..schemes import get_scheme
-    return Plan(default=get_scheme(args.scheme).name)  # unknown names: a clear error
+        plan = Plan.load(args.plan)
+    else:
+        from ..schemes import get_scheme
+        plan = Plan(default=get_scheme(args.scheme).name)  # unknown names: a clear error
+    rules = parse_rules(getattr(args, "rule", None))
+    if rules:   # ahead of the plan's own rules: first match wins
+        plan = plan._copy(rules=rules + list(plan.rules))
+    return plan
 
 
 def fmt_bytes(n: float) -> str:

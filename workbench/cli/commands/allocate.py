@@ -17,10 +17,31 @@ def register(sub) -> None:
     g.add_argument("--budget-bpw", type=float, help="bits per weight as evaluate counts them")
     g.add_argument("--budget-bytes", type=int, help="total bytes as evaluate counts them")
     add_table_args(p, DEFAULT_SCHEMES)
-    p.add_argument("--pin", action="append", default=[], metavar="NAME=SCHEME")
+    p.add_argument("--pin", action="append", default=[], metavar="NAME=SCHEME",
+                   help="keep a tensor at a scheme (repeatable); NAME may be a moe: selector "
+                        "(moe:experts.down@5, moe:router; docs/moe.md) for every tensor it "
+                        "addresses")
     p.add_argument("-o", "--output", required=True, help="plan JSON to write")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
+
+
+def expand_pins(model, pins: dict) -> dict:
+    """Pins whose name is a moe: selector become one pin per tensor it addresses."""
+    from ...errors import WorkbenchError
+    from ...moe import is_selector, parse_selector
+    out = {}
+    for n, s in pins.items():
+        if not is_selector(n):
+            out[n] = s
+            continue
+        sel = parse_selector(n)
+        hit = [t for t in model.tensors if sel.matches(t)]
+        if not hit:
+            raise WorkbenchError(f"--pin {n}: no tensor of the model matches", path=model.path)
+        for t in hit:
+            out.setdefault(t, s)
+    return out
 
 
 def run(args) -> int:
@@ -40,6 +61,7 @@ def run(args) -> int:
     model = open_model_arg(args)
     if os.path.exists(args.output) and os.path.abspath(args.output) == os.path.abspath(model.path):
         raise WorkbenchError("refusing to write over the model", path=args.output)
+    pins = expand_pins(model, pins)
     for p in pins:
         if p not in model.tensors:
             raise WorkbenchError(f"pinned tensor {p!r} is not in the model", path=model.path)

@@ -1,4 +1,5 @@
-"""`quant-workbench inspect [MODEL] [--json]`: the tensor catalog with statistics."""
+"""`quant-workbench inspect [MODEL] [--json] [--experts]`: the tensor catalog with statistics;
+`--experts`: the spread across each mixture-of-experts group (docs/moe.md)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,42 @@ def register(sub) -> None:
     p.add_argument("--arrays", action="store_true",
                    help="with --json: include histograms and per-channel ranges")
     p.add_argument("--no-stats", action="store_true", help="catalog only (headers, no data read)")
+    p.add_argument("--experts", action="store_true",
+                   help="per mixture-of-experts group ('layer N experts PROJ'): each expert's "
+                        "|max|, std and kurtosis (the GUI's spread plot)")
     p.set_defaults(func=run)
+
+
+def run_experts(args, model) -> int:
+    from ...errors import WorkbenchError
+    from ...moe import expert_groups, expert_spread
+    from ...progress import subjob
+    groups = expert_groups(model)
+    if not groups:
+        raise WorkbenchError("no mixture-of-experts tensors in this model", path=model.path)
+
+    def job():
+        out = []
+        for i, (g, names) in enumerate(groups.items()):
+            out.append((yield from subjob(expert_spread(model, g, names), i, 1, len(groups))))
+        return out
+    spreads = drive(job(), quiet=args.json)
+    if args.json:
+        print_json({"model": model.path, "groups": [s.to_dict() for s in spreads]})
+        return 0
+    for s in spreads:
+        print(f"{s.group} ({len(s.experts)} experts)")
+        print(f"  {'expert':>6} {'absmax':>10} {'std':>10} {'kurt':>7}")
+        for i, e in enumerate(s.experts):
+            print(f"  {e:>6} {s.absmax[i]:>10.4g} {s.std[i]:>10.4g} {s.kurtosis[i]:>7.2f}")
+    return 0
 
 
 def run(args) -> int:
     from ...stats import model_stats
     model = open_model_arg(args)
+    if args.experts:
+        return run_experts(args, model)
     stats = {} if args.no_stats else drive(model_stats(model), quiet=args.json)
     rows = []
     for info in model.tensors.values():
@@ -32,12 +63,12 @@ def run(args) -> int:
         return 0
     print(f"{model.path}  ({model.format}, {len(rows)} tensors, {model.total_params:,} params, "
           f"{fmt_bytes(model.total_bytes)})")
-    print(f"{'name':<52} {'shape':<14} {'dtype':<12} {'role':<9} {'absmax':>9} {'std':>9} "
+    print(f"{'name':<52} {'shape':<14} {'dtype':<12} {'role':<13} {'absmax':>9} {'std':>9} "
           f"{'kurt':>7} {'outl%':>6} {'nan/inf':>7}")
     for d in rows:
         s = d.get("stats")
         shape = "x".join(map(str, d["shape"])) or "scalar"
-        line = f"{d['name'][:52]:<52} {shape:<14} {d['dtype']:<12} {d['role']:<9}"
+        line = f"{d['name'][:52]:<52} {shape:<14} {d['dtype']:<12} {d['role']:<13}"
         if s:
             line += (f" {s['absmax']:>9.4g} {s['std']:>9.4g} {s['kurtosis']:>7.2f} "
                      f"{100 * s['outlier_frac']:>6.3f} {s['nan'] + s['inf']:>7d}")

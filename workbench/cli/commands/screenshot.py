@@ -14,7 +14,9 @@ def register(sub) -> None:
     p = sub.add_parser("screenshot", help="render the desktop window offscreen to a PNG")
     add_model_arg(p)
     p.add_argument("--plan", help="plan JSON to apply")
-    p.add_argument("--layer", help="tensor to select (default: the first weight matrix)")
+    p.add_argument("--layer", help="tensor to select (default: the first weight matrix), or a "
+                                   "mixture-of-experts group such as 'layer 1 experts down' "
+                                   "(shows the spread across its experts)")
     p.add_argument("--size", default="1600x1000", help="window size WIDTHxHEIGHT (default 1600x1000)")
     p.add_argument("--tab", choices=("table", "tiers", "comparison", "budget"),
                    default="table", help="which bottom tab to show (default: table; budget: "
