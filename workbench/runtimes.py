@@ -209,10 +209,35 @@ class _Vllm(Runtime):
         return None
 
 
+ONNX_ROLES = VLLM_ROLES + ("lm_head",)
+
+
+class _OnnxRuntime(Runtime):
+    """ONNX Runtime (workbench.export.onnx_format): Linear weights only, as MatMulNBits."""
+
+    def never_retyped(self, info, gguf_name):
+        if info.ndim != 2 or info.role not in ONNX_ROLES:
+            return (f"the ONNX export quantizes only Linear weights ({info.name} is "
+                    f"{info.role})")
+        return None
+
+    def unsupported(self, scheme):
+        from .export.onnx_layout import unsupported_reason
+        return unsupported_reason(scheme)
+
+    def shape_fallback(self, scheme):
+        m = _INT_GROUP.match(scheme)
+        if m:
+            return f"{m.group(1)}-channel{m.group(2) or ''}"
+        return None
+
+
 RUNTIMES: dict[str, Runtime] = {
     "any": _Any("any", "any runtime (the workbench's quantized safetensors)"),
     "llama.cpp": _LlamaCpp("llama.cpp", "llama.cpp (GGUF, llama-quantize)"),
     "vllm": _Vllm("vllm", "vLLM (compressed-tensors)", keeps_unsupported=True),
+    "onnxruntime": _OnnxRuntime("onnxruntime", "ONNX Runtime (MatMulNBits)",
+                                keeps_unsupported=True),
 }
 
 
@@ -254,6 +279,10 @@ def decide(info, requested: str, runtime: str | Runtime = "any", *, fallback: st
         return Decision(n, requested, KEEP, "skipped", f"{why}: rule ignored, kept", params)
     reason = rt.unsupported(requested)
     if reason:
+        if rt.name == "onnxruntime" and fallback and fallback != KEEP \
+                and not rt.unsupported(fallback) and _fits(fallback, shape) is None:
+            return Decision(n, requested, fallback, "fallback",
+                            f"{reason}: the plan's fallback {fallback} instead", params)
         if rt.keeps_unsupported:
             return Decision(n, requested, KEEP, "kept", f"{reason}: kept in {info.dtype}", params)
         raise WorkbenchError(reason, tensor=n)
