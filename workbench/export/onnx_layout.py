@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 ORT_BITS = (2, 4, 8)
-MAX_BLOCK = {2: 256, 4: 65536, 8: 65536}   # 2-bit: ORT 1.32's CPU kernel refuses blocks > 256
+MAX_BLOCK = {2: 256, 4: 32768, 8: 32768}   # 2-bit: ORT 1.32's CPU kernel refuses blocks > 256;
+#                                             4/8-bit verified up to 32768
 _INT = re.compile(r"^int([2-8])-(tensor|channel|g\d+)(-asym)?((?:@[a-z0-9.]+)*)$")
 GGML_MAPPED = ("q4_0", "q4_1", "q8_0")
 
