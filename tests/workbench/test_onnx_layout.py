@@ -130,7 +130,7 @@ def test_pack_codes_order():
 @pytest.mark.parametrize("name,expressible", [
     ("int4-g32", True), ("int8-channel-asym", True), ("q4_0", True), ("q4_1", True),
     ("q8_0", True), ("int3-g64", False), ("int5-g32", False), ("q4_k", False),
-    ("nf4", False), ("fp8-e4m3", False), ("fp16", False)])
+    ("nf4-g64", False), ("fp8-e4m3", False), ("fp16", False)])
 def test_unsupported_reason(name, expressible):
     assert (unsupported_reason(name) is None) == expressible
     assert unsupported_reason("int2-channel", (64, 384)) is not None   # 2-bit block > 256
