@@ -39,6 +39,22 @@ def session(path, threads: int | None = None, optimized_path=None):
         raise WorkbenchError(f"onnxruntime cannot load it: {first[:300]}", path=str(path)) from None
 
 
+def optimized_op_counts(path) -> dict[str, int]:
+    """Operator counts of the graph ONNX Runtime runs after its CPU graph optimizations (QDQ
+    pairs fused into integer matmuls show as MatMulIntegerToFloat)."""
+    import collections
+
+    from .onnx_graph import import_onnx
+    onnx, _ = import_onnx()
+    tmp = Path(tempfile.mkdtemp(prefix="qwb-onnx-opt-"))
+    try:
+        session(path, optimized_path=tmp / "optimized.onnx")
+        proto = onnx.load(str(tmp / "optimized.onnx"))
+        return dict(collections.Counter(n.op_type for n in proto.graph.node))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def forward(sess, kind: str, ids: np.ndarray, mask: np.ndarray):
     """The Runner.forward figures from ONNX Runtime: encoders (n, hidden) pooled states, causal LMs
     a list of (len-1, vocab) next-token log-probabilities."""
@@ -96,6 +112,7 @@ def check_onnx(model, plan, calib=None, samples: int | None = None, max_len: int
         path = tmp / "model.onnx"
         info = yield from subjob(build_onnx(model, plan, path, accuracy_level=level), 30, 40, 100)
         sess = session(path)
+        ops = optimized_op_counts(path)
         quant = yield from subjob(run_onnx_outputs(sess, runner.kind, data), 70, 30, 100)
         if keep_path is not None:
             from .atomic import atomic_write
@@ -108,4 +125,6 @@ def check_onnx(model, plan, calib=None, samples: int | None = None, max_len: int
             **compare_outputs(runner.kind, base, quant, data),
             "runtime": "onnxruntime", "provider": "CPUExecutionProvider",
             "onnxruntime": info["onnxruntime"], "opset": info["opset"],
-            "accuracy_level": level, "onnx_bytes": info["bytes"], "nodes": info["nodes"]}
+            "accuracy_level": level, "onnx_bytes": info["bytes"], "nodes": info["nodes"],
+            "ort_ops": {k: ops.get(k, 0) for k in ("MatMulNBits", "MatMulIntegerToFloat",
+                                                   "MatMul", "FusedMatMul", "Gemm")}}

@@ -190,11 +190,10 @@ def swap_linears(runner, linears: dict, weights: dict, act_scales: dict, accurac
             conv1d[name] = kind == "Conv1D"
         elif act is not None:
             _set_submodule(runner.net, qual, FakeQuantInput(mod, act))
-    del torch
     return conv1d
 
 
-def trace_to_onnx(runner, out_path, sample, opset: int = OPSET) -> None:
+def trace_to_onnx(runner, out_path, sample, opset: int = OPSET, contrib: bool = True) -> None:
     """torch.onnx.export of the runner's (already swapped) network to `out_path`."""
     import torch
     _, _, EncoderOut, CausalOut = _modules()
@@ -211,4 +210,4 @@ def trace_to_onnx(runner, out_path, sample, opset: int = OPSET) -> None:
                           input_names=["input_ids", "attention_mask"], output_names=outputs,
                           dynamic_axes=dyn, opset_version=opset, dynamo=False,
                           do_constant_folding=True,
-                          custom_opsets={MS_DOMAIN: 1})
+                          custom_opsets={MS_DOMAIN: 1} if contrib else None)

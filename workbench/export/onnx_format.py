@@ -70,6 +70,59 @@ def _act_scale(name: str, entry: dict) -> float:
     return s
 
 
+def _constant_value(graph, name: str):
+    from onnx import numpy_helper
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output[0] == name:
+            return numpy_helper.to_array(node.attribute[0].t)
+    for init in graph.initializer:
+        if init.name == name:
+            return numpy_helper.to_array(init)
+    return None
+
+
+def _split_shared(graph, op_type: str) -> int:
+    """Give each consumer of a shared `op_type` node's output its own copy of the node, with its
+    own scale and zero-point initializers (ONNX Runtime's common-subexpression elimination would
+    merge copies that share them again)."""
+    from onnx import numpy_helper
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            consumers.setdefault(name, []).append((node, i))
+    outputs = {o.name for o in graph.output}
+    made = 0
+    new_nodes = []
+    for node in list(graph.node):
+        new_nodes.append(node)
+        if node.op_type != op_type or node.output[0] in outputs:
+            continue
+        for k, (user, idx) in enumerate(consumers.get(node.output[0], [])[1:], start=1):
+            copy = type(node)()
+            copy.CopyFrom(node)
+            copy.name = f"{node.name or op_type}_u{k}"
+            copy.output[0] = f"{node.output[0]}_u{k}"
+            for j in (1, 2):
+                v = _constant_value(graph, node.input[j]) if j < len(node.input) else None
+                if v is not None:
+                    copy.input[j] = f"{copy.name}_in{j}"
+                    graph.initializer.append(numpy_helper.from_array(v.copy(), copy.input[j]))
+            user.input[idx] = copy.output[0]
+            new_nodes.append(copy)
+            made += 1
+    if made:
+        del graph.node[:]
+        graph.node.extend(new_nodes)
+    return made
+
+
+def unique_dequantize(graph) -> int:
+    """Give every Linear its own QuantizeLinear/DequantizeLinear pair (the tracer merges the
+    identical input QDQ of q/k/v and of gate/up; ONNX Runtime fuses a QDQ pair into an integer
+    matmul only where each node of the pair feeds one node). Returns the copies made."""
+    return _split_shared(graph, "DequantizeLinear") + _split_shared(graph, "QuantizeLinear")
+
+
 def _sample(runner) -> tuple[np.ndarray, np.ndarray]:
     vocab = int(runner.cfg.get("vocab_size", 100) or 100)
     ids = (np.arange(16, dtype=np.int64).reshape(2, 8) * 7 + 3) % max(vocab, 1)
@@ -140,7 +193,8 @@ def build_onnx(model, plan, out_path, *, accuracy_level: int = DEFAULT_ACCURACY_
     try:
         raw = Path(tmpdir) / "traced.onnx"
         try:
-            trace_to_onnx(runner, raw, _sample(runner))
+            trace_to_onnx(runner, raw, _sample(runner),
+                          contrib=any(v[0] is not None for v in weights.values()))
         except WorkbenchError:
             raise
         except Exception as exc:  # noqa: BLE001 (the exporter's own errors are many types)
@@ -149,6 +203,8 @@ def build_onnx(model, plan, out_path, *, accuracy_level: int = DEFAULT_ACCURACY_
                                  path=str(model.path)) from None
         yield Progress(90, 100, "writing")
         proto = onnx.load(str(raw))
+        if act_scales:
+            unique_dequantize(proto.graph)
         meta = {"plan": plan.to_json(), "opset": str(OPSET), "onnxruntime": ort.__version__,
                 "onnx": onnx.__version__, "accuracy_level": str(accuracy_level),
                 "model_kind": runner.kind, "source": os.path.basename(str(model.path)),
