@@ -33,6 +33,11 @@ def register(sub) -> None:
                         "CPU execution provider)")
     p.add_argument("--accuracy-level", type=int, default=None, choices=[0, 1, 2, 3, 4],
                    help="--runtime onnxruntime: MatMulNBits accuracy_level (default 4)")
+    p.add_argument("--activations", default=None, choices=["int8"],
+                   help="--runtime onnxruntime: W8A8, int8 input ranges calibrated on --calib "
+                        "(--act-method) for the quantized Linears, as export --activations int8")
+    p.add_argument("--act-method", default="minmax", choices=["minmax", "percentile", "mse", "kl"],
+                   help="activation range calibration for --activations (default minmax)")
     p.add_argument("--save-onnx", default=None, metavar="FILE",
                    help="--runtime onnxruntime: also keep the exported ONNX file here")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -48,9 +53,17 @@ def run(args) -> int:
     if onnx and args.target not in (None, "onnxruntime"):
         raise WorkbenchError(f"--runtime onnxruntime runs the rules of --target onnxruntime, "
                              f"not {args.target}")
-    if not onnx and (args.accuracy_level is not None or args.save_onnx):
-        raise WorkbenchError("--accuracy-level and --save-onnx need --runtime onnxruntime")
+    if not onnx and (args.accuracy_level is not None or args.save_onnx or args.activations):
+        raise WorkbenchError("--accuracy-level, --activations and --save-onnx need --runtime "
+                             "onnxruntime")
     target = args.target or ("onnxruntime" if onnx else "any")
+    if args.activations:
+        from ...methods.apply import activation_ranges
+        from ...runtimes import plan_decisions
+        quantized = {n for n, d in plan_decisions(model, plan, target).items()
+                     if d.applied != "keep"}
+        plan = plan.with_activations(drive(activation_ranges(
+            model, quantized, args.calib, args.act_method, 8, "int"), quiet=args.json))
     plan, mm = apply_methods(args, model, plan, target, quiet=args.json)
     if onnx:
         from ...atomic import refuse_overwriting_inputs
