@@ -182,3 +182,18 @@ def test_bad_inputs(tiny_arch, tmp_path, capsys):
     rc = main(["export", str(folder), "--scheme", "int4-g32", "--format", "onnx",
                "-o", str(tmp_path / "missing" / "a.onnx")])
     assert rc == 2 and "parent folder does not exist" in capsys.readouterr().err
+
+
+def test_allocate_for_onnxruntime_picks_only_what_it_can_store(tiny_arch, tmp_path, capsys):
+    folder = tiny_arch("llama")
+    out = tmp_path / "alloc.json"
+    rc = main(["allocate", str(folder), "--budget-bpw", "9", "--schemes",
+               "int4-g32,int8-channel,q4_k", "--measure", "weight", "--target", "onnxruntime",
+               "-o", str(out), "--json"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    res = json.loads(cap.out)
+    assert res["target"] == "onnxruntime" and res["bytes"] <= res["budget_bytes"]
+    # q4_k has no MatMulNBits form: it would stay float, so it never pays for its bytes
+    assert res["schemes"]["q4_k"] == 0
+    assert res["schemes"]["int4-g32"] + res["schemes"]["int8-channel"] == 15
