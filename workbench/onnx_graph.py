@@ -173,24 +173,19 @@ def _set_submodule(root, qualified: str, new) -> None:
     setattr(parent, attr, new)
 
 
-def swap_linears(runner, linears: dict, weights: dict, act_scales: dict, accuracy_level: int):
+def swap_linears(runner, linears: dict, weights: dict, act_scales: dict,
+                 accuracy_level: int) -> None:
     """Replace the Linears named in `weights` ({name: (NBits or None, dequantized W [N, K],
     dq or None)}) and wrap those in `act_scales` ({name: float scale}) with an input QDQ."""
-    import torch
     QuantLinear, FakeQuantInput, _, _ = _modules()
-    conv1d = {}
     for name, (qual, mod) in linears.items():
-        kind = type(mod).__name__
         act = act_scales.get(name)
         if name in weights:
             nb, w_deq, dq = weights[name]
-            bias = getattr(mod, "bias", None)
-            new = QuantLinear(nb, w_deq, bias, act, accuracy_level, dq)
+            new = QuantLinear(nb, w_deq, getattr(mod, "bias", None), act, accuracy_level, dq)
             _set_submodule(runner.net, qual, new)
-            conv1d[name] = kind == "Conv1D"
         elif act is not None:
             _set_submodule(runner.net, qual, FakeQuantInput(mod, act))
-    return conv1d
 
 
 def trace_to_onnx(runner, out_path, sample, opset: int = OPSET, contrib: bool = True) -> None:

@@ -4,6 +4,7 @@ own check computes (the transformers model with the plan's dequantized weights).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from workbench.cli import main  # noqa: E402
 from workbench.loaders import open_model  # noqa: E402
 from workbench.plan import Plan, Rule  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
 ATTN = r"re:.*self_attn\.(q|k|v|o)_proj\.weight$"
 
 
@@ -98,9 +100,7 @@ def test_w8a8_runs_integer_matmuls(tiny_arch, tmp_path, capsys):
     folder = tiny_arch("llama")
     out = tmp_path / "w8a8.onnx"
     info = _export(capsys, folder, out, "--scheme", "int8-channel", "--activations", "int8",
-                   "--calib", str(tmp_path / "calib.txt") if False else str(
-                       __import__("pathlib").Path(__file__).resolve().parents[2]
-                       / "resources" / "calibration.txt"))
+                   "--calib", str(ROOT / "resources" / "calibration.txt"))
     assert info["nodes"]["activation_qdq"] == 15        # 2 x 7 projections + lm_head
     assert info["nodes"]["dequantize_linear"] == 15
     ops = optimized_op_counts(out)

@@ -136,6 +136,7 @@ def build_onnx(model, plan, out_path, *, accuracy_level: int = DEFAULT_ACCURACY_
     """Job: write the ONNX file; returns what `export` reports (see export_onnx)."""
     from ..onnx_graph import OPSET, float_network, import_onnx, swap_linears, trace_to_onnx
     from ..runtimes import check_strict, plan_decisions, summarize
+    from .onnx_layout import matmulnbits_arrays
     onnx, ort = import_onnx()
     if accuracy_level not in ACCURACY_LEVELS:
         raise WorkbenchError(f"--accuracy-level must be one of 0..4, got {accuracy_level}")
@@ -175,7 +176,6 @@ def build_onnx(model, plan, out_path, *, accuracy_level: int = DEFAULT_ACCURACY_
         w = np.ascontiguousarray(model.read_matrix(n), np.float32)
         qt = model.quantize_tensor(n, w, d.applied) if hasattr(model, "quantize_tensor") \
             else _quantize(w, d.applied, n)
-        from .onnx_layout import matmulnbits_arrays
         w_deq = np.asarray(scheme.dequantize(qt), np.float32).reshape(w.shape)
         dq = _dq_form(scheme, qt) if n in act_scales else None
         nb = None
