@@ -64,6 +64,9 @@ def run(args) -> int:
         from ...errors import WorkbenchError
         raise WorkbenchError("-o/--output is required (or --check to write nothing)")
     runtime = format_runtime(args)
+    if args.accuracy_level is not None and args.format != "onnx":
+        from ...errors import WorkbenchError
+        raise WorkbenchError("--accuracy-level is an onnx option (MatMulNBits accuracy_level)")
     if args.activations == "int8":
         args.activations, args.act_bits, args.act_type = args.act_method, 8, "int"
     if args.activations:
