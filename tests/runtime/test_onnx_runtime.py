@@ -5,10 +5,17 @@ attention projections, a whole-model mixed int4/int8 plan, W8A8, and the demo ca
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
-pytest.importorskip("onnxruntime")
+try:
+    import onnxruntime  # noqa: F401
+except ImportError:                          # CI installs the extra (.ci/setup): fail there
+    if os.environ.get("CI") == "true":
+        raise
+    pytest.skip("onnxruntime is not installed (pip install -e \".[onnx]\")",
+                allow_module_level=True)
 pytest.importorskip("transformers")
 
 from workbench.cli import main  # noqa: E402
