@@ -206,7 +206,7 @@ def test_errors_subprocess_no_traceback(tmp_path):
 def test_usage_errors_exit_2():
     r = sh("evaluate", "--scheme", "int8-channel", "--plan", "x.json")
     assert r.returncode == 2 and "not allowed with" in r.stderr
-    r = sh("export", "--scheme", "int8-channel", "--format", "onnx", "-o", "x")
+    r = sh("export", "--scheme", "int8-channel", "--format", "tflite", "-o", "x")
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 

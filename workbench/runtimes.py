@@ -23,6 +23,11 @@ Runtimes:
   ne[0]) is not a multiple of the type's block, Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1,
   Q6_K -> Q8_0 (IQ*_XS/XXS/S -> IQ4_NL), and F16 when the fallback does not fit either (and for
   32-block types directly). Types: F32, F16, BF16 and the GGML block types.
+* ``onnxruntime`` — ONNX Runtime (workbench.export.onnx_format): only Linear weights (attention
+  and MLP projections, the LM head) become ``com.microsoft.MatMulNBits``; int2/int4/int8
+  block-wise, per-channel or per-tensor (sym/asym) and q4_0/q4_1/q8_0 (onnxruntime's CPU kernel
+  takes bits 2, 4, 8, and 2-bit blocks of at most 256); a scheme it cannot express takes the
+  plan's fallback when that is expressible, else is kept float with a note.
 * ``vllm`` — compressed-tensors: only linear layers' weights (attention and MLP projections; not
   embeddings, the LM head, norms or biases); int4/int8 per-channel or group-wise (symmetric or
   asymmetric) and fp8-e4m3; anything else is not expressible and kept.
@@ -152,6 +157,11 @@ class Runtime:
         """Why the runtime has no representation for `scheme` (None: it has)."""
         return None
 
+    def shape_unfit(self, scheme: str, shape) -> str | None:
+        """Why the runtime cannot store `scheme` for a tensor of this shape although the scheme
+        itself takes it (None: it can)."""
+        return None
+
     def shape_fallback(self, scheme: str) -> str | None:
         """The runtime's next scheme to try when `scheme` does not fit the shape."""
         if scheme in GGML_FALLBACK:
@@ -213,10 +223,39 @@ class _Vllm(Runtime):
         return None
 
 
+ONNX_ROLES = VLLM_ROLES + ("lm_head",)
+
+
+class _OnnxRuntime(Runtime):
+    """ONNX Runtime (workbench.export.onnx_format): Linear weights only, as MatMulNBits."""
+
+    def never_retyped(self, info, gguf_name):
+        if info.ndim != 2 or info.role not in ONNX_ROLES:
+            return (f"the ONNX export quantizes only Linear weights ({info.name} is "
+                    f"{info.role})")
+        return None
+
+    def unsupported(self, scheme):
+        from .export.onnx_layout import unsupported_reason
+        return unsupported_reason(scheme)
+
+    def shape_unfit(self, scheme, shape):
+        from .export.onnx_layout import unsupported_reason
+        return unsupported_reason(scheme, tuple(shape))
+
+    def shape_fallback(self, scheme):
+        m = _INT_GROUP.match(scheme)
+        if m:
+            return f"{m.group(1)}-channel{m.group(2) or ''}"
+        return None
+
+
 RUNTIMES: dict[str, Runtime] = {
     "any": _Any("any", "any runtime (the workbench's quantized safetensors)"),
     "llama.cpp": _LlamaCpp("llama.cpp", "llama.cpp (GGUF, llama-quantize)"),
     "vllm": _Vllm("vllm", "vLLM (compressed-tensors)", keeps_unsupported=True),
+    "onnxruntime": _OnnxRuntime("onnxruntime", "ONNX Runtime (MatMulNBits)",
+                                keeps_unsupported=True),
 }
 
 
@@ -229,9 +268,12 @@ def get_runtime(name: str) -> Runtime:
 
 
 # ---- the decision -------------------------------------------------------------------------
-def _fits(scheme: str, shape) -> str | None:
+def _fits(scheme: str, shape, rt: Runtime | None = None) -> str | None:
     from .schemes import get_scheme
-    return get_scheme(scheme).ineligible_reason(tuple(shape))
+    why = get_scheme(scheme).ineligible_reason(tuple(shape))
+    if why is None and rt is not None:
+        why = rt.shape_unfit(scheme, shape)
+    return why
 
 
 def decide(info, requested: str, runtime: str | Runtime = "any", *, fallback: str | None = None,
@@ -261,10 +303,14 @@ def decide(info, requested: str, runtime: str | Runtime = "any", *, fallback: st
         return Decision(n, requested, KEEP, "skipped", f"{why}: rule ignored, kept", params)
     reason = rt.unsupported(requested)
     if reason:
+        if rt.name == "onnxruntime" and fallback and fallback != KEEP \
+                and not rt.unsupported(fallback) and _fits(fallback, shape, rt) is None:
+            return Decision(n, requested, fallback, "fallback",
+                            f"{reason}: the plan's fallback {fallback} instead", params)
         if rt.keeps_unsupported:
             return Decision(n, requested, KEEP, "kept", f"{reason}: kept in {info.dtype}", params)
         raise WorkbenchError(reason, tensor=n)
-    reason = _fits(requested, shape)
+    reason = _fits(requested, shape, rt)
     if reason is None:
         return Decision(n, requested, requested, "ok", None, params)
     tried = []
@@ -280,7 +326,7 @@ def decide(info, requested: str, runtime: str | Runtime = "any", *, fallback: st
     for cand in candidates:
         if rt.unsupported(cand):
             continue
-        if _fits(cand, shape) is None:
+        if _fits(cand, shape, rt) is None:
             return Decision(n, requested, cand, "fallback", f"{reason}: {cand} instead", params)
         tried.append(cand)
     return Decision(n, requested, KEEP, "kept", f"{reason}: kept in {info.dtype}", params)

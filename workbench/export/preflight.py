@@ -15,7 +15,7 @@ from ..errors import WorkbenchError
 from ..plan import KEEP
 
 #: when several formats can write the plan as asked, the dialog's default is the first here
-PREFERENCE = ("gguf", "compressed-tensors", "safetensors", "llama-tensor-types", "plan")
+PREFERENCE = ("gguf", "compressed-tensors", "safetensors", "onnx", "llama-tensor-types", "plan")
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,12 @@ def check(model, plan, fmt: str) -> Preflight:
                 return Preflight(fmt, True, None, "no tensor can be quantized as the plan asks "
                                  "(written dense); " + p.summary, p.changed, 0, p.unmet_share)
             return p
+        if fmt == "onnx":
+            from ..onnx_graph import import_onnx
+            from ..runner import model_kind, read_config
+            model_kind(read_config(model))      # a network to trace: config.json, known type
+            import_onnx()
+            return _from_decisions(fmt, plan_decisions(model, plan, "onnxruntime"), total)
         if fmt == "llama-tensor-types":
             from .llama_tensor_types import tensor_type_lines
             from ..runtimes import Summary

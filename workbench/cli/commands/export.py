@@ -22,11 +22,23 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", help="output file (required unless --check)")
     p.add_argument("--check", action="store_true",
                    help="write nothing: say whether --format can write the plan, and why not")
+    from ...runtimes import RUNTIMES
+    p.add_argument("--target", default=None, choices=list(RUNTIMES),
+                   help="the runtime whose rules apply (default: the format's: gguf llama.cpp, "
+                        "compressed-tensors vllm, onnx onnxruntime, else any)")
     add_runtime_args(p, default=None)
     add_method_args(p)
-    p.add_argument("--activations", default=None, choices=["minmax", "percentile", "mse", "kl"],
+    p.add_argument("--activations", default=None,
+                   choices=["int8", "minmax", "percentile", "mse", "kl"],
                    help="calibrate a static range for every quantized Linear's input (stored in "
-                        "the plan; compressed-tensors writes input_activations + input_scale)")
+                        "the plan; compressed-tensors writes input_activations + input_scale, "
+                        "onnx QuantizeLinear/DequantizeLinear): a calibration method, or int8 "
+                        "(8-bit integer with --act-method)")
+    p.add_argument("--act-method", default="minmax", choices=["minmax", "percentile", "mse", "kl"],
+                   help="activation range calibration for --activations int8 (default minmax)")
+    p.add_argument("--accuracy-level", type=int, default=None, choices=[0, 1, 2, 3, 4],
+                   help="onnx: MatMulNBits accuracy_level (0 unset/fp32, 4 int8 compute: the "
+                        "default)")
     p.add_argument("--act-bits", type=int, default=8, help="activation bits (default 8)")
     p.add_argument("--act-type", default="int", choices=["int", "float"],
                    help="activation type: int, or float (fp8 e4m3)")
@@ -51,7 +63,12 @@ def run(args) -> int:
     if not args.output:
         from ...errors import WorkbenchError
         raise WorkbenchError("-o/--output is required (or --check to write nothing)")
-    runtime = {"gguf": "llama.cpp", "compressed-tensors": "vllm"}.get(args.format, "any")
+    runtime = format_runtime(args)
+    if args.accuracy_level is not None and args.format != "onnx":
+        from ...errors import WorkbenchError
+        raise WorkbenchError("--accuracy-level is an onnx option (MatMulNBits accuracy_level)")
+    if args.activations == "int8":
+        args.activations, args.act_bits, args.act_type = args.act_method, 8, "int"
     if args.activations:
         from ...methods.apply import activation_ranges
         from ...plan import KEEP
@@ -65,8 +82,10 @@ def run(args) -> int:
         plan, model = apply_methods(args, model, plan, runtime, quiet=args.json)
     elif args.method:
         plan = plan.with_method(args.method)
-    info = drive(export(model, plan, args.format, args.output, strict=args.strict),
-                 quiet=args.json)
+    options = {"strict": args.strict}
+    if args.accuracy_level is not None:
+        options["accuracy_level"] = args.accuracy_level
+    info = drive(export(model, plan, args.format, args.output, **options), quiet=args.json)
     if args.json:
         print_json(info)
         return 0
@@ -79,6 +98,20 @@ def run(args) -> int:
     if info.get("fallbacks"):
         print(f"fallbacks: {info['fallbacks']['line']}")
     return 0
+
+
+FORMAT_RUNTIME = {"gguf": "llama.cpp", "compressed-tensors": "vllm", "onnx": "onnxruntime"}
+
+
+def format_runtime(args) -> str:
+    """The runtime whose rules the export follows: the format's own, or --target for formats
+    that take any (a --target other than a format's own runtime is an error)."""
+    own = FORMAT_RUNTIME.get(args.format)
+    target = getattr(args, "target", None)
+    if target and own and target != own:
+        from ...errors import WorkbenchError
+        raise WorkbenchError(f"--format {args.format} writes for --target {own}, not {target}")
+    return own or target or "any"
 
 
 def run_check(args, model, plan) -> int:
