@@ -65,7 +65,8 @@ def load_tokenizer(folder):
     if not tj.is_file():
         raise WorkbenchError("no tokenizer.json in the model folder (give token ids instead: "
                              ".npy or safetensors)", path=str(folder))
-    from tokenizers import Tokenizer
+    from .optional import require
+    Tokenizer = require("tokenizers", "model").Tokenizer
     return Tokenizer.from_file(str(tj))
 
 

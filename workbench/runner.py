@@ -52,13 +52,8 @@ def model_kind(cfg: dict) -> str:
 
 
 def _import_transformers():
-    try:
-        import torch  # noqa: F401
-        import transformers
-    except ImportError:
-        raise WorkbenchError("not runnable: install the optional extra: pip install -e \".[model]\""
-                             ) from None
-    return transformers
+    from .optional import require
+    return require("transformers", "model")
 
 
 def dequantized(model, name: str, scheme_name: str) -> np.ndarray:
