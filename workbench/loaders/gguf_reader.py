@@ -154,6 +154,10 @@ class GGUFFile:
                 raise WorkbenchError(f"{qt.name} tensor of {n} values is not whole blocks of "
                                      f"{block}", path=self.path, tensor=name)
             nbytes = n // block * type_size
+            if offset % self.alignment:
+                raise WorkbenchError(f"tensor data offset {offset:,} breaks the file's "
+                                     f"{self.alignment}-byte alignment (shifted or corrupt "
+                                     "tensor info)", path=self.path, tensor=name)
             start = self.data_offset + offset
             if offset > size or start + nbytes > size:
                 raise WorkbenchError(f"tensor data ({nbytes:,} bytes at offset {offset:,}) runs "

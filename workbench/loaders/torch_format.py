@@ -21,8 +21,17 @@ from ..model import Model, TensorInfo
 _WRAPPERS = ("state_dict", "model_state_dict", "model", "module", "weights", "params")
 
 
-def _flatten(obj, prefix: str, out: dict, depth: int = 0) -> None:
+MAX_ENTRIES = 1_000_000   # dict entries visited while flattening (shared sub-dicts count each time)
+
+
+def _flatten(obj, prefix: str, out: dict, depth: int = 0, _path: set | None = None,
+             _count: list | None = None) -> None:
+    """Tensors of nested dicts under dotted names. A dict that contains itself (a cycle the
+    pickle can express) is refused, and so is a nesting that fans out past MAX_ENTRIES visits
+    (the same dict shared many times over)."""
     import torch
+    path = set() if _path is None else _path
+    count = [0] if _count is None else _count
     if depth > 64:
         raise WorkbenchError("state dict nested more than 64 levels deep")
     if isinstance(obj, torch.Tensor):
@@ -31,12 +40,28 @@ def _flatten(obj, prefix: str, out: dict, depth: int = 0) -> None:
                                  "(e.g. 'a.b' and 'a' -> 'b')")
         out[prefix] = obj
     elif isinstance(obj, dict):
+        if id(obj) in path:
+            raise WorkbenchError(f"state dict contains itself (at {prefix[:120]!r}): a "
+                                 "self-referencing container")
+        path.add(id(obj))
+        count[0] += len(obj)
+        if count[0] > MAX_ENTRIES:
+            raise WorkbenchError(f"state dict has more than {MAX_ENTRIES:,} entries (nested "
+                                 "dicts shared many times over?)")
         for k, v in obj.items():
-            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out, depth + 1)
+            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out, depth + 1, path, count)
+        path.discard(id(obj))
 
 
 def _unwrap(obj):
+    """Follow {"state_dict": ...}-style wrappers; a wrapper chain that comes back to a dict
+    already seen (a self-referencing container) is refused."""
+    seen = set()
     while isinstance(obj, dict):
+        if id(obj) in seen:
+            raise WorkbenchError("state dict wrappers form a cycle (a self-referencing "
+                                 "container)")
+        seen.add(id(obj))
         for key in _WRAPPERS:
             if key in obj and isinstance(obj[key], dict):
                 obj = obj[key]
