@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     _tolerant_streams()
     try:
         args = parser.parse_args(argv)
+        from .common import check_file_args
+        check_file_args(args)
         return int(args.func(args) or 0)
     except WorkbenchError as exc:
         _say(f"quant-workbench: error: {exc}")

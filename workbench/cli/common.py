@@ -28,6 +28,42 @@ def open_model_arg(args):
     return open_model(model_path(args))
 
 
+# argument dests that name files a command writes; every other string argument naming an
+# existing path is an input of the command
+OUTPUT_DESTS = frozenset({"output", "make_llama_f16"})
+
+
+def check_file_args(args) -> None:
+    """Refuse (exit 2, before anything is written) an output argument that names an input of
+    the same command: the same file by inode (symbolic and hard links included), a file the
+    model is read with, or an existing folder holding an input (workbench.outputs)."""
+    from ..outputs import refuse_inputs_as_outputs
+    d = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    outputs = {_label(k): v for k, v in d.items()
+               if k in OUTPUT_DESTS and isinstance(v, str) and v}
+    if not outputs:
+        return
+    inputs = {}
+    for k, v in d.items():
+        if k in OUTPUT_DESTS:
+            continue
+        vals = v if isinstance(v, (list, tuple)) else [v]
+        for i, x in enumerate(vals):
+            if isinstance(x, (str, Path)) and str(x):
+                inputs[_label(k) + (f"[{i}]" if len(vals) > 1 else "")] = str(x)
+    if "model" in d and not d["model"] and d.get("command") != "gui":
+        inputs["MODEL"] = str(default_model_path())
+    if "calib" in d and not d["calib"]:
+        # workbench.calibration.DEFAULT_CALIB, without importing it
+        inputs["--calib"] = str(Path(__file__).resolve().parents[2] / "resources"
+                                / "calibration.txt")
+    refuse_inputs_as_outputs(outputs, inputs)
+
+
+def _label(dest: str) -> str:
+    return "MODEL" if dest == "model" else "--" + dest.replace("_", "-")
+
+
 def json_safe(obj):
     """Replace non-finite floats by None so the output is strict JSON."""
     if isinstance(obj, float):
