@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .errors import WorkbenchError
 
+MODEL_LABELS = ("MODEL", "the model")
 MAX_FOLDER_FILES = 100_000   # files of one input folder compared (a model folder holds a few)
 
 
@@ -88,7 +89,9 @@ def refuse_inputs_as_outputs(outputs: dict, inputs: dict) -> None:
         for label, f, st in in_files:
             if (ost.st_dev, ost.st_ino) == (st.st_dev, st.st_ino):
                 what = label if f == Path(inputs[label]).expanduser() else f"{label} ({f.name})"
-                raise WorkbenchError(f"{olabel} is the same file as the input {what}: choose "
+                if label in MODEL_LABELS:
+                    what = f"{what}: an input of the open model"
+                raise WorkbenchError(f"{olabel} is the same file as the input {what}; choose "
                                      "another output; nothing was written", path=str(out))
         if o.is_dir():
             try:
@@ -98,9 +101,12 @@ def refuse_inputs_as_outputs(outputs: dict, inputs: dict) -> None:
             for label, f, _ in in_files:
                 with contextlib.suppress(OSError, RuntimeError):
                     if real in f.resolve().parents:
+                        model = (", an input of the open model" if label in MODEL_LABELS
+                                 else "")
                         raise WorkbenchError(f"{olabel} is a folder holding the input {label} "
-                                             f"({f.name}) and could be replaced: choose another "
-                                             "output; nothing was written", path=str(out))
+                                             f"({f.name}{model}) and could be replaced: choose "
+                                             "another output; nothing was written",
+                                             path=str(out))
     seen = {}
     for olabel, out in outputs.items():   # two outputs naming one file
         st = _stat(Path(out).expanduser()) if out is not None else None

@@ -123,7 +123,10 @@ class _File:
         if n == 0:
             return np.zeros(shape, dtype=np_dtype)
         try:
-            return map_region(self.path, self.data_start + begin, end - begin, np_dtype).reshape(shape)
+            # pread, not a memory map: a file truncated meanwhile is an error, not a SIGBUS
+            from .region import tensor_region
+            return tensor_region(self.path, self.data_start + begin, end - begin,
+                               np_dtype).reshape(shape)
         except (OSError, ValueError) as exc:
             raise WorkbenchError(f"cannot map tensor data ({exc})", path=self.path,
                                  tensor=name) from None
