@@ -33,6 +33,8 @@ _ROLE_PATTERNS = [
     ("conv", r"(conv)"),
 ]
 _COMPILED = [(role, re.compile(p)) for role, p in _ROLE_PATTERNS]
+_ANY_ROLE = re.compile("|".join(f"(?:{p})" for _, p in _ROLE_PATTERNS))
+_SUFFIX = re.compile(r"\.(weight|w|kernel)$")
 
 
 def block_index(name: str) -> int | None:
@@ -47,7 +49,9 @@ def infer_role(name: str, ndim: int) -> str:
         if ndim >= 2 or low.endswith("masked_bias"):
             return "other"
         return "bias"
-    stem = re.sub(r"\.(weight|w|kernel)$", "", low)
+    stem = _SUFFIX.sub("", low)
+    if not _ANY_ROLE.search(stem):   # one search rules out every pattern (most hostile names)
+        return "conv" if ndim >= 3 else "other"
     for role, pat in _COMPILED:
         if pat.search(stem):
             if role == "conv" and ndim < 3 and "conv" not in stem:

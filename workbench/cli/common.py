@@ -77,9 +77,32 @@ def json_safe(obj):
     return obj
 
 
+LARGE_JSON_ITEMS = 20_000
+
+
 def print_json(obj) -> None:
-    json.dump(json_safe(obj), sys.stdout, indent=2, allow_nan=False)
+    """Strict JSON on stdout (non-finite floats as null), indented; a large document (more
+    than LARGE_JSON_ITEMS rows in a list) is written compact by the C encoder, which is many
+    times faster than the indenting one (300,000 tensors: seconds otherwise)."""
+    large = _largest_list(obj) > LARGE_JSON_ITEMS
+    if large:
+        try:
+            text = json.dumps(obj, allow_nan=False)   # C encoder; fails on NaN / numpy
+        except (ValueError, TypeError):
+            text = json.dumps(json_safe(obj), allow_nan=False)
+    else:
+        text = json.dumps(json_safe(obj), indent=2, allow_nan=False)
+    sys.stdout.write(text)
     sys.stdout.write("\n")
+
+
+def _largest_list(obj, depth: int = 0) -> int:
+    """The length of the longest list in the top two levels of `obj`."""
+    if isinstance(obj, (list, tuple)):
+        return len(obj)
+    if isinstance(obj, dict) and depth < 2:
+        return max((_largest_list(v, depth + 1) for v in obj.values()), default=0)
+    return 0
 
 
 def drive(job, quiet: bool = False):
