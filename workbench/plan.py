@@ -55,6 +55,8 @@ class Rule:
 
 def _check_method(name, where: str, path=None) -> str:
     """The canonical method name (rtn, imatrix, gptq, awq) or a clear error."""
+    if name in ("rtn", "imatrix", "gptq", "awq"):   # METHOD_NAMES, without the import
+        return name
     from .methods.base import METHOD_NAMES
     key = name.strip().lower() if isinstance(name, str) else name
     if key not in METHOD_NAMES:
@@ -79,14 +81,23 @@ def _check_activations(data, path=None) -> dict:
     return out
 
 
+_CANONICAL: dict = {}   # scheme name as written -> registered name (a plan repeats a few names)
+
+
 def _check_scheme(name: str, where: str, path=None) -> str:
     if name == KEEP:
         return name
+    hit = _CANONICAL.get(name) if isinstance(name, str) else None
+    if hit is not None:
+        return hit
     from .schemes import get_scheme
     try:
-        return get_scheme(name).name
+        canon = get_scheme(name).name
     except WorkbenchError:
         raise WorkbenchError(f"{where}: unknown scheme '{name}'", path=path) from None
+    if len(_CANONICAL) < 4096:
+        _CANONICAL[name] = canon
+    return canon
 
 
 @dataclass
@@ -118,42 +129,44 @@ class Plan:
                            _check_method(r.method, f"rule '{r.match}'") if r.method else None)
                       for r in rules]
         self._compiled = None
+        self._index()   # validates every pattern (a bad one names its rule)
 
     @staticmethod
     def _validate_rule(rule: Rule, path=None) -> None:
         _check_scheme(rule.scheme, f"rule '{rule.match}'", path)
         if rule.method is not None:
             _check_method(rule.method, f"rule '{rule.match[:80]}'", path)
-        if rule.is_regex:
-            from .patterns import compile_pattern
-            try:
-                compile_pattern(rule.match[3:])
-            except WorkbenchError as exc:
-                raise WorkbenchError(f"rule '{rule.match[:80]}': {exc}", path=path) from None
+        # patterns are compiled together (and so validated) by _index: one RE2 set, linear
 
     # ---- resolution ---------------------------------------------------------------------
     def _index(self):
-        from .patterns import compile_pattern
+        from .patterns import PatternSet
         if self._compiled is None:
             exact = {}
             regex = []
             for r in self.rules:
                 if r.is_regex:
-                    regex.append((compile_pattern(r.match[3:]), r))
+                    regex.append(r)
                 else:
                     exact.setdefault(r.match, r)
-            self._compiled = (exact, regex)
+            try:
+                pset = PatternSet([r.match[3:] for r in regex])
+            except WorkbenchError as exc:
+                bad = next((r for r in regex if _bad_pattern(r.match[3:])), None)
+                where = f"rule '{bad.match[:80]}': " if bad is not None else ""
+                raise WorkbenchError(f"{where}{exc}") from None
+            self._compiled = (exact, regex, pset)
         return self._compiled
 
     def rule_for(self, name: str) -> Rule | None:
-        """The rule that assigns `name` (None: the default applies)."""
-        exact, regex = self._index()
+        """The rule that assigns `name` (None: the default applies): an exact name first,
+        then the first ``re:`` rule whose pattern is found in it (all patterns matched in one
+        RE2 pass: linear in the name, whatever the number of rules)."""
+        exact, regex, pset = self._index()
         if name in exact:
             return exact[name]
-        for pat, rule in regex:
-            if pat.search(name):
-                return rule
-        return None
+        i = pset.first(name)
+        return None if i is None else regex[i]
 
     def scheme_and_source(self, name: str, ndim: int = 2, is_float: bool = True):
         """(scheme, explicit): the scheme for a tensor and whether a rule chose it."""
@@ -302,7 +315,9 @@ class Plan:
                       _check_method(r.method, f"rule '{r.match[:80]}'", path) if r.method else None)
                  for r in rules]
         acts = _check_activations(data.get("activations", {}), path)
-        return cls(default, rules, version, fallback or None, method, acts)
+        from .errors import context
+        with context(path):
+            return cls(default, rules, version, fallback or None, method, acts)
 
     @classmethod
     def from_json(cls, text: str, path=None) -> "Plan":
@@ -325,3 +340,13 @@ class Plan:
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Plan) and self.to_dict() == other.to_dict()
+
+
+def _bad_pattern(text: str) -> bool:
+    """Whether RE2 (with the project's checks) refuses this pattern on its own."""
+    from .patterns import compile_pattern
+    try:
+        compile_pattern(text)
+        return False
+    except WorkbenchError:
+        return True
