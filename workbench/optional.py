@@ -58,3 +58,19 @@ def available(module: str) -> bool:
         return True
     except ImportError:
         return False
+
+
+def missing_from(exc: BaseException) -> str | None:
+    """The one-line message for an ImportError (anywhere in `exc`'s cause/context chain) of a
+    module that belongs to an extra: a library such as transformers failing deep inside
+    because one of *its* optional packages is missing. None when none is found."""
+    seen = set()
+    e = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ImportError):
+            name = getattr(e, "name", None) or ""
+            if name.split(".")[0] in EXTRAS:
+                return missing_message(name)
+        e = e.__cause__ or e.__context__
+    return None
