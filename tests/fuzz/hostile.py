@@ -219,7 +219,7 @@ def exercise_roundtrip(path: str) -> None:
     run(export(m, Plan(default=spec["scheme"]), spec["format"], str(out)))
     if spec["format"] in ("gguf", "safetensors", "compressed-tensors"):
         from .worker import exercise
-        exercise("roundtrip", str(out))          # every exporter's output opens again
+        exercise("model", str(out))              # every exporter's output opens again
     elif spec["format"] == "plan":
         Plan.load(out)
 

@@ -83,7 +83,7 @@ def _layer_tensors(scheme, qt, shape) -> dict:
     codes = unpack_bits(qt.arrays["codes"], b, rows * cols).reshape(rows, cols).astype(np.int16)
     half = 1 << (b - 1)
     q = torch.from_numpy((codes - half).astype(np.int8))
-    nb = qt.arrays["scales"].size // rows
+    nb = qt.arrays["scales"].size // rows if rows else 0   # a zero-row weight: no groups
     out = {"weight_packed": pack_to_int32(q, b),
            "weight_scale": torch.from_numpy(
                qt.arrays["scales"].astype(np.float32).reshape(rows, nb).copy()),

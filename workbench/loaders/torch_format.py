@@ -22,6 +22,7 @@ _WRAPPERS = ("state_dict", "model_state_dict", "model", "module", "weights", "pa
 
 
 MAX_ENTRIES = 1_000_000   # dict entries visited while flattening (shared sub-dicts count each time)
+MAX_SHARED = 64           # places one dict object may appear at (a DAG of dicts fans out 2^depth)
 
 
 def _flatten(obj, prefix: str, out: dict, depth: int = 0, _path: set | None = None,
@@ -31,7 +32,7 @@ def _flatten(obj, prefix: str, out: dict, depth: int = 0, _path: set | None = No
     (the same dict shared many times over)."""
     import torch
     path = set() if _path is None else _path
-    count = [0] if _count is None else _count
+    count = [0, {}] if _count is None else _count
     if depth > 64:
         raise WorkbenchError("state dict nested more than 64 levels deep")
     if isinstance(obj, torch.Tensor):
@@ -45,9 +46,13 @@ def _flatten(obj, prefix: str, out: dict, depth: int = 0, _path: set | None = No
                                  "self-referencing container")
         path.add(id(obj))
         count[0] += len(obj)
-        if count[0] > MAX_ENTRIES:
-            raise WorkbenchError(f"state dict has more than {MAX_ENTRIES:,} entries (nested "
-                                 "dicts shared many times over?)")
+        visits = count[1].get(id(obj), 0) + 1 if len(count) > 1 else 1
+        if len(count) > 1:
+            count[1][id(obj)] = visits
+        if count[0] > MAX_ENTRIES or visits > MAX_SHARED:
+            raise WorkbenchError(f"state dict has more than {MAX_ENTRIES:,} entries or a dict "
+                                 f"shared at more than {MAX_SHARED} places (nested dicts "
+                                 "shared many times over)")
         for k, v in obj.items():
             _flatten(v, f"{prefix}.{k}" if prefix else str(k), out, depth + 1, path, count)
         path.discard(id(obj))
