@@ -33,7 +33,21 @@ _ROLE_PATTERNS = [
     ("conv", r"(conv)"),
 ]
 _COMPILED = [(role, re.compile(p)) for role, p in _ROLE_PATTERNS]
-_ANY_ROLE = re.compile("|".join(f"(?:{p})" for _, p in _ROLE_PATTERNS))
+
+
+def _any_role_prefilter():
+    """One pattern that finds a match wherever any role pattern does (a superset: the two
+    look-arounds dropped), on RE2 (a DFA: linear, fast on 300,000 names), else Python's re."""
+    text = "|".join(f"(?:{p})" for _, p in _ROLE_PATTERNS)
+    try:
+        import re2
+        return re2.compile(text.replace(r"(?<!attention\.output)", "")
+                           .replace(r"(?<=attention\.output\.dense)", ""))
+    except Exception:  # noqa: BLE001 - RE2 missing or refusing: the exact alternation
+        return re.compile(text)
+
+
+_ANY_ROLE = _any_role_prefilter()
 _SUFFIX = re.compile(r"\.(weight|w|kernel)$")
 
 
