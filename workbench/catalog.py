@@ -64,7 +64,11 @@ def infer_role(name: str, ndim: int) -> str:
             return "other"
         return "bias"
     stem = _SUFFIX.sub("", low)
-    if not _ANY_ROLE.search(stem):   # one search rules out every pattern (most hostile names)
+    try:
+        hit = _ANY_ROLE.search(stem)    # one search rules out every pattern (most names)
+    except UnicodeEncodeError:          # a lone surrogate: RE2 takes UTF-8 only
+        hit = True
+    if not hit:
         return "conv" if ndim >= 3 else "other"
     for role, pat in _COMPILED:
         if pat.search(stem):

@@ -120,7 +120,10 @@ class PatternSet:
             return None
         import re2
         try:
-            hits = self._set.Match(name)
+            try:
+                hits = self._set.Match(name)
+            except UnicodeEncodeError:   # a lone surrogate (RE2 takes UTF-8): matched as "?"
+                hits = self._set.Match(name.encode("utf-8", "replace").decode("utf-8"))
         except re2.error as exc:
             raise WorkbenchError(f"matching {self.n:,} patterns against {name[:80]!r} failed "
                                  f"({exc})") from None

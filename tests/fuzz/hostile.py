@@ -67,8 +67,9 @@ def _tiny_model(folder: Path, shapes=None, seed: int = 0) -> Path:
                                    ("model.layers.0.input_layernorm.weight", (64,))]):
         w.add(name, rng.standard_normal(shape).astype(np.float32))
     w.finish()
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama",
-                                                    "architectures": ["LlamaForCausalLM"]}))
+    # a config without the sizes: not runnable (a clean refusal), never transformers' 7B
+    # defaults allocated under the worker's memory limit
+    (folder / "config.json").write_text(json.dumps({"model_type": "not-a-runnable-type"}))
     return folder / "model.safetensors"
 
 
