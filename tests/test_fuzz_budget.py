@@ -21,7 +21,7 @@ def test_fuzz_finds_nothing_in_its_budget(tmp_path):
     for area, c in counts.items():
         # every area really ran (the budget is shared time-fairly: a header case takes
         # milliseconds, an export scenario or a 40,000-rule plan a second or more)
-        assert c["tried"] >= (20 if area in BASE_AREAS else 1), counts
+        assert c["tried"] >= (5 if area in BASE_AREAS else 1), counts
         # and the mutations reached the error paths
         assert c["clean_errors"] > 0 or c["tried"] < 5, counts
     assert not failures, "\n".join(failures[:5])
