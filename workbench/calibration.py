@@ -5,7 +5,6 @@ code executed). Results are cached by (file signature, tokenizer signature, limi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np

@@ -46,9 +46,7 @@ def _flatten(obj, prefix: str, out: dict, depth: int = 0, _path: set | None = No
                                  "self-referencing container")
         path.add(id(obj))
         count[0] += len(obj)
-        visits = count[1].get(id(obj), 0) + 1 if len(count) > 1 else 1
-        if len(count) > 1:
-            count[1][id(obj)] = visits
+        visits = count[1][id(obj)] = count[1].get(id(obj), 0) + 1
         if count[0] > MAX_ENTRIES or visits > MAX_SHARED:
             raise WorkbenchError(f"state dict has more than {MAX_ENTRIES:,} entries or a dict "
                                  f"shared at more than {MAX_SHARED} places (nested dicts "
