@@ -204,7 +204,7 @@ class ExportDialog(QDialog):
                 refuse_inputs_as_outputs(
                     {"the export target": str(tp)},
                     {"the model": model.path,
-                     "the session": getattr(self.parent(), "session_path", None)})
+                     "the session file": getattr(self.parent(), "session_path", None)})
             except WorkbenchError as exc:
                 self._failed(str(exc))
                 return None

@@ -353,7 +353,7 @@ class MainWindow(QMainWindow):
         from workbench.outputs import refuse_inputs_as_outputs
         inputs = {"the model": self.doc.model.path if self.doc.model is not None else None}
         if not session_ok:
-            inputs["the session"] = self.session_path
+            inputs["the session file"] = self.session_path
         try:
             refuse_inputs_as_outputs({"the target": str(path)}, inputs)
         except WorkbenchError as exc:

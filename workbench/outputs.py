@@ -91,7 +91,8 @@ def refuse_inputs_as_outputs(outputs: dict, inputs: dict) -> None:
                 what = label if f == Path(inputs[label]).expanduser() else f"{label} ({f.name})"
                 if label in MODEL_LABELS:
                     what = f"{what}: an input of the open model"
-                raise WorkbenchError(f"{olabel} is the same file as the input {what}; choose "
+                the = "" if label.startswith("the ") else "the input "
+                raise WorkbenchError(f"{olabel} is the same file as {the}{what}; choose "
                                      "another output; nothing was written", path=str(out))
         if o.is_dir():
             try:
