@@ -198,8 +198,13 @@ class ExportDialog(QDialog):
         if tp.exists():
             from workbench.atomic import refuse_overwriting_inputs
             from workbench.errors import WorkbenchError
+            from workbench.outputs import refuse_inputs_as_outputs
             try:
                 refuse_overwriting_inputs(model, tp)
+                refuse_inputs_as_outputs(
+                    {"the export target": str(tp)},
+                    {"the model": model.path,
+                     "the session file": getattr(self.parent(), "session_path", None)})
             except WorkbenchError as exc:
                 self._failed(str(exc))
                 return None

@@ -353,6 +353,20 @@ class MainWindow(QMainWindow):
         if ui.get("current"):
             self.select(ui["current"])
 
+    def refuse_input_target(self, path, what: str, session_ok: bool = False) -> bool:
+        """True (after showing why) when `path` is a file this window read: the model's
+        files (any link to them) or, unless `session_ok`, the session file it came from."""
+        from workbench.outputs import refuse_inputs_as_outputs
+        inputs = {"the model": self.doc.model.path if self.doc.model is not None else None}
+        if not session_ok:
+            inputs["the session file"] = self.session_path
+        try:
+            refuse_inputs_as_outputs({"the target": str(path)}, inputs)
+        except WorkbenchError as exc:
+            self.messages.error(f"Cannot save {what}", str(exc))
+            return True
+        return False
+
     def save_session(self, ask: bool = False, path: str | None = None) -> str | None:
         if self.doc.model is None:
             return None
@@ -363,6 +377,8 @@ class MainWindow(QMainWindow):
                                                   "Session (*.json)")
             if not path:
                 return None
+        if self.refuse_input_target(path, "session", session_ok=True):
+            return None
         try:
             self.current_session().save(path)
         except WorkbenchError as exc:
@@ -455,7 +471,7 @@ class MainWindow(QMainWindow):
 
     def screenshot_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Save screenshot", self._last_dir(), "PNG (*.png)")
-        if path:
+        if path and not self.refuse_input_target(path, "screenshot"):
             from .screenshot import grab_png
             try:
                 grab_png(self, path)
@@ -468,7 +484,7 @@ class MainWindow(QMainWindow):
         if self.doc.model is None:
             return
         path, _ = QFileDialog.getSaveFileName(self, "Save report", self._last_dir(), "HTML (*.html)")
-        if path:
+        if path and not self.refuse_input_target(path, "report"):
             from .report import write_report_from_window
             try:
                 write_report_from_window(self, path)

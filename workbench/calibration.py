@@ -5,7 +5,6 @@ code executed). Results are cached by (file signature, tokenizer signature, limi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -18,46 +17,157 @@ DEFAULT_CALIB = Path(__file__).resolve().parents[1] / "resources" / "calibration
 _CACHE: dict[tuple, list[np.ndarray]] = {}
 
 
+MAX_CALIB_BYTES = 512 << 20      # a calibration text / JSONL file
+MAX_LINE_CHARS = 1 << 20         # one sample (a line, or a JSONL "text"): a longer one is refused
+MAX_TOKENS = 1 << 26             # token ids in an .npy / safetensors calibration file
+CHARS_PER_TOKEN = 64             # text beyond max_len * this is never reached by max_len tokens
+
+
+def _check_size(p: Path, limit: int, what: str) -> int:
+    from .limits import check_regular_file
+    check_regular_file(p, what)
+    size = p.stat().st_size
+    if size > limit:
+        raise WorkbenchError(f"{what} of {size:,} bytes is larger than the {limit >> 20} MiB "
+                             "limit (calibration needs a few hundred samples)", path=str(p))
+    return size
+
+
 def read_texts(path) -> list[str]:
     p = Path(path)
+    _check_size(p, MAX_CALIB_BYTES, "calibration file")
     try:
         raw = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkbenchError(f"cannot read calibration text ({exc})", path=str(p)) from None
+    except UnicodeDecodeError as exc:
+        raise WorkbenchError(f"calibration text is not UTF-8 (byte {exc.start:,})",
+                             path=str(p)) from None
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read calibration text ({exc.strerror})",
+                             path=str(p)) from None
     if p.suffix.lower() in (".jsonl", ".json"):
+        from .limits import loads
         out = []
         for i, line in enumerate(raw.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
-            except ValueError:
-                raise WorkbenchError(f"line {i}: not JSON", path=str(p)) from None
+                obj = loads(line, str(p), f"line {i}")
+            except WorkbenchError:
+                raise WorkbenchError(f"line {i}: not JSON (or nested too deeply)",
+                                     path=str(p)) from None
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
                 raise WorkbenchError(f"line {i}: no \"text\" string field", path=str(p))
+            _check_line(p, i, obj["text"])
             out.append(obj["text"])
         return out
-    return [ln for ln in raw.splitlines() if ln.strip()]
+    out = []
+    for i, ln in enumerate(raw.splitlines(), 1):
+        if ln.strip():
+            _check_line(p, i, ln)
+            out.append(ln)
+    return out
+
+
+def _check_line(p: Path, i: int, text: str) -> None:
+    if len(text) > MAX_LINE_CHARS:
+        raise WorkbenchError(f"line {i} is {len(text):,} characters long (limit "
+                             f"{MAX_LINE_CHARS:,}): split it into samples", path=str(p))
+
+
+def _npy_ids(p: Path) -> np.ndarray:
+    """The .npy array, its header checked against the file's size first (a header may claim
+    any shape), memory-mapped; pickled object arrays are refused."""
+    from numpy.lib import format as npf
+    size = _check_size(p, 1 << 62, "token-id file")
+    try:
+        with open(p, "rb") as fh:
+            version = npf.read_magic(fh)
+            if version == (1, 0):
+                shape, fortran, dtype = npf.read_array_header_1_0(fh, max_header_size=1 << 16)
+            elif version in ((2, 0), (3, 0)):
+                shape, fortran, dtype = npf.read_array_header_2_0(fh, max_header_size=1 << 16)
+            else:
+                raise ValueError(f"unsupported .npy version {version}")
+            data_start = fh.tell()
+    except Exception as exc:  # noqa: BLE001 - numpy parses an untrusted header many ways
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+        raise WorkbenchError(f"not a valid .npy file ({first})", path=str(p)) from None
+    if dtype.hasobject or dtype.kind not in "iu":
+        raise WorkbenchError(f"token ids must be integers, not {dtype}", path=str(p))
+    from .limits import check_shape
+    check_shape(shape, str(p), "token ids")
+    n = 1
+    for d in shape:
+        n *= int(d)
+    if n * dtype.itemsize > size - data_start:
+        raise WorkbenchError(f"header claims {n:,} token ids ({n * dtype.itemsize:,} bytes) but "
+                             f"the file holds {size - data_start:,} bytes of data", path=str(p))
+    if n > MAX_TOKENS:
+        raise WorkbenchError(f"{n:,} token ids (limit {MAX_TOKENS:,})", path=str(p))
+    if n == 0:
+        return np.zeros(shape, dtype)
+    try:
+        return np.load(p, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise WorkbenchError(f"cannot read token ids ({str(exc).splitlines()[0][:120]})",
+                             path=str(p)) from None
+
+
+def _safetensors_ids(p: Path) -> np.ndarray:
+    from .loaders.safetensors_format import _File
+    f = _File(p)
+    if "input_ids" not in f.entries:
+        raise WorkbenchError("no 'input_ids' tensor", path=str(p))
+    dtype, shape, begin, end = f.entries["input_ids"]
+    if dtype not in ("I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"):
+        raise WorkbenchError(f"token ids must be integers, not {dtype}", path=str(p),
+                             tensor="input_ids")
+    n = 1
+    for d in shape:
+        n *= int(d)
+    if n > MAX_TOKENS:
+        raise WorkbenchError(f"{n:,} token ids (limit {MAX_TOKENS:,})", path=str(p),
+                             tensor="input_ids")
+    return f.raw("input_ids")
 
 
 def _read_ids(path, chunk: int) -> list[np.ndarray]:
     p = Path(path)
-    if p.suffix.lower() == ".npy":
-        arr = np.load(p, allow_pickle=False)
-    else:
-        from safetensors.numpy import load_file
-        d = load_file(str(p))
-        if "input_ids" not in d:
-            raise WorkbenchError("no 'input_ids' tensor", path=str(p))
-        arr = d["input_ids"]
-    arr = np.asarray(arr)
+    arr = _npy_ids(p) if p.suffix.lower() == ".npy" else _safetensors_ids(p)
     if arr.dtype.kind not in "iu":
         raise WorkbenchError(f"token ids must be integers, not {arr.dtype}", path=str(p))
     if arr.ndim == 1:
-        return [arr[i:i + chunk].astype(np.int64) for i in range(0, len(arr), chunk)]
+        return [np.array(arr[i:i + chunk], dtype=np.int64) for i in range(0, len(arr), chunk)]
     if arr.ndim == 2:
-        return [row.astype(np.int64) for row in arr]
+        return [np.array(row[:chunk], dtype=np.int64) for row in arr if row.shape[0]]
     raise WorkbenchError(f"token ids must be 1-D or 2-D, not {arr.ndim}-D", path=str(p))
+
+
+def vocab_size(model) -> int | None:
+    """The model's vocabulary size (config.json's vocab_size), None when unknown."""
+    from .runner import model_folder
+    cfg = model_folder(model) / "config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        from .runner import read_config
+        v = read_config(model).get("vocab_size")
+    except WorkbenchError:
+        return None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def check_ids(samples: list[np.ndarray], vocab: int | None, path) -> None:
+    """Every token id in [0, vocab): an id outside would index past the embedding table."""
+    for i, s in enumerate(samples):
+        if not s.size:
+            continue
+        lo, hi = int(s.min()), int(s.max())
+        if lo < 0 or (vocab is not None and hi >= vocab):
+            bad = lo if lo < 0 else hi
+            raise WorkbenchError(f"sample {i + 1}: token id {bad:,} is outside the model's "
+                                 f"vocabulary (0..{(vocab or 0) - 1:,})" if vocab else
+                                 f"sample {i + 1}: negative token id {bad:,}", path=str(path))
 
 
 def load_tokenizer(folder):
@@ -65,7 +175,8 @@ def load_tokenizer(folder):
     if not tj.is_file():
         raise WorkbenchError("no tokenizer.json in the model folder (give token ids instead: "
                              ".npy or safetensors)", path=str(folder))
-    from tokenizers import Tokenizer
+    from .optional import require
+    Tokenizer = require("tokenizers", "model").Tokenizer
     return Tokenizer.from_file(str(tj))
 
 
@@ -92,6 +203,8 @@ def calibration_samples(model, calib=None, samples: int | None = None, max_len: 
         for i, t in enumerate(texts):
             if i % 32 == 0:
                 yield Progress(i, len(texts), "tokenizing")
+            # max_len tokens never reach past this prefix: the tokenizer's work is bounded
+            t = t[:max_len * CHARS_PER_TOKEN]
             ids = np.asarray(tok.encode(t).ids, dtype=np.int64)[:max_len]
             if len(ids):
                 out.append(ids)
@@ -99,6 +212,7 @@ def calibration_samples(model, calib=None, samples: int | None = None, max_len: 
         out = out[:samples]
     if not out:
         raise WorkbenchError("no calibration samples", path=str(calib))
+    check_ids(out, vocab_size(model), calib)
     _CACHE[key] = out
     yield Progress(1, 1, "tokenized")
     return out

@@ -132,6 +132,13 @@ def decode_rows(raw: np.ndarray, info) -> np.ndarray:
     dtype = info.dtype
     if dtype in STORAGE:
         out = to_float32(raw, dtype)
+    elif raw.size == 0:   # no rows (a zero-row tensor) or no columns: no blocks to decode
+        rows = raw.shape[0] if raw.ndim else 0
+        if rows and info.cols:
+            from .errors import WorkbenchError
+            raise WorkbenchError(f"{rows} rows of {info.cols} values hold no data",
+                                 path=getattr(info, "file", None) or None, tensor=info.name)
+        return np.zeros((rows, info.cols), np.float32)
     else:
         from .errors import WorkbenchError
         from .ggml_decode import dequantize_ggml_rows

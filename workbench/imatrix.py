@@ -58,33 +58,144 @@ def write_imatrix_gguf(model, stats: dict, path, dataset: str, chunk_count: int,
             os.remove(tmp)
 
 
+MAX_IMATRIX_ENTRIES = 1 << 20     # tensors in one imatrix (llama.cpp writes one per weight)
+MAX_IMATRIX_NAME = 4096           # bytes of a tensor name in a legacy .dat
+
+
 def read_imatrix(path) -> dict[str, np.ndarray]:
-    """{llama.cpp tensor name: E[x_j^2]} from an imatrix GGUF or legacy .dat."""
-    with open(path, "rb") as f:
-        magic = f.read(4)
+    """{llama.cpp tensor name: E[x_j^2]} from an imatrix GGUF or legacy .dat.
+
+    Read with the model readers' bounds: every count and length is checked against the bytes
+    the file holds before anything is allocated, values must be finite and non-negative, and
+    every problem is a one-line WorkbenchError naming the imatrix file (and tensor)."""
+    import os
+    from .limits import check_regular_file
+    p = str(path)
+    check_regular_file(p, "imatrix file")
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read imatrix file ({exc.strerror})", path=p) from None
     if magic == b"GGUF":
-        import gguf
-        r = gguf.GGUFReader(str(path))
-        t = {x.name: np.asarray(x.data, dtype=np.float64).reshape(-1) for x in r.tensors}
+        return _read_imatrix_gguf(p)
+    try:
+        size = os.path.getsize(p)
+        with open(p, "rb") as f:
+            data = f.read(size)
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read imatrix file ({exc.strerror})", path=p) from None
+    return _read_imatrix_dat(p, data)
+
+
+def _read_imatrix_gguf(p: str) -> dict[str, np.ndarray]:
+    import struct
+    from .limits import prescan_gguf
+    from .loaders.gguf_reader import GGUFFile
+    try:
+        prescan_gguf(p)
+        r = GGUFFile(p)
+    except WorkbenchError as exc:
+        raise exc.with_context(p) from None
+    except (ValueError, IndexError, KeyError, OSError, struct.error, TypeError,
+            OverflowError) as exc:
+        raise WorkbenchError(f"corrupt imatrix GGUF ({type(exc).__name__})", path=p) from None
+    try:
+        kind = r.fields.get("general.type")
+        if kind is not None and kind.contents() != "imatrix":
+            raise WorkbenchError(f"not an imatrix GGUF (general.type is "
+                                 f"{str(kind.contents())[:40]!r}; a model?)", path=p)
+        t = {}
+        for x in r.tensors:
+            if x.name.endswith((".in_sum2", ".counts")):
+                if x.tensor_type.name != "F32":
+                    raise WorkbenchError(f"imatrix tensor is {x.tensor_type.name}, expected F32",
+                                         path=p, tensor=x.name)
+                t[x.name] = np.array(x.data, dtype=np.float64).reshape(-1)
         out = {}
         for k, v in t.items():
-            if k.endswith(".in_sum2"):
-                n = k[:-len(".in_sum2")]
-                c = t.get(n + ".counts")
-                cnt = float(c[0]) if c is not None and c.size else 1.0
-                out[n] = v / max(cnt, 1.0)
+            if not k.endswith(".in_sum2"):
+                continue
+            n = k[:-len(".in_sum2")]
+            c = t.get(n + ".counts")
+            if c is None or c.size == 0:
+                c = np.ones(1)   # sums without counts: taken as already averaged
+            if c.size > 1 and v.size % c.size:
+                raise WorkbenchError(f"{c.size} counts do not divide {v.size} sums", path=p,
+                                     tensor=k)
+            if not (np.isfinite(c).all() and np.isfinite(v).all()) or (c < 0).any() \
+                    or (v < 0).any():
+                raise WorkbenchError("imatrix holds negative or non-finite values", path=p,
+                                     tensor=k)
+            cnt = np.maximum(c, 1.0)
+            out[n] = (v.reshape(c.size, -1) / cnt[:, None]).reshape(-1) if c.size > 1 \
+                else v / cnt[0]
+        if not out:
+            raise WorkbenchError("imatrix GGUF has no <name>.in_sum2 tensors", path=p)
         return out
-    data = open(path, "rb").read()
-    try:
-        off = 0
-        (n_entries,) = np.frombuffer(data, "<i4", 1, off); off += 4
-        out = {}
-        for _ in range(int(n_entries)):
-            (ln,) = np.frombuffer(data, "<i4", 1, off); off += 4
-            name = data[off:off + int(ln)].decode(); off += int(ln)
-            ncall, nval = np.frombuffer(data, "<i4", 2, off); off += 8
-            vals = np.frombuffer(data, "<f4", int(nval), off).astype(np.float64); off += 4 * int(nval)
-            out[name] = vals / max(int(ncall), 1)
-        return out
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise WorkbenchError(f"not an imatrix GGUF or .dat file ({exc})", path=str(path)) from None
+    finally:
+        r.close()
+
+
+def _read_imatrix_dat(p: str, data: bytes) -> dict[str, np.ndarray]:
+    """llama.cpp's legacy format: i32 count, then per entry i32 name length, name, i32 ncall,
+    i32 nval, f32[nval] (a trailing dataset name after the entries is ignored)."""
+    size = len(data)
+    off = 0
+
+    def i32(what: str) -> int:
+        nonlocal off
+        if off + 4 > size:
+            raise WorkbenchError(f"imatrix .dat truncated (reading {what} at byte {off:,})",
+                                 path=p)
+        v = int.from_bytes(data[off:off + 4], "little", signed=True)
+        off += 4
+        return v
+
+    if size < 4:
+        raise WorkbenchError("not an imatrix GGUF or .dat file (too short)", path=p)
+    n_entries = i32("the entry count")
+    # each entry takes at least 12 bytes (3 i32) plus a one-byte name
+    if n_entries <= 0 or n_entries > MAX_IMATRIX_ENTRIES or n_entries * 13 > size - 4:
+        raise WorkbenchError(f"not an imatrix GGUF or .dat file (claims {n_entries:,} entries "
+                             f"in {size:,} bytes)", path=p)
+    out = {}
+    for _ in range(n_entries):
+        ln = i32("a name length")
+        if ln <= 0 or ln > MAX_IMATRIX_NAME or off + ln > size:
+            raise WorkbenchError(f"imatrix .dat entry name of {ln:,} bytes at byte {off - 4:,} "
+                                 "(corrupt or truncated)", path=p)
+        try:
+            name = data[off:off + ln].decode("utf-8")
+        except UnicodeDecodeError:
+            raise WorkbenchError(f"imatrix .dat entry name at byte {off:,} is not UTF-8",
+                                 path=p) from None
+        off += ln
+        ncall = i32("ncall")
+        nval = i32("nval")
+        if ncall < 0 or nval <= 0 or nval > (size - off) // 4:
+            raise WorkbenchError(f"entry claims ncall {ncall:,} and {nval:,} values with "
+                                 f"{size - off:,} bytes left", path=p, tensor=name)
+        if name in out:
+            raise WorkbenchError("entry appears twice", path=p, tensor=name)
+        vals = np.frombuffer(data, "<f4", nval, off).astype(np.float64)
+        off += 4 * nval
+        if not np.isfinite(vals).all() or (vals < 0).any():
+            raise WorkbenchError("imatrix holds negative or non-finite values", path=p,
+                                 tensor=name)
+        out[name] = vals / max(ncall, 1)
+    return out
+
+
+def check_imatrix_for(model, imatrix_path, name: str, values: np.ndarray) -> None:
+    """The imatrix vector for the model's tensor `name` must have one value per input column;
+    a WorkbenchError naming the imatrix file and the tensor otherwise."""
+    info = model.info(name)
+    if info.ndim == 2 and values.size != info.cols:
+        raise WorkbenchError(f"imatrix has {values.size:,} values for a tensor of "
+                             f"{info.cols:,} input columns (an imatrix of another model?)",
+                             path=str(imatrix_path), tensor=name)
+    if info.ndim > 2 and (values.size == 0 or values.size % info.shape[-1]):
+        raise WorkbenchError(f"imatrix has {values.size:,} values for a tensor of "
+                             f"{info.shape[-1]:,} input columns (an imatrix of another "
+                             "model?)", path=str(imatrix_path), tensor=name)

@@ -21,6 +21,8 @@ MAX_REPEAT = 1000   # RE2's limit on a counted repetition; a larger count must n
 def _check_repeats(text: str) -> None:
     """Refuse counted repetitions above MAX_REPEAT. RE2 refuses {1001} but reads a count that
     overflows its integer (``a{4294967296}``) as literal text, where Python's re refuses it."""
+    if "{" not in text:
+        return
     i, n = 0, len(text)
     while i < n:
         c = text[i]
@@ -68,3 +70,61 @@ def compile_pattern(text: str, ignore_case: bool = False):
         raise WorkbenchError(f"bad regular expression {text[:80]!r} ({why}{hint})") from None
     except (TypeError, ValueError) as exc:
         raise WorkbenchError(f"bad regular expression {text[:80]!r} ({exc})") from None
+
+
+SET_MAX_MEM = 512 << 20   # bytes RE2 may use for a plan's patterns matched together
+
+
+def check_pattern_text(text: str) -> None:
+    """The checks made before RE2 sees a pattern (length, counted repetitions)."""
+    if len(text) > MAX_PATTERN:
+        raise WorkbenchError(f"regular expression longer than {MAX_PATTERN} characters")
+    _check_repeats(text)
+
+
+class PatternSet:
+    """Many patterns matched together in one pass over a name (RE2's Set): `first(name)` is
+    the index of the first pattern (in the order given) that ``re.search`` would find in
+    `name`, or None. Building and matching are linear in the patterns' total length and the
+    name's length, not in their product: a plan of 100,000 rules resolves a tensor as fast as
+    a plan of ten. A pattern RE2 cannot take is the WorkbenchError compile_pattern gives."""
+
+    def __init__(self, patterns: list[str]):
+        import re2
+        self.n = len(patterns)
+        self._set = None
+        if not patterns:
+            return
+        opts = re2.Options()
+        opts.log_errors = False
+        opts.max_mem = SET_MAX_MEM
+        s = re2.Set.SearchSet(opts)
+        for i, text in enumerate(patterns):
+            check_pattern_text(text)
+            try:
+                ok = s.Add(text) == i
+            except re2.error:
+                ok = False
+            if not ok:
+                compile_pattern(text)   # raises the precise reason
+                raise WorkbenchError(f"bad regular expression {text[:80]!r}")
+        try:
+            s.Compile()
+        except re2.error as exc:
+            raise WorkbenchError(f"the plan's {self.n:,} patterns do not fit RE2's memory "
+                                 f"limit together ({exc})") from None
+        self._set = s
+
+    def first(self, name: str) -> int | None:
+        if self._set is None:
+            return None
+        import re2
+        try:
+            try:
+                hits = self._set.Match(name)
+            except UnicodeEncodeError:   # a lone surrogate (RE2 takes UTF-8): matched as "?"
+                hits = self._set.Match(name.encode("utf-8", "replace").decode("utf-8"))
+        except re2.error as exc:
+            raise WorkbenchError(f"matching {self.n:,} patterns against {name[:80]!r} failed "
+                                 f"({exc})") from None
+        return min(hits) if hits else None

@@ -80,23 +80,20 @@ def read_config(model) -> dict:
     if not cfg_path.is_file():
         raise WorkbenchError("not runnable: no config.json beside the weights (weight-only "
                              "features still work)", path=str(model.path))
+    from .limits import loads
     try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise WorkbenchError(f"not runnable: config.json unreadable ({exc})", path=str(cfg_path))
+        cfg = loads(cfg_path.read_bytes(), str(cfg_path), "config.json")
+    except OSError as exc:
+        raise WorkbenchError(f"not runnable: config.json unreadable ({exc.strerror})",
+                             path=str(cfg_path)) from None
     if not isinstance(cfg, dict):
         raise WorkbenchError("not runnable: config.json is not a JSON object", path=str(cfg_path))
     return cfg
 
 
 def _import_transformers():
-    try:
-        import torch  # noqa: F401
-        import transformers
-    except ImportError:
-        raise WorkbenchError("not runnable: install the optional extra: pip install -e \".[model]\""
-                             ) from None
-    return transformers
+    from .optional import require
+    return require("transformers", "model")
 
 
 def model_kind(cfg: dict) -> str:

@@ -51,13 +51,14 @@ def second_moments(model, calib=None, imatrix=None, samples=None):
     """Job: {workbench name: E[x_j^2]} from calibration inputs or an imatrix file."""
     if imatrix:
         from .export.llama_tensor_types import detect_family, llama_cpp_name
-        from .imatrix import read_imatrix
+        from .imatrix import check_imatrix_for, read_imatrix
         im = read_imatrix(imatrix)
         fam = detect_family(model)
         out = {}
         for n in model.tensors:
             g = llama_cpp_name(n, fam)
             if g in im:
+                check_imatrix_for(model, imatrix, n, im[g])
                 out[n] = im[g]
         yield Progress(1, 1, "imatrix read")
         return out

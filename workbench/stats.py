@@ -17,6 +17,7 @@ import math
 import os
 import threading
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -49,13 +50,21 @@ class TensorStats:
     ch_absmax: np.ndarray = field(repr=False)
 
     def to_dict(self, arrays: bool = False) -> dict:
-        d = {k: _num(getattr(self, k)) for k in ("count", "nan", "inf", "min", "max", "mean", "std",
-                                           "absmax", "kurtosis", "outlier_frac")}
+        if self.count == 0:   # many empty tensors: no per-field conversion
+            d = {"count": 0, "nan": int(self.nan), "inf": int(self.inf), **_NAN_FIELDS,
+                 "outlier_frac": float(self.outlier_frac)}
+        else:
+            d = {k: _num(getattr(self, k)) for k in _FIELDS}
         if arrays:
             d["histogram"] = {"counts": self.hist_counts.tolist(), "edges": self.hist_edges.tolist()}
             d["channels"] = {"min": self.ch_min.tolist(), "max": self.ch_max.tolist(),
                              "absmax": self.ch_absmax.tolist()}
         return d
+
+
+_FIELDS = ("count", "nan", "inf", "min", "max", "mean", "std", "absmax", "kurtosis",
+           "outlier_frac")
+_NAN_FIELDS = {k: float("nan") for k in ("min", "max", "mean", "std", "absmax", "kurtosis")}
 
 
 def _num(v):
@@ -292,12 +301,36 @@ def _tensor_stats_two_pass(model, name: str, bins: int):
                        outliers / count, hist.sum(axis=0), edges, *_channel_arrays(rmin, rmax))
 
 
+_NAN32 = np.full(1, np.nan, np.float32)
+_NAN32.flags.writeable = False
+
+
 def _empty_stats(name, rows, nan, inf, bins) -> TensorStats:
+    """Statistics of a tensor without finite values. The arrays are shared and read-only (the
+    per-channel ones a zero-copy broadcast), so a header of many empty tensors costs next to
+    nothing, whatever rows they claim."""
     nanv = float("nan")
+    counts, edges = _empty_hist(bins)
+    ch = np.ndarray((rows,), np.float32, buffer=_NAN32, strides=(0,))   # read-only, no memory
     return TensorStats(name, 0, nan, inf, nanv, nanv, nanv, nanv, nanv, nanv, 0.0,
-                       np.zeros(bins, np.int64), np.linspace(0, 1, bins + 1),
-                       np.full(rows, np.nan, np.float32), np.full(rows, np.nan, np.float32),
-                       np.full(rows, np.nan, np.float32))
+                       counts, edges, ch, ch, ch)
+
+
+def empty_stats(name: str, rows: int, bins: int = BINS) -> TensorStats:
+    """The statistics of a tensor with no elements (what tensor_stats returns for it)."""
+    return _empty_stats(name, rows, 0, 0, bins)
+
+
+def empty_stats_dict() -> dict:
+    """``empty_stats(...).to_dict()``: the same for every empty tensor."""
+    return empty_stats("", 0).to_dict()
+
+
+@lru_cache(maxsize=16)
+def _empty_hist(bins: int):
+    counts, edges = np.zeros(bins, np.int64), np.linspace(0, 1, bins + 1)
+    counts.flags.writeable = edges.flags.writeable = False
+    return counts, edges
 
 
 def reference_stats(w: np.ndarray, name: str = "", bins: int = BINS) -> TensorStats:
@@ -372,11 +405,18 @@ def model_stats(model, names=None, cache: StatsCache | None = DEFAULT_CACHE, bin
     Progress is measured in bytes so big tensors count for what they cost.
     """
     names = list(model.tensors) if names is None else list(names)
-    total = sum(max(model.info(n).nbytes, 1) for n in names) or 1
+    infos = [model.info(n) for n in names]
+    total = sum(max(i.nbytes, 1) for i in infos) or 1
     done = 0
     out: dict[str, TensorStats] = {}
-    for n in names:
-        size = max(model.info(n).nbytes, 1)
+    for n, info in zip(names, infos):
+        size = max(info.nbytes, 1)
+        if info.numel == 0:   # nothing to read or cache: linear in the header, small constant
+            out[n] = _empty_stats(n, info.rows, 0, 0, bins)
+            done += size
+            if len(out) % 4096 == 0:
+                yield Progress(done, total, f"statistics: {n}")
+            continue
         st = cache.get(model, n) if cache is not None else None
         if st is None:
             job = tensor_stats(model, n, bins)

@@ -202,3 +202,26 @@ def test_crash_handler_logs_and_tells_where(window, tmp_path, monkeypatch):
     assert len(logs) == 1 and "boom in a slot" in logs[0].read_text()
     title, text = window.messages.errors[-1]
     assert title == "Unexpected error" and str(logs[0]) in text
+
+
+def test_save_dialogs_refuse_the_inputs_by_any_link(make_window, qtbot, tmp_path):
+    """Issue 20 class 1 in the GUI: a link to the model's file or to the session the window
+    came from is refused by Export, Save screenshot / report; nothing is written."""
+    import os
+    win = make_window()
+    session = tmp_path / "s.json"
+    win.save_session(path=str(session))
+    before = session.read_bytes()
+    (tmp_path / "model-link.safetensors").symlink_to(DEMO)
+    os.link(session, tmp_path / "session-hard.json")
+    dlg = win.export_dialog()
+    win.messages.answer = True
+    assert dlg.start("safetensors", str(tmp_path / "model-link.safetensors")) is None
+    assert "input of the open model" in dlg.error
+    assert dlg.start("plan", str(tmp_path / "session-hard.json")) is None
+    assert "the session" in dlg.error and session.read_bytes() == before
+    assert win.refuse_input_target(tmp_path / "model-link.safetensors", "report") is True
+    assert win.refuse_input_target(session, "screenshot") is True
+    assert win.refuse_input_target(session, "session", session_ok=True) is False
+    assert win.refuse_input_target(tmp_path / "new.png", "screenshot") is False
+    assert session.read_bytes() == before

@@ -10,7 +10,11 @@ import zipfile
 
 import numpy as np
 
-AREAS = ("safetensors", "gguf", "pytorch", "quantized", "plan", "session")
+BASE_AREAS = ("safetensors", "gguf", "pytorch", "quantized", "plan", "session")
+# issue 20's classes, one input kind each (tests/fuzz/cases_hostile.py)
+HOSTILE_AREAS = ("outputs", "pt-cycles", "imatrix", "calibration", "roundtrip", "gguf-align",
+                 "truncation", "scale", "optional")
+AREAS = BASE_AREAS + HOSTILE_AREAS
 DTYPES = ["F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "U8", "BOOL", "F8_E4M3",
           "Q4_0", "X", 7, None]
 HUGE = [0, 1, 2, 3, 255, 256, 2**31 - 1, 2**31, 2**32, 2**40, 2**53, 2**62, 2**63, 2**64 - 1,
@@ -282,3 +286,11 @@ def session(r: random.Random):
 
 GENERATORS = {"safetensors": safetensors, "gguf": gguf_file, "pytorch": pytorch,
               "quantized": quantized, "plan": plan, "session": session}
+
+
+def _hostile():
+    from .cases_hostile import GENERATORS as G
+    return G
+
+
+GENERATORS.update(_hostile())

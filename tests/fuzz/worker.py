@@ -13,6 +13,10 @@ import numpy as np
 
 def exercise(area: str, path: str) -> None:
     from workbench.errors import WorkbenchError
+    from .hostile import EXERCISES
+    if area in EXERCISES:
+        EXERCISES[area](path)
+        return
     if area == "plan":
         from workbench.plan import Plan
         Plan.load(path)
@@ -45,6 +49,16 @@ def main() -> None:
     import workbench.loaders  # noqa: F401
     import workbench.stats  # noqa: F401
     import workbench.evaluate  # noqa: F401
+    from . import hostile  # noqa: F401
+    try:   # the runnable-model commands' imports, paid once (not per case)
+        import tokenizers  # noqa: F401
+        import transformers  # noqa: F401
+        import workbench.runner  # noqa: F401
+    except ImportError:
+        pass
+    import workbench.calibration  # noqa: F401
+    import workbench.export  # noqa: F401
+    import workbench.imatrix  # noqa: F401
     limit = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 30
     try:
         import psutil
@@ -63,6 +77,8 @@ def main() -> None:
             out = {"result": "error", "message": msg[:300]}
             if "\n" in msg:
                 out = {"result": "fail", "kind": "multi-line error", "message": msg[:500]}
+        except hostile.Finding as exc:
+            out = {"result": "fail", "kind": "finding", "message": str(exc)[:800]}
         except MemoryError:
             out = {"result": "fail", "kind": "memory", "message": traceback.format_exc()[-800:]}
         except RecursionError:

@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     _tolerant_streams()
     try:
         args = parser.parse_args(argv)
+        from .common import check_file_args
+        check_file_args(args)
         return int(args.func(args) or 0)
     except WorkbenchError as exc:
         _say(f"quant-workbench: error: {exc}")
@@ -84,6 +86,15 @@ def main(argv: list[str] | None = None) -> int:
         raise
     except RecursionError as exc:
         return _crash(exc, "input nested too deeply")
+    except ImportError as exc:   # an optional package missing deep inside a library
+        from ..optional import missing_from
+        msg = missing_from(exc)
+        if msg is None:
+            if os.environ.get("QUANT_WORKBENCH_TRACEBACK"):
+                raise
+            return _crash(exc, "internal error")
+        _say(f"quant-workbench: error: {msg}")
+        return 2
     except MemoryError as exc:
         return _crash(exc, "out of memory")
     except Exception as exc:  # noqa: BLE001 - the catch-all: one line + a log with the traceback

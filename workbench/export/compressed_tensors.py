@@ -28,6 +28,8 @@ model that rounds the scales, so vLLM's weights can differ from these in the las
 
 from __future__ import annotations
 
+from ..optional import require
+
 import json
 import os
 import shutil
@@ -52,7 +54,7 @@ FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"),
 def _args_for(scheme):
     """compressed-tensors QuantizationArgs for a workbench scheme (vLLM-expressible ones)."""
     import torch
-    from compressed_tensors.quantization import QuantizationArgs
+    QuantizationArgs = require("compressed_tensors.quantization", "vllm").QuantizationArgs
     from ..schemes.granularity import PerGroup
     if scheme.name == "fp8-e4m3":
         return QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy="channel",
@@ -67,7 +69,8 @@ def _args_for(scheme):
 def _layer_tensors(scheme, qt, shape) -> dict:
     """The compressed-tensors arrays of one layer (numpy / torch), exactly the workbench's."""
     import torch
-    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    pack_to_int32 = require("compressed_tensors.compressors.pack_quantized.helpers",
+                            "vllm").pack_to_int32
     from ..schemes.packing import unpack_bits
     rows, cols = shape
     if scheme.name == "fp8-e4m3":
@@ -80,7 +83,7 @@ def _layer_tensors(scheme, qt, shape) -> dict:
     codes = unpack_bits(qt.arrays["codes"], b, rows * cols).reshape(rows, cols).astype(np.int16)
     half = 1 << (b - 1)
     q = torch.from_numpy((codes - half).astype(np.int8))
-    nb = qt.arrays["scales"].size // rows
+    nb = qt.arrays["scales"].size // rows if rows else 0   # a zero-row weight: no groups
     out = {"weight_packed": pack_to_int32(q, b),
            "weight_scale": torch.from_numpy(
                qt.arrays["scales"].astype(np.float32).reshape(rows, nb).copy()),
@@ -95,7 +98,7 @@ def _layer_tensors(scheme, qt, shape) -> dict:
 def _act_args(entry: dict):
     """compressed-tensors QuantizationArgs of a plan's activation entry (static, per tensor,
     symmetric: workbench.methods.activations.activation_entry)."""
-    from compressed_tensors.quantization import QuantizationArgs
+    QuantizationArgs = require("compressed_tensors.quantization", "vllm").QuantizationArgs
     return QuantizationArgs(num_bits=int(entry["num_bits"]), type=entry.get("type", "int"),
                             symmetric=bool(entry.get("symmetric", True)),
                             strategy=entry.get("strategy", "tensor"),
@@ -135,7 +138,8 @@ def _fused_conflicts(decisions: dict) -> list[str]:
                    "a Hugging Face folder for vLLM (compressed-tensors: int4/int8 channel or "
                    "group, symmetric or asymmetric, fp8-e4m3)")
 def export_compressed_tensors(model, plan, out_path, strict: bool = False):
-    from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme
+    _ctq = require("compressed_tensors.quantization", "vllm")
+    QuantizationConfig, QuantizationScheme = _ctq.QuantizationConfig, _ctq.QuantizationScheme
 
     from .st_writer import StreamingSafetensorsWriter
 

@@ -387,6 +387,13 @@ def export_gguf(model, plan, out_path, strict: bool = False):
         check_strict(decisions.values(), path=model.path)
     hf, not_runnable = (None, None) if from_gguf else hf_target(model)
     items, dropped = _plan_items(model, decisions, from_gguf, hf)
+    for it in items:   # GGUF stores names as UTF-8: a lone surrogate (from a JSON header's
+        try:           # \udc80 escape) has no UTF-8 form
+            it.out.encode("utf-8")
+        except UnicodeEncodeError:
+            raise WorkbenchError("tensor name holds a lone surrogate, which GGUF (UTF-8 names) "
+                                 "cannot store: rename the tensor", path=model.path,
+                                 tensor=it.out) from None
     summary = summarize(d for n, d in decisions.items() if n not in dropped)
     reader = model.source if from_gguf else None
     reader_tensors = {t.name: t for t in reader.tensors} if reader is not None else {}
@@ -416,8 +423,8 @@ def export_gguf(model, plan, out_path, strict: bool = False):
                 writer.add_custom_alignment(int(align.value))
             skipped = _copy_fields(writer, reader)
         else:
-            writer.add_name(Path(model.path).stem if Path(model.path).is_file()
-                            else Path(model.path).name)
+            writer.add_name((Path(model.path).stem if Path(model.path).is_file()
+                             else Path(model.path).name).encode("utf-8", "replace").decode())
             if hf is not None:
                 import logging
                 vocab_log = logging.getLogger("gguf.vocab")

@@ -75,12 +75,12 @@ class GGUFTensor:
         """A read-only flat view of the tensor's data: float/int for the plain types (BF16 as
         uint16 bits), uint8 bytes for block types."""
         np_t = _PLAIN_NP.get(self.tensor_type.name)
-        buf = self._file._mm
         if self.n_bytes == 0:
             return np.zeros(0, np_t or np.uint8)
-        if np_t is None:
-            return np.frombuffer(buf, np.uint8, self.n_bytes, self.data_offset)
-        return np.frombuffer(buf, np_t, self.n_elements, self.data_offset)
+        # pread, not the header's memory map: a file truncated meanwhile is an error naming
+        # it, not a SIGBUS (workbench.loaders.region)
+        from .region import tensor_region
+        return tensor_region(self._file.path, self.data_offset, self.n_bytes, np_t or np.uint8)
 
 
 class GGUFFile:
@@ -154,11 +154,16 @@ class GGUFFile:
                 raise WorkbenchError(f"{qt.name} tensor of {n} values is not whole blocks of "
                                      f"{block}", path=self.path, tensor=name)
             nbytes = n // block * type_size
+            if offset % self.alignment:
+                raise WorkbenchError(f"tensor data offset {offset:,} breaks the file's "
+                                     f"{self.alignment}-byte alignment (shifted or corrupt "
+                                     "tensor info)", path=self.path, tensor=name)
             start = self.data_offset + offset
             if offset > size or start + nbytes > size:
                 raise WorkbenchError(f"tensor data ({nbytes:,} bytes at offset {offset:,}) runs "
                                      "past the end of the file", path=self.path, tensor=name)
             self.tensors.append(GGUFTensor(name, dims, qt, n, nbytes, start, self))
+        self.close()   # the header is parsed; tensor data is read with pread
 
     # -- parsing ---------------------------------------------------------------------------
     def _need(self, n: int) -> None:
@@ -203,7 +208,7 @@ class GGUFFile:
             if n > (self.size - self._pos) // dt.itemsize:
                 raise WorkbenchError(f"GGUF array of {n:,} items runs past the file",
                                      path=self.path)
-            arr = np.frombuffer(self._mm, dt, n, self._pos)
+            arr = np.frombuffer(self._mm, dt, n, self._pos).copy()  # not a view of the map
             self._pos += n * dt.itemsize
             try:
                 types.append(VT(sub))

@@ -61,38 +61,59 @@ def parse_header(buf: bytes, file_size: int, path: str = "") -> tuple[dict, dict
         raise WorkbenchError("corrupt safetensors header (__metadata__ is not an object)", path=path)
     entries = {}
     spans = []
+    storage = STORAGE
     for name, e in header.items():
-        if not isinstance(e, dict):
-            raise WorkbenchError("header entry is not an object", path=path, tensor=name)
-        dtype, shape, offs = e.get("dtype"), e.get("shape"), e.get("data_offsets")
-        if not isinstance(dtype, str):
-            raise WorkbenchError("header entry has no dtype", path=path, tensor=name)
-        if dtype not in STORAGE:
-            raise WorkbenchError(f"unsupported dtype {dtype}", path=path, tensor=name)
-        if (not isinstance(shape, list)
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
-            raise WorkbenchError(f"invalid shape {shape!r}", path=path, tensor=name)
-        if (not isinstance(offs, list) or len(offs) != 2
-                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
-            raise WorkbenchError(f"invalid data_offsets {offs!r}", path=path, tensor=name)
-        begin, end = offs
-        expected = math.prod(shape) * STORAGE[dtype][1]
-        if begin < 0 or end < begin:
-            raise WorkbenchError(f"invalid data_offsets {offs}", path=path, tensor=name)
-        if end - begin != expected:
-            raise WorkbenchError(f"header says {end - begin} bytes but shape {shape} of {dtype} "
-                                 f"needs {expected}", path=path, tensor=name)
-        if end > data_size:
-            raise WorkbenchError(f"data ends at byte {end} but the file has only {data_size} data "
-                                 "bytes (truncated or lying header)", path=path, tensor=name)
-        entries[name] = (dtype, tuple(shape), begin, end)
-        if end > begin:
-            spans.append((begin, end, name))
+        # the common case in a few type checks; anything unusual takes _check_entry's path,
+        # which names the problem (linear in the header, small constant per tensor)
+        if type(e) is dict:
+            dtype, shape, offs = e.get("dtype"), e.get("shape"), e.get("data_offsets")
+            st = storage.get(dtype) if type(dtype) is str else None
+            if (st is not None and type(shape) is list and type(offs) is list and len(offs) == 2
+                    and type(offs[0]) is int and type(offs[1]) is int
+                    and all(type(x) is int and x >= 0 for x in shape)):
+                begin, end = offs
+                n = 1
+                for x in shape:
+                    n *= x
+                if 0 <= begin <= end <= data_size and end - begin == n * st[1]:
+                    entries[name] = (dtype, tuple(shape), begin, end)
+                    if end > begin:
+                        spans.append((begin, end, name))
+                    continue
+        _check_entry(name, e, data_size, path)   # raises with the reason
+        raise WorkbenchError("invalid header entry", path=path, tensor=name)  # pragma: no cover
     spans.sort()
     for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
             raise WorkbenchError(f"tensors '{n0}' and '{n1}' overlap in the file", path=path)
     return entries, {str(k): str(v) for k, v in metadata.items()}, data_start
+
+
+def _check_entry(name, e, data_size: int, path: str) -> None:
+    """The reason a header entry is invalid, raised as a WorkbenchError."""
+    if not isinstance(e, dict):
+        raise WorkbenchError("header entry is not an object", path=path, tensor=name)
+    dtype, shape, offs = e.get("dtype"), e.get("shape"), e.get("data_offsets")
+    if not isinstance(dtype, str):
+        raise WorkbenchError("header entry has no dtype", path=path, tensor=name)
+    if dtype not in STORAGE:
+        raise WorkbenchError(f"unsupported dtype {dtype}", path=path, tensor=name)
+    if (not isinstance(shape, list)
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
+        raise WorkbenchError(f"invalid shape {shape!r}"[:200], path=path, tensor=name)
+    if (not isinstance(offs, list) or len(offs) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
+        raise WorkbenchError(f"invalid data_offsets {offs!r}"[:200], path=path, tensor=name)
+    begin, end = offs
+    expected = math.prod(shape) * STORAGE[dtype][1]
+    if begin < 0 or end < begin:
+        raise WorkbenchError(f"invalid data_offsets {offs}", path=path, tensor=name)
+    if end - begin != expected:
+        raise WorkbenchError(f"header says {end - begin} bytes but shape {shape} of {dtype} "
+                             f"needs {expected}", path=path, tensor=name)
+    if end > data_size:
+        raise WorkbenchError(f"data ends at byte {end} but the file has only {data_size} data "
+                             "bytes (truncated or lying header)", path=path, tensor=name)
 
 
 class _File:
@@ -123,7 +144,10 @@ class _File:
         if n == 0:
             return np.zeros(shape, dtype=np_dtype)
         try:
-            return map_region(self.path, self.data_start + begin, end - begin, np_dtype).reshape(shape)
+            # pread, not a memory map: a file truncated meanwhile is an error, not a SIGBUS
+            from .region import tensor_region
+            return tensor_region(self.path, self.data_start + begin, end - begin,
+                               np_dtype).reshape(shape)
         except (OSError, ValueError) as exc:
             raise WorkbenchError(f"cannot map tensor data ({exc})", path=self.path,
                                  tensor=name) from None

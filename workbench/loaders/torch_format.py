@@ -21,8 +21,18 @@ from ..model import Model, TensorInfo
 _WRAPPERS = ("state_dict", "model_state_dict", "model", "module", "weights", "params")
 
 
-def _flatten(obj, prefix: str, out: dict, depth: int = 0) -> None:
+MAX_ENTRIES = 1_000_000   # dict entries visited while flattening (shared sub-dicts count each time)
+MAX_SHARED = 64           # places one dict object may appear at (a DAG of dicts fans out 2^depth)
+
+
+def _flatten(obj, prefix: str, out: dict, depth: int = 0, _path: set | None = None,
+             _count: list | None = None) -> None:
+    """Tensors of nested dicts under dotted names. A dict that contains itself (a cycle the
+    pickle can express) is refused, and so is a nesting that fans out past MAX_ENTRIES visits
+    (the same dict shared many times over)."""
     import torch
+    path = set() if _path is None else _path
+    count = [0, {}] if _count is None else _count
     if depth > 64:
         raise WorkbenchError("state dict nested more than 64 levels deep")
     if isinstance(obj, torch.Tensor):
@@ -31,12 +41,30 @@ def _flatten(obj, prefix: str, out: dict, depth: int = 0) -> None:
                                  "(e.g. 'a.b' and 'a' -> 'b')")
         out[prefix] = obj
     elif isinstance(obj, dict):
+        if id(obj) in path:
+            raise WorkbenchError(f"state dict contains itself (at {prefix[:120]!r}): a "
+                                 "self-referencing container")
+        path.add(id(obj))
+        count[0] += len(obj)
+        visits = count[1][id(obj)] = count[1].get(id(obj), 0) + 1
+        if count[0] > MAX_ENTRIES or visits > MAX_SHARED:
+            raise WorkbenchError(f"state dict has more than {MAX_ENTRIES:,} entries or a dict "
+                                 f"shared at more than {MAX_SHARED} places (nested dicts "
+                                 "shared many times over)")
         for k, v in obj.items():
-            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out, depth + 1)
+            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out, depth + 1, path, count)
+        path.discard(id(obj))
 
 
 def _unwrap(obj):
+    """Follow {"state_dict": ...}-style wrappers; a wrapper chain that comes back to a dict
+    already seen (a self-referencing container) is refused."""
+    seen = set()
     while isinstance(obj, dict):
+        if id(obj) in seen:
+            raise WorkbenchError("state dict wrappers form a cycle (a self-referencing "
+                                 "container)")
+        seen.add(id(obj))
         for key in _WRAPPERS:
             if key in obj and isinstance(obj[key], dict):
                 obj = obj[key]
@@ -119,6 +147,40 @@ def _check_storage_records(p: str, flat: dict) -> None:
                              f"records hold {record_bytes:,} (a record cut short)", path=p)
 
 
+def _mapping_base(p: str, flat: dict):
+    """The address torch's memory map of the file starts at (so a tensor's bytes lie at
+    data_ptr - base in the file), found by matching the storages' addresses with the data
+    records' offsets in the zip; None when it cannot be established (then tensors are read
+    through the map)."""
+    import torch
+    try:
+        if not zipfile.is_zipfile(p):
+            return None
+        with zipfile.ZipFile(p) as zf, open(p, "rb") as fh:
+            offsets = set()
+            for i in zf.infolist():
+                if "/data/" not in i.filename or i.filename.endswith("/"):
+                    continue
+                fh.seek(i.header_offset)
+                head = fh.read(30)
+                if len(head) < 30 or head[:4] != b"PK\x03\x04":
+                    return None
+                n, m = int.from_bytes(head[26:28], "little"), int.from_bytes(head[28:30], "little")
+                offsets.add(i.header_offset + 30 + n + m)
+        ptrs = sorted({t.untyped_storage().data_ptr() for t in flat.values()
+                       if t.layout == torch.strided and t.device.type != "meta"
+                       and t.untyped_storage().nbytes()})
+    except (OSError, zipfile.BadZipFile, ValueError, RuntimeError, EOFError):
+        return None
+    if not ptrs or not offsets:
+        return None
+    for off in sorted(offsets)[:64]:
+        base = ptrs[0] - off
+        if all(q - base in offsets for q in ptrs):
+            return base
+    return None
+
+
 def open_torch(path: str | os.PathLike) -> Model:
     p = str(Path(path))
     if not os.path.exists(p):
@@ -170,10 +232,22 @@ def open_torch(path: str | os.PathLike) -> Model:
         tensors[name] = TensorInfo(name, tuple(t.shape), TORCH_TO_ST[key],
                                    t.numel() * t.element_size(), p)
 
+    base = _mapping_base(p, flat)
+
     def raw(name: str) -> np.ndarray:
         import torch
-        t = flat[name].detach().contiguous()   # nn.Parameter requires grad
         info = tensors[name]
+        t = flat[name].detach()                # nn.Parameter requires grad
+        if base is not None and t.is_contiguous() and info.nbytes:
+            # read the bytes with pread where they lie in the file, not through torch's
+            # memory map: a file truncated meanwhile is an error, not a SIGBUS
+            from .region import PREAD_LIMIT, read_region
+            if info.nbytes <= PREAD_LIMIT:
+                off = t.data_ptr() - base
+                np_t = {"BF16": np.uint16}.get(info.dtype) or (
+                    np.uint8 if info.dtype.startswith("F8_") else t.numpy().dtype)
+                return read_region(p, off, info.nbytes, np_t).reshape(info.matrix_shape)
+        t = t.contiguous()
         if info.dtype == "BF16":
             arr = t.view(torch.int16).numpy().view(np.uint16)
         elif info.dtype.startswith("F8_"):
