@@ -1,0 +1,258 @@
+"""The "Model map" tab (issue 23): the network as its blocks, every tensor a cell coloured by an
+overlay — scheme / bits per weight, SQNR, sensitivity, measured output change, kurtosis or
+outlier fraction — with a legend, per-block totals (bytes, bits per weight), click to select
+everywhere, rubber-band or block selection plus a scheme as one undoable edit, and PNG / SVG
+export. Every number comes from `workbench.model_map` and the document (`quant-workbench map`
+prints the same blocks and totals)."""
+
+from __future__ import annotations
+
+import numpy as np
+from PySide6.QtCore import QRectF, QSize, Qt, QTimer
+from PySide6.QtGui import QColor, QPainter
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QPushButton,
+                               QScrollArea, QVBoxLayout, QWidget)
+
+from workbench.atomic import atomic_write
+from workbench.errors import WorkbenchError
+from workbench.model_map import (HIGHER_IS_BETTER, OVERLAY_TEXT, OVERLAYS, block_totals,
+                                 colour_range, layout, normalise, overlay_values)
+from workbench.plan import KEEP
+
+from . import commands
+from .colour_scale import ColourLegend, rgb
+from .format import fmt_bytes, fmt_float
+from .map_canvas import MapCanvas
+from .theme import BACKGROUND
+
+LEGEND_H = 50
+
+
+class ModelMapView(QWidget):
+    def __init__(self, doc, push, select, fx=None, parent=None):
+        super().__init__(parent)
+        self.setObjectName("ModelMap")
+        self.doc, self.push, self.select_tensor, self.fx = doc, push, select, fx
+        self.overlay = "bits"
+        self.canvas = MapCanvas()
+        self.canvas.tooltip = self._tooltip
+        self.scroll = QScrollArea()
+        self.scroll.setWidget(self.canvas)
+        self.scroll.setWidgetResizable(True)
+        self.legend = ColourLegend()
+
+        self.overlay_combo = QComboBox()
+        self.overlay_combo.setObjectName("MapOverlay")
+        for key in OVERLAYS:
+            self.overlay_combo.addItem(OVERLAY_TEXT[key], key)
+        self.overlay_combo.currentIndexChanged.connect(
+            lambda _i: self.set_overlay(self.overlay_combo.currentData()))
+        from workbench.schemes import list_schemes
+        from .scheme_picker import fill
+        self.scheme_combo = QComboBox()
+        self.scheme_combo.setObjectName("MapScheme")
+        fill(self.scheme_combo, [KEEP] + list_schemes())
+        i = self.scheme_combo.findText("q4_k")
+        if i >= 0:
+            self.scheme_combo.setCurrentIndex(i)
+        self.assign_button = QPushButton("Assign to selection")
+        self.assign_button.setObjectName("MapAssign")
+        self.assign_button.clicked.connect(self.assign_selection)
+        png = QPushButton("PNG…")
+        png.clicked.connect(lambda: self._export_dialog("png"))
+        svg = QPushButton("SVG…")
+        svg.clicked.connect(lambda: self._export_dialog("svg"))
+        self.status = QLabel("")
+        self.status.setObjectName("MapStatus")
+        bar = QHBoxLayout()
+        bar.setContentsMargins(0, 0, 0, 0)
+        bar.addWidget(QLabel("Colour:"))
+        bar.addWidget(self.overlay_combo)
+        bar.addSpacing(12)
+        bar.addWidget(self.scheme_combo)
+        bar.addWidget(self.assign_button)
+        bar.addWidget(self.status, 1)
+        bar.addWidget(png)
+        bar.addWidget(svg)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.setSpacing(4)
+        lay.addLayout(bar)
+        lay.addWidget(self.legend)
+        lay.addWidget(self.scroll, 1)
+
+        self.canvas.cellClicked.connect(self.select_tensor)
+        self.canvas.selectionChanged.connect(self._selection_changed)
+        self.canvas.hovered.connect(self._hovered)
+        doc.modelChanged.connect(self.rebuild)
+        doc.currentChanged.connect(self._current)
+        # values change as results arrive: recoloured at most every 100 ms
+        self._recolour = QTimer(self, singleShot=True, interval=100)
+        self._recolour.timeout.connect(self.refresh)
+        for sig in (doc.stateChanged, doc.resultsChanged, doc.statsChanged,
+                    doc.estimatesChanged):
+            sig.connect(lambda *_: self._schedule())
+        if fx is not None:
+            fx.tableChanged.connect(lambda *_: self._schedule())
+        self.rebuild()
+
+    # ---- data ------------------------------------------------------------------------------
+    def rebuild(self) -> None:
+        model = self.doc.model
+        self.blocks = layout(model) if model is not None else []
+        self.canvas.set_blocks(self.blocks)
+        self.canvas.set_current(self.doc.current)
+        self.refresh()
+
+    def _schedule(self) -> None:
+        if not self._recolour.isActive():
+            self._recolour.start()
+
+    def values(self, overlay: str | None = None) -> np.ndarray:
+        doc, fx = self.doc, self.fx
+        overlay = overlay or self.overlay
+        names = self.canvas.names
+        if doc.model is None:
+            return np.zeros(0)
+        tensors = doc.model.tensors
+
+        def sens(measure):
+            table = fx.table(measure) if fx is not None else None
+            if table is None:
+                return None
+            return lambda n: table.value(n, doc.scheme_of(n))
+        return overlay_values(
+            names, overlay, bytes_of=doc.bytes_of, params=lambda n: tensors[n].numel,
+            sqnr=doc.sqnr, stats=doc.stats,
+            sensitivity=sens(fx.measure) if fx is not None and overlay == "sensitivity" else None,
+            output=sens("output") if overlay == "output" else None)
+
+    def refresh(self) -> None:
+        vals = self.values()
+        self.current_values = vals
+        lo, hi, log = colour_range(vals, self.overlay)
+        reverse = self.overlay in HIGHER_IS_BETTER
+        t = normalise(vals, lo, hi, log)
+        self.canvas.set_colours(rgb(t, reverse))
+        known = int(np.isfinite(vals).sum() + np.isposinf(vals).sum())
+        note = f"{known}/{len(vals)} tensors known" if known < len(vals) else ""
+        if self.overlay in ("sensitivity", "output") and known == 0:
+            note = "open the Sensitivity && Budget tab to compute it" \
+                if self.overlay == "sensitivity" else "needs the output measure in the " \
+                "Sensitivity && Budget tab"
+        self.legend.set_scale(OVERLAY_TEXT[self.overlay], lo, hi, log, reverse, note)
+        text = {}
+        for b in self.blocks:
+            tot = block_totals(b, self.doc.bytes_of)
+            text[b.key] = (f"{tot.tensors} tensors\n{fmt_bytes(tot.bytes)} · "
+                           f"{tot.bits_per_weight:.2f} b/w")
+        self.canvas.set_block_text(text)
+        self._selection_changed()
+
+    def set_overlay(self, overlay: str) -> None:
+        if overlay not in OVERLAYS:
+            raise WorkbenchError(f"unknown overlay '{overlay}' (choose from {', '.join(OVERLAYS)})")
+        self.overlay = overlay
+        i = self.overlay_combo.findData(overlay)
+        if i != self.overlay_combo.currentIndex():
+            self.overlay_combo.blockSignals(True)
+            self.overlay_combo.setCurrentIndex(i)
+            self.overlay_combo.blockSignals(False)
+        if self.fx is not None and self.doc.model is not None:
+            if overlay == "sensitivity":
+                self.fx.request_table()
+        self.refresh()
+
+    # ---- selection and edits ---------------------------------------------------------------
+    def _current(self, name: str) -> None:
+        self.canvas.set_current(name or None)
+        r = self.canvas.cell_rect(name) if name else None
+        if r is not None:
+            self.scroll.ensureVisible(int(r.center().x()), int(r.center().y()), 60, 40)
+
+    def _selection_changed(self) -> None:
+        sel = self.canvas.selected
+        if not sel:
+            self.status.setText("click a cell, drag a rectangle or click a block's title to select")
+            self.assign_button.setEnabled(False)
+            return
+        nbytes = sum(self.doc.bytes_of(n) for n in sel)
+        params = sum(self.doc.model.tensors[n].numel for n in sel)
+        self.status.setText(f"{len(sel)} selected · {fmt_bytes(nbytes)} · "
+                            f"{8 * nbytes / params if params else 0:.2f} b/w")
+        self.assign_button.setEnabled(True)
+
+    def selected_names(self) -> list[str]:
+        return [n for n in self.canvas.names if n in self.canvas.selected]
+
+    def assign_selection(self, scheme: str | None = None) -> bool:
+        """Assign the scheme to every selected tensor: one undoable edit."""
+        names = self.selected_names()
+        scheme = scheme or self.scheme_combo.currentText()
+        if not names:
+            return False
+        cmd = commands.assign(self.doc, names, scheme)
+        return bool(cmd is not None and self.push(cmd))
+
+    def _hovered(self, name: str) -> None:
+        pass
+
+    def _tooltip(self, name: str) -> str:
+        i = self.canvas.index.get(name)
+        v = self.current_values[i] if i is not None and i < len(self.current_values) else None
+        info = self.doc.model.tensors[name]
+        return (f"{name}\n{self.doc.scheme_of(name)} · {info.display_dtype} "
+                f"{'×'.join(map(str, info.shape))}\n{OVERLAY_TEXT[self.overlay]}: "
+                f"{fmt_float(None if v is None or np.isnan(v) else float(v))}")
+
+    # ---- export ----------------------------------------------------------------------------
+    def render(self, painter: QPainter, width: int) -> None:
+        """The whole map with its legend, for PNG and SVG."""
+        painter.fillRect(QRectF(0, 0, width, self.export_size().height()), QColor(BACKGROUND))
+        self.legend.paint_into(painter, QRectF(8, 4, min(width - 16, 640), LEGEND_H - 6))
+        painter.translate(0, LEGEND_H)
+        self.canvas.paint_into(painter, QRectF(0, 0, width, self.canvas.sizeHint().height()))
+        painter.translate(0, -LEGEND_H)
+
+    def export_size(self) -> QSize:
+        s = self.canvas.sizeHint()
+        return QSize(max(s.width(), 660), s.height() + LEGEND_H)
+
+    def export_png(self, path) -> None:
+        from PySide6.QtCore import QBuffer, QIODevice
+        from PySide6.QtGui import QImage
+        size = self.export_size()
+        img = QImage(size, QImage.Format.Format_ARGB32)
+        p = QPainter(img)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing, False)
+        self.render(p, size.width())
+        p.end()
+        buf = QBuffer()
+        buf.open(QIODevice.OpenModeFlag.WriteOnly)
+        if not img.save(buf, "PNG"):
+            raise WorkbenchError("could not encode the map as PNG", path=str(path))
+        with atomic_write(path, "wb") as fh:
+            fh.write(bytes(buf.data()))
+
+    def export_svg(self, path) -> None:
+        from PySide6.QtCore import QBuffer, QIODevice
+        from PySide6.QtSvg import QSvgGenerator
+        size = self.export_size()
+        buf = QBuffer()
+        buf.open(QIODevice.OpenModeFlag.WriteOnly)
+        gen = QSvgGenerator()
+        gen.setOutputDevice(buf)
+        gen.setSize(size)
+        gen.setViewBox(QRectF(0, 0, size.width(), size.height()))
+        gen.setTitle("Quant Workbench model map")
+        p = QPainter(gen)
+        self.render(p, size.width())
+        p.end()
+        with atomic_write(path, "wb") as fh:
+            fh.write(bytes(buf.data()))
+
+    def _export_dialog(self, kind: str) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, f"Export the model map as {kind.upper()}",
+                                              f"model-map.{kind}", f"{kind.upper()} (*.{kind})")
+        if path:
+            (self.export_png if kind == "png" else self.export_svg)(path)
