@@ -17,10 +17,12 @@ JSON (``--json``)::
     {"a": {"path", "kind"}, "b": {...}, "source": path | null,
      "tensors": [{"name", "a": {"type", "bits_per_weight", "rel_rmse", "name", "bytes",
                                 "params"} | null, "b": {...} | null, "same_type": bool}, ...],
-     "totals": {"a": {"tensors", "params", "bytes", "bits_per_weight", "rel_rmse", "sqnr_db"},
-                "b": {...}, "matched", "only_a", "only_b", "same_type", "different_type"},
+     "totals": {"a": {"tensors", "params", "bytes", "bits_per_weight", "rel_rmse", "sqnr_db",
+                      "measured"}, "b": {...}, "a_matched": {...}, "b_matched": {...},
+                "matched", "only_a", "only_b", "same_type", "different_type"},
      "check": {"a": {...}, "b": {...}} | null}
 
+``a_matched`` / ``b_matched``: the same totals over only the tensors both hold.
 ``name`` is the source's tensor name when there is a source (else A's, else B's); a side's
 ``name`` is the tensor's name in that file; ``rel_rmse`` is null without a source; a side is
 null when that file has no such tensor.
@@ -237,7 +239,7 @@ def diff(a_path: str, b_path: str, source_path: str | None = None, check: bool =
         else:
             side.names = _match(ref, keys, side.model)
     target = _layout(src) if src is not None else None
-    rows, errs_a, errs_b = [], [], []
+    rows, errs_a, errs_b = [], {}, {}
     total = len(keys) or 1
     for i, key in enumerate(keys):
         yield Progress(i, total, f"comparing {key}")
@@ -252,7 +254,7 @@ def diff(a_path: str, b_path: str, source_path: str | None = None, check: bool =
             else:
                 d, sse, sig = _file_entry(side, own, src, key, target)
             row[tag] = d
-            errs.append((sse, sig))
+            errs[key] = (sse, sig)
         row["same_type"] = bool(row["a"] and row["b"]
                                 and same_type(row["a"]["type"], row["b"]["type"]))
         rows.append(row)
@@ -267,10 +269,13 @@ def diff(a_path: str, b_path: str, source_path: str | None = None, check: bool =
                 rows.append({"name": own, "a": d if tag == "a" else None,
                              "b": d if tag == "b" else None, "same_type": False})
     yield Progress(total, total, "totals")
-    ta = _totals([r["a"] for r in rows], errs_a)
-    tb = _totals([r["b"] for r in rows], errs_b)
+    ta = _totals([r["a"] for r in rows], list(errs_a.values()))
+    tb = _totals([r["b"] for r in rows], list(errs_b.values()))
     both = [r for r in rows if r["a"] is not None and r["b"] is not None]
-    totals = {"a": ta, "b": tb, "matched": len(both),
+    # the same over the tensors both hold (sizes compare like for like)
+    ma = _totals([r["a"] for r in both], [errs_a[r["name"]] for r in both if r["name"] in errs_a])
+    mb = _totals([r["b"] for r in both], [errs_b[r["name"]] for r in both if r["name"] in errs_b])
+    totals = {"a": ta, "b": tb, "a_matched": ma, "b_matched": mb, "matched": len(both),
               "only_a": sum(1 for r in rows if r["a"] is not None and r["b"] is None),
               "only_b": sum(1 for r in rows if r["b"] is not None and r["a"] is None),
               "same_type": sum(1 for r in both if r["same_type"]),

@@ -65,6 +65,13 @@ def run(args) -> int:
             f", rel_rmse {s['rel_rmse']:.4g}, SQNR {_fmt(s['sqnr_db'], '.2f')} dB"
         print(f"{tag.upper()}: {s['tensors']} tensors, {fmt_bytes(s['bytes'])}, "
               f"{s['bits_per_weight']:.3f} bits/weight{err}")
+    if t["only_a"] or t["only_b"]:
+        for tag in ("a", "b"):
+            s = t[f"{tag}_matched"]
+            err = "" if s["rel_rmse"] is None else \
+                f", rel_rmse {s['rel_rmse']:.4g}, SQNR {_fmt(s['sqnr_db'], '.2f')} dB"
+            print(f"{tag.upper()} on the {t['matched']} tensors both hold: {fmt_bytes(s['bytes'])}, "
+                  f"{s['bits_per_weight']:.3f} bits/weight{err}")
     chk = res.get("check")
     if chk:
         if "skipped" in chk:

@@ -1,0 +1,84 @@
+"""The Model map tab: overlays, legend, selection everywhere, one-edit assignment, export."""
+
+import numpy as np
+from PySide6.QtCore import QPoint, Qt
+
+from apphelpers import wait_idle
+
+Q = "model.layers.0.self_attn.q_proj.weight"
+DOWN1 = "model.layers.1.mlp.down_proj.weight"
+
+
+def _centre(canvas, name):
+    r = canvas.cell_rect(name)
+    return QPoint(int(r.center().x()), int(r.center().y()))
+
+
+def test_map_click_selects_everywhere_and_band_assigns_one_edit(window, qtbot):
+    win = window
+    view = win.model_map
+    win.tabs.setCurrentIndex(win.map_tab_index)
+    c = view.canvas
+    assert len(c.names) == len(win.doc.model.tensors)
+    qtbot.mouseClick(c, Qt.MouseButton.LeftButton, pos=_centre(c, Q))
+    assert win.doc.current == Q
+    assert win.browser.current_name() == Q if hasattr(win.browser, "current_name") else True
+    # rubber band over block 1's attention + mlp cells
+    names = [n for n in c.names if n.startswith("model.layers.1.") and n.endswith("proj.weight")]
+    a, b = c.cell_rect(names[0]), c.cell_rect(names[-1])
+    qtbot.mousePress(c, Qt.MouseButton.LeftButton, pos=QPoint(int(a.left()) + 1, int(a.top()) + 1))
+    qtbot.mouseMove(c, QPoint(int(b.right()) - 1, int(b.bottom()) - 1))
+    qtbot.mouseRelease(c, Qt.MouseButton.LeftButton, pos=QPoint(int(b.right()) - 1,
+                                                                int(b.bottom()) - 1))
+    assert set(names) <= c.selected
+    before = dict(win.doc.assignment)
+    depth = win.undo_stack.count()
+    assert view.assign_selection("q8_0")
+    assert win.undo_stack.count() == depth + 1
+    assert all(win.doc.scheme_of(n) == "q8_0" for n in names)
+    wait_idle(qtbot, win)
+    view.refresh()
+    vals = view.values("bits")
+    assert vals[c.index[names[0]]] == 8.5
+    win.undo_stack.undo()
+    assert win.doc.assignment == before
+
+
+def test_block_title_selects_the_block_and_totals_are_the_documents(window, qtbot):
+    win = window
+    c = win.model_map.canvas
+    rect, block = next((r, b) for r, b in c.block_rects if b.key == "layer 2")
+    qtbot.mouseClick(c, Qt.MouseButton.LeftButton, pos=QPoint(20, int(rect.center().y())))
+    assert c.selected == set(block.names)
+    nbytes = sum(win.doc.bytes_of(n) for n in block.names)
+    from app.format import fmt_bytes
+    assert fmt_bytes(nbytes) in c.block_text["layer 2"]
+
+
+def test_overlays_colour_by_value_and_legend(window, qtbot):
+    win = window
+    view = win.model_map
+    view.set_overlay("kurtosis")
+    vals = view.values()
+    ks = np.array([win.doc.stats[n].kurtosis for n in view.canvas.names])
+    assert np.allclose(vals, ks)
+    lo, hi = view.legend.lo, view.legend.hi
+    assert lo == ks.min() and hi == ks.max()
+    i_lo, i_hi = int(np.argmin(ks)), int(np.argmax(ks))
+    assert not np.array_equal(view.canvas.colours[i_lo], view.canvas.colours[i_hi])
+    view.set_overlay("sqnr")
+    s = view.values()
+    assert s[view.canvas.index[Q]] == win.doc.sqnr(Q)
+
+
+def test_export_png_and_svg(window, tmp_path):
+    view = window.model_map
+    view.export_png(tmp_path / "map.png")
+    view.export_svg(tmp_path / "map.svg")
+    from PySide6.QtGui import QImage
+    img = QImage(str(tmp_path / "map.png"))
+    assert img.width() >= view.canvas.sizeHint().width() and img.height() > 100
+    svg = (tmp_path / "map.svg").read_text()
+    assert svg.startswith("<?xml") and "<svg" in svg and svg.count("<rect") + svg.count(
+        "<path") > len(view.canvas.names)
+    assert "block 0" in svg
