@@ -63,14 +63,15 @@ class MapCanvas(QWidget):
             for s in b.sections:
                 n = len(s.cells)
                 if s.experts:
+                    cell = 2 * EXP_CELL if n <= 16 else EXP_CELL    # few experts: larger
                     cols = min(n, EXP_COLS)
                     rows = -(-n // cols)
-                    w = cols * (EXP_CELL + 1)
-                    h = rows * (EXP_CELL + 1)
+                    w = cols * (cell + 1)
+                    h = rows * (cell + 1)
                     idx = np.arange(n)
-                    xs = x + (idx % cols) * (EXP_CELL + 1)
-                    ys = y + CAPTION_H + (idx // cols) * (EXP_CELL + 1)
-                    rects.append(np.stack([xs, ys, np.full(n, EXP_CELL), np.full(n, EXP_CELL)], 1))
+                    xs = x + (idx % cols) * (cell + 1)
+                    ys = y + CAPTION_H + (idx // cols) * (cell + 1)
+                    rects.append(np.stack([xs, ys, np.full(n, cell), np.full(n, cell)], 1))
                     title = f"{s.title} ({n})"
                 else:
                     w = n * (CELL_W + 2)

@@ -122,7 +122,8 @@ class ModelMapView(QWidget):
                 return None
             return lambda n: table.value(n, doc.scheme_of(n))
         return overlay_values(
-            names, overlay, bytes_of=doc.bytes_of, params=lambda n: tensors[n].numel,
+            names, overlay, bytes_of=doc.bytes_of,
+            params=lambda n: tensors[n].numel if tensors[n].is_float else 0,
             sqnr=doc.sqnr, stats=doc.stats,
             sensitivity=sens(fx.measure) if fx is not None and overlay == "sensitivity" else None,
             output=sens("output") if overlay == "output" else None)

@@ -23,7 +23,7 @@ OVERLAY_TEXT = {"bits": "scheme / bits per weight", "sqnr": "SQNR (dB)",
                 "output": "measured output change", "kurtosis": "excess kurtosis",
                 "outliers": "outlier fraction"}
 # overlays drawn on a log10 scale (values spanning decades)
-LOG_OVERLAYS = ("sensitivity", "output", "outliers")
+LOG_OVERLAYS = ("bits", "sensitivity", "output", "outliers")
 # overlays where a larger value is better (the colour scale runs the other way)
 HIGHER_IS_BETTER = ("bits", "sqnr")
 

@@ -82,3 +82,14 @@ def test_export_png_and_svg(window, tmp_path):
     assert svg.startswith("<?xml") and "<svg" in svg and svg.count("<rect") + svg.count(
         "<path") > len(view.canvas.names)
     assert "block 0" in svg
+
+
+def test_sensitivity_heat_map_has_its_colour_scale(qtbot):
+    from app.sensitivity_view import HeatMap
+    heat = HeatMap()
+    qtbot.addWidget(heat)
+    vals = np.array([[1e-3, 1e-1], [1e-2, 10.0]])
+    heat.set_table(["a", "b"], ["q4_0", "q8_0"], vals)
+    lo, hi = heat.colour_bar.levels()
+    assert (lo, hi) == (-3.0, 1.0)
+    assert heat.colour_bar.isVisible() or heat.colour_bar.scene() is heat.scene()
