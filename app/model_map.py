@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QPus
 
 from workbench.atomic import atomic_write
 from workbench.errors import WorkbenchError
-from workbench.model_map import (HIGHER_IS_BETTER, OVERLAY_TEXT, OVERLAYS, block_totals,
+from workbench.model_map import (HIGHER_IS_BETTER, OVERLAY_TEXT, OVERLAYS,
                                  colour_range, layout, normalise, overlay_values)
 from workbench.plan import KEEP
 
@@ -86,14 +86,18 @@ class ModelMapView(QWidget):
         self.canvas.hovered.connect(self._hovered)
         doc.modelChanged.connect(self.rebuild)
         doc.currentChanged.connect(self._current)
-        # values change as results arrive: recoloured at most every 100 ms
+        # values change as edits and results arrive: only the changed tensors are re-read,
+        # then the colours and block totals are recomputed (numpy) at most every 100 ms, and
+        # only while the map is shown (a 100,000-tensor catalog streams statistics for minutes)
+        self._dirty: set[str] = set()
+        self._all_dirty = True
         self._recolour = QTimer(self, singleShot=True, interval=100)
-        self._recolour.timeout.connect(self.refresh)
-        for sig in (doc.stateChanged, doc.resultsChanged, doc.statsChanged,
-                    doc.estimatesChanged):
-            sig.connect(lambda *_: self._schedule())
+        self._recolour.timeout.connect(self._flush)
+        doc.stateChanged.connect(lambda names: self._mark(names, sizes=True))
+        for sig in (doc.resultsChanged, doc.statsChanged, doc.estimatesChanged):
+            sig.connect(self._mark)
         if fx is not None:
-            fx.tableChanged.connect(lambda *_: self._schedule())
+            fx.tableChanged.connect(lambda *_: self._mark(None))
         self.rebuild()
 
     # ---- data ------------------------------------------------------------------------------
@@ -102,16 +106,55 @@ class ModelMapView(QWidget):
         self.blocks = layout(model) if model is not None else []
         self.canvas.set_blocks(self.blocks)
         self.canvas.set_current(self.doc.current)
+        names = self.canvas.names
+        tensors = model.tensors if model is not None else {}
+        self.params = np.array([tensors[n].numel for n in names], np.float64)
+        self.block_of = np.repeat(np.arange(len(self.blocks)),
+                                  [len(b.names) for b in self.blocks]).astype(np.int64)
+        self.nbytes = np.array([self.doc.bytes_of(n) for n in names], np.float64) \
+            if names else np.zeros(0)
+        self.current_values = self.values()
+        self._dirty.clear()
+        self._all_dirty = False
         self.refresh()
 
-    def _schedule(self) -> None:
-        if not self._recolour.isActive():
+    def _mark(self, names, sizes: bool = False) -> None:
+        """Tensors whose overlay value (and, after an edit, size) may have changed."""
+        if names is None:
+            self._all_dirty = True
+        else:
+            self._dirty.update(names)
+        if sizes and names:
+            idx = [self.canvas.index[n] for n in names if n in self.canvas.index]
+            for i in idx:
+                self.nbytes[i] = self.doc.bytes_of(self.canvas.names[i])
+            self._all_dirty = self._all_dirty or self.overlay == "sensitivity"
+        if self.isVisible() and not self._recolour.isActive():
             self._recolour.start()
 
-    def values(self, overlay: str | None = None) -> np.ndarray:
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if self._all_dirty or self._dirty:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._all_dirty:
+            self.current_values = self.values()
+        elif self._dirty:
+            names = [n for n in self._dirty if n in self.canvas.index]
+            idx = np.array([self.canvas.index[n] for n in names], np.int64)
+            if idx.size:
+                self.nbytes[idx] = [self.doc.bytes_of(n) for n in names]
+                self.current_values[idx] = self.values(names=names)
+        self._dirty.clear()
+        self._all_dirty = False
+        self.refresh()
+
+    def values(self, overlay: str | None = None, names=None) -> np.ndarray:
+        """The overlay's value of `names` (default: every cell), NaN where not known yet."""
         doc, fx = self.doc, self.fx
         overlay = overlay or self.overlay
-        names = self.canvas.names
+        names = self.canvas.names if names is None else names
         if doc.model is None:
             return np.zeros(0)
         tensors = doc.model.tensors
@@ -129,8 +172,8 @@ class ModelMapView(QWidget):
             output=sens("output") if overlay == "output" else None)
 
     def refresh(self) -> None:
-        vals = self.values()
-        self.current_values = vals
+        """Colours, legend and block totals from the held values and sizes (numpy only)."""
+        vals = self.current_values
         lo, hi, log = colour_range(vals, self.overlay)
         reverse = self.overlay in HIGHER_IS_BETTER
         t = normalise(vals, lo, hi, log)
@@ -138,16 +181,19 @@ class ModelMapView(QWidget):
         known = int(np.isfinite(vals).sum() + np.isposinf(vals).sum())
         note = f"{known}/{len(vals)} tensors known" if known < len(vals) else ""
         if self.overlay in ("sensitivity", "output") and known == 0:
-            note = "open the Sensitivity && Budget tab to compute it" \
-                if self.overlay == "sensitivity" else "needs the output measure in the " \
-                "Sensitivity && Budget tab"
+            note = "computed in the Sensitivity & Budget tab" if self.overlay == "sensitivity" \
+                else "needs the output measure in the Sensitivity & Budget tab"
         self.legend.set_scale(OVERLAY_TEXT[self.overlay], lo, hi, log, reverse, note)
-        text = {}
-        for b in self.blocks:
-            tot = block_totals(b, self.doc.bytes_of)
-            text[b.key] = (f"{tot.tensors} tensors\n{fmt_bytes(tot.bytes)} · "
-                           f"{tot.bits_per_weight:.2f} b/w")
-        self.canvas.set_block_text(text)
+        nb = len(self.blocks)
+        bsum = np.bincount(self.block_of, self.nbytes, nb) if nb else np.zeros(0)
+        psum = np.bincount(self.block_of, self.params, nb) if nb else np.zeros(0)
+        cnt = np.bincount(self.block_of, minlength=nb) if nb else np.zeros(0)
+        self.block_totals = {b.key: (int(cnt[k]), int(psum[k]), int(bsum[k]))
+                             for k, b in enumerate(self.blocks)}
+        self.canvas.set_block_text({
+            b.key: f"{int(cnt[k])} tensors\n{fmt_bytes(bsum[k])} · "
+                   f"{8 * bsum[k] / psum[k] if psum[k] else 0:.2f} b/w"
+            for k, b in enumerate(self.blocks)})
         self._selection_changed()
 
     def set_overlay(self, overlay: str) -> None:
@@ -162,6 +208,7 @@ class ModelMapView(QWidget):
         if self.fx is not None and self.doc.model is not None:
             if overlay == "sensitivity":
                 self.fx.request_table()
+        self.current_values = self.values()
         self.refresh()
 
     # ---- selection and edits ---------------------------------------------------------------
