@@ -84,7 +84,8 @@ class ModelMapView(QWidget):
         self.canvas.cellClicked.connect(self.select_tensor)
         self.canvas.selectionChanged.connect(self._selection_changed)
         self.canvas.hovered.connect(self._hovered)
-        doc.modelChanged.connect(self.rebuild)
+        self._stale = True
+        doc.modelChanged.connect(self._model_changed)
         doc.currentChanged.connect(self._current)
         # values change as edits and results arrive: only the changed tensors are re-read,
         # then the colours and block totals are recomputed (numpy) at most every 100 ms, and
@@ -98,10 +99,22 @@ class ModelMapView(QWidget):
             sig.connect(self._mark)
         if fx is not None:
             fx.tableChanged.connect(lambda *_: self._mark(None))
-        self.rebuild()
+        self.current_values = np.zeros(0)
+        self._model_changed()
 
     # ---- data ------------------------------------------------------------------------------
+    def _model_changed(self) -> None:
+        """A new model: laid out now when the map is shown, else when it is first shown."""
+        self._stale = True
+        if self.isVisible():
+            self.rebuild()
+
+    def ensure_built(self) -> None:
+        if self._stale:
+            self.rebuild()
+
     def rebuild(self) -> None:
+        self._stale = False
         model = self.doc.model
         self.blocks = layout(model) if model is not None else []
         self.canvas.set_blocks(self.blocks)
@@ -120,6 +133,8 @@ class ModelMapView(QWidget):
 
     def _mark(self, names, sizes: bool = False) -> None:
         """Tensors whose overlay value (and, after an edit, size) may have changed."""
+        if self._stale:
+            return
         if names is None:
             self._all_dirty = True
         else:
@@ -134,7 +149,9 @@ class ModelMapView(QWidget):
 
     def showEvent(self, event) -> None:
         super().showEvent(event)
-        if self._all_dirty or self._dirty:
+        if self._stale:
+            self.rebuild()
+        elif self._all_dirty or self._dirty:
             self._flush()
 
     def _flush(self) -> None:
@@ -197,6 +214,7 @@ class ModelMapView(QWidget):
         self._selection_changed()
 
     def set_overlay(self, overlay: str) -> None:
+        self.ensure_built()
         if overlay not in OVERLAYS:
             raise WorkbenchError(f"unknown overlay '{overlay}' (choose from {', '.join(OVERLAYS)})")
         self.overlay = overlay
@@ -231,6 +249,7 @@ class ModelMapView(QWidget):
         self.assign_button.setEnabled(True)
 
     def selected_names(self) -> list[str]:
+        self.ensure_built()
         return [n for n in self.canvas.names if n in self.canvas.selected]
 
     def assign_selection(self, scheme: str | None = None) -> bool:
@@ -263,6 +282,7 @@ class ModelMapView(QWidget):
         painter.translate(0, -LEGEND_H)
 
     def export_size(self) -> QSize:
+        self.ensure_built()
         s = self.canvas.sizeHint()
         return QSize(max(s.width(), 660), s.height() + LEGEND_H)
 

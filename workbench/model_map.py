@@ -13,6 +13,7 @@ scale a legend shows.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,43 +83,73 @@ class MapBlock:
                              for s in self.sections]}
 
 
-def _label(info) -> str:
-    role = info.role
+_INDEX_RE = re.compile(r"(?<=\.)\d+(?=\.|$)")
+_SENTINEL = 1_000_000
+
+
+def _template_facts(name: str, ndim: int) -> tuple:
+    """(role, section, label, block position, expert position) of a name template: positions
+    index the name's whole-number components (None: not there)."""
+    from . import catalog
+    k = [0]
+
+    def sentinel(_m):
+        k[0] += 1
+        return str(_SENTINEL + k[0] - 1)
+    probe = _INDEX_RE.sub(sentinel, name)
+    role = catalog.infer_role(probe, ndim)
+    blk = catalog.block_index(probe)
+    blk_pos = blk - _SENTINEL if blk is not None and blk >= _SENTINEL else None
+    exp_pos = None
+    if role == "expert":
+        e = catalog.expert_index(probe)
+        exp_pos = e - _SENTINEL if e is not None and e >= _SENTINEL else None
+        sec = f"experts {catalog.projection(probe) or '?'}"
+    else:
+        sec = _SECTION_OF.get(role, "other")
     if role in ("expert", "shared_expert"):
-        p = info.projection or "?"
-        return p if info.expert is None else f"{p}{info.expert}"
-    return _LABEL.get(role, "·")
+        label = catalog.projection(probe) or "?"
+    else:
+        label = _LABEL.get(role, "·")
+    embedding = role == "embedding" or key_is_embedding(name)
+    return role, sec, label, blk_pos, exp_pos, embedding
 
 
 def layout(model) -> list[MapBlock]:
     """The model's blocks in reading order: embeddings, layers by index, head, other."""
     blocks: dict[str, MapBlock] = {}
+    sections: dict[tuple[str, str], MapSection] = {}
+    memo: dict[tuple, tuple] = {}
     for name, info in model.tensors.items():
-        role = info.role
-        idx = info.block
+        ndim = len(info.shape)
+        nums = _INDEX_RE.findall(name)
+        tkey = (_INDEX_RE.sub("0", name), ndim)
+        facts = memo.get(tkey)
+        if facts is None:
+            facts = memo[tkey] = _template_facts(name, ndim)
+        role, sec, label, blk_pos, exp_pos, embedding = facts
+        idx = int(nums[blk_pos]) if blk_pos is not None else None
         if idx is not None:
-            key, title = f"layer {idx}", f"block {idx}"
-        elif role == "embedding" or key_is_embedding(name):
-            key, title = "embeddings", "embeddings"
+            key = f"layer {idx}"
+        elif embedding:
+            key = "embeddings"
         elif role in ("lm_head", "norm"):
-            key, title = "head", "final norm / head"
+            key = "head"
         else:
-            key, title = "other", "other"
+            key = "other"
         b = blocks.get(key)
         if b is None:
+            title = f"block {idx}" if idx is not None else \
+                {"embeddings": "embeddings", "head": "final norm / head"}.get(key, "other")
             b = blocks[key] = MapBlock(key, title, idx)
-        if role == "expert":
-            sec = f"experts {info.projection or '?'}"
-        else:
-            sec = _SECTION_OF.get(role, "other")
-        cell = MapCell(name, role, _label(info), info.numel,
-                       info.expert if role == "expert" else None)
-        for s in b.sections:
-            if s.title == sec:
-                s.cells.append(cell)
-                break
-        else:
-            b.sections.append(MapSection(sec, [cell]))
+        expert = int(nums[exp_pos]) if exp_pos is not None else None
+        if expert is not None and role == "expert":
+            label = f"{label}{expert}"
+        s = sections.get((key, sec))
+        if s is None:
+            s = sections[(key, sec)] = MapSection(sec)
+            b.sections.append(s)
+        s.cells.append(MapCell(name, role, label, info.numel, expert))
     for b in blocks.values():
         b.sections.sort(key=lambda s: _SECTION_ORDER.index(s.title)
                         if s.title in _SECTION_ORDER else len(_SECTION_ORDER))

@@ -46,6 +46,7 @@ def test_map_click_selects_everywhere_and_band_assigns_one_edit(window, qtbot):
 
 def test_block_title_selects_the_block_and_totals_are_the_documents(window, qtbot):
     win = window
+    win.tabs.setCurrentIndex(win.map_tab_index)
     c = win.model_map.canvas
     rect, block = next((r, b) for r, b in c.block_rects if b.key == "layer 2")
     qtbot.mouseClick(c, Qt.MouseButton.LeftButton, pos=QPoint(20, int(rect.center().y())))
@@ -58,6 +59,7 @@ def test_block_title_selects_the_block_and_totals_are_the_documents(window, qtbo
 def test_overlays_colour_by_value_and_legend(window, qtbot):
     win = window
     view = win.model_map
+    win.tabs.setCurrentIndex(win.map_tab_index)
     view.set_overlay("kurtosis")
     vals = view.values()
     ks = np.array([win.doc.stats[n].kurtosis for n in view.canvas.names])
