@@ -324,3 +324,47 @@ class ModelMapView(QWidget):
                                               f"model-map.{kind}", f"{kind.upper()} (*.{kind})")
         if path:
             (self.export_png if kind == "png" else self.export_svg)(path)
+
+
+def render_map_png(model, plan, bits_of=None, width: int = 1100) -> bytes:
+    """The map of `model` under `plan` (bits per weight overlay, block totals) as PNG bytes,
+    without a window: for `report`. `bits_of(name)` -> (bytes, params) overrides the plan's
+    size formula (the report passes its evaluated sizes)."""
+    from PySide6.QtCore import QBuffer, QIODevice
+    from PySide6.QtGui import QImage
+    from workbench.model_map import plan_bytes_of
+    bytes_of, _ = plan_bytes_of(model, plan)
+    if bits_of is not None:
+        bytes_of = bits_of
+    canvas = MapCanvas()
+    legend = ColourLegend()
+    blocks = layout(model)
+    canvas.set_blocks(blocks)
+    names = canvas.names
+    tensors = model.tensors
+    vals = overlay_values(names, "bits", bytes_of=bytes_of,
+                          params=lambda n: tensors[n].numel if tensors[n].is_float else 0)
+    lo, hi, log = colour_range(vals, "bits")
+    canvas.set_colours(rgb(normalise(vals, lo, hi, log), True))
+    legend.set_scale(OVERLAY_TEXT["bits"], lo, hi, log, True)
+    text = {}
+    for b in blocks:
+        nb = sum(bytes_of(n) for n in b.names)
+        pa = sum(tensors[n].numel for n in b.names)
+        text[b.key] = f"{len(b.names)} tensors\n{fmt_bytes(nb)} · {8 * nb / pa if pa else 0:.2f} b/w"
+    canvas.set_block_text(text)
+    h = canvas.sizeHint().height() + LEGEND_H
+    w = max(width, canvas.sizeHint().width())
+    img = QImage(w, h, QImage.Format.Format_ARGB32)
+    p = QPainter(img)
+    p.fillRect(QRectF(0, 0, w, h), QColor(BACKGROUND))
+    legend.paint_into(p, QRectF(8, 4, min(w - 16, 640), LEGEND_H - 6))
+    p.translate(0, LEGEND_H)
+    canvas.paint_into(p, QRectF(0, 0, w, canvas.sizeHint().height()))
+    p.end()
+    canvas.deleteLater()
+    legend.deleteLater()
+    buf = QBuffer()
+    buf.open(QIODevice.OpenModeFlag.WriteOnly)
+    img.save(buf, "PNG")
+    return bytes(buf.data())

@@ -60,8 +60,12 @@ def _is_plan(path: Path) -> bool:
     return True
 
 
-def open_side(path: str) -> Side:
-    """A plan or a quantized / float file (errors name the file)."""
+def open_side(path) -> Side:
+    """A plan or a quantized / float file (errors name the file); a Plan object is taken as
+    it is."""
+    from .plan import Plan
+    if isinstance(path, Plan):
+        return Side("(plan)", "plan", plan=path)
     p = Path(path).expanduser()
     if not p.exists():
         raise WorkbenchError("file not found", path=str(p))
@@ -219,7 +223,9 @@ def diff(a_path: str, b_path: str, source_path: str | None = None, check: bool =
     """Job: the comparison of A and B (see the module doc for the result's keys)."""
     a, b = open_side(a_path), open_side(b_path)
     src = None
-    if source_path is not None:
+    if source_path is not None and not isinstance(source_path, (str, Path)):
+        src = source_path       # an opened Model
+    elif source_path is not None:
         from .loaders import open_model
         src = open_model(source_path)
     for side in (a, b):

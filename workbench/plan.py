@@ -158,9 +158,9 @@ class Plan:
 
     # ---- resolution ---------------------------------------------------------------------
     def _index(self):
-        from .patterns import compile_pattern
         if self._compiled is None:
             from .moe import parse_selector
+            from .patterns import compile_pattern
             exact = {}
             regex = []
             for r in self.rules:

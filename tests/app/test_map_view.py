@@ -95,3 +95,26 @@ def test_sensitivity_heat_map_has_its_colour_scale(qtbot):
     lo, hi = heat.colour_bar.levels()
     assert (lo, hi) == (-3.0, 1.0)
     assert heat.colour_bar.isVisible() or heat.colour_bar.scene() is heat.scene()
+
+
+def test_report_has_the_map_and_a_comparison(tmp_path, capsys):
+    from pathlib import Path
+    from workbench.cli import main
+    from workbench.export import export
+    from workbench.loaders import open_model
+    from workbench.plan import Plan
+    from workbench.progress import run
+    from apphelpers import DEMO
+    plan_path = Path(DEMO).parents[1] / "demo_plan.json"
+    gguf = tmp_path / "q8.gguf"
+    run(export(open_model(DEMO), Plan(default="q8_0"), "gguf", gguf))
+    out = tmp_path / "r.html"
+    assert main(["report", str(DEMO), "--plan", str(plan_path), "--compare", str(gguf),
+                 "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "<h2>Model map</h2>" in text and 'alt="model map"' in text
+    assert "Compared with" in text and "q8.gguf" in text
+    # q_proj: int8-channel in the plan, Q8_0 in the GGUF: listed with both types
+    section = text.split("Compared with")[1].split("<h2>")[0]
+    row = section.split("model.layers.0.self_attn.q_proj.weight</td>")[1].split("</tr>")[0]
+    assert "int8-channel" in row and "Q8_0" in row
