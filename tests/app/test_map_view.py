@@ -118,3 +118,25 @@ def test_report_has_the_map_and_a_comparison(tmp_path, capsys):
     section = text.split("Compared with")[1].split("<h2>")[0]
     row = section.split("model.layers.0.self_attn.q_proj.weight</td>")[1].split("</tr>")[0]
     assert "int8-channel" in row and "Q8_0" in row
+
+
+def test_compare_tab_shows_the_diff_and_selects(window, qtbot, tmp_path):
+    from workbench.export import export
+    from workbench.plan import Plan
+    from workbench.progress import run
+    win = window
+    gguf = tmp_path / "q8.gguf"
+    run(export(win.doc.model, Plan(default="q8_0"), "gguf", gguf))
+    win.tabs.setCurrentIndex(win.diff_tab_index)
+    view = win.diff_view
+    view.compare(str(gguf))
+    qtbot.waitUntil(lambda: view.result is not None, timeout=60000)
+    # the default plan (int8-channel) against Q8_0: every weight matrix differs in type
+    rows = {r["name"]: r for r in view.model.rows}
+    assert rows[Q]["a"]["type"] == "int8-channel" and rows[Q]["b"]["type"] == "Q8_0"
+    assert rows[Q]["b"]["name"] == "blk.0.attn_q.weight"
+    assert 0 < rows[Q]["b"]["rel_rmse"] < 0.01
+    i = [r["name"] for r in view.model.rows].index(DOWN1)
+    view._clicked(view.proxy.mapFromSource(view.model.index(i, 0)))
+    assert win.doc.current == DOWN1
+    assert "Q8_0" not in view.summary.text() and "tensors in both" in view.summary.text()
