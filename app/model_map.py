@@ -100,6 +100,8 @@ class ModelMapView(QWidget):
         if fx is not None:
             fx.tableChanged.connect(lambda *_: self._mark(None))
         self.current_values = np.zeros(0)
+        self.nbytes = self.params = np.zeros(0)
+        self.is_float = np.zeros(0, bool)
         self._model_changed()
 
     # ---- data ------------------------------------------------------------------------------
@@ -126,6 +128,7 @@ class ModelMapView(QWidget):
                                   [len(b.names) for b in self.blocks]).astype(np.int64)
         self.nbytes = np.array([self.doc.bytes_of(n) for n in names], np.float64) \
             if names else np.zeros(0)
+        self.is_float = np.array([tensors[n].is_float for n in names], bool)
         self.current_values = self.values()
         self._dirty.clear()
         self._all_dirty = False
@@ -171,6 +174,12 @@ class ModelMapView(QWidget):
         """The overlay's value of `names` (default: every cell), NaN where not known yet."""
         doc, fx = self.doc, self.fx
         overlay = overlay or self.overlay
+        if overlay == "bits" and names is None and len(self.nbytes) == len(self.canvas.names):
+            # every cell: from the held sizes (numpy), not a call per tensor
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return np.where(self.is_float & (self.params > 0),
+                                8.0 * self.nbytes / np.where(self.params > 0, self.params, 1),
+                                np.nan)
         names = self.canvas.names if names is None else names
         if doc.model is None:
             return np.zeros(0)
@@ -196,7 +205,8 @@ class ModelMapView(QWidget):
         t = normalise(vals, lo, hi, log)
         self.canvas.set_colours(rgb(t, reverse))
         known = int(np.isfinite(vals).sum() + np.isposinf(vals).sum())
-        note = f"{known}/{len(vals)} tensors known" if known < len(vals) else ""
+        note = f"{known}/{len(vals)} tensors known" if known < len(vals) \
+            and self.overlay != "bits" else ""
         if self.overlay in ("sensitivity", "output") and known == 0:
             note = "computed in the Sensitivity & Budget tab" if self.overlay == "sensitivity" \
                 else "needs the output measure in the Sensitivity & Budget tab"
