@@ -29,9 +29,11 @@ def _layer_names(i: int, n_experts: int) -> list[tuple[str, tuple]]:
     return out
 
 
-def make_catalog(n_tensors: int, n_layers: int = 61, path: str = "generated-moe") -> Model:
-    """A Model of exactly `n_tensors` tensors: embeddings, `n_layers` MoE blocks with as many
-    experts as fit, final norm and head."""
+def make_catalog(n_tensors: int, n_layers: int | None = None, path: str = "generated-moe") -> Model:
+    """A Model of exactly `n_tensors` tensors: embeddings, `n_layers` MoE blocks (default 61, as
+    DeepSeek-V3, fewer for small catalogs) with as many experts as fit, final norm and head."""
+    if n_layers is None:
+        n_layers = max(1, min(61, (n_tensors - 3) // 13))
     head = [("model.embed_tokens.weight", (1024, HIDDEN)), ("model.norm.weight", (HIDDEN,)),
             ("lm_head.weight", (1024, HIDDEN))]
     per_layer_fixed = 7

@@ -94,3 +94,20 @@ def test_map_command_json(demo_model_path, capsys):
     m = open_model(demo_model_path)
     want = run(tensor_stats(m, "model.layers.0.self_attn.q_proj.weight")).kurtosis
     assert k["model.layers.0.self_attn.q_proj.weight"] == pytest.approx(want)
+
+
+def test_generated_catalog_for_bench_gui_has_exactly_n_tensors():
+    pytest.importorskip("PySide6")
+    from app.bench_catalog import make_catalog
+    for n in (104, 5000):
+        m = make_catalog(n)
+        assert len(m.tensors) == n
+        blocks = layout(m)
+        assert blocks[0].key == "embeddings" and blocks[-1].key == "head"
+        assert sum(len(b.names) for b in blocks) == n
+        layer = next(b for b in blocks if b.index == 0)
+        secs = {s.title: len(s.cells) for s in layer.sections}
+        assert secs["experts gate"] == secs["experts up"] == secs["experts down"] >= 1
+    a = m.read_matrix("model.layers.0.mlp.experts.0.up_proj.weight")
+    assert a.shape == (32, 64) and np.array_equal(
+        a, make_catalog(5000).read_matrix("model.layers.0.mlp.experts.0.up_proj.weight"))
