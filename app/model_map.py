@@ -333,7 +333,12 @@ class ModelMapView(QWidget):
         path, _ = QFileDialog.getSaveFileName(self, f"Export the model map as {kind.upper()}",
                                               f"model-map.{kind}", f"{kind.upper()} (*.{kind})")
         if path:
-            (self.export_png if kind == "png" else self.export_svg)(path)
+            try:
+                (self.export_png if kind == "png" else self.export_svg)(path)
+            except (WorkbenchError, OSError) as exc:
+                self.status.setText(f"cannot export: {exc}")
+            else:
+                self.status.setText(f"map saved to {path}")
 
 
 def render_map_png(model, plan, bits_of=None, width: int = 1100) -> bytes:

@@ -126,3 +126,31 @@ def test_cli_json_contract_and_errors(demo_model_path, tmp_path, capsys):
 def test_same_type_names():
     assert same_type("Q4_K", "q4_k") and same_type("F16", "fp16")
     assert not same_type("Q4_K", "q4_k_m") and not same_type(None, "q4_0")
+
+
+def test_without_source_files_match_by_name_and_across_naming_schemes(demo_model_path, tmp_path):
+    """No float source: two GGUFs match by name; a GGUF (llama.cpp names) and the workbench's
+    quantized safetensors (Hugging Face names, config.json beside it) match through llama.cpp's
+    name table; no errors without the source."""
+    import shutil
+    demo = open_model(demo_model_path)
+    g8, g4 = tmp_path / "q8.gguf", tmp_path / "q4.gguf"
+    run(export(demo, Plan(default="q8_0"), "gguf", g8))
+    run(export(demo, Plan(default="q4_0"), "gguf", g4))
+    res = run(diff(str(g8), str(g4), check=False))
+    rows = {r["name"]: r for r in res["tensors"]}
+    q = rows["blk.1.attn_q.weight"]
+    assert (q["a"]["type"], q["b"]["type"]) == ("Q8_0", "Q4_0") and q["a"]["rel_rmse"] is None
+    assert res["totals"]["only_a"] == res["totals"]["only_b"] == 0
+    folder = tmp_path / "st"
+    folder.mkdir()
+    for f in ("config.json", "tokenizer.json"):
+        shutil.copy(demo_model_path.parent / f, folder / f)
+    st = folder / "model.safetensors"
+    run(export(demo, Plan(default="int4-g64"), "safetensors", st))
+    res = run(diff(str(g8), str(st), check=False))
+    rows = {r["name"]: r for r in res["tensors"]}
+    d = rows["blk.0.ffn_down.weight"]
+    assert d["b"]["name"] == "model.layers.0.mlp.down_proj.weight"
+    assert (d["a"]["type"], d["b"]["type"]) == ("Q8_0", "int4-g64")
+    assert res["totals"]["matched"] == len(demo.tensors)
