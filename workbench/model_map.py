@@ -47,7 +47,7 @@ _LABEL = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_qkv": "qkv", "attn_
           "conv": "conv", "other": "·"}
 
 
-@dataclass
+@dataclass(slots=True)
 class MapCell:
     name: str
     role: str
@@ -120,6 +120,7 @@ def layout(model) -> list[MapBlock]:
     blocks: dict[str, MapBlock] = {}
     sections: dict[tuple[str, str], MapSection] = {}
     memo: dict[tuple, tuple] = {}
+    layer_keys: dict[int, str] = {}
     for name, info in model.tensors.items():
         ndim = len(info.shape)
         nums = _INDEX_RE.findall(name)
@@ -130,7 +131,9 @@ def layout(model) -> list[MapBlock]:
         role, sec, label, blk_pos, exp_pos, embedding = facts
         idx = int(nums[blk_pos]) if blk_pos is not None else None
         if idx is not None:
-            key = f"layer {idx}"
+            key = layer_keys.get(idx)
+            if key is None:
+                key = layer_keys[idx] = f"layer {idx}"
         elif embedding:
             key = "embeddings"
         elif role in ("lm_head", "norm"):
