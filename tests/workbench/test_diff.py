@@ -83,6 +83,7 @@ def test_compressed_tensors_folder_read_back(tiny_arch, tmp_path):
     src = tiny_arch("llama")
     model = open_model(src)
     plan = Plan(default="int4-g32", rules=[{"match": "re:mlp", "scheme": "int8-channel"},
+                                            {"match": "re:self_attn", "scheme": "int4-g32-asym"},
                                             {"match": "re:embed|lm_head", "scheme": "keep"}])
     out = tmp_path / "ct"
     run(export(model, plan, "compressed-tensors", out))
@@ -93,11 +94,13 @@ def test_compressed_tensors_folder_read_back(tiny_arch, tmp_path):
     ev = run(evaluate(model, plan))
     n = 0
     for name, r in rows.items():
-        if r["a"] and r["b"] and r["b"]["type"] in ("int4-g32", "int8-channel"):
+        if r["a"] and r["b"] and r["b"]["type"] in ("int4-g32", "int8-channel",
+                                                    "int4-g32-asym"):
             assert r["a"]["type"] == r["b"]["type"]
             assert r["a"]["rel_rmse"] == pytest.approx(ev.tensors[name].error.rel_rmse, rel=1e-5)
             n += 1
     assert n >= 6
+    assert {r["a"]["type"] for r in rows.values() if r["a"]} >= {"int8-channel", "int4-g32-asym"}
 
 
 def test_cli_json_contract_and_errors(demo_model_path, tmp_path, capsys):
