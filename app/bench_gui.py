@@ -271,6 +271,129 @@ def bench_paths(path: str, select: str, edit: str, scheme: str, first: bool,
     return [outs[f] for f in modes]
 
 
+_CPU: list = []
+
+
+def _timed(app, paints, fn) -> float:
+    """ms from calling fn() until an event-loop pass paints nothing more (wall clock); the GUI
+    thread's CPU time of the same span is appended to _CPU."""
+    t, c = time.perf_counter(), time.thread_time()
+    fn()
+    _settle(app, paints)
+    _CPU.append(1000 * (time.thread_time() - c))
+    return 1000 * (time.perf_counter() - t)
+
+
+def _both(app, paints, fn, repeats: int) -> tuple[float, float]:
+    """(median wall ms, median GUI-thread CPU ms) over `repeats` calls of fn(i)."""
+    w, c = [], []
+    for i in range(repeats):
+        w.append(_timed(app, paints, lambda: fn(i)))
+        c.append(_CPU[-1])
+    return _median(w), _median(c)
+
+
+def bench_many(n_tensors: int, repeats: int = 5) -> dict:
+    """Issue 23's targets on a generated catalog of `n_tensors` tensors (app.bench_catalog, a
+    DeepSeek-V3-like MoE in Hugging Face form): open (the document takes the catalog until the
+    window has painted it), filter, select -> plots, edit -> size totals, tier board and model
+    map drawn (first time, laid out; then repainted), an edit recoloured on the map. The compute
+    thread's sweep over every tensor is not started (the GUI thread's own work is measured);
+    the selected tensors' statistics are cached first. Fast paths (app.perf.FAST) on."""
+    from PySide6.QtCore import QSettings
+    from app import commands, perf
+    from app.bench_catalog import make_catalog
+    from app.main import create_app
+    from app.main_window import MainWindow
+    from app.messages import RecordedMessages
+    from workbench.stats import tensor_stats
+    from workbench.progress import run
+    perf.FAST = True
+    app = create_app()
+    paints = _PaintCounter(app)
+    out = {"tensors": n_tensors, "load_average": os.getloadavg()[0], "cpus": os.cpu_count()}
+    t = time.perf_counter()
+    model = make_catalog(n_tensors)
+    out["generate_s"] = time.perf_counter() - t
+    settings = QSettings(os.path.join(_settings_dir(), "bench-many.ini"), QSettings.Format.IniFormat)
+    settings.setValue("effects/check_enabled", False)
+    win = MainWindow(messages=RecordedMessages(), settings=settings, autosave=False)
+    win.resize(1600, 1000)
+    win.show()
+    _settle(app, paints)
+    # the compute thread's sweep over every tensor's statistics and error is left out (it would
+    # take minutes here and its deliveries repaint the progress bar on every pass): the figures
+    # are the GUI thread's own work; the selected tensors' statistics are supplied below
+    win.doc.modelChanged.disconnect(win.analyzer._model_changed)
+    win.doc.stateChanged.disconnect(win.analyzer._state_changed)
+    t = time.perf_counter()
+    c = time.thread_time()
+    win.doc.set_model(model)
+    _wait(app, lambda: win.browser.model.rowCount() > 0)
+    _settle(app, paints)
+    out["open_s"] = time.perf_counter() - t
+    out["open_cpu_s"] = time.thread_time() - c
+    names = list(model.tensors)
+    experts = [n for n in names if ".experts." in n]
+    sel = [experts[len(experts) // 2],
+           [n for n in names if n.endswith("self_attn.q_proj.weight")][-1]]
+    edit = [n for n in experts if n.endswith("up_proj.weight")][:repeats + 1]
+    # statistics of the selected tensors cached (as after the compute thread reached them)
+    win.doc.add_stats({n: run(tensor_stats(model, n)) for n in sel})
+    win.select(sel[0])
+    _settle(app, paints)
+    filters = [f"layers.{i}.mlp.experts.1" for i in range(repeats)]
+
+    def filt(i):
+        win.browser.filter_edit.setText(filters[i])
+        _settle(app, paints)
+        win.browser.filter_edit.setText("")
+    cycle = [sel[1], sel[0]]
+
+    def figure(key, fn, n=repeats):
+        out[key], out[key.replace("_ms", "_cpu_ms")] = _both(app, paints, fn, n)
+
+    figure("filter_ms", lambda i: win.browser.filter_edit.setText(filters[i]))
+    win.browser.filter_edit.setText("")
+    _settle(app, paints)
+    figure("select_to_plots_ms", lambda i: win.select(cycle[i % 2]), 2 * repeats)
+    def do_edit(i, scheme=None):
+        cmd = commands.assign(win.doc, [edit[i]], scheme or EDIT_SCHEMES[i % len(EDIT_SCHEMES)])
+        assert cmd is not None, "the benchmark's edit must change the plan"
+        win.push(cmd)
+    figure("edit_to_size_totals_ms", do_edit)
+    out["tier_board_first_ms"] = _timed(app, paints, lambda: win.tabs.setCurrentIndex(1))
+    out["tier_board_first_cpu_ms"] = _CPU[-1]
+    figure("tier_board_redraw_ms", lambda i: win.tiers.repaint())
+    out["map_first_ms"] = _timed(app, paints, lambda: win.tabs.setCurrentIndex(win.map_tab_index))
+    out["map_first_cpu_ms"] = _CPU[-1]
+    figure("map_redraw_ms", lambda i: win.model_map.canvas.repaint())
+
+    def edit_on_map(i):
+        do_edit(i, EDIT_SCHEMES[(i + 3) % len(EDIT_SCHEMES)])
+        win.model_map._flush()      # the 100 ms coalescing timer, not waited for
+    figure("map_edit_recolour_ms", edit_on_map)
+    out["map_cells_drawn"] = int(win.model_map.canvas.last_drawn)
+    win.runner.shutdown()
+    win.hide()
+    win.deleteLater()
+    app.processEvents()
+    return out
+
+
+# schemes every generated expert tensor (32 x 64 / 64 x 32) can take
+EDIT_SCHEMES = ("q8_0", "q4_0", "int4-g32", "int8-channel", "q5_0", "q4_1", "q5_1", "int3-g32")
+
+MANY_KEYS = (("open_s", "open (s)", 2.0), ("filter_ms", "filter (ms)", 50),
+             ("select_to_plots_ms", "select -> plots (ms)", 30),
+             ("edit_to_size_totals_ms", "edit -> totals (ms)", 50),
+             ("tier_board_first_ms", "tier board drawn, first (ms)", 100),
+             ("tier_board_redraw_ms", "tier board redrawn (ms)", 100),
+             ("map_first_ms", "model map drawn, first (ms)", 100),
+             ("map_redraw_ms", "model map redrawn (ms)", 100),
+             ("map_edit_recolour_ms", "edit -> map recoloured (ms)", 100))
+
+
 KEYS = ("select_to_plots_ms", "select_to_plots_gui_cpu_ms", "first_edit_to_size_totals_ms",
         "edit_to_size_totals_ms", "edit_to_size_totals_gui_cpu_ms",
         "first_edit_to_first_error_ms", "edit_to_first_error_ms",
@@ -285,8 +408,32 @@ def main(argv=None) -> int:
                    help="measure the fast paths (app.perf.FAST), the old ones, or both back to "
                         "back in this run (default: both)")
     p.add_argument("--repeats", type=int, default=7, help="selections / edits per figure")
+    p.add_argument("--tensors", type=int, default=None, metavar="N",
+                   help="only the issue-23 figures on a generated catalog of N tensors "
+                        "(e.g. 100000)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.tensors is not None:
+        if not 100 <= args.tensors <= 2_000_000:
+            print("bench-gui: error: --tensors must be between 100 and 2000000", file=sys.stderr)
+            return 2
+        r = bench_many(args.tensors, max(1, min(args.repeats, 9)))
+        if args.json:
+            json.dump(r, sys.stdout, indent=2)
+            print()
+            return 0
+        print(f"generated catalog of {r['tensors']} tensors ({r['generate_s']:.2f} s to make; "
+              f"load average {r['load_average']:.1f} on {r['cpus']} CPUs)")
+        print(f"  {'':34s}{'wall':>10s}{'GUI CPU':>10s}   target")
+        for key, label, target in MANY_KEYS:
+            scale = 1 if key.endswith("_ms") else 1000
+            v = r[key]
+            c = r.get(key.replace("_ms", "_cpu_ms") if key.endswith("_ms") else "open_cpu_s")
+            print(f"  {label:34s}{v:10.2f}{c if c is not None else float('nan'):10.2f}   "
+                  f"<= {target:g}  {'ok' if (c if c is not None else v) <= target else 'OVER'}"
+                  + ("" if scale == 1 else ""))
+        print(f"  map cells painted in the viewport: {r['map_cells_drawn']}")
+        return 0
     modes = {"both": (False, True), "fast": (True,), "old": (False,)}[args.paths]
     results = []
     mini = _minilm()

@@ -121,6 +121,8 @@ class MainWindow(QMainWindow):
         self._build_menus()
         from . import effects_ui
         effects_ui.install(self)   # issue 11: check figures, sensitivity, budget, frontier
+        from . import map_ui
+        map_ui.install(self)       # issue 23: the model map tab
         # the comparison view's methods calibrate with the check's file (issue 12)
         self.comparison.set_calib_source(lambda: getattr(getattr(self, "effects", None),
                                                          "calib", None))

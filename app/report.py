@@ -104,7 +104,45 @@ def _sq_class(v: float) -> str:
     return "good" if v >= 25 else "fair" if v >= 15 else "poor"
 
 
-def render_html(model, plan, ev, stats, screenshot_b64: str | None = None) -> str:
+def _map_section(model, plan, ev) -> str:
+    """The model map (issue 23): every tensor a cell coloured by its bits per weight."""
+    from .model_map import render_map_png
+    sizes = {n: r.bytes for n, r in ev.tensors.items()}
+    png = render_map_png(model, plan, bits_of=lambda n: sizes.get(n, model.info(n).nbytes))
+    return ("<h2>Model map</h2><p class='meta'>Each tensor a cell, by block and role, coloured "
+            "by bits per weight; per-block totals at the left (`quant-workbench map` prints "
+            "them).</p>" + _img(base64.b64encode(png).decode("ascii"), "model map", "wide"))
+
+
+def _diff_section(res) -> str:
+    """A comparison with a second plan or quantized file (`quant-workbench diff`)."""
+    t = res["totals"]
+
+    def side(d):
+        if d is None:
+            return "<td>—</td><td></td><td></td>"
+        return (f"<td>{html.escape(str(d['type']))}</td><td>{d['bits_per_weight']:.3f}</td>"
+                f"<td>{fmt_float(d['rel_rmse'])}</td>")
+    rows = "".join(f"<tr><td class='name'>{html.escape(r['name'])}</td>{side(r['a'])}"
+                   f"{side(r['b'])}</tr>" for r in res["tensors"]
+                   if not r["same_type"] and (r["a"] or r["b"]))
+    cards = []
+    for tag, label in (("a", "THIS PLAN"), ("b", "COMPARED")):
+        x = t[f"{tag}_matched"]
+        cards.append(f"<div class='card'><div class='c'>{label}</div><div class='v'>"
+                     f"{fmt_bytes(x['bytes'])} · {x['bits_per_weight']:.3f} b/w · "
+                     f"{fmt_db(x['sqnr_db']) if x['sqnr_db'] is not None else '—'} dB</div></div>")
+    return (f"<h2>Compared with {html.escape(res['b']['path'])} ({html.escape(res['b']['kind'])})"
+            f"</h2><p class='meta'>{t['matched']} tensors in both: {t['same_type']} of the same "
+            f"type, {t['different_type']} different (listed); {t['only_a']} only here, "
+            f"{t['only_b']} only there. Sizes and SQNR over the tensors both hold.</p>"
+            f"<div class='totals'>{''.join(cards)}</div>"
+            "<table><tr><th>tensor</th><th>this type</th><th>bits/w</th><th>rel. RMSE</th>"
+            f"<th>their type</th><th>bits/w</th><th>rel. RMSE</th></tr>{rows}</table>")
+
+
+def render_html(model, plan, ev, stats, screenshot_b64: str | None = None,
+                diff_result=None) -> str:
     """The report as one HTML string (draws plots: needs a QApplication)."""
     t = ev.totals
     rows = []
@@ -164,6 +202,8 @@ generated {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>
 <h2>Plan</h2><p>default <code>{html.escape(plan.default)}</code>; rules:</p><ul>{rules}</ul>
 {shot}
 <h2>Overview</h2>{overview}
+{_map_section(model, plan, ev)}
+{_diff_section(diff_result) if diff_result else ""}
 <h2>Tensors</h2>
 <table><tr><th>tensor</th><th>shape</th><th>params</th><th>scheme</th><th>bits/w</th><th>bytes</th>
 <th>rel. RMSE</th><th>SQNR dB</th><th>max err</th></tr>
@@ -177,8 +217,8 @@ outlier channels in red.{f' {more} more matrices are not plotted.' if more > 0 e
 """
 
 
-def write_report(model, plan, out_path, ev, stats, screenshot_b64=None) -> None:
-    write_text_atomic(out_path, render_html(model, plan, ev, stats, screenshot_b64))
+def write_report(model, plan, out_path, ev, stats, screenshot_b64=None, diff_result=None) -> None:
+    write_text_atomic(out_path, render_html(model, plan, ev, stats, screenshot_b64, diff_result))
 
 
 def write_report_from_window(win, out_path):

@@ -83,7 +83,8 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
                                      path=str(model_path), tensor=layer)
             else:
                 win.select(layer)
-        win.tabs.setCurrentIndex(win.effects_tab_index if tab == "budget" else TABS.get(tab, 0))
+        win.tabs.setCurrentIndex(win.effects_tab_index if tab == "budget" else
+                                 win.map_tab_index if tab == "map" else TABS.get(tab, 0))
         wait_idle(app, win)
         if methods:
             cmp = win.comparison

@@ -79,6 +79,11 @@ class HeatMap(pg.PlotWidget):
         self.small = small
         item.getViewBox().sigResized.connect(lambda *_: self._left_ticks())
         self.addItem(self.image)
+        # the colour scale (issue 23): log10 of the value, beside the map
+        self.colour_bar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get("viridis"),
+                                          label="log10 value", interactive=False, width=12)
+        self.colour_bar.setImageItem(self.image, insert_in=item)
+        self.colour_bar.getAxis("right").setStyle(tickFont=small)
         self.marker = pg.QtWidgets.QGraphicsRectItem(0, 0, 1, 1)
         self.marker.setPen(pg.mkPen("#ff5370", width=2))
         self.marker.setVisible(False)
@@ -97,6 +102,7 @@ class HeatMap(pg.PlotWidget):
             lo, hi = np.nanmin(logv), np.nanmax(logv)
             img = np.nan_to_num(logv, nan=lo)
             self.image.setImage(img, levels=(lo, hi if hi > lo else lo + 1))
+            self.colour_bar.setLevels((lo, hi if hi > lo else lo + 1))
         else:
             self.image.clear()
         self.image.setRect(0, 0, max(len(self.schemes), 1), max(len(self.names), 1))

@@ -91,8 +91,31 @@ def expert_index(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+# whole dot-separated numbers (block and expert indices): a name's role and projection do not
+# depend on them, so they are worked out once per template (a 100,000-tensor MoE catalog has a
+# few dozen templates)
+_INDEX_RE = re.compile(r"(?<=\.)\d+(?=\.|$)")
+_MEMO: dict[tuple, str | None] = {}
+_MEMO_MAX = 1 << 16
+
+
+def _memo(kind: str, name: str, ndim: int, fn):
+    key = (kind, _INDEX_RE.sub("0", name), ndim)
+    try:
+        return _MEMO[key]
+    except KeyError:
+        v = fn()
+        if len(_MEMO) < _MEMO_MAX:
+            _MEMO[key] = v
+        return v
+
+
 def projection(name: str) -> str | None:
     """'gate', 'up', 'down' or 'gate_up' for an expert or shared-expert tensor, else None."""
+    return _memo("proj", name, 0, lambda: _projection(name))
+
+
+def _projection(name: str) -> str | None:
     if moe_role(name) not in ("expert", "shared_expert"):
         return None
     low = name.lower()
@@ -140,6 +163,10 @@ def block_index(name: str) -> int | None:
 
 
 def infer_role(name: str, ndim: int) -> str:
+    return _memo("role", name, ndim, lambda: _infer_role(name, ndim))
+
+
+def _infer_role(name: str, ndim: int) -> str:
     low = name.lower()
     moe = moe_role(name)
     if moe is not None and not (moe != "router" and (low.endswith(".bias"))):

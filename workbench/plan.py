@@ -165,9 +165,9 @@ class Plan:
 
     # ---- resolution ---------------------------------------------------------------------
     def _index(self):
-        from .patterns import PatternSet
         if self._compiled is None:
             from .moe import parse_selector
+            from .patterns import PatternSet
             exact = {}
             regex, regex_pos = [], []   # re: rules and their positions in the rule list
             selectors = []              # (position, workbench.moe.Selector, rule)

@@ -16,6 +16,10 @@ def register(sub) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--plan", help="plan JSON file")
     g.add_argument("--scheme", help="one scheme for every weight matrix")
+    p.add_argument("--compare", metavar="FILE",
+                   help="a second plan or quantized file (GGUF, quantized safetensors, "
+                        "compressed-tensors) of this model: a section comparing it with this "
+                        "plan tensor by tensor (as `quant-workbench diff`, without the check)")
     p.add_argument("-o", "--output", required=True, help="HTML file to write")
     p.set_defaults(func=run)
 
@@ -33,8 +37,12 @@ def run(args) -> int:
     except ImportError as exc:
         raise WorkbenchError(f"the desktop app is not available ({exc})") from None
     ev, stats = drive(report_job(model, plan))
+    res = None
+    if args.compare:
+        from ...diff import diff
+        res = drive(diff(plan, args.compare, model, check=False))
     create_app(offscreen=True)
-    write_report(model, plan, args.output, ev, stats)
+    write_report(model, plan, args.output, ev, stats, diff_result=res)
     t = ev.totals
     print(f"wrote {args.output}: {len(ev.tensors)} tensors, {t.bits_per_weight:.3f} bits/weight, "
           f"model SQNR {t.sqnr_db:.2f} dB")

@@ -18,9 +18,9 @@ def register(sub) -> None:
                                    "mixture-of-experts group such as 'layer 1 experts down' "
                                    "(shows the spread across its experts)")
     p.add_argument("--size", default="1600x1000", help="window size WIDTHxHEIGHT (default 1600x1000)")
-    p.add_argument("--tab", choices=("table", "tiers", "comparison", "budget"),
+    p.add_argument("--tab", choices=("table", "tiers", "comparison", "budget", "map"),
                    default="table", help="which bottom tab to show (default: table; budget: "
-                   "Sensitivity & Budget, with the frontier)")
+                   "Sensitivity & Budget, with the frontier; map: the model map)")
     p.add_argument("--methods", default="",
                    help="comparison tab: methods to compare beside rtn, comma-separated "
                         "(imatrix,gptq,awq; needs a runnable model and calibration)")

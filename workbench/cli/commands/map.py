@@ -1,0 +1,90 @@
+"""`quant-workbench map [MODEL] [--plan P | --scheme S] [--overlay O] [--json]`: the model map's
+numbers without the window (workbench.model_map): blocks, sections, per-block totals and each
+tensor's overlay value."""
+
+from __future__ import annotations
+
+import math
+
+from ..common import add_model_arg, drive, fmt_bytes, open_model_arg, print_json
+
+CLI_OVERLAYS = ("bits", "sqnr", "kurtosis", "outliers")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("map", help="the model map: blocks, per-block totals and an overlay's "
+                                   "value per tensor (the window's Model map tab)")
+    add_model_arg(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--plan", help="plan JSON (default: the window's default plan, int8-channel)")
+    g.add_argument("--scheme", help="one scheme for every weight matrix")
+    p.add_argument("--overlay", choices=CLI_OVERLAYS, default="bits",
+                   help="value per tensor: bits per weight (default), SQNR dB (evaluates the "
+                        "plan), excess kurtosis or outlier fraction (reads every tensor); "
+                        "sensitivity and output change: `quant-workbench sensitivity`")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def _values(model, plan, overlay: str, quiet: bool):
+    from ...progress import Progress
+    names = list(model.tensors)
+
+    def job():
+        out = {}
+        for i, n in enumerate(names):
+            yield Progress(i, len(names), f"{overlay} of {n}")
+            if overlay == "sqnr":
+                from ...evaluate import evaluate_tensor
+                from ...runtimes import plan_decisions
+                d = plan_decisions(model, plan, "any", [n])[n]
+                out[n] = evaluate_tensor(model, n, d.requested, decision=d).error.sqnr_db
+            else:
+                from ...stats import tensor_stats
+                st = yield from tensor_stats(model, n)
+                out[n] = st.kurtosis if overlay == "kurtosis" else st.outlier_frac
+        return out
+    return drive(job(), quiet=quiet)
+
+
+def run(args) -> int:
+    from ...model_map import summary
+    from ...plan import Plan
+    model = open_model_arg(args)
+    if args.plan:
+        plan = Plan.load(args.plan)
+    elif args.scheme:
+        from ...schemes import get_scheme
+        plan = Plan(default=get_scheme(args.scheme).name)
+    else:
+        plan = Plan()
+    res = summary(model, plan)
+    from ...model_map import plan_bytes_of
+    if args.overlay == "bits":
+        bytes_of, _ = plan_bytes_of(model, plan)
+        vals = {n: (8.0 * bytes_of(n) / i.numel if i.numel else None)
+                for n, i in model.tensors.items()}
+    else:
+        vals = _values(model, plan, args.overlay, args.json)
+    res["overlay"] = args.overlay
+    res["values"] = vals
+    if args.json:
+        print_json(res)
+        return 0
+    t = res["totals"]
+    print(f"{res['model']}: {len(res['blocks'])} blocks, {t['tensors']} tensors, "
+          f"{fmt_bytes(t['bytes'])}, {t['bits_per_weight']:.3f} bits/weight")
+    for b in res["blocks"]:
+        bt = b["totals"]
+        print(f"\n{b['title']}: {bt['tensors']} tensors, {fmt_bytes(bt['bytes'])}, "
+              f"{bt['bits_per_weight']:.3f} bits/weight")
+        for s in b["sections"]:
+            cells = []
+            for n in s["tensors"]:
+                v = vals.get(n)
+                txt = "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
+                short = n[:-len(".weight")] if n.endswith(".weight") else n
+                short = ".".join(short.split(".")[-2 if n.endswith(".bias") else -1:])
+                cells.append(f"{short}={txt}[{res['schemes'][n]}]")
+            print(f"  {s['title']:<16} " + "  ".join(cells))
+    return 0
