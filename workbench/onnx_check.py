@@ -94,19 +94,14 @@ def check_onnx(model, plan, calib=None, samples: int | None = None, max_len: int
     from .calibration import calibration_samples
     from .export.onnx_format import DEFAULT_ACCURACY_LEVEL, build_onnx
     from .progress import subjob
-    from .runner import _BASE_CACHE, compare_outputs, get_runner, run_outputs
+    from .runner import compare_outputs, get_runner, run_outputs
     from .onnx_graph import import_onnx
     import_onnx()
     level = DEFAULT_ACCURACY_LEVEL if accuracy_level is None else int(accuracy_level)
     base_model = model.base if type(model).__name__ == "MethodModel" else model
     runner = get_runner(base_model)
     data = yield from subjob(calibration_samples(base_model, calib, samples, max_len), 0, 5, 100)
-    key = (str(base_model.path), id(data))
-    base = _BASE_CACHE.get(key)
-    runner.restore()
-    if base is None:
-        base = yield from subjob(run_outputs(runner, data, label="float model"), 5, 25, 100)
-        _BASE_CACHE[key] = base
+    base = yield from subjob(run_outputs(runner, data, label="float model"), 5, 25, 100)
     tmp = Path(tempfile.mkdtemp(prefix="qwb-onnx-check-"))
     try:
         path = tmp / "model.onnx"

@@ -35,15 +35,19 @@ def import_onnx():
     return onnx, onnxruntime
 
 
-def float_network(model):
+def float_network(model, override=None):
     """(Runner, {workbench weight name: (qualified module name, module)}) for every Linear /
-    Conv1D weight of the network built from `model`'s config.json."""
+    Conv1D weight of the network built from `model`'s config.json, every weight loaded in
+    float32 on the CPU (tracing needs the whole network; the runner otherwise holds one block at
+    a time). `override(name) -> array | None` replaces a tensor's weights (a method's folded
+    float tensors)."""
     from .runner import Runner
-    runner = Runner(model)
+    runner = Runner(model, device="cpu")
+    runner.materialize(runner.all_params(), override=override)
     names = {id(m): q for q, m in runner.net.named_modules()}
     linears = {}
     for n in runner.linear_names():
-        mod = runner.module_for[n]
+        mod = runner.module_of(n)
         if id(mod) in names:
             linears[n] = (names[id(mod)], mod)
     return runner, linears

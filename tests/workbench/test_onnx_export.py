@@ -65,13 +65,18 @@ def test_llama_attention_int4_matches_the_workbench_check(tiny_arch, tmp_path, c
     ids, mask = _batch()
     base = runner.forward((ids, mask))
     names = [n for n in model.tensors if "self_attn" in n and n.endswith("proj.weight")]
-    runner.apply_assignment({n: "int4-g32" for n in names})
-    want = runner.forward((ids, mask))
+    want = runner.forward((ids, mask), override=_quantized(model, names, "int4-g32"))
     got = forward(session(out), "causal-lm", ids, mask)
     for w, g, b in zip(want, got, base):
         assert g.shape == w.shape
         assert np.abs(g - w).max() < 2e-4               # ORT computes the workbench's weights
         assert np.abs(b - w).max() > 1e-3               # ... which really differ from float
+
+
+def _quantized(model, names, scheme):
+    """The runner's override: `names` dequantized under `scheme`, the rest float."""
+    from workbench.runner import dequantized
+    return lambda n: dequantized(model, n, scheme) if n in names else None
 
 
 def test_bert_encoder_outputs_and_pooled(tiny_arch, tmp_path, capsys):
@@ -88,9 +93,8 @@ def test_bert_encoder_outputs_and_pooled(tiny_arch, tmp_path, capsys):
                          {"input_ids": ids, "attention_mask": mask})
     model = open_model(str(folder))
     runner = Runner(model)
-    runner.apply_assignment({n: "int8-g32-asym" for n in runner.linear_names()
-                             if "pooler" not in n})
-    want = runner.forward((ids, mask))
+    names = [n for n in runner.linear_names() if "pooler" not in n]
+    want = runner.forward((ids, mask), override=_quantized(model, names, "int8-g32-asym"))
     assert h.shape == (2, 12, 128)
     assert np.abs(pooled - want).max() < 1e-4
 

@@ -150,12 +150,9 @@ def build_onnx(model, plan, out_path, *, accuracy_level: int = DEFAULT_ACCURACY_
     if strict:
         check_strict(decisions.values(), path=model.path)
     base = model.base if type(model).__name__ == "MethodModel" else model
-    runner, linears = float_network(base)
-    fold = set(getattr(model, "folded_names", []))
-    for n in fold:                      # a method's folded float tensors (AWQ's scaled norms)
-        if n in runner.param_for and decisions.get(n) is not None \
-                and decisions[n].applied == KEEP:
-            runner.set_weight(n, model.read(n))
+    fold = {n for n in getattr(model, "folded_names", [])   # a method's folded float tensors
+            if decisions.get(n) is not None and decisions[n].applied == KEEP}   # (AWQ's norms)
+    runner, linears = float_network(base, lambda n: model.read(n) if n in fold else None)
     acts = dict(getattr(plan, "activations", None) or {})
     notes: dict[str, str] = {}
     weights, act_scales = {}, {}
