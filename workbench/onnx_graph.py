@@ -43,7 +43,7 @@ def float_network(model, override=None):
     float tensors)."""
     from .runner import Runner
     runner = Runner(model, device="cpu")
-    runner.materialize(runner.all_params(), override=override)
+    runner.materialize(runner.whole_params(), override=override)
     names = {id(m): q for q, m in runner.net.named_modules()}
     linears = {}
     for n in runner.linear_names():

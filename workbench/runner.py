@@ -599,6 +599,22 @@ class Runner:
         return [p for g in (self.pre_params, *self.layer_params, self.norm_params,
                             self.head_params) for p in g]
 
+    def whole_params(self) -> list[str]:
+        """Every parameter of the network with a tensor in the checkpoint: the blocks' and the
+        ones no pass of the runner reads (a BERT pooler), for a caller that needs the whole
+        network at once (the ONNX export's tracing)."""
+        have = self.all_params()
+        seen = set(have)
+        for pn in self._owner:
+            if pn in seen:
+                continue
+            try:
+                self._source(pn)
+            except KeyError:
+                continue            # no tensor in the file: left as the runner leaves it
+            have.append(pn)
+        return have
+
     def block_of(self, name: str):
         """'pre', a block index, 'norm' or 'head' for a workbench tensor (None: not read)."""
         s = self.slots.get(name)
