@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import WorkbenchError
+from .errors import WorkbenchError, one_line
 from .plan import KEEP
 from .progress import Progress, run as run_job
 
@@ -401,6 +401,24 @@ def rank_agreement(table, reference, scheme: str, names=None) -> float:
                     [reference.values[(n, scheme)] for n in names])
 
 
+def best_measure(model, calib=None, imatrix=None) -> tuple[str, str]:
+    """(measure, why): the best sensitivity measure the inputs allow. fisher (an estimate of
+    the output change, rank correlation 0.99 with it on MiniLM) when the model is runnable: a
+    config.json of a supported architecture, the [model] extra installed and calibration
+    inputs that tokenize; activation with an imatrix; weight otherwise."""
+    if imatrix:
+        return "activation", "an imatrix was given"
+    try:
+        from .calibration import calibration_samples
+        from .runner import _import_transformers, model_kind, read_config
+        model_kind(read_config(model))
+        _import_transformers()
+        run_job(calibration_samples(model, calib, 1))
+    except WorkbenchError as exc:
+        return "weight", f"the model is not runnable: {one_line(str(exc))}"
+    return "fisher", "the model is runnable"
+
+
 # ---- the table --------------------------------------------------------------------------------
 @dataclass
 class SensitivityTable:
@@ -416,6 +434,8 @@ class SensitivityTable:
     params: int = 0                                    # every tensor's params (evaluate's)
     fixed_bytes: int = 0                               # bytes of the tensors without a choice
     fixed_names: list[str] = field(default_factory=list)
+    #: tensors the runtime fuses into one layer (vLLM's q/k/v, gate/up): one scheme per group
+    groups: list = field(default_factory=list)
 
     def value(self, name: str, scheme: str) -> float:
         return self.values[(name, scheme)]
@@ -455,23 +475,77 @@ class SensitivityTable:
                                      path=self.model_path)
             if p in self.names and (p, s) not in self.bytes:
                 raise WorkbenchError(f"pinned scheme {s} was not measured for {p}")
-        costs, errs, opts = [], [], []
+        # items: single tensors, or a fused group whose members take one scheme together
+        grouped = {n: g for g in self.groups for n in g if all(m in self.names for m in g)}
+        items, seen = [], set()
         for n in self.names:
-            cands = [pins[n]] if n in pins else self.schemes
+            if n in seen:
+                continue
+            item = grouped.get(n, [n])
+            seen.update(item)
+            items.append(item)
+        costs, errs, opts = [], [], []
+        for item in items:
+            pinned = {pins[m] for m in item if m in pins}
+            if len(pinned) > 1:
+                raise WorkbenchError(f"pins differ within a fused group the {self.runtime} "
+                                     f"runtime needs one scheme for: {', '.join(item)}",
+                                     path=self.model_path)
+            cands = sorted(pinned) if pinned else [s for s in self.schemes
+                                                   if all((m, s) in self.bytes for m in item)]
             opts.append(cands)
-            costs.append([int(self.bytes[(n, s)]) for s in cands])
-            errs.append([float(self.values[(n, s)]) for s in cands])
+            costs.append([sum(int(self.bytes[(m, s)]) for m in item) for s in cands])
+            errs.append([sum(float(self.values[(m, s)]) for m in item) for s in cands])
         try:
             sol = solve_detailed(costs, errs, budget_bytes - self.fixed_bytes)
         except WorkbenchError as exc:
+            if "budget" not in str(exc):
+                raise
             cheapest = self.fixed_bytes + sum(min(c) for c in costs)
-            raise WorkbenchError(f"budget {budget_bytes:,d} bytes "
-                                 f"({8.0 * budget_bytes / max(self.params, 1):.3f} bits/weight) "
-                                 f"is below the smallest possible size {cheapest:,d} bytes "
-                                 f"({8.0 * cheapest / max(self.params, 1):.3f} bits/weight)",
-                                 path=self.model_path) from exc if "budget" in str(exc) else exc
-        assignment = {n: o[k] for n, o, k in zip(self.names, opts, sol.choice)}
+            raise WorkbenchError(self._below_smallest(budget_bytes, cheapest),
+                                 path=self.model_path) from exc
+        assignment = {m: o[k] for item, o, k in zip(items, opts, sol.choice) for m in item}
         return self.plan_for(assignment), sol
+
+    def _below_smallest(self, budget_bytes: int, cheapest: int) -> str:
+        """The error for a budget below the smallest plan: the smallest plan, and the schemes
+        (runnable on the target) that would reach the budget, uniformly, if added."""
+        bpw = 8.0 * budget_bytes / max(self.params, 1)
+        msg = (f"budget {budget_bytes:,d} bytes ({bpw:.3f} bits/weight) is below the smallest "
+               f"plan the candidates allow, {cheapest:,d} bytes "
+               f"({8.0 * cheapest / max(self.params, 1):.3f} bits/weight, every tensor at its "
+               f"cheapest of {', '.join(self.schemes)})")
+        reach = [f"{s} ({8.0 * b / max(self.params, 1):.3f})"
+                 for s, b in self.uniform_sizes().items() if b <= budget_bytes]
+        if reach:
+            msg += "; candidates that reach the budget as a uniform plan: " + ", ".join(reach)
+        else:
+            msg += "; no scheme the target runs reaches it: raise the budget"
+        return msg
+
+    def uniform_sizes(self) -> dict[str, int]:
+        """Bytes of the uniform plan of every scheme `runtime` can run that is not already a
+        candidate (sizes only: nothing is quantized), smallest first."""
+        from .runtimes import candidate_schemes, decide, get_runtime
+        from .schemes import get_scheme
+        from .loaders import open_model
+        rt = get_runtime(self.runtime)
+        try:
+            model = open_model(self.model_path)
+        except WorkbenchError:
+            return {}
+        out = {}
+        for s in candidate_schemes(rt.name):
+            if s in self.schemes:
+                continue
+            total = self.fixed_bytes
+            for n in self.names:
+                info = model.info(n)
+                d = decide(info, s, rt, explicit=True)
+                total += info.nbytes if d.applied == KEEP else \
+                    get_scheme(d.applied).nbytes(tuple(info.shape))
+            out[s] = int(total)
+        return dict(sorted(out.items(), key=lambda kv: kv[1]))
 
     def assignment_of(self, plan, model) -> dict[str, str]:
         """The table's view of a plan: the scheme it requests per tensor with a choice."""
@@ -555,8 +629,10 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
             else:
                 values[(n, s)] = float(r.error.sse) * missing_scale
     yield Progress(len(all_names), len(all_names), "sizes")
+    from .runtimes import fused_groups
     return SensitivityTable(str(model.path), measure, rt.name, list(schemes), names, values,
-                            nbytes, applied, params, fixed_bytes, fixed)
+                            nbytes, applied, params, fixed_bytes, fixed,
+                            fused_groups(names, rt.name))
 
 
 def sensitivity_table_job(model, schemes, measure: str = "weight", calib=None, imatrix=None,
