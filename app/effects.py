@@ -252,6 +252,7 @@ class PlanEffects(QObject):
         self.allocation_error: str | None = None
         doc.modelChanged.connect(self._model_changed)
         doc.stateChanged.connect(lambda _c: self.invalidate())
+        doc.stateChanged.connect(lambda _c: self._drop_stale_preview())
 
     # ---- end-to-end check ---------------------------------------------------------------------
     def set_check_enabled(self, on: bool) -> None:
@@ -592,10 +593,30 @@ class PlanEffects(QObject):
                 self.request_frontier()
         self.frontierChanged.emit()
 
+    def _drop_stale_preview(self) -> None:
+        """An undo, redo or edit that leaves the plan other than the allocation shown: the
+        panels stop showing that allocation (and an old "cannot allocate")."""
+        if self.preview is None and self.allocation_error is None:
+            return
+        if self.preview is not None:
+            a = self.preview[1]
+            if all(self.doc.assignment.get(n, KEEP) == s for n, s in a.items()):
+                return          # the plan is still the allocation shown
+        self.preview = None
+        self.allocation_error = None
+        self.allocationChanged.emit()
+
     # ---- model ------------------------------------------------------------------------------------
     def _model_changed(self) -> None:
         self._timer.stop()
         self._cancel_check()
+        for t in (self._frontier_task, self._alloc_task):
+            if t is not None and not t.finished:
+                t.cancel()
+        self._frontier_task = self._alloc_task = None
+        self._kept = None
+        self._extending.clear()
+        self.allocation_error = None
         for t in self._table_tasks.values():
             if not t.finished:
                 t.cancel()
@@ -611,6 +632,7 @@ class PlanEffects(QObject):
         self.check_state = "off"
         self.checkChanged.emit()
         self.tableChanged.emit(self.measure)
+        self.allocationChanged.emit()
         self.frontierChanged.emit()
         if self.doc.model is not None:
             self.invalidate(now=True)
