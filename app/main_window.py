@@ -205,7 +205,7 @@ class MainWindow(QMainWindow):
         self._action(h, "&Keyboard Shortcuts", self.show_shortcuts, "F1")
         self._action(h, "&About", lambda: self.messages.info(
             "About Quant Workbench", "Quant Workbench: choose how each layer of a network is "
-            "quantized.\nEvery number comes from the workbench library; see the README."))
+            "quantized.\nEvery number comes from the workbench library; see README.md and docs/."))
         self._refresh_recent()
 
     def show_shortcuts(self) -> None:

