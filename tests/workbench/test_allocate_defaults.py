@@ -85,7 +85,8 @@ def test_budget_below_the_smallest_plan_names_it_and_what_reaches_it(demo_model_
     rc = main(["allocate", str(bare), "--budget-bpw", "5", "--schemes", "q8_0",
                "-o", str(tmp_path / "p.json")])
     err = capsys.readouterr().err
-    assert rc == 2 and len(err.strip().splitlines()) == 2        # the measure line + the error
+    # refused from the shapes alone, before any measure runs: one line, no "measure:" line
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "measure:" not in err
     line = err.strip().splitlines()[-1]
     assert "is below the smallest plan the candidates allow" in line and "q8_0" in line
     # schemes the target runs whose uniform plan fits 5 bits/weight are named, with their size
@@ -93,6 +94,16 @@ def test_budget_below_the_smallest_plan_names_it_and_what_reaches_it(demo_model_
     named = [p.split(" (")[0] for p in reach.split(", ")]
     assert {"q4_0", "q4_k", "int4-g128"} <= set(named) and "q6_k" not in named
     assert not (tmp_path / "p.json").exists()
+    # the same figures as the measured table's refusal
+    from workbench.sensitivity import sensitivity_table, size_floor
+    m = open_model(bare)
+    t = sensitivity_table(m, ["q8_0"], "weight")
+    budget = t.budget_bytes(None, 5.0)
+    with pytest.raises(Exception) as exc:
+        t.solve(budget)
+    assert str(exc.value).split(": ", 1)[1] == line.split("error: ", 1)[1].split(": ", 1)[1]
+    assert size_floor(m, ["q8_0"])[0] == t.fixed_bytes + sum(
+        min(t.bytes[(n, s)] for s in ("keep", "q8_0")) for n in t.names)
 
 
 def test_notes_are_grouped_by_kind():

@@ -41,6 +41,14 @@ def run(args) -> int:
     for p in pins:
         if p not in model.tensors:
             raise WorkbenchError(f"pinned tensor {p!r} is not in the model", path=model.path)
+    # an impossible budget is refused from the shapes alone, before anything is measured
+    from ...sensitivity import below_smallest_message, size_floor
+    cheapest, params = size_floor(model, schemes, args.target, pins)
+    want = args.budget_bytes if args.budget_bytes is not None else \
+        int(args.budget_bpw * params / 8.0 + 1e-9)
+    if cheapest > want:
+        raise WorkbenchError(below_smallest_message(model, want, cheapest, params, schemes,
+                                                    args.target), path=model.path)
     t0 = time.perf_counter()
     table = table_from_args(args, model, schemes, pins, quiet=args.json)
     t1 = time.perf_counter()
