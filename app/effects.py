@@ -434,11 +434,15 @@ class PlanEffects(QObject):
             if cur is not None and self.doc.model is model:
                 self.tables[key] = cur.merged(extra)
                 self.tableChanged.emit(measure)
-                self.frontierChanged.emit()
+                # the frontier holds pinned tensors at the plan's schemes: now measurable
+                self._frontier_key = None
+                self.request_frontier()
                 self._extend_for_plan()
 
         def failed(_msg):
             self._extending.discard((key, tuple(missing)))
+            if self.doc.model is model:
+                self.request_frontier(force=True)   # without those schemes' errors
 
         self.runner.submit(lambda: table_job(model, missing, measure, calib, samples),
                            f"Sensitivity ({measure}) of the plan's other schemes", BACKGROUND,
@@ -545,12 +549,21 @@ class PlanEffects(QObject):
         return self.apply_assignment(point.assignment, label)
 
     # ---- frontier ---------------------------------------------------------------------------------
-    def request_frontier(self):
+    def request_frontier(self, force: bool = False):
+        """Compute the frontier over the cached table. Tensors the allocator does not choose
+        for are held at the plan's schemes (e.g. MiniLM's position embeddings, which llama.cpp
+        never re-types, at the default int8-channel): until those schemes are in the table
+        (`_extend_for_plan`), no plan containing them has a predicted error, so the frontier
+        waits for them (`force`: compute anyway)."""
         table = self.table()
         model = self.doc.model
         if table is None or model is None:
             return None
         pins = self.effective_pins()
+        waiting = {pins[n] for n in table.names if n in pins} - {KEEP} - set(table.schemes)
+        if waiting and not force:
+            self._extend_for_plan()
+            return None
         key = (self._key(self.measure), tuple(sorted(pins.items())))
         if key == self._frontier_key and self.frontier:
             self.frontierChanged.emit()

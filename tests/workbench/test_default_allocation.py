@@ -47,16 +47,19 @@ def test_default_allocation_at_4_5_bpw_beats_every_uniform_plan_that_fits(
     assert alloc > max(uniform.values()), (alloc, uniform)
 
 
-@pytest.mark.parametrize("target,fmt", [("vllm", "compressed-tensors"), ("llama.cpp", "gguf")])
-def test_a_plan_allocated_for_a_target_exports_to_it(minilm_path, tmp_path, capsys, target, fmt):
-    """Default candidates and measure; vLLM's fused q/k/v share one scheme in the plan."""
+@pytest.mark.parametrize("target,fmt,bpw", [("vllm", "compressed-tensors", 20.0),
+                                            ("llama.cpp", "gguf", 5.0)])
+def test_a_plan_allocated_for_a_target_exports_to_it(minilm_path, tmp_path, capsys, target, fmt,
+                                                     bpw):
+    """Default candidates and measure; vLLM's fused q/k/v share one scheme in the plan (vLLM
+    keeps MiniLM's word embeddings in float32: its smallest plan is 18.9 bits/weight)."""
     if fmt == "compressed-tensors":
         pytest.importorskip("compressed_tensors")
     plan = tmp_path / "plan.json"
-    assert main(["allocate", str(minilm_path), "--budget-bpw", "5", "--target", target,
+    assert main(["allocate", str(minilm_path), "--budget-bpw", str(bpw), "--target", target,
                  "--samples", "8", "-o", str(plan), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["target"] == target and res["bits_per_weight"] <= 5.0
+    assert res["target"] == target and res["bits_per_weight"] <= bpw
     p = Plan.load(plan)
     if target == "vllm":
         from workbench.loaders import open_model
