@@ -48,7 +48,8 @@ SECTIONS = (
             ">= 10x gguf, Q4_0/Q8_0 quantize >= 10x gguf, integer/NF4/FP8 quantize >= 10x the "
             "numpy reference; rows below a target say so.",
             ("bench", "--scheme", "all"),
-            ("bench", "--size", "1024x4096", "--repeats", "3")),
+            ("bench", "--scheme", "int8-channel", "int4-g128", "nf4-g64", "fp8-e4m3", "q4_0",
+             "q8_0", "q4_k", "q6_k", "--size", "1024x4096", "--repeats", "3")),
     Section("vs-ggml", "GGML quantizers against ggml's own C code (`bench --vs-ggml`)",
             "The workbench's GGML quantizers and ggml's C quantizers (from the llama.cpp build, "
             "called through ctypes) on the real MiniLM's tensors, one thread each: relative RMSE "
