@@ -2,7 +2,7 @@
 
 import sys
 
-from workbench.cli import main
+from app.entry import main
 
 if __name__ == "__main__":
     sys.exit(main())

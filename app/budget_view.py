@@ -218,6 +218,17 @@ class BudgetPanel(QWidget):
         effects.pinsChanged.connect(self._pins)
         effects.tableChanged.connect(lambda _m: self.refresh())
         doc.currentChanged.connect(lambda _n: self._pins())
+        doc.modelChanged.connect(self._model_changed)
+        self.refresh()
+
+    def _model_changed(self) -> None:
+        """Another model: its own budget range and starting value, nothing of the last one's."""
+        self._initialised = False
+        self._range = (0.0, 0.0)
+        self.result.setText("")
+        self.result.setToolTip("")
+        self.hover.setText(" ")
+        self._pins()
         self.refresh()
 
     # ---- budget units ----------------------------------------------------------------------------
@@ -299,6 +310,9 @@ class BudgetPanel(QWidget):
 
     def _show_result(self) -> None:
         fx = self.fx
+        if fx.preview is None and not fx.allocation_error:
+            self.result.setText("")          # refresh() below says what the frontier holds
+            self.result.setToolTip("")
         if fx.allocation_error:
             self.result.setText(f"cannot allocate: {fx.allocation_error}")
         elif fx.preview is not None:

@@ -252,6 +252,7 @@ class PlanEffects(QObject):
         self.allocation_error: str | None = None
         doc.modelChanged.connect(self._model_changed)
         doc.stateChanged.connect(lambda _c: self.invalidate())
+        doc.stateChanged.connect(lambda _c: self._drop_stale_preview())
 
     # ---- end-to-end check ---------------------------------------------------------------------
     def set_check_enabled(self, on: bool) -> None:
@@ -433,11 +434,15 @@ class PlanEffects(QObject):
             if cur is not None and self.doc.model is model:
                 self.tables[key] = cur.merged(extra)
                 self.tableChanged.emit(measure)
-                self.frontierChanged.emit()
+                # the frontier holds pinned tensors at the plan's schemes: now measurable
+                self._frontier_key = None
+                self.request_frontier()
                 self._extend_for_plan()
 
         def failed(_msg):
             self._extending.discard((key, tuple(missing)))
+            if self.doc.model is model:
+                self.request_frontier(force=True)   # without those schemes' errors
 
         self.runner.submit(lambda: table_job(model, missing, measure, calib, samples),
                            f"Sensitivity ({measure}) of the plan's other schemes", BACKGROUND,
@@ -544,12 +549,21 @@ class PlanEffects(QObject):
         return self.apply_assignment(point.assignment, label)
 
     # ---- frontier ---------------------------------------------------------------------------------
-    def request_frontier(self):
+    def request_frontier(self, force: bool = False):
+        """Compute the frontier over the cached table. Tensors the allocator does not choose
+        for are held at the plan's schemes (e.g. MiniLM's position embeddings, which llama.cpp
+        never re-types, at the default int8-channel): until those schemes are in the table
+        (`_extend_for_plan`), no plan containing them has a predicted error, so the frontier
+        waits for them (`force`: compute anyway)."""
         table = self.table()
         model = self.doc.model
         if table is None or model is None:
             return None
         pins = self.effective_pins()
+        waiting = {pins[n] for n in table.names if n in pins} - {KEEP} - set(table.schemes)
+        if waiting and not force:
+            self._extend_for_plan()
+            return None
         key = (self._key(self.measure), tuple(sorted(pins.items())))
         if key == self._frontier_key and self.frontier:
             self.frontierChanged.emit()
@@ -592,10 +606,30 @@ class PlanEffects(QObject):
                 self.request_frontier()
         self.frontierChanged.emit()
 
+    def _drop_stale_preview(self) -> None:
+        """An undo, redo or edit that leaves the plan other than the allocation shown: the
+        panels stop showing that allocation (and an old "cannot allocate")."""
+        if self.preview is None and self.allocation_error is None:
+            return
+        if self.preview is not None:
+            a = self.preview[1]
+            if all(self.doc.assignment.get(n, KEEP) == s for n, s in a.items()):
+                return          # the plan is still the allocation shown
+        self.preview = None
+        self.allocation_error = None
+        self.allocationChanged.emit()
+
     # ---- model ------------------------------------------------------------------------------------
     def _model_changed(self) -> None:
         self._timer.stop()
         self._cancel_check()
+        for t in (self._frontier_task, self._alloc_task):
+            if t is not None and not t.finished:
+                t.cancel()
+        self._frontier_task = self._alloc_task = None
+        self._kept = None
+        self._extending.clear()
+        self.allocation_error = None
         for t in self._table_tasks.values():
             if not t.finished:
                 t.cancel()
@@ -611,6 +645,7 @@ class PlanEffects(QObject):
         self.check_state = "off"
         self.checkChanged.emit()
         self.tableChanged.emit(self.measure)
+        self.allocationChanged.emit()
         self.frontierChanged.emit()
         if self.doc.model is not None:
             self.invalidate(now=True)

@@ -116,6 +116,10 @@ class MainWindow(QMainWindow):
         self.table.activated.connect(self.select)
         self.undo_stack.indexChanged.connect(lambda _i: self._schedule_autosave())
         self.doc.modelChanged.connect(self._model_changed)
+        self._status_timer = QTimer(self, singleShot=True, interval=10000)
+        self._status_timer.timeout.connect(self._clear_transient_status)
+        self.doc.stateChanged.connect(lambda _c: self._clear_transient_status())
+        self.doc.currentChanged.connect(lambda _n: self._clear_transient_status())
         self._autosave_timer = QTimer(self, singleShot=True, interval=1500)
         self._autosave_timer.timeout.connect(self.autosave)
         self._build_menus()
@@ -205,7 +209,7 @@ class MainWindow(QMainWindow):
         self._action(h, "&Keyboard Shortcuts", self.show_shortcuts, "F1")
         self._action(h, "&About", lambda: self.messages.info(
             "About Quant Workbench", "Quant Workbench: choose how each layer of a network is "
-            "quantized.\nEvery number comes from the workbench library; see the README."))
+            "quantized.\nEvery number comes from the workbench library; see README.md and docs/."))
         self._refresh_recent()
 
     def show_shortcuts(self) -> None:
@@ -276,9 +280,26 @@ class MainWindow(QMainWindow):
         else:
             self.open_model(path)
 
-    def open_model(self, path: str, plan: Plan | None = None, tiers=None, ui=None):
-        """Open a checkpoint on the compute thread; a failure shows a message."""
+    def confirm_discard(self) -> bool:
+        """Before something replaces the open model: with unsaved edits, ask (save / discard /
+        cancel). True when it may go ahead."""
+        if self.doc.model is None or self.undo_stack.isClean():
+            return True
+        answer = self.messages.ask_save(
+            "Save changes?", "The plan has unsaved edits. Save the session before opening "
+                             "another model?")
+        if answer == "cancel":
+            return False
+        return answer == "discard" or self.save_session() is not None
+
+    def open_model(self, path: str, plan: Plan | None = None, tiers=None, ui=None,
+                   confirm: bool = True):
+        """Open a checkpoint on the compute thread; a failure shows a message. Over unsaved
+        edits, asks first (None: the user cancelled; `confirm=False`: already asked)."""
         from workbench.loaders import open_model
+        if confirm and not self.confirm_discard():
+            return None
+        self._status_timer.stop()
         self.status_label.setText(f"opening {path}…")
 
         def done(model):
@@ -289,7 +310,11 @@ class MainWindow(QMainWindow):
             self.settings.setValue("last_dir", str(Path(model.path).parent))
 
         def failed(message):
-            self.status_label.setText("open failed")
+            # the message names the file; the status line says so until the next action (or
+            # 10 s), then shows the model that is still open again
+            self.status_label.setText(f"open failed: {Path(path).name}" + (
+                " (the open model stays)" if self.doc.model is not None else ""))
+            self._status_timer.start()
             self.messages.error("Cannot open model", message)
 
         self._load_task = self.runner.submit(lambda: open_model(path), f"Opening {path}",
@@ -297,13 +322,26 @@ class MainWindow(QMainWindow):
                                              on_error=failed)
         return self._load_task
 
+    def model_status(self) -> str:
+        """The status line for the open model ("" when none)."""
+        m = self.doc.model
+        if m is None:
+            return ""
+        return f"{m.path}  ·  {len(m.tensors)} tensors  ·  {m.total_params / 1e6:.2f} M params"
+
+    def _clear_transient_status(self) -> None:
+        """A passing message ("open failed") gives way to the open model's line."""
+        self._status_timer.stop()
+        if self.status_label.text().startswith("open failed"):
+            self.status_label.setText(self.model_status())
+
     def _model_changed(self) -> None:
         m = self.doc.model
+        self._status_timer.stop()
         if m is None:
             return
         self.setWindowTitle(f"{Path(m.path).name} — Quant Workbench")
-        self.status_label.setText(f"{m.path}  ·  {len(m.tensors)} tensors  ·  "
-                                  f"{m.total_params / 1e6:.2f} M params")
+        self.status_label.setText(self.model_status())
         ui = self._pending_ui or {}
         self._pending_ui = None
         self.restore_ui(ui)
@@ -404,9 +442,11 @@ class MainWindow(QMainWindow):
         except WorkbenchError as exc:
             self.messages.error("Cannot open session", str(exc))
             return None
+        if not self.confirm_discard():
+            return None
         self.session_path = path
         self._add_recent(path)
-        return self.open_model(s.model, s.plan, s.tiers, s.ui)
+        return self.open_model(s.model, s.plan, s.tiers, s.ui, confirm=False)
 
     # ---- autosave and crash recovery ---------------------------------------------------------------
     def autosave_path(self) -> Path:

@@ -10,7 +10,7 @@ from workbench.errors import WorkbenchError
 TABS = {"table": 0, "tiers": 1, "comparison": 2}
 
 
-def wait_idle(app, win, timeout: float = 120.0) -> None:
+def wait_idle(app, win, timeout: float = 600.0) -> None:
     """Process events until the compute thread has nothing left to do."""
     deadline = time.monotonic() + timeout
     quiet = 0
@@ -24,6 +24,24 @@ def wait_idle(app, win, timeout: float = 120.0) -> None:
             quiet = 0
         time.sleep(0.01)
     raise WorkbenchError(f"the window was still busy after {timeout:.0f} s")
+
+
+def wait_for_frontier(app, win, timeout: float = 900.0) -> None:
+    """The budget tab: wait until the sensitivity table and the frontier are computed (each is
+    its own task, so the compute thread can be idle between them), or the table failed."""
+    fx = win.effects
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        app.processEvents()
+        if fx.table_error():
+            return                       # the panel says why
+        if fx.table() is not None and fx.frontier and win.runner.idle():
+            app.processEvents()
+            return
+        if fx.table() is None and not fx.table_running() and win.runner.idle():
+            fx.request_table()
+        time.sleep(0.02)
+    raise WorkbenchError(f"the frontier was not ready after {timeout:.0f} s")
 
 
 def png_bytes(widget) -> bytes:
@@ -86,6 +104,8 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
         win.tabs.setCurrentIndex(win.effects_tab_index if tab == "budget" else
                                  win.map_tab_index if tab == "map" else TABS.get(tab, 0))
         wait_idle(app, win)
+        if tab == "budget":
+            wait_for_frontier(app, win)
         if methods:
             cmp = win.comparison
             why = cmp.comparer.unavailable() or cmp.comparer.tensor_unavailable(cmp.model.name)

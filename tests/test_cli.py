@@ -269,13 +269,17 @@ def test_lone_surrogate_names_print_and_internal_errors_are_one_line(tmp_path, m
 def test_a_named_command_builds_only_its_own_parser():
     """`export ...` imports the export command's module only (not gui, bench, sensitivity);
     help, an unknown word and a model path still get the whole command line."""
+    from app.entry import COMMAND_PACKAGES
     from workbench.cli import _command_names, build_parser
-    full = _command_names(build_parser())
-    assert {"export", "bench-load", "gui", "evaluate"} <= full
-    for name in ("export", "bench-load", "gui"):
-        assert _command_names(build_parser(only=name)) == {name}
+    full = _command_names(build_parser(packages=COMMAND_PACKAGES))
+    assert {"export", "bench-load", "gui", "evaluate", "screenshot", "report", "bench-gui"} <= full
+    for name in ("export", "bench-load", "gui", "screenshot"):
+        assert _command_names(build_parser(only=name, packages=COMMAND_PACKAGES)) == {name}
     for word in ("exprt", "bench_load", "-h", "_x", "resources/demo_model", "commands"):
-        assert build_parser(only=word) is None
+        assert build_parser(only=word, packages=COMMAND_PACKAGES) is None
+    # the domain alone knows no window-opening command (workbench/ never imports app/)
+    domain = _command_names(build_parser())
+    assert "export" in domain and not {"gui", "screenshot", "report", "bench-gui"} & domain
     code = ("import sys\nfrom workbench.cli import main\n"
             "rc = main(['export', '--scheme', 'q8_0', '--format', 'plan', '--check'])\n"
             "mods = sorted(m for m in sys.modules if m.startswith('workbench.cli.commands.'))\n"

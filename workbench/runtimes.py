@@ -141,6 +141,19 @@ def summarize(decisions) -> Summary:
     return s
 
 
+def note_kinds(notes: dict) -> list[tuple[str, list[str]]]:
+    """Per-tensor notes ({tensor: note}) grouped by kind: (the note with tensor names taken out,
+    the tensors that have it), most frequent first. Exporters report one line per kind."""
+    kinds: dict[str, list[str]] = {}
+    for name, note in notes.items():
+        key = _TENSORISH.sub("<tensor>", str(note).replace(str(name), "<tensor>"))
+        kinds.setdefault(key, []).append(name)
+    return sorted(kinds.items(), key=lambda kv: -len(kv[1]))
+
+
+_TENSORISH = re.compile(r"\b[\w-]+(?:\.[\w-]+)+\.(?:weight|bias)\b")
+
+
 # ---- runtimes -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Runtime:
@@ -257,6 +270,49 @@ RUNTIMES: dict[str, Runtime] = {
     "onnxruntime": _OnnxRuntime("onnxruntime", "ONNX Runtime (MatMulNBits)",
                                 keeps_unsupported=True),
 }
+
+
+#: vLLM fuses these sibling projections into one layer: they must share one scheme
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"),
+                ("query", "key", "value"))
+
+
+def candidate_schemes(runtime: str = "any") -> list[str]:
+    """The schemes an allocation for `runtime` chooses from by default: every registered scheme
+    the runtime can run and its exporter can write (fp32, the same as keeping an fp32 tensor,
+    left out; keeping a tensor is always a choice). ``any``: the union over the real runtimes,
+    so that a plan allocated without a target still exports to one of them per tensor.
+    Per tensor, shapes a scheme cannot take are handled by :func:`decide` (its fallback)."""
+    from .schemes import list_schemes
+    rt = get_runtime(runtime)
+    if rt.name == "any":
+        out: list[str] = []
+        for other in RUNTIMES.values():
+            if other.name != "any":
+                out.extend(s for s in candidate_schemes(other.name) if s not in out)
+        return out
+    return [s for s in list_schemes() if s != "fp32" and rt.unsupported(s) is None]
+
+
+def fused_groups(names, runtime: str = "any") -> list[list[str]]:
+    """Tensors among `names` that `runtime` stores as one fused layer and so must share one
+    scheme (vLLM: q/k/v, gate/up), two or more per group; other runtimes: none."""
+    if get_runtime(runtime).name != "vllm":
+        return []
+    have = set(names)
+    groups, seen = [], set()
+    for n in names:
+        for group in FUSED_GROUPS:
+            tag = f".{group[0]}."
+            if tag not in f".{n}" or n in seen:
+                continue
+            sibs = [n.replace(f"{group[0]}.", f"{g}.", 1) if n.startswith(f"{group[0]}.")
+                    else n.replace(tag, f".{g}.") for g in group]
+            present = [x for x in sibs if x in have]
+            if len(present) >= 2:
+                groups.append(present)
+                seen.update(present)
+    return groups
 
 
 def get_runtime(name: str) -> Runtime:

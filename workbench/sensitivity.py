@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import WorkbenchError
+from .errors import WorkbenchError, one_line
 from .plan import KEEP
 from .progress import Progress, run as run_job
 
@@ -348,6 +348,108 @@ def rank_agreement(table, reference, scheme: str, names=None) -> float:
                     [reference.values[(n, scheme)] for n in names])
 
 
+def best_measure(model, calib=None, imatrix=None) -> tuple[str, str]:
+    """(measure, why): the best sensitivity measure the inputs allow. fisher (an estimate of
+    the output change, rank correlation 0.99 with it on MiniLM) when the model is runnable: a
+    config.json of a supported architecture, the [model] extra installed and calibration
+    inputs that tokenize; activation with an imatrix; weight otherwise."""
+    if imatrix:
+        return "activation", "an imatrix was given"
+    try:
+        from .calibration import calibration_samples
+        from .runner import _import_transformers, model_kind, read_config
+        model_kind(read_config(model))
+        _import_transformers()
+        run_job(calibration_samples(model, calib, 1))
+    except WorkbenchError as exc:
+        return "weight", f"the model is not runnable: {one_line(str(exc))}"
+    return "fisher", "the model is runnable"
+
+
+def _sizes(model, runtime: str):
+    """(runtime, gguf names or None, decide) shared by the size-only helpers below."""
+    from .runtimes import get_runtime
+    rt = get_runtime(runtime)
+    gnames = None
+    if rt.name == "llama.cpp":
+        from .llama_names import gguf_names
+        try:
+            gnames = gguf_names(model)
+        except WorkbenchError:
+            gnames = None
+    return rt, gnames
+
+
+def _bytes_as(info, d) -> int:
+    from .schemes import get_scheme
+    return int(info.nbytes if d.applied == KEEP else get_scheme(d.applied).nbytes(tuple(info.shape)))
+
+
+def size_floor(model, schemes, runtime: str = "any", pins: dict | None = None) -> tuple[int, int]:
+    """(bytes of the smallest plan the candidates allow, parameters), from shapes alone (nothing
+    is quantized or run), counted as `build_table` and `evaluate` count them: lets `allocate`
+    refuse an impossible budget before it measures anything."""
+    from .runtimes import decide
+    rt, gnames = _sizes(model, runtime)
+    pins = dict(pins or {})
+    total, params = 0, 0
+    for n in model.tensors:
+        info = model.info(n)
+        params += info.numel
+        keep = _bytes_as(info, decide(info, KEEP, rt))
+        if n in pins:
+            total += _bytes_as(info, decide(info, pins[n], rt, explicit=True,
+                                            gguf_name=gnames.get(n) if gnames else None))
+            continue
+        if not (info.ndim >= 2 and info.is_float):
+            total += keep
+            continue
+        best = keep
+        for sch in schemes:
+            d = decide(info, sch, rt, explicit=True, gguf_name=gnames.get(n) if gnames else None)
+            best = min(best, _bytes_as(info, d))
+        total += best
+    return total, params
+
+
+def uniform_sizes(model, runtime: str = "any", exclude=()) -> dict[str, int]:
+    """Bytes of the uniform plan (every float matrix at one scheme) of each scheme `runtime`
+    can run, except `exclude`, smallest first (sizes only)."""
+    from .runtimes import candidate_schemes, decide
+    rt, gnames = _sizes(model, runtime)
+    out = {}
+    for sch in candidate_schemes(rt.name):
+        if sch in exclude:
+            continue
+        total = 0
+        for n in model.tensors:
+            info = model.info(n)
+            if info.ndim >= 2 and info.is_float:
+                d = decide(info, sch, rt, explicit=True,
+                           gguf_name=gnames.get(n) if gnames else None)
+                total += min(_bytes_as(info, d), info.nbytes)
+            else:
+                total += _bytes_as(info, decide(info, KEEP, rt))
+        out[sch] = int(total)
+    return dict(sorted(out.items(), key=lambda kv: kv[1]))
+
+
+def below_smallest_message(model, budget_bytes: int, cheapest: int, params: int, schemes,
+                           runtime: str) -> str:
+    """The refusal of a budget below the smallest plan: that plan's size, and the schemes the
+    target runs (not among the candidates) whose uniform plan would fit the budget."""
+    p = max(params, 1)
+    msg = (f"budget {budget_bytes:,d} bytes ({8.0 * budget_bytes / p:.3f} bits/weight) is below "
+           f"the smallest plan the candidates allow, {cheapest:,d} bytes "
+           f"({8.0 * cheapest / p:.3f} bits/weight, every tensor at its cheapest of "
+           f"{', '.join(schemes)})")
+    sizes = uniform_sizes(model, runtime, exclude=schemes) if model is not None else {}
+    reach = [f"{s} ({8.0 * b / p:.3f})" for s, b in sizes.items() if b <= budget_bytes]
+    if reach:
+        return msg + "; candidates that reach the budget as a uniform plan: " + ", ".join(reach)
+    return msg + f"; no scheme {runtime} runs reaches it: raise the budget"
+
+
 # ---- the table --------------------------------------------------------------------------------
 @dataclass
 class SensitivityTable:
@@ -430,14 +532,22 @@ class SensitivityTable:
         try:
             sol = solve_detailed(costs, errs, budget_bytes - self.fixed_bytes)
         except WorkbenchError as exc:
+            if "budget" not in str(exc):
+                raise
             cheapest = self.fixed_bytes + sum(min(c) for c in costs)
-            raise WorkbenchError(f"budget {budget_bytes:,d} bytes "
-                                 f"({8.0 * budget_bytes / max(self.params, 1):.3f} bits/weight) "
-                                 f"is below the smallest possible size {cheapest:,d} bytes "
-                                 f"({8.0 * cheapest / max(self.params, 1):.3f} bits/weight)",
-                                 path=self.model_path) from exc if "budget" in str(exc) else exc
+            raise WorkbenchError(self._below_smallest(budget_bytes, cheapest),
+                                 path=self.model_path) from exc
         assignment = {m: o[k] for item, o, k in zip(items, opts, sol.choice) for m in item}
         return self.plan_for(assignment), sol
+
+    def _below_smallest(self, budget_bytes: int, cheapest: int) -> str:
+        from .loaders import open_model
+        try:
+            model = open_model(self.model_path)
+        except WorkbenchError:
+            model = None
+        return below_smallest_message(model, budget_bytes, cheapest, self.params,
+                                      self.schemes, self.runtime)
 
     def assignment_of(self, plan, model) -> dict[str, str]:
         """The table's view of a plan: the scheme it requests per tensor with a choice."""
@@ -556,10 +666,26 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
                     values[(n, s)] *= float(np.mean(u))
     yield Progress(len(all_names), len(all_names), "sizes")
     from .moe import decision_groups
+    from .runtimes import fused_groups
+    groups = merge_groups(fused_groups(names, rt.name)
+                          + list(decision_groups(model, names, rt.name).values()))
     return SensitivityTable(str(model.path), measure, rt.name, list(schemes), names, values,
-                            nbytes, applied, params, fixed_bytes, fixed,
-                            list(decision_groups(model, names, rt.name).values()),
+                            nbytes, applied, params, fixed_bytes, fixed, groups,
                             dict(usage or {}))
+
+
+def merge_groups(groups) -> list[list[str]]:
+    """Groups that share a tensor joined into one (vLLM's fused gate/up of an expert and
+    a runtime's expert group are one decision together), in first-seen order."""
+    out: list[list[str]] = []
+    for g in groups:
+        g = list(dict.fromkeys(g))
+        hit = [o for o in out if set(o) & set(g)]
+        for o in hit:
+            out.remove(o)
+            g = list(dict.fromkeys(o + g))
+        out.append(g)
+    return out
 
 
 def _has_experts(model) -> bool:

@@ -89,25 +89,39 @@ def warm_stats() -> None:
                 close()
 
 
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m workbench.warm", description=__doc__.split("\n")[0])
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="processes compiling in parallel (default: the CPU count)")
     p.add_argument("--only", default=None, help=argparse.SUPPRESS)  # one worker's share
     p.add_argument("--stats", action="store_true", help=argparse.SUPPRESS)  # and the stats kernels
+    p.add_argument("--tag", default=None, help=argparse.SUPPRESS)  # "process i/n" in progress lines
     args = p.parse_args(argv)
     from .schemes import list_schemes
     if args.only is not None:
-        warm_names([n for n in args.only.split(",") if n])
+        share = [n for n in args.only.split(",") if n]
+        t0 = time.perf_counter()
+        for n in share:               # one line per scheme: a long set-up step shows progress
+            warm_names([n])
+            _say(f"  kernels: {n} ready ({args.tag or 'worker'}, {time.perf_counter() - t0:.0f} s)")
         if args.stats:
             warm_stats()
             warm_convert()
+            _say(f"  kernels: statistics and F16/BF16 widening ready ({args.tag or 'worker'}, "
+                 f"{time.perf_counter() - t0:.0f} s)")
         return 0
     t0 = time.perf_counter()
     names = _order(list(list_schemes()))
     jobs = max(1, min(args.jobs, len(names)))
     shares = [names[i::jobs] for i in range(jobs)]
-    procs = [subprocess.Popen([sys.executable, "-m", "workbench.warm", "--only", ",".join(s)]
+    _say(f"compiling the numba kernels of {len(names)} schemes in {jobs} processes (once; "
+         "loaded from the on-disk cache afterwards); one line per scheme:")
+    procs = [subprocess.Popen([sys.executable, "-m", "workbench.warm", "--only", ",".join(s),
+                               "--tag", f"process {i + 1}/{jobs}"]
                               + (["--stats"] if i == len(shares) - 1 else []))
              for i, s in enumerate(shares) if s]
     rcs = [pr.wait() for pr in procs]

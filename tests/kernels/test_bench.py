@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from workbench.bench_kernels import format_table, run_bench
+from workbench.bench.throughput import format_table, run_bench
 
 
 def test_run_bench_small():

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from workbench.bench_llama import format_table
+from workbench.bench.llama import format_table
 
 
 def test_missing_file_is_a_one_line_error(tmp_path):
@@ -37,7 +37,7 @@ def test_make_llama_f16_gguf_writes_a_llama_gguf(tmp_path):
     import gguf
     import numpy as np
 
-    from workbench.bench_llama import llama_bin_dir, make_llama_f16_gguf
+    from workbench.bench.llama import llama_bin_dir, make_llama_f16_gguf
     out = str(tmp_path / "llama.gguf")
     info = make_llama_f16_gguf(out, hidden=256, mlp=512, layers=2, vocab=600)
     r = gguf.GGUFReader(out)

@@ -1,8 +1,9 @@
 """The real-runtime tier: exports loaded and run by llama.cpp's own tools.
 
 llama.cpp is built once from the llama-cpp-python sdist's vendored source by `.ci/llama-cpp`
-(cached outside the repository, ~6 minutes on 2 cores the first time). In CI (CI=true) a
-missing or failed build fails these tests; elsewhere they are skipped with the reason.
+(cached outside the repository; docs/development.md gives the measured build time). `.ci/run`
+builds it before the tests and passes $QW_LLAMA_BIN; under CI (CI=true) a missing build fails
+these tests; elsewhere it is built once, visibly, or the tier is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -20,23 +21,49 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def llama_bin() -> Path:
-    try:
-        out = subprocess.run(["bash", str(ROOT / ".ci" / "llama-cpp")], capture_output=True,
-                             text=True, timeout=3600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        out = None
-        err = str(exc)
-    if out is not None and out.returncode == 0:
-        path = Path(out.stdout.strip().splitlines()[-1])
+def llama_bin(request) -> Path:
+    """The llama.cpp tools' bin directory. $QW_LLAMA_BIN (what .ci/run built before the tests)
+    wins. Under CI (CI=true) nothing is built here: missing tools fail the tier. Elsewhere a
+    missing build is made now, once, with its progress on the terminal (not silently)."""
+    env = os.environ.get("QW_LLAMA_BIN")
+    ci = os.environ.get("CI") == "true"
+    if env:
+        path = Path(env)
         if (path / "llama-embedding").is_file():
             return path
-        err = f"no llama-embedding in {path}"
-    elif out is not None:
-        err = out.stderr[-2000:]
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"llama.cpp tools could not be built: {err}")
+        err = f"QW_LLAMA_BIN={env} holds no llama-embedding"
+    else:
+        out, err = _llama_cpp(["--check"])
+        if out is None and not ci:
+            capman = request.config.pluginmanager.getplugin("capturemanager")
+            tr = request.config.pluginmanager.getplugin("terminalreporter")
+            with capman.global_and_fixture_disabled():
+                if tr is not None:
+                    tr.write_line("\nbuilding llama.cpp's tools for the runtime tier, once "
+                                  "(`bash .ci/llama-cpp`; progress below)")
+                out, err = _llama_cpp([], stream=True)
+        if out is not None:
+            path = Path(out)
+            if (path / "llama-embedding").is_file():
+                return path
+            err = f"no llama-embedding in {path}"
+    if ci:
+        pytest.fail(f"llama.cpp tools missing under CI (.ci/run builds them first): {err}")
     pytest.skip(f"llama.cpp tools not available (run `bash .ci/llama-cpp`): {err}")
+
+
+def _llama_cpp(args, stream: bool = False):
+    """(bin directory or None, error text) from `.ci/llama-cpp ARGS`; `stream`: its build log
+    goes to the terminal as it runs."""
+    try:
+        out = subprocess.run(["bash", str(ROOT / ".ci" / "llama-cpp"), *args],
+                             stdout=subprocess.PIPE, stderr=None if stream else subprocess.PIPE,
+                             text=True, timeout=3600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, str(exc)
+    if out.returncode == 0 and out.stdout.strip():
+        return out.stdout.strip().splitlines()[-1], ""
+    return None, (out.stderr or "")[-2000:] or f"exit status {out.returncode}"
 
 
 def run_tool(llama_bin: Path, tool: str, *args, timeout=300) -> subprocess.CompletedProcess:

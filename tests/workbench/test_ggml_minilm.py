@@ -3,7 +3,7 @@ quality against llama.cpp's own reference quantizers.
 
 The REF_* numbers are relative RMSEs measured once with ggml's ``quantize_row_*_ref`` (and
 ``quantize_iq4_nl`` without an importance matrix), built from ggml commit 9a4acb3 beside the
-project, on exactly these tensors (see the README, GGML block formats). The issue's target: each K-type no
+project, on exactly these tensors (see docs/schemes.md, GGML block formats). The issue's target: each K-type no
 worse than 2 % above llama.cpp's reference.
 """
 

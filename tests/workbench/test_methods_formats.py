@@ -8,7 +8,7 @@ import pytest
 
 from workbench.methods import LayerStats, get_method, list_methods
 from workbench.methods.awq import fold_target
-from workbench.methods.synthetic_figures import synthetic_data
+from workbench.bench.synthetic_figures import synthetic_data
 from workbench.schemes import get_scheme
 
 SCHEMES = ["int4-g128", "int3-g64", "int4-g32-asym", "int8-channel", "q4_0", "q5_0", "q4_1",
@@ -17,7 +17,7 @@ SCHEMES = ["int4-g128", "int3-g64", "int4-g32-asym", "int8-channel", "q4_0", "q5
 
 @pytest.fixture(scope="module")
 def data():
-    W, X = synthetic_data()   # python -m workbench.methods.synthetic_figures: README table
+    W, X = synthetic_data()   # python -m workbench.bench.synthetic_figures: the table in docs/methods.md
     return W, LayerStats.from_inputs(X[:4000]), X[4000:]
 
 

@@ -64,7 +64,7 @@ def test_allocation_keeps_pins_and_never_exceeds_budget(demo, demo_table):
         ev = run(evaluate(demo, plan))
         assert ev.totals.bytes_after <= budget
         assert sol.cost + table.fixed_bytes == ev.totals.bytes_after
-    with pytest.raises(WorkbenchError, match="below the smallest possible size"):
+    with pytest.raises(WorkbenchError, match="below the smallest plan the candidates allow"):
         table.solve(table.budget_bytes(None, 1.0), pins)
 
 
@@ -166,7 +166,8 @@ def test_sensitivity_cli_json(capsys):
 
 
 def test_frontier_and_allocate_cli(capsys, tmp_path):
-    rc = main(["frontier", "--points", "3", "--schemes", "q4_0,q4_k,q8_0", "--json"])
+    rc = main(["frontier", "--points", "3", "--schemes", "q4_0,q4_k,q8_0",
+                     "--measure", "weight", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
     kinds = [p["kind"] for p in out["points"]]
@@ -176,7 +177,7 @@ def test_frontier_and_allocate_cli(capsys, tmp_path):
     assert bpw == sorted(bpw)
     plan = tmp_path / "p.json"
     rc = main(["allocate", "--budget-bpw", "5", "--schemes", "q4_0,q8_0", "-o", str(plan),
-               "--pin", "lm_head.weight=q8_0", "--json"])
+               "--pin", "lm_head.weight=q8_0", "--measure", "weight", "--json"])
     res = json.loads(capsys.readouterr().out)
     assert rc == 0 and res["bits_per_weight"] <= 5 and res["exact"]
     assert json.loads(plan.read_text())["rules"]

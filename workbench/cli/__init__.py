@@ -1,7 +1,10 @@
 """The `quant-workbench` command.
 
-Sub-commands live one per module in `workbench/cli/commands/`; each module defines
-``register(subparsers)`` which adds its parser and sets ``func=run(args) -> int``.
+Sub-commands live one per module in `workbench/cli/commands/` (the domain's) and
+`app/cli_commands/` (those that open windows: gui, screenshot, report, bench-gui); each module
+defines ``register(subparsers)`` which adds its parser and sets ``func=run(args) -> int``. A new
+command is a new module in one of those folders, nothing else. The console script and main.py
+enter through app/entry.py, which passes both packages; workbench/ itself never imports app/.
 With no sub-command (or a model path as first argument) the GUI opens.
 
 Exit status: 0 ok, 2 a user-facing error (one line ``<file>: <tensor>: <problem>``), 130
@@ -24,24 +27,34 @@ from pathlib import Path
 from ..errors import Cancelled, WorkbenchError, one_line
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The whole command line; with `only` (a command name), a parser holding just that
-    command, whose module is the only one imported (`export` does not load what `gui`,
-    `bench` or `sensitivity` import). None when `only` names no command module."""
-    from . import commands
+#: where the domain's commands live (one module per command, "_" for "-")
+DOMAIN_COMMANDS = ("workbench.cli.commands",)
+
+
+def build_parser(only: str | None = None,
+                 packages: tuple[str, ...] = DOMAIN_COMMANDS) -> argparse.ArgumentParser:
+    """The whole command line from the command modules of `packages` (the domain's; the
+    `quant-workbench` entry point in app/entry.py adds app's window-opening commands); with
+    `only` (a command name), a parser holding just that command, whose module is the only one
+    imported (`export` does not load what `gui`, `bench` or `sensitivity` import). None when
+    `only` names no command module."""
     parser = argparse.ArgumentParser(
         prog="quant-workbench",
         description="Decide how each layer of a neural network is quantized. "
                     "With no command, opens the desktop app (on MODEL or the bundled demo model).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    names = sorted(m.name for m in pkgutil.iter_modules(commands.__path__))
+    modules = []   # (command module name, package)
+    for pkg_name in packages:
+        pkg = importlib.import_module(pkg_name)
+        modules += [(m.name, pkg_name) for m in pkgutil.iter_modules(pkg.__path__)]
+    modules.sort()
     if only is not None:
         mod = only.replace("-", "_")
-        if only.startswith(("_", "-")) or mod not in names:
+        if only.startswith(("_", "-")) or mod not in {m for m, _ in modules}:
             return None
-        names = [mod]
-    for name in names:
-        module = importlib.import_module(f"{commands.__name__}.{name}")
+        modules = [(m, p) for m, p in modules if m == mod]
+    for name, pkg_name in modules:
+        module = importlib.import_module(f"{pkg_name}.{name}")
         module.register(sub)
     if only is not None and only not in _command_names(parser):
         return None
@@ -55,19 +68,25 @@ def _command_names(parser: argparse.ArgumentParser) -> set[str]:
     return set()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMANDS) -> int:
+    """Run one command. `packages`: the command packages (app/entry.py passes the domain's and
+    app's; this module alone knows only the domain's, so it never imports app/)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    # a command named first: build only its parser (module names are command names, "_"
-    # for "-"); anything else (help, a model path for the GUI, a typo) gets the whole parser
-    parser = build_parser(only=argv[0]) if argv else None
+    # a command named first: build only its parser (module names are command names, "_" for
+    # "-"); anything else (help, a model path for the GUI, a typo) gets the whole parser
+    parser = build_parser(only=argv[0], packages=packages) if argv else None
     if parser is None:
-        parser = build_parser()
+        parser = build_parser(packages=packages)
         names = _command_names(parser)
-        if not argv or (argv[0] not in names and argv[0] not in ("-h", "--help")):
+        if "gui" in names and (not argv or (argv[0] not in names
+                                            and argv[0] not in ("-h", "--help"))):
             argv = ["gui", *argv]
     _tolerant_streams()
     try:
         args = parser.parse_args(argv)
+        if not hasattr(args, "func"):
+            parser.print_help()
+            return 2
         from .common import check_file_args
         check_file_args(args)
         return int(args.func(args) or 0)

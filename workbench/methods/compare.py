@@ -9,7 +9,7 @@
 Everything goes through the CLI's code: ``methods.apply.prepare`` (given the statistics, so the
 model runs once per tensor, not once per pair) builds the MethodModel of a plan that assigns
 (scheme, method) to `name`, ``evaluate.evaluate_tensor`` measures it, and Ŵ is the weight the
-folded model computes with, mapped back (``MethodModel.unfold``), as ``minilm_figures`` does.
+folded model computes with, mapped back (``MethodModel.unfold``), as ``workbench.bench.minilm_figures`` does.
 
 AWQ folds its scale into the op producing the layer's input only when every consumer of that
 input uses awq (``apply.fold_groups``): `peers` gives the other tensors of that fold group (and

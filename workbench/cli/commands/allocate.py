@@ -5,9 +5,7 @@
 from __future__ import annotations
 
 from ..common import add_model_arg, open_model_arg, print_json
-from .sensitivity import add_table_args, parse_schemes, table_from_args
-
-DEFAULT_SCHEMES = "q4_0,q4_1,q5_0,q5_1,q8_0"
+from .sensitivity import AUTO, add_table_args, parse_schemes, table_from_args
 
 
 def register(sub) -> None:
@@ -16,7 +14,7 @@ def register(sub) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--budget-bpw", type=float, help="bits per weight as evaluate counts them")
     g.add_argument("--budget-bytes", type=int, help="total bytes as evaluate counts them")
-    add_table_args(p, DEFAULT_SCHEMES)
+    add_table_args(p, AUTO)
     p.add_argument("--pin", action="append", default=[], metavar="NAME=SCHEME",
                    help="keep a tensor at a scheme (repeatable); NAME may be a moe: selector "
                         "(moe:experts.down@5, moe:router; docs/moe.md) for every tensor it "
@@ -51,7 +49,7 @@ def run(args) -> int:
     from ...evaluate import evaluate
     from ...progress import run as run_job
     from ...schemes import get_scheme
-    schemes = parse_schemes(args.schemes)
+    schemes = parse_schemes(args.schemes, args.target)
     pins = {}
     for item in args.pin:
         if "=" not in item:
@@ -65,6 +63,14 @@ def run(args) -> int:
     for p in pins:
         if p not in model.tensors:
             raise WorkbenchError(f"pinned tensor {p!r} is not in the model", path=model.path)
+    # an impossible budget is refused from the shapes alone, before anything is measured
+    from ...sensitivity import below_smallest_message, size_floor
+    cheapest, params = size_floor(model, schemes, args.target, pins)
+    want = args.budget_bytes if args.budget_bytes is not None else \
+        int(args.budget_bpw * params / 8.0 + 1e-9)
+    if cheapest > want:
+        raise WorkbenchError(below_smallest_message(model, want, cheapest, params, schemes,
+                                                    args.target), path=model.path)
     t0 = time.perf_counter()
     table = table_from_args(args, model, schemes, pins, quiet=args.json)
     t1 = time.perf_counter()
@@ -76,7 +82,8 @@ def run(args) -> int:
     t = ev.totals
     out = {"output": args.output, "budget_bytes": budget, "bytes": t.bytes_after,
            "bits_per_weight": t.bits_per_weight, "sqnr_db": t.sqnr_db,
-           "measure": args.measure, "predicted": sol.error, "exact": sol.exact,
+           "measure": args.measure, "measure_reason": getattr(args, "measure_reason", "given"),
+           "candidates": schemes, "predicted": sol.error, "exact": sol.exact,
            "bound": sol.bound, "target": args.target,
            "seconds": {"sensitivity": t1 - t0, "solve": t2 - t1},
            "schemes": {s: sum(1 for r in ev.tensors.values() if r.scheme == s) for s in schemes}}
@@ -85,8 +92,8 @@ def run(args) -> int:
     else:
         print(f"wrote {args.output}: {t.bytes_after:,d} bytes (budget {budget:,d}), "
               f"{t.bits_per_weight:.3f} bits/weight, model SQNR {t.sqnr_db:.2f} dB")
-        print(f"  {args.measure} sensitivity total {sol.error:.6g} "
+        print(f"  {args.measure} sensitivity ({out['measure_reason']}) total {sol.error:.6g} "
               f"({'optimal' if sol.exact else f'lower bound {sol.bound:.6g}'}); "
               f"solved in {1000 * (t2 - t1):.1f} ms")
-        print("  " + ", ".join(f"{s}: {c}" for s, c in out["schemes"].items()))
+        print("  " + ", ".join(f"{s}: {c}" for s, c in out["schemes"].items() if c))
     return 0

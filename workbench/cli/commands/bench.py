@@ -64,7 +64,7 @@ def register(sub) -> None:
 def _run_vs_llama(args) -> int:
     import os
 
-    from ... import bench_llama
+    from ...bench import llama as bench_llama
     from ...errors import WorkbenchError
     src = args.vs_llama_quantize
     if not os.path.isfile(src):
@@ -96,7 +96,7 @@ def _run_vs_ggml(args) -> int:
     import os
 
     from kernels import ggml_ref
-    from ... import bench_ggml
+    from ...bench import ggml as bench_ggml
     from ...errors import WorkbenchError
     from ...loaders import open_model
     from ...progress import run as run_job
@@ -123,7 +123,7 @@ def _run_vs_ggml(args) -> int:
 
 def run(args) -> int:
     if getattr(args, "make_llama_f16", None):
-        from ... import bench_llama
+        from ...bench import llama as bench_llama
         info = bench_llama.make_llama_f16_gguf(args.make_llama_f16)
         print(f"wrote {info['path']} ({info['params'] / 1e6:.1f} M parameters, F16)")
         return 0
@@ -131,7 +131,7 @@ def run(args) -> int:
         return _run_vs_llama(args)
     if getattr(args, "vs_ggml", None) is not None:
         return _run_vs_ggml(args)
-    from workbench.bench_kernels import all_schemes, format_table, run_bench
+    from workbench.bench.throughput import all_schemes, format_table, run_bench
     from ...errors import WorkbenchError
     from ...schemes import get_scheme
     names = args.scheme

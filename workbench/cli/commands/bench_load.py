@@ -27,7 +27,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...bench_load import generate, measure_in_subprocess
+    from ...bench.load import generate, measure_in_subprocess
     folder = args.dir or tempfile.mkdtemp(prefix="qwb-bench-")
     try:
         print(f"generating ~{args.params:.3g} parameters in {folder} ...", file=sys.stderr)

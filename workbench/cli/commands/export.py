@@ -45,6 +45,8 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="quantize on N threads (default: all cores)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    p.add_argument("--verbose", action="store_true",
+                   help="list every tensor's note (default: one line per kind of note, counted)")
     p.set_defaults(func=run)
 
 
@@ -90,8 +92,7 @@ def run(args) -> int:
         print_json(info)
         return 0
     import sys
-    for name, note in (info.get("notes") or {}).items():
-        print(f"note: {name}: {note}", file=sys.stderr)
+    print_notes(info.get("notes") or {}, args.verbose)
     if info.get("not_runnable"):
         print(f"note: {info['not_runnable']}", file=sys.stderr)
     print(f"wrote {args.output} ({args.format})")
@@ -112,6 +113,26 @@ def format_runtime(args) -> str:
         from ...errors import WorkbenchError
         raise WorkbenchError(f"--format {args.format} writes for --target {own}, not {target}")
     return own or target or "any"
+
+
+def print_notes(notes: dict, verbose: bool = False) -> None:
+    """Per-tensor notes on stderr: one line per kind of note with its count (--verbose: every
+    tensor's note)."""
+    import sys
+
+    from ...runtimes import note_kinds
+    if verbose:
+        for name, note in notes.items():
+            print(f"note: {name}: {note}", file=sys.stderr)
+        return
+    for key, names in note_kinds(notes):
+        if len(names) == 1:
+            print(f"note: {names[0]}: {notes[names[0]]}", file=sys.stderr)
+        else:
+            print(f"note: {len(names)} tensors (e.g. {names[0]}): {key.replace('<tensor>', 'it')}"
+                  , file=sys.stderr)
+    if len(notes) > 1 and any(len(n) > 1 for _, n in note_kinds(notes)):
+        print("note: --verbose lists every tensor's note", file=sys.stderr)
 
 
 def run_check(args, model, plan) -> int:

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from ..common import add_model_arg, open_model_arg, print_json
-from .sensitivity import add_table_args, parse_schemes, table_from_args
+from .sensitivity import AUTO, add_table_args, parse_schemes, table_from_args
 
 
 def register(sub) -> None:
@@ -17,7 +17,7 @@ def register(sub) -> None:
     p.add_argument("--to-bpw", type=float, default=None,
                    help="largest budget (default: the largest uniform plan)")
     p.add_argument("--points", type=int, default=8, help="allocated points (evenly spaced)")
-    add_table_args(p)
+    add_table_args(p, AUTO)
     p.add_argument("--recipes", default="Q4_K_M,Q5_K_M",
                    help="llama.cpp ftype recipes to place on the axes ('' for none)")
     p.add_argument("--check", type=int, default=0, metavar="K",
@@ -39,7 +39,7 @@ def run(args) -> int:
     from ...errors import WorkbenchError
     from ...frontier import (check_points, frontier, recipe_points, recipe_types,
                              uniform_points)
-    schemes = parse_schemes(args.schemes)
+    schemes = parse_schemes(args.schemes, args.target)
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     extra = recipe_types(recipes) if recipes else []
     model = open_model_arg(args)
@@ -76,7 +76,8 @@ def run(args) -> int:
     points = sorted(alloc + uni + rec, key=lambda p: p.bits_per_weight)
     secs = {"sensitivity": t1 - t0, "allocate": t3 - t2, "check": t4 - t3}
     if args.json:
-        print_json({"measure": table.measure, "target": table.runtime, "params": table.params,
+        print_json({"measure": table.measure,
+                    "measure_reason": getattr(args, "measure_reason", "given"), "target": table.runtime, "params": table.params,
                     "schemes": schemes, "seconds": secs,
                     "points": [p.to_dict(with_assignment=True) for p in points]})
         return 0

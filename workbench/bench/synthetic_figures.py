@@ -1,6 +1,6 @@
-"""The README's synthetic method table (numpy only, a few seconds):
+"""The synthetic method table of docs/methods.md (numpy only, a few seconds):
 
-    python -m workbench.methods.synthetic_figures [SCHEMES] [METHODS]
+    python -m workbench.bench.synthetic_figures [SCHEMES] [METHODS]
 
 The inputs of ``tests/workbench/test_methods_formats.py`` (``synthetic_data``: correlated,
 heavy-tailed inputs with outlier channels; W 32×512): statistics from the first 4000 rows,
@@ -32,7 +32,7 @@ def synthetic_data(rows=32, cols=512, n=6000, seed=0):
 def relative_errors(scheme_name, methods=METHODS, data=None):
     """{method: ‖Xh(W − Ŵ)ᵀ‖²/‖Xh Wᵀ‖²} on the held-out rows."""
     from ..schemes import get_scheme
-    from . import LayerStats, get_method
+    from ..methods import LayerStats, get_method
     W, X = synthetic_data() if data is None else data
     st, Xh = LayerStats.from_inputs(X[:4000]), X[4000:]
     scheme = get_scheme(scheme_name)

@@ -47,7 +47,7 @@ def _err(w: np.ndarray, y: np.ndarray, qw: np.ndarray | None):
 
 def _weighted_types() -> set[str]:
     """The types the workbench's importance-weighted encoder takes."""
-    from .methods import ggml_weighted
+    from ..methods import ggml_weighted
     return set(getattr(ggml_weighted, "WEIGHTED_TYPES", ggml_weighted.SUPPORTED))
 
 
@@ -57,11 +57,11 @@ def run_vs_ggml(model, types=DEFAULT_TYPES, importance: dict | None = None, thre
     import numba
 
 
-    from . import accel
+    from .. import accel
     from kernels import ggml_ref
 
-    from .evaluate import quantize
-    from .schemes import get_scheme
+    from ..evaluate import quantize
+    from ..schemes import get_scheme
 
     say = progress or (lambda m: None)
     mats = {}
@@ -97,7 +97,7 @@ def run_vs_ggml(model, types=DEFAULT_TYPES, importance: dict | None = None, thre
             # weighted by the same importance
             imp = {n: importance[n] for n in todo if importance and n in importance}
             if imp and scheme.name in _weighted_types():
-                from .methods.ggml_weighted import weighted_encode
+                from ..methods.ggml_weighted import weighted_encode
                 wg = wo = wt = 0.0
                 for n, qv in imp.items():
                     w = todo[n]

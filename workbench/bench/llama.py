@@ -22,7 +22,7 @@ import numpy as np
 
 
 def llama_bin_dir() -> str | None:
-    """The llama.cpp bin dir from .ci/llama-cpp's cache (None when it is not built)."""
+    """The llama.cpp bin dir from ..ci/llama-cpp's cache (None when it is not built)."""
     base = os.path.expanduser("~/.cache/quant-workbench/llama-cpp-python-0.3.36")
     b = os.path.join(base, "build", "bin")
     if os.path.exists(os.path.join(base, ".built")) and os.path.exists(os.path.join(b, "llama-quantize")):
@@ -41,11 +41,11 @@ def make_llama_f16_gguf(path: str, hidden: int = 1024, mlp: int = 2816, layers: 
     import shutil
     from pathlib import Path
 
-    from .export import export
-    from .export.st_writer import StreamingSafetensorsWriter
-    from .loaders import open_model
-    from .plan import Plan
-    from .progress import run
+    from ..export import export
+    from ..export.st_writer import StreamingSafetensorsWriter
+    from ..loaders import open_model
+    from ..plan import Plan
+    from ..progress import run
 
     demo = Path(__file__).resolve().parents[1] / "resources" / "demo_model"
     heads = max(1, hidden // 64)
@@ -102,7 +102,7 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
     import gguf
     import numba
 
-    from . import accel
+    from .. import accel
     from workbench.schemes import get_scheme
 
     say = progress or (lambda m: None)

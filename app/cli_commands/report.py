@@ -7,7 +7,7 @@ offscreen with the desktop app's plot widgets (PySide6, imported lazily).
 
 from __future__ import annotations
 
-from ..common import add_model_arg, drive, open_model_arg
+from workbench.cli.common import add_model_arg, drive, open_model_arg
 
 
 def register(sub) -> None:
@@ -26,8 +26,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import os
-    from ...errors import WorkbenchError
-    from ..common import plan_from_args
+    from workbench.errors import WorkbenchError
+    from workbench.cli.common import plan_from_args
     plan = plan_from_args(args)
     model = open_model_arg(args)
     try:

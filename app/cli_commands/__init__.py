@@ -1,0 +1,1 @@
+"""Commands that open windows, registered by app/entry.py (one module per command)."""

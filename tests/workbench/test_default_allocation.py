@@ -1,0 +1,75 @@
+"""Issue 21's done-when: `allocate --budget-bpw 4.5` on MiniLM with the default options (every
+scheme the target can run, the best measure the inputs allow: fisher on the first 64 lines of
+the shipped calibration text) succeeds, and its plan, checked on *other* lines, beats every
+uniform plan of a default candidate that fits the same budget. Plans allocated for llama.cpp and
+vLLM export to them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench.cli import main
+from workbench.evaluate import evaluate
+from workbench.plan import Plan
+from workbench.progress import run
+from workbench.runner import check
+from workbench.runtimes import candidate_schemes
+
+pytestmark = pytest.mark.slow
+
+
+def test_default_allocation_at_4_5_bpw_beats_every_uniform_plan_that_fits(
+        minilm, minilm_path, tmp_path, capsys):
+    from workbench.calibration import DEFAULT_CALIB
+    out = tmp_path / "plan.json"
+    assert main(["allocate", str(minilm_path), "--budget-bpw", "4.5", "-o", str(out),
+                 "--json"]) == 0
+    cap = capsys.readouterr()
+    res = json.loads(cap.out)
+    assert res["measure"] == "fisher" and "runnable" in res["measure_reason"]
+    assert "measure: fisher" in cap.err                       # said on stderr too
+    assert res["candidates"] == candidate_schemes("any") and len(res["candidates"]) > 20
+    assert res["bits_per_weight"] <= 4.5
+    lines = DEFAULT_CALIB.read_text().splitlines()
+    held = tmp_path / "held-out.txt"                          # not the 64 calibration lines
+    held.write_text("\n".join(lines[64:160]) + "\n")
+    alloc = run(check(minilm, Plan.load(out), held))["cosine_mean"]
+    uniform = {}
+    for s in res["candidates"]:
+        bpw = run(evaluate(minilm, Plan(default=s))).totals.bits_per_weight
+        if bpw <= 4.5:
+            uniform[s] = run(check(minilm, Plan(default=s), held))["cosine_mean"]
+    print(f"\nheld-out cosine_mean: allocated {alloc:.5f} at {res['bits_per_weight']:.4f} bpw; "
+          + ", ".join(f"{s} {c:.5f}" for s, c in sorted(uniform.items(), key=lambda kv: -kv[1])))
+    assert len(uniform) >= 4        # int4 channel / g64 / g128 / g256 at least
+    assert alloc > max(uniform.values()), (alloc, uniform)
+
+
+@pytest.mark.parametrize("target,fmt,bpw", [("vllm", "compressed-tensors", 20.0),
+                                            ("llama.cpp", "gguf", 5.0)])
+def test_a_plan_allocated_for_a_target_exports_to_it(minilm_path, tmp_path, capsys, target, fmt,
+                                                     bpw):
+    """Default candidates and measure; vLLM's fused q/k/v share one scheme in the plan (vLLM
+    keeps MiniLM's word embeddings in float32: its smallest plan is 18.9 bits/weight)."""
+    if fmt == "compressed-tensors":
+        pytest.importorskip("compressed_tensors")
+    plan = tmp_path / "plan.json"
+    assert main(["allocate", str(minilm_path), "--budget-bpw", str(bpw), "--target", target,
+                 "--samples", "8", "-o", str(plan), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["target"] == target and res["bits_per_weight"] <= bpw
+    p = Plan.load(plan)
+    if target == "vllm":
+        from workbench.loaders import open_model
+        m = open_model(minilm_path)
+        for i in range(6):
+            qkv = {p.scheme_and_source(f"encoder.layer.{i}.attention.self.{x}.weight", 2, True)[0]
+                   for x in ("query", "key", "value")}
+            assert len(qkv) == 1, (i, qkv)
+        assert m is not None
+    dest = tmp_path / ("out" if fmt == "compressed-tensors" else "out.gguf")
+    assert main(["export", str(minilm_path), "--plan", str(plan), "--format", fmt,
+                 "-o", str(dest)]) == 0
+    assert dest.exists()

@@ -1,0 +1,18 @@
+"""`quant-workbench bench-docs [--quick] [--only NAME,..] [-o FILE]`: regenerate
+docs/benchmarks.md from the bench commands (workbench/bench/docs.py; the same as
+`python -m workbench.bench.docs`)."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    from ...bench.docs import add_args
+    p = sub.add_parser("bench-docs", help="regenerate docs/benchmarks.md by running every bench "
+                                          "command (each figure with its command and date)")
+    add_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ...bench.docs import run as run_docs
+    return run_docs(args)
