@@ -359,6 +359,64 @@ def run_steps(model: str, work: Path, steps, samples: int, timeout: float | None
     return out
 
 
+def forward_rate(model_path: str, calib: str, samples: int, batch_size: int = 16) -> dict:
+    """Tokens per second of the runner's pass over the calibration samples (`run_outputs`:
+    every block, weights read from the checkpoint, embedding and head included) against the
+    baseline measured in the same process: a plain torch forward of one decoder block
+    (transformers' LlamaDecoderLayer, block 0's weights in float32, already in memory) over
+    the same batches, times the number of blocks."""
+    import torch
+
+    from .calibration import batches, calibration_samples
+    from .loaders import open_model
+    from .progress import run
+    from .runner import get_runner, run_outputs
+    model = open_model(model_path)
+    data = run(calibration_samples(model, calib, samples))
+    tokens = int(sum(len(s) for s in data))
+    runner = get_runner(model)
+    t0 = time.perf_counter()
+    run(run_outputs(runner, data, batch_size))
+    t_pass = time.perf_counter() - t0
+
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    conf = LlamaConfig(**{k: v for k, v in cfg.items() if not k.startswith("_")})
+    conf._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        block = LlamaDecoderLayer(conf, layer_idx=0)
+    state = {}
+    for pname, _p in block.named_parameters():
+        w = model.read(f"model.layers.0.{pname}")
+        state[pname] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+    block.load_state_dict(state, assign=True)
+    block.eval()
+    rope = LlamaRotaryEmbedding(conf)
+    gen = torch.Generator().manual_seed(0)
+    shapes = [ids.shape for ids, _mask in batches(data, batch_size)]
+    inputs = []
+    for b, n in shapes:
+        h = torch.randn((b, n, conf.hidden_size), generator=gen)
+        pos = torch.arange(n).unsqueeze(0).expand(b, n)
+        inputs.append((h, rope(h, pos), pos))
+    with torch.no_grad():
+        h, pe, pos = inputs[0]
+        block(h, position_embeddings=pe, position_ids=pos)           # warm-up, untimed
+        t0 = time.perf_counter()
+        for h, pe, pos in inputs:
+            block(h, position_embeddings=pe, position_ids=pos)
+        t_block = time.perf_counter() - t0
+    layers = int(cfg["num_hidden_layers"])
+    return {"tokens": tokens, "samples": len(data), "layerwise_s": round(t_pass, 3),
+            "layerwise_tokens_per_s": tokens / t_pass, "block_s": round(t_block, 4),
+            "baseline_tokens_per_s": tokens / (t_block * layers),
+            "baseline": f"plain torch forward of one LlamaDecoderLayer (float32, weights in "
+                        f"memory) x {layers} blocks, same batches",
+            "device": getattr(runner, "device", "cpu") if isinstance(
+                getattr(runner, "device", "cpu"), str) else str(runner.device)}
+
+
 def _child(argv: list[str]) -> int:
     """A step's process: run it, then write this process's peak RSS where the parent said."""
     try:
