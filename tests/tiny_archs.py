@@ -45,7 +45,8 @@ ARCHS: dict[str, dict] = {
     "deepseek_v3": dict(_DECODER, **_MOE, n_routed_experts=4, n_shared_experts=1,
                         first_k_dense_replace=1, kv_lora_rank=64, q_lora_rank=96,
                         qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64, n_group=1,
-                        topk_group=1, routed_scaling_factor=1.0),
+                        topk_group=1, routed_scaling_factor=1.0,
+                        head_dim=32, num_key_value_heads=4),   # MLA: rotary size = head_dim = qk_rope_head_dim; k/v per head
     "gpt2": dict(vocab_size=512, n_embd=256, n_layer=2, n_head=4, n_positions=512,
                  bos_token_id=0, eos_token_id=0),
     "bert": dict(vocab_size=30522, hidden_size=128, intermediate_size=512,

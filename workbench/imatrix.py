@@ -10,48 +10,22 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import WorkbenchError
-from .progress import Progress
 
 
 def collect(model, calib=None, samples: int | None = None, max_len: int = 128):
-    """Job: {workbench name: (in_sum2 float64[in], count tokens)} over the calibration inputs."""
-    from .calibration import batches, calibration_samples
-    from .progress import subjob
-    from .runner import get_runner
-    runner = get_runner(model)
-    runner.restore()
-    data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 5, 100)
+    """Job: {workbench name: (in_sum2 float64[in], count tokens)} over the calibration inputs,
+    run block by block (workbench.runner.input_pass: an expert's statistics come from the
+    tokens routed to it)."""
+    from .runner import input_pass
     stats: dict[str, list] = {}
-    handles = []
-    mask_box = {}
 
-    def hook_for(name):
-        def hook(mod, inputs):
-            x = inputs[0].detach().float()
-            m = mask_box["mask"]
-            x = x.reshape(-1, x.shape[-1])
-            keep = m.reshape(-1) > 0
-            if keep.shape[0] == x.shape[0]:
-                x = x[keep]
-            s = stats.setdefault(name, [np.zeros(x.shape[-1]), 0])
-            s[0] += (x.double() ** 2).sum(0).numpy()
-            s[1] += int(x.shape[0])
-        return hook
+    def observe(name, x):
+        s = stats.setdefault(name, [np.zeros(x.shape[-1]), 0])
+        s[0] += (x.double() ** 2).sum(0).cpu().numpy()
+        s[1] += int(x.shape[0])
 
-    for n in runner.linear_names():
-        handles.append(runner.module_for[n].register_forward_pre_hook(hook_for(n)))
-    try:
-        done = 0
-        import torch
-        for ids, mask in batches(data, 16):
-            yield Progress(5 + 95 * done / len(data), 100, "collecting activations")
-            mask_box["mask"] = torch.from_numpy(mask)
-            runner.forward((ids, mask))
-            done += ids.shape[0]
-    finally:
-        for h in handles:
-            h.remove()
-    yield Progress(100, 100, "done")
+    data = yield from input_pass(model, calib, samples, max_len, observe=observe,
+                                 label="collecting activations")
     return {n: (v[0], v[1]) for n, v in stats.items()}, len(data), max(len(s) for s in data)
 
 

@@ -61,19 +61,21 @@ def second_moments(model, calib=None, imatrix=None, samples=None):
 def embedding_usage(model, calib=None, samples=None, max_len: int = 128):
     """Job: {workbench name: p(row)} for the runnable model's embedding tables (token, position,
     token type) from the calibration samples: how often each row is looked up, per token."""
+    import torch
     from .calibration import calibration_samples
     from .runner import get_runner
     runner = get_runner(model)
     data = yield from calibration_samples(model, calib, samples, max_len)
     n_tok = sum(len(s) for s in data)
     out = {}
-    for n, mod in runner.module_for.items():
-        if type(mod).__name__ != "Embedding":
+    for n, slot in runner.slots.items():
+        mod, attr = runner._owner[slot.param]
+        if not isinstance(mod, torch.nn.Embedding) or runner.block_of(n) != "pre":
             continue
         rows = int(mod.num_embeddings)
-        hf = n.lower()
+        hf = slot.param.lower()
         cnt = np.zeros(rows)
-        if "position" in hf:
+        if "position" in hf or ".wpe." in hf:
             off = int(runner.cfg.get("pad_token_id") or 0) + 1 \
                 if runner.cfg.get("model_type") in ("roberta", "xlm-roberta") else 0
             for s in data:
@@ -149,72 +151,19 @@ def fisher_diagonals(model, calib=None, samples=None, probes: int = 2, max_len: 
 
     The gradients of one batch are summed before squaring: the probes of different samples
     (positions) are independent with zero mean, so the cross terms vanish in expectation."""
-    import torch
-    from .calibration import batches, calibration_samples
+    from .calibration import calibration_samples
     from .progress import subjob
     from .runner import get_runner
+    from .runner_measures import by_tensor, fisher_pass
     runner = get_runner(model)
     data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 5, 100)
-    key = (str(model.path), tuple(map(id, data)), probes, seed)
+    key = (str(model.path), tuple(map(id, data)), probes, seed, str(runner.device))
     if key in _FISHER_CACHE:
         return _FISHER_CACHE[key]
-    runner.restore()
     data = sorted(data, key=len)
-    params = {n: p for n, p in runner.param_for.items()}
-    acc = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
-    gen = torch.Generator().manual_seed(seed)
-    count = 0
-    net = runner.net
-    saved = {n: p.requires_grad for n, p in net.named_parameters()}
-    for p in net.parameters():
-        p.requires_grad_(True)
-    nb = (len(data) + batch_size - 1) // batch_size
-    try:
-        for bi, (ids, mask) in enumerate(batches(data, batch_size)):
-            ids_t, mask_t = torch.from_numpy(ids), torch.from_numpy(mask)
-            for k in range(probes):
-                yield Progress(5 + 95 * (bi * probes + k) / (nb * probes), 100,
-                               "output gradients")
-                net.zero_grad(set_to_none=True)
-                with torch.enable_grad():
-                    if runner.kind == "encoder":
-                        h = net(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
-                        m = mask_t.unsqueeze(-1).to(h.dtype)
-                        b = (h * m).sum(1) / m.sum(1).clamp(min=1)
-                        bd = b.detach()
-                        nrm = bd.norm(dim=1, keepdim=True).clamp(min=1e-30)
-                        u = bd / nrm
-                        z = torch.randn(bd.shape, generator=gen, dtype=bd.dtype)
-                        z = z - (z * u).sum(1, keepdim=True) * u
-                        obj = (b * (z / nrm)).sum()
-                        if k == 0:
-                            count += ids.shape[0]
-                    else:
-                        logits = net(input_ids=ids_t, attention_mask=mask_t).logits.float()
-                        lp = torch.log_softmax(logits[:, :-1], dim=-1)
-                        valid = (mask_t[:, 1:] > 0) & (mask_t[:, :-1] > 0)
-                        y = torch.multinomial(lp.detach().exp().reshape(-1, lp.shape[-1]), 1,
-                                              generator=gen).reshape(lp.shape[:2])
-                        obj = (lp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * valid).sum()
-                        if k == 0:
-                            count += int(valid.sum())
-                    obj.backward()
-                with torch.no_grad():
-                    for n, p in params.items():
-                        if p.grad is not None:
-                            acc[n] += p.grad.float() ** 2
-    finally:
-        net.zero_grad(set_to_none=True)
-        for n, p in net.named_parameters():
-            p.requires_grad_(saved.get(n, False))
-    out = {}
-    for n, a in acc.items():
-        a = a.numpy() / probes
-        shape = tuple(model.info(n).shape)
-        if a.shape != shape and a.ndim == 2 and a.T.shape == shape:   # GPT-2 Conv1D
-            a = a.T
-        out[n] = np.ascontiguousarray(a.reshape(shape), dtype=np.float32)
-    res = (out, count)
+    acc, count = yield from subjob(fisher_pass(runner, data, probes, batch_size, seed),
+                                   5, 100, 100)
+    res = (by_tensor(runner, model, acc), count)
     _FISHER_CACHE.clear()
     _FISHER_CACHE[key] = res
     yield Progress(100, 100, "output gradients")
@@ -305,9 +254,10 @@ def output_measure(kind: str, base, quant) -> float:
 def output_errors_job(model, schemes, calib=None, samples=None, names=None, runtime: str = "any",
                       max_len: int = 128, batch_size: int = 32, use_cache: bool = True):
     """Job: {(name, scheme): measured output change} (see the module doc)."""
-    from .calibration import batches, calibration_samples
+    from .calibration import calibration_samples
     from .progress import subjob
-    from .runner import _BASE_CACHE, dequantized, get_runner
+    from .runner import dequantized, get_runner
+    from .runner_measures import output_pass
     from .runtimes import decide
     runner = get_runner(model)
     data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 2, 100)
@@ -315,49 +265,37 @@ def output_errors_job(model, schemes, calib=None, samples=None, names=None, runt
              if model.info(n).ndim >= 2 and model.info(n).is_float]
     cpath = _cache_file(model, calib, samples, max_len)
     cached = _read_cache(cpath) if use_cache else {}
-    todo = []
+    todo = {}
     out = {}
     for n in names:
         info = model.info(n)
         for s in schemes:
             applied = decide(info, s, runtime).applied
-            if applied == KEEP or n not in runner.param_for:
+            if applied == KEEP or runner.block_of(n) is None:
                 out[(n, s)] = 0.0    # unchanged, or not read by the network's forward pass
                 continue
             k = f"{n}|{applied}"
             if k in cached:
                 out[(n, s)] = cached[k]
             else:
-                todo.append((n, s, applied, k))
+                todo.setdefault(k, (n, applied, []))[2].append(s)
     if not todo:
         yield Progress(100, 100, "output sensitivity (cached)")
         return out
+
+    def only(n, applied):
+        def ov(m):
+            return dequantized(model, n, applied) if m == n else None
+        ov.changes = lambda m: m == n
+        return ov
+
+    items = [(k, n, only(n, applied)) for k, (n, applied, _) in todo.items()]
     data = sorted(data, key=len)          # less padding per batch; the means do not change
-    bkey = (str(model.path), tuple(map(id, data)), "by-length")
-    runner.restore()
-    base = _BASE_CACHE.get(bkey)
-    if base is None:
-        from .runner import run_outputs
-        base = yield from subjob(run_outputs(runner, data, batch_size, "original model"),
-                                 2, 3, 100)
-        _BASE_CACHE[bkey] = base
-    done_keys: dict[str, float] = {}
-    for i, (n, s, applied, k) in enumerate(todo):
-        yield Progress(5 + 95 * i / len(todo), 100, f"output change {n} {applied}")
-        if k not in done_keys:
-            runner.set_weight(n, dequantized(model, n, applied))
-            try:
-                quant = []
-                for b in batches(data, batch_size):
-                    o = runner.forward(b)
-                    quant.extend(o if isinstance(o, list) else list(o))
-            finally:
-                runner.restore([n])
-            done_keys[k] = output_measure(runner.kind, base, quant)
-            cached[k] = done_keys[k]
-            if use_cache and (len(done_keys) % 8 == 0 or i == len(todo) - 1):
-                _write_cache(cpath, cached)
-        out[(n, s)] = done_keys[k]
+    got = yield from subjob(output_pass(runner, data, items, batch_size), 2, 100, 100)
+    for k, (n, applied, ss) in todo.items():
+        cached[k] = got[k]
+        for s in ss:
+            out[(n, s)] = got[k]
     if use_cache:
         _write_cache(cpath, cached)
     yield Progress(100, 100, "done")

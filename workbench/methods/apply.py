@@ -41,43 +41,18 @@ from .stats import Accumulator, LayerStats
 
 def collect_stats(model, calib=None, names=None, samples: int | None = None,
                   max_len: int = 128, want_h: bool = True, keep_rows: int = 4096):
-    """Job: {workbench name: LayerStats} of every Linear input (or only `names`)."""
-    import torch
-
-    from ..calibration import batches, calibration_samples
-    from ..progress import subjob
-    from ..runner import get_runner
-    runner = get_runner(model)
-    runner.restore()
-    data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 5, 100)
-    wanted = [n for n in runner.linear_names() if names is None or n in names]
+    """Job: {workbench name: LayerStats} of every Linear input (or only `names`), experts'
+    from the tokens routed to each (workbench.runner.input_pass, block by block)."""
+    from ..runner import input_pass
     acc: dict[str, Accumulator] = {}
-    box = {}
 
-    def hook_for(name):
-        def hook(mod, inputs):
-            x = inputs[0].detach().float()
-            x = x.reshape(-1, x.shape[-1])
-            keep = box["mask"].reshape(-1) > 0
-            if keep.shape[0] == x.shape[0]:
-                x = x[keep]
-            a = acc.get(name)
-            if a is None:
-                a = acc[name] = Accumulator(x.shape[-1], want_h=want_h, keep_rows=keep_rows)
-            a.add(x.numpy())
-        return hook
+    def observe(name, x):
+        a = acc.get(name)
+        if a is None:
+            a = acc[name] = Accumulator(x.shape[-1], want_h=want_h, keep_rows=keep_rows)
+        a.add(x.cpu().numpy())
 
-    handles = [runner.module_for[n].register_forward_pre_hook(hook_for(n)) for n in wanted]
-    try:
-        done = 0
-        for ids, mask in batches(data, 16):
-            yield Progress(5 + 95 * done / len(data), 100, "collecting layer inputs")
-            box["mask"] = torch.from_numpy(mask)
-            runner.forward((ids, mask))
-            done += ids.shape[0]
-    finally:
-        for h in handles:
-            h.remove()
+    yield from input_pass(model, calib, samples, max_len, names=names, observe=observe)
     yield Progress(100, 100, "statistics collected")
     return {n: a.finish() for n, a in acc.items()}
 

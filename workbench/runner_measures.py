@@ -1,0 +1,266 @@
+"""The model-level sensitivity measures, block by block (workbench.runner).
+
+* ``fisher_pass``: a forward pass storing every block's input (an ActivationStore, spilled to
+  disk beyond its budget), the probes' gradients at the head in token chunks, then backward
+  block by block, each block recomputed from its stored input (block-level checkpointing):
+  per parameter the sum over batches and probes of the squared gradient.
+* ``output_pass``: per tensor, the model's output change with only that tensor quantized,
+  starting from the cached float inputs of the tensor's block (the blocks before it are not
+  re-run), against the float model's final hidden states (KL chunk by chunk at the head).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .progress import Progress
+from .runner import ActivationStore, _encoder_pool, _head_rows, new_budget
+
+
+def forward_inputs(runner, data, batch_size: int, budget, label: str):
+    """Job: (batches, [stores]) with stores[i] the input of block i and stores[L] the last
+    block's output (before the final norm)."""
+    L = len(runner.layers)
+    batches, st = runner.capture(data, batch_size, None, ActivationStore(budget))
+    stores = [st]
+    for i in range(L):
+        yield Progress(i, L, f"{label}: block {i + 1}/{L}")
+        runner.materialize(runner.layer_params[i])
+        dst = ActivationStore(budget)
+        try:
+            runner.run_block(i, batches, stores[-1], dst)
+        finally:
+            runner.release(runner.layer_params[i])
+        stores.append(dst)
+    return batches, stores
+
+
+def _rows_index(rr):
+    import torch
+    return torch.tensor([r[0] for r in rr]), torch.tensor([r[1] for r in rr])
+
+
+def _square_into(acc: dict, runner, pnames) -> None:
+    for pn in pnames:
+        mod, attr = runner._owner[pn]
+        p = mod._parameters[attr]
+        if p is None or p.grad is None:
+            continue
+        g = p.grad.detach().float().cpu() ** 2
+        if pn in acc:
+            acc[pn] += g
+        else:
+            acc[pn] = g
+        p.grad = None
+
+
+def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 0):
+    """Job: ({param name: sum of squared probe gradients (float32, the parameter's shape)},
+    count) — see workbench.sensitivity.fisher_diagonals for the probes."""
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    budget = new_budget()
+    L = len(runner.layers)
+    batches, stores = yield from forward_inputs(runner, data, batch_size, budget,
+                                                "output gradients (forward)")
+    grads = ActivationStore(budget)
+    acc: dict = {}
+    count = 0
+    top = runner.norm_params + runner.head_params
+    runner.materialize(top, grad=True)
+    try:
+        for bi, b in enumerate(batches):
+            yield Progress(bi, len(batches), "output gradients (head)")
+            h = stores[L].get(bi).detach().requires_grad_(True)
+            for k in range(probes):
+                with torch.enable_grad():
+                    x = runner.finish(h)
+                    if runner.kind == "encoder":
+                        m = torch.from_numpy(b.mask).to(x.device).unsqueeze(-1).to(x.dtype)
+                        pooled = (x * m).sum(1) / m.sum(1).clamp(min=1)
+                        bd = pooled.detach().float()
+                        nrm = bd.norm(dim=1, keepdim=True).clamp(min=1e-30)
+                        u = bd / nrm
+                        z = torch.randn(bd.shape, generator=gen, dtype=torch.float32)
+                        z = z - (z * u).sum(1, keepdim=True) * u
+                        obj = (pooled.float() * (z / nrm).to(pooled.device)).sum()
+                        obj.backward()
+                        if k == 0:
+                            count += b.ids.shape[0]
+                    else:
+                        rows = _head_rows(b)
+                        step = runner.token_chunk()
+                        chunks = list(range(0, len(rows), step))
+                        for ci, c in enumerate(chunks):
+                            rr = rows[c:c + step]
+                            ii, tt = _rows_index(rr)
+                            lp = torch.log_softmax(runner.logits(x[ii, tt]), dim=-1)
+                            y = torch.multinomial(lp.detach().exp().cpu(), 1, generator=gen)
+                            obj = lp.gather(-1, y.to(lp.device)).sum()
+                            obj.backward(retain_graph=ci < len(chunks) - 1)
+                        if k == 0:
+                            count += len(rows)
+                _square_into(acc, runner, top)
+                g = h.grad if h.grad is not None else torch.zeros_like(h)
+                grads.put((bi, k), g.detach().clone())
+                h.grad = None
+    finally:
+        runner.release(top)
+    stores[L].close()
+    for i in reversed(range(L)):
+        yield Progress(L - i, L + 1, f"output gradients: block {i + 1}/{L}")
+        pn = runner.layer_params[i]
+        runner.materialize(pn, grad=True)
+        try:
+            for bi, b in enumerate(batches):
+                runner.current = b
+                h = stores[i].get(bi).detach().requires_grad_(True)
+                with torch.enable_grad():
+                    out = runner.call_block(i, b, h)
+                    for k in range(probes):
+                        out.backward(grads.get((bi, k)).to(out.dtype),
+                                     retain_graph=k < probes - 1)
+                        _square_into(acc, runner, pn)
+                        g = h.grad if h.grad is not None else torch.zeros_like(h)
+                        grads.put((bi, k), g.detach().clone())
+                        h.grad = None
+                runner.current = None
+        finally:
+            runner.release(pn)
+        stores[i + 1].close() if i + 1 < L else None
+    # the embeddings: their forward again, with gradients, up to the first block
+    runner.materialize(runner.pre_params, grad=True)
+    try:
+        from .runner import Batch
+        for bi, b in enumerate(batches):
+            bb = Batch(b.ids, b.mask, [None] * L)
+            bb.first = None
+            runner._run_capture(bb, grad=True, only_first=True)
+            if bb.first.requires_grad:
+                for k in range(probes):
+                    bb.first.backward(grads.get((bi, k)).to(bb.first.dtype),
+                                      retain_graph=k < probes - 1)
+                    _square_into(acc, runner, runner.pre_params)
+    finally:
+        runner.release(runner.pre_params)
+        stores[0].close()
+        grads.close()
+    for pn in acc:
+        acc[pn] = acc[pn] / probes
+    return acc, count
+
+
+def by_tensor(runner, model, acc: dict) -> dict:
+    """{workbench name: F in the tensor's own shape} from per-parameter sums (a tied table's
+    two uses add up; fused experts give each expert's slice)."""
+    out: dict = {}
+    for pn, a in acc.items():
+        for n in runner._source(pn):
+            slot = runner.slots[n]
+            region = slot.region(a) if slot.param == pn or slot.expert is not None \
+                or slot.parts > 1 else a
+            r = region.numpy()
+            shape = tuple(model.info(n).shape)
+            if r.shape != shape:
+                r = r.T if r.ndim == 2 and r.T.shape == shape else r.reshape(shape)
+            r = np.ascontiguousarray(r, dtype=np.float32)
+            out[n] = out[n] + r if n in out else r
+    return out
+
+
+def _final(runner, batches, store, override=None) -> None:
+    """Replace each batch's last-block output in `store` by its final-normed state."""
+    import torch
+    runner.materialize(runner.norm_params, override)
+    try:
+        for bi in range(len(batches)):
+            with torch.no_grad():
+                store.put(bi, runner.finish(store.get(bi)))
+    finally:
+        runner.release(runner.norm_params)
+
+
+def _measure(runner, batches, base, quant, qhead=None) -> float:
+    """Mean KL(base || quant) per predicted token (causal LM; head materialized by the
+    caller) or mean 1 - cosine of the pooled states (encoder), from final-normed stores."""
+    import torch
+    if runner.kind == "encoder":
+        tot, n = 0.0, 0
+        for bi, b in enumerate(batches):
+            pb = _encoder_pool(runner, base.get(bi), b).astype(np.float64)
+            pq = _encoder_pool(runner, quant.get(bi), b).astype(np.float64)
+            cos = (pb * pq).sum(1) / np.maximum(np.linalg.norm(pb, axis=1)
+                                                 * np.linalg.norm(pq, axis=1), 1e-300)
+            tot += float((1.0 - cos).sum())
+            n += len(cos)
+        return tot / max(n, 1)
+    tot, cnt = 0.0, 0
+    step = runner.token_chunk()
+    for bi, b in enumerate(batches):
+        rows = _head_rows(b)
+        hb, hq = base.get(bi), quant.get(bi)
+        for c in range(0, len(rows), step):
+            ii, tt = _rows_index(rows[c:c + step])
+            with torch.no_grad():
+                lb = torch.log_softmax(runner.logits(hb[ii, tt]), -1).double()
+                lq = torch.log_softmax(runner.logits(hq[ii, tt], qhead), -1).double()
+            tot += float((lb.exp() * (lb - lq)).sum())
+            cnt += len(ii)
+    return tot / max(cnt, 1)
+
+
+def output_pass(runner, data, items, batch_size: int = 16):
+    """Job: {key: measured output change} for `items` [(key, workbench name, override)] —
+    each with only that tensor changed (override(name) -> array | None)."""
+    budget = new_budget()
+    L = len(runner.layers)
+    batches, stores = yield from forward_inputs(runner, data, batch_size, budget,
+                                                "original model")
+    base = ActivationStore(budget)
+    for bi in range(len(batches)):
+        base.put(bi, stores[L].get(bi))
+    _final(runner, batches, base)
+    order = {"pre": -1, "norm": L, "head": L + 1}
+    items = sorted(items, key=lambda it: order.get(runner.block_of(it[1]), runner.block_of(it[1])))
+    out = {}
+    head_on = runner.kind != "encoder"
+    try:
+        for j, (key, name, ov) in enumerate(items):
+            yield Progress(j, len(items), f"output change {name}")
+            blk = runner.block_of(name)
+            cur = ActivationStore(budget)
+            try:
+                if blk == "pre":
+                    _, st = runner.capture(data, batch_size, ov, cur)
+                    start = 0
+                elif blk in ("norm", "head"):
+                    for bi in range(len(batches)):
+                        cur.put(bi, stores[L].get(bi))
+                    start = L
+                else:
+                    for bi in range(len(batches)):
+                        cur.put(bi, stores[blk].get(bi))
+                    start = blk
+                for i in range(start, L):
+                    runner.materialize(runner.layer_params[i], ov if i == blk else None)
+                    try:
+                        runner.run_block(i, batches, cur, cur)
+                    finally:
+                        runner.release(runner.layer_params[i])
+                _final(runner, batches, cur, ov if blk == "norm" else None)
+                if head_on:
+                    qhead = runner.head_weights(ov)     # the head itself, or a tied table
+                    runner.materialize(runner.head_params)
+                    try:
+                        out[key] = _measure(runner, batches, base, cur, qhead)
+                    finally:
+                        runner.release(runner.head_params)
+                else:
+                    out[key] = _measure(runner, batches, base, cur)
+            finally:
+                cur.close()
+    finally:
+        base.close()
+        for s in stores:
+            s.close()
+    return out
