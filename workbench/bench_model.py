@@ -329,9 +329,12 @@ def write_calibration(path: Path, samples: int) -> None:
 
 
 def run_steps(model: str, work: Path, steps, samples: int, timeout: float | None = None,
-              report=None) -> list[dict]:
-    """Each step in its own subprocess; a list of {step, command, wall_s, peak_rss_mb, ok}."""
+              report=None, max_memory: float | None = None) -> list[dict]:
+    """Each step in its own subprocess; a list of {step, command, wall_s, peak_rss_mb, ok}.
+    `max_memory` (bytes): each step's cap on private memory (see `_child`)."""
     work.mkdir(parents=True, exist_ok=True)
+    if max_memory:
+        os.environ["QWB_BENCH_MAX_DATA"] = str(int(max_memory))
     calib = work / "bench-calibration.txt"
     write_calibration(calib, samples)
     out = []
@@ -418,7 +421,14 @@ def forward_rate(model_path: str, calib: str, samples: int, batch_size: int = 16
 
 
 def _child(argv: list[str]) -> int:
-    """A step's process: run it, then write this process's peak RSS where the parent said."""
+    """A step's process: run it, then write this process's peak RSS where the parent said.
+    QWB_BENCH_MAX_DATA (bytes) caps its private memory (RLIMIT_DATA: heap and anonymous maps,
+    not the mapped checkpoint), so a step that would need more fails with MemoryError instead
+    of pushing a shared machine into the OOM killer."""
+    limit = int(os.environ.get("QWB_BENCH_MAX_DATA") or 0)
+    if limit > 0:
+        import resource
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     try:
         if argv and argv[0] == "--forward":
             print(json.dumps(forward_rate(argv[1], argv[2], int(argv[3]))), flush=True)

@@ -37,6 +37,10 @@ def register(sub) -> None:
                         "resources/calibration.txt; default 8)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds a step may run before it is stopped and reported failed")
+    p.add_argument("--max-memory", type=float, default=None, metavar="GB",
+                   help="cap each step's private memory at GB (heap and anonymous maps, not "
+                        "the memory-mapped checkpoint): a step that needs more fails with out "
+                        "of memory instead of starving the machine (default: 3/4 of the RAM)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -131,7 +135,12 @@ def run(args) -> int:
             state = "ok" if r["ok"] else f"FAILED: {r.get('error')}"
             say(f"  {r['step']:<24} {r['wall_s']:>9.1f} s  {r['peak_rss_mb']:>8.0f} MB  {state}")
         say(f"running {len(steps)} steps, each in its own process ...")
-        res["steps"] = run_steps(str(folder), folder, steps, args.samples, args.timeout, report)
+        import os
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        cap = args.max_memory * 1e9 if args.max_memory else 0.75 * ram
+        res["max_memory_gb"] = round(cap / 1e9, 1)
+        res["steps"] = run_steps(str(folder), folder, steps, args.samples, args.timeout, report,
+                                 cap)
     finally:
         if not args.keep and not reused:
             _remove_generated(folder, created)
