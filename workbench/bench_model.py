@@ -188,6 +188,20 @@ def free_bytes(folder: Path) -> int:
     return shutil.disk_usage(p).free
 
 
+def check_disk(folder, shape: Shape, steps, generate_it: bool = True) -> None:
+    """Refuse before writing anything when the disk under `folder` cannot take the checkpoint
+    (when generated) plus the steps' outputs (the q4_k GGUF: 4.5 bits per weight) and 1 GB."""
+    need = (shape.params * 2 if generate_it else 0) + (1 << 30)
+    if "export-gguf" in steps:
+        need += shape.params * 9 // 16
+    free = free_bytes(Path(folder))
+    if free < need:
+        what = f"a {shape.params * 2 / 1e9:.1f} GB checkpoint" if generate_it else "the outputs"
+        raise WorkbenchError(f"not enough free disk for {what} and the steps' outputs "
+                             f"(need {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free)",
+                             path=str(folder))
+
+
 def generate(folder, params: float, seed: int = 0, progress=None) -> dict:
     """Write the checkpoint into `folder` (created); returns its shape and size."""
     shape = llama_shape(params)

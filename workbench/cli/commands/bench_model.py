@@ -107,7 +107,12 @@ def run(args) -> int:
     steps = _steps(args.steps, shape.params * 2)
     if args.samples < 1:
         raise WorkbenchError("--samples must be at least 1")
+    from ...bench_model import check_disk
     created = args.dir is None or not Path(args.dir).exists()
+    if args.dir is not None:
+        check_disk(args.dir, shape, steps, not _same_checkpoint(Path(args.dir), shape))
+    else:
+        check_disk(tempfile.gettempdir(), shape, steps)
     folder = Path(args.dir or tempfile.mkdtemp(prefix="qwb-bench-model-"))
     say = (lambda *a: print(*a, file=sys.stderr, flush=True))
     res: dict = {"params": shape.params, "bytes": shape.params * 2, "shape": shape.__dict__.copy(),
