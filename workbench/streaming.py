@@ -24,10 +24,12 @@ CHUNK_ELEMENTS = 1 << 24       # elements per chunk (~64 MB float32)
 
 def streamed(info, scheme_name: str) -> bool:
     """Whether `info`'s tensor is processed in row chunks under `scheme_name`."""
+    if scheme_name == KEEP:
+        # a kept tensor's sums are float64 copies of it (4x its float32 size): chunked from
+        # one chunk's size on
+        return info.numel > min(STREAM_ELEMENTS, CHUNK_ELEMENTS) and info.rows >= 2
     if info.numel <= STREAM_ELEMENTS or info.rows < 2:
         return False
-    if scheme_name == KEEP:
-        return True
     from .schemes import get_scheme
     return bool(get_scheme(scheme_name).row_local)
 
