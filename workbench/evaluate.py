@@ -197,6 +197,20 @@ def evaluate_tensor(model, name: str, scheme_name: str,
 def _evaluate_tensor(model, info, name, scheme_name, decision, matrix=None) -> TensorResult:
     t0 = time.perf_counter()
     applied, note = decision.applied, decision.note
+    from . import streaming
+    method_model = getattr(model, "quantize_tensor", None) is not None and (
+        model.method_of(name) != "rtn" or name in model.folded_names)
+    if matrix is None and not method_model and streaming.streamed(info, applied) \
+            and (applied != KEEP or info.is_float):
+        # a tensor too big to hold whole (with its codes and error) at once: row chunks
+        if applied == KEEP:
+            sums, nbytes = streaming.keep_sums(model, name), info.nbytes
+        else:
+            nbytes, sums = streaming.measure_rows(model, name, applied)
+        return TensorResult(name, applied, scheme_name, info.shape, info.numel, info.nbytes,
+                            nbytes, from_sums(sums), note, time.perf_counter() - t0,
+                            decision.kind, model.method_of(name) if getattr(
+                                model, "method_of", None) and applied != KEEP else "rtn")
     w = matrix if matrix is not None else model.read_matrix(name)
     if applied == KEEP:
         if info.is_float:
@@ -206,8 +220,7 @@ def _evaluate_tensor(model, info, name, scheme_name, decision, matrix=None) -> T
             sums = ErrorSums(info.numel, 0.0, 0.0, 0.0, 0.0, 0.0, np.zeros(info.rows),
                              np.zeros(info.rows))
         nbytes = info.nbytes
-    elif getattr(model, "quantize_tensor", None) is not None and (
-            model.method_of(name) != "rtn" or name in model.folded_names):
+    elif method_model:
         # a method (workbench.methods.apply.MethodModel): the error of the weight the folded
         # model computes with, mapped back, against the original weights
         qt = model.quantize_tensor(name, w, applied)

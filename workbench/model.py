@@ -185,10 +185,12 @@ class Model:
         raw = self._raw(name)
         step = max(1, max_elements // max(cols, 1))
         from .errors import context
+        from .pages import release
         for r0 in range(0, rows, step):
             with context(info.file or self.path, name):
                 chunk = decode_rows(raw[r0:r0 + step], info)
             yield r0, chunk
+            release(raw[r0:r0 + step])   # done with these rows: their mapped pages leave RSS
 
     @property
     def total_params(self) -> int:

@@ -102,16 +102,20 @@ def embedding_usage(model, calib=None, samples=None, max_len: int = 128):
 def activation_error(model, name: str, scheme: str, ex2: np.ndarray, rows: bool = False) -> float:
     """sum_j ex2[j] * ||dW[:, j]||^2 (columns: a Linear's inputs); `rows`: sum_t ex2[t] *
     ||dW[t, :]||^2 (an embedding table's rows)."""
-    from .runner import dequantized
-    info = model.info(name)
-    w = model.read_matrix(name).reshape(info.shape).astype(np.float32)
-    dw = (dequantized(model, name, scheme) - w).astype(np.float64)
-    dw = dw.reshape(dw.shape[0], -1)
+    from .streaming import dequantized_rows
+    row_sq, col_sq = [], None
+    for _r0, w, wq in dequantized_rows(model, name, scheme):   # row chunks for big tensors
+        dw = (wq - w).astype(np.float64)
+        dw = dw.reshape(dw.shape[0], -1)
+        sq = dw ** 2
+        row_sq.append(sq.sum(1))
+        col_sq = sq.sum(0) if col_sq is None else col_sq + sq.sum(0)
+    row_sq = np.concatenate(row_sq)
     if rows:
-        return float((dw ** 2).sum(1) @ ex2)
-    if dw.shape[1] != len(ex2) and dw.shape[0] == len(ex2):   # GPT-2 Conv1D stores (in, out)
-        return float((dw ** 2).sum(1) @ ex2)
-    return float((dw ** 2).sum(0) @ ex2)
+        return float(row_sq @ ex2)
+    if len(col_sq) != len(ex2) and len(row_sq) == len(ex2):   # GPT-2 Conv1D stores (in, out)
+        return float(row_sq @ ex2)
+    return float(col_sq @ ex2)
 
 
 def activation_errors(model, schemes, moments: dict, usage: dict | None = None,

@@ -22,6 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from .errors import context
+from .pages import release
 
 from .progress import Progress
 
@@ -101,6 +102,7 @@ def _chunks(model, name: str):
         else:
             from .dtypes import decode_rows
             yield r0, decode_rows(raw[r0:r0 + step], info), 0
+        release(raw[r0:r0 + step])
 
 
 _LUT16: dict[str, np.ndarray] = {}
@@ -169,6 +171,7 @@ def _tensor_stats_16bit(model, name: str, bins: int):
         chunk = np.ascontiguousarray(raw[r0:r0 + step]).view(np.uint16)
         r1 = r0 + chunk.shape[0]
         code_counts(chunk, lut, rmin[r0:r1], rmax[r0:r1], counts)
+        release(raw[r0:r0 + step])
         yield Progress(r1, rows, name)
     return _stats_from_values(name, lut, counts.sum(axis=0), rmin.astype(np.float64),
                               rmax.astype(np.float64), bins)
@@ -200,6 +203,7 @@ def _f64_chunks(model, name: str):
     for r0 in range(0, rows, step):
         n = min(step, rows - r0)            # explicit rows: -1 is ambiguous when cols == 0
         yield r0, np.asarray(raw[r0:r0 + step], dtype=np.float64).reshape(n, cols)
+        release(raw[r0:r0 + step])
 
 
 def _tensor_stats_float64(model, name: str, bins: int):

@@ -42,6 +42,7 @@ from ..errors import WorkbenchError
 from ..plan import KEEP
 from ..progress import Progress
 from ..schemes import get_scheme
+from .. import streaming
 from . import register_exporter
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -207,6 +208,28 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
                 d = decisions[n]
                 if d.applied == KEEP:
                     writer.add(n, *_st_array(_source_tensor(model, n)))
+                elif streaming.export_streamed(model, info, d.applied) and not getattr(
+                        get_scheme(d.applied), "asym", False):
+                    # a big tensor, a block of rows at a time (the same bytes; zero points are
+                    # packed across rows, so asymmetric schemes take the whole-tensor path)
+                    scheme = get_scheme(d.applied)
+                    layer = n[:-len(".weight")]
+                    key, blocks, spool = streaming.quantized_row_blocks(
+                        model, n, d.applied, lambda qt, r, c, s=scheme: _layer_tensors(s, qt, (r, c)))
+                    writer.add_stream(f"{layer}.{key}", (_st_array(t)[0] for t in blocks),
+                                      dtype=None if key != "weight" else "F8_E4M3")
+                    for k, parts in spool.items():
+                        if k == "weight_shape":
+                            import torch
+                            parts = [torch.tensor(list(info.matrix_shape), dtype=torch.int64)]
+                        else:
+                            import torch
+                            parts = [torch.cat(parts, 0)]
+                        writer.add(f"{layer}.{k}", *_st_array(parts[0]))
+                    if n in acts:
+                        import torch
+                        writer.add(f"{layer}.input_scale", *_st_array(torch.tensor(
+                            [float(acts[n].get("scale", 1.0))], dtype=torch.float32)))
                 else:
                     scheme = get_scheme(d.applied)
                     w = model.read_matrix(n)

@@ -22,6 +22,7 @@ import numpy as np
 from ..dtypes import STORAGE
 from ..errors import WorkbenchError
 from ..evaluate import quantize
+from .. import streaming
 from ..model import Model, TensorInfo
 from ..plan import KEEP
 from ..progress import Progress
@@ -57,6 +58,14 @@ def export_quantized_safetensors(model, plan, out_path, strict: bool = False):
                     writer.add(n, model.read(n).astype(np.float32))
                 else:
                     writer.add(n, np.asarray(raw).reshape(info.shape), dtype=info.dtype)
+            elif streaming.export_streamed(model, info, scheme):
+                # a big tensor: quantized and written a block of rows at a time, the same bytes
+                key, blocks, spool = streaming.quantized_row_blocks(model, n, scheme)
+                writer.add_stream(f"{n}{SEP}{key}", blocks)
+                for k, parts in spool.items():
+                    writer.add(f"{n}{SEP}{k}", np.concatenate(parts))
+                index[n] = {"scheme": scheme, "shape": list(info.shape), "dtype": info.dtype,
+                            "arrays": [key, *spool]}
             else:
                 w = model.read_matrix(n)
                 qt = model.quantize_tensor(n, w, scheme) if hasattr(

@@ -57,6 +57,36 @@ class StreamingSafetensorsWriter:
                              "data_offsets": [self.offset, self.offset + len(data)]}
         self.offset += len(data)
 
+    def add_stream(self, name: str, parts, dtype: str | None = None) -> tuple[int, ...]:
+        """Append one tensor given as row blocks (arrays concatenated along axis 0, each
+        written as it comes: the whole tensor is never held). Returns its shape."""
+        if name in self.header:
+            raise WorkbenchError("duplicate tensor name in export", path=str(self.path), tensor=name)
+        begin, rows, tail, st = self.offset, 0, None, dtype
+        for part in parts:
+            arr = np.ascontiguousarray(part)
+            if arr.dtype.byteorder == ">":
+                arr = arr.astype(arr.dtype.newbyteorder("<"))
+            st = st or NUMPY_TO_ST.get(arr.dtype)
+            if st is None:
+                raise WorkbenchError(f"cannot store dtype {arr.dtype}", path=str(self.path),
+                                     tensor=name)
+            if tail is not None and arr.shape[1:] != tail:
+                raise WorkbenchError("internal error: row blocks of different shapes",
+                                     path=str(self.path), tensor=name)
+            tail = arr.shape[1:]
+            rows += arr.shape[0] if arr.ndim else 1
+            try:
+                self._fh.write(memoryview(arr.reshape(-1).view(np.uint8)))
+            except OSError as exc:
+                self.abort()
+                raise _write_error(self.path, exc) from None
+            self.offset += arr.nbytes
+        shape = (rows, *(tail or ()))
+        self.header[name] = {"dtype": st, "shape": list(shape),
+                             "data_offsets": [begin, self.offset]}
+        return shape
+
     def finish(self) -> None:
         try:
             try:

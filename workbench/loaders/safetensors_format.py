@@ -154,6 +154,10 @@ class _File:
 
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+# tensors above this many bytes are mapped without MAP_POPULATE: populating a 1-2 GB embedding
+# up front makes all of it resident at once, while chunked passes release the pages they are
+# done with (workbench.pages) and keep the resident set to a chunk
+POPULATE_MAX = 64 << 20
 
 
 def map_region(path: str, offset: int, length: int, dtype) -> np.ndarray:
@@ -161,7 +165,8 @@ def map_region(path: str, offset: int, length: int, dtype) -> np.ndarray:
 
     The mapping is released when the array is. MAP_POPULATE (Linux) builds the page
     tables in one call instead of one page fault per 4 KiB while a kernel reads it, which
-    made parallel statistics several times faster on page-cached files.
+    made parallel statistics several times faster on page-cached files; regions above
+    POPULATE_MAX are faulted in as they are read instead (bounded resident memory).
     """
     if not hasattr(mmap, "MAP_SHARED"):  # Windows
         return np.memmap(path, dtype=dtype, mode="r", offset=offset,
@@ -169,7 +174,8 @@ def map_region(path: str, offset: int, length: int, dtype) -> np.ndarray:
     start = offset - offset % mmap.ALLOCATIONGRANULARITY
     fd = os.open(path, os.O_RDONLY)
     try:
-        mm = mmap.mmap(fd, length + (offset - start), flags=mmap.MAP_SHARED | _POPULATE,
+        populate = _POPULATE if length <= POPULATE_MAX else 0
+        mm = mmap.mmap(fd, length + (offset - start), flags=mmap.MAP_SHARED | populate,
                        prot=mmap.PROT_READ, offset=start)
     finally:
         os.close(fd)

@@ -66,6 +66,10 @@ class Scheme:
     #: their scale arithmetic (a range hi - lo, a power-of-two scale rounded up, q * scale)
     #: needs headroom below float32's largest value 3.4e38, else it overflows to Inf/NaN
     max_abs_weight: ClassVar[float | None] = None
+    #: rows are quantized independently (scales per row or per block within a row), so a
+    #: tensor quantized in row chunks gives the same codes: big tensors are then streamed in
+    #: bounded memory (workbench.streaming). False for a scale shared by the whole tensor.
+    row_local: ClassVar[bool] = True
 
     _fixed: ClassVar[dict[str, type]] = {}
     _families: ClassVar[list[type]] = []

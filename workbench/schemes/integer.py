@@ -123,6 +123,11 @@ class IntAffine(Scheme):
                 return None
         return cls(int(m.group(1)), m.group(2), bool(m.group(3)), clip, pot)
 
+    @property
+    def row_local(self) -> bool:
+        """Per-tensor scales depend on every row: not quantized in row chunks."""
+        return getattr(self.gran, "label", "") != "tensor"
+
     # ---- sizes ------------------------------------------------------------------------------
     def nbytes(self, shape) -> int:
         from .base import matrix_shape
