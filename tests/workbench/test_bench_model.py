@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench import bench_model
-from workbench.bench_model import STEPS, generate, llama_shape
+from workbench.bench import model as bench_model
+from workbench.bench.model import STEPS, generate, llama_shape
 from workbench.loaders import open_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,6 +99,6 @@ def test_step_peak_is_the_childs_own(tmp_path):
     res = bench_model.run_measured([sys.executable, "-c", code], tmp_path / "x.log")
     # plain python -c does not write the peak file: the kernel's ru_maxrss is the fallback
     assert res["ok"] and res["peak_rss_mb"] >= 300
-    argv = [sys.executable, "-m", "workbench.bench_model", "--version-never-a-command"]
+    argv = [sys.executable, "-m", "workbench.bench.model", "--version-never-a-command"]
     res = bench_model.run_measured(argv, tmp_path / "y.log")
     assert not res["ok"] and res["peak_rss_mb"] < 300 and res["error"]

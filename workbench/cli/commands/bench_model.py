@@ -47,7 +47,7 @@ def register(sub) -> None:
 
 
 def _steps(arg: str | None, nbytes: int) -> list[str]:
-    from ...bench_model import MODEL_STEPS, STEPS, WEIGHT_STEPS
+    from ...bench.model import MODEL_STEPS, STEPS, WEIGHT_STEPS
     from ...errors import WorkbenchError
     if arg is None:
         import os
@@ -101,13 +101,13 @@ def _remove_generated(folder: Path, created_folder: bool) -> None:
 
 
 def run(args) -> int:
-    from ...bench_model import generate, llama_shape, run_steps
+    from ...bench.model import generate, llama_shape, run_steps
     from ...errors import WorkbenchError
     shape = llama_shape(args.params)
     steps = _steps(args.steps, shape.params * 2)
     if args.samples < 1:
         raise WorkbenchError("--samples must be at least 1")
-    from ...bench_model import check_disk
+    from ...bench.model import check_disk
     created = args.dir is None or not Path(args.dir).exists()
     if args.dir is not None:
         check_disk(args.dir, shape, steps, not _same_checkpoint(Path(args.dir), shape))

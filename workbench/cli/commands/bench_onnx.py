@@ -1,7 +1,7 @@
 """`quant-workbench bench-onnx [MODEL] (--scheme S | --plan P) [--activations int8] [--batch N]
 [--seq N] [--repeats N] [--threads N] [--accuracy-level L] [--keep DIR] [--json]`:
 float against quantized ONNX Runtime latency on this CPU in one run, and the file sizes
-(workbench.bench_onnx)."""
+(workbench.bench.onnx)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...bench_onnx import bench_onnx
+    from ...bench.onnx import bench_onnx
     from ...errors import WorkbenchError
     for flag in ("batch", "seq", "repeats"):
         if getattr(args, flag) < 1:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import WorkbenchError
+from ..errors import WorkbenchError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "resources" / "demo_model"
@@ -160,7 +160,7 @@ def _to_bf16(x: np.ndarray) -> np.ndarray:
 
 def _write_shard(path: Path, items, synth: _Synth, progress) -> None:
     """One bf16 shard: header first (shapes are known), then each tensor in row chunks."""
-    from .atomic import atomic_write
+    from ..atomic import atomic_write
     header, off = {}, 0
     for name, shape in items:
         nb = math.prod(shape) * 2
@@ -298,7 +298,7 @@ def _peak_rss_kib() -> int:
 
 def run_measured(argv: list[str], log: Path, timeout: float | None = None) -> dict:
     """Run a step as a child; its wall time, peak RSS (MB), exit status and last line.
-    The child (``python -m workbench.bench_model ...``) writes its own peak to a side file."""
+    The child (``python -m workbench.bench.model ...``) writes its own peak to a side file."""
     t0 = time.perf_counter()
     peak_file = log.with_suffix(".peak")
     peak_file.unlink(missing_ok=True)
@@ -337,7 +337,7 @@ def run_measured(argv: list[str], log: Path, timeout: float | None = None) -> di
 
 def write_calibration(path: Path, samples: int) -> None:
     """The first `samples` lines of the bundled calibration text."""
-    from .calibration import DEFAULT_CALIB
+    from ..calibration import DEFAULT_CALIB
     lines = [ln for ln in DEFAULT_CALIB.read_text(encoding="utf-8").splitlines() if ln.strip()]
     path.write_text("\n".join(lines[:samples]) + "\n", encoding="utf-8")
 
@@ -359,7 +359,7 @@ def run_steps(model: str, work: Path, steps, samples: int, timeout: float | None
         else:
             args = step_argv(step, model, work, calib, samples)
             shown = "quant-workbench " + " ".join(args)
-        argv = [sys.executable, "-m", "workbench.bench_model", *args]
+        argv = [sys.executable, "-m", "workbench.bench.model", *args]
         log = work / f"bench-{step}.log"
         res = {"step": step, "command": shown, **run_measured(argv, log, timeout)}
         if step == "forward" and res["ok"]:
@@ -384,10 +384,10 @@ def forward_rate(model_path: str, calib: str, samples: int, batch_size: int = 16
     the same batches, times the number of blocks."""
     import torch
 
-    from .calibration import batches, calibration_samples
-    from .loaders import open_model
-    from .progress import run
-    from .runner import get_runner, run_outputs
+    from ..calibration import batches, calibration_samples
+    from ..loaders import open_model
+    from ..progress import run
+    from ..runner import get_runner, run_outputs
     model = open_model(model_path)
     data = run(calibration_samples(model, calib, samples))
     tokens = int(sum(len(s) for s in data))
@@ -448,7 +448,7 @@ def _child(argv: list[str]) -> int:
             print(json.dumps(forward_rate(argv[1], argv[2], int(argv[3]))), flush=True)
             rc = 0
         else:
-            from .cli import main
+            from ..cli import main
             rc = main(argv)
     finally:
         peak = os.environ.get("QWB_BENCH_PEAK_FILE")

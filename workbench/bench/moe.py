@@ -1,5 +1,5 @@
 """Does weighting an expert's error by its routed-token fraction predict what quantizing it does to
-the model's outputs? ``python -m workbench.bench_moe FOLDER [--scheme q2_k] [--samples 8]``
+the model's outputs? ``python -m workbench.bench.moe FOLDER [--scheme q2_k] [--samples 8]``
 
 For every per-expert tensor of a Hugging Face MoE folder (qwen3_moe / qwen2_moe / mixtral /
 deepseek): quantize that tensor alone, run the calibration samples, and measure the mean KL
@@ -21,7 +21,7 @@ import numpy as np
 
 def _expert_slot(net, name: str):
     """(fused parameter, expert, row slice) holding HF per-expert tensor `name` in the network."""
-    from .catalog import block_index, expert_index, projection
+    from ..catalog import block_index, expert_index, projection
     b, e, proj = block_index(name), expert_index(name), projection(name)
     mods = dict(net.named_modules())
     cands = [m for m in mods if re.search(rf"layers\.{b}\.(?:mlp|block_sparse_moe)\.experts$", m)]
@@ -34,12 +34,12 @@ def _expert_slot(net, name: str):
 
 def measure(folder, scheme: str = "q2_k", samples: int = 8, out=sys.stdout) -> dict:
     import torch
-    from .calibration import calibration_samples
-    from .loaders import open_model
-    from .moe import _net_with_weights, expert_usage
-    from .progress import run
-    from .runner import dequantized
-    from .sensitivity import spearman
+    from ..calibration import calibration_samples
+    from ..loaders import open_model
+    from ..moe import _net_with_weights, expert_usage
+    from ..progress import run
+    from ..runner import dequantized
+    from ..sensitivity import spearman
     model = open_model(folder)
     t0 = time.perf_counter()
     usage = run(expert_usage(model, samples=samples))
@@ -86,7 +86,7 @@ def measure(folder, scheme: str = "q2_k", samples: int = 8, out=sys.stdout) -> d
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m workbench.bench_moe")
+    p = argparse.ArgumentParser(prog="python -m workbench.bench.moe")
     p.add_argument("folder")
     p.add_argument("--scheme", default="q2_k")
     p.add_argument("--samples", type=int, default=8)

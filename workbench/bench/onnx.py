@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .plan import KEEP, Plan
-from .progress import Progress
+from ..plan import KEEP, Plan
+from ..progress import Progress
 
 
 def _inputs(vocab: int, batch: int, seq: int):
@@ -32,11 +32,11 @@ def _inputs(vocab: int, batch: int, seq: int):
 def bench_onnx(model, plan, batch: int = 1, seq: int = 128, repeats: int = 20,
                threads: int | None = None, accuracy_level: int | None = None, keep_dir=None):
     """Job: {"float": {...}, "quantized": {...}, "speedup", "size_ratio", ...}."""
-    from .export.onnx_format import DEFAULT_ACCURACY_LEVEL, build_onnx
-    from .onnx_check import session
-    from .onnx_graph import import_onnx
-    from .progress import subjob
-    from .runner import read_config
+    from ..export.onnx_format import DEFAULT_ACCURACY_LEVEL, build_onnx
+    from ..onnx_check import session
+    from ..onnx_graph import import_onnx
+    from ..progress import subjob
+    from ..runner import read_config
     _, ort = import_onnx()
     level = DEFAULT_ACCURACY_LEVEL if accuracy_level is None else int(accuracy_level)
     base_model = model.base if type(model).__name__ == "MethodModel" else model
