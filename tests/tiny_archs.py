@@ -42,7 +42,11 @@ ARCHS: dict[str, dict] = {
     "qwen3_moe": dict(_DECODER, **_MOE, num_experts=4, decoder_sparse_step=1,
                       norm_topk_prob=True),
     "mixtral": dict(_DECODER, num_local_experts=4, num_experts_per_tok=2),
-    "deepseek_v3": dict(_DECODER, **_MOE, n_routed_experts=4, n_shared_experts=1,
+    # head_dim = qk_rope_head_dim (DeepseekV3Config's own choice: the rotary embedding's size;
+    # 64 made transformers' forward fail), num_key_value_heads = num_attention_heads (as in
+    # DeepSeek's configs: MLA decompresses to every head)
+    "deepseek_v3": dict(_DECODER, **_MOE, head_dim=32, num_key_value_heads=4,
+                        n_routed_experts=4, n_shared_experts=1,
                         first_k_dense_replace=1, kv_lora_rank=64, q_lora_rank=96,
                         qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64, n_group=1,
                         topk_group=1, routed_scaling_factor=1.0),
