@@ -75,7 +75,13 @@ def _fused_differ(decisions) -> bool:
                 applied = {decisions[s].applied for s in sibs if s in decisions}
                 if len(applied) > 1:
                     return True
-    return False
+    from .compressed_tensors import EXPERT
+    experts: dict[str, set] = {}
+    for name, d in decisions.items():
+        m = EXPERT.match(name)
+        if m is not None:
+            experts.setdefault(m.group("layer"), set()).add(d.applied)
+    return any(len(v) > 1 for v in experts.values())
 
 
 def check(model, plan, fmt: str) -> Preflight:
