@@ -6,9 +6,11 @@ For the tiny model of each architecture (tests/tiny_archs.py, fixture `tiny_arch
   (decoders), and llama-embedding's final hidden state of every prompt token (pooling none)
   has cosine >= 0.999 with transformers' `last_hidden_state`;
 * q4_k export: llama.cpp loads and runs it; every token's hidden state keeps cosine >=
-  Q4K_COS with transformers' float model (tolerance measured on these models, see
-  docs/architectures.md), and for MoE models the file holds merged 3-D Q4_K expert tensors
-  and F32 routers;
+  Q4K_MIN_COS with transformers' float model, and the mean over tokens is within
+  Q4K_VS_LLAMA of what llama.cpp's own quantizer gives (llama-quantize --pure Q4_K_S of the
+  fp16 export, same prompt): random tiny models lose more to 4 bits than trained ones
+  (measured 0.917-0.999 minimum, docs/architectures.md); for MoE models the file holds merged
+  3-D Q4_K expert tensors and F32 routers;
 * a MoE GGUF written by llama.cpp's own convert_hf_to_gguf.py re-typed here (GGUF->GGUF)
   runs in llama.cpp with its merged experts re-typed.
 
@@ -37,9 +39,18 @@ from .conftest import run_tool
 pytestmark = pytest.mark.runtime
 
 PROMPT = "The engineer measured the weights of every layer"
+# MoE: a prompt whose routing has no near-tie. With 4 random experts, top-2 of 4 routing is
+# sometimes decided by a probability gap of 1e-4 (qwen3_moe, PROMPT's last token, layer 0:
+# 1.2e-4): fp16 weights flip such a choice, and that token's hidden state then differs (cos
+# 0.985) while every other token's is 0.9999999. The first of these prompts whose prompt and
+# greedy continuation keep every top-k gap >= MIN_ROUTING_GAP in transformers is used (the
+# test fails if none does, never skips).
+MOE_PROMPTS = [PROMPT, "The engineer measured", "Every layer of the model", "A small model"]
+MIN_ROUTING_GAP = 2e-3
 N = 12
 F16_COS = 0.999
-Q4K_COS = 0.97
+Q4K_MIN_COS = 0.90
+Q4K_VS_LLAMA = 0.01
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma2", "gemma3_text",
          "phi3", "deepseek_v3", "gpt2", "bert"]
 ENCODERS = {"bert"}
@@ -68,40 +79,63 @@ def exported(tiny_arch, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(tiny_arch):
-    """get(arch) -> transformers' (prompt token ids, last_hidden_state (T, H) float64, greedy
-    text), computed once per architecture in float32."""
+    """get(arch) -> transformers' (prompt, prompt token ids, last_hidden_state (T, H) float64,
+    greedy text), computed once per architecture in float32."""
     cache: dict = {}
 
     def get(arch: str):
         if arch not in cache:
-            cache[arch] = _hf_reference(tiny_arch(arch), arch in ENCODERS)
+            cache[arch] = _hf_reference(tiny_arch(arch), arch in ENCODERS, arch in MOE)
         return cache[arch]
 
     return get
 
 
-def _hf_reference(folder: Path, encoder: bool):
+def _routing_gap(lm, ids) -> float | None:
+    """The smallest gap, over tokens and layers, between the k-th and (k+1)-th router
+    probabilities (softmax routers that report router logits; None for others)."""
+    import torch
+    k = getattr(lm.config, "num_experts_per_tok", None)
+    try:
+        with torch.no_grad():
+            out = lm(ids, output_router_logits=True)
+    except TypeError:
+        return None
+    logits = getattr(out, "router_logits", None)
+    if not logits or k is None:
+        return None
+    gaps = []
+    for r in logits:
+        p = torch.softmax(r.float(), -1).sort(-1, descending=True).values
+        gaps.append(float((p[:, k - 1] - p[:, k]).min()))
+    return min(gaps)
+
+
+def _hf_reference(folder: Path, encoder: bool, moe: bool):
     import torch
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(folder)
-    ids = tok(PROMPT, return_tensors="pt").input_ids
-    text = None
     with torch.no_grad():
         if encoder:
             base = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
-            h = base(ids).last_hidden_state[0]
-        else:
-            lm = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-            h = lm.base_model(ids).last_hidden_state[0]
+            ids = tok(PROMPT, return_tensors="pt").input_ids
+            return PROMPT, ids[0].tolist(), base(ids).last_hidden_state[0].double().numpy(), None
+        lm = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        gaps = []
+        for prompt in (MOE_PROMPTS if moe else [PROMPT]):
+            ids = tok(prompt, return_tensors="pt").input_ids
             out = lm.generate(ids, max_new_tokens=N, min_new_tokens=N, do_sample=False)
-            text = tok.decode(out[0])
-            del lm
-    return ids[0].tolist(), h.double().numpy(), text
+            gap = _routing_gap(lm, out) if moe else None
+            gaps.append(gap)
+            if gap is None or gap >= MIN_ROUTING_GAP:
+                h = lm.base_model(ids).last_hidden_state[0]
+                return prompt, ids[0].tolist(), h.double().numpy(), tok.decode(out[0])
+    raise AssertionError(f"every prompt has a near-tie in routing: gaps {gaps}")
 
 
-def _llama_hidden(llama_bin, gguf_path: Path) -> np.ndarray:
+def _llama_hidden(llama_bin, gguf_path: Path, prompt: str) -> np.ndarray:
     """llama-embedding's final hidden state of every prompt token (pooling none), (T, H)."""
-    r = run_tool(llama_bin, "llama-embedding", "-m", gguf_path, "-p", PROMPT, "--pooling",
+    r = run_tool(llama_bin, "llama-embedding", "-m", gguf_path, "-p", prompt, "--pooling",
                  "none", "--embd-normalize", "-1", "--embd-output-format", "json", "-t", "2",
                  "-c", "256")
     data = json.loads(r.stdout[r.stdout.index("{"):])
@@ -113,35 +147,39 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def _greedy(llama_bin, gguf_path: Path) -> str:
-    r = run_tool(llama_bin, "llama-simple", "-m", gguf_path, "-n", N, PROMPT)
+def _greedy(llama_bin, gguf_path: Path, prompt: str) -> str:
+    r = run_tool(llama_bin, "llama-simple", "-m", gguf_path, "-n", N, prompt)
     # llama-simple prints each piece with printf("%s"): a NUL byte token prints as nothing
     return r.stdout.rstrip("\n")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_f16_hidden_states_match_transformers(llama_bin, exported, reference, arch):
-    ids, ref, _ = reference(arch)
-    ours = _llama_hidden(llama_bin, exported(arch, "fp16"))
+    prompt, ids, ref, _ = reference(arch)
+    ours = _llama_hidden(llama_bin, exported(arch, "fp16"), prompt)
     cos = _cosines(ours, ref)
     assert cos.min() >= F16_COS, (arch, cos.round(5).tolist())
 
 
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a not in ENCODERS])
 def test_f16_greedy_tokens_match_transformers(llama_bin, exported, reference, arch):
-    _, _, text = reference(arch)
-    ours = _greedy(llama_bin, exported(arch, "fp16"))
+    prompt, _, _, text = reference(arch)
+    ours = _greedy(llama_bin, exported(arch, "fp16"), prompt)
     assert ours == text.replace("\x00", ""), (arch, ours, text)
-    assert len(text) > len(PROMPT) + 4
+    assert len(text) > len(prompt) + 4
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_q4_k_runs_close_to_transformers(llama_bin, exported, reference, arch):
+def test_q4_k_runs_close_to_transformers(llama_bin, exported, reference, arch, tmp_path):
     import gguf
     path = exported(arch, "q4_k")
-    ids, ref, _ = reference(arch)
-    cos = _cosines(_llama_hidden(llama_bin, path), ref)
-    assert cos.min() >= Q4K_COS, (arch, cos.round(4).tolist())
+    prompt, ids, ref, _ = reference(arch)
+    cos = _cosines(_llama_hidden(llama_bin, path, prompt), ref)
+    theirs = tmp_path / "llama-quantize-q4_k_s.gguf"
+    run_tool(llama_bin, "llama-quantize", "--pure", exported(arch, "fp16"), theirs, "Q4_K_S", "2")
+    cos_llama = _cosines(_llama_hidden(llama_bin, theirs, prompt), ref)
+    assert cos.min() >= Q4K_MIN_COS, (arch, cos.round(4).tolist())
+    assert cos.mean() >= cos_llama.mean() - Q4K_VS_LLAMA, (arch, cos.mean(), cos_llama.mean())
     types = {t.name: (t.tensor_type.name, len(t.shape)) for t in gguf.GGUFReader(str(path)).tensors}
     assert "Q4_K" in {t for t, _ in types.values()}
     if arch in MOE:
@@ -178,6 +216,6 @@ def test_converter_moe_gguf_retyped_runs(llama_bin, tiny_arch, reference, tmp_pa
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(out)).tensors}
     assert types["blk.1.ffn_up_exps.weight"] == "Q4_K"
     assert types["blk.1.ffn_gate_inp.weight"] == "F32"
-    ids, ref, _ = reference("qwen3_moe")
-    cos = _cosines(_llama_hidden(llama_bin, out), ref)
-    assert cos.min() >= Q4K_COS, cos.round(4).tolist()
+    prompt, ids, ref, _ = reference("qwen3_moe")
+    cos = _cosines(_llama_hidden(llama_bin, out, prompt), ref)
+    assert cos.min() >= Q4K_MIN_COS, cos.round(4).tolist()

@@ -114,6 +114,7 @@ class HFTarget:
     folder: Path
     names: dict          # HF name -> llama.cpp name (None: dropped)
     layout: list = field(default_factory=list)   # OutTensor in file order
+    tokens: list = field(default_factory=list)   # the vocabulary written (write_tokenizer)
 
     @property
     def arch_name(self) -> str:
@@ -566,10 +567,27 @@ def write_tokenizer(writer, t: HFTarget) -> int:
         raise WorkbenchError(f"tokenizer model {model.get('type')} is not supported "
                              f"(WordPiece or BPE); {CONVERTER_HINT}",
                              path=str(t.folder / "tokenizer.json"))
+    t.tokens = tokens
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     special.add_to_gguf(writer, quiet=True)
     return len(tokens)
+
+
+def name_breaks_loading(name: str, t: HFTarget) -> str | None:
+    """Why writing `name` as general.name would make llama.cpp refuse the file (None: it
+    would not). llama.cpp's vocabulary loader (src/llama-vocab.cpp) gives a model whose name
+    contains "phi-3" or "phi3" special attributes on the tokens </s>, <unk>, <s> and
+    <|endoftext|>, looking each up with unordered_map::at: a vocabulary without one of them
+    fails to load ("error loading model vocabulary: unordered_map::at")."""
+    low = name.lower()
+    if "phi-3" in low or "phi3" in low:
+        missing = [s for s in ("</s>", "<unk>", "<s>", "<|endoftext|>") if s not in t.tokens]
+        if missing:
+            return (f"general.name {name!r} not written: llama.cpp's Phi-3 vocabulary rule for "
+                    f"such names needs the tokens {', '.join(missing)}, which this tokenizer "
+                    "lacks (the file would not load)")
+    return None
 
 
 def _bpe_pre(tok: dict, t: HFTarget) -> str:

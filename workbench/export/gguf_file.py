@@ -458,7 +458,8 @@ def export_gguf(model, plan, out_path, strict: bool = False):
     from concurrent.futures import ThreadPoolExecutor
 
     from ..runtimes import check_strict, plan_decisions, summarize
-    from .gguf_arch import extra_tensors, hf_target, refuses, write_hparams, write_tokenizer
+    from .gguf_arch import extra_tensors, hf_target, name_breaks_loading, refuses, \
+        write_hparams, write_tokenizer
     target = Path(out_path)
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
@@ -499,14 +500,17 @@ def export_gguf(model, plan, out_path, strict: bool = False):
         writer = _fast_writer_class()(tmp, arch)
         skipped: list[str] = []
         n_vocab = None
+        name_note = None
         if reader is not None:
             align = reader.fields.get("general.alignment")
             if align is not None and align.types:
                 writer.add_custom_alignment(int(align.value))
             skipped = _copy_fields(writer, reader)
         else:
-            writer.add_name(Path(model.path).stem if Path(model.path).is_file()
-                            else Path(model.path).name)
+            model_name = (Path(model.path).stem if Path(model.path).is_file()
+                          else Path(model.path).name)
+            if hf is None:
+                writer.add_name(model_name)
             if hf is not None:
                 import logging
                 vocab_log = logging.getLogger("gguf.vocab")
@@ -517,6 +521,11 @@ def export_gguf(model, plan, out_path, strict: bool = False):
                     n_vocab = write_tokenizer(writer, hf)
                 finally:
                     vocab_log.setLevel(level)
+                why = name_breaks_loading(model_name, hf)
+                if why is None:
+                    writer.add_name(model_name)
+                else:
+                    name_note = why
             if model.metadata:
                 writer.add_string("quant_workbench.source_metadata",
                                   json.dumps({str(k): str(v) for k, v in model.metadata.items()}))
@@ -622,4 +631,6 @@ def export_gguf(model, plan, out_path, strict: bool = False):
         out["vocab_size"] = n_vocab
     if not_runnable:
         out["not_runnable"] = not_runnable
+    if name_note:
+        out["notes"]["general.name"] = name_note
     return out
