@@ -219,3 +219,12 @@ def test_converter_moe_gguf_retyped_runs(llama_bin, tiny_arch, reference, tmp_pa
     prompt, ids, ref, _ = reference("qwen3_moe")
     cos = _cosines(_llama_hidden(llama_bin, out, prompt), ref)
     assert cos.min() >= Q4K_MIN_COS, cos.round(4).tolist()
+    # the same plan as a llama-quantize --tensor-type-file (HF names mapped to the converter's,
+    # one line per merged expert tensor): llama-quantize gives every tensor the same type
+    types_file = tmp_path / "types.txt"
+    run(export(open_model(folder), Plan(default="q4_k"), "llama-tensor-types", types_file))
+    assert "ffn_up_exps" in types_file.read_text()
+    theirs = tmp_path / "llama-quantize.gguf"
+    run_tool(llama_bin, "llama-quantize", "--tensor-type-file", types_file, f16, theirs, "Q8_0",
+             "2")
+    assert {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(theirs)).tensors} == types
