@@ -81,3 +81,22 @@ def test_moe_experts_of_a_layer_need_one_scheme(tiny_arch, tmp_path):
         run(export(mix, plan, "compressed-tensors", tmp_path / "z"))
     src.close()
     mix.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2",
+                                  "gemma3_text", "gpt2", "bert"])
+def test_dense_architectures_export_and_read_back(tiny_arch, tmp_path, arch):
+    """The other architectures of the table: every linear layer quantized (int8-channel), the
+    config valid for the package, every layer decompressed by it equal to the workbench's."""
+    from compressed_tensors.quantization import QuantizationConfig
+    src = open_model(tiny_arch(arch))
+    plan = Plan(default="int8-channel")
+    out = tmp_path / "ct"
+    info = run(export(src, plan, "compressed-tensors", out))
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    QuantizationConfig.model_validate(cfg)
+    n_layers = 2
+    per_layer = {"phi3": 4, "gpt2": 4, "bert": 6}.get(arch, 7)
+    assert info["quantized"] == n_layers * per_layer, info["quantized"]
+    assert check_exact(src, package_weights(out), plan) == n_layers * per_layer
+    src.close()

@@ -227,3 +227,42 @@ def test_moe_gguf_retyped_gguf_to_gguf(f16_exports, tmp_path):
     blocks = get_scheme("q4_k").quantize(ref.reshape(-1, 256)).arrays["blocks"]
     assert np.asarray(x.data).tobytes() == np.ascontiguousarray(blocks).tobytes()
     src.close()
+
+
+def test_fused_3d_experts_checkpoint_gives_the_same_gguf(tiny_arch, tmp_path, f16_exports):
+    """A checkpoint with a layer's experts fused into 3-D tensors (transformers 5's in-memory
+    layout: mlp.experts.gate_up_proj (E, 2I, H), mlp.experts.down_proj (E, H, I)) exports the
+    same merged llama.cpp tensors as the per-expert checkpoint."""
+    import shutil
+
+    from safetensors.numpy import save_file
+    if "qwen3_moe" not in f16_exports:
+        pytest.skip("transformers has no qwen3_moe")
+    folder, per_expert_gguf, _ = f16_exports["qwen3_moe"]
+    src = open_model(folder)
+    fused_dir = tmp_path / "fused"
+    fused_dir.mkdir()
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(folder / f, fused_dir / f)
+    tensors = {}
+    for n in src.tensors:
+        m = re.match(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.", n)
+        if m is None:
+            tensors[n] = src.read(n)
+    for b in range(2):
+        pre = f"model.layers.{b}.mlp.experts"
+        tensors[f"{pre}.gate_up_proj"] = np.stack([np.concatenate(
+            [src.read(f"{pre}.{e}.gate_proj.weight"), src.read(f"{pre}.{e}.up_proj.weight")])
+            for e in range(4)])
+        tensors[f"{pre}.down_proj"] = np.stack([src.read(f"{pre}.{e}.down_proj.weight")
+                                                for e in range(4)])
+    save_file(tensors, str(fused_dir / "model.safetensors"))
+    out = tmp_path / "fused.gguf"
+    info = run(export(open_model(fused_dir), Plan(default="fp16"), "gguf", out))
+    assert info["runnable_by_llama_cpp"]
+    a = {t.name: np.asarray(t.data) for t in _reader(per_expert_gguf).tensors}
+    b = {t.name: np.asarray(t.data) for t in _reader(out).tensors}
+    assert sorted(a) == sorted(b)
+    for n in a:
+        np.testing.assert_array_equal(a[n], b[n], err_msg=n)
+    src.close()
