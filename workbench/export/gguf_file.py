@@ -310,6 +310,13 @@ def _part_data(model, item: _Item, k: int) -> list[np.ndarray]:
         m = m.T
     m = np.ascontiguousarray(m, dtype=np.float32)
     if item.how == "scheme":
+        if part.transpose and item.scheme not in FLOAT_SCHEMES and \
+                getattr(model, "quantize_tensor", None) is not None:
+            # a method's (GPTQ/AWQ) statistics belong to the source's input columns; the
+            # transposed part (DeepSeek's attn_k_b) has other columns: rounded to nearest
+            from ..evaluate import quantize
+            qt = quantize(m, item.scheme, tensor=part.src)
+            return [np.ascontiguousarray(next(iter(qt.arrays.values())))]
         return [_encode_chunk(model, replace(item, name=part.src), m)]
     return [_float_as(m, item.gtype)]
 
