@@ -266,3 +266,33 @@ def test_fused_3d_experts_checkpoint_gives_the_same_gguf(tiny_arch, tmp_path, f1
     for n in a:
         np.testing.assert_array_equal(a[n], b[n], err_msg=n)
     src.close()
+
+
+def test_llama3_rope_scaling_writes_rope_freqs(tiny_arch, tmp_path):
+    """Llama 3.1's rope_type llama3: the rope_freqs tensor holds the factors llama.cpp divides
+    each rope frequency by, i.e. transformers' default inverse frequencies over its llama3 ones."""
+    import shutil
+
+    import torch
+    import transformers
+    src = tiny_arch("llama")
+    folder = tmp_path / "llama31"
+    shutil.copytree(src, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}
+    cfg["rope_parameters"] = rope
+    (folder / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "l.gguf"
+    run(export(open_model(folder), Plan(default="fp16"), "gguf", out))
+    r = _reader(out)
+    freqs = next(np.asarray(t.data) for t in r.tensors if t.name == "rope_freqs.weight")
+    assert _field(r, "llama.rope.freq_base") == 500000.0
+    conf = transformers.LlamaConfig(**{k: v for k, v in cfg.items() if not k.startswith("_")})
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    inv_l3, _ = ROPE_INIT_FUNCTIONS["llama3"](conf, torch.device("cpu"))
+    dim = cfg["head_dim"]
+    inv = 1.0 / (500000.0 ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    np.testing.assert_allclose(freqs, inv / inv_l3.double().numpy(), rtol=1e-5)
+    assert freqs.min() == 1.0 and freqs.max() == 8.0
