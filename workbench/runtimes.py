@@ -59,6 +59,15 @@ LLAMA_NEVER = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight",
 LLAMA_NEVER_EXACT = ("position_embd.weight", "token_types.weight")
 VLLM_ROLES = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_o", "mlp_up", "mlp_gate",
               "mlp_down")
+# vLLM's MoE layers: routers are unquantized ReplicatedLinear layers (quant_config=None in
+# vLLM's Qwen-MoE / Mixtral / DeepSeek models), so they stay float and go to `ignore`; experts
+# are per-expert Linear layers (FusedMoE); DeepSeek's MLA projections are Linear layers too
+VLLM_ROUTER = re.compile(r"(?:^|\.)(?:mlp|block_sparse_moe|moe|feed_forward)\.(?:gate|router)"
+                         r"\.weight$|shared_expert_gate\.weight$|ffn_gate_inp")
+VLLM_EXTRA_LINEAR = re.compile(r"\.(?:q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj)\.weight$"
+                               r"|\.experts\.\d+\.(?:gate_proj|up_proj|down_proj|w1|w2|w3)"
+                               r"\.weight$")
+VLLM_MOE_ROLES = ("expert", "shared_expert")
 _VLLM_SCHEME = re.compile(r"^(int4|int8)-(channel|g\d+)(-asym)?(@[a-z0-9.]+)*$|^fp8-e4m3$")
 _INT_GROUP = re.compile(r"^(int\d+)-g\d+(-asym)?(@.*)?$")
 
@@ -217,6 +226,11 @@ class _LlamaCpp(Runtime):
 
 class _Vllm(Runtime):
     def never_retyped(self, info, gguf_name):
+        if VLLM_ROUTER.search(info.name) or info.role == "router":
+            return "vLLM keeps mixture-of-experts routers unquantized (in `ignore`)"
+        if info.ndim == 2 and (VLLM_EXTRA_LINEAR.search(info.name)
+                               or info.role in VLLM_MOE_ROLES):
+            return None
         if info.ndim != 2 or info.role not in VLLM_ROLES:
             return f"vLLM quantizes only linear layers' weights ({info.name} is {info.role})"
         return None

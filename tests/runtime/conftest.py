@@ -66,10 +66,31 @@ def _llama_cpp(args, stream: bool = False):
     return None, (out.stderr or "")[-2000:] or f"exit status {out.returncode}"
 
 
+SHIM_SOURCE = Path(__file__).with_name("llama_log_flush.c")
+_shim: dict[str, Path] = {}
+
+
+def log_flush_shim() -> Path:
+    """The compiled llama_log_flush.c (once per session): preloaded into every tool so that its
+    asynchronous log is printed entirely before it exits (see the file's comment)."""
+    if "path" not in _shim:
+        import tempfile
+        cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        out = Path(tempfile.mkdtemp(prefix="qw-llama-shim-")) / "libqw_log_flush.so"
+        r = subprocess.run([cc or "cc", "-shared", "-fPIC", "-O2", "-o", str(out),
+                            str(SHIM_SOURCE), "-ldl"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise AssertionError(f"cannot compile {SHIM_SOURCE.name}: {r.stderr[-1500:]}")
+        _shim["path"] = out
+    return _shim["path"]
+
+
 def run_tool(llama_bin: Path, tool: str, *args, timeout=300) -> subprocess.CompletedProcess:
+    """Run one of llama.cpp's tools; its whole output (the logger drained before exit by the
+    preloaded shim) in stdout/stderr. Fails the test on a non-zero exit."""
+    env = dict(os.environ, LD_PRELOAD=str(log_flush_shim()))
     r = subprocess.run([str(llama_bin / tool), *map(str, args)], capture_output=True, text=True,
-                       errors="replace",
-                       timeout=timeout)
+                       errors="replace", timeout=timeout, env=env)
     assert r.returncode == 0, f"{tool} failed ({r.returncode}):\n{r.stderr[-3000:]}"
     return r
 
@@ -114,24 +135,12 @@ def minilm_reference(minilm_folder, sentences) -> np.ndarray:
 
 
 def perplexity(llama_bin: Path, gguf_path: Path, text: Path, ctx: int = 128) -> float:
-    """llama-perplexity's final estimate. Its log goes through an asynchronous worker thread
-    that sometimes exits before printing the last lines (rc 0, no "Final estimate"; under load
-    three runs in a row did). The tool prints the running perplexity after every chunk,
-    "[k]value" = exp(mean NLL over chunks 1..k), the same formula and 4 decimals as the final
-    estimate: when all N chunks of "calculating perplexity over N chunks" were printed, the
-    N-th value is the final estimate. Otherwise run again, up to three times."""
+    """llama-perplexity's final estimate ("Final estimate: PPL = ..."), printed through its
+    asynchronous log: complete since run_tool drains the log before the tool exits."""
     import re
-    tail = ""
-    for _ in range(3):
-        r = run_tool(llama_bin, "llama-perplexity", "-m", gguf_path, "-f", text, "-c", ctx, "-b",
-                     ctx, "-t", "2")
-        out = r.stdout + r.stderr
-        m = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
-        if m:
-            return float(m.group(1))
-        n = re.search(r"calculating perplexity over (\d+) chunks", out)
-        last = re.search(rf"\[{n.group(1)}\]([0-9]+\.[0-9]+)", out) if n else None
-        if last:
-            return float(last.group(1))
-        tail = out[-1500:]
-    raise AssertionError(f"llama-perplexity printed no final estimate three times:\n{tail}")
+    r = run_tool(llama_bin, "llama-perplexity", "-m", gguf_path, "-f", text, "-c", ctx, "-b",
+                 ctx, "-t", "2")
+    out = r.stdout + r.stderr
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
+    assert m, f"llama-perplexity printed no final estimate:\n{out[-1500:]}"
+    return float(m.group(1))

@@ -112,17 +112,39 @@ def test_minilm_q8_0_strict_is_fine_for_llama_cpp(minilm):
         check_strict(ds.values())
 
 
-def test_unsupported_architecture_points_to_the_converter(make_safetensors, tmp_path):
+def test_unsupported_architecture_is_refused_naming_the_converter(make_safetensors, tmp_path):
+    # a folder whose config.json names an architecture the exporter does not convert: nothing
+    # is written (an existing file stays as it was), and the message names the way through
     from workbench.export import export
     from workbench.loaders import open_model
     path = make_safetensors({"encoder.block.0.layer.0.SelfAttention.q.weight":
                              np.ones((32, 64), np.float32)})
     (path.parent / "config.json").write_text(json.dumps(
         {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"}))
-    info = run(export(open_model(path), Plan(default="q8_0"), "gguf", tmp_path / "t5.gguf"))
-    assert not info["runnable_by_llama_cpp"]
-    assert "T5ForConditionalGeneration" in info["not_runnable"]
-    assert "convert_hf_to_gguf.py" in info["not_runnable"]
-    import gguf
-    r = gguf.GGUFReader(str(tmp_path / "t5.gguf"))
-    assert [t.name for t in r.tensors] == ["encoder.block.0.layer.0.SelfAttention.q.weight"]
+    out = tmp_path / "t5.gguf"
+    out.write_bytes(b"user's file")
+    with pytest.raises(WorkbenchError) as exc:
+        run(export(open_model(path), Plan(default="q8_0"), "gguf", out))
+    msg = str(exc.value)
+    assert "T5ForConditionalGeneration" in msg and "convert_hf_to_gguf.py" in msg
+    assert "--format gguf" in msg and "\n" not in msg
+    assert out.read_bytes() == b"user's file"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    from workbench.export.preflight import check
+    p = check(open_model(path), Plan(default="q8_0"), "gguf")
+    assert not p.ok and "convert_hf_to_gguf.py" in p.reason
+
+
+def test_unsupported_architecture_cli_exit_2(make_safetensors, tmp_path, capsys):
+    from workbench.cli import main
+    path = make_safetensors({"model.layers.0.mlp.experts.gate_up_proj":
+                             np.ones((2, 64, 32), np.float32)})
+    (path.parent / "config.json").write_text(json.dumps(
+        {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss"}))
+    (path.parent / "tokenizer.json").write_text("{}")
+    out = tmp_path / "o.gguf"
+    assert main(["export", str(path), "--scheme", "q4_k", "--format", "gguf", "-o",
+                 str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "GptOssForCausalLM" in err[0] and "convert_hf_to_gguf" in err[0]
+    assert not out.exists()

@@ -32,6 +32,7 @@ from ..optional import require
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -49,7 +50,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model",
                    "generation_config.json")
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"),
-         ("query", "key", "value"))
+         ("query", "key", "value"), ("w1", "w3"), ("q_a_proj", "kv_a_proj_with_mqa"))
+# one expert's projection: vLLM's FusedMoE holds a layer's experts (all projections) in one
+# quantized layer with one scheme
+EXPERT = re.compile(r"^(?P<layer>.*\.(?:mlp|block_sparse_moe))\.experts\.\d+\."
+                    r"(?:gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
 
 
 def _args_for(scheme):
@@ -132,6 +137,26 @@ def _fused_conflicts(decisions: dict) -> list[str]:
                      else "unquantized") for s in present}
             if len(keys) > 1:
                 problems.append(", ".join(f"{s} ({decisions[s].applied})" for s in present))
+    problems += _moe_conflicts(decisions)
+    return problems
+
+
+def _moe_conflicts(decisions: dict) -> list[str]:
+    """Mixture-of-experts layers whose experts (every projection of every expert) do not all
+    get one compressed-tensors scheme: vLLM's FusedMoE quantizes them as one layer."""
+    layers: dict[str, dict[str, list[str]]] = {}
+    for name, d in decisions.items():
+        m = EXPERT.match(name)
+        if m is None:
+            continue
+        key = _group_key(d.applied) if d.applied != KEEP else "unquantized"
+        layers.setdefault(m.group("layer"), {}).setdefault(key, []).append(name)
+    problems = []
+    for layer, by in layers.items():
+        if len(by) > 1:
+            problems.append(f"the experts of {layer}: " + ", ".join(
+                f"{v[0]} ({decisions[v[0]].applied}){f' and {len(v) - 1} more' if len(v) > 1 else ''}"
+                for v in by.values()))
     return problems
 
 
@@ -172,8 +197,9 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
     conflicts = _fused_conflicts(decisions)
     if conflicts:
         raise WorkbenchError(
-            f"vLLM fuses q/k/v and gate/up into one layer and needs one scheme for all of its "
-            f"parts (stored unquantized counts as another scheme); {len(conflicts)} fused "
+            f"vLLM fuses q/k/v and gate/up (and a mixture-of-experts layer's experts) into one "
+            f"layer and needs one scheme for all of its parts (stored unquantized counts as "
+            f"another scheme); {len(conflicts)} fused "
             f"group(s) differ: " + "; ".join(conflicts[:3])
             + (" ..." if len(conflicts) > 3 else ""), path=model.path)
     _check_out_dir(out_dir)

@@ -88,6 +88,9 @@ class _Item:
     how: str          # "copy" | "keep" | "scheme"
     scheme: str       # scheme name ("keep" for copies)
     transform: bool = False   # llama.cpp layout differs from the source's (gguf_arch.transform)
+    parts: list | None = None  # gguf_arch.Part list: merged experts, MLA split, fused experts
+    src_dtype: str = ""       # the source's dtype (of every part)
+    data: np.ndarray | None = None   # a tensor computed from config.json (rope_freqs)
 
 
 def _gtype(name: str):
@@ -102,52 +105,92 @@ def _type_nbytes(gtype: str, shape: tuple) -> int:
     return n // block * size
 
 
-def _plan_items(model, decisions, from_gguf: bool, target=None) -> tuple[list[_Item], list[str]]:
+def _plan_items(model, decisions, from_gguf: bool, target=None,
+                plan=None) -> tuple[list[_Item], list[str]]:
     """What each tensor becomes, and the tensors llama.cpp's converter drops; raises before
-    anything is written if a tensor cannot be written."""
+    anything is written if a tensor cannot be written. With a Hugging Face `target`, the
+    output tensors are its layout's (merged experts, split MLA tensors); their decisions come
+    from their source tensors' (the experts of one merged tensor must agree), decided again
+    for the output's own row length where it differs (`plan` gives the rules)."""
+    from .gguf_arch import needs_transform
+    items, dropped = [], []
+    if target is None:
+        for name, info in model.tensors.items():
+            shape = tuple(int(s) for s in info.shape) or (1,)
+            items.append(_item(model, info, decisions[name], name, shape, from_gguf, None))
+        return items, dropped
+    used = set()
+    for o in target.layout:
+        used.update(o.sources)
+        info = model.info(o.sources[0])
+        d = _out_decision(model, o, decisions, plan)
+        items.append(_item(model, info, d, o.out, tuple(o.shape), False, target,
+                           transform=o.parts is None and needs_transform(target, o.sources[0]),
+                           parts=o.parts))
+    dropped = [n for n in model.tensors if n not in used]
+    return items, dropped
+
+
+def _out_decision(model, o, decisions, plan):
+    """The decision for output tensor `o` of a Hugging Face target."""
+    from ..runtimes import decide
+    ds = [decisions[n] for n in o.sources]
+    applied = {d.applied for d in ds}
+    if len(applied) > 1:
+        by = {}
+        for n, d in zip(o.sources, ds):
+            by.setdefault(d.applied, []).append(n)
+        detail = "; ".join(f"{k}: {len(v)} ({v[0]}{' ...' if len(v) > 1 else ''})"
+                           for k, v in by.items())
+        raise WorkbenchError(
+            f"llama.cpp stores these {len(o.sources)} experts as one tensor {o.out} of one type, "
+            f"but the plan gives them different schemes ({detail}): give every expert of the "
+            "projection the same scheme (one rule matching them all)", tensor=o.sources[0])
+    if not o.resplit:
+        return ds[0]
+    d0 = ds[0]
+    info = model.info(o.sources[0])
+    fallback = plan.fallback_for(o.sources[0]) if plan is not None else None
+    explicit = d0.kind == "skipped" or (plan is not None and plan.scheme_and_source(
+        info.name, info.ndim, info.is_float)[1])
+    return decide(info, d0.requested, "llama.cpp", fallback=fallback, explicit=explicit,
+                  gguf_name=o.out, shape=o.matrix_shape)
+
+
+def _item(model, info, d, out: str, shape: tuple, from_gguf: bool, target, transform=False,
+          parts=None) -> _Item:
     from ..runtimes import get_runtime
     from ..schemes.ggml import GGMLScheme
-    from .gguf_arch import needs_transform, transformed_shape
-    items, dropped = [], []
-    for name, info in model.tensors.items():
-        out = name
-        shape = tuple(int(s) for s in info.shape) or (1,)
-        transform = False
-        if target is not None:
-            out = target.names.get(name)
-            if out is None:
-                dropped.append(name)
-                continue
-            transform = needs_transform(target, name)
-            shape = transformed_shape(target, name, shape)
-        scheme = decisions[name].applied
-        if scheme == KEEP:
-            if from_gguf:
-                items.append(_Item(name, out, shape, info.dtype, info.nbytes, "copy", KEEP))
-                continue
-            if info.quant or info.dtype not in KEEP_TYPES:
-                gt = "F32"  # stored quantized in a non-GGUF container: its float32 decoding
-            elif target is not None and info.dtype in ("F16", "BF16") \
-                    and get_runtime("llama.cpp").never_retyped(info, out):
-                # llama.cpp's CPU ops take norms, biases, position and token-type embeddings
-                # as F32 (its converter writes them so): widen exactly
-                gt = "F32"
-            else:
-                gt = KEEP_TYPES[info.dtype][0]
-            how = "keep" if gt == KEEP_TYPES.get(info.dtype, ("",))[0] else "widen"
-            items.append(_Item(name, out, shape, gt, _type_nbytes(gt, shape), how, KEEP,
-                               transform))
-            continue
-        s = get_scheme(scheme)
-        if isinstance(s, GGMLScheme):
-            gt = s.ggml_name
-        elif s.name in FLOAT_SCHEMES:
-            gt = FLOAT_SCHEMES[s.name]
-        else:  # runtimes.decide refuses these for llama.cpp; kept as a guard
-            raise WorkbenchError(f"scheme '{s.name}' has no GGUF tensor type", tensor=name)
-        items.append(_Item(name, out, shape, gt, _type_nbytes(gt, shape), "scheme", s.name,
-                           transform))
-    return items, dropped
+    name = info.name
+    scheme = d.applied
+    if scheme == KEEP:
+        if from_gguf:
+            return _Item(name, out, shape, info.dtype, info.nbytes, "copy", KEEP)
+        if info.quant or info.dtype not in KEEP_TYPES:
+            gt = "F32"  # stored quantized in a non-GGUF container: its float32 decoding
+        elif target is not None and info.dtype in ("F16", "BF16") \
+                and get_runtime("llama.cpp").never_retyped(info, out):
+            # llama.cpp's CPU ops take norms, biases, position and token-type embeddings
+            # as F32 (its converter writes them so): widen exactly
+            gt = "F32"
+        elif transform and info.dtype not in ("F32", "F16", "BF16"):
+            gt = "F32"
+        else:
+            gt = KEEP_TYPES[info.dtype][0]
+        if parts is not None and info.dtype not in ("F32", "F16", "BF16"):
+            gt = "F32"
+        how = "keep" if gt == KEEP_TYPES.get(info.dtype, ("",))[0] else "widen"
+        return _Item(name, out, shape, gt, _type_nbytes(gt, shape), how, KEEP, transform,
+                     parts, info.dtype)
+    s = get_scheme(scheme)
+    if isinstance(s, GGMLScheme):
+        gt = s.ggml_name
+    elif s.name in FLOAT_SCHEMES:
+        gt = FLOAT_SCHEMES[s.name]
+    else:  # runtimes.decide refuses these for llama.cpp; kept as a guard
+        raise WorkbenchError(f"scheme '{s.name}' has no GGUF tensor type", tensor=name)
+    return _Item(name, out, shape, gt, _type_nbytes(gt, shape), "scheme", s.name, transform,
+                 parts, info.dtype)
 
 
 def _file_type(items: list[_Item], source_ftype=None) -> int:
@@ -236,12 +279,59 @@ def _row_chunks(model, item: _Item):
     is cut into chunks of about CHUNK_ELEMENTS, so a large tensor spreads over the workers.
     Each chunk's bytes are those of the same rows quantized alone: the GGML and float schemes
     encode rows independently (and the exporter always quantized in these row chunks)."""
+    if item.data is not None:
+        return [("extra", item.data)]
+    if item.parts is not None:
+        return [("part", k) for k in range(len(item.parts))]
     if item.how != "scheme" or item.transform or not isinstance(model, Model):
         return None
     info = model.info(item.name)
     rows, cols = info.matrix_shape
     step = max(1, CHUNK_ELEMENTS // max(cols, 1))
-    return [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)] or None
+    return [("rows", r0, min(rows, r0 + step)) for r0 in range(0, rows, step)] or None
+
+
+def _part_data(model, item: _Item, k: int) -> list[np.ndarray]:
+    """The bytes of part k of a layout tensor (one expert of a merged tensor, one head of a
+    split MLA tensor): its rows read, reshaped, cut and transposed as the part says, then
+    encoded with the item's type (a task of its own, on a worker)."""
+    from dataclasses import replace
+    part = item.parts[k]
+    info = model.info(part.src)
+    if isinstance(model, Model):
+        m = _decode(model, info, part.r0, part.r1)
+    else:   # a method's model: its (whole) matrix
+        m = model.read_matrix(part.src)[part.r0:part.r1]
+    if part.reshape_rows is not None:
+        m = m.reshape(part.reshape_rows, -1)
+    if part.sub is not None:
+        m = m[part.sub[0]:part.sub[1]]
+    if part.transpose:
+        m = m.T
+    m = np.ascontiguousarray(m, dtype=np.float32)
+    if item.how == "scheme":
+        if part.transpose and item.scheme not in FLOAT_SCHEMES and \
+                getattr(model, "quantize_tensor", None) is not None:
+            # a method's (GPTQ/AWQ) statistics belong to the source's input columns; the
+            # transposed part (DeepSeek's attn_k_b) has other columns: rounded to nearest
+            from ..evaluate import quantize
+            qt = quantize(m, item.scheme, tensor=part.src)
+            return [np.ascontiguousarray(next(iter(qt.arrays.values())))]
+        return [_encode_chunk(model, replace(item, name=part.src), m)]
+    return [_float_as(m, item.gtype)]
+
+
+def _float_as(w: np.ndarray, gtype: str) -> np.ndarray:
+    """float32 values (decoded from an F32/F16/BF16 source, so exact in `gtype`) as the bytes
+    of GGUF type `gtype`."""
+    if gtype == "F32":
+        return np.ascontiguousarray(w, dtype=np.float32)
+    if gtype == "F16":
+        return np.ascontiguousarray(w.astype(np.float16))
+    if gtype == "BF16":   # exact: the values came from bfloat16
+        return np.ascontiguousarray((np.ascontiguousarray(w, np.float32).view(np.uint32)
+                                     >> 16).astype(np.uint16))
+    raise WorkbenchError(f"internal error: no float encoding for {gtype}")
 
 
 def _decode(model, info, r0: int, r1: int) -> np.ndarray:
@@ -318,7 +408,7 @@ def _tensor_parts(model, item: _Item, reader_tensors, target=None):
         from .gguf_arch import transform
         w = transform(target, item.name, model.read_matrix(item.name).reshape(info.shape))
         if item.how in ("keep", "widen"):
-            return w.astype(np.float32 if item.gtype == "F32" else KEEP_TYPES[info.dtype][1])
+            return _float_as(np.asarray(w, np.float32), item.gtype)
         rows = [w.reshape(w.shape[0], -1)]
     elif item.how == "keep":
         if info.quant or info.dtype not in KEEP_TYPES:
@@ -375,7 +465,8 @@ def export_gguf(model, plan, out_path, strict: bool = False):
     from concurrent.futures import ThreadPoolExecutor
 
     from ..runtimes import check_strict, plan_decisions, summarize
-    from .gguf_arch import hf_target, write_hparams, write_tokenizer
+    from .gguf_arch import extra_tensors, hf_target, name_breaks_loading, refuses, \
+        write_hparams, write_tokenizer
     target = Path(out_path)
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
@@ -386,7 +477,9 @@ def export_gguf(model, plan, out_path, strict: bool = False):
     if strict:
         check_strict(decisions.values(), path=model.path)
     hf, not_runnable = (None, None) if from_gguf else hf_target(model)
-    items, dropped = _plan_items(model, decisions, from_gguf, hf)
+    if not_runnable and refuses(model):
+        raise WorkbenchError(f"not written: {not_runnable}", path=model.path)
+    items, dropped = _plan_items(model, decisions, from_gguf, hf, plan)
     for it in items:   # GGUF stores names as UTF-8: a lone surrogate (from a JSON header's
         try:           # \udc80 escape) has no UTF-8 form
             it.out.encode("utf-8")
@@ -394,6 +487,10 @@ def export_gguf(model, plan, out_path, strict: bool = False):
             raise WorkbenchError("tensor name holds a lone surrogate, which GGUF (UTF-8 names) "
                                  "cannot store: rename the tensor", path=model.path,
                                  tensor=it.out) from None
+    if hf is not None:
+        for name, arr in extra_tensors(hf):
+            items.append(_Item(name, name, tuple(arr.shape), "F32", arr.nbytes, "extra", KEEP,
+                               data=np.ascontiguousarray(arr, np.float32)))
     summary = summarize(d for n, d in decisions.items() if n not in dropped)
     reader = model.source if from_gguf else None
     reader_tensors = {t.name: t for t in reader.tensors} if reader is not None else {}
@@ -417,14 +514,17 @@ def export_gguf(model, plan, out_path, strict: bool = False):
         writer = _fast_writer_class()(tmp, arch)
         skipped: list[str] = []
         n_vocab = None
+        name_note = None
         if reader is not None:
             align = reader.fields.get("general.alignment")
             if align is not None and align.types:
                 writer.add_custom_alignment(int(align.value))
             skipped = _copy_fields(writer, reader)
         else:
-            writer.add_name((Path(model.path).stem if Path(model.path).is_file()
-                             else Path(model.path).name).encode("utf-8", "replace").decode())
+            model_name = (Path(model.path).stem if Path(model.path).is_file()
+                          else Path(model.path).name).encode("utf-8", "replace").decode()
+            if hf is None:
+                writer.add_name(model_name)
             if hf is not None:
                 import logging
                 vocab_log = logging.getLogger("gguf.vocab")
@@ -435,6 +535,11 @@ def export_gguf(model, plan, out_path, strict: bool = False):
                     n_vocab = write_tokenizer(writer, hf)
                 finally:
                     vocab_log.setLevel(level)
+                why = name_breaks_loading(model_name, hf)
+                if why is None:
+                    writer.add_name(model_name)
+                else:
+                    name_note = why
             if model.metadata:
                 writer.add_string("quant_workbench.source_metadata",
                                   json.dumps({str(k): str(v) for k, v in model.metadata.items()}))
@@ -460,9 +565,9 @@ def export_gguf(model, plan, out_path, strict: bool = False):
         # tasks in file order: a row chunk of a re-encoded tensor, or a whole tensor. Workers
         # run them in parallel (the kernels release the GIL); this thread writes the results
         # in order. At most `window` tasks are queued or held, so memory stays bounded.
-        tasks = ((i, rng, k == len(chunks) - 1) for i, it in enumerate(items)
+        tasks = ((i, task, k == 0, k == len(chunks) - 1) for i, it in enumerate(items)
                  for chunks in [_row_chunks(model, it) or [None]]
-                 for k, rng in enumerate(chunks))
+                 for k, task in enumerate(chunks))
         workers = _workers()
         window = 2 * workers + 2
         with ThreadPoolExecutor(max_workers=workers, initializer=_one_kernel_thread) as pool:
@@ -472,10 +577,16 @@ def export_gguf(model, plan, out_path, strict: bool = False):
                 task = next(tasks, None)
                 if task is None:
                     return
-                i, rng, last = task
-                fut = (pool.submit(_chunk_data, model, items[i], *rng) if rng is not None else
-                       pool.submit(_tensor_data, model, items[i], reader_tensors, hf))
-                pending.append((i, rng is None or rng[0] == 0, last, fut))
+                i, what, first, last = task
+                if what is None:
+                    fut = pool.submit(_tensor_data, model, items[i], reader_tensors, hf)
+                elif what[0] == "part":
+                    fut = pool.submit(_part_data, model, items[i], what[1])
+                elif what[0] == "extra":
+                    fut = pool.submit(lambda a: [a], what[1])
+                else:
+                    fut = pool.submit(_chunk_data, model, items[i], what[1], what[2])
+                pending.append((i, first, last, fut))
 
             for _ in range(window):
                 submit()
@@ -534,4 +645,6 @@ def export_gguf(model, plan, out_path, strict: bool = False):
         out["vocab_size"] = n_vocab
     if not_runnable:
         out["not_runnable"] = not_runnable
+    if name_note:
+        out["notes"]["general.name"] = name_note
     return out

@@ -47,11 +47,17 @@ BLOCK = {"q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32, "iq4_nl": 3
 # source dtype kept unchanged -> ggml type
 KEEP_TYPE_NAMES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 
-FAMILY_LABELS = {"llama": "Llama/Mistral/Qwen", "gpt2": "GPT-2", "bert": "BERT", "gguf": "GGUF"}
+FAMILY_LABELS = {"llama": "Llama/Mistral/Qwen", "gpt2": "GPT-2", "bert": "BERT",
+                 "gguf": "GGUF", "qwen3": "Qwen3", "qwen3moe": "Qwen3-MoE", "gemma2": "Gemma 2",
+                 "gemma3": "Gemma 3", "phi3": "Phi-3", "deepseek2": "DeepSeek-V3"}
 # family -> the gguf package's architecture whose tensor-name map applies (Llama, Mistral and
 # Qwen2 share the names llama.cpp gives their tensors)
-FAMILY_ARCH = {"llama": "LLAMA", "gpt2": "GPT2", "bert": "BERT"}
-ARCH_FAMILY = {"LLAMA": "llama", "QWEN2": "llama", "GPT2": "gpt2", "BERT": "bert"}
+FAMILY_ARCH = {"llama": "LLAMA", "gpt2": "GPT2", "bert": "BERT", "qwen3": "QWEN3",
+               "qwen3moe": "QWEN3MOE", "gemma2": "GEMMA2", "gemma3": "GEMMA3", "phi3": "PHI3",
+               "deepseek2": "DEEPSEEK2"}
+ARCH_FAMILY = {"LLAMA": "llama", "QWEN2": "llama", "GPT2": "gpt2", "BERT": "bert",
+               "QWEN3": "qwen3", "QWEN3MOE": "qwen3moe", "GEMMA2": "gemma2", "GEMMA3": "gemma3",
+               "PHI3": "phi3", "DEEPSEEK2": "deepseek2"}
 
 
 def detect_family(model) -> str:
@@ -65,8 +71,9 @@ def detect_family(model) -> str:
         return "gguf"
     arch = detect_arch(model) if model.format != "gguf" else None
     if arch is not None and arch.gguf_arch == "UNSUPPORTED":
+        from ..llama_names import SUPPORTED_LABEL
         raise WorkbenchError(f"architecture {arch.hf_name} has no llama.cpp name map here "
-                             "(Llama, Mistral, Qwen2, GPT-2, BERT): convert it with llama.cpp's "
+                             f"({SUPPORTED_LABEL}): convert it with llama.cpp's "
                              "convert_hf_to_gguf.py and export from that GGUF", path=model.path)
     guessed = arch.gguf_arch if arch is not None else _guess_from_names(model.tensors)
     if guessed not in ARCH_FAMILY:
@@ -95,6 +102,8 @@ def llama_cpp_name(name: str, family: str, n_blocks: int | None = None) -> str |
         return name
     if family == "bert" and name.startswith("bert."):
         name = name[len("bert."):]           # convert_hf_to_gguf strips it too
+    from ..llama_names import Arch, _hf_key
+    name = _hf_key(name, Arch(FAMILY_ARCH[family], "", 0))   # experts: the merged tensor
     n = n_blocks if n_blocks is not None else _n_blocks_of([name])
     # round up so models of similar depth share one (cached) map
     n = max(8, 1 << (max(n, 1) - 1).bit_length())
@@ -125,8 +134,9 @@ def tensor_type_lines(model, plan, strict: bool = False) -> tuple[list[str], dic
     llama = get_runtime("llama.cpp")
     n_blocks = _n_blocks_of(model.tensors)
     assignment = plan.resolve(model)
-    lines, left_out, dropped, unmapped, untyped, ineligible, not_retyped = [], [], [], [], [], [], []
-    decisions = []
+    lines: dict = {}      # llama.cpp name -> (ggml type, first source name)
+    left_out, dropped, unmapped, untyped, ineligible, not_retyped = [], [], [], [], [], []
+    decisions, conflicts = [], []
     for name, info in model.tensors.items():
         scheme = assignment[name]
         if info.ndim < 2 or not info.is_float:
@@ -138,6 +148,16 @@ def tensor_type_lines(model, plan, strict: bool = False) -> tuple[list[str], dic
         target = llama_cpp_name(name, family, n_blocks)
         if target is None:
             unmapped.append(name)
+            continue
+        if family == "deepseek2" and target.endswith("attn_kv_b.weight"):
+            # convert_hf_to_gguf splits kv_b_proj into attn_k_b (rows of qk_nope_head_dim
+            # values) and attn_v_b (rows of kv_lora_rank): one line each, decided per row length
+            for sub, row in _mla_parts(model, target, info):
+                line, d = _line(info, scheme, sub, row, plan, untyped, ineligible)
+                if d is not None:
+                    decisions.append(d)
+                if line is not None:
+                    _add_line(lines, line, name, conflicts)
             continue
         if llama.never_retyped(info, target):
             not_retyped.append(name)
@@ -164,8 +184,12 @@ def tensor_type_lines(model, plan, strict: bool = False) -> tuple[list[str], dic
                     continue
             else:
                 ggml = GGML_TYPE_NAMES[get_scheme(d.applied).name]
-        lines.append(f"^{re.escape(target)}$={ggml}")
+        _add_line(lines, (target, ggml), name, conflicts)
     problems = []
+    if conflicts:
+        problems.append(f"llama.cpp stores a layer's experts of one projection as one tensor of "
+                        f"one type, but the plan gives them different types: {conflicts[0]}"
+                        + (f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""))
     if unmapped:
         problems.append(f"no llama.cpp name for {len(unmapped)} tensor(s) of this "
                         f"{FAMILY_LABELS[family]} model: {', '.join(unmapped[:6])}"
@@ -186,12 +210,58 @@ def tensor_type_lines(model, plan, strict: bool = False) -> tuple[list[str], dic
     if strict:
         check_strict(decisions, path=model.path)
     from ..runtimes import summarize
+    lines = [f"^{re.escape(t)}$={g}" for t, (g, _src) in lines.items()]
     report = {"family": FAMILY_LABELS[family], "assignments": len(lines),
               "fallbacks": summarize(decisions).to_dict(),
               "notes": {d.name: d.note for d in decisions if d.note},
               "left_out_1d_or_int": len(left_out), "dropped_by_converter": dropped,
               "never_retyped_by_llama_quantize": not_retyped}
     return lines, report
+
+
+def _add_line(lines: dict, line: tuple, name: str, conflicts: list) -> None:
+    """One line per llama.cpp tensor: the experts of a merged tensor must agree."""
+    target, ggml = line
+    if target in lines and lines[target][0] != ggml:
+        conflicts.append(f"{target}: {lines[target][1]} {lines[target][0]}, {name} {ggml}")
+        return
+    lines.setdefault(target, (ggml, name))
+
+
+def _mla_parts(model, target: str, info):
+    """(llama.cpp name, row length) of the two tensors a DeepSeek kv_b_proj becomes."""
+    from ..llama_names import read_config
+    cfg = read_config(model) or {}
+    nope = cfg.get("qk_nope_head_dim")
+    if not isinstance(nope, int):
+        raise WorkbenchError("DeepSeek kv_b_proj without qk_nope_head_dim in config.json",
+                             path=model.path)
+    return [(target.replace("attn_kv_b", "attn_k_b"), nope),
+            (target.replace("attn_kv_b", "attn_v_b"), int(info.shape[-1]))]
+
+
+def _line(info, scheme, target, row, plan, untyped, ineligible):
+    """((llama.cpp name, ggml type) or None, decision or None) for one split tensor."""
+    from ..runtimes import decide
+    if scheme == KEEP:
+        ggml = _keep_type(info)
+        if ggml is None:
+            untyped.append(f"{info.name} (keep of {info.display_dtype})")
+            return None, None
+        return (target, ggml), None
+    key = get_scheme(scheme).name
+    if key not in GGML_TYPE_NAMES:
+        untyped.append(f"{info.name} ({key})")
+        return None, None
+    d = decide(info, key, "llama.cpp", fallback=plan.fallback_for(info.name),
+               gguf_name=target, shape=(math.prod(info.shape) // max(row, 1), row))
+    if d.applied == KEEP:
+        ggml = _keep_type(info)
+        if ggml is None:
+            ineligible.append(f"{info.name} ({d.note})")
+            return None, d
+        return (target, ggml), d
+    return (target, GGML_TYPE_NAMES[get_scheme(d.applied).name]), d
 
 
 @register_exporter("llama-tensor-types", ".txt",

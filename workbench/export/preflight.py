@@ -75,7 +75,13 @@ def _fused_differ(decisions) -> bool:
                 applied = {decisions[s].applied for s in sibs if s in decisions}
                 if len(applied) > 1:
                     return True
-    return False
+    from .compressed_tensors import EXPERT
+    experts: dict[str, set] = {}
+    for name, d in decisions.items():
+        m = EXPERT.match(name)
+        if m is not None:
+            experts.setdefault(m.group("layer"), set()).add(d.applied)
+    return any(len(v) > 1 for v in experts.values())
 
 
 def check(model, plan, fmt: str) -> Preflight:
@@ -88,12 +94,14 @@ def check(model, plan, fmt: str) -> Preflight:
         if fmt == "safetensors":
             return _from_decisions(fmt, plan_decisions(model, plan, "any"), total)
         if fmt == "gguf":
-            from .gguf_arch import hf_target
+            from .gguf_arch import hf_target, refuses
             from .gguf_file import _plan_items
             decisions = plan_decisions(model, plan, "llama.cpp")
             from_gguf = model.format == "gguf" and model.source is not None
             hf, not_runnable = (None, None) if from_gguf else hf_target(model)
-            _plan_items(model, decisions, from_gguf, hf)
+            if not_runnable and refuses(model):
+                return Preflight(fmt, False, f"not written: {not_runnable}", None)
+            _plan_items(model, decisions, from_gguf, hf, plan)
             p = _from_decisions(fmt, decisions, total)
             if not_runnable:
                 return Preflight(fmt, True, None, f"{p.summary}; {not_runnable}", p.changed,
