@@ -41,13 +41,9 @@ def write_imatrix_gguf(model, stats: dict, path, dataset: str, chunk_count: int,
         w.add_array("imatrix.datasets", [dataset])
         w.add_uint32("imatrix.chunk_count", int(chunk_count))
         w.add_uint32("imatrix.chunk_size", int(chunk_size))
-        for n, (s2, cnt) in stats.items():
-            g = llama_cpp_name(n, family)
-            if g is None:
-                continue
-            w.add_tensor(f"{g}.in_sum2",
-                         np.asarray(s2, dtype=np.float32).reshape(1, -1))
-            w.add_tensor(f"{g}.counts", np.asarray([cnt], dtype=np.float32).reshape(1, 1))
+        for g, (s2, cnt) in _llama_entries(model, stats, family, llama_cpp_name).items():
+            w.add_tensor(f"{g}.in_sum2", s2)
+            w.add_tensor(f"{g}.counts", cnt)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
@@ -56,6 +52,40 @@ def write_imatrix_gguf(model, stats: dict, path, dataset: str, chunk_count: int,
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _llama_entries(model, stats: dict, family, llama_cpp_name) -> dict:
+    """{llama.cpp tensor name: (in_sum2 float32 (n_mat, cols), counts float32 (n_mat, 1))}.
+    A mixture of experts' per-expert tensors share one merged llama.cpp tensor
+    (blk.N.ffn_up_exps): one row per expert, in expert order, as llama-imatrix writes it (an
+    expert no calibration token reached: zero sums, count 0)."""
+    from .catalog import expert_index
+    by_g: dict[str, list[str]] = {}
+    for n in model.tensors:
+        if n in stats:
+            g = llama_cpp_name(n, family)
+            if g is not None:
+                by_g.setdefault(g, []).append(n)
+    out = {}
+    for g, names in by_g.items():
+        if len(names) == 1:
+            s2, cnt = stats[names[0]]
+            out[g] = (np.asarray(s2, dtype=np.float32).reshape(1, -1),
+                      np.asarray([cnt], dtype=np.float32).reshape(1, 1))
+            continue
+        idx = [expert_index(n) for n in names]
+        if None in idx:
+            raise WorkbenchError(f"tensors {names[0]} and {names[1]} are both llama.cpp's {g}",
+                                 path=str(model.path))
+        n_mat = max(idx) + 1
+        cols = len(stats[names[0]][0])
+        s2 = np.zeros((n_mat, cols), np.float32)
+        cnt = np.zeros((n_mat, 1), np.float32)
+        for i, n in zip(idx, names):
+            s2[i] = np.asarray(stats[n][0], dtype=np.float32).reshape(-1)
+            cnt[i, 0] = stats[n][1]
+        out[g] = (s2, cnt)
+    return out
 
 
 MAX_IMATRIX_ENTRIES = 1 << 20     # tensors in one imatrix (llama.cpp writes one per weight)

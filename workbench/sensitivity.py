@@ -55,11 +55,23 @@ def second_moments(model, calib=None, imatrix=None, samples=None):
         im = read_imatrix(imatrix)
         fam = detect_family(model)
         out = {}
+        from .catalog import expert_index
         for n in model.tensors:
             g = llama_cpp_name(n, fam)
             if g in im:
-                check_imatrix_for(model, imatrix, n, im[g])
-                out[n] = im[g]
+                v = im[g]
+                e = expert_index(n)
+                info = model.info(n)
+                if e is not None and info.ndim == 2 and v.size > info.cols \
+                        and v.size % info.cols == 0:
+                    # a merged llama.cpp expert tensor (blk.N.ffn_up_exps): one row per expert
+                    if e >= v.size // info.cols:
+                        raise WorkbenchError(f"imatrix has {v.size // info.cols} experts for "
+                                             f"{g}, not expert {e}", path=str(imatrix),
+                                             tensor=n)
+                    v = v[e * info.cols:(e + 1) * info.cols]
+                check_imatrix_for(model, imatrix, n, v)
+                out[n] = v
         yield Progress(1, 1, "imatrix read")
         return out
     from .imatrix import collect

@@ -393,3 +393,26 @@ def test_llama_gguf_with_permuted_qk_runs_the_same(tiny_arch, tmp_path):
     a = run(run_outputs(get_runner(hf, "cpu"), data))
     b = run(run_outputs(get_runner(gg, "cpu"), data))
     assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-5
+
+
+def test_moe_imatrix_round_trip(tiny_arch, tmp_path, capsys):
+    """calibrate writes one llama.cpp entry per merged expert tensor (a row of sums and a count
+    per expert, as llama-imatrix writes blk.N.ffn_up_exps), and --imatrix gives each Hugging
+    Face expert tensor its own row back."""
+    from workbench.imatrix import collect, read_imatrix
+    from workbench.progress import run
+    from workbench.sensitivity import second_moments
+    folder = str(tiny_arch("qwen3_moe"))
+    im = tmp_path / "im.gguf"
+    assert main(["calibrate", folder, "--samples", "3", "-o", str(im)]) == 0
+    capsys.readouterr()
+    assert read_imatrix(str(im))["blk.1.ffn_up_exps.weight"].size == 4 * 256
+    model = open_model(folder)
+    d = run(second_moments(model, imatrix=str(im)))
+    stats, _, _ = run(collect(model, None, 3))
+    for e in range(4):
+        n = f"model.layers.1.mlp.experts.{e}.up_proj.weight"
+        s2, c = stats[n]
+        np.testing.assert_allclose(d[n], np.asarray(s2) / max(c, 1), rtol=1e-5, atol=1e-12)
+    assert not np.allclose(d["model.layers.1.mlp.experts.0.up_proj.weight"],
+                           d["model.layers.1.mlp.experts.1.up_proj.weight"])

@@ -47,7 +47,7 @@ def make_llama_f16_gguf(path: str, hidden: int = 1024, mlp: int = 2816, layers: 
     from ..plan import Plan
     from ..progress import run
 
-    demo = Path(__file__).resolve().parents[1] / "resources" / "demo_model"
+    demo = Path(__file__).resolve().parents[2] / "resources" / "demo_model"
     heads = max(1, hidden // 64)
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
               "hidden_size": hidden, "intermediate_size": mlp, "num_hidden_layers": layers,

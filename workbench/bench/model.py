@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import WorkbenchError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "resources" / "demo_model"
 HEAD_DIM = 128
 BIG_VOCAB = 128256
