@@ -99,7 +99,7 @@ def test_sensitivity_heat_map_has_its_colour_scale(qtbot):
 
 def test_report_has_the_map_and_a_comparison(tmp_path, capsys):
     from pathlib import Path
-    from workbench.cli import main
+    from app.entry import main
     from workbench.export import export
     from workbench.loaders import open_model
     from workbench.plan import Plan
