@@ -23,5 +23,7 @@ def test_fuzz_finds_nothing_in_its_budget(tmp_path):
         # milliseconds, an export scenario or a 40,000-rule plan a second or more)
         assert c["tried"] >= (5 if area in BASE_AREAS else 1), counts
         # and the mutations reached the error paths
-        assert c["clean_errors"] > 0 or c["tried"] < 5, counts
+        # (a hardening class's generator makes fewer, slower cases, some meant to load: it
+        # must reach an error path once it has had a fair number of cases)
+        assert c["clean_errors"] > 0 or c["tried"] < (5 if area in BASE_AREAS else 20), counts
     assert not failures, "\n".join(failures[:5])

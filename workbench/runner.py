@@ -322,6 +322,10 @@ class Runner:
         except WorkbenchError:
             raise
         except Exception as exc:
+            from .optional import missing_from
+            missing = missing_from(exc)     # transformers needs one of its own optional packages
+            if missing:
+                raise WorkbenchError(missing, path=str(model.path)) from None
             raise WorkbenchError(f"not runnable: transformers cannot build model_type {mt!r} "
                                  f"from config.json ({type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0] if str(exc) else ''}); "

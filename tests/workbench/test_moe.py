@@ -350,8 +350,11 @@ def test_usage_weighted_sensitivity_and_one_decision_per_group(tiny_arch):
     assert all(len({expert_group(n) for n in g}) == 1 for g in weighted.groups)
     assert run(build_table(m, schemes, runtime="any")).groups == []
     # vLLM's FusedMoE: every expert of a layer (all projections) is one decision
-    vg = run(build_table(m, ["int4-channel", "int8-channel"], runtime="vllm")).groups
+    vg_all = run(build_table(m, ["int4-channel", "int8-channel"], runtime="vllm")).groups
+    vg = [ns for ns in vg_all if any(".experts." in n for n in ns)]
     assert len(vg) == 2 and all(len(ns) == 12 for ns in vg)
+    # beside them, each layer's fused q/k/v (workbench.runtimes.fused_groups)
+    assert sorted(len(ns) for ns in vg_all if ns not in vg) == [3, 3]
     assert [{m.info(n).block for n in ns} for ns in vg] == [{0}, {1}]
     free_table = run(build_table(m, schemes, runtime="any", usage=usage))
     split_free, mixes = 0, 0
