@@ -329,7 +329,18 @@ def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples
             if n in stats and st.d is not None:
                 st.d = stats[n].d if "imatrix" == plan.method_for(n) else st.d
             stats[n] = st
-    plain = sorted(n for n in todo if n not in stats)
+    # GPT-2's Conv1D stores its weight as (in, out): the methods work on (out, in) matrices
+    # whose columns are the layer's inputs, so those tensors are rounded to nearest
+    conv = sorted(n for n, st in stats.items() if getattr(st, "d", None) is not None
+                  and model.info(n).ndim == 2 and len(st.d) != model.info(n).shape[-1]
+                  and len(st.d) == model.info(n).shape[0])
+    for n in conv:
+        del stats[n]
+    if conv:
+        notes.append(f"{len(conv)} tensor(s) store their weight transposed (GPT-2's Conv1D, "
+                     f"(in, out)) and use rtn: {', '.join(conv[:3])}"
+                     f"{' ...' if len(conv) > 3 else ''}")
+    plain = sorted(n for n in todo if n not in stats and n not in conv)
     if plain:
         notes.append(f"{len(plain)} tensor(s) are not the input of a Linear (or lack imatrix "
                      f"data) and use rtn: {', '.join(plain[:3])}{' ...' if len(plain) > 3 else ''}")
