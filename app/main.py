@@ -99,6 +99,8 @@ def install_crash_handler(win) -> None:
 
 def run_gui(args) -> int:
     app = create_app()
+    from .gc_guard import install
+    install(app)        # cyclic garbage collected in the GUI thread only (app/gc_guard.py)
     win = build_window(getattr(args, "model", None), getattr(args, "plan", None),
                        getattr(args, "session", None))
     install_crash_handler(win)

@@ -31,6 +31,17 @@ def _themed(qapp):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _qt_garbage_collected_in_the_gui_thread():
+    """After each test (and after qtbot closed its widgets: autouse fixtures are torn down
+    last), collect the test's Qt garbage here, in the GUI thread. Left for later, a worker
+    thread's automatic collection would destroy those QObjects outside the GUI thread and
+    deadlock with it (app/gc_guard.py says how; the app itself collects on a GUI-thread timer)."""
+    yield
+    import gc
+    gc.collect()
+
+
 @pytest.fixture
 def make_window(qtbot, tmp_path, request):
     """Windows on isolated settings. The end-to-end check (default-on for users) starts off here
