@@ -621,15 +621,8 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
     the experts' values by (workbench.moe.expert_usage). Routers are not a choice unless
     pinned; with llama.cpp one projection's experts of a layer form one group (`groups`)."""
     from .evaluate import evaluate_tensor
-    from .runtimes import decide, get_runtime
-    rt = get_runtime(runtime)
-    gnames = None
-    if rt.name == "llama.cpp":
-        from .llama_names import gguf_names
-        try:
-            gnames = gguf_names(model)
-        except WorkbenchError:
-            gnames = None
+    from .runtimes import decide
+    rt, gnames = _sizes(model, runtime)
     pins = dict(pins or {})
     for p in pins:
         if p not in model.tensors:
