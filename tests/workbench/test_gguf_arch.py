@@ -231,10 +231,6 @@ def test_moe_gguf_retyped_gguf_to_gguf(f16_exports, tmp_path):
     src.close()
 
 
-@pytest.mark.xfail(strict=True, reason="known bug (open): a checkpoint that stores experts as "
-                   "fused 3-D float tensors (not what save_pretrained writes) is cut into parts "
-                   "by expert while its 3-D expert tensors are now read as (E*rows, cols) "
-                   "matrices; the GGUF writer refuses the size mismatch (no file written)")
 def test_fused_3d_experts_checkpoint_gives_the_same_gguf(tiny_arch, tmp_path, f16_exports):
     """A checkpoint with a layer's experts fused into 3-D tensors (transformers 5's in-memory
     layout: mlp.experts.gate_up_proj (E, 2I, H), mlp.experts.down_proj (E, H, I)) exports the

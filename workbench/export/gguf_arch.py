@@ -217,16 +217,21 @@ def _layout(model, t: HFTarget) -> list[OutTensor]:
         fm = FUSED_EXPERTS.match(name)
         if fm is not None and len(shape) == 3:
             n_e, rows, cols = shape
+            # the loader reads a merged expert tensor as (n_e * rows, cols) rows; another
+            # 3-D tensor as (n_e, rows * cols): expert e's rows differ between the two
+            by_rows = getattr(info, "rows", n_e) == n_e * rows
             if fm.group("w") == "down_proj":
-                out.append(OutTensor(g, (name,), shape, [Part(name, 0, n_e)]))
+                out.append(OutTensor(g, (name,), shape,
+                                     [Part(name, 0, n_e * rows if by_rows else n_e)]))
                 continue
             if rows % 2:
                 raise WorkbenchError(f"fused gate_up_proj of shape {shape}: odd rows",
                                      tensor=name)
             half = rows // 2
             for k, gname in enumerate((g, g.replace("ffn_gate_exps", "ffn_up_exps"))):
-                parts = [Part(name, e, e + 1, rows, (k * half, (k + 1) * half))
-                         for e in range(n_e)]
+                sub = (k * half, (k + 1) * half)
+                parts = [Part(name, e * rows, (e + 1) * rows, None, sub) if by_rows
+                         else Part(name, e, e + 1, rows, sub) for e in range(n_e)]
                 out.append(OutTensor(gname, (name,), (n_e, half, cols), parts, resplit=True))
             continue
         if t.spec.mla and name.endswith("self_attn.kv_b_proj.weight"):
