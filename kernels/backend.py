@@ -16,13 +16,38 @@ _lock = threading.Lock()
 
 @lru_cache(maxsize=None)
 def cuda_available() -> bool:
-    """True when numba.cuda sees a usable GPU (or the CUDA simulator is enabled)."""
+    """True when numba.cuda sees a usable GPU (or the CUDA simulator is enabled) and its
+    kernel compiler loads: a numba-cuda that cannot load beside the installed numpy (seen:
+    numba-cuda importing ``np.row_stack``, which numpy 2.5 removed) would fail at the first
+    kernel launch, so the GPU is not used and `cuda_problem()` says why."""
     with _lock:
         try:
             from numba import cuda
-            return bool(cuda.is_available())
-        except Exception:  # noqa: BLE001  (no driver, broken toolkit: all mean "no")
+            if not cuda.is_available():
+                return False
+        except Exception as exc:  # noqa: BLE001  (no driver, broken toolkit: all mean "no")
+            _PROBLEM[0] = f"numba.cuda: {type(exc).__name__}: {exc}"
             return False
+        if simulator_enabled():
+            return True
+        try:
+            import numba.cuda.cudaimpl  # noqa: F401  (the compiler's lowering registries)
+        except Exception as exc:  # noqa: BLE001
+            import numpy
+            _PROBLEM[0] = (f"a GPU is present but numba's CUDA compiler does not load with numpy "
+                           f"{numpy.__version__} ({type(exc).__name__}: {exc}); "
+                           "using the CPU kernels")
+            return False
+        return True
+
+
+_PROBLEM: list = [None]
+
+
+def cuda_problem() -> str | None:
+    """Why CUDA is not used although numba.cuda is installed (None: no known problem)."""
+    cuda_available()
+    return _PROBLEM[0]
 
 
 def simulator_enabled() -> bool:
@@ -37,7 +62,8 @@ def resolve(backend: str = "auto") -> str:
     if b == "auto":
         return "cuda" if cuda_available() else "cpu"
     if b == "cuda" and not cuda_available():
-        raise RuntimeError("backend 'cuda' requested but numba.cuda finds no GPU")
+        why = cuda_problem() or "numba.cuda finds no GPU"
+        raise RuntimeError(f"backend 'cuda' requested but {why}")
     return b
 
 

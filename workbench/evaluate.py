@@ -211,6 +211,12 @@ def _evaluate_tensor(model, info, name, scheme_name, decision, matrix=None) -> T
                             nbytes, from_sums(sums), note, time.perf_counter() - t0,
                             decision.kind, model.method_of(name) if getattr(
                                 model, "method_of", None) and applied != KEEP else "rtn")
+    if matrix is None and method_model and streaming.method_streamed(model, info, name, applied):
+        # a method whose rows are independent, on a tensor too big to hold whole: row chunks
+        nbytes, sums = streaming.measure_rows_method(model, name, applied)
+        return TensorResult(name, applied, scheme_name, info.shape, info.numel, info.nbytes,
+                            nbytes, from_sums(sums), note, time.perf_counter() - t0,
+                            decision.kind, model.method_of(name))
     w = matrix if matrix is not None else model.read_matrix(name)
     if applied == KEEP:
         if info.is_float:

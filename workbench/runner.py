@@ -123,19 +123,28 @@ def dequantized(model, name: str, scheme_name: str) -> np.ndarray:
     """The tensor `name` as the scheme would store it, dequantized (float32, original shape).
     A shape the scheme cannot take gets the scheme `evaluate` counts for it (the ``any``
     runtime's fallback, workbench.runtimes.decide); tensors kept come back unchanged."""
+    from . import streaming
     from .evaluate import quantize
     from .runtimes import decide
     info = model.info(name)
-    w = model.read_matrix(name)
-    if scheme_name == KEEP or not info.is_float:
-        return w.reshape(info.shape)
-    scheme_name = decide(info, scheme_name, "any").applied
-    if scheme_name == KEEP:
-        return w.reshape(info.shape)
-    scheme = get_scheme(scheme_name)
-    if scheme.ineligible_reason(info.matrix_shape if info.merged_experts else info.shape):
-        return w.reshape(info.shape)
-    qt = quantize(w, scheme_name, tensor=name)
+    applied = KEEP
+    if scheme_name != KEEP and info.is_float:
+        applied = decide(info, scheme_name, "any").applied
+    scheme = None if applied == KEEP else get_scheme(applied)
+    if scheme is not None and scheme.ineligible_reason(
+            info.matrix_shape if info.merged_experts else info.shape):
+        scheme = None
+    if scheme is None:
+        return model.read_matrix(name).reshape(info.shape)
+    if streaming.streamed(info, applied):
+        # a big tensor (an 8 B model's 2.1 GB head): quantized a row chunk at a time into the
+        # output, so the float32 copy, the codes and the quantizer's temporaries of the whole
+        # tensor are never held at once
+        out = np.empty(info.shape, np.float32)
+        for r0, _w0, dq in streaming.dequantized_rows(model, name, applied):
+            out.reshape(-1, dq.shape[1])[r0:r0 + dq.shape[0]] = dq
+        return out
+    qt = quantize(model.read_matrix(name), applied, tensor=name)
     return np.asarray(scheme.dequantize(qt), dtype=np.float32).reshape(info.shape)
 
 
@@ -182,7 +191,8 @@ class Slot:
             dim = 1 if (self.parts > 1 or t.ndim == 3) else 0
         if self.parts > 1:
             n = t.shape[dim] // self.parts
-            t = t.narrow(dim, self.part * n, n)
+            # plain slicing: a view of a torch tensor or of a numpy array alike
+            t = t[(slice(None),) * dim + (slice(self.part * n, (self.part + 1) * n),)]
         return t
 
 
@@ -923,7 +933,7 @@ def final_outputs(runner, batches, store, override=None):
             runner.release(runner.norm_params)
     per = {}
     for bi, rr, (lp,) in head_chunks(runner, batches, [store], override):
-        lp = lp.numpy()
+        lp = lp.float().cpu().numpy()
         for k, (i, t) in enumerate(rr):
             per.setdefault((bi, i), []).append(lp[k])
     out = []

@@ -143,14 +143,17 @@ def _route_args(args, kwargs):
 
 def input_pass(model, calib=None, samples: int | None = None, max_len: int = 128, names=None,
                observe=None, route=None, device: str | None = None, batch_size: int = 16,
-               label: str = "collecting layer inputs"):
+               label: str = "collecting layer inputs", done=None):
     """Job: run the calibration inputs block by block and hand the inputs of every weight read
     as a matrix to ``observe(workbench name, x)`` (x: float32 (tokens, in) over the real,
     unpadded tokens). Linear / Conv1D weights get their module's input; an expert's weights get
     the tokens the router sent to that expert (gate / up: the block's hidden state of those
     tokens; down: act(gate)·up of those tokens); the head gets the final-normed hidden states.
     ``route(experts module names {expert: [names]}, top-k expert indices of the real tokens)``
-    sees the router's choices. Returns the calibration samples."""
+    sees the router's choices. ``done(names)`` is called once the inputs of `names` are all
+    observed (a block's tensors when the next block starts, the head's at the end), so a
+    caller can finish and free their statistics block by block. Returns the calibration
+    samples."""
     import torch
     from .calibration import calibration_samples
     from .progress import Progress, subjob
@@ -213,7 +216,22 @@ def input_pass(model, calib=None, samples: int | None = None, max_len: int = 128
                         observe(n, inter)
         return hook
 
+    def block_names(i):
+        out = list(by_block.get(i, []))
+        for _mod, parts in exp_block.get(i, []):
+            out += [n for p in parts.values() for ns in p.values() for n in ns
+                    if want is None or n in want]
+        return out
+
+    started: list = []
+
+    def finished_before(i):
+        if done is not None and started and started[-1] != i:
+            done(block_names(started[-1]))
+        started.append(i)
+
     def hooks(i, block):
+        finished_before(i)
         hs = []
         if observe is not None:
             hs += [runner.module_of(n).register_forward_pre_hook(lin_hook(n))
@@ -226,6 +244,8 @@ def input_pass(model, calib=None, samples: int | None = None, max_len: int = 128
 
     batches, store, _ = yield from subjob(block_pass(runner, data, batch_size, hooks=hooks,
                                                      label=label), 5, 97, 100)
+    if started:
+        finished_before(None)
     try:
         head = [n for n in by_block.get("head", [])]
         if head and observe is not None:
@@ -239,6 +259,8 @@ def input_pass(model, calib=None, samples: int | None = None, max_len: int = 128
                         observe(n, x)
             finally:
                 runner.release(runner.norm_params)
+            if done is not None:
+                done(head)
     finally:
         store.close()
     yield Progress(100, 100, "done")

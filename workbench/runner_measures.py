@@ -40,23 +40,34 @@ def _rows_index(rr):
     return torch.tensor([r[0] for r in rr]), torch.tensor([r[1] for r in rr])
 
 
-def _square_into(acc: dict, runner, pnames) -> None:
-    for pn in pnames:
-        mod, attr = runner._owner[pn]
-        p = mod._parameters[attr]
-        if p is None or p.grad is None:
-            continue
-        g = p.grad.detach().float().cpu() ** 2
-        if pn in acc:
-            acc[pn] += g
-        else:
-            acc[pn] = g
-        p.grad = None
+class SquareSums(dict):
+    """{parameter name: running sum of scale * grad**2} in `workbench.spill` arrays (a
+    memory-mapped file per large parameter, updated a row chunk at a time), so the Fisher
+    diagonal of a model larger than RAM never is in memory."""
+
+    def __init__(self, scale: float = 1.0):
+        super().__init__()
+        self.scale = scale
+
+    def add(self, runner, pnames) -> None:
+        """Add the squares of the current gradients of `pnames` and drop the gradients."""
+        from . import spill
+        for pn in pnames:
+            mod, attr = runner._owner[pn]
+            p = mod._parameters[attr]
+            if p is None or p.grad is None:
+                continue
+            a = self.get(pn)
+            if a is None:
+                a = self[pn] = spill.zeros(tuple(p.grad.shape), np.float32)
+            spill.add_squares(a, p.grad, self.scale)
+            p.grad = None
 
 
 def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 0):
-    """Job: ({param name: sum of squared probe gradients (float32, the parameter's shape)},
-    count) — see workbench.sensitivity.fisher_diagonals for the probes."""
+    """Job: ({param name: sum of squared probe gradients / probes (float32, the parameter's
+    shape; a `SquareSums`, large ones memory-mapped files)}, count) — see
+    workbench.sensitivity.fisher_diagonals for the probes."""
     import torch
     gen = torch.Generator().manual_seed(seed)
     budget = new_budget()
@@ -64,7 +75,7 @@ def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 
     batches, stores = yield from forward_inputs(runner, data, batch_size, budget,
                                                 "output gradients (forward)")
     grads = ActivationStore(budget)
-    acc: dict = {}
+    acc = SquareSums(1.0 / probes)
     count = 0
     top = runner.norm_params + runner.head_params
     runner.materialize(top, grad=True)
@@ -100,7 +111,7 @@ def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 
                             obj.backward(retain_graph=ci < len(chunks) - 1)
                         if k == 0:
                             count += len(rows)
-                _square_into(acc, runner, top)
+                acc.add(runner, top)
                 g = h.grad if h.grad is not None else torch.zeros_like(h)
                 grads.put((bi, k), g.detach().clone())
                 h.grad = None
@@ -120,7 +131,7 @@ def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 
                     for k in range(probes):
                         out.backward(grads.get((bi, k)).to(out.dtype),
                                      retain_graph=k < probes - 1)
-                        _square_into(acc, runner, pn)
+                        acc.add(runner, pn)
                         g = h.grad if h.grad is not None else torch.zeros_like(h)
                         grads.put((bi, k), g.detach().clone())
                         h.grad = None
@@ -140,31 +151,38 @@ def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 
                 for k in range(probes):
                     bb.first.backward(grads.get((bi, k)).to(bb.first.dtype),
                                       retain_graph=k < probes - 1)
-                    _square_into(acc, runner, runner.pre_params)
+                    acc.add(runner, runner.pre_params)
     finally:
         runner.release(runner.pre_params)
         stores[0].close()
         grads.close()
-    for pn in acc:
-        acc[pn] = acc[pn] / probes
     return acc, count
 
 
 def by_tensor(runner, model, acc: dict) -> dict:
     """{workbench name: F in the tensor's own shape} from per-parameter sums (a tied table's
-    two uses add up; fused experts give each expert's slice)."""
+    two uses add up; fused experts give each expert's slice). Views of `acc`'s arrays where
+    the layout allows, else copies made a row chunk at a time (`workbench.spill`)."""
+    from . import spill
     out: dict = {}
     for pn, a in acc.items():
         for n in runner._source(pn):
             slot = runner.slots[n]
             region = slot.region(a) if slot.param == pn or slot.expert is not None \
                 or slot.parts > 1 else a
-            r = region.numpy()
             shape = tuple(model.info(n).shape)
+            r = region
             if r.shape != shape:
                 r = r.T if r.ndim == 2 and r.T.shape == shape else r.reshape(shape)
-            r = np.ascontiguousarray(r, dtype=np.float32)
-            out[n] = out[n] + r if n in out else r
+            r = spill.contiguous(r)
+            if n in out:     # a tied table's second use: added into the first's region
+                s = out[n]
+                if not (s.flags.writeable and s.flags.c_contiguous):
+                    s = spill.to_disk(s)
+                spill.add_into(s, r)
+                out[n] = s
+            else:
+                out[n] = r
     return out
 
 

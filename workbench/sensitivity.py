@@ -193,7 +193,11 @@ def fisher_diagonals(model, calib=None, samples=None, probes: int = 2, max_len: 
 
 def fisher_errors(model, schemes, diag: dict, count: int, runtime: str = "any"):
     """Job: {(name, scheme): 1/2 sum_ij F_ij dW_ij^2 / count} (see `fisher_diagonals`); tensors
-    the network does not read (no gradient) get 0, like the ``output`` measure."""
+    the network does not read (no gradient) get 0, like the ``output`` measure. A tensor the
+    streaming path chunks (`workbench.streaming.streamed`) is quantized, and its F read (a
+    memory-mapped array for a large model), a row chunk at a time."""
+    from . import spill, streaming
+    from .pages import release
     from .runner import dequantized
     from .runtimes import decide
     out = {}
@@ -202,11 +206,21 @@ def fisher_errors(model, schemes, diag: dict, count: int, runtime: str = "any"):
         yield Progress(i, len(items), f"sensitivity {n}")
         info = model.info(n)
         f = diag.get(n)
+        live = f is not None and spill.any_nonzero(f)
         w = None
         for s in schemes:
             applied = decide(info, s, runtime).applied
-            if applied == KEEP or f is None or not f.any():
+            if applied == KEEP or not live:
                 out[(n, s)] = 0.0
+                continue
+            if streaming.streamed(info, applied):
+                tot = 0.0
+                for r0, w0, dq in streaming.dequantized_rows(model, n, applied):
+                    fc = f.reshape(-1, w0.shape[1])[r0:r0 + w0.shape[0]]
+                    dw = (dq - w0).astype(np.float64)
+                    tot += float(np.vdot(fc, dw * dw))
+                    release(fc)
+                out[(n, s)] = 0.5 * tot / max(count, 1)
                 continue
             if w is None:
                 w = model.read_matrix(n).reshape(info.shape).astype(np.float32)

@@ -78,6 +78,30 @@ def measure_rows(model, name: str, scheme_name: str):
     return get_scheme(scheme_name).nbytes(info.shape), merge_sums(parts)
 
 
+def method_streamed(model, info, name: str, scheme_name: str) -> bool:
+    """Whether a tensor of a model seen through a plan's methods
+    (workbench.methods.apply.MethodModel) is quantized in row chunks: big, the scheme
+    row-local, not folded (AWQ's scales), and its method treating rows independently."""
+    if scheme_name == KEEP or not streamed(info, scheme_name) \
+            or name in getattr(model, "folded_names", ()):
+        return False
+    from .methods.base import get_method
+    return bool(get_method(model.method_of(name)).row_local)
+
+
+def measure_rows_method(model, name: str, scheme_name: str):
+    """(bytes, ErrorSums) of `name` quantized by its method (``model.quantize_tensor``) a row
+    chunk at a time (`method_streamed`): the figures of the whole-tensor path."""
+    from .schemes import get_scheme
+    scheme = get_scheme(scheme_name)
+    parts = []
+    for _r0, w in chunks(model, name):
+        qt = model.quantize_tensor(name, w, scheme_name)
+        wq = np.asarray(scheme.dequantize(qt), dtype=np.float32).reshape(w.shape)
+        parts.append(ErrorSums.from_arrays(w, wq))
+    return scheme.nbytes(model.info(name).shape), merge_sums(parts)
+
+
 def dequantized_rows(model, name: str, scheme_name: str):
     """(row_start, original float32 rows, the same rows as the scheme stores them,
     dequantized) in chunks; a scheme that is not row-local gets one chunk, the whole tensor.

@@ -5,6 +5,10 @@ Run in a fresh process (``NUMBA_ENABLE_CUDASIM=1`` must be set before numba is i
 Covers every base scheme family of the registry: dequantize, fused error, and quantize for
 the integer, NF4 and FP8 schemes; plus every GGML format against gguf on random blocks.
 Prints one line per failure and exits non-zero if any.
+
+``--real`` runs the same checks on a real GPU (``test_cuda_device.py``, skipped without
+one): every base scheme rather than one per kernel configuration, on matrices large enough to
+fill many thread blocks (and ragged ones), still bit for bit against the references.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import math
 import os
 import sys
 
-assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "set NUMBA_ENABLE_CUDASIM=1 first"
+REAL = "--real" in sys.argv
+assert REAL or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "set NUMBA_ENABLE_CUDASIM=1 first"
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
@@ -46,12 +51,19 @@ def pick_schemes():
 def main() -> int:
     failures = []
     assert kernels.backend_name() == "cuda", kernels.backend_name()
-    assert kernels.device_name() == "CUDA simulator"
-    names = pick_schemes()
+    if REAL:
+        assert kernels.device_name() != "CUDA simulator", "--real needs a GPU, not the simulator"
+        print("device:", kernels.device_name())
+    else:
+        assert kernels.device_name() == "CUDA simulator"
+    names = sorted(set(list_schemes() + pick_schemes())) if REAL else pick_schemes()
     for name in names:
         s = get_scheme(name)
         ggml = getattr(s, "ggml_type", None) is not None
-        shapes = [(2, 256)] if ggml else [(2, 64), (3, 5)]
+        if REAL:
+            shapes = [(300, 4096), (7, 768)] if ggml else [(300, 4096), (37, 1000), (3, 5)]
+        else:
+            shapes = [(2, 256)] if ggml else [(2, 64), (3, 5)]
         for shape in shapes:
             if not s.can_take(shape):
                 continue
@@ -104,7 +116,8 @@ def main() -> int:
             failures.append(f"gguf {tname}")
     for f in failures:
         print("FAIL", f)
-    print(f"cudasim: {len(names)} schemes checked, {len(failures)} failure(s)")
+    print(f"{'cuda' if REAL else 'cudasim'}: {len(names)} schemes checked, "
+          f"{len(failures)} failure(s)")
     return 1 if failures else 0
 
 

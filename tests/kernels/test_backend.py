@@ -110,3 +110,30 @@ def test_empty_tensor():
     w = np.zeros((0, 8), np.float32)
     qt = accel.quantize(s, w, backend="cpu")
     assert accel.dequantize(qt, backend="cpu").shape == (0, 8)
+
+
+def test_a_gpu_whose_numba_cuda_compiler_cannot_load_means_the_cpu_kernels(tmp_path):
+    """Seen on a GPU machine: numba-cuda's compiler imports np.row_stack, which numpy 2.5
+    removed, so the first kernel launch raised. The backend probe loads the compiler: such a
+    GPU is not used, "auto" is the CPU, and asking for "cuda" says why."""
+    import os
+    fake = tmp_path / "numba"
+    (fake / "cuda").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "cuda" / "__init__.py").write_text("def is_available():\n    return True\n")
+    (fake / "cuda" / "cudaimpl.py").write_text(
+        "raise AttributeError(\"module 'numpy' has no attribute 'row_stack'\")\n")
+    code = ("from kernels import backend as kb\n"
+            "assert kb.cuda_available() is False\n"
+            "assert kb.resolve('auto') == 'cpu'\n"
+            "why = kb.cuda_problem()\n"
+            "assert 'row_stack' in why and 'numpy' in why, why\n"
+            "try:\n    kb.resolve('cuda')\nexcept RuntimeError as e:\n    print('refused:', e)\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), root]))
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "refused: backend 'cuda' requested but a GPU is present but numba's CUDA compiler" \
+        in out.stdout

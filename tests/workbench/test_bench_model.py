@@ -52,6 +52,25 @@ def test_generated_weights_look_like_an_llm(tmp_path):
     assert abs(float(norm.mean()) - 1.0) < 0.02 and float(norm.std()) < 0.1
 
 
+def test_generation_is_the_same_in_parallel_and_in_one_process(tmp_path, monkeypatch):
+    """Shards are written side by side, each from its own seed: the same bytes whatever the
+    number of processes."""
+    import hashlib
+
+    from workbench.bench import model as bm
+    monkeypatch.setattr(bm, "SHARD_BYTES", 8 << 20)
+    par = bm.generate(tmp_path / "par", 1.2e7, seed=5)
+    monkeypatch.setattr(bm.os, "cpu_count", lambda: 1)
+    one = bm.generate(tmp_path / "one", 1.2e7, seed=5)
+    assert par == one and par["shards"] >= 3
+
+    def digest(folder):
+        return {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+                for f in sorted(folder.glob("*.safetensors"))}
+    assert digest(tmp_path / "par") == digest(tmp_path / "one")
+    assert len(set(digest(tmp_path / "par").values())) == par["shards"]   # not one shard again
+
+
 def _cli(*args, timeout=1800):
     return subprocess.run([sys.executable, str(ROOT / "main.py"), *args], capture_output=True,
                           text=True, cwd=str(ROOT), timeout=timeout)

@@ -113,7 +113,7 @@ def llama_shape(params: float) -> Shape:
 class _Synth:
     """Realistic weight rows, generated chunk by chunk."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed):
         self.rng = np.random.default_rng(seed)
         df = 5.0
         t = self.rng.standard_t(df, POOL).astype(np.float32)
@@ -181,6 +181,13 @@ def _write_shard(path: Path, items, synth: _Synth, progress) -> None:
             progress(name)
 
 
+def _shard_job(job) -> list:
+    """Process-pool worker: write one shard (see `generate`); returns its items."""
+    path, items, ss = job
+    _write_shard(Path(path), items, _Synth(ss), lambda name: None)
+    return items
+
+
 def free_bytes(folder: Path) -> int:
     p = Path(folder)
     while not p.exists():
@@ -222,7 +229,6 @@ def generate(folder, params: float, seed: int = 0, progress=None) -> dict:
             size = 0
         shards[-1].append((name, shp))
         size += nb
-    synth = _Synth(seed)
     weight_map = {}
     done = [0]
     total = len(shape.tensors())
@@ -232,10 +238,25 @@ def generate(folder, params: float, seed: int = 0, progress=None) -> dict:
         if progress:
             progress(done[0], total, name)
 
+    # each shard from its own seed (spawned from `seed`), so shards are written side by side,
+    # one process per core, and the checkpoint is the same whatever the number of cores
+    seeds = np.random.SeedSequence(seed).spawn(len(shards))
+    jobs = []
     for k, items in enumerate(shards):
         fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-        _write_shard(folder / fname, items, synth, tick)
+        jobs.append((str(folder / fname), items, seeds[k]))
         weight_map.update({n: fname for n, _ in items})
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if workers <= 1:
+        for path, items, ss in jobs:
+            _write_shard(Path(path), items, _Synth(ss), tick)
+    else:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+        with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+            for items in pool.map(_shard_job, jobs):
+                for name, _shp in items:
+                    tick(name)
     (folder / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": nbytes}, "weight_map": weight_map}, indent=1))
     (folder / "config.json").write_text(json.dumps(shape.config(), indent=2))
@@ -403,33 +424,42 @@ def forward_rate(model_path: str, calib: str, samples: int, batch_size: int = 16
     conf._attn_implementation = "sdpa"
     with torch.device("meta"):
         block = LlamaDecoderLayer(conf, layer_idx=0)
+    # the baseline runs where the runner ran, in the runner's compute dtype (float32 on the
+    # CPU; the checkpoint's bf16/fp16 on a GPU)
+    dev, dt = runner.device, runner.dtype
     state = {}
     for pname, _p in block.named_parameters():
         w = model.read(f"model.layers.0.{pname}")
-        state[pname] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+        state[pname] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev, dt)
     block.load_state_dict(state, assign=True)
     block.eval()
-    rope = LlamaRotaryEmbedding(conf)
+    rope = LlamaRotaryEmbedding(conf).to(dev)
     gen = torch.Generator().manual_seed(0)
     shapes = [ids.shape for ids, _mask in batches(data, batch_size)]
     inputs = []
     for b, n in shapes:
-        h = torch.randn((b, n, conf.hidden_size), generator=gen)
-        pos = torch.arange(n).unsqueeze(0).expand(b, n)
+        h = torch.randn((b, n, conf.hidden_size), generator=gen).to(dev, dt)
+        pos = torch.arange(n, device=dev).unsqueeze(0).expand(b, n)
         inputs.append((h, rope(h, pos), pos))
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
     with torch.no_grad():
         h, pe, pos = inputs[0]
         block(h, position_embeddings=pe, position_ids=pos)           # warm-up, untimed
+        sync()
         t0 = time.perf_counter()
         for h, pe, pos in inputs:
             block(h, position_embeddings=pe, position_ids=pos)
+        sync()
         t_block = time.perf_counter() - t0
     layers = int(cfg["num_hidden_layers"])
     return {"tokens": tokens, "samples": len(data), "layerwise_s": round(t_pass, 3),
             "layerwise_tokens_per_s": tokens / t_pass, "block_s": round(t_block, 4),
             "baseline_tokens_per_s": tokens / (t_block * layers),
-            "baseline": f"plain torch forward of one LlamaDecoderLayer (float32, weights in "
-                        f"memory) x {layers} blocks, same batches",
+            "baseline": f"plain torch forward of one LlamaDecoderLayer ({str(dt).split('.')[-1]}"
+                        f" on {dev.type}, weights in memory) x {layers} blocks, same batches",
             "device": getattr(runner, "device", "cpu") if isinstance(
                 getattr(runner, "device", "cpu"), str) else str(runner.device)}
 

@@ -46,6 +46,7 @@ def collect_stats(model, calib=None, names=None, samples: int | None = None,
     from the tokens routed to each (workbench.runner.input_pass, block by block)."""
     from ..runner import input_pass
     acc: dict[str, Accumulator] = {}
+    out: dict = {}
 
     def observe(name, x):
         a = acc.get(name)
@@ -53,9 +54,20 @@ def collect_stats(model, calib=None, names=None, samples: int | None = None,
             a = acc[name] = Accumulator(x.shape[-1], want_h=want_h, keep_rows=keep_rows)
         a.add(x.cpu().numpy())
 
-    yield from input_pass(model, calib, samples, max_len, names=names, observe=observe)
+    def done(names):
+        # a block's statistics are final: their Hessians (in x in float64, 1.6 GB for an 8 B
+        # model's down projection) go to memory-mapped files, so a model's worth of them is
+        # never in RAM
+        for n in names:
+            a = acc.pop(n, None)
+            if a is not None:
+                out[n] = a.finish().spilled()
+
+    yield from input_pass(model, calib, samples, max_len, names=names, observe=observe,
+                          done=done)
+    done(list(acc))
     yield Progress(100, 100, "statistics collected")
-    return {n: a.finish() for n, a in acc.items()}
+    return out
 
 
 def stats_from_imatrix(model, path):
@@ -324,7 +336,8 @@ def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples
                                      path=str(model.path))
             notes.append(f"calibration: the shipped {Path(DEFAULT_CALIB).name} (no --calib given)")
         got = yield from collect_stats(model, calib, names=todo, samples=samples,
-                                       want_h="gptq" in methods)
+                                       want_h="gptq" in methods,
+                                       keep_rows=4096 if "awq" in methods else 0)
         for n, st in got.items():
             if n in stats and st.d is not None:
                 st.d = stats[n].d if "imatrix" == plan.method_for(n) else st.d

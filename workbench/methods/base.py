@@ -18,6 +18,10 @@ class Method:
     #: which LayerStats fields the method reads ("d", "H", "X", "mean_abs")
     needs: ClassVar[tuple[str, ...]] = ()
     description: ClassVar[str] = ""
+    # rows of the weight quantized independently given the statistics (a row-local scheme's
+    # result for a block of rows equals those rows of the whole result): a tensor too big to
+    # hold whole may then be quantized in row chunks (workbench.streaming.measure_rows_method)
+    row_local: ClassVar[bool] = False
 
     _registry: ClassVar[dict[str, type]] = {}
 

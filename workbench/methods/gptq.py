@@ -40,8 +40,12 @@ BLOCK = 128
 
 
 def prepare_hessian(H: np.ndarray, w: np.ndarray, damp: float = 0.01):
-    """(H damped float64, W float64 with dead columns zeroed, dead mask)."""
+    """(H damped float64, W float64 with dead columns zeroed, dead mask). `H` may be a
+    memory-mapped array (`LayerStats.spilled`): its pages are let go once copied."""
+    from ..pages import release
+    src = H
     H = np.array(H, dtype=np.float64, copy=True)
+    release(src)
     W = np.array(w, dtype=np.float64, copy=True)
     diag = np.diag(H).copy()
     dead = ~(diag > 0)
@@ -51,13 +55,20 @@ def prepare_hessian(H: np.ndarray, w: np.ndarray, damp: float = 0.01):
     return H, W, dead
 
 
-def inverse_cholesky_upper(H: np.ndarray) -> np.ndarray:
-    """U upper triangular with H⁻¹ = Uᵀ U."""
+def inverse_cholesky_upper(H) -> np.ndarray:
+    """U upper triangular with H⁻¹ = Uᵀ U. `H`: the matrix, or a one-element list holding it
+    that this empties as soon as the matrix is no longer needed, so at most two in x in
+    matrices are alive at once (an 8 B model's down projection: 1.6 GB each)."""
     import torch
-    Ht = torch.from_numpy(H)
-    L = torch.linalg.cholesky(Ht)
+    box = H if isinstance(H, list) else [H]
+    L = torch.linalg.cholesky(torch.from_numpy(box[0]))
+    if isinstance(H, list):
+        box.clear()
     Hinv = torch.cholesky_inverse(L)
-    return torch.linalg.cholesky(Hinv, upper=True).numpy()
+    del L
+    U = torch.linalg.cholesky(Hinv, upper=True)
+    del Hinv
+    return U.numpy()
 
 
 class _IntColumns:
@@ -185,6 +196,7 @@ def gptq_columns(W, U, cols_q, order, block=BLOCK):
 
 class GPTQ(Method):
     name = "gptq"
+    row_local = True
     needs = ("H",)
     description = "GPTQ: column-wise rounding with inverse-Hessian error compensation"
 
@@ -197,8 +209,11 @@ class GPTQ(Method):
                   act_order: bool = False, block: int = BLOCK, **opts):
         rows, cols = w.shape
         H, W, dead = prepare_hessian(stats.H, w, damp)
+        hdiag = np.diag(H).copy()
         try:
-            U = inverse_cholesky_upper(H)
+            box = [H]
+            del H
+            U = inverse_cholesky_upper(box)
         except Exception:  # noqa: BLE001  (not positive definite even after dampening)
             H2, W, dead = prepare_hessian(stats.H, w, damp * 10)
             try:
@@ -211,7 +226,7 @@ class GPTQ(Method):
             order = None
             static = None
             if act_order:
-                order = np.argsort(-np.diag(H), kind="stable")
+                order = np.argsort(-hdiag, kind="stable")
                 static = W.astype(np.float32)
                 meta["act_order"] = True
             cq = _IntColumns(scheme, rows, cols, static)

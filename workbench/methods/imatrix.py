@@ -35,6 +35,7 @@ def importance(d: np.ndarray) -> np.ndarray:
 
 class Imatrix(Method):
     name = "imatrix"
+    row_local = True
     needs = ("d",)
     description = "importance-weighted scale search (weights E[x_j^2] from calibration)"
 

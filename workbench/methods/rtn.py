@@ -7,6 +7,7 @@ from .base import Method
 
 class RTN(Method):
     name = "rtn"
+    row_local = True
     description = "the scheme's own round-to-nearest quantizer (no calibration)"
 
     def _quantize(self, w, scheme, stats, *, tensor=None, **opts):

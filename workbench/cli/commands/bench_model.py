@@ -40,7 +40,8 @@ def register(sub) -> None:
     p.add_argument("--max-memory", type=float, default=None, metavar="GB",
                    help="cap each step's private memory at GB (heap and anonymous maps, not "
                         "the memory-mapped checkpoint): a step that needs more fails with out "
-                        "of memory instead of starving the machine (default: 3/4 of the RAM)")
+                        "of memory instead of starving the machine (default: 3/4 of the RAM; 0: no "
+                        "cap, as on a GPU, whose driver maps large regions)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -142,8 +143,8 @@ def run(args) -> int:
         say(f"running {len(steps)} steps, each in its own process ...")
         import os
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        cap = args.max_memory * 1e9 if args.max_memory else 0.75 * ram
-        res["max_memory_gb"] = round(cap / 1e9, 1)
+        cap = 0.75 * ram if args.max_memory is None else args.max_memory * 1e9
+        res["max_memory_gb"] = round(cap / 1e9, 1) if cap > 0 else None
         res["steps"] = run_steps(str(folder), folder, steps, args.samples, args.timeout, report,
                                  cap)
     finally:

@@ -1,0 +1,138 @@
+"""Model-level results that outgrow RAM live in memory-mapped files (workbench.spill): the
+Fisher diagonal, GPTQ's Hessians, GPTQ on a tensor too big to hold whole (row chunks). Each
+spilled or chunked path gives the figures of the in-memory path (tiny models, every array
+forced to disk, every tensor forced to chunks)."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+from workbench import spill, streaming  # noqa: E402
+from workbench.loaders import open_model  # noqa: E402
+from workbench.plan import Plan  # noqa: E402
+from workbench.progress import run  # noqa: E402
+
+N, LEN = 4, 24
+
+
+def test_spill_arrays_are_mapped_unlinked_files_with_the_same_values(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANT_WORKBENCH_SPILL_DIR", str(tmp_path))
+    monkeypatch.setattr(spill, "CHUNK_ELEMENTS", 7 * 33)          # ragged row chunks
+    monkeypatch.setattr(spill, "MIN_BYTES", 4 * 300)
+    a = spill.zeros((300, 33))
+    assert isinstance(a, np.memmap) and not any(tmp_path.iterdir())   # unlinked at once
+    g = np.random.default_rng(0).standard_normal((300, 33)).astype(np.float32)
+    spill.add_squares(a, g, 0.5)
+    spill.add_squares(a, g, 0.5)
+    np.testing.assert_allclose(a, g * g, rtol=1e-6)
+    b = spill.to_disk(g.T)                                          # a transposed view
+    assert isinstance(b, np.memmap) and np.array_equal(b, g.T)
+    c = spill.contiguous(g.T)
+    assert c.flags.c_contiguous and np.array_equal(c, g.T)
+    spill.add_into(b, g.T)
+    assert np.array_equal(b, 2 * g.T)
+    assert spill.any_nonzero(a) and not spill.any_nonzero(spill.zeros((300, 33)))
+    assert not isinstance(spill.zeros((4,)), np.memmap)            # small: in RAM
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe", "gpt2"])
+def test_fisher_on_disk_and_in_row_chunks_equals_in_memory(tiny_arch, arch, monkeypatch):
+    """Every parameter's squared-gradient sum in a mapped file, every tensor's error in row
+    chunks: the same diagonal and the same fisher errors."""
+    from workbench import sensitivity
+    from workbench.sensitivity import fisher_diagonals, fisher_errors
+    model = open_model(str(tiny_arch(arch)))
+    schemes = ["q4_0", "int4-g32"]
+    sensitivity._FISHER_CACHE.clear()
+    ram, count = run(fisher_diagonals(model, samples=N, max_len=LEN, batch_size=3))
+    want = run(fisher_errors(model, schemes, ram, count))
+    sensitivity._FISHER_CACHE.clear()
+    monkeypatch.setattr(spill, "MIN_BYTES", 0)                    # every array on disk
+    monkeypatch.setattr(spill, "CHUNK_ELEMENTS", 64 * 5)
+    disk, count2 = run(fisher_diagonals(model, samples=N, max_len=LEN, batch_size=3))
+    sensitivity._FISHER_CACHE.clear()
+    assert count2 == count and set(disk) == set(ram)
+    mapped = [n for n, f in disk.items() if isinstance(f, np.memmap)
+              or isinstance(getattr(f, "base", None), np.memmap)]
+    assert len(mapped) >= len(disk) // 2, "the diagonal was not spilled to files"
+    for n, f in ram.items():
+        np.testing.assert_allclose(disk[n], f, rtol=1e-5, atol=1e-12 * float(np.abs(f).max()),
+                                   err_msg=n)
+    monkeypatch.setattr(streaming, "STREAM_ELEMENTS", 1)          # every tensor in row chunks
+    monkeypatch.setattr(streaming, "CHUNK_ELEMENTS", 64 * 3)
+    got = run(fisher_errors(model, schemes, disk, count2))
+    assert set(got) == set(want) and any(v > 0 for v in want.values())
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-5, abs=1e-15), k
+
+
+def test_gptq_statistics_spilled_block_by_block_and_chunked_rows_equal_whole(tiny_arch,
+                                                                            monkeypatch):
+    """GPTQ's Hessians go to mapped files as each block finishes (the collector holds one
+    block's), and a tensor quantized by GPTQ in row chunks equals the whole-tensor result."""
+    from workbench.evaluate import evaluate
+    from workbench.methods import apply
+    model = open_model(str(tiny_arch("llama")))
+    plan = Plan("q4_k", method="gptq")
+    mm = run(apply.prepare(model, plan, samples=N))
+    whole = run(evaluate(mm, plan, cache=None))
+    assert any(r.method == "gptq" for r in whole.tensors.values())
+    monkeypatch.setattr(spill, "MIN_BYTES", 0)
+    live_max = []
+    done_orig = apply.LayerStats.spilled
+
+    def spilled(self):
+        live_max.append(self)
+        return done_orig(self)
+    monkeypatch.setattr(apply.LayerStats, "spilled", spilled)
+    mm2 = run(apply.prepare(model, plan, samples=N))
+    assert len(live_max) == len(mm2.stats) > 0
+    assert all(isinstance(st.H, np.memmap) for st in mm2.stats.values() if st.H is not None)
+    for n, st in mm.stats.items():
+        np.testing.assert_array_equal(np.asarray(mm2.stats[n].H), st.H)
+    assert all(st.X is None for st in mm2.stats.values())          # GPTQ keeps no input rows
+    monkeypatch.setattr(streaming, "STREAM_ELEMENTS", 1)
+    monkeypatch.setattr(streaming, "CHUNK_ELEMENTS", 256 * 8)
+    chunked = run(evaluate(mm2, plan, cache=None))
+    by = whole.tensors
+    hit = 0
+    for r in chunked.tensors.values():
+        a = by[r.name]
+        assert (r.scheme, r.bytes, r.method) == (a.scheme, a.bytes, a.method), r.name
+        assert r.error.rel_rmse == pytest.approx(a.error.rel_rmse, rel=1e-6), r.name
+        hit += r.method == "gptq" and streaming.method_streamed(mm2, model.info(r.name), r.name,
+                                                                 r.scheme)
+    assert hit >= 5
+
+
+def test_input_pass_reports_each_block_done_before_the_next(tiny_arch):
+    from workbench.runner import get_runner
+    from workbench.runner_jobs import input_pass
+    model = open_model(str(tiny_arch("llama")))
+    r = get_runner(model, "cpu")
+    events = []
+    run(input_pass(model, None, N, LEN, observe=lambda n, x: events.append(("obs", n)),
+                   done=lambda names: events.append(("done", tuple(names)))))
+    done_at = {n: i for i, (k, ns) in enumerate(events) if k == "done" for n in ns}
+    assert set(done_at) == {n for k, n in events if k == "obs"}
+    for i, (k, n) in enumerate(events):
+        if k == "obs":
+            assert i < done_at[n]        # never observed after its block was reported done
+    blocks = [r.block_of(n) for k, ns in events if k == "done" for n in ns]
+    assert blocks == sorted(blocks, key=lambda b: (b == "head", b if b != "head" else 0))
+
+
+@pytest.mark.parametrize("scheme", ["q4_k", "int4-g32", "q8_0"])
+def test_dequantized_in_row_chunks_equals_whole(scheme, monkeypatch, demo_model_path):
+    """What `check` loads for a big tensor (the head, the embeddings) is quantized a row chunk
+    at a time: the same values as the whole tensor quantized at once."""
+    from workbench.runner import dequantized
+    model = open_model(str(demo_model_path))
+    names = [n for n in model.tensors if model.info(n).ndim == 2][:4]
+    whole = {n: dequantized(model, n, scheme) for n in names}
+    monkeypatch.setattr(streaming, "STREAM_ELEMENTS", 1)
+    monkeypatch.setattr(streaming, "CHUNK_ELEMENTS", 256 * 7)
+    for n in names:
+        got = dequantized(model, n, scheme)
+        assert got.dtype == np.float32 and np.array_equal(got, whole[n]), n
