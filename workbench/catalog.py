@@ -84,6 +84,13 @@ def moe_role(name: str) -> str | None:
     return None
 
 
+def is_router(name: str) -> bool:
+    """moe_role(name) == 'router', without the expert checks (the plan asks it of every tensor)."""
+    low = name.lower()
+    return ("gate" in low or "router" in low or "exp_probs" in low or "e_score" in low) \
+        and _ROUTER_RE.search(low) is not None
+
+
 def expert_index(name: str) -> int | None:
     """The expert number N of a Hugging Face per-expert tensor (``.experts.N.``); None for
     merged 3-D tensors (every expert) and non-expert tensors."""

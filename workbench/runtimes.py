@@ -109,6 +109,19 @@ class Summary:
             key = f"{d.requested}->{d.applied}"
             self.moves[key] = self.moves.get(key, 0) + 1
 
+    def remove(self, d: Decision) -> None:
+        """Take back a decision added before (a running summary: the tensor's decision changed)."""
+        self.tensors[d.kind] -= 1
+        self.params[d.kind] -= d.params
+        self.total_params -= d.params
+        if d.kind == "fallback":
+            key = f"{d.requested}->{d.applied}"
+            left = self.moves.get(key, 0) - 1
+            if left > 0:
+                self.moves[key] = left
+            else:
+                self.moves.pop(key, None)
+
     def share(self, kind: str) -> float:
         return self.params[kind] / self.total_params if self.total_params else 0.0
 
@@ -422,15 +435,33 @@ def plan_decisions(model, plan, runtime: str = "any", names=None,
                           if CONV1D.search(n) and model.info(n).ndim == 2}
     out: dict[str, Decision] = {}
     errors = []
-    for name in (model.tensors if names is None else names):
-        info = model.info(name)
-        requested, explicit = plan.scheme_and_source(name, info.ndim, info.is_float)
+    # a runtime whose "never re-typed" rule ignores the tensor's name decides by the scheme, the
+    # shape and the dtype alone: one decision per distinct (request, shape, dtype), the rest
+    # copied with the tensor's name (a 100,000-tensor MoE catalog has a few dozen)
+    memo: dict | None = {} if (type(rt).never_retyped is Runtime.never_retyped
+                               and not shapes) else None
+    for name, info, requested, explicit, rule in plan.sources(model, names):
+        if not info.is_float:   # as scheme_and_source: the rule's (or default's) request
+            requested, explicit = plan.scheme_and_source(name, info.ndim, False)
+        fallback = rule.fallback if rule is not None and rule.fallback else plan.fallback
+        key = None
+        if memo is not None:
+            key = (requested, explicit, fallback, info.shape, info.dtype,
+                   len(info.shape) == 3 and info.merged_experts)
+            d = memo.get(key)
+            if d is not None:
+                out[name] = Decision(name, d.requested, d.applied, d.kind, d.note, info.numel)
+                continue
         try:
-            out[name] = decide(info, requested, rt, fallback=plan.fallback_for(name),
-                               explicit=explicit, gguf_name=gnames.get(name) if gnames else None,
-                               shape=(shapes or {}).get(name))
+            out[name] = d = decide(info, requested, rt, fallback=fallback,
+                                   explicit=explicit,
+                                   gguf_name=gnames.get(name) if gnames else None,
+                                   shape=(shapes or {}).get(name))
         except WorkbenchError as exc:
             errors.append((name, exc))
+            continue
+        if key is not None:
+            memo[key] = d
     if errors:
         first = str(errors[0][1])
         more = f" (and {len(errors) - 1} more tensors: " + ", ".join(
