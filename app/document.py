@@ -257,6 +257,9 @@ class Document(QObject):
         return n
 
     def bytes_of(self, name: str) -> int:
+        p = self._run.parts.get(name)     # the running totals hold it (kept per change)
+        if p is not None:
+            return p[0]
         r = self.result(name)
         return r.bytes if r is not None else self.estimated_bytes(name)
 
