@@ -80,19 +80,47 @@ class Document(QObject):
         self.model = model
         self.plan = plan or Plan()
         self.tiers = tuple(tiers) if tiers else DEFAULT_TIERS
-        self.assignment = self.plan.resolve(model) if model is not None else {}
-        self._pos = {n: i for i, n in enumerate(model.tensors)} if model is not None else {}
         self.stats, self._results, self.details, self.throughput = {}, {}, {}, {}
         self._est = {}
         self._size_memo = {}
         self.estimates = {}
         self.decisions = {}
-        self._update_decisions(None)
+        self._summary = None
         self._run = _RunningTotals()
+        self.assignment = {}
+        self._pos = {}
         if model is not None:
-            self._run.rebuild(self, model.tensors)
+            self._open_pass(model)
         self.current = None
         self.modelChanged.emit()
+
+    def _open_pass(self, model) -> None:
+        """One pass over the catalog when it opens: each tensor's scheme, its decision (what is
+        applied: workbench.runtimes for the workbench's own runtime) and its stored size (from
+        the scheme's size formula: nothing is measured yet), the running totals from them."""
+        from workbench.runtimes import Decider, get_runtime, summarize
+        decide = Decider(self.plan, get_runtime("any"))
+        assignment, decisions, sizes = self.assignment, self.decisions, {}
+        size_memo, pos = self._size_memo, self._pos
+        try:
+            for k, (name, info, scheme, explicit, rule) in enumerate(self.plan.sources(model)):
+                assignment[name] = scheme
+                pos[name] = k
+                decisions[name] = decide(name, info, scheme, explicit, rule)
+                skey = (scheme, info.shape, info.dtype, info.nbytes)
+                b = size_memo.get(skey)
+                if b is None:
+                    b = self.estimated_bytes(name, scheme)
+                sizes[name] = b
+        except WorkbenchError:
+            # the "any" runtime has a type for every scheme: not expected; as before, the
+            # decisions are left out and the rest resolved tensor by tensor
+            self.assignment = self.plan.resolve(model)
+            self._pos = {n: i for i, n in enumerate(model.tensors)}
+            self.decisions = {}
+            sizes = {n: self.estimated_bytes(n) for n in model.tensors}
+        self._summary = summarize(self.decisions.values())
+        self._run.open(model.tensors, sizes)
 
     def set_state(self, plan: Plan, tiers=None) -> None:
         """Replace the plan (and tier setup); emits what changed."""
@@ -238,7 +266,7 @@ class Document(QObject):
         key = (name, scheme)
         n = self._est.get(key)
         if n is None:
-            info = self.model.info(name)
+            info = self.model.tensors.get(name) or self.model.info(name)
             # the size formula depends on the scheme, the shape and the dtype only: worked out
             # once per distinct shape (a MoE catalog has a few dozen)
             skey = (scheme, info.shape, info.dtype, info.nbytes)
@@ -409,6 +437,15 @@ class _RunningTotals:
         for name, info in tensors.items():
             p = self.parts[name] = self.part(doc, name, info)
             self._apply(name, p, 1)
+
+    def open(self, tensors, sizes: dict) -> None:
+        """A catalog just opened: nothing measured, every tensor at its formula size."""
+        self.parts = {n: (b, None, None, None) for n, b in sizes.items()}
+        self._zero()
+        self.params = sum(i.numel for i in tensors.values())
+        self.before = sum(i.nbytes for i in tensors.values())
+        self.after = sum(sizes.values())
+        self.pending = len(sizes)
 
     def update(self, doc, names) -> None:
         tensors = doc.model.tensors

@@ -79,8 +79,12 @@ class TierPlacement:
         if doc.model is not None:
             names, keys, params, sizes, schemes = (self.names, self.keys, self.params,
                                                    self.bytes, self.schemes)
+            floats: dict[str, bool] = {}     # dtype -> is float (on_board, per dtype)
             for k, (name, info) in enumerate(doc.model.tensors.items()):
-                if not on_board(info):
+                f = floats.get(info.dtype)
+                if f is None:
+                    f = floats[info.dtype] = info.is_float
+                if not f or len(info.shape) < 2:
                     continue
                 s = doc.scheme_of(name)
                 t = self._tier(s, info)
