@@ -70,6 +70,7 @@ class Document(QObject):
         self._pos: dict[str, int] = {}     # tensor name -> its position in the catalog
         self._run = _RunningTotals()       # the totals, kept by per-tensor deltas (FAST)
         self._size_memo: dict = {}         # (scheme, shape, dtype, nbytes) -> stored bytes
+        self._matrices: int | None = None
         self.backend = "…"
 
     # ---- state --------------------------------------------------------------------------
@@ -89,6 +90,7 @@ class Document(QObject):
         self._run = _RunningTotals()
         self.assignment = {}
         self._pos = {}
+        self._matrices = None
         if model is not None:
             self._open_pass(model)
         self.current = None
@@ -102,10 +104,17 @@ class Document(QObject):
         decide = Decider(self.plan, get_runtime("any"))
         assignment, decisions, sizes = self.assignment, self.decisions, {}
         size_memo, pos = self._size_memo, self._pos
+        floats: dict[str, bool] = {}
+        matrices = 0
         try:
             for k, (name, info, scheme, explicit, rule) in enumerate(self.plan.sources(model)):
                 assignment[name] = scheme
                 pos[name] = k
+                if len(info.shape) >= 2:
+                    f = floats.get(info.dtype)
+                    if f is None:
+                        f = floats[info.dtype] = info.is_float
+                    matrices += f
                 decisions[name] = decide(name, info, scheme, explicit, rule)
                 skey = (scheme, info.shape, info.dtype, info.nbytes)
                 b = size_memo.get(skey)
@@ -121,6 +130,16 @@ class Document(QObject):
             sizes = {n: self.estimated_bytes(n) for n in model.tensors}
         self._summary = summarize(self.decisions.values())
         self._run.open(model.tensors, sizes)
+        self._matrices = matrices
+
+    def matrix_count(self) -> int:
+        """Float tensors of 2 or more dimensions (the weight matrices), counted at open."""
+        if self.model is None:
+            return 0
+        if self._matrices is None:
+            self._matrices = sum(1 for i in self.model.tensors.values()
+                                 if i.ndim >= 2 and i.is_float)
+        return self._matrices
 
     def set_state(self, plan: Plan, tiers=None) -> None:
         """Replace the plan (and tier setup); emits what changed."""
@@ -290,6 +309,14 @@ class Document(QObject):
             return p[0]
         r = self.result(name)
         return r.bytes if r is not None else self.estimated_bytes(name)
+
+    def sizes(self, names) -> list[int]:
+        """bytes_of of many tensors at once (the model map's first draw: 100,000 of them)."""
+        parts = self._run.parts
+        try:
+            return [parts[n][0] for n in names]
+        except KeyError:
+            return [self.bytes_of(n) for n in names]
 
     def pending(self) -> list[str]:
         return [n for n in self.names() if self.result(n) is None]

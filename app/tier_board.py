@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from bisect import bisect_left
 
-from PySide6.QtCore import QAbstractListModel, QMimeData, QModelIndex, QRect, QSize, Qt
+from PySide6.QtCore import QMimeData, QModelIndex, QRect, QSize, QStringListModel, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPen
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogButtonBox,
                                QFormLayout, QFrame, QHBoxLayout, QLabel, QLineEdit, QListView,
@@ -150,33 +150,31 @@ class TierPlacement:
                     self.models[t].reset()
             else:
                 for name, ot, t in moves:
-                    m_from, m_to = self.models[ot], self.models[t]
-                    r = self.row_of(ot, name)
-                    m_from.beginRemoveRows(QModelIndex(), r, r)
-                    self._take(ot, name)
-                    m_from.endRemoveRows()
-                    r = bisect_left(self.keys[t], doc._pos[name])
-                    m_to.beginInsertRows(QModelIndex(), r, r)
-                    self._put(t, name)
-                    m_to.endInsertRows()
+                    self.models[ot].take_row(self._take(ot, name))
+                    self.models[t].put_row(self._put(t, name), name)
         for t, group in touched.items():
             self.models[t]._changed(group)
         return changed
 
-    def _take(self, tier: int, name: str) -> None:
+    def _take(self, tier: int, name: str) -> int:
         r = self.row_of(tier, name)
         del self.names[tier][r]
         del self.keys[tier][r]
+        return r
 
-    def _put(self, tier: int, name: str) -> None:
+    def _put(self, tier: int, name: str) -> int:
         k = self.doc._pos[name]
         r = bisect_left(self.keys[tier], k)
         self.names[tier].insert(r, name)
         self.keys[tier].insert(r, k)
+        return r
 
 
-class TierListModel(QAbstractListModel):
-    """One tier's cards: a view of the board's :class:`TierPlacement` (no copy of its own)."""
+class TierListModel(QStringListModel):
+    """One tier's cards: the names of the board's :class:`TierPlacement` for this tier, held
+    in Qt's own string list so that laying out a column of 100,000 cards never calls back into
+    Python per row (a Python rowCount was asked twice per card); the cards' other roles,
+    drag and drop are Python."""
 
     def __init__(self, doc, tier: int, on_drop, placement: TierPlacement, parent=None):
         super().__init__(parent)
@@ -184,6 +182,7 @@ class TierListModel(QAbstractListModel):
         self.tier = tier
         self.on_drop = on_drop
         self.placement = placement
+        self.reset()
 
     @property
     def names(self) -> list[str]:
@@ -193,8 +192,15 @@ class TierListModel(QAbstractListModel):
         """Stop following the document (the column is being replaced)."""
 
     def reset(self) -> None:
-        self.beginResetModel()
-        self.endResetModel()
+        names = self.placement.names
+        self.setStringList(names[self.tier] if self.tier < len(names) else [])
+
+    def take_row(self, row: int) -> None:
+        self.removeRows(row, 1)
+
+    def put_row(self, row: int, name: str) -> None:
+        self.insertRows(row, 1)
+        self.setData(self.index(row), name, Qt.ItemDataRole.DisplayRole)
 
     def rebuild(self) -> None:
         self.reset()
@@ -206,16 +212,13 @@ class TierListModel(QAbstractListModel):
         if rows:
             self.dataChanged.emit(self.index(min(rows)), self.index(max(rows)))
 
-    def rowCount(self, parent=QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(self.names)
-
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):
         if not index.isValid():
             return None
-        name = self.names[index.row()]
+        name = super().data(index, Qt.ItemDataRole.DisplayRole)    # Qt's list: the rows shown
         if role == NAME_ROLE:
             return name
-        if role == Qt.ItemDataRole.DisplayRole:
+        if role == Qt.ItemDataRole.DisplayRole or role == Qt.ItemDataRole.EditRole:
             return name
         if role == Qt.ItemDataRole.ToolTipRole:
             info = self.doc.model.info(name)
