@@ -53,6 +53,14 @@ def _short(name: str, group: str) -> str:
 _GROUP, _EXPERTS, _PROJ, _TENSOR = range(4)
 
 
+def _find_all(text: str, needle: str):
+    """The start of every occurrence of `needle` in `text` (overlapping ones too)."""
+    i = text.find(needle)
+    while i >= 0:
+        yield i
+        i = text.find(needle, i + 1)
+
+
 class _Node:
     __slots__ = ("kind", "parent", "children", "row", "text", "name", "key", "members")
 
@@ -232,12 +240,18 @@ class TreeModel(QAbstractItemModel):
             return [n for n in names if pattern.search(n)]
         if self._blob is None:
             self._blob = "\n".join(names)
+            # ASCII names: case-insensitive is lower-case equality, and str.find scans the
+            # lower-cased names at memchr speed (re.IGNORECASE: ~30 ms per keystroke)
+            self._lower = self._blob.lower() if self._blob.isascii() else None
             lens = np.fromiter(map(len, names), np.int64, len(names)) + 1
             self._starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
         if "\n" in pattern:
             return []
-        pos = np.fromiter((m.start() for m in re.finditer(re.escape(pattern), self._blob,
-                                                           re.IGNORECASE)), np.int64)
+        if self._lower is not None and pattern.isascii():
+            pos = np.fromiter(_find_all(self._lower, pattern.lower()), np.int64)
+        else:
+            pos = np.fromiter((m.start() for m in re.finditer(re.escape(pattern), self._blob,
+                                                               re.IGNORECASE)), np.int64)
         if not pos.size:
             return []
         rows = np.unique(np.searchsorted(self._starts, pos, side="right") - 1)
