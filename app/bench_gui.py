@@ -338,9 +338,15 @@ def bench_many(n_tensors: int, repeats: int = 5) -> dict:
     sel = [experts[len(experts) // 2],
            [n for n in names if n.endswith("self_attn.q_proj.weight")][-1]]
     edit = [n for n in experts if n.endswith("up_proj.weight")][:repeats + 1]
-    # statistics of the selected tensors cached (as after the compute thread reached them)
+    # statistics of the selected tensors cached (as after the compute thread reached them),
+    # and what a selection asks of the compute thread (the tensor's error and per-channel
+    # detail under its scheme) computed once, as bench_paths does: the figures below are the
+    # GUI thread's work, not a delivery left over from an earlier step (nor the map's layout,
+    # which the compute thread does after the model opens)
     win.doc.add_stats({n: run(tensor_stats(model, n)) for n in sel})
-    win.select(sel[0])
+    for n in (sel[1], sel[0]):
+        win.select(n)
+        _wait(app, win.runner.idle)
     _settle(app, paints)
     filters = [f"layers.{i}.mlp.experts.1" for i in range(repeats)]
 

@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, Signal
 
 from workbench.errors import WorkbenchError
 from workbench.evaluate import totals_of
+from workbench.metrics import sqnr_db
 from workbench.plan import KEEP, Plan
 from workbench.schemes import get_scheme
 
@@ -64,7 +65,12 @@ class Document(QObject):
         self._est: dict[tuple[str, str], int] = {}
         self.estimates: dict[tuple[str, str], object] = {}   # workbench.estimate.Estimate
         self.decisions: dict = {}          # name -> workbench.runtimes.Decision ("any")
+        self._summary = None               # running FallbackSummary of `decisions`
         self._totals = None                # cached Totals, dropped by every change below
+        self._pos: dict[str, int] = {}     # tensor name -> its position in the catalog
+        self._run = _RunningTotals()       # the totals, kept by per-tensor deltas (FAST)
+        self._size_memo: dict = {}         # (scheme, shape, dtype, nbytes) -> stored bytes
+        self._matrices: int | None = None
         self.backend = "…"
 
     # ---- state --------------------------------------------------------------------------
@@ -75,14 +81,65 @@ class Document(QObject):
         self.model = model
         self.plan = plan or Plan()
         self.tiers = tuple(tiers) if tiers else DEFAULT_TIERS
-        self.assignment = self.plan.resolve(model) if model is not None else {}
         self.stats, self._results, self.details, self.throughput = {}, {}, {}, {}
         self._est = {}
+        self._size_memo = {}
         self.estimates = {}
         self.decisions = {}
-        self._update_decisions(None)
+        self._summary = None
+        self._run = _RunningTotals()
+        self.assignment = {}
+        self._pos = {}
+        self._matrices = None
+        if model is not None:
+            self._open_pass(model)
         self.current = None
         self.modelChanged.emit()
+
+    def _open_pass(self, model) -> None:
+        """One pass over the catalog when it opens: each tensor's scheme, its decision (what is
+        applied: workbench.runtimes for the workbench's own runtime) and its stored size (from
+        the scheme's size formula: nothing is measured yet), the running totals from them."""
+        from workbench.runtimes import Decider, get_runtime, summarize
+        decide = Decider(self.plan, get_runtime("any"))
+        assignment, decisions, sizes = self.assignment, self.decisions, {}
+        size_memo, pos = self._size_memo, self._pos
+        floats: dict[str, bool] = {}
+        matrices = 0
+        try:
+            for k, (name, info, scheme, explicit, rule) in enumerate(self.plan.sources(model)):
+                assignment[name] = scheme
+                pos[name] = k
+                if len(info.shape) >= 2:
+                    f = floats.get(info.dtype)
+                    if f is None:
+                        f = floats[info.dtype] = info.is_float
+                    matrices += f
+                decisions[name] = decide(name, info, scheme, explicit, rule)
+                skey = (scheme, info.shape, info.dtype, info.nbytes)
+                b = size_memo.get(skey)
+                if b is None:
+                    b = self.estimated_bytes(name, scheme)
+                sizes[name] = b
+        except WorkbenchError:
+            # the "any" runtime has a type for every scheme: not expected; as before, the
+            # decisions are left out and the rest resolved tensor by tensor
+            self.assignment = self.plan.resolve(model)
+            self._pos = {n: i for i, n in enumerate(model.tensors)}
+            self.decisions = {}
+            sizes = {n: self.estimated_bytes(n) for n in model.tensors}
+        self._summary = summarize(self.decisions.values())
+        self._run.open(model.tensors, sizes)
+        self._matrices = matrices
+
+    def matrix_count(self) -> int:
+        """Float tensors of 2 or more dimensions (the weight matrices), counted at open."""
+        if self.model is None:
+            return 0
+        if self._matrices is None:
+            self._matrices = sum(1 for i in self.model.tensors.values()
+                                 if i.ndim >= 2 and i.is_float)
+        return self._matrices
 
     def set_state(self, plan: Plan, tiers=None) -> None:
         """Replace the plan (and tier setup); emits what changed."""
@@ -92,10 +149,29 @@ class Document(QObject):
         self._totals = None
         self.plan, self.tiers = plan, tiers
         old = self.assignment
-        self.assignment = plan.resolve(self.model) if self.model is not None else {}
-        changed = [n for n, s in self.assignment.items()
-                   if old.get(n) != s or old_plan.method_for(n) != plan.method_for(n)]
-        self._update_decisions(None if _fallbacks(old_plan) != _fallbacks(plan) else changed)
+        from . import perf
+        touched = old_plan.exact_changes(plan) if perf.FAST and self.model is not None else None
+        if touched is None:
+            # anything but exact-name rules changed: every tensor re-resolved
+            self.assignment = plan.resolve(self.model) if self.model is not None else {}
+            changed = [n for n, s in self.assignment.items()
+                       if old.get(n) != s or old_plan.method_for(n) != plan.method_for(n)]
+            names = changed
+        else:
+            # an assignment (exact-name rules added, removed or changed): only those tensors
+            # can resolve differently; the rest of the plan resolves as before
+            names = sorted((n for n in touched if n in self._pos), key=self._pos.__getitem__)
+            new = plan.resolve(self.model, names)
+            self.assignment = dict(old)
+            self.assignment.update(new)
+            changed = [n for n in names
+                       if old.get(n) != new[n] or old_plan.method_for(n) != plan.method_for(n)]
+        # the decisions of the touched tensors (their rules' fallbacks included); a plan whose
+        # other fallbacks changed: every tensor's
+        self._update_decisions(names if touched is not None
+                               else None if _fallbacks(old_plan) != _fallbacks(plan) else names)
+        if self.model is not None:
+            self._run.update(self, changed)
         if tiers_changed:
             self.tiersChanged.emit()
         self.stateChanged.emit(changed)
@@ -113,16 +189,31 @@ class Document(QObject):
         if self.model is None:
             self.decisions = {}
             return
-        from workbench.runtimes import plan_decisions
+        from workbench.runtimes import plan_decisions, summarize
         try:
-            self.decisions.update(plan_decisions(self.model, self.plan, "any", names))
+            new = plan_decisions(self.model, self.plan, "any", names)
         except WorkbenchError:
-            pass  # the "any" runtime has a type for every scheme: not expected
+            return  # the "any" runtime has a type for every scheme: not expected
+        if names is None or self._summary is None:
+            self.decisions.update(new)
+            self._summary = summarize(self.decisions.values())
+            return
+        for n, d in new.items():     # the running summary: each changed decision's delta
+            was = self.decisions.get(n)
+            if was is not None:
+                self._summary.remove(was)
+            self._summary.add(d)
+            self.decisions[n] = d
 
     def fallback_summary(self):
-        """workbench.runtimes.FallbackSummary of the plan (as `evaluate` prints it)."""
+        """workbench.runtimes.FallbackSummary of the plan (as `evaluate` prints it), kept up to
+        date by each edit's changed decisions."""
         from workbench.runtimes import summarize
-        return summarize(self.decisions.values())
+        from . import perf
+        if not perf.FAST or self._summary is None:
+            return summarize(self.decisions.values())
+        s = self._summary
+        return type(s)(dict(s.tensors), dict(s.params), dict(s.moves), s.total_params)
 
     def decision(self, name: str):
         return self.decisions.get(name)
@@ -131,8 +222,11 @@ class Document(QObject):
     def add_result(self, result) -> None:
         self._results[(result.name, result.requested)] = result
         self._totals = None
+        current = self.assignment.get(result.name) == result.requested
+        if current:
+            self._run.update(self, (result.name,))
         self.resultAdded.emit(result.name, result.requested)
-        if self.assignment.get(result.name) == result.requested:
+        if current:
             self.resultsChanged.emit([result.name])
 
     def add_estimate(self, est) -> None:
@@ -140,6 +234,7 @@ class Document(QObject):
         self.estimates[(est.name, est.requested)] = est
         if self.assignment.get(est.name) == est.requested and self.result(est.name) is None:
             self._totals = None
+            self._run.update(self, (est.name,))
             self.estimatesChanged.emit([est.name])
 
     def estimate(self, name: str, scheme: str | None = None):
@@ -156,6 +251,8 @@ class Document(QObject):
     def add_throughput(self, name: str, scheme: str, gbs: float | None) -> None:
         self.throughput[(name, scheme)] = gbs
         self._totals = None
+        if self.model is not None and name in self._pos:
+            self._run.update(self, (name,))
         self.throughputChanged.emit([name])
 
     def set_backend(self, name: str) -> None:
@@ -186,22 +283,40 @@ class Document(QObject):
         """Stored bytes under a scheme, from the scheme's size formula (no data read)."""
         scheme = scheme or self.scheme_of(name)
         key = (name, scheme)
-        if key not in self._est:
-            info = self.model.info(name)
-            n = info.nbytes
-            if scheme != KEEP and info.is_float:
-                try:
-                    s = get_scheme(scheme)
-                    if s.ineligible_reason(info.shape) is None:
-                        n = int(s.nbytes(info.shape))
-                except (WorkbenchError, NotImplementedError):
-                    pass
+        n = self._est.get(key)
+        if n is None:
+            info = self.model.tensors.get(name) or self.model.info(name)
+            # the size formula depends on the scheme, the shape and the dtype only: worked out
+            # once per distinct shape (a MoE catalog has a few dozen)
+            skey = (scheme, info.shape, info.dtype, info.nbytes)
+            n = self._size_memo.get(skey)
+            if n is None:
+                n = info.nbytes
+                if scheme != KEEP and info.is_float:
+                    try:
+                        s = get_scheme(scheme)
+                        if s.ineligible_reason(info.shape) is None:
+                            n = int(s.nbytes(info.shape))
+                    except (WorkbenchError, NotImplementedError):
+                        pass
+                self._size_memo[skey] = n
             self._est[key] = n
-        return self._est[key]
+        return n
 
     def bytes_of(self, name: str) -> int:
+        p = self._run.parts.get(name)     # the running totals hold it (kept per change)
+        if p is not None:
+            return p[0]
         r = self.result(name)
         return r.bytes if r is not None else self.estimated_bytes(name)
+
+    def sizes(self, names) -> list[int]:
+        """bytes_of of many tensors at once (the model map's first draw: 100,000 of them)."""
+        parts = self._run.parts
+        try:
+            return [parts[n][0] for n in names]
+        except KeyError:
+            return [self.bytes_of(n) for n in names]
 
     def pending(self) -> list[str]:
         return [n for n in self.names() if self.result(n) is None]
@@ -212,10 +327,13 @@ class Document(QObject):
         from . import perf
         if perf.FAST and self._totals is not None:
             return self._totals
-        self._totals = self._compute_totals()
+        self._totals = self._run.totals(self) if perf.FAST and self.model is not None \
+            else self._compute_totals()
         return self._totals
 
     def _compute_totals(self) -> Totals:
+        """The totals summed over every tensor (the reference the running totals must equal;
+        the path with app.perf.FAST off)."""
         if self.model is None:
             return Totals(0, 0, 0, 0.0, 0.0, None, 0, None, 0)
         results, pending, before, after, params = [], 0, 0, 0, 0
@@ -262,6 +380,134 @@ class Document(QObject):
     @staticmethod
     def finite(v: float | None) -> bool:
         return v is not None and math.isfinite(v)
+
+
+class _RunningTotals:
+    """The document's totals as sums of per-tensor parts, each tensor's part replaced when its
+    scheme, result, estimate or throughput changes: an edit updates the totals in time
+    proportional to the tensors it changed, not to the model (issue 23).
+
+    A part is (bytes after, result (sig, sse, bytes before, bytes) or None, estimate (sig, sse)
+    or None, throughput (float bytes, seconds) or None). Sums of floats are re-added from the
+    parts every REFRESH updates, so rounding from subtracting cannot build up; non-finite error
+    sums (a NaN tensor) are kept aside and added when the totals are read."""
+
+    REFRESH = 20000
+
+    def __init__(self):
+        self.parts: dict[str, tuple] = {}
+        self.params = self.before = 0
+        self._zero()
+
+    def _zero(self) -> None:
+        self.after = self.pending = self.r_before = self.r_after = 0
+        self.r_sig = self.r_sse = self.e_sig = self.e_sse = 0.0
+        self.estimated = 0
+        self.floats = self.secs = 0.0
+        self.measured = 0
+        self.odd_r: dict[str, tuple] = {}    # non-finite result sums, by tensor
+        self.odd_e: dict[str, tuple] = {}
+        self.updates = 0
+
+    @staticmethod
+    def part(doc, name: str, info) -> tuple:
+        r = doc.result(name)
+        res = est = gbs = None
+        if r is None:
+            after = doc.estimated_bytes(name)
+            e = doc.estimate(name)
+            if e is not None:
+                est = (e.sig, e.sse)
+        else:
+            after = r.bytes
+            res = (r.error.sig, r.error.sse, r.bytes_before, r.bytes)
+        g = doc.gbs(name)
+        if g:
+            fl = info.numel * 4
+            gbs = (float(fl), fl / (g * 1e9))
+        return (after, res, est, gbs)
+
+    def _apply(self, name: str, p: tuple, sign: int) -> None:
+        after, res, est, gbs = p
+        self.after += sign * after
+        if res is None:
+            self.pending += sign
+            if est is not None:
+                self.estimated += sign
+                if math.isfinite(est[0]) and math.isfinite(est[1]):
+                    self.e_sig += sign * est[0]
+                    self.e_sse += sign * est[1]
+                elif sign > 0:
+                    self.odd_e[name] = est
+                else:
+                    self.odd_e.pop(name, None)
+        else:
+            self.r_before += sign * res[2]
+            self.r_after += sign * res[3]
+            if math.isfinite(res[0]) and math.isfinite(res[1]):
+                self.r_sig += sign * res[0]
+                self.r_sse += sign * res[1]
+            elif sign > 0:
+                self.odd_r[name] = res
+            else:
+                self.odd_r.pop(name, None)
+        if gbs is not None:
+            self.floats += sign * gbs[0]
+            self.secs += sign * gbs[1]
+            self.measured += sign
+
+    def rebuild(self, doc, tensors) -> None:
+        self.parts = {}
+        self._zero()
+        self.params = sum(i.numel for i in tensors.values())
+        self.before = sum(i.nbytes for i in tensors.values())
+        for name, info in tensors.items():
+            p = self.parts[name] = self.part(doc, name, info)
+            self._apply(name, p, 1)
+
+    def open(self, tensors, sizes: dict) -> None:
+        """A catalog just opened: nothing measured, every tensor at its formula size."""
+        self.parts = {n: (b, None, None, None) for n, b in sizes.items()}
+        self._zero()
+        self.params = sum(i.numel for i in tensors.values())
+        self.before = sum(i.nbytes for i in tensors.values())
+        self.after = sum(sizes.values())
+        self.pending = len(sizes)
+
+    def update(self, doc, names) -> None:
+        tensors = doc.model.tensors
+        for name in names:
+            old = self.parts.get(name)
+            if old is not None:
+                self._apply(name, old, -1)
+            p = self.parts[name] = self.part(doc, name, tensors[name])
+            self._apply(name, p, 1)
+            self.updates += 1
+        if self.updates >= self.REFRESH:
+            parts = self.parts
+            self._zero()
+            for name, p in parts.items():
+                self._apply(name, p, 1)
+
+    def totals(self, doc) -> Totals:
+        sig, sse = self.r_sig, self.r_sse
+        for res in self.odd_r.values():
+            sig, sse = sig + res[0], sse + res[1]
+        sqnr = sqnr_est = None
+        before, after = self.before, self.after
+        if not self.pending:
+            before, after = self.r_before, self.r_after
+            sqnr = sqnr_est = sqnr_db(sig, sse)
+        elif self.estimated == self.pending:
+            esig, esse = sig + self.e_sig, sse + self.e_sse
+            for e in self.odd_e.values():
+                esig, esse = esig + e[0], esse + e[1]
+            sqnr_est = sqnr_db(esig, esse)
+        params = self.params
+        return Totals(params, before, after, 8.0 * after / params if params else 0.0,
+                      before / after if after else 0.0, sqnr, self.pending,
+                      self.floats / self.secs / 1e9 if self.secs > 0 else None, self.measured,
+                      sqnr_est, self.estimated if self.pending else 0)
 
 
 def _fallbacks(plan) -> tuple:

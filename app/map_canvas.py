@@ -50,57 +50,17 @@ class MapCanvas(QWidget):
         self.small_font = ui_font(7.5)
 
     # ---- geometry --------------------------------------------------------------------------
-    def set_blocks(self, blocks) -> None:
+    def set_blocks(self, blocks, geometry=None) -> None:
+        """Lay out `blocks` (workbench.model_map.layout); `geometry`: what
+        :func:`map_geometry` gave for them (worked out off the GUI thread), else worked out
+        here."""
+        g = geometry if geometry is not None else map_geometry(blocks)
         self.blocks = blocks
-        names, rects, labels = [], [], []
-        self.block_rects, self.captions = [], []
-        block_y = []
-        y = 6.0
-        right = TITLE_W
-        for b in blocks:
-            x = TITLE_W + 6.0
-            row_h = 30.0        # room for the title and two lines of totals
-            for s in b.sections:
-                n = len(s.cells)
-                if s.experts:
-                    cell = 2 * EXP_CELL if n <= 16 else EXP_CELL    # few experts: larger
-                    cols = min(n, EXP_COLS)
-                    rows = -(-n // cols)
-                    w = cols * (cell + 1)
-                    h = rows * (cell + 1)
-                    idx = np.arange(n)
-                    xs = x + (idx % cols) * (cell + 1)
-                    ys = y + CAPTION_H + (idx // cols) * (cell + 1)
-                    rects.append(np.stack([xs, ys, np.full(n, cell), np.full(n, cell)], 1))
-                    title = f"{s.title} ({n})"
-                else:
-                    w = n * (CELL_W + 2)
-                    h = CELL_H
-                    xs = x + np.arange(n) * (CELL_W + 2)
-                    rects.append(np.stack([xs, np.full(n, y + CAPTION_H), np.full(n, CELL_W),
-                                           np.full(n, CELL_H)], 1))
-                    title = s.title
-                w = max(w, 7 * len(title))
-                self.captions.append((QRectF(x, y, w, CAPTION_H), title))
-                for c in s.cells:
-                    names.append(c.name)
-                    labels.append(c.label)
-                x += w + SEC_GAP
-                row_h = max(row_h, h)
-            bottom = y + CAPTION_H + row_h
-            self.block_rects.append((QRectF(4, y, TITLE_W - 6, bottom - y), b))
-            block_y.append((y, bottom))
-            right = max(right, x)
-            y = bottom + ROW_GAP
-        self.names = names
-        self.index = {n: i for i, n in enumerate(names)}
-        self.labels = labels
-        self.rects = (np.concatenate(rects).astype(np.float32) if rects
-                      else np.zeros((0, 4), np.float32))
-        self.block_y = np.asarray(block_y, np.float32).reshape(-1, 2)
-        self.colours = np.zeros((len(names), 4), np.uint8)
-        self.selected &= set(names)
-        self._size = QSize(int(right + 8), int(y + 4))
+        (self.names, self.index, self.labels, self.rects, self.block_y, self.block_rects,
+         self.captions, size) = g
+        self.colours = np.zeros((len(self.names), 4), np.uint8)
+        self.selected &= set(self.names)
+        self._size = QSize(*size)
         self.setMinimumSize(self._size)
         self.updateGeometry()
         self.update()
@@ -271,3 +231,53 @@ class MapCanvas(QWidget):
 
     tooltip = None
     last_drawn = 0
+
+
+def map_geometry(blocks) -> tuple:
+    """Where every cell, caption and block title goes (numpy arrays and value types: no
+    QObject is made, so the compute thread can lay out a 100,000-tensor map before it is first
+    shown): (names, index, labels, rects, block_y, block_rects, captions, (width, height))."""
+    names, rects, labels = [], [], []
+    block_rects, captions = [], []
+    block_y = []
+    y = 6.0
+    right = TITLE_W
+    for b in blocks:
+        x = TITLE_W + 6.0
+        row_h = 30.0        # room for the title and two lines of totals
+        for s in b.sections:
+            n = len(s.cells)
+            if s.experts:
+                cell = 2 * EXP_CELL if n <= 16 else EXP_CELL    # few experts: larger
+                cols = min(n, EXP_COLS)
+                rows = -(-n // cols)
+                w = cols * (cell + 1)
+                h = rows * (cell + 1)
+                idx = np.arange(n)
+                xs = x + (idx % cols) * (cell + 1)
+                ys = y + CAPTION_H + (idx // cols) * (cell + 1)
+                rects.append(np.stack([xs, ys, np.full(n, cell), np.full(n, cell)], 1))
+                title = f"{s.title} ({n})"
+            else:
+                w = n * (CELL_W + 2)
+                h = CELL_H
+                xs = x + np.arange(n) * (CELL_W + 2)
+                rects.append(np.stack([xs, np.full(n, y + CAPTION_H), np.full(n, CELL_W),
+                                       np.full(n, CELL_H)], 1))
+                title = s.title
+            w = max(w, 7 * len(title))
+            captions.append((QRectF(x, y, w, CAPTION_H), title))
+            names.extend(c.name for c in s.cells)
+            labels.extend(c.label for c in s.cells)
+            x += w + SEC_GAP
+            row_h = max(row_h, h)
+        bottom = y + CAPTION_H + row_h
+        block_rects.append((QRectF(4, y, TITLE_W - 6, bottom - y), b))
+        block_y.append((y, bottom))
+        right = max(right, x)
+        y = bottom + ROW_GAP
+    index = {n: i for i, n in enumerate(names)}
+    rects = (np.concatenate(rects).astype(np.float32) if rects else np.zeros((0, 4), np.float32))
+    block_y = np.asarray(block_y, np.float32).reshape(-1, 2)
+    return (names, index, labels, rects, block_y, block_rects, captions,
+            (int(right + 8), int(y + 4)))

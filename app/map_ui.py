@@ -12,7 +12,8 @@ TAB_TITLE = "Model map"
 
 
 def install(win) -> ModelMapView:
-    view = ModelMapView(win.doc, win.push, win.select, getattr(win, "effects", None))
+    view = ModelMapView(win.doc, win.push, win.select, getattr(win, "effects", None),
+                        runner=win.runner)
     win.model_map = view
     win.map_tab_index = win.tabs.addTab(view, TAB_TITLE)
     menu = next((a.menu() for a in win.menuBar().actions()

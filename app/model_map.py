@@ -16,23 +16,29 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QPus
 from workbench.atomic import atomic_write
 from workbench.errors import WorkbenchError
 from workbench.model_map import (HIGHER_IS_BETTER, OVERLAY_TEXT, OVERLAYS,
-                                 colour_range, layout, normalise, overlay_values)
+                                 colour_range, layout, layout_job, normalise, overlay_values)
+from workbench.progress import Progress, run
 from workbench.plan import KEEP
 
 from . import commands
 from .colour_scale import ColourLegend, rgb
 from .format import fmt_bytes, fmt_float
-from .map_canvas import MapCanvas
+from .map_canvas import MapCanvas, map_geometry
 from .theme import BACKGROUND
 
 LEGEND_H = 50
 
 
 class ModelMapView(QWidget):
-    def __init__(self, doc, push, select, fx=None, parent=None):
+    def __init__(self, doc, push, select, fx=None, parent=None, runner=None):
         super().__init__(parent)
         self.setObjectName("ModelMap")
         self.doc, self.push, self.select_tensor, self.fx = doc, push, select, fx
+        # the compute thread lays the map out as soon as a model opens (a 100,000-tensor
+        # catalog takes a second or more in Python): the first show only colours it
+        self.runner = runner
+        self._prepared = None       # (model, blocks, geometry, params, is_float)
+        self._preparing = None
         self.overlay = "bits"
         self.canvas = MapCanvas()
         self.canvas.tooltip = self._tooltip
@@ -106,10 +112,27 @@ class ModelMapView(QWidget):
 
     # ---- data ------------------------------------------------------------------------------
     def _model_changed(self) -> None:
-        """A new model: laid out now when the map is shown, else when it is first shown."""
+        """A new model: laid out now when the map is shown, else on the compute thread (or, if
+        that has not finished, when it is first shown)."""
         self._stale = True
+        self._prepared = None
+        if self._preparing is not None:
+            self._preparing.cancel()
+            self._preparing = None
         if self.isVisible():
             self.rebuild()
+        elif self.runner is not None and self.doc.model is not None:
+            model = self.doc.model
+            from .workers import BACKGROUND
+
+            def done(result):
+                if result is not None and result[0] is self.doc.model:
+                    self._prepared = result
+                self._preparing = None
+            # above the whole-model sweep (BACKGROUND), below anything the user asked for
+            self._preparing = self.runner.submit(lambda: _prepare_job(model),
+                                                 "laying out the model map", BACKGROUND + 5,
+                                                 on_done=done)
 
     def ensure_built(self) -> None:
         if self._stale:
@@ -118,17 +141,22 @@ class ModelMapView(QWidget):
     def rebuild(self) -> None:
         self._stale = False
         model = self.doc.model
-        self.blocks = layout(model) if model is not None else []
-        self.canvas.set_blocks(self.blocks)
+        prep = self._prepared
+        if model is None:
+            prep = (None, [], None, np.zeros(0), np.zeros(0, bool))
+        elif prep is None or prep[0] is not model:
+            if self._preparing is not None:     # shown before the compute thread finished
+                self._preparing.cancel()
+                self._preparing = None
+            prep = run(_prepare_job(model))
+        self._prepared = None
+        _m, self.blocks, geometry, self.params, self.is_float = prep
+        self.canvas.set_blocks(self.blocks, geometry)
         self.canvas.set_current(self.doc.current)
         names = self.canvas.names
-        tensors = model.tensors if model is not None else {}
-        self.params = np.array([tensors[n].numel for n in names], np.float64)
         self.block_of = np.repeat(np.arange(len(self.blocks)),
                                   [len(b.names) for b in self.blocks]).astype(np.int64)
-        self.nbytes = np.array([self.doc.bytes_of(n) for n in names], np.float64) \
-            if names else np.zeros(0)
-        self.is_float = np.array([tensors[n].is_float for n in names], bool)
+        self.nbytes = np.array(self.doc.sizes(names), np.float64) if names else np.zeros(0)
         self.current_values = self.values()
         self._dirty.clear()
         self._all_dirty = False
@@ -339,6 +367,19 @@ class ModelMapView(QWidget):
                 self.status.setText(f"cannot export: {exc}")
             else:
                 self.status.setText(f"map saved to {path}")
+
+
+def _prepare_job(model):
+    """The map of `model` laid out (a workbench.progress job, run on the compute thread):
+    (model, blocks, geometry, params per cell, is-float per cell)."""
+    blocks = yield from layout_job(model)
+    yield Progress(len(model.tensors), len(model.tensors), "placing the model map's cells")
+    geometry = map_geometry(blocks)
+    names = geometry[0]
+    tensors = model.tensors
+    params = np.fromiter((tensors[n].numel for n in names), np.float64, len(names))
+    is_float = np.fromiter((tensors[n].is_float for n in names), bool, len(names))
+    return model, blocks, geometry, params, is_float
 
 
 def render_map_png(model, plan, bits_of=None, width: int = 1100) -> bytes:

@@ -12,8 +12,9 @@ that tier), renamed and removed; each is an undoable command of :mod:`app.comman
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 
-from PySide6.QtCore import QAbstractListModel, QMimeData, QModelIndex, QRect, QSize, Qt
+from PySide6.QtCore import QMimeData, QModelIndex, QRect, QSize, QStringListModel, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPen
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogButtonBox,
                                QFormLayout, QFrame, QHBoxLayout, QLabel, QLineEdit, QListView,
@@ -33,61 +34,191 @@ NAME_ROLE = Qt.ItemDataRole.UserRole + 20
 
 
 def members(doc, tier: int) -> list[str]:
+    """The weight matrices shown in tier `tier` (in catalog order), worked out over the whole
+    model (the board itself keeps them per edit: :class:`TierPlacement`)."""
     if doc.model is None:
         return []
     return [n for n, info in doc.model.tensors.items()
             if on_board(info) and tier_index(doc.tiers, doc.scheme_of(n), info) == tier]
 
 
-class TierListModel(QAbstractListModel):
-    def __init__(self, doc, tier: int, on_drop, parent=None):
+class TierPlacement:
+    """Which tier each weight matrix shows in, and each tier's totals (tensors, parameters,
+    bytes, schemes), kept up to date per edit: an edit moves only the cards of the tensors it
+    changed, and the column headers read running sums (issue 23: a 100,000-tensor catalog).
+
+    Per tier: its members in catalog order (`names`, with their catalog positions in `keys`
+    for a binary search); per tensor: (tier, scheme, bytes) as last placed."""
+
+    #: more cards than this moving at once: the columns are reset instead of row by row
+    BULK = 256
+
+    def __init__(self, doc):
+        self.doc = doc
+        self.models: list = []        # TierListModel per tier (set by the board)
+        self.rebuild(reset=False)
+
+    def _tier(self, scheme: str, info) -> int:
+        key = scheme if scheme != "keep" else ("keep", info.bits_per_weight)
+        t = self._memo.get(key)
+        if t is None:
+            t = self._memo[key] = tier_index(self.doc.tiers, scheme, info)
+        return t
+
+    def rebuild(self, reset: bool = True) -> None:
+        """Every tensor placed anew (a new model or a new tier setup)."""
+        doc = self.doc
+        n = len(doc.tiers)
+        self._memo: dict = {}
+        self.names: list[list[str]] = [[] for _ in range(n)]
+        self.keys: list[list[int]] = [[] for _ in range(n)]
+        self.params = [0] * n
+        self.bytes = [0] * n
+        self.schemes: list[dict[str, int]] = [{} for _ in range(n)]
+        self.placed: dict[str, tuple] = {}
+        if doc.model is not None:
+            names, keys, params, sizes, schemes = (self.names, self.keys, self.params,
+                                                   self.bytes, self.schemes)
+            floats: dict[str, bool] = {}     # dtype -> is float (on_board, per dtype)
+            for k, (name, info) in enumerate(doc.model.tensors.items()):
+                f = floats.get(info.dtype)
+                if f is None:
+                    f = floats[info.dtype] = info.is_float
+                if not f or len(info.shape) < 2:
+                    continue
+                s = doc.scheme_of(name)
+                t = self._tier(s, info)
+                b = doc.bytes_of(name)
+                names[t].append(name)
+                keys[t].append(k)
+                params[t] += info.numel
+                sizes[t] += b
+                schemes[t][s] = schemes[t].get(s, 0) + 1
+                self.placed[name] = (t, s, b)
+        if reset:
+            for m in self.models:
+                m.reset()
+
+    def row_of(self, tier: int, name: str) -> int | None:
+        k = self.doc._pos.get(name)
+        keys = self.keys[tier]
+        i = bisect_left(keys, k) if k is not None else len(keys)
+        return i if i < len(keys) and keys[i] == k else None
+
+    def update(self, names) -> set[int]:
+        """Place `names` again (their scheme, result or size changed); the cards that change
+        tier move, the others are repainted. Returns the tiers whose header changed."""
+        doc = self.doc
+        if doc.model is None:
+            return set()
+        tensors = doc.model.tensors
+        moves, touched = [], {}
+        for name in names:
+            was = self.placed.get(name)
+            if was is None:
+                continue      # not a card (a vector, an integer tensor) or not this model
+            info = tensors[name]
+            s = doc.scheme_of(name)
+            t = self._tier(s, info)
+            b = doc.bytes_of(name)
+            if (t, s, b) == was:
+                touched.setdefault(t, []).append(name)     # its SQNR may have arrived
+                continue
+            ot, os_, ob = was
+            self.params[ot] -= info.numel
+            self.bytes[ot] -= ob
+            left = self.schemes[ot][os_] - 1
+            if left:
+                self.schemes[ot][os_] = left
+            else:
+                del self.schemes[ot][os_]
+            self.params[t] += info.numel
+            self.bytes[t] += b
+            self.schemes[t][s] = self.schemes[t].get(s, 0) + 1
+            self.placed[name] = (t, s, b)
+            if t != ot:
+                moves.append((name, ot, t))
+            touched.setdefault(t, []).append(name)
+        changed = set(touched)
+        if moves:
+            changed |= {ot for _n, ot, _t in moves}
+            if len(moves) > self.BULK:
+                for name, ot, t in moves:
+                    self._take(ot, name)
+                    self._put(t, name)
+                for t in {x for _n, a, b in moves for x in (a, b)}:
+                    self.models[t].reset()
+            else:
+                for name, ot, t in moves:
+                    self.models[ot].take_row(self._take(ot, name))
+                    self.models[t].put_row(self._put(t, name), name)
+        for t, group in touched.items():
+            self.models[t]._changed(group)
+        return changed
+
+    def _take(self, tier: int, name: str) -> int:
+        r = self.row_of(tier, name)
+        del self.names[tier][r]
+        del self.keys[tier][r]
+        return r
+
+    def _put(self, tier: int, name: str) -> int:
+        k = self.doc._pos[name]
+        r = bisect_left(self.keys[tier], k)
+        self.names[tier].insert(r, name)
+        self.keys[tier].insert(r, k)
+        return r
+
+
+class TierListModel(QStringListModel):
+    """One tier's cards: the names of the board's :class:`TierPlacement` for this tier, held
+    in Qt's own string list so that laying out a column of 100,000 cards never calls back into
+    Python per row (a Python rowCount was asked twice per card); the cards' other roles,
+    drag and drop are Python."""
+
+    def __init__(self, doc, tier: int, on_drop, placement: TierPlacement, parent=None):
         super().__init__(parent)
         self.doc = doc
         self.tier = tier
         self.on_drop = on_drop
-        self.names: list[str] = []
-        self._row: dict[str, int] = {}
-        self._links = [(doc.modelChanged, self.rebuild), (doc.stateChanged, self._state_changed),
-                       (doc.tiersChanged, self.rebuild), (doc.resultsChanged, self._changed)]
-        for signal, slot in self._links:
-            signal.connect(slot)
+        self.placement = placement
+        self.reset()
+
+    @property
+    def names(self) -> list[str]:
+        return self.placement.names[self.tier]
 
     def detach(self) -> None:
         """Stop following the document (the column is being replaced)."""
-        for signal, slot in self._links:
-            signal.disconnect(slot)
-        self._links = []
 
-    def _state_changed(self, _names) -> None:
-        self.rebuild()
+    def reset(self) -> None:
+        names = self.placement.names
+        self.setStringList(names[self.tier] if self.tier < len(names) else [])
+
+    def take_row(self, row: int) -> None:
+        self.removeRows(row, 1)
+
+    def put_row(self, row: int, name: str) -> None:
+        self.insertRows(row, 1)
+        self.setData(self.index(row), name, Qt.ItemDataRole.DisplayRole)
 
     def rebuild(self) -> None:
-        new = members(self.doc, self.tier)
-        if new == self.names:
-            self._changed(new)
-            return
-        self.beginResetModel()
-        self.names = new
-        self._row = {n: i for i, n in enumerate(new)}
-        self.endResetModel()
+        self.reset()
 
     def _changed(self, names) -> None:
         # one dataChanged over the changed rows' span (the column's header is refreshed once
-        # per signal: per row, an edit of many tensors refreshed it once per card)
-        rows = [r for r in (self._row.get(n) for n in names) if r is not None]
+        # per signal by the board: per row, an edit of many tensors refreshed it once per card)
+        rows = [r for r in (self.placement.row_of(self.tier, n) for n in names) if r is not None]
         if rows:
             self.dataChanged.emit(self.index(min(rows)), self.index(max(rows)))
-
-    def rowCount(self, parent=QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(self.names)
 
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):
         if not index.isValid():
             return None
-        name = self.names[index.row()]
+        name = super().data(index, Qt.ItemDataRole.DisplayRole)    # Qt's list: the rows shown
         if role == NAME_ROLE:
             return name
-        if role == Qt.ItemDataRole.DisplayRole:
+        if role == Qt.ItemDataRole.DisplayRole or role == Qt.ItemDataRole.EditRole:
             return name
         if role == Qt.ItemDataRole.ToolTipRole:
             info = self.doc.model.info(name)
@@ -130,7 +261,9 @@ class TierListModel(QAbstractListModel):
             names = json.loads(bytes(data.data(MIME)).decode("utf-8"))
         except (ValueError, UnicodeDecodeError):
             return False
-        names = [n for n in names if isinstance(n, str) and n not in self._row]
+        placed = self.placement.placed
+        names = [n for n in names if isinstance(n, str)
+                 and (placed.get(n) or (None,))[0] != self.tier]
         if names:
             self.on_drop(names, self.tier)
         return False  # the move is done by the command; nothing for the source view to remove
@@ -231,7 +364,8 @@ class TierList(QListView):
 
 
 class TierColumn(QFrame):
-    def __init__(self, doc, tier: int, on_drop, on_scheme, activated, parent=None):
+    def __init__(self, doc, tier: int, on_drop, on_scheme, activated, parent=None,
+                 placement: TierPlacement | None = None):
         super().__init__(parent)
         self.doc = doc
         self.tier = tier
@@ -250,7 +384,8 @@ class TierColumn(QFrame):
         self.scheme.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.scheme.setMinimumContentsLength(8)
         self.scheme.activated.connect(lambda _i: self._scheme_chosen())
-        self.model = TierListModel(doc, tier, on_drop, self)
+        self.placement = placement if placement is not None else TierPlacement(doc)
+        self.model = TierListModel(doc, tier, on_drop, self.placement, self)
         self.view = TierList()
         self.view.setModel(self.model)
         self.view.setItemDelegate(CardDelegate(doc, tier, self.view))
@@ -287,13 +422,9 @@ class TierColumn(QFrame):
         lay.setSpacing(4)
         lay.addWidget(self.header)
         lay.addWidget(self.view, 1)
-        self.model.modelReset.connect(self.refresh_header)
-        self.model.dataChanged.connect(lambda *_: self.refresh_header())
-        doc.tiersChanged.connect(self.refresh_header)
 
     def detach(self) -> None:
         self.model.detach()
-        self.doc.tiersChanged.disconnect(self.refresh_header)
 
     def tier_menu(self) -> QMenu:
         """Add tier after this one / rename / remove (the header's context menu)."""
@@ -316,15 +447,14 @@ class TierColumn(QFrame):
         colour = tier_colour(self.tier).name()
         self.title.setText(f"<span style='color:{colour}'>■</span>&nbsp; <b>{t.name}</b>")
         self.scheme.setCurrentText(t.scheme)
-        names = self.model.names
         if self.doc.model is None:
             return
-        params = sum(self.doc.model.info(n).numel for n in names)
-        size = sum(self.doc.bytes_of(n) for n in names)
-        share = 100.0 * params / max(self.doc.model.total_params, 1)
-        mix = tier_mix(t, [self.doc.scheme_of(n) for n in names])
-        self.summary.setText(f"{plural(len(names), 'tensor')} · {share:.1f}% of params · "
-                             f"{fmt_bytes(size)}" + (f" · {mix}" if mix else ""))
+        # the board's running sums (TierPlacement), not a pass over the members
+        pl, k = self.placement, self.tier
+        share = 100.0 * pl.params[k] / max(self.doc.model.total_params, 1)
+        mix = tier_mix(t, list(pl.schemes[k]))
+        self.summary.setText(f"{plural(len(pl.names[k]), 'tensor')} · {share:.1f}% of params · "
+                             f"{fmt_bytes(pl.bytes[k])}" + (f" · {mix}" if mix else ""))
         self.mix = mix
 
 
@@ -395,12 +525,26 @@ class TierBoard(QWidget):
         lay.setContentsMargins(0, 6, 0, 0)
         lay.addLayout(self.row, 1)
         lay.addLayout(foot)
+        self.placement = TierPlacement(doc)
         doc.modelChanged.connect(self.rebuild)
         doc.tiersChanged.connect(self._tiers_changed)
+        doc.stateChanged.connect(self._update)
+        doc.resultsChanged.connect(self._update)
 
     def _tiers_changed(self) -> None:
         if len(self.columns) != len(self.doc.tiers):
             self.rebuild()
+            return
+        self.placement.rebuild()
+        for c in self.columns:
+            c.refresh_header()
+
+    def _update(self, names) -> None:
+        """Cards of `names` moved or repainted; each changed column's header refreshed once."""
+        if len(self.placement.names) != len(self.columns):
+            return
+        for t in sorted(self.placement.update(names)):
+            self.columns[t].refresh_header()
 
     def rebuild(self) -> None:
         for c in self.columns:
@@ -408,11 +552,14 @@ class TierBoard(QWidget):
             c.setParent(None)
             c.deleteLater()
         self.columns = []
+        self.placement.models = []
+        self.placement.rebuild(reset=False)
         for i in range(len(self.doc.tiers)):
-            col = TierColumn(self.doc, i, self.drop, self.set_scheme, self.activated, self)
+            col = TierColumn(self.doc, i, self.drop, self.set_scheme, self.activated, self,
+                             self.placement)
             self.row.addWidget(col, 1)
             self.columns.append(col)
-            col.model.rebuild()
+            self.placement.models.append(col.model)
             col.refresh_header()
         if self.doc.model is not None:
             kept = sum(1 for i in self.doc.model.tensors.values() if not on_board(i))
@@ -425,7 +572,7 @@ class TierBoard(QWidget):
 
     def set_scheme(self, tier: int, scheme: str) -> None:
         from .commands import set_tier_scheme
-        self.push(set_tier_scheme(self.doc, tier, scheme, members(self.doc, tier)))
+        self.push(set_tier_scheme(self.doc, tier, scheme, list(self.placement.names[tier])))
 
     # ---- add / rename / remove tiers -----------------------------------------------------------
     def current_tier(self) -> int:

@@ -139,8 +139,7 @@ class TotalsBar(QFrame):
 def throughput_text(doc, t) -> str:
     """'13.1 GB/s warm (5/22)': the mean over 5 of 22 matrices / 'pending' / 'n/a'."""
     if t.throughput_gbs:
-        total = sum(1 for i in doc.model.tensors.values() if i.ndim >= 2 and i.is_float) \
-            if doc.model is not None else t.measured
+        total = doc.matrix_count() if doc.model is not None else t.measured
         return f"{fmt_gbs(t.throughput_gbs)} GB/s warm ({t.measured}/{max(total, t.measured)})"
     if doc.model is not None and doc.current and (doc.current, doc.scheme_of(doc.current)) \
             not in doc.throughput:

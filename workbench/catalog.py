@@ -84,6 +84,13 @@ def moe_role(name: str) -> str | None:
     return None
 
 
+def is_router(name: str) -> bool:
+    """moe_role(name) == 'router', without the expert checks (the plan asks it of every tensor)."""
+    low = name.lower()
+    return ("gate" in low or "router" in low or "exp_probs" in low or "e_score" in low) \
+        and _ROUTER_RE.search(low) is not None
+
+
 def expert_index(name: str) -> int | None:
     """The expert number N of a Hugging Face per-expert tensor (``.experts.N.``); None for
     merged 3-D tensors (every expert) and non-expert tensors."""
@@ -155,6 +162,35 @@ def _any_role_prefilter():
 
 _ANY_ROLE = _any_role_prefilter()
 _SUFFIX = re.compile(r"\.(weight|w|kernel)$")
+
+
+_FACTS: dict[tuple, tuple] = {}
+
+
+def grouping(name: str, ndim: int) -> tuple[str, str, str | None]:
+    """(role, group, expert group) of a tensor — what `infer_role`, `group_of` and
+    `expert_group` give — with what does not depend on the block number worked out once per
+    name template (the name with its dot-separated numbers as 0; as the role memo): a
+    100,000-tensor catalog is grouped in one regex per name."""
+    template = _INDEX_RE.sub("0", name)
+    facts = _FACTS.get((template, ndim))
+    if facts is None:
+        role = infer_role(name, ndim)
+        has_block = _BLOCK_RE.search(template) is not None
+        expert = moe_role(name) == "expert"
+        proj = projection(name) if expert else None
+        facts = (role, has_block, group_of(name, role) if not has_block else None, expert,
+                 proj or "?")
+        if len(_FACTS) < _MEMO_MAX:
+            _FACTS[(template, ndim)] = facts
+    role, has_block, group, expert, proj = facts
+    if has_block:
+        idx = block_index(name)
+        group = f"layer {idx}"
+    else:
+        idx = None
+    return role, group, (f"layer {idx if idx is not None else '?'} experts {proj}"
+                         if expert else None)
 
 
 def block_index(name: str) -> int | None:

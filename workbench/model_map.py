@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .progress import Progress
+
 OVERLAYS = ("bits", "sqnr", "sensitivity", "output", "kurtosis", "outliers")
 OVERLAY_TEXT = {"bits": "scheme / bits per weight", "sqnr": "SQNR (dB)",
                 "sensitivity": "sensitivity (predicted error)",
@@ -117,11 +119,26 @@ def _template_facts(name: str, ndim: int) -> tuple:
 
 def layout(model) -> list[MapBlock]:
     """The model's blocks in reading order: embeddings, layers by index, head, other."""
+    from .progress import run
+    return run(layout_job(model))
+
+
+#: tensors laid out between two progress events of :func:`layout_job`
+LAYOUT_CHUNK = 4096
+
+
+def layout_job(model):
+    """:func:`layout` as a job (workbench.progress): a Progress every LAYOUT_CHUNK tensors, so
+    the GUI's compute thread can lay out a 100,000-tensor catalog in the background and still
+    answer a selection in between."""
     blocks: dict[str, MapBlock] = {}
     sections: dict[tuple[str, str], MapSection] = {}
     memo: dict[tuple, tuple] = {}
     layer_keys: dict[int, str] = {}
-    for name, info in model.tensors.items():
+    total = len(model.tensors)
+    for k, (name, info) in enumerate(model.tensors.items()):
+        if k % LAYOUT_CHUNK == 0 and k:
+            yield Progress(k, total, "laying out the model map")
         ndim = len(info.shape)
         nums = _INDEX_RE.findall(name)
         tkey = (_INDEX_RE.sub("0", name), ndim)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .atomic import write_text_atomic
+from .catalog import is_router as _is_router_name
 from .errors import WorkbenchError
 
 PLAN_FORMAT = "quant-workbench-plan"
@@ -206,8 +207,7 @@ class Plan:
 
     @staticmethod
     def _is_router(name: str) -> bool:
-        from .catalog import moe_role
-        return moe_role(name) == "router"
+        return _is_router_name(name)
 
     def scheme_and_source(self, name: str, ndim: int = 2, is_float: bool = True):
         """(scheme, explicit): the scheme for a tensor and whether a rule chose it."""
@@ -263,13 +263,46 @@ class Plan:
             return rule.fallback
         return self.fallback
 
-    def resolve(self, model) -> dict[str, str]:
-        """Scheme for every tensor of a model (non-float tensors are always kept)."""
-        out = {}
-        for info in model.tensors.values():
-            s = self.scheme_for(info.name, info.ndim, info.is_float)
-            out[info.name] = s if info.is_float else KEEP
-        return out
+    def resolve(self, model, names=None) -> dict[str, str]:
+        """Scheme for every tensor of a model, or for `names` only (non-float tensors are always
+        kept)."""
+        return {name: scheme for name, _info, scheme, _explicit, _rule
+                in self.sources(model, names)}
+
+    def sources(self, model, names=None):
+        """(name, info, scheme, explicit, rule) for every tensor of `model` (or `names`): the
+        scheme as :meth:`resolve` gives it, whether a rule chose it (:meth:`scheme_and_source`)
+        and that rule (None: the default or keep). A plan without ``re:`` patterns or selectors
+        (exact names and the default) needs no rule search per tensor: a 100,000-tensor catalog
+        in tens of ms."""
+        exact, regex, _pos, _pset, selectors = self._index()
+        tensors = model.tensors
+        searched = bool(regex or selectors)
+        default = self.default
+        for name in (tensors if names is None else names):
+            info = tensors[name]
+            rule = self.rule_for(name) if searched else exact.get(name)
+            if not info.is_float:
+                yield name, info, KEEP, rule is not None, rule
+            elif rule is not None:
+                yield name, info, rule.scheme, True, rule
+            elif len(info.shape) < 2 or _is_router_name(name):
+                yield name, info, KEEP, False, None   # routers stay in float unless named
+            else:
+                yield name, info, default, False, None
+
+    def exact_changes(self, other: "Plan") -> set[str] | None:
+        """The tensor names whose scheme, method or fallback can differ between this plan and
+        `other` when the two differ only in exact-name rules (an assignment: the names of the
+        rules added, removed or changed); None when anything else differs (default, plan
+        fallback or method, a pattern or selector rule), so every tensor may have changed."""
+        if (self.default, self.fallback, self.method) != (other.default, other.fallback,
+                                                         other.method):
+            return None
+        if [r for r in self.rules if r.is_regex] != [r for r in other.rules if r.is_regex]:
+            return None
+        a, b = self._index()[0], other._index()[0]
+        return {n for n in a.keys() | b.keys() if a.get(n) != b.get(n)}
 
     # ---- edits (return a new plan; commands in the GUI keep the old one for undo) -------
     def with_assignments(self, assignments: dict[str, str]) -> "Plan":

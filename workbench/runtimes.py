@@ -109,6 +109,19 @@ class Summary:
             key = f"{d.requested}->{d.applied}"
             self.moves[key] = self.moves.get(key, 0) + 1
 
+    def remove(self, d: Decision) -> None:
+        """Take back a decision added before (a running summary: the tensor's decision changed)."""
+        self.tensors[d.kind] -= 1
+        self.params[d.kind] -= d.params
+        self.total_params -= d.params
+        if d.kind == "fallback":
+            key = f"{d.requested}->{d.applied}"
+            left = self.moves.get(key, 0) - 1
+            if left > 0:
+                self.moves[key] = left
+            else:
+                self.moves.pop(key, None)
+
     def share(self, kind: str) -> float:
         return self.params[kind] / self.total_params if self.total_params else 0.0
 
@@ -402,6 +415,38 @@ def decide(info, requested: str, runtime: str | Runtime = "any", *, fallback: st
     return Decision(n, requested, KEEP, "kept", f"{reason}: kept in {info.dtype}", params)
 
 
+class Decider:
+    """decide() for the tensors of one plan and runtime, fed by Plan.sources. A runtime whose
+    "never re-typed" rule ignores the tensor's name decides by the scheme, the shape and the
+    dtype alone: one decision per distinct (request, shape, dtype), the rest copied with the
+    tensor's name (a 100,000-tensor MoE catalog has a few dozen)."""
+
+    def __init__(self, plan, rt: Runtime, gnames=None, shapes=None):
+        self.plan, self.rt, self.gnames, self.shapes = plan, rt, gnames, shapes
+        self.memo: dict | None = {} if (type(rt).never_retyped is Runtime.never_retyped
+                                        and not shapes) else None
+
+    def __call__(self, name, info, requested, explicit, rule) -> Decision:
+        plan = self.plan
+        if not info.is_float:   # as scheme_and_source: the rule's (or default's) request
+            requested, explicit = plan.scheme_and_source(name, info.ndim, False)
+        fallback = rule.fallback if rule is not None and rule.fallback else plan.fallback
+        key = None
+        if self.memo is not None:
+            shape = info.shape
+            key = (requested, explicit, fallback, shape, info.dtype,
+                   len(shape) == 3 and info.merged_experts)
+            d = self.memo.get(key)
+            if d is not None:
+                return Decision(name, d.requested, d.applied, d.kind, d.note, info.numel)
+        d = decide(info, requested, self.rt, fallback=fallback, explicit=explicit,
+                   gguf_name=self.gnames.get(name) if self.gnames else None,
+                   shape=(self.shapes or {}).get(name))
+        if key is not None:
+            self.memo[key] = d
+        return d
+
+
 def plan_decisions(model, plan, runtime: str = "any", names=None,
                    shapes: dict | None = None) -> dict[str, Decision]:
     """The decision for every tensor of `model` (or `names`) under `plan` for `runtime`
@@ -422,13 +467,10 @@ def plan_decisions(model, plan, runtime: str = "any", names=None,
                           if CONV1D.search(n) and model.info(n).ndim == 2}
     out: dict[str, Decision] = {}
     errors = []
-    for name in (model.tensors if names is None else names):
-        info = model.info(name)
-        requested, explicit = plan.scheme_and_source(name, info.ndim, info.is_float)
+    decider = Decider(plan, rt, gnames, shapes)
+    for name, info, requested, explicit, rule in plan.sources(model, names):
         try:
-            out[name] = decide(info, requested, rt, fallback=plan.fallback_for(name),
-                               explicit=explicit, gguf_name=gnames.get(name) if gnames else None,
-                               shape=(shapes or {}).get(name))
+            out[name] = decider(name, info, requested, explicit, rule)
         except WorkbenchError as exc:
             errors.append((name, exc))
     if errors:
