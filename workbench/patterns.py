@@ -82,49 +82,76 @@ def check_pattern_text(text: str) -> None:
     _check_repeats(text)
 
 
+SET_CHUNK = 8192   # patterns per RE2 set: compiling one set grows faster than its size
+
+
 class PatternSet:
-    """Many patterns matched together in one pass over a name (RE2's Set): `first(name)` is
-    the index of the first pattern (in the order given) that ``re.search`` would find in
-    `name`, or None. Building and matching are linear in the patterns' total length and the
-    name's length, not in their product: a plan of 100,000 rules resolves a tensor as fast as
-    a plan of ten. A pattern RE2 cannot take is the WorkbenchError compile_pattern gives."""
+    """Many patterns matched together (RE2's Set): `first(name)` is the index of the first
+    pattern (in the order given) that ``re.search`` would find in `name`, or None. Building and
+    matching are linear in the patterns' total length and the name's length, not in their
+    product: a plan of 100,000 rules resolves a tensor about as fast as a plan of ten.
+
+    The patterns go into sets of SET_CHUNK in their order (RE2's compile of one set of 75,000
+    patterns costs twice that of nine sets holding them); a name is matched against the sets
+    in order until one finds a pattern. A pattern repeated later can never be the first match
+    and is left out. A pattern RE2 cannot take is the WorkbenchError compile_pattern gives."""
 
     def __init__(self, patterns: list[str]):
-        import re2
         self.n = len(patterns)
-        self._set = None
+        self._sets: list = []          # (RE2 set, the original index of each of its patterns)
         if not patterns:
             return
+        import re2
         opts = re2.Options()
         opts.log_errors = False
-        opts.max_mem = SET_MAX_MEM
-        s = re2.Set.SearchSet(opts)
+        # the plan's memory budget shared between its sets (at least 32 MiB each: 8,192
+        # short patterns take about 16)
+        opts.max_mem = max(32 << 20, SET_MAX_MEM // -(-self.n // SET_CHUNK))
+        seen: set = set()
+        s, index = None, []
         for i, text in enumerate(patterns):
-            check_pattern_text(text)
+            if text in seen:
+                continue
+            seen.add(text)
+            if len(text) > MAX_PATTERN or "{" in text:
+                check_pattern_text(text)
+            if s is None or len(index) == SET_CHUNK:
+                if s is not None:
+                    self._sets.append((self._compiled(s), index))
+                s, index = re2.Set.SearchSet(opts), []
             try:
-                ok = s.Add(text) == i
+                ok = s.Add(text) == len(index)
             except re2.error:
                 ok = False
             if not ok:
                 compile_pattern(text)   # raises the precise reason
                 raise WorkbenchError(f"bad regular expression {text[:80]!r}")
+            index.append(i)
+        self._sets.append((self._compiled(s), index))
+
+    def _compiled(self, s):
+        import re2
         try:
             s.Compile()
         except re2.error as exc:
             raise WorkbenchError(f"the plan's {self.n:,} patterns do not fit RE2's memory "
                                  f"limit together ({exc})") from None
-        self._set = s
+        return s
 
     def first(self, name: str) -> int | None:
-        if self._set is None:
+        if not self._sets:
             return None
         import re2
         try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:   # a lone surrogate (RE2 takes UTF-8): matched as "?"
+            name = name.encode("utf-8", "replace").decode("utf-8")
+        for s, index in self._sets:
             try:
-                hits = self._set.Match(name)
-            except UnicodeEncodeError:   # a lone surrogate (RE2 takes UTF-8): matched as "?"
-                hits = self._set.Match(name.encode("utf-8", "replace").decode("utf-8"))
-        except re2.error as exc:
-            raise WorkbenchError(f"matching {self.n:,} patterns against {name[:80]!r} failed "
-                                 f"({exc})") from None
-        return min(hits) if hits else None
+                hits = s.Match(name)
+            except re2.error as exc:
+                raise WorkbenchError(f"matching {self.n:,} patterns against {name[:80]!r} "
+                                     f"failed ({exc})") from None
+            if hits:
+                return index[min(hits)]
+        return None
