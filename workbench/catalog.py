@@ -189,6 +189,19 @@ def infer_role(name: str, ndim: int) -> str:
     return role
 
 
+def infer_roles(items) -> list[str]:
+    """infer_role of many (name, ndim) pairs: the memo looked up inline (a call per name cost
+    more than the look-up when 300,000 tensors are listed)."""
+    memo, table, out = _ROLE_MEMO, _TEMPLATE, []
+    for name, ndim in items:
+        t = name.encode("utf-8", "surrogatepass").translate(table)
+        role = memo.get((t, ndim))
+        if role is None or b"fc0" in t or b".w0" in t or b"0h" in t:
+            role = infer_role(name, ndim)
+        out.append(role)
+    return out
+
+
 def _infer_role(name: str, ndim: int) -> str:
     low = name.lower()
     moe = moe_role(name)

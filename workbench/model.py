@@ -190,7 +190,8 @@ class Model:
             raise WorkbenchError("no such tensor in this model", path=self.path, tensor=name) from None
 
     def raw(self, name: str) -> np.ndarray:
-        """The tensor's storage as a 2-D array (rows x storage items), memory-mapped."""
+        """The tensor's storage as a 2-D array (rows x storage items): an ndarray read with
+        pread, or for a large tensor a loaders.region.Region that reads the rows sliced."""
         self.info(name)
         return self._raw(name)
 
@@ -215,9 +216,11 @@ class Model:
         from .pages import release
         for r0 in range(0, rows, step):
             with context(info.file or self.path, name):
-                chunk = decode_rows(raw[r0:r0 + step], info)
+                part = raw[r0:r0 + step]   # read here (pread) when raw is a loaders.region.Region
+                chunk = decode_rows(part, info)
             yield r0, chunk
-            release(raw[r0:r0 + step])   # done with these rows: their mapped pages leave RSS
+            release(part)   # done with these rows: pages of a mapped view leave RSS
+            del part, chunk
 
     @property
     def total_params(self) -> int:

@@ -132,9 +132,9 @@ _PATTERNS = None
 
 
 def _canonical_header(raw: bytes, data_size: int, path: str):
-    """(entries, metadata) of a header in the layout above, None for any other (the JSON path
-    reads it then). Entries are validated as parse_header's; duplicate names, an entry named
-    __metadata__ or two metadata objects go to the JSON path, which names the problem."""
+    """(entries, metadata) of a valid header in the layout above; None for any other header
+    (the JSON path reads it then, and names its problem: an invalid entry, a duplicate name,
+    an entry named __metadata__, two metadata objects)."""
     global _PATTERNS
     from ..limits import MAX_JSON_BYTES
     if b"\\" in raw or len(raw) > MAX_JSON_BYTES:
@@ -150,17 +150,18 @@ def _canonical_header(raw: bytes, data_size: int, path: str):
             break
     else:
         return None
-    i_dt, i_sh, i_b, i_e = sel
+    found = item.findall(text)
+    if sel != (1, 2, 3, 4):   # the sorted key order: fields as (dtype, shape, begin, end)
+        i_dt, i_sh, i_b, i_e = sel
+        found = [(g[0], g[i_dt], g[i_sh], g[i_b], g[i_e], g[5]) for g in found]
     entries, spans, metas = {}, [], []
     shapes: dict[str, tuple] = {}
     storage = STORAGE
-    found = item.findall(text)
-    for g in found:
-        name = g[0]
-        if not name and g[5]:
-            metas.append(g[5])
+    for name, dtype, sh, b, e, meta in found:
+        if meta:
+            metas.append(meta)
             continue
-        dtype, sh, begin, end = g[i_dt], g[i_sh], int(g[i_b]), int(g[i_e])
+        begin, end = int(b), int(e)
         shape = shapes.get(sh)
         if shape is None:
             dims = tuple(int(x) for x in sh.split(",")) if sh else ()
@@ -168,12 +169,11 @@ def _canonical_header(raw: bytes, data_size: int, path: str):
             for x in dims:
                 n *= x
             shape = shapes[sh] = (dims, n)
+        dims, n = shape
         st = storage.get(dtype)
-        if st is None or not (end - begin == shape[1] * st[1] and begin <= end <= data_size):
-            _check_entry(name, {"dtype": dtype, "shape": list(shape[0]),
-                                "data_offsets": [begin, end]}, data_size, path)
-            raise WorkbenchError("invalid header entry", path=path, tensor=name)  # pragma: no cover
-        entries[name] = (dtype, shape[0], begin, end)
+        if st is None or not (end - begin == n * st[1] and begin <= end <= data_size):
+            return None   # the JSON path names the problem (after a duplicate key, if any)
+        entries[name] = (dtype, dims, begin, end)
         if end > begin:
             spans.append((begin, end, name))
     if len(metas) > 1 or len(entries) + len(metas) != len(found) or "__metadata__" in entries:

@@ -241,12 +241,12 @@ def open_torch(path: str | os.PathLike) -> Model:
         if base is not None and t.is_contiguous() and info.nbytes:
             # read the bytes with pread where they lie in the file, not through torch's
             # memory map: a file truncated meanwhile is an error, not a SIGBUS
-            from .region import PREAD_LIMIT, read_region
-            if info.nbytes <= PREAD_LIMIT:
-                off = t.data_ptr() - base
-                np_t = {"BF16": np.uint16}.get(info.dtype) or (
-                    np.uint8 if info.dtype.startswith("F8_") else t.numpy().dtype)
-                return read_region(p, off, info.nbytes, np_t).reshape(info.matrix_shape)
+            # (a large tensor: a Region, read row chunk by row chunk)
+            from .region import tensor_region
+            off = t.data_ptr() - base
+            np_t = {"BF16": np.uint16}.get(info.dtype) or (
+                np.uint8 if info.dtype.startswith("F8_") else t.numpy().dtype)
+            return tensor_region(p, off, info.nbytes, np_t).reshape(info.matrix_shape)
         t = t.contiguous()
         if info.dtype == "BF16":
             arr = t.view(torch.int16).numpy().view(np.uint16)

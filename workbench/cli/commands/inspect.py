@@ -90,10 +90,13 @@ def _print_table(model, stats: dict, no_stats: bool) -> int:
     print(f"{'name':<52} {'shape':<14} {'dtype':<12} {'role':<13} {'absmax':>9} {'std':>9} "
           f"{'kurt':>7} {'outl%':>6} {'nan/inf':>7}")
     empty = "" if no_stats else _stats_text(empty_stats_dict())
+    from ...catalog import infer_roles
+    infos = model.tensors.values()
+    roles = infer_roles((info.name, len(info.shape)) for info in infos)
     tails: dict = {}   # (shape, dtype, role) -> the line's text after the name
     lines = []
-    for info in model.tensors.values():
-        key = (info.shape, info.quant or info.dtype, info.role)
+    for info, role in zip(infos, roles):
+        key = (info.shape, info.quant or info.dtype, role)
         tail = tails.get(key)
         if tail is None:
             shape = "x".join(map(str, info.shape)) or "scalar"
