@@ -167,3 +167,19 @@ def test_pattern_sets_name_a_bad_pattern_in_a_later_chunk(monkeypatch):
     monkeypatch.setattr(patterns, "SET_CHUNK", 4)
     with pytest.raises(WorkbenchError, match=r"bad regular expression '\(x'"):
         patterns.PatternSet([f"a{i}" for i in range(10)] + ["(x"])
+
+
+def test_pattern_sets_merge_after_many_names_and_keep_answers(monkeypatch):
+    monkeypatch.setattr(patterns, "SET_CHUNK", 2)
+    monkeypatch.setattr(patterns, "SET_CHUNK_MANY", 5)
+    monkeypatch.setattr(patterns, "MERGE_AFTER", 50)
+    r = random.Random(5)
+    atoms = ["a", "b", "ab", "^a", "b$", "a.b", "[ab]x", "x", "ba+", "q", "xx"]
+    pats = [r.choice(atoms) + r.choice(["", "b", "x"]) for _ in range(30)]
+    ps = patterns.PatternSet(pats)
+    small = len(ps._sets)
+    for k in range(200):
+        name = "".join(r.choice("abxq") for _ in range(r.randint(0, 6)))
+        want = next((i for i, p in enumerate(pats) if re.search(p, name)), None)
+        assert ps.first(name) == want, (name, k)
+    assert len(ps._sets) < small    # merged into fewer, larger sets after 50 names
