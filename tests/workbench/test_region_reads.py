@@ -174,3 +174,41 @@ def test_large_tensor_truncated_under_export_is_one_line_exit_2(tmp_path, fmt, p
     assert "truncated or replaced" in lines[0]
     assert list(out.parent.iterdir()) == []
     assert os.path.getsize(src) == 4096
+
+
+STRIDED_TORCH = """
+import os, sys, numpy as np, torch
+from workbench.errors import WorkbenchError
+from workbench.loaders import open_model
+d = sys.argv[1]
+a = torch.arange(6000, dtype=torch.float32).reshape(60, 100)
+b = torch.arange(3000, dtype=torch.float32).reshape(30, 100).to(torch.bfloat16)
+sd = {"blk.0.ffn_up.weight": a.t(), "blk.0.x.weight": b[:, ::2], "c.weight": a[5:20, 10:50]}
+p = os.path.join(d, "nc.pt")
+torch.save(sd, p)
+m = open_model(p)
+for n, t in sd.items():
+    assert not t.is_contiguous()
+    want = t.contiguous()
+    want = (want.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16
+            else want.numpy())
+    got = np.asarray(m.raw(n))
+    assert np.array_equal(got, want.reshape(got.shape)), n
+os.truncate(p, 2000)
+try:
+    m.raw("blk.0.ffn_up.weight")
+    print("NO ERROR")
+except WorkbenchError as exc:
+    print("ERROR", exc)
+"""
+
+
+def test_strided_torch_tensors_are_read_with_pread(tmp_path):
+    """A tensor saved as a strided view (transposed, sliced) is read from the bytes it spans
+    with pread (torch's .contiguous() would read its memory map: SIGBUS once truncated)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", STRIDED_TORCH, str(tmp_path)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.startswith("ERROR") and "truncated or replaced" in r.stdout
+    assert "nc.pt" in r.stdout

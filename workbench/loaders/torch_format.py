@@ -247,6 +247,20 @@ def open_torch(path: str | os.PathLike) -> Model:
             np_t = {"BF16": np.uint16}.get(info.dtype) or (
                 np.uint8 if info.dtype.startswith("F8_") else t.numpy().dtype)
             return tensor_region(p, off, info.nbytes, np_t).reshape(info.matrix_shape)
+        if base is not None and info.nbytes and t.layout == torch.strided \
+                and min(t.stride(), default=0) >= 0:
+            # a strided view (e.g. a transposed tensor saved as such): the bytes it spans
+            # read with pread, then arranged; torch's .contiguous() would read the map
+            from .region import read_region
+            np_t = {"BF16": np.uint16}.get(info.dtype) or (
+                np.uint8 if info.dtype.startswith("F8_") else t.numpy().dtype)
+            item = t.element_size()
+            extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+            buf = read_region(p, t.data_ptr() - base, extent * item, np_t)
+            arr = np.lib.stride_tricks.as_strided(
+                buf, shape=tuple(t.shape), strides=tuple(s * item for s in t.stride()),
+                writeable=False)
+            return np.ascontiguousarray(arr).reshape(info.matrix_shape)
         t = t.contiguous()
         if info.dtype == "BF16":
             arr = t.view(torch.int16).numpy().view(np.uint16)
