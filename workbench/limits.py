@@ -15,6 +15,8 @@ index), so memory and time stay bounded by the file, not by what its header says
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import math
 import re
@@ -69,6 +71,21 @@ def check_shape(shape, path=None, tensor=None, nbytes: int | None = None,
     return dims
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """Automatic garbage collection off while an input is read into objects that are all kept
+    (a 300,000-tensor catalog, a 100,000-rule plan: no cycles), where the collections its
+    allocations trigger cost a sixth of the time. Left off if it was off (the GUI collects in
+    its own thread)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 # ---- JSON ---------------------------------------------------------------------------------
 def _no_duplicates(pairs):
     out = dict(pairs)
@@ -109,8 +126,7 @@ def _depth(obj, limit: int) -> None:
             stack.extend((v, d + 1) for v in o)
 
 
-_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'[]{}"')
-_NOT_COLON = bytes(c for c in range(256) if c not in b':"')
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'[]{}":')
 
 
 def _outside_strings(text: bytes, drop: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -141,23 +157,19 @@ def _count_keys(obj) -> int:
     return n
 
 
-def _pairs_in_text(text: bytes) -> int:
-    """The key/value pairs written in a JSON text that parsed: its colons outside strings."""
-    a, outside = _outside_strings(text, _NOT_COLON)
-    return int(np.count_nonzero((a == 0x3A) & outside))
-
-
-def _text_depth(text: bytes) -> int:
-    """The deepest bracket nesting of a JSON text that parsed, at C / numpy speed: escaped
-    backslashes and quotes removed, everything but brackets and quotes dropped, then a bracket
-    counts when an even number of quotes precede it (outside strings)."""
+def _text_structure(text: bytes) -> tuple[int, int]:
+    """(deepest bracket nesting, key/value pairs written) of a JSON text that parsed, at C /
+    numpy speed: brackets and colons outside strings (escaped backslashes and quotes removed,
+    everything but brackets, colons and quotes dropped; a character is outside when an even
+    number of quotes precede it)."""
     a, outside = _outside_strings(text, _NOT_STRUCTURE)
     if not a.size:
-        return 0
+        return 0, 0
+    pairs = int(np.count_nonzero((a == 0x3A) & outside))
     opens = ((a == 0x5B) | (a == 0x7B)) & outside
     closes = ((a == 0x5D) | (a == 0x7D)) & outside
     step = opens.astype(np.int32) - closes
-    return int(np.cumsum(step).max()) if step.size else 0
+    return (int(np.cumsum(step).max()) if step.size else 0), pairs
 
 
 def loads(text, path=None, what: str = "JSON"):
@@ -181,15 +193,16 @@ def loads(text, path=None, what: str = "JSON"):
     try:
         long_ints = _has_long_digits(raw)
         obj = json.loads(text, parse_int=_parse_int if long_ints else None)
-        if isinstance(obj, (dict, list)) and _count_keys(obj) != _pairs_in_text(raw):
-            # a key written twice in one object (its second value silently won): parsed
-            # again, object by object, to name it
-            json.loads(text, object_pairs_hook=_no_duplicates,
-                       parse_int=_parse_int if long_ints else None)
-            raise ValueError("duplicate key")   # pragma: no cover - the hook names it
         if isinstance(obj, (dict, list)):
+            depth, pairs = _text_structure(raw)
+            if _count_keys(obj) != pairs:
+                # a key written twice in one object (its second value silently won): parsed
+                # again, object by object, to name it
+                json.loads(text, object_pairs_hook=_no_duplicates,
+                           parse_int=_parse_int if long_ints else None)
+                raise ValueError("duplicate key")   # pragma: no cover - the hook names it
             # a scalar inside the deepest container is one level deeper than its brackets
-            if _text_depth(raw) >= MAX_JSON_DEPTH:
+            if depth >= MAX_JSON_DEPTH:
                 _depth(obj, MAX_JSON_DEPTH)
         return obj
     except json.JSONDecodeError as exc:

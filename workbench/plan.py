@@ -380,8 +380,9 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, path=None) -> "Plan":
-        from .limits import loads
-        return cls.from_dict(loads(text, path, "plan JSON"), path)
+        from .limits import gc_paused, loads
+        with gc_paused():   # a plan's rules are all kept (100,000 of them: no cycles)
+            return cls.from_dict(loads(text, path, "plan JSON"), path)
 
     @classmethod
     def load(cls, path) -> "Plan":

@@ -9,8 +9,6 @@ end of the header, contiguous, non-overlapping, sizes = numel * itemsize).
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 import math
 import mmap
@@ -338,22 +336,9 @@ def _check_index_listing(root: Path, tensors: dict) -> None:
                              path=str(idx))
 
 
-@contextlib.contextmanager
-def _gc_paused():
-    """Automatic garbage collection off while a catalog is built: 300,000 header entries and
-    their infos are all kept (no cycles), and collections triggered by their allocation cost
-    a sixth of the load. Left off if it was off (the GUI collects in its own thread)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def open_safetensors(path: str | os.PathLike) -> Model:
-    with _gc_paused():
+    from ..limits import gc_paused
+    with gc_paused():   # 300,000 header entries and their infos, all kept
         return _open_safetensors(path)
 
 
