@@ -146,9 +146,10 @@ class Model:
     """An opened checkpoint.
 
     Subclass-free: each loader builds a Model from the infos and a `raw` callable that
-    returns the tensor's storage as a 2-D array (rows x storage items per row), usually a
-    memory-mapped view. :func:`workbench.dtypes.decode_rows` turns row chunks of it into
-    float32, so a tensor can be streamed in bounded memory.
+    returns the tensor's storage as a 2-D array (rows x storage items per row): an ndarray
+    read with pread, or for a large tensor a loaders.region.Region whose rows are read as they
+    are sliced. :func:`workbench.dtypes.decode_rows` turns row chunks of it into float32, so
+    a tensor can be streamed in bounded memory.
     """
 
     path: str

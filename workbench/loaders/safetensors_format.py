@@ -1,8 +1,9 @@
 """safetensors: a single file, a sharded checkpoint (index JSON) or a Hugging Face folder.
 
 The header is parsed here (8-byte little-endian length, then JSON) so it can be validated
-strictly and fuzzed; tensor data is memory-mapped on demand, one tensor at a time, so a
-model of any size opens in milliseconds and statistics run in bounded resident memory.
+strictly and fuzzed; tensor data is read on demand with pread (loaders.region: a large
+tensor row chunk by row chunk), one tensor at a time, so a model of any size opens in
+milliseconds, statistics run in bounded memory, and a file truncated meanwhile is an error.
 Format: https://github.com/huggingface/safetensors (header rules: offsets relative to the
 end of the header, contiguous, non-overlapping, sizes = numel * itemsize).
 """
@@ -92,8 +93,8 @@ def parse_header(buf: bytes, file_size: int, path: str = "") -> tuple[dict, dict
 # The header as safetensors writers lay it out (the Rust crate, the Python package, json.dumps
 # with or without sort_keys): one object of tensor entries {"dtype", "shape", "data_offsets"},
 # keys in that order or sorted, and at most one flat "__metadata__" object. Such a header is
-# read with two regular-expression passes (about three times json.loads' speed on 300,000
-# entries; the same entries and errors); anything else takes the JSON path.
+# read with two regular-expression passes (about twice json.loads' speed on 300,000 entries;
+# the same entries and errors); anything else takes the JSON path.
 _W = r"[ \t\n\r]*"
 _INT = r"(?:0|[1-9][0-9]{0,39})"      # JSON integers of at most limits.MAX_INT_DIGITS digits
 _NAME = r'"([^"\\\x00-\x1f]*)"'    # a JSON string without escapes (checked: no backslash)
@@ -267,7 +268,9 @@ POPULATE_MAX = 64 << 20
 
 
 def map_region(path: str, offset: int, length: int, dtype) -> np.ndarray:
-    """A read-only memory map of just these bytes of the file, as a 1-D array.
+    """A read-only memory map of just these bytes of the file, as a 1-D array (no loader
+    maps tensor data any more: a file truncated under a mapping ends the process with SIGBUS,
+    loaders.region reads with pread; kept for workbench.pages' tests and callers of its own).
 
     The mapping is released when the array is. MAP_POPULATE (Linux) builds the page
     tables in one call instead of one page fault per 4 KiB while a kernel reads it, which
