@@ -98,16 +98,30 @@ def expert_index(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-# whole dot-separated numbers (block and expert indices): a name's role and projection do not
-# depend on them, so they are worked out once per template (a 100,000-tensor MoE catalog has a
-# few dozen templates)
+# A name's role and projection depend on its digits in only a few places: after "fc" (fc1,
+# fc2), after ".w" (.w1/.w2/.w3), before "h" (dense_4h_to_h), and `ln_\d` / `\bln\b`, which
+# take any digit. So they are worked out once per template: the name with ASCII letters
+# lower-cased (the patterns see the lower-cased name) and every ASCII digit made "0" (one
+# C-level translate of its UTF-8 bytes); a name whose template holds "fc0", ".w0" or "0h" uses the earlier,
+# finer template instead (whole dot-separated numbers, block and expert indices, made "0").
+# A 100,000-tensor MoE catalog has a few dozen templates; 300,000 names such as "t123" a few.
 _INDEX_RE = re.compile(r"(?<=\.)\d+(?=\.|$)")
+_TEMPLATE = bytes(c + 32 if 65 <= c <= 90 else 0x30 if 48 <= c <= 57 else c for c in range(256))
 _MEMO: dict[tuple, str | None] = {}
 _MEMO_MAX = 1 << 16
 
 
+def _template(name: str):
+    """The memo key of a name's role and projection: bytes (UTF-8, ASCII letters lower-cased,
+    ASCII digits '0'), or the finer str template (a str never equals a bytes key)."""
+    t = name.encode("utf-8", "surrogatepass").translate(_TEMPLATE)
+    if b"fc0" in t or b".w0" in t or b"0h" in t:
+        return _INDEX_RE.sub("0", name)
+    return t
+
+
 def _memo(kind: str, name: str, ndim: int, fn):
-    key = (kind, _INDEX_RE.sub("0", name), ndim)
+    key = (kind, _template(name), ndim)
     try:
         return _MEMO[key]
     except KeyError:
@@ -198,8 +212,30 @@ def block_index(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+_ROLE_MEMO: dict[tuple, str] = {}
+
+
 def infer_role(name: str, ndim: int) -> str:
-    return _memo("role", name, ndim, lambda: _infer_role(name, ndim))
+    key = (_template(name), ndim)
+    role = _ROLE_MEMO.get(key)
+    if role is None:
+        role = _infer_role(name, ndim)
+        if len(_ROLE_MEMO) < _MEMO_MAX:
+            _ROLE_MEMO[key] = role
+    return role
+
+
+def infer_roles(items) -> list[str]:
+    """infer_role of many (name, ndim) pairs: the memo looked up inline (a call per name cost
+    more than the look-up when 300,000 tensors are listed)."""
+    memo, table, out = _ROLE_MEMO, _TEMPLATE, []
+    for name, ndim in items:
+        t = name.encode("utf-8", "surrogatepass").translate(table)
+        role = memo.get((t, ndim))
+        if role is None or b"fc0" in t or b".w0" in t or b"0h" in t:
+            role = infer_role(name, ndim)
+        out.append(role)
+    return out
 
 
 def _infer_role(name: str, ndim: int) -> str:

@@ -129,6 +129,8 @@ def decode_rows(raw: np.ndarray, info) -> np.ndarray:
     Plain dtypes are converted element-wise; GGML block types are dequantized through the
     scheme registry (falling back to the `gguf` package for types it does not implement).
     """
+    if not isinstance(raw, np.ndarray):   # a loaders.region.Region: its rows read once, here
+        raw = np.asarray(raw)
     dtype = info.dtype
     if dtype in STORAGE:
         out = to_float32(raw, dtype)

@@ -4,13 +4,32 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Callable, Iterator
 
 import numpy as np
 
 from . import catalog
 from .dtypes import decode_rows, is_float
+
+
+class _cached:
+    """functools.cached_property without its lock (Python 3.11 takes one per first access,
+    which costs more than the value when 300,000 tensors are listed); a value worked out
+    twice by two threads is the same value."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 @dataclass(frozen=True)
@@ -62,11 +81,11 @@ class TensorInfo:
     def bits_per_weight(self) -> float:
         return 8.0 * self.nbytes / self.numel if self.numel else 0.0
 
-    @cached_property
+    @_cached
     def role(self) -> str:
         return catalog.infer_role(self.name, self.ndim)
 
-    @cached_property
+    @_cached
     def merged_experts(self) -> bool:
         """A 3-D tensor holding every expert of a layer, numpy shape (n_expert, rows, cols)
         (GGUF ``ffn_*_exps``): read as an (n_expert * rows, cols) matrix, expert e's rows
@@ -127,9 +146,10 @@ class Model:
     """An opened checkpoint.
 
     Subclass-free: each loader builds a Model from the infos and a `raw` callable that
-    returns the tensor's storage as a 2-D array (rows x storage items per row), usually a
-    memory-mapped view. :func:`workbench.dtypes.decode_rows` turns row chunks of it into
-    float32, so a tensor can be streamed in bounded memory.
+    returns the tensor's storage as a 2-D array (rows x storage items per row): an ndarray
+    read with pread, or for a large tensor a loaders.region.Region whose rows are read as they
+    are sliced. :func:`workbench.dtypes.decode_rows` turns row chunks of it into float32, so
+    a tensor can be streamed in bounded memory.
     """
 
     path: str
@@ -143,8 +163,16 @@ class Model:
     def __post_init__(self):
         # the limits policy (workbench.limits): every loader's shapes pass here
         from .limits import check_shape
+        # a shape object shared by many tensors (the safetensors loader shares equal shapes)
+        # is checked once
+        checked: dict[int, tuple] = {}
         for info in self.tensors.values():
-            check_shape(info.shape, info.file or self.path, info.name)
+            shape = info.shape
+            if checked.get(id(shape)) is shape:
+                continue
+            check_shape(shape, info.file or self.path, info.name)
+            if len(checked) < 65536:
+                checked[id(shape)] = shape
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
@@ -163,7 +191,8 @@ class Model:
             raise WorkbenchError("no such tensor in this model", path=self.path, tensor=name) from None
 
     def raw(self, name: str) -> np.ndarray:
-        """The tensor's storage as a 2-D array (rows x storage items), memory-mapped."""
+        """The tensor's storage as a 2-D array (rows x storage items): an ndarray read with
+        pread, or for a large tensor a loaders.region.Region that reads the rows sliced."""
         self.info(name)
         return self._raw(name)
 
@@ -188,9 +217,11 @@ class Model:
         from .pages import release
         for r0 in range(0, rows, step):
             with context(info.file or self.path, name):
-                chunk = decode_rows(raw[r0:r0 + step], info)
+                part = raw[r0:r0 + step]   # read here (pread) when raw is a loaders.region.Region
+                chunk = decode_rows(part, info)
             yield r0, chunk
-            release(raw[r0:r0 + step])   # done with these rows: their mapped pages leave RSS
+            release(part)   # done with these rows: pages of a mapped view leave RSS
+            del part, chunk
 
     @property
     def total_params(self) -> int:

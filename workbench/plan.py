@@ -101,12 +101,12 @@ def _check_activations(data, path=None) -> dict:
     return out
 
 
-_CANONICAL: dict = {}   # scheme name as written -> registered name (a plan repeats a few names)
+_CANONICAL: dict = {KEEP: KEEP}   # scheme name as written -> registered name (a plan repeats a few)
 
 
-def _check_scheme(name: str, where: str, path=None) -> str:
-    if name == KEEP:
-        return name
+def _check_scheme(name: str, where, path=None) -> str:
+    """The registered name of scheme `name`; `where` (text, or a callable giving it: built
+    only for the error) names the place in the message."""
     hit = _CANONICAL.get(name) if isinstance(name, str) else None
     if hit is not None:
         return hit
@@ -114,10 +114,35 @@ def _check_scheme(name: str, where: str, path=None) -> str:
     try:
         canon = get_scheme(name).name
     except WorkbenchError:
+        where = where() if callable(where) else where
         raise WorkbenchError(f"{where}: unknown scheme '{name}'", path=path) from None
     if len(_CANONICAL) < 4096:
         _CANONICAL[name] = canon
     return canon
+
+
+def _canonical_rule(r: "Rule", path=None) -> "Rule":
+    """The rule validated, with registered scheme and method names: the same object when they
+    already are (a plan of 100,000 rules loads in one pass of dictionary look-ups)."""
+    match, scheme, fallback, method = r.match, r.scheme, r.fallback, r.method
+    canon = _CANONICAL.get(scheme) if type(scheme) is str else None
+    if canon is None:   # the message's text is built only for an error
+        canon = _check_scheme(scheme, lambda: f"rule '{match}'", path)
+    fb = _check_scheme(fallback, lambda: f"rule '{match}' fallback", path) if fallback else None
+    meth = _check_method(method, f"rule '{match[:80]}'", path) if method else None
+    if type(match) is str and match.startswith("moe:"):
+        from .moe import parse_selector
+        try:
+            parse_selector(match)
+        except WorkbenchError as exc:
+            raise WorkbenchError(str(exc), path=path) from None
+    if canon == scheme and fb == fallback and meth == method:
+        return r
+    return Rule(match, canon, fb, meth)
+
+
+class _Checked(list):
+    """Rules from_dict has already passed through _canonical_rule."""
 
 
 @dataclass
@@ -139,30 +164,15 @@ class Plan:
         self.activations = _check_activations(self.activations or {})
         if self.fallback is not None:
             self.fallback = _check_scheme(self.fallback, "fallback")
-        rules = [r if isinstance(r, Rule) else Rule(**r) for r in self.rules]
-        for r in rules:
-            self._validate_rule(r)
-        # canonical scheme names, so the plan reports (and exports) what is applied
-        self.rules = [Rule(r.match, _check_scheme(r.scheme, f"rule '{r.match}'"),
-                           _check_scheme(r.fallback, f"rule '{r.match}' fallback")
-                           if r.fallback else None,
-                           _check_method(r.method, f"rule '{r.match}'") if r.method else None)
-                      for r in rules]
+        # validated, with canonical scheme names, so the plan reports (and exports) what is
+        # applied: one pass, the rules reused when already canonical (a loaded plan's are)
+        if type(self.rules) is _Checked:   # from from_dict: checked there, under its path
+            self.rules = list(self.rules)
+        else:
+            self.rules = [_canonical_rule(r if isinstance(r, Rule) else Rule(**r))
+                          for r in self.rules]
         self._compiled = None
         self._index()   # validates every pattern (a bad one names its rule)
-
-    @staticmethod
-    def _validate_rule(rule: Rule, path=None) -> None:
-        _check_scheme(rule.scheme, f"rule '{rule.match}'", path)
-        if rule.method is not None:
-            _check_method(rule.method, f"rule '{rule.match[:80]}'", path)
-        if rule.is_selector:
-            from .moe import parse_selector
-            try:
-                parse_selector(rule.match)
-            except WorkbenchError as exc:
-                raise WorkbenchError(str(exc), path=path) from None
-        # re: patterns are compiled together (and so validated) by _index: one RE2 set, linear
 
     # ---- resolution ---------------------------------------------------------------------
     def _index(self):
@@ -360,19 +370,29 @@ class Plan:
         if not isinstance(raw_rules, list):
             raise WorkbenchError("'rules' must be a list", path=path)
         rules = []
+        canon = _CANONICAL
         for i, r in enumerate(raw_rules):
+            if type(r) is dict:
+                match, scheme = r.get("match"), r.get("scheme")
+                fallback, method = r.get("fallback"), r.get("method")
+                if (type(match) is str and type(scheme) is str
+                        and (fallback is None or type(fallback) is str)
+                        and (method is None or type(method) is str)):
+                    if (fallback is None and method is None and canon.get(scheme) == scheme
+                            and not match.startswith("moe:")):
+                        rules.append(Rule(match, scheme))   # the common rule: nothing to check
+                    else:
+                        rules.append(_canonical_rule(Rule(match, scheme, fallback or None,
+                                                          method or None), path))
+                    continue
             if not (isinstance(r, dict) and isinstance(r.get("match"), str)
                     and isinstance(r.get("scheme"), str)
                     and isinstance(r.get("fallback", ""), str)
                     and isinstance(r.get("method", ""), str)):
                 raise WorkbenchError(f"rule {i} must be an object with string 'match' and 'scheme'"
                                      " (and optionally 'fallback', 'method')", path=path)
-            rule = Rule(r["match"], r["scheme"], r.get("fallback") or None,
-                        r.get("method") or None)
-            if rule.fallback:
-                _check_scheme(rule.fallback, f"rule '{rule.match}' fallback", path)
-            cls._validate_rule(rule, path)
-            rules.append(rule)
+            rules.append(_canonical_rule(Rule(r["match"], r["scheme"], r.get("fallback") or None,
+                                              r.get("method") or None), path))
         fallback = data.get("fallback")
         if fallback is not None and not isinstance(fallback, str):
             raise WorkbenchError("'fallback' must be a scheme name", path=path)
@@ -386,18 +406,16 @@ class Plan:
         if not isinstance(method, str):
             raise WorkbenchError("'method' must be a method name", path=path)
         method = _check_method(method, "method", path)
-        rules = [Rule(r.match, r.scheme, r.fallback,
-                      _check_method(r.method, f"rule '{r.match[:80]}'", path) if r.method else None)
-                 for r in rules]
         acts = _check_activations(data.get("activations", {}), path)
         from .errors import context
         with context(path):
-            return cls(default, rules, version, fallback or None, method, acts)
+            return cls(default, _Checked(rules), version, fallback or None, method, acts)
 
     @classmethod
     def from_json(cls, text: str, path=None) -> "Plan":
-        from .limits import loads
-        return cls.from_dict(loads(text, path, "plan JSON"), path)
+        from .limits import gc_paused, loads
+        with gc_paused():   # a plan's rules are all kept (100,000 of them: no cycles)
+            return cls.from_dict(loads(text, path, "plan JSON"), path)
 
     @classmethod
     def load(cls, path) -> "Plan":

@@ -97,12 +97,13 @@ def _chunks(model, name: str):
     arr, kind = _storage_kind(raw, info.dtype)
     step = max(1, CHUNK_ELEMENTS // max(cols, 1))
     for r0 in range(0, rows, step):
+        part = raw[r0:r0 + step]   # read here when raw is a loaders.region.Region
         if arr is not None:
-            yield r0, np.ascontiguousarray(arr[r0:r0 + step]), kind
+            yield r0, np.ascontiguousarray(part), kind
         else:
             from .dtypes import decode_rows
-            yield r0, decode_rows(raw[r0:r0 + step], info), 0
-        release(raw[r0:r0 + step])
+            yield r0, decode_rows(part, info), 0
+        release(part)
 
 
 _LUT16: dict[str, np.ndarray] = {}
@@ -168,10 +169,11 @@ def _tensor_stats_16bit(model, name: str, bins: int):
     raw = model.raw(name)
     step = max(1, CHUNK_ELEMENTS // max(cols, 1))
     for r0 in range(0, rows, step):
-        chunk = np.ascontiguousarray(raw[r0:r0 + step]).view(np.uint16)
+        part = raw[r0:r0 + step]
+        chunk = np.ascontiguousarray(part).view(np.uint16)
         r1 = r0 + chunk.shape[0]
         code_counts(chunk, lut, rmin[r0:r1], rmax[r0:r1], counts)
-        release(raw[r0:r0 + step])
+        release(part)
         yield Progress(r1, rows, name)
     return _stats_from_values(name, lut, counts.sum(axis=0), rmin.astype(np.float64),
                               rmax.astype(np.float64), bins)
@@ -202,8 +204,9 @@ def _f64_chunks(model, name: str):
     step = max(1, CHUNK_ELEMENTS // max(cols, 1))
     for r0 in range(0, rows, step):
         n = min(step, rows - r0)            # explicit rows: -1 is ambiguous when cols == 0
-        yield r0, np.asarray(raw[r0:r0 + step], dtype=np.float64).reshape(n, cols)
-        release(raw[r0:r0 + step])
+        part = raw[r0:r0 + step]
+        yield r0, np.asarray(part, dtype=np.float64).reshape(n, cols)
+        release(part)
 
 
 def _tensor_stats_float64(model, name: str, bins: int):

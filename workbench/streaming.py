@@ -5,8 +5,7 @@ the codes, the dequantized copy and the float64 error at once (several times tha
 scheme whose rows are quantized independently (``Scheme.row_local``: per-row or per-block
 scales) gives the same codes when the tensor is quantized a block of rows at a time, so a
 tensor above STREAM_ELEMENTS is measured chunk by chunk: the peak is one chunk, whatever the
-tensor's size, and the memory-mapped rows are released as they are passed
-(`Model.iter_rows`). Smaller tensors take the whole-tensor path unchanged. Sums merged from
+tensor's size (a large tensor's rows are read a chunk at a time: `Model.iter_rows`). Smaller tensors take the whole-tensor path unchanged. Sums merged from
 chunks equal the whole-tensor sums up to float64 summation order; per-row values, maxima and
 byte counts are identical.
 """

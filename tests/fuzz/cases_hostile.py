@@ -267,6 +267,10 @@ def truncation(r: random.Random):
         "format": r.choice(["gguf", "safetensors", "llama-tensor-types"]),
         "cut": r.choice([0.0, 0.1, 0.5, 0.9, 0.99, 1.0]),
         "when": r.choice(["before", "before", "during"]),
+        # large: every tensor above the loaders' pread limit (a Region read by rows) and kept
+        # tensors written in row slices, as a multi-GB tensor would be
+        "large": r.random() < 0.5,
+        "plan": r.choice(["q8_0", "q8_0", "keep", "q4_0"]),
         "seed": r.randint(0, 999)}).encode()
 
 

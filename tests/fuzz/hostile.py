@@ -245,6 +245,7 @@ def exercise_truncation(path: str) -> None:
     from workbench.loaders import open_model
     from workbench.plan import Plan
     from workbench.progress import run
+    _unpatch()   # a previous case's constants, should it have ended before restoring them
     spec = json.loads(Path(path).read_text())
     d = Path(path).parent
     shapes = [(f"model.layers.{i}.mlp.up_proj.weight", (64, 256)) for i in range(6)]
@@ -259,12 +260,19 @@ def exercise_truncation(path: str) -> None:
         torch.save({n: torch.from_numpy(np.array(sm.read_matrix(n))) for n in sm.tensors},
                    d / "m.pt")
         src = d / "m.pt"
+    if spec.get("large"):
+        from workbench.export import gguf_file, quantized_safetensors
+        from workbench.loaders import region
+        _patch(region, "PREAD_LIMIT", 4096)
+        _patch(gguf_file, "KEPT_CHUNK_BYTES", 4096)
+        _patch(quantized_safetensors, "KEPT_STREAM_BYTES", 4096)
+        _patch(quantized_safetensors, "KEPT_CHUNK_BYTES", 4096)
     model = open_model(src)
     size = src.stat().st_size
     cut = int(size * spec["cut"])
     out = d / ("o" + {"gguf": ".gguf", "safetensors": ".safetensors",
                       "llama-tensor-types": ".txt"}[spec["format"]])
-    job = export(model, Plan(default="q8_0"), spec["format"], str(out))
+    job = export(model, Plan(default=spec.get("plan", "q8_0")), spec["format"], str(out))
     if spec["when"] == "before":
         os.truncate(src, cut)
         thread = None
@@ -283,6 +291,22 @@ def exercise_truncation(path: str) -> None:
     finally:
         if thread is not None:
             thread.join()
+        _unpatch()
+
+
+_PATCHED: list = []
+
+
+def _patch(module, name: str, value) -> None:
+    """Set a module constant for this case (the worker runs the next case with it restored)."""
+    _PATCHED.append((module, name, getattr(module, name)))
+    setattr(module, name, value)
+
+
+def _unpatch() -> None:
+    while _PATCHED:
+        module, name, value = _PATCHED.pop()
+        setattr(module, name, value)
 
 
 # ---- 8 scale ------------------------------------------------------------------------------

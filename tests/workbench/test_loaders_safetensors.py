@@ -207,16 +207,20 @@ def test_open_is_lazy_and_fast(tmp_path, monkeypatch):
     assert len(m) == n_tensors
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert (rss1 - rss0) * 1024 < 50 * 2**20
-    # a tensor is read on demand: with pread up to PREAD_LIMIT (a file truncated meanwhile is
-    # an error, not a SIGBUS), memory-mapped above it (streamed, never all resident)
+    # a tensor is read on demand with pread, never memory-mapped (a file truncated meanwhile
+    # is an error, not a SIGBUS): whole up to PREAD_LIMIT, above it a Region whose rows are
+    # read as they are sliced (streamed, never all resident)
     from workbench.loaders import region
+    monkeypatch.setattr(region, "PREAD_LIMIT", rows * cols * 4)
     raw = m.raw("model.layers.7.mlp.up_proj.weight")
-    assert not _is_mapped(raw) and not raw.flags.writeable
+    assert isinstance(raw, np.ndarray) and not _is_mapped(raw) and not raw.flags.writeable
     assert raw.shape == (rows, cols)
     monkeypatch.setattr(region, "PREAD_LIMIT", rows * cols * 4 - 1)
     raw = m.raw("model.layers.7.mlp.up_proj.weight")
-    assert _is_mapped(raw)
-    assert raw.shape == (rows, cols)
+    assert isinstance(raw, region.Region) and raw.shape == (rows, cols)
+    rows_read = raw[10:20]
+    assert isinstance(rows_read, np.ndarray) and rows_read.shape == (10, cols)
+    assert not _is_mapped(rows_read)
 
 
 def test_open_reads_only_the_header(tmp_path, monkeypatch, make_safetensors):

@@ -283,12 +283,53 @@ def _row_chunks(model, item: _Item):
         return [("extra", item.data)]
     if item.parts is not None:
         return [("part", k) for k in range(len(item.parts))]
+    if item.how in ("copy", "keep", "widen") and not item.transform and isinstance(model, Model):
+        return _kept_chunks(model, item)
     if item.how != "scheme" or item.transform or not isinstance(model, Model):
         return None
     info = model.info(item.name)
     rows, cols = info.matrix_shape
     step = max(1, CHUNK_ELEMENTS // max(cols, 1))
     return [("rows", r0, min(rows, r0 + step)) for r0 in range(0, rows, step)] or None
+
+
+KEPT_CHUNK_BYTES = 16 << 20   # a tensor copied or kept above 4x this goes in row slices of it
+
+
+def _kept_chunks(model, item: _Item):
+    """Row ranges of a large tensor written unchanged (copied from a GGUF source, kept, or
+    widened to F32), so it is read and written a slice at a time (the loader reads the rows
+    asked for: the whole tensor is never held); None for a small one (one task)."""
+    info = model.info(item.name)
+    if info.nbytes <= 4 * KEPT_CHUNK_BYTES or (item.how != "copy" and (
+            info.quant or info.dtype not in KEEP_TYPES)):
+        return None
+    rows = info.rows
+    if rows < 2:
+        return None
+    step = max(1, KEPT_CHUNK_BYTES // max(1, info.nbytes // rows))
+    return [("kept", r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
+
+
+def _kept_data(model, item: _Item, r0: int, r1: int) -> list[np.ndarray]:
+    """The bytes of rows r0:r1 of a tensor written unchanged: the same bytes as
+    _tensor_parts writes for the whole tensor, a slice of them."""
+    info = model.info(item.name)
+    raw = np.asarray(model.raw(item.name)[r0:r1])
+    if item.how == "copy":
+        return [np.ascontiguousarray(raw)]
+    from ..dtypes import decode_rows
+    from ..errors import context
+    if item.how == "widen":
+        with context(info.file or model.path, info.name):
+            return [np.ascontiguousarray(decode_rows(raw, info), np.float32)]
+    if info.dtype in ("F8_E4M3", "F8_E5M2"):
+        with context(info.file or model.path, info.name):
+            return [np.ascontiguousarray(decode_rows(raw, info).astype(np.float16))]
+    if info.dtype == "U64" and raw.size and int(raw.max()) > np.iinfo(np.int64).max:
+        raise WorkbenchError("U64 values beyond the int64 range have no GGUF type",
+                             tensor=item.name)
+    return [np.ascontiguousarray(raw).astype(KEEP_TYPES[info.dtype][1], copy=False)]
 
 
 def _part_data(model, item: _Item, k: int) -> list[np.ndarray]:
@@ -584,6 +625,8 @@ def export_gguf(model, plan, out_path, strict: bool = False):
                     fut = pool.submit(_part_data, model, items[i], what[1])
                 elif what[0] == "extra":
                     fut = pool.submit(lambda a: [a], what[1])
+                elif what[0] == "kept":
+                    fut = pool.submit(_kept_data, model, items[i], what[1], what[2])
                 else:
                     fut = pool.submit(_chunk_data, model, items[i], what[1], what[2])
                 pending.append((i, first, last, fut))

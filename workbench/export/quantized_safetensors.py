@@ -33,6 +33,9 @@ from .st_writer import StreamingSafetensorsWriter
 META_KEY = "quant_workbench"
 SEP = "::"
 
+KEPT_STREAM_BYTES = 64 << 20   # a kept tensor above this is written in row slices of:
+KEPT_CHUNK_BYTES = 16 << 20
+
 
 @register_exporter("safetensors", ".safetensors",
                    "quantized weights: packed codes + scales, scheme per tensor in metadata")
@@ -56,6 +59,13 @@ def export_quantized_safetensors(model, plan, out_path, strict: bool = False):
                 if info.quant or info.dtype not in STORAGE:
                     # a GGUF block type or an already-quantized tensor: store its float32 decoding
                     writer.add(n, model.read(n).astype(np.float32))
+                elif info.nbytes > KEPT_STREAM_BYTES and info.rows >= 2:
+                    # a large tensor: its rows read and written a slice at a time (the loader
+                    # reads the rows asked for), the same bytes
+                    step = max(1, KEPT_CHUNK_BYTES // max(1, info.nbytes // info.rows))
+                    writer.add_stream(n, (np.asarray(raw[r0:r0 + step]).reshape(-1)
+                                          for r0 in range(0, info.rows, step)),
+                                      dtype=info.dtype, shape=info.shape)
                 else:
                     writer.add(n, np.asarray(raw).reshape(info.shape), dtype=info.dtype)
             elif streaming.export_streamed(model, info, scheme):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -57,9 +58,12 @@ class StreamingSafetensorsWriter:
                              "data_offsets": [self.offset, self.offset + len(data)]}
         self.offset += len(data)
 
-    def add_stream(self, name: str, parts, dtype: str | None = None) -> tuple[int, ...]:
+    def add_stream(self, name: str, parts, dtype: str | None = None,
+                   shape: tuple | None = None) -> tuple[int, ...]:
         """Append one tensor given as row blocks (arrays concatenated along axis 0, each
-        written as it comes: the whole tensor is never held). Returns its shape."""
+        written as it comes: the whole tensor is never held). Returns its shape: the blocks'
+        rows and row shape, or `shape` when given (the blocks then hold its bytes in order,
+        e.g. flat slices)."""
         if name in self.header:
             raise WorkbenchError("duplicate tensor name in export", path=str(self.path), tensor=name)
         begin, rows, tail, st = self.offset, 0, None, dtype
@@ -82,7 +86,15 @@ class StreamingSafetensorsWriter:
                 self.abort()
                 raise _write_error(self.path, exc) from None
             self.offset += arr.nbytes
-        shape = (rows, *(tail or ()))
+        if shape is None:
+            shape = (rows, *(tail or ()))
+        else:
+            shape = tuple(int(s) for s in shape)
+            itemsize = arr.dtype.itemsize if tail is not None else 0
+            if math.prod(shape) * itemsize != self.offset - begin or (
+                    tail is None and math.prod(shape)):
+                raise WorkbenchError("internal error: streamed bytes do not fill the shape",
+                                     path=str(self.path), tensor=name)
         self.header[name] = {"dtype": st, "shape": list(shape),
                              "data_offsets": [begin, self.offset]}
         return shape

@@ -49,7 +49,7 @@ def detect_format(path: Path) -> str:
 
 
 def open_model(path: str | os.PathLike) -> Model:
-    """Open a checkpoint by path. Reads headers only; data is memory-mapped on demand."""
+    """Open a checkpoint by path. Reads headers only; data is read on demand (loaders.region)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise WorkbenchError("file not found", path=str(p))

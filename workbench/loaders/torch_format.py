@@ -241,12 +241,26 @@ def open_torch(path: str | os.PathLike) -> Model:
         if base is not None and t.is_contiguous() and info.nbytes:
             # read the bytes with pread where they lie in the file, not through torch's
             # memory map: a file truncated meanwhile is an error, not a SIGBUS
-            from .region import PREAD_LIMIT, read_region
-            if info.nbytes <= PREAD_LIMIT:
-                off = t.data_ptr() - base
-                np_t = {"BF16": np.uint16}.get(info.dtype) or (
-                    np.uint8 if info.dtype.startswith("F8_") else t.numpy().dtype)
-                return read_region(p, off, info.nbytes, np_t).reshape(info.matrix_shape)
+            # (a large tensor: a Region, read row chunk by row chunk)
+            from .region import tensor_region
+            off = t.data_ptr() - base
+            np_t = {"BF16": np.uint16}.get(info.dtype) or (
+                np.uint8 if info.dtype.startswith("F8_") else t.numpy().dtype)
+            return tensor_region(p, off, info.nbytes, np_t).reshape(info.matrix_shape)
+        if base is not None and info.nbytes and t.layout == torch.strided \
+                and min(t.stride(), default=0) >= 0:
+            # a strided view (e.g. a transposed tensor saved as such): the bytes it spans
+            # read with pread, then arranged; torch's .contiguous() would read the map
+            from .region import read_region
+            np_t = {"BF16": np.uint16}.get(info.dtype) or (
+                np.uint8 if info.dtype.startswith("F8_") else t.numpy().dtype)
+            item = t.element_size()
+            extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+            buf = read_region(p, t.data_ptr() - base, extent * item, np_t)
+            arr = np.lib.stride_tricks.as_strided(
+                buf, shape=tuple(t.shape), strides=tuple(s * item for s in t.stride()),
+                writeable=False)
+            return np.ascontiguousarray(arr).reshape(info.matrix_shape)
         t = t.contiguous()
         if info.dtype == "BF16":
             arr = t.view(torch.int16).numpy().view(np.uint16)

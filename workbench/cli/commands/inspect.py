@@ -53,8 +53,10 @@ def run(args) -> int:
     # 300,000 empty tensors inspects in about the time its JSON takes to parse)
     full = [n for n, i in model.tensors.items() if i.numel]
     stats = {} if args.no_stats else drive(model_stats(model, full), quiet=args.json)
+    if not args.json:
+        return _print_table(model, stats, args.no_stats)
     empty = None if args.no_stats or args.arrays else empty_stats_dict()
-    if empty is not None and args.json:
+    if empty is not None:
         from ..common import json_safe
         empty = json_safe(empty)   # NaN -> null once, so the fast encoder takes the document
     rows = []
@@ -66,25 +68,44 @@ def run(args) -> int:
             d["stats"] = dict(empty) if empty is not None else \
                 empty_stats(info.name, info.rows).to_dict(arrays=True)
         rows.append(d)
-    if args.json:
-        print_json({"model": model.path, "format": model.format, "tensors": rows,
-                    "totals": {"tensors": len(rows), "params": model.total_params,
-                               "bytes": model.total_bytes}})
-        return 0
-    print(f"{model.path}  ({model.format}, {len(rows)} tensors, {model.total_params:,} params, "
-          f"{fmt_bytes(model.total_bytes)})")
+    print_json({"model": model.path, "format": model.format, "tensors": rows,
+                "totals": {"tensors": len(rows), "params": model.total_params,
+                           "bytes": model.total_bytes}})
+    return 0
+
+
+def _stats_text(s: dict) -> str:
+    return (f" {s['absmax']:>9.4g} {s['std']:>9.4g} {s['kurtosis']:>7.2f} "
+            f"{100 * s['outlier_frac']:>6.3f} {s['nan'] + s['inf']:>7d}")
+
+
+def _print_table(model, stats: dict, no_stats: bool) -> int:
+    """The catalog as text, one line per tensor: built straight from the infos (a header of
+    300,000 tensors prints in a fraction of a second; every empty tensor shares one
+    statistics text)."""
+    import sys
+    from ...stats import empty_stats_dict
+    print(f"{model.path}  ({model.format}, {len(model.tensors)} tensors, "
+          f"{model.total_params:,} params, {fmt_bytes(model.total_bytes)})")
     print(f"{'name':<52} {'shape':<14} {'dtype':<12} {'role':<13} {'absmax':>9} {'std':>9} "
           f"{'kurt':>7} {'outl%':>6} {'nan/inf':>7}")
-    import sys
+    empty = "" if no_stats else _stats_text(empty_stats_dict())
+    from ...catalog import infer_roles
+    infos = model.tensors.values()
+    roles = infer_roles((info.name, len(info.shape)) for info in infos)
+    tails: dict = {}   # (shape, dtype, role) -> the line's text after the name
     lines = []
-    for d in rows:
-        s = d.get("stats")
-        shape = "x".join(map(str, d["shape"])) or "scalar"
-        line = f"{d['name'][:52]:<52} {shape:<14} {d['dtype']:<12} {d['role']:<13}"
-        if s:
-            line += (f" {s['absmax']:>9.4g} {s['std']:>9.4g} {s['kurtosis']:>7.2f} "
-                     f"{100 * s['outlier_frac']:>6.3f} {s['nan'] + s['inf']:>7d}")
-        lines.append(line)
+    for info, role in zip(infos, roles):
+        key = (info.shape, info.quant or info.dtype, role)
+        tail = tails.get(key)
+        if tail is None:
+            shape = "x".join(map(str, info.shape)) or "scalar"
+            tail = f" {shape:<14} {key[1]:<12} {key[2]:<13}"
+            if len(tails) < 65536:
+                tails[key] = tail
+        s = stats.get(info.name)
+        lines.append(f"{info.name[:52]:<52}{tail}"
+                     f"{empty if s is None else _stats_text(s.to_dict())}")
         if len(lines) >= 4096:   # written in blocks: one write per line costs more than all else
             sys.stdout.write("\n".join(lines) + "\n")
             lines = []
