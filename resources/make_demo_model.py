@@ -218,9 +218,14 @@ def main(out_dir: str | None = None, log=print) -> Path:
     log(f"trained: perplexity {perplexity(trained, ids):.3f} (float32)")
     for line in weight_report(start, trained):
         log(line)
+    return write_model(out, trained)
+
+
+def write_model(out: Path, tensors: dict[str, np.ndarray]) -> Path:
+    """model.safetensors (bfloat16) and config.json of `tensors` in the folder `out`."""
     w = StreamingSafetensorsWriter(out / "model.safetensors",
                                    {"format": "pt", "generator": "quant-workbench demo"})
-    for name, arr in trained.items():
+    for name, arr in tensors.items():
         w.add(name, f32_to_bf16(arr).reshape(arr.shape), dtype="BF16")
     w.finish()
     (out / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
