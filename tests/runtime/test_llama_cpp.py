@@ -132,6 +132,8 @@ def test_demo_model_generates(llama_bin, demo_ggufs, label):
 def test_demo_model_perplexity_finite_and_close(llama_bin, demo_ggufs):
     ppl = {k: _perplexity(llama_bin, p) for k, p in demo_ggufs.items()}
     assert all(np.isfinite(v) and v > 1 for v in ppl.values()), ppl
-    # random weights: ppl near the vocabulary size; q8_0 must not move it more than 1%
+    # llama-perplexity reads the file as one text in windows across lines, which the demo model
+    # (trained one line per sample) never saw: f16 178.3, q8_0 178.5, q4_k 174.1 (2026-11-26);
+    # q8_0 must not move it more than 1%
     assert abs(ppl["q8_0"] - ppl["f16"]) / ppl["f16"] < 0.01, ppl
     assert abs(ppl["q4_k"] - ppl["f16"]) / ppl["f16"] < 0.10, ppl

@@ -61,12 +61,30 @@ def test_plan_refuses_unknown_methods(bad):
 
 # -- the AWQ fold --------------------------------------------------------------------------------
 
-def test_awq_fold_keeps_the_float_model_exact(calib_file):
+@pytest.fixture(scope="module")
+def untrained_demo(tmp_path_factory):
+    """The demo model's synthetic starting weights, before training (resources/make_demo_model.py
+    `build`), with the demo's config and tokenizer. Its outlier input features make AWQ's search
+    fold the first post-attention norm (alpha 0.15 on layer 0's gate/up); on the trained demo
+    model the search keeps every norm (alpha 0), so the fold's mechanics are tested here."""
+    import importlib.util
+    import shutil
+    spec = importlib.util.spec_from_file_location("make_demo_model",
+                                                  ROOT / "resources" / "make_demo_model.py")
+    mdm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mdm)
+    out = tmp_path_factory.mktemp("untrained-demo")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(DEMO.parent / name, out / name)
+    return mdm.write_model(out, mdm.build())
+
+
+def test_awq_fold_keeps_the_float_model_exact(calib_file, untrained_demo):
     """The folded float model (consumers' columns ×s, norms / producers' rows ÷s) gives the
     original outputs; the quantized fold changes them only by quantization error."""
     from workbench.methods.apply import prepare, runner_weights
     from workbench.runner import check
-    model = open_model(str(DEMO))
+    model = open_model(str(untrained_demo))
     plan = Plan("int4-g128", method="awq")
     mm = run(prepare(model, plan, calib=str(calib_file)))
     # demo (Llama-style, GQA: v_proj narrower than o_proj's input, so no o <- v fold):
@@ -152,14 +170,16 @@ def _package_weights(folder) -> dict:
 
 
 @pytest.mark.parametrize("method", ["gptq", "awq"])
-def test_cli_compressed_tensors_int4_reads_back_exactly(calib_file, tmp_path, method):
+def test_cli_compressed_tensors_int4_reads_back_exactly(calib_file, tmp_path, method,
+                                                      untrained_demo):
     pytest.importorskip("compressed_tensors")
     from workbench.runtimes import plan_decisions
     from workbench.schemes import get_scheme
+    src = untrained_demo if method == "awq" else DEMO      # AWQ: a model whose norms it folds
     out = tmp_path / f"ct-{method}"
-    assert main(["export", str(DEMO), "--scheme", "int4-g128", "--method", method, "--calib",
+    assert main(["export", str(src), "--scheme", "int4-g128", "--method", method, "--calib",
                  str(calib_file), "--format", "compressed-tensors", "-o", str(out)]) == 0
-    model = open_model(str(DEMO))
+    model = open_model(str(src))
     plan = Plan("int4-g128", method=method)
     mm = _mm(model, plan, calib_file, "vllm")
     sd = _package_weights(out)
@@ -254,12 +274,12 @@ def test_cli_check_methods_beat_rtn_on_demo(calib_file, capsys):
     assert 0 < kl["gptq"] < kl["rtn"]
 
 
-def test_quantized_safetensors_carries_the_awq_fold(calib_file, tmp_path):
+def test_quantized_safetensors_carries_the_awq_fold(calib_file, tmp_path, untrained_demo):
     """The workbench's own quantized safetensors: the stored tensors are the method's, the
     folded norms are stored folded, and the file opens to the folded model's weights."""
     from workbench.export import export
     from workbench.schemes import get_scheme
-    model = open_model(str(DEMO))
+    model = open_model(str(untrained_demo))
     plan = Plan("int4-g128", method="awq")
     mm = _mm(model, plan, calib_file, "any")
     out = tmp_path / "awq.safetensors"

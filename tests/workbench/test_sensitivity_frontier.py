@@ -200,11 +200,14 @@ def test_spearman_and_rank_agreement(demo_table):
 
 def test_fisher_measure_estimates_the_measured_output_change(demo, tmp_path, monkeypatch):
     """Causal LM: 1/2 sum F dW^2 estimates the measured KL (nats/token) of quantizing one tensor,
-    so it ranks the tensors as the measurement does (weight error does not)."""
+    so it ranks the tensors as the measurement does (weight error does not). 16 samples: the
+    trained demo model's next tokens are peaked, so the sampled-label Fisher needs more tokens
+    than 8 samples give (measured: 8 samples rank agreement 0.88 and one tensor's estimate 0.05x
+    the measured KL; 16 samples 0.95 and 0.38x-2.05x)."""
     from workbench.sensitivity import rank_agreement
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    fis = sensitivity_table(demo, ["q3_k"], "fisher", samples=8)
-    out = sensitivity_table(demo, ["q3_k"], "output", samples=8)
+    fis = sensitivity_table(demo, ["q3_k"], "fisher", samples=16)
+    out = sensitivity_table(demo, ["q3_k"], "output", samples=16)
     wt = sensitivity_table(demo, ["q3_k"], "weight")
     assert rank_agreement(fis, out, "q3_k") > 0.9
     assert rank_agreement(wt, out, "q3_k") < 0.6
