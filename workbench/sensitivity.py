@@ -220,12 +220,14 @@ def fisher_errors(model, schemes, diag: dict, count: int, runtime: str = "any"):
                     dw = (dq - w0).astype(np.float64)
                     tot += float(np.vdot(fc, dw * dw))
                     release(fc)
+                release(f)
                 out[(n, s)] = 0.5 * tot / max(count, 1)
                 continue
             if w is None:
                 w = model.read_matrix(n).reshape(info.shape).astype(np.float32)
             dw = (dequantized(model, n, applied).reshape(info.shape) - w).astype(np.float64)
             out[(n, s)] = float(0.5 * np.vdot(f, dw * dw) / max(count, 1))
+            release(f)      # a mapped F (a large model's): its pages leave the resident set
     yield Progress(len(items), len(items), "done")
     return out
 

@@ -12,7 +12,9 @@ live in memory-mapped files:
 * ``to_disk(a)``: a copy of an in-memory array in such a file (the RAM copy can then go);
 * ``add_squares``, ``add_into``, ``contiguous``, ``any_nonzero``: passes over such arrays a
   row chunk at a time that release each chunk's pages after it (`workbench.pages.release`),
-  so resident memory stays about one chunk whatever the array's size.
+  and the whole array at the end (a page fault maps up to 64 kB of neighbouring cached pages
+  back in: the kernel's fault-around), so resident memory stays about one chunk whatever the
+  array's size.
 
 Small arrays (below ``MIN_BYTES``) stay in RAM: a file per norm weight would cost more than
 it saves.
@@ -91,6 +93,7 @@ def add_into(dst: np.ndarray, src, assign: bool = False) -> None:
             d += s
         release(d)
         release(s)
+    release(dst)
 
 
 def add_squares(dst: np.ndarray, grad, scale: float = 1.0) -> None:
@@ -110,6 +113,7 @@ def add_squares(dst: np.ndarray, grad, scale: float = 1.0) -> None:
         d = d2[r0:r0 + step]
         d += sq
         release(d)
+    release(dst)        # the kernel's fault-around re-maps neighbours of later chunks
 
 
 def contiguous(a: np.ndarray) -> np.ndarray:
@@ -125,6 +129,7 @@ def contiguous(a: np.ndarray) -> np.ndarray:
     for r0 in range(0, a.shape[0], step):
         out[r0:r0 + step] = a[r0:r0 + step]
         release(out[r0:r0 + step])
+    release(out)
     return out
 
 
@@ -137,5 +142,7 @@ def any_nonzero(a: np.ndarray) -> bool:
         hit = bool(np.any(c))
         release(c)
         if hit:
+            release(a)
             return True
+    release(a)
     return False

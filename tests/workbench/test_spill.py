@@ -36,6 +36,25 @@ def test_spill_arrays_are_mapped_unlinked_files_with_the_same_values(tmp_path, m
     assert not isinstance(spill.zeros((4,)), np.memmap)            # small: in RAM
 
 
+def _spill_mappings():
+    """(mapped kB, resident kB) of this process's workbench.spill files (/proc/self/smaps)."""
+    import os
+    if not os.path.exists("/proc/self/smaps"):
+        pytest.skip("no /proc/self/smaps")
+    size = rss = 0
+    spill_map = False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and ":" in head[3]:
+                spill_map = "qw-spill-" in line
+            elif spill_map and line.startswith("Size:"):
+                size += int(head[1])
+            elif spill_map and line.startswith("Rss:"):
+                rss += int(head[1])
+    return size, rss
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe", "gpt2"])
 def test_fisher_on_disk_and_in_row_chunks_equals_in_memory(tiny_arch, arch, monkeypatch):
     """Every parameter's squared-gradient sum in a mapped file, every tensor's error in row
@@ -52,6 +71,17 @@ def test_fisher_on_disk_and_in_row_chunks_equals_in_memory(tiny_arch, arch, monk
     monkeypatch.setattr(spill, "CHUNK_ELEMENTS", 64 * 5)
     disk, count2 = run(fisher_diagonals(model, samples=N, max_len=LEN, batch_size=3))
     sensitivity._FISHER_CACHE.clear()
+    # every mapped F's pages are let go once written and read, whole or in row chunks (a
+    # large model's F never piles up in the resident set)
+    whole = run(fisher_errors(model, schemes, disk, count2))
+    size, rss = _spill_mappings()
+    assert size > 0 and rss <= 0.02 * size, (rss, size)
+    monkeypatch.setattr(streaming, "STREAM_ELEMENTS", 1)          # every tensor in row chunks
+    monkeypatch.setattr(streaming, "CHUNK_ELEMENTS", 64 * 3)
+    got = run(fisher_errors(model, schemes, disk, count2))
+    size, rss = _spill_mappings()
+    assert size > 0 and rss <= 0.02 * size, (rss, size)
+    assert whole == pytest.approx(want, rel=1e-5, abs=1e-15)
     assert count2 == count and set(disk) == set(ram)
     mapped = [n for n, f in disk.items() if isinstance(f, np.memmap)
               or isinstance(getattr(f, "base", None), np.memmap)]
@@ -59,9 +89,6 @@ def test_fisher_on_disk_and_in_row_chunks_equals_in_memory(tiny_arch, arch, monk
     for n, f in ram.items():
         np.testing.assert_allclose(disk[n], f, rtol=1e-5, atol=1e-12 * float(np.abs(f).max()),
                                    err_msg=n)
-    monkeypatch.setattr(streaming, "STREAM_ELEMENTS", 1)          # every tensor in row chunks
-    monkeypatch.setattr(streaming, "CHUNK_ELEMENTS", 64 * 3)
-    got = run(fisher_errors(model, schemes, disk, count2))
     assert set(got) == set(want) and any(v > 0 for v in want.values())
     for k, v in want.items():
         assert got[k] == pytest.approx(v, rel=1e-5, abs=1e-15), k
