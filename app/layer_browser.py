@@ -418,6 +418,7 @@ class LayerBrowser(QWidget):
         self.filter_error.hide()
         # one model, filtering itself (`proxy` is the same object: the view's model)
         self.model = self.proxy = TreeModel(self)
+        self._quiet = False       # True while the current row is restored, not chosen
         self.view = QTreeView()
         self.view.setModel(self.proxy)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
@@ -491,8 +492,26 @@ class LayerBrowser(QWidget):
         self.filter_error.setText(self.model.error)
         self.filter_error.setVisible(bool(self.model.error))
         self._expand()
+        self._keep_current()
+
+    def _keep_current(self) -> None:
+        """After a filter is typed or cleared (the model's rows reset): the document's current
+        tensor is the current row again, its experts row open and in view, when the rows hold
+        it. Done here, in the same pass as the filter's own layout and repaint, rather than by
+        the next selection (which would re-open the row and repaint the tree twice)."""
+        name = self.doc.current
+        idx = self._find(name) if name else None
+        if idx is None or not idx.isValid():
+            return
+        self._quiet = True            # the same tensor: nothing to tell the window
+        try:
+            self._make_current(idx)
+        finally:
+            self._quiet = False
 
     def _current(self, current, _previous) -> None:
+        if self._quiet:
+            return
         name = current.data(NAME_ROLE) if current.isValid() else None
         if name:
             self.activated.emit(name)
@@ -518,14 +537,18 @@ class LayerBrowser(QWidget):
             return
         idx = self._find(name)
         if idx is not None and idx.isValid():
-            parent = idx.parent()
-            while parent.isValid():   # inside a collapsed experts row: open it
+            self._make_current(idx)
+
+    def _make_current(self, idx) -> None:
+        parent = idx.parent()
+        while parent.isValid():   # inside a collapsed experts row: open it
+            if not self.view.isExpanded(parent):
                 self.view.expand(parent)
-                parent = parent.parent()
-            self.view.selectionModel().setCurrentIndex(
-                idx, QItemSelectionModel.SelectionFlag.ClearAndSelect
-                | QItemSelectionModel.SelectionFlag.Rows)
-            self.view.scrollTo(idx)
+            parent = parent.parent()
+        self.view.selectionModel().setCurrentIndex(
+            idx, QItemSelectionModel.SelectionFlag.ClearAndSelect
+            | QItemSelectionModel.SelectionFlag.Rows)
+        self.view.scrollTo(idx)
 
     def show_group(self, key: str) -> bool:
         """Make the row of expert group `key` current (emits groupActivated)."""
