@@ -188,3 +188,45 @@ def test_axis_pictures_replayed_are_the_ones_drawn(window, qtbot):
     fresh = [p.grab().toImage() for p in plots]
     for x, y, z in zip(first, again, fresh):
         assert x == y == z
+
+
+def test_a_selection_paints_each_widget_once(window, qtbot):
+    """A selection repaints the window once: the tensor's title and summary, the plots, the
+    layer browser and the scheme table each get one paint event at most (the plots' scenes are
+    flushed after every view has taken the selection, not before the table moved: then the
+    panel's labels and the window behind them were painted twice)."""
+    from PySide6.QtCore import QEvent, QObject
+    from PySide6.QtWidgets import QApplication
+    from app import perf
+    assert perf.FAST
+    a, b = "model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight"
+    for name in (a, b, a):
+        window.select(name)
+        wait_idle(qtbot, window)
+    qtbot.wait(20)
+    painted = {}
+
+    class Count(QObject):
+        def eventFilter(self, obj, ev):
+            if ev.type() == QEvent.Type.Paint:
+                painted[id(obj)] = painted.get(id(obj), 0) + 1
+            return False
+    app = QApplication.instance()
+    counter = Count()
+    app.installEventFilter(counter)
+    try:
+        window.select(b)
+        for _ in range(50):
+            n = sum(painted.values())
+            app.processEvents()
+            if sum(painted.values()) == n:
+                break
+    finally:
+        app.removeEventFilter(counter)
+    plots = window.plots
+    watched = {"title": plots.title, "summary": plots.summary,
+               "histogram": plots.histogram.viewport(), "table": window.table.view.viewport(),
+               "browser": window.browser.view.viewport()}
+    counts = {k: painted.get(id(w), 0) for k, w in watched.items()}
+    assert counts["title"] == counts["summary"] == counts["histogram"] == 1, counts
+    assert max(counts.values()) == 1, counts      # nothing painted twice
