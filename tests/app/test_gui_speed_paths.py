@@ -230,3 +230,55 @@ def test_a_selection_paints_each_widget_once(window, qtbot):
     counts = {k: painted.get(id(w), 0) for k, w in watched.items()}
     assert counts["title"] == counts["summary"] == counts["histogram"] == 1, counts
     assert max(counts.values()) == 1, counts      # nothing painted twice
+
+
+def test_scheme_table_unsorted_shows_its_model_then_sorts_by_header(window, qtbot):
+    """Unsorted, the scheme table's view shows the model itself (a repaint makes no call
+    through the sort proxy); a header click switches it to the sort proxy, sorted, with the
+    current row, the selection and the column widths kept, and every path that maps rows
+    (selection, show_tensor, activated) still names the right tensors."""
+    from PySide6.QtCore import QItemSelectionModel, Qt
+    from app.table_model import C_NAME, C_PARAMS, NAME_ROLE, SORT_ROLE
+    t = window.table
+    m = t.model
+    assert t.view.model() is m and not t.sorted
+    names = [m.name_at(r) for r in range(m.rowCount())]
+    shown = [t.view.model().index(r, C_NAME).data() for r in range(m.rowCount())]
+    assert shown == [m.index(r, C_NAME).data() for r in range(m.rowCount())]
+    cur = "model.layers.1.mlp.up_proj.weight"
+    window.select(cur)
+    wait_idle(qtbot, window)
+    extra = "model.layers.0.self_attn.q_proj.weight"
+    t.view.selectionModel().select(t.view_index(m.row_of(extra)),
+                                   QItemSelectionModel.SelectionFlag.Select
+                                   | QItemSelectionModel.SelectionFlag.Rows)
+    chosen = t.selected_names()
+    assert set(chosen) == {cur, extra}
+    t.view.setColumnWidth(C_PARAMS, 131)
+    activated = []
+    t.activated.connect(activated.append)
+
+    t.view.sortByColumn(C_PARAMS, Qt.SortOrder.DescendingOrder)   # what a header click does
+    assert t.sorted and t.view.model() is t.proxy
+    view = t.view.model()
+    keys = [view.index(r, C_PARAMS).data(SORT_ROLE) for r in range(view.rowCount())]
+    assert keys == sorted(keys, reverse=True) and keys[0] > keys[-1]
+    assert sorted(view.index(r, 0).data(NAME_ROLE) for r in range(view.rowCount())) \
+        == sorted(names)
+    assert t.view.horizontalHeader().sortIndicatorSection() == C_PARAMS
+    assert t.view.columnWidth(C_PARAMS) == 131
+    assert t.selected_names() == chosen
+    assert m.name_at(t.model_row(t.view.currentIndex())) == cur
+    assert activated == []           # the same tensor: nothing new to tell the window
+    # selecting elsewhere (the browser, the map) moves the sorted table's current row
+    other = "model.layers.0.mlp.down_proj.weight"
+    window.select(other)
+    assert m.name_at(t.model_row(t.view.currentIndex())) == other
+    # a click on a sorted row tells the window its tensor
+    last = t.view.model().index(t.view.model().rowCount() - 1, C_NAME)
+    t.view.setCurrentIndex(last)
+    assert window.doc.current == m.name_at(t.model_row(last)) == activated[-1]
+    # and the other order, through the proxy as usual
+    t.view.sortByColumn(C_PARAMS, Qt.SortOrder.AscendingOrder)
+    keys = [view.index(r, C_PARAMS).data(SORT_ROLE) for r in range(view.rowCount())]
+    assert keys == sorted(keys)
