@@ -47,6 +47,9 @@ class Document(QObject):
     detailChanged = Signal(str)
     throughputChanged = Signal(list)
     currentChanged = Signal(str)
+    #: right after currentChanged has reached every receiver (the views have all taken the
+    #: new current tensor): for work that should see them all, such as one repaint
+    currentSettled = Signal(str)
     resultAdded = Signal(str, str)     # (name, scheme) of any new result (comparison)
     backendChanged = Signal(str)
     estimatesChanged = Signal(list)    # names with a new sampled-rows error estimate
@@ -182,6 +185,7 @@ class Document(QObject):
             return
         self.current = name
         self.currentChanged.emit(name or "")
+        self.currentSettled.emit(name or "")
 
     def _update_decisions(self, names) -> None:
         """What the workbench applies to each tensor (workbench.runtimes.decide for the

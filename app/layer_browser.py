@@ -51,6 +51,13 @@ def _short(name: str, group: str) -> str:
 
 
 _GROUP, _EXPERTS, _PROJ, _TENSOR = range(4)
+# the view asks every painted cell for seven roles; these four the tree never answers
+_UNANSWERED = frozenset(r.value for r in (Qt.ItemDataRole.DecorationRole,
+                                          Qt.ItemDataRole.BackgroundRole,
+                                          Qt.ItemDataRole.ForegroundRole,
+                                          Qt.ItemDataRole.CheckStateRole))
+_ROW_FLAGS = Qt.ItemFlag.ItemIsEnabled      # a group or experts row (not selectable)
+_TENSOR_FLAGS = Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
 
 
 def _find_all(text: str, needle: str):
@@ -90,6 +97,7 @@ class TreeModel(QAbstractItemModel):
         self.where: dict[str, int] = {}     # tensor name -> its node, or its experts row's
         self.group_nodes: dict[str, int] = {}   # expert group key -> projection / merged node
         self.infos: dict = {}
+        self._cells: dict = {}      # (tensor node, column) -> its text
         self.names: list[str] = []
         self._blob = None
         self.visible: dict[int, list[int]] | None = None   # None: no filter
@@ -300,10 +308,14 @@ class TreeModel(QAbstractItemModel):
         return QModelIndex()
 
     def parent(self, index=QModelIndex()):
+        # asked several times per painted row (branches, selection): index_of inlined
         if not index.isValid():
             return QModelIndex()
         p = self.nodes[index.internalId()].parent
-        return self.index_of(p) if p > 0 else QModelIndex()
+        if p <= 0:
+            return QModelIndex()
+        r = self.nodes[p].row if self.visible is None else self.vrow.get(p, -1)
+        return self.createIndex(r, 0, p) if r >= 0 else QModelIndex()
 
     def rowCount(self, parent=QModelIndex()) -> int:
         if parent.isValid():
@@ -342,18 +354,22 @@ class TreeModel(QAbstractItemModel):
         if not index.isValid():
             return Qt.ItemFlag.NoItemFlags
         if self.nodes[index.internalId()].kind in (_GROUP, _EXPERTS):
-            return Qt.ItemFlag.ItemIsEnabled
-        return Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
+            return _ROW_FLAGS
+        return _TENSOR_FLAGS
 
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):
-        if not index.isValid():
+        if role in _UNANSWERED or not index.isValid():
             return None
         node = self.nodes[index.internalId()]
         col = index.column()
         kind = node.kind
         if role == Qt.ItemDataRole.DisplayRole:
             if kind == _TENSOR:
-                return self._tensor_text(node, col)
+                key = (index.internalId(), col)
+                text = self._cells.get(key)
+                if text is None:     # made once per cell: a repaint asks again
+                    text = self._cells[key] = self._tensor_text(node, col)
+                return text
             return node.text[col]
         if kind == _TENSOR:
             if role == NAME_ROLE or role == Qt.ItemDataRole.ToolTipRole:
@@ -418,6 +434,7 @@ class LayerBrowser(QWidget):
         self.filter_error.hide()
         # one model, filtering itself (`proxy` is the same object: the view's model)
         self.model = self.proxy = TreeModel(self)
+        self._quiet = False       # True while the current row is restored, not chosen
         self.view = QTreeView()
         self.view.setModel(self.proxy)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
@@ -491,8 +508,26 @@ class LayerBrowser(QWidget):
         self.filter_error.setText(self.model.error)
         self.filter_error.setVisible(bool(self.model.error))
         self._expand()
+        self._keep_current()
+
+    def _keep_current(self) -> None:
+        """After a filter is typed or cleared (the model's rows reset): the document's current
+        tensor is the current row again, its experts row open and in view, when the rows hold
+        it. Done here, in the same pass as the filter's own layout and repaint, rather than by
+        the next selection (which would re-open the row and repaint the tree twice)."""
+        name = self.doc.current
+        idx = self._find(name) if name else None
+        if idx is None or not idx.isValid():
+            return
+        self._quiet = True            # the same tensor: nothing to tell the window
+        try:
+            self._make_current(idx)
+        finally:
+            self._quiet = False
 
     def _current(self, current, _previous) -> None:
+        if self._quiet:
+            return
         name = current.data(NAME_ROLE) if current.isValid() else None
         if name:
             self.activated.emit(name)
@@ -518,14 +553,18 @@ class LayerBrowser(QWidget):
             return
         idx = self._find(name)
         if idx is not None and idx.isValid():
-            parent = idx.parent()
-            while parent.isValid():   # inside a collapsed experts row: open it
+            self._make_current(idx)
+
+    def _make_current(self, idx) -> None:
+        parent = idx.parent()
+        while parent.isValid():   # inside a collapsed experts row: open it
+            if not self.view.isExpanded(parent):
                 self.view.expand(parent)
-                parent = parent.parent()
-            self.view.selectionModel().setCurrentIndex(
-                idx, QItemSelectionModel.SelectionFlag.ClearAndSelect
-                | QItemSelectionModel.SelectionFlag.Rows)
-            self.view.scrollTo(idx)
+            parent = parent.parent()
+        self.view.selectionModel().setCurrentIndex(
+            idx, QItemSelectionModel.SelectionFlag.ClearAndSelect
+            | QItemSelectionModel.SelectionFlag.Rows)
+        self.view.scrollTo(idx)
 
     def show_group(self, key: str) -> bool:
         """Make the row of expert group `key` current (emits groupActivated)."""

@@ -7,7 +7,8 @@ import re
 from workbench.errors import WorkbenchError
 from workbench.patterns import compile_pattern
 
-from PySide6.QtCore import QItemSelectionModel, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtCore import (QItemSelection, QItemSelectionModel, QSortFilterProxyModel, Qt,
+                            Signal)
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogButtonBox,
                                QFormLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
                                QMenu, QPushButton, QStyledItemDelegate, QTableView,
@@ -225,14 +226,19 @@ class SchemeTable(QWidget):
         self.doc = doc
         self.push = push  # push(command_factory_result)
         self.model = SchemeTableModel(doc, on_assign=self.assign, on_method=self.set_method)
+        self.model.on_sort = self._sort_requested
+        # the view shows the model itself until a sort is asked for (a header click), then the
+        # sort proxy: a repaint of the unsorted table makes no call through the proxy (each
+        # cell's data there maps its index back into the model: a few Python calls a cell)
         self.proxy = QSortFilterProxyModel(self)
         self.proxy.setSourceModel(self.model)
         self.proxy.setSortRole(SORT_ROLE)
         self.view = QTableView()
         self.view.setObjectName("SchemeTable")
-        self.view.setModel(self.proxy)
+        self.view.setModel(self.model)
+        # no sort indicator before sorting is enabled (enabling sorts by the indicator's column)
+        self.view.horizontalHeader().setSortIndicator(-1, Qt.SortOrder.AscendingOrder)
         self.view.setSortingEnabled(True)
-        self.view.sortByColumn(-1, Qt.SortOrder.AscendingOrder)
         self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.delegate = SchemeDelegate(doc, self.view, predict=self._predict)
@@ -312,10 +318,54 @@ class SchemeTable(QWidget):
         if self.predict is not None and name and self.doc.model is not None:
             self.predict(name, schemes)
 
+    # ---- the view's rows: the model's own until sorted, then the sort proxy's ------------
+    @property
+    def sorted(self) -> bool:
+        return self.view.model() is self.proxy
+
+    def view_index(self, row: int, column: int = C_NAME):
+        """The view's index of the model's `row` (a tensor) and `column`."""
+        idx = self.model.index(row, column)
+        return self.proxy.mapFromSource(idx) if self.sorted else idx
+
+    def model_row(self, index) -> int:
+        """The model's row (tensor) of one of the view's indexes."""
+        return self.proxy.mapToSource(index).row() if self.sorted else index.row()
+
+    def _sort_requested(self, column: int, order) -> None:
+        """The view asked the model itself to sort (a header click): show the sort proxy from
+        now on, with the same current row, selection and column widths, and sort it."""
+        if column < 0 or self.sorted:
+            return
+        view, hdr = self.view, self.view.horizontalHeader()
+        widths = [view.columnWidth(c) for c in range(self.model.columnCount())]
+        cur = view.currentIndex()
+        cur_row, cur_col = (cur.row(), cur.column()) if cur.isValid() else (None, C_NAME)
+        rows = sorted({i.row() for i in view.selectionModel().selectedRows()})
+        old = view.selectionModel()
+        view.setModel(self.proxy)
+        old.deleteLater()
+        for c, w in enumerate(widths):
+            view.setColumnWidth(c, w)
+        hdr.blockSignals(True)
+        hdr.setSortIndicator(column, order)
+        hdr.blockSignals(False)
+        self.proxy.sort(column, order)
+        sm = view.selectionModel()
+        sel = QItemSelection()
+        for r in rows:
+            idx = self.view_index(r)
+            sel.select(idx, idx)
+        sm.select(sel, QItemSelectionModel.SelectionFlag.Select
+                  | QItemSelectionModel.SelectionFlag.Rows)
+        if cur_row is not None:
+            sm.setCurrentIndex(self.view_index(cur_row, cur_col),
+                               QItemSelectionModel.SelectionFlag.NoUpdate)
+        sm.currentRowChanged.connect(self._current)
+
     # ---- edits ------------------------------------------------------------------------------
     def selected_names(self) -> list[str]:
-        rows = sorted({self.proxy.mapToSource(i).row()
-                       for i in self.view.selectionModel().selectedRows()})
+        rows = sorted({self.model_row(i) for i in self.view.selectionModel().selectedRows()})
         return [self.model.name_at(r) for r in rows]
 
     def assign(self, names, scheme: str) -> None:
@@ -370,12 +420,12 @@ class SchemeTable(QWidget):
     # ---- selection ---------------------------------------------------------------------------
     def _current(self, current, _previous) -> None:
         if current.isValid():
-            self.activated.emit(self.model.name_at(self.proxy.mapToSource(current).row()))
+            self.activated.emit(self.model.name_at(self.model_row(current)))
 
     def show_tensor(self, name: str) -> None:
         if not name or self.doc.model is None or name not in self.doc.model.tensors:
             return
-        idx = self.proxy.mapFromSource(self.model.index(self.model.row_of(name), C_NAME))
+        idx = self.view_index(self.model.row_of(name))
         cur = self.view.currentIndex()
         if cur.isValid() and cur.row() == idx.row():
             return

@@ -48,6 +48,7 @@ class SchemeTableModel(QAbstractTableModel):
         self.doc = doc
         self.on_assign = on_assign
         self.on_method = on_method
+        self.on_sort = None       # on_sort(column, order): a view asked this model to sort
         self._names: list[str] = []
         self._row: dict[str, int] = {}
         self._mono = mono_font()
@@ -88,6 +89,12 @@ class SchemeTableModel(QAbstractTableModel):
             self.dataChanged.emit(self.index(start, C_SCHEME), self.index(prev, C_NOTE))
             if r is not None:
                 start = prev = r
+
+    def sort(self, column, order=Qt.SortOrder.AscendingOrder) -> None:
+        """A view showing this model itself asks it to sort: handed to `on_sort` (the scheme
+        table then shows its sort proxy); the rows here keep the catalog's order."""
+        if self.on_sort is not None:
+            self.on_sort(column, order)
 
     def rowCount(self, parent=QModelIndex()) -> int:
         return 0 if parent.isValid() else len(self._names)

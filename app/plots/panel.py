@@ -19,6 +19,7 @@ class PlotsPanel(QWidget):
         super().__init__(parent)
         self.doc = doc
         self.name: str | None = None
+        self._defer_flush = False
         self.title = QLabel("Select a tensor")
         self.title.setObjectName("TensorTitle")
         self.summary = QLabel("")
@@ -76,7 +77,8 @@ class PlotsPanel(QWidget):
 
         self.log_box.toggled.connect(self.histogram.set_log)
         self.sort_box.toggled.connect(self._sort)
-        doc.currentChanged.connect(self.show_tensor)
+        doc.currentChanged.connect(self._current_changed)
+        doc.currentSettled.connect(lambda _n: self._flush_scenes())
         doc.statsChanged.connect(self._maybe)
         doc.resultsChanged.connect(self._maybe)
         doc.stateChanged.connect(self._maybe)
@@ -111,6 +113,16 @@ class PlotsPanel(QWidget):
         self.name = name or None
         self.group = None
         self.refresh()
+
+    def _current_changed(self, name: str) -> None:
+        # the scenes are flushed once the other views have taken the selection too
+        # (doc.currentSettled): flushing them paints the window at once, and flushed here,
+        # before the scheme table and the rest had moved, a selection painted the window twice
+        self._defer_flush = True
+        try:
+            self.show_tensor(name)
+        finally:
+            self._defer_flush = False
 
     # ---- mixture of experts --------------------------------------------------------------------
     def show_expert_group(self, key: str) -> None:
@@ -252,7 +264,7 @@ class PlotsPanel(QWidget):
         next paint draws the final picture (Qt queues that processing; a paint before it ran
         painted the plots a second time)."""
         from .. import perf
-        if not perf.FAST:
+        if not perf.FAST or self._defer_flush:
             return
         from PySide6.QtCore import QCoreApplication, QEvent
         for p in (self.histogram, self.ranges, self.errors):

@@ -23,7 +23,7 @@ Q = "model.layers.0.self_attn.q_proj.weight"
 
 def _editor(window, name):
     t = window.table
-    idx = t.proxy.mapFromSource(t.model.index(t.model.row_of(name), C_SCHEME))
+    idx = t.view_index(t.model.row_of(name), C_SCHEME)
     t.view.setCurrentIndex(idx)
     t.view.edit(idx)
     editor = t.view.findChild(QComboBox)

@@ -65,7 +65,7 @@ def test_assign_to_multi_selection_is_one_undoable_edit(window, qtbot):
     sel = t.view.selectionModel()
     sel.clearSelection()
     for n in names:
-        idx = t.proxy.mapFromSource(t.model.index(t.model.row_of(n), 0))
+        idx = t.view_index(t.model.row_of(n), 0)
         sel.select(idx, QItemSelectionModel.SelectionFlag.Select | QItemSelectionModel.SelectionFlag.Rows)
     assert t.selected_names() == names
     t.assign_combo.setCurrentText("nf4-g64")

@@ -143,7 +143,7 @@ def test_table_cells_cached_until_the_document_changes(window, qtbot):
     calls = []
     orig = m._data
     m._data = lambda i, r: (calls.append((i.row(), i.column(), r)), orig(i, r))[1]
-    m._drop_cache()        # a repaint of the view may have filled it already
+    m._drop_cache()       # a paint of the window may have asked for this cell already
     first = idx.data()
     assert idx.data() == first and len(calls) == 1          # served from the cache
     # after a selection (and what the compute thread delivers for it) the values are
@@ -189,3 +189,97 @@ def test_axis_pictures_replayed_are_the_ones_drawn(window, qtbot):
     fresh = [p.grab().toImage() for p in plots]
     for x, y, z in zip(first, again, fresh):
         assert x == y == z
+
+
+def test_a_selection_paints_each_widget_once(window, qtbot):
+    """A selection repaints the window once: the tensor's title and summary, the plots, the
+    layer browser and the scheme table each get one paint event at most (the plots' scenes are
+    flushed after every view has taken the selection, not before the table moved: then the
+    panel's labels and the window behind them were painted twice)."""
+    from PySide6.QtCore import QEvent, QObject
+    from PySide6.QtWidgets import QApplication
+    from app import perf
+    assert perf.FAST
+    a, b = "model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight"
+    for name in (a, b, a):
+        window.select(name)
+        wait_idle(qtbot, window)
+    qtbot.wait(20)
+    painted = {}
+
+    class Count(QObject):
+        def eventFilter(self, obj, ev):
+            if ev.type() == QEvent.Type.Paint:
+                painted[id(obj)] = painted.get(id(obj), 0) + 1
+            return False
+    app = QApplication.instance()
+    counter = Count()
+    app.installEventFilter(counter)
+    try:
+        window.select(b)
+        for _ in range(50):
+            n = sum(painted.values())
+            app.processEvents()
+            if sum(painted.values()) == n:
+                break
+    finally:
+        app.removeEventFilter(counter)
+    plots = window.plots
+    watched = {"title": plots.title, "summary": plots.summary,
+               "histogram": plots.histogram.viewport(), "table": window.table.view.viewport(),
+               "browser": window.browser.view.viewport()}
+    counts = {k: painted.get(id(w), 0) for k, w in watched.items()}
+    assert counts["title"] == counts["summary"] == counts["histogram"] == 1, counts
+    assert max(counts.values()) == 1, counts      # nothing painted twice
+
+
+def test_scheme_table_unsorted_shows_its_model_then_sorts_by_header(window, qtbot):
+    """Unsorted, the scheme table's view shows the model itself (a repaint makes no call
+    through the sort proxy); a header click switches it to the sort proxy, sorted, with the
+    current row, the selection and the column widths kept, and every path that maps rows
+    (selection, show_tensor, activated) still names the right tensors."""
+    from PySide6.QtCore import QItemSelectionModel, Qt
+    from app.table_model import C_NAME, C_PARAMS, NAME_ROLE, SORT_ROLE
+    t = window.table
+    m = t.model
+    assert t.view.model() is m and not t.sorted
+    names = [m.name_at(r) for r in range(m.rowCount())]
+    shown = [t.view.model().index(r, C_NAME).data() for r in range(m.rowCount())]
+    assert shown == [m.index(r, C_NAME).data() for r in range(m.rowCount())]
+    cur = "model.layers.1.mlp.up_proj.weight"
+    window.select(cur)
+    wait_idle(qtbot, window)
+    extra = "model.layers.0.self_attn.q_proj.weight"
+    t.view.selectionModel().select(t.view_index(m.row_of(extra)),
+                                   QItemSelectionModel.SelectionFlag.Select
+                                   | QItemSelectionModel.SelectionFlag.Rows)
+    chosen = t.selected_names()
+    assert set(chosen) == {cur, extra}
+    t.view.setColumnWidth(C_PARAMS, 131)
+    activated = []
+    t.activated.connect(activated.append)
+
+    t.view.sortByColumn(C_PARAMS, Qt.SortOrder.DescendingOrder)   # what a header click does
+    assert t.sorted and t.view.model() is t.proxy
+    view = t.view.model()
+    keys = [view.index(r, C_PARAMS).data(SORT_ROLE) for r in range(view.rowCount())]
+    assert keys == sorted(keys, reverse=True) and keys[0] > keys[-1]
+    assert sorted(view.index(r, 0).data(NAME_ROLE) for r in range(view.rowCount())) \
+        == sorted(names)
+    assert t.view.horizontalHeader().sortIndicatorSection() == C_PARAMS
+    assert t.view.columnWidth(C_PARAMS) == 131
+    assert t.selected_names() == chosen
+    assert m.name_at(t.model_row(t.view.currentIndex())) == cur
+    assert activated == []           # the same tensor: nothing new to tell the window
+    # selecting elsewhere (the browser, the map) moves the sorted table's current row
+    other = "model.layers.0.mlp.down_proj.weight"
+    window.select(other)
+    assert m.name_at(t.model_row(t.view.currentIndex())) == other
+    # a click on a sorted row tells the window its tensor
+    last = t.view.model().index(t.view.model().rowCount() - 1, C_NAME)
+    t.view.setCurrentIndex(last)
+    assert window.doc.current == m.name_at(t.model_row(last)) == activated[-1]
+    # and the other order, through the proxy as usual
+    t.view.sortByColumn(C_PARAMS, Qt.SortOrder.AscendingOrder)
+    keys = [view.index(r, C_PARAMS).data(SORT_ROLE) for r in range(view.rowCount())]
+    assert keys == sorted(keys)

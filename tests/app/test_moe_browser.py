@@ -104,3 +104,50 @@ def test_merged_gguf_experts_spread(make_window, qtbot, tmp_path):
     np.testing.assert_allclose(sp.std / sp.std[0], [1, 2, 3, 4], rtol=0.03)
     # the per-channel ranges cover every expert's rows
     assert len(plots.ranges.ch_max) == 4 * 256
+
+
+def test_filter_keeps_the_current_expert_open(make_window, qtbot, tiny_arch):
+    """Typing and clearing a filter keeps the current tensor the browser's current row, its
+    experts row open and in view (a reset model otherwise drops both): so the next selection
+    of it opens nothing, and the filter tells the window nothing new."""
+    win = make_window(tiny_arch("qwen3_moe"))
+    b = win.browser
+    name = "model.layers.1.mlp.experts.2.up_proj.weight"
+    other = "model.layers.0.self_attn.q_proj.weight"
+    win.select(name)
+    wait_idle(qtbot, win)
+    told = []
+    b.activated.connect(told.append)
+    b.groupActivated.connect(told.append)
+    opened = []
+    b.view.expanded.connect(lambda idx: opened.append(idx.data()))
+
+    def current():
+        return b.view.currentIndex().data(NAME_ROLE)
+
+    def shown(idx):
+        p = idx.parent()
+        while p.isValid():
+            if not b.view.isExpanded(p):
+                return False
+            p = p.parent()
+        return b.view.visualRect(idx).intersects(b.view.viewport().rect())
+
+    for text in ("experts.2", "up_proj", ""):
+        b.filter_edit.setText(text)
+        qtbot.wait(1)
+        assert current() == name, text
+        assert shown(b.view.currentIndex()), text
+    assert told == []
+    assert b.selected_names() == [name]
+    # the experts row is open already: selecting away and back opens no row again
+    opened.clear()
+    win.select(other)
+    win.select(name)
+    assert current() == name and opened == []
+    # a filter that hides the current tensor leaves no current row; clearing it brings it back
+    told.clear()
+    b.filter_edit.setText("self_attn")
+    assert current() is None
+    b.filter_edit.setText("")
+    assert current() == name and told == []

@@ -18,7 +18,7 @@ NORM = "model.layers.0.input_layernorm.weight"
 def test_ctrl_a_in_scheme_editor_selects_its_text_not_rows(window, qtbot):
     t = window.table
     t.view.clearSelection()
-    idx = t.proxy.mapFromSource(t.model.index(t.model.row_of(Q), C_SCHEME))
+    idx = t.view_index(t.model.row_of(Q), C_SCHEME)
     t.view.setCurrentIndex(idx)
     t.view.edit(idx)
     editor = t.view.findChild(QComboBox)
