@@ -36,23 +36,28 @@ def test_spill_arrays_are_mapped_unlinked_files_with_the_same_values(tmp_path, m
     assert not isinstance(spill.zeros((4,)), np.memmap)            # small: in RAM
 
 
-def _spill_mappings():
-    """(mapped kB, resident kB) of this process's workbench.spill files (/proc/self/smaps)."""
+def _spill_mappings(skip=frozenset()):
+    """(mapped kB, resident kB, address ranges) of this process's workbench.spill files
+    (/proc/self/smaps), leaving out the ranges in `skip` (mappings that other tests' caches
+    still hold)."""
     import os
     if not os.path.exists("/proc/self/smaps"):
         pytest.skip("no /proc/self/smaps")
     size = rss = 0
+    ranges = set()
     spill_map = False
     with open("/proc/self/smaps") as fh:
         for line in fh:
             head = line.split()
             if head and "-" in head[0] and len(head) >= 5 and ":" in head[3]:
-                spill_map = "qw-spill-" in line
+                spill_map = "qw-spill-" in line and head[0] not in skip
+                if spill_map:
+                    ranges.add(head[0])
             elif spill_map and line.startswith("Size:"):
                 size += int(head[1])
             elif spill_map and line.startswith("Rss:"):
                 rss += int(head[1])
-    return size, rss
+    return size, rss, ranges
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe", "gpt2"])
@@ -69,17 +74,18 @@ def test_fisher_on_disk_and_in_row_chunks_equals_in_memory(tiny_arch, arch, monk
     sensitivity._FISHER_CACHE.clear()
     monkeypatch.setattr(spill, "MIN_BYTES", 0)                    # every array on disk
     monkeypatch.setattr(spill, "CHUNK_ELEMENTS", 64 * 5)
+    others = _spill_mappings()[2]
     disk, count2 = run(fisher_diagonals(model, samples=N, max_len=LEN, batch_size=3))
     sensitivity._FISHER_CACHE.clear()
     # every mapped F's pages are let go once written and read, whole or in row chunks (a
     # large model's F never piles up in the resident set)
     whole = run(fisher_errors(model, schemes, disk, count2))
-    size, rss = _spill_mappings()
+    size, rss, _ = _spill_mappings(others)
     assert size > 0 and rss <= 0.02 * size, (rss, size)
     monkeypatch.setattr(streaming, "STREAM_ELEMENTS", 1)          # every tensor in row chunks
     monkeypatch.setattr(streaming, "CHUNK_ELEMENTS", 64 * 3)
     got = run(fisher_errors(model, schemes, disk, count2))
-    size, rss = _spill_mappings()
+    size, rss, _ = _spill_mappings(others)
     assert size > 0 and rss <= 0.02 * size, (rss, size)
     assert whole == pytest.approx(want, rel=1e-5, abs=1e-15)
     assert count2 == count and set(disk) == set(ram)
