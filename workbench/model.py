@@ -43,7 +43,7 @@ class TensorInfo:
     file: str = ""
     quant: str | None = None  # scheme of a tensor stored quantized (data decodes to float32)
 
-    @property
+    @_cached
     def numel(self) -> int:
         return math.prod(self.shape)
 

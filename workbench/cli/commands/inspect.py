@@ -65,7 +65,7 @@ def run(args) -> int:
         if info.name in stats:
             d["stats"] = stats[info.name].to_dict(arrays=args.arrays)
         elif not args.no_stats:
-            d["stats"] = dict(empty) if empty is not None else \
+            d["stats"] = empty if empty is not None else \
                 empty_stats(info.name, info.rows).to_dict(arrays=True)
         rows.append(d)
     print_json({"model": model.path, "format": model.format, "tensors": rows,
