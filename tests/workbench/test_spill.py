@@ -78,15 +78,17 @@ def test_fisher_on_disk_and_in_row_chunks_equals_in_memory(tiny_arch, arch, monk
     disk, count2 = run(fisher_diagonals(model, samples=N, max_len=LEN, batch_size=3))
     sensitivity._FISHER_CACHE.clear()
     # every mapped F's pages are let go once written and read, whole or in row chunks (a
-    # large model's F never piles up in the resident set)
+    # large model's F never piles up in the resident set; before, nearly all of it stayed).
+    # A read fault maps up to 64 kB of cached neighbours back in (the kernel's fault-around),
+    # a large share of these tiny files: hence the 15 % allowance
     whole = run(fisher_errors(model, schemes, disk, count2))
     size, rss, _ = _spill_mappings(others)
-    assert size > 0 and rss <= 0.02 * size, (rss, size)
+    assert size > 0 and rss <= 0.15 * size, (rss, size)
     monkeypatch.setattr(streaming, "STREAM_ELEMENTS", 1)          # every tensor in row chunks
     monkeypatch.setattr(streaming, "CHUNK_ELEMENTS", 64 * 3)
     got = run(fisher_errors(model, schemes, disk, count2))
     size, rss, _ = _spill_mappings(others)
-    assert size > 0 and rss <= 0.02 * size, (rss, size)
+    assert size > 0 and rss <= 0.15 * size, (rss, size)
     assert whole == pytest.approx(want, rel=1e-5, abs=1e-15)
     assert count2 == count and set(disk) == set(ram)
     mapped = [n for n, f in disk.items() if isinstance(f, np.memmap)
