@@ -669,6 +669,10 @@ class ComparisonView(QWidget):
             return self.model.current_key()
         return self.doc.scheme_of(name)
 
+    def plot_settled(self) -> bool:
+        """No redraw of the points is waiting (results that arrived are on the plot)."""
+        return not self._replot.isActive()
+
     def refresh_plot(self) -> None:
         """Points of every scheme (or, with methods, every pair) evaluated so far, Pareto
         marked."""

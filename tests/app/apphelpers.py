@@ -15,4 +15,8 @@ def minilm_path():
 
 
 def wait_idle(qtbot, win, timeout=60000):
-    qtbot.waitUntil(win.runner.idle, timeout=timeout)
+    """The runner has no work queued or running, and the comparison plot shows every result
+    that arrived (its redraw is held back up to 150 ms while results stream in)."""
+    cmp = getattr(win, "comparison", None)
+    settled = cmp.plot_settled if cmp is not None else (lambda: True)
+    qtbot.waitUntil(lambda: win.runner.idle() and settled(), timeout=timeout)
