@@ -97,3 +97,33 @@ def test_gptq_act_order_static_groups_valid():
     got = scheme.dequantize(qt)
     rtn = scheme.dequantize(scheme.quantize(W))
     assert np.sum((X @ (W - got).T) ** 2) < np.sum((X @ (W - rtn).T) ** 2)
+
+
+def test_row_chunks_factor_the_hessian_once_and_equal_the_whole_tensor(monkeypatch):
+    """A big tensor is quantized a row chunk at a time (workbench.streaming): the chunks reuse
+    one factorization of their shared Hessian (an 8 B model's 14336² down-projection Hessian
+    was factored again for each of its 4 chunks, a minute each) and give the whole tensor's
+    codes; the kept factor goes with the statistics it came from."""
+    import gc
+
+    from workbench.methods import gptq as mod
+    calls = []
+    real = mod.inverse_cholesky_upper
+    monkeypatch.setattr(mod, "inverse_cholesky_upper", lambda H: calls.append(1) or real(H))
+    stats, _ = _stats(64, seed=3)
+    w = np.random.default_rng(4).normal(size=(30, 64)).astype(np.float32)
+    scheme = get_scheme("int4-g32")
+    m = get_method("gptq")
+    whole = scheme.dequantize(m.quantize(w, scheme, stats)).reshape(30, 64)
+    assert len(calls) == 1
+    parts = [scheme.dequantize(m.quantize(w[r:r + 10], scheme, stats)).reshape(10, 64)
+             for r in (0, 10, 20)]
+    assert len(calls) == 1
+    assert np.array_equal(np.concatenate(parts), whole)
+    other, _ = _stats(64, seed=5)                 # another Hessian: factored anew
+    m.quantize(w, scheme, other)
+    assert len(calls) == 2
+    assert mod.GPTQ._factor_cache is not None
+    del other
+    gc.collect()
+    assert mod.GPTQ._factor_cache is None
