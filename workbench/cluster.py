@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections import deque
 
 from .errors import WorkbenchError
 from .progress import Progress
@@ -233,32 +232,6 @@ class ClusterExecutor:
             self.cancel(list(live))
         return results
 
-    def ordered(self, calls, window: int):
-        """Generator: the results of `calls` ((fn, args) pairs, consumed lazily) in their
-        order, with at most `window` running or held at once (an export's bounded memory).
-        Closing it cancels the rest."""
-        pending: deque = deque()
-        calls = iter(calls)
-        try:
-            def submit():
-                c = next(calls, None)
-                if c is not None:
-                    fn, args = c
-                    pending.append(self.submit(fn, *args, key=getattr(fn, "__name__", "task")))
-            for _ in range(window):
-                submit()
-            while pending:
-                fut = pending.popleft()
-                try:
-                    val = self.result(fut)
-                except BaseException:
-                    pending.appendleft(fut)
-                    raise
-                submit()
-                yield val
-        finally:
-            self.cancel(list(pending))
-
 
 # ---- the worker side ----------------------------------------------------------------------------
 _OPEN: dict = {}
@@ -275,6 +248,7 @@ def worker_model(sig: tuple):
     """The model at sig's path, opened once per worker process. A path the worker cannot see
     (no shared storage) or a different file there is a one-line WorkbenchError."""
     path, fsig = sig
+    _one_kernel_thread()
     hit = _OPEN.get(path)
     if hit is not None and hit[0] == fsig:
         return hit[1]
@@ -292,6 +266,17 @@ def worker_model(sig: tuple):
     _OPEN.clear()    # one model at a time per worker: its maps are released
     _OPEN[path] = (fsig, model)
     return model
+
+
+def _one_kernel_thread() -> None:
+    """A task's kernels run on its worker thread alone (numba's setting is per thread): a
+    machine's cores are used by running one single-threaded worker per core."""
+    try:
+        import numba
+        if numba.get_num_threads() != 1:
+            numba.set_num_threads(1)
+    except ImportError:
+        pass
 
 
 def is_plain(model) -> bool:
@@ -340,14 +325,16 @@ def activation_task(sig, name: str, applied: list, ex2, rows: bool) -> list:
 
 
 def stats_task(sig, name: str, bins: int):
+    """On a worker: workbench.stats.tensor_stats of one tensor."""
+    from .errors import context
+    from .progress import run
     from .stats import tensor_stats
-    return tensor_stats(worker_model(sig), name, bins)
+    model = worker_model(sig)
+    with context(model.info(name).file or model.path, name):
+        return run(tensor_stats(model, name, bins))
 
 
 def timed_noop(x):
     """bench-cluster: a task that does nothing (the per-task overhead)."""
     return x
 
-
-def wall() -> float:
-    return time.perf_counter()

@@ -311,3 +311,52 @@ def test_cancel_cancels_the_cluster_tasks(cluster, checkpoint):
                 break
             time.sleep(0.1)
         assert left == []
+
+
+class _Settings(dict):
+    def value(self, key, default=None):
+        return self.get(key, default)
+
+    def setValue(self, key, value):
+        self[key] = value
+
+
+def test_app_setting_runs_the_sensitivity_table_on_the_cluster(cluster, checkpoint):
+    """The app's preference (Tools > Compute on Cluster): bad text is refused and nothing
+    stored; a scheduler address makes the app's table job run there, same figures."""
+    from types import SimpleNamespace
+
+    from app.cluster_setting import KEY, ClusterSetting
+    from app.effects import table_job
+    from workbench.errors import WorkbenchError
+    from workbench.progress import run
+    address, _ = cluster
+    settings = _Settings()
+    setting = ClusterSetting(settings)
+    with pytest.raises(WorkbenchError, match="local:0"):
+        setting.set_spec("local:0")
+    assert KEY not in settings and setting.executor() is None
+    local = run(table_job(_fresh_model(checkpoint), ["q4_0", "q8_0"], "weight"))
+    assert setting.set_spec(address) == address and settings[KEY] == address
+    events = []
+    try:
+        remote = run(table_job(_fresh_model(checkpoint), ["q4_0", "q8_0"], "weight",
+                               runner=SimpleNamespace(cluster=setting)), events.append)
+    finally:
+        setting.close()
+    assert remote.err == local.err and remote.nbytes == local.nbytes
+    assert any(f"on {address}" in e.message for e in events)
+
+
+def test_statistics_equal_in_process(cluster, checkpoint):
+    from workbench.progress import run
+    from workbench.stats import StatsCache, model_stats
+    address, _ = cluster
+    local = run(model_stats(_fresh_model(checkpoint), cache=None))
+    with _executor(address) as ex:
+        remote = run(model_stats(_fresh_model(checkpoint), cache=StatsCache(), executor=ex))
+    assert list(remote) == list(local)
+    for n, st in local.items():
+        a, b = st.to_dict(arrays=True), remote[n].to_dict(arrays=True)
+        assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True), n
+    assert local["model.layers.5.up_proj.weight"].to_dict()["std"] > 0.05

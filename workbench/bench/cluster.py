@@ -18,7 +18,7 @@ import numpy as np
 HIDDEN, MLP, KV = 1024, 2816, 256
 #: DeepSeek-V3 (config.json of deepseek-ai/DeepSeek-V3): parameters and weight matrices
 DSV3_PARAMS = 671e9
-DSV3_MATRICES = 3 * 9 + 58 * (256 * 3 + 3 + 1) + 61 * 5 + 2   # dense MLPs, experts+shared+router, attention, embed/head
+DSV3_MATRICES = 3 * 3 + 58 * (256 * 3 + 3 + 1) + 61 * 5 + 2   # dense MLPs, experts + shared + router, attention, embed + head
 
 
 def layer_shapes() -> dict[str, tuple[int, int]]:

@@ -19,7 +19,7 @@ def register(sub) -> None:
     p = sub.add_parser("bench-cluster", help="benchmark the sweep on a local Dask cluster of "
                                              "1 and 2 workers; project a 671B-parameter sweep")
     p.add_argument("--layers", type=int, default=8,
-                   help="llama-shaped blocks generated (7 matrices, 9.2 M parameters each)")
+                   help="llama-shaped blocks generated (7 matrices, 11.3 M parameters each)")
     p.add_argument("--schemes", default="q4_0,q4_k,q8_0,int4-g128",
                    help="candidate schemes per tensor (default: q4_0,q4_k,q8_0,int4-g128)")
     p.add_argument("--noop-tasks", type=int, default=200,
