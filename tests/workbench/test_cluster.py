@@ -129,6 +129,14 @@ def test_parse_spec_refuses_bad_text():
             parse_spec(bad)
 
 
+def test_cli_bad_cluster_value_is_exit_2(checkpoint, capsys):
+    from workbench.cli import main
+    assert main(["evaluate", str(checkpoint), "--scheme", "q8_0", "--cluster", "local:0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("quant-workbench: error: --cluster local:0: the worker count after 'local:' "
+                   "must be a whole number of at least 1")
+
+
 def test_unreachable_scheduler_is_one_line():
     from workbench.cluster import ClusterExecutor, CONNECT_TIMEOUT
     from workbench.errors import WorkbenchError
