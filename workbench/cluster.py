@@ -293,11 +293,13 @@ def evaluate_task(sig, name: str, requests: list) -> list:
     return [evaluate_tensor(model, name, s, None, decision=d) for s, d in requests]
 
 
-def prefetch_evaluations(executor, model, requests, cache, message: str = "measuring"):
+def prefetch_evaluations(executor, model, requests, cache, message: str = "measuring",
+                         per_scheme: bool = False):
     """Job: evaluate_tensor's results for `requests` [(name, scheme, decision)] computed on the
-    cluster, one task per tensor, put in `cache` under the keys evaluate_tensor looks up, so
-    the caller's in-process loop finds every one there (the same results it would compute).
-    Entries already cached are not sent."""
+    cluster, one task per tensor (`per_scheme`: per tensor x scheme, for one tensor's
+    comparison), put in `cache` under the keys evaluate_tensor looks up, so the caller's
+    in-process loop finds every one there (the same results it would compute). Entries
+    already cached are not sent."""
     by_name: dict[str, list] = {}
     for n, s, d in requests:
         key = (model.path, n, s, d.applied, d.kind)
@@ -308,12 +310,13 @@ def prefetch_evaluations(executor, model, requests, cache, message: str = "measu
     if not by_name:
         return 0
     sig = signature(model)
-    names = list(by_name)
-    weights = [max(model.info(n).numel, 1) * len(by_name[n]) for n in names]
-    out = yield from executor.sweep(evaluate_task, [(sig, n, by_name[n]) for n in names],
+    groups = [(n, [r]) for n, rs in by_name.items() for r in rs] if per_scheme \
+        else list(by_name.items())
+    weights = [max(model.info(n).numel, 1) * len(rs) for n, rs in groups]
+    out = yield from executor.sweep(evaluate_task, [(sig, n, rs) for n, rs in groups],
                                     message, weights)
-    for n, results in zip(names, out):
-        for (s, d), r in zip(by_name[n], results):
+    for (n, rs), results in zip(groups, out):
+        for (s, d), r in zip(rs, results):
             cache.put((model.path, n, s, d.applied, d.kind), r)
     return sum(len(v) for v in by_name.values())
 
