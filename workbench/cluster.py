@@ -321,6 +321,44 @@ def prefetch_evaluations(executor, model, requests, cache, message: str = "measu
     return sum(len(v) for v in by_name.values())
 
 
+class Ahead:
+    """Results of `tasks` [(key, args)] computed ahead on the cluster, taken in their order
+    with take(key); at most `window` submitted and not taken (an export's bounded memory).
+    close() cancels the rest."""
+
+    def __init__(self, executor, fn, tasks, window: int):
+        self.ex, self.fn, self.tasks, self.window = executor, fn, list(tasks), max(1, window)
+        self.next, self.live = 0, {}
+        self._fill()
+
+    def _fill(self) -> None:
+        while self.next < len(self.tasks) and len(self.live) < self.window:
+            key, args = self.tasks[self.next]
+            self.live[key] = self.ex.submit(self.fn, *args, key=self.fn.__name__)
+            self.next += 1
+
+    def take(self, key):
+        fut = self.live.pop(key)
+        try:
+            return self.ex.result(fut)
+        finally:
+            self._fill()
+
+    def close(self) -> None:
+        self.ex.cancel(list(self.live.values()))
+        self.live = {}
+
+
+def quantize_task(sig, name: str, scheme: str):
+    """On a worker: (QuantizedTensor, matrix shape) of one tensor, workbench.evaluate.quantize."""
+    from .errors import context
+    from .evaluate import quantize
+    model = worker_model(sig)
+    with context(model.info(name).file or model.path, name):
+        w = model.read_matrix(name)
+        return quantize(w, scheme, tensor=name), w.shape
+
+
 def activation_task(sig, name: str, applied: list, ex2, rows: bool) -> list:
     from .sensitivity import activation_error
     model = worker_model(sig)

@@ -368,3 +368,23 @@ def test_statistics_equal_in_process(cluster, checkpoint):
         a, b = st.to_dict(arrays=True), remote[n].to_dict(arrays=True)
         assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True), n
     assert local["model.layers.5.up_proj.weight"].to_dict()["std"] > 0.05
+
+
+def test_compressed_tensors_export_is_byte_identical(cluster, checkpoint, tmp_path):
+    """vLLM's folder: every quantized tensor computed on the workers, the same files."""
+    pytest.importorskip("compressed_tensors")
+    from workbench.export import export
+    from workbench.plan import Plan
+    from workbench.progress import run
+    address, _ = cluster
+    a, b = tmp_path / "local", tmp_path / "cluster"
+    run(export(_fresh_model(checkpoint), Plan(default="int4-g128"), "compressed-tensors", a))
+    with _executor(address) as ex:
+        run(export(_fresh_model(checkpoint), Plan(default="int4-g128"), "compressed-tensors", b,
+                   executor=ex))
+    files = sorted(p.name for p in a.iterdir())
+    assert "model.safetensors" in files and sorted(p.name for p in b.iterdir()) == files
+    for f in files:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+    assert (a / "model.safetensors").stat().st_size < 24 * 256 * 512 // 2   # packed 4-bit
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster", "local"]
