@@ -215,20 +215,31 @@ class ClusterExecutor:
         total = float(sum(w)) or 1.0
         results: list = [None] * len(tasks)
         live: dict = {}
-        nxt, done = 0, 0.0
+        nxt, done, shown = 0, 0.0, 0.0
+        ac = self._distributed.as_completed([], raise_errors=False)
         try:
             while nxt < len(tasks) or live:
                 while nxt < len(tasks) and len(live) < SWEEP_WINDOW:
-                    live[self.submit(fn, *tasks[nxt], key=getattr(fn, "__name__", "task"))] = nxt
+                    fut = self.submit(fn, *tasks[nxt], key=getattr(fn, "__name__", "task"))
+                    live[fut] = nxt
+                    ac.add(fut)
                     nxt += 1
-                finished, _ = self._wait(list(live))
+                self.check_alive()
+                finished = [f for f in ac.next_batch(block=False) if f in live]
                 for f in finished:
                     i = live.pop(f)
                     results[i] = self._value(f)
                     done += w[i]
-                yield Progress(done, total, f"{message} on {self.spec}: {len(tasks) - nxt + len(live)}"
-                                            f" of {len(tasks)} tasks left")
+                if not finished:
+                    time.sleep(0.01)
+                now = time.monotonic()
+                if finished or now - shown >= POLL_SECONDS:   # Cancel is seen between these
+                    shown = now
+                    yield Progress(done, total, f"{message} on {self.spec}: "
+                                                f"{len(tasks) - nxt + len(live)} of {len(tasks)}"
+                                                " tasks left")
         finally:
+            ac.clear()
             self.cancel(list(live))
         return results
 
