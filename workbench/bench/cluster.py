@@ -65,10 +65,11 @@ def in_process(model, reqs) -> float:
     return time.perf_counter() - t0
 
 
-def on_cluster(path: str, model, reqs, workers: int, noop_tasks: int) -> dict:
+def on_cluster(path: str, model, reqs, workers: int, noop_tasks: int, repeats: int = 3) -> dict:
     """The sweep on a local cluster of `workers` single-threaded processes: a warm-up pass
-    (each worker opens the file, loads its kernels), then the timed pass; and `noop_tasks`
-    empty tasks for the per-task overhead."""
+    (each worker opens the file, loads its kernels), then the timed passes (the best of
+    `repeats`: other load on the machine only ever adds); and `noop_tasks` empty tasks for the
+    per-task overhead (best of `repeats` too)."""
     from ..cluster import ClusterExecutor, evaluate_task, signature, timed_noop
     from ..progress import run
     sig = signature(model)
@@ -76,19 +77,21 @@ def on_cluster(path: str, model, reqs, workers: int, noop_tasks: int) -> dict:
     with ClusterExecutor("local", workers) as ex:
         ex.client.wait_for_workers(workers, timeout=120)
         run(ex.sweep(evaluate_task, tasks[:2 * workers]))   # warm: open, kernels from cache
-        t0 = time.perf_counter()
-        run(ex.sweep(timed_noop, [(i,) for i in range(noop_tasks)]))
-        noop_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        run(ex.sweep(evaluate_task, tasks))
-        sweep_s = time.perf_counter() - t0
+        noop_s = sweep_s = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run(ex.sweep(timed_noop, [(i,) for i in range(noop_tasks)]))
+            noop_s = min(noop_s, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            run(ex.sweep(evaluate_task, tasks))
+            sweep_s = min(sweep_s, time.perf_counter() - t0)
     return {"workers": workers, "seconds": sweep_s, "tasks": len(tasks),
             "tasks_per_s": len(tasks) / sweep_s, "noop_tasks": noop_tasks,
             "overhead_ms": 1000 * noop_s / noop_tasks}
 
 
 def measure(folder, layers: int = 8, schemes=("q4_0", "q4_k", "q8_0", "int4-g128"),
-            noop_tasks: int = 200) -> dict:
+            noop_tasks: int = 200, repeats: int = 3) -> dict:
     import os
     os.environ.setdefault("NUMBA_NUM_THREADS", "1")
     from ..loaders import open_model
@@ -102,14 +105,15 @@ def measure(folder, layers: int = 8, schemes=("q4_0", "q4_k", "q8_0", "int4-g128
         numba.set_num_threads(1)
     except ImportError:
         pass
-    local_s = in_process(model, reqs)
-    runs = [on_cluster(str(path), model, reqs, w, noop_tasks) for w in (1, 2)]
+    local_s = min(in_process(model, reqs) for _ in range(repeats))
+    runs = [on_cluster(str(path), model, reqs, w, noop_tasks, repeats) for w in (1, 2)]
     t1, t2 = runs[0]["seconds"], runs[1]["seconds"]
     n = len(reqs)
     res = {"params": gen["params"], "tensors": n, "schemes": list(schemes),
            "in_process_s": local_s, "in_process_task_ms": 1000 * local_s / n,
            "runs": runs, "scaling_efficiency": t1 / (2 * t2),
-           "speedup_2": t1 / t2, "cpus": os.cpu_count()}
+           "speedup_2": t1 / t2, "cpus": os.cpu_count(), "repeats": repeats,
+           "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
     res["projection"] = project(res)
     return res
 
@@ -132,7 +136,8 @@ def project(res: dict, machines=(1, 8, 32, 128), workers_per_machine: int = 32) 
     return out
 
 
-def measure_in_subprocess(folder, layers: int, schemes, noop_tasks: int) -> dict:
+def measure_in_subprocess(folder, layers: int, schemes, noop_tasks: int,
+                          repeats: int = 3) -> dict:
     """measure() in a fresh interpreter with one numba thread, so the in-process figure is
     one thread's (as one worker's) whatever this process set."""
     import json
@@ -144,7 +149,7 @@ def measure_in_subprocess(folder, layers: int, schemes, noop_tasks: int) -> dict
     env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
     code = ("import json, sys; from workbench.bench.cluster import measure; "
             f"print(json.dumps(measure({str(folder)!r}, {layers}, {list(schemes)!r}, "
-            f"{noop_tasks})))")
+            f"{noop_tasks}, {repeats})))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, cwd=root)
     if out.returncode != 0:

@@ -1,4 +1,4 @@
-"""`quant-workbench bench-cluster [--layers 8] [--schemes A,B] [--json]`.
+"""`quant-workbench bench-cluster [--layers 8] [--schemes A,B] [--repeats 3] [--json]`.
 
 The weight sweep of a generated bf16 checkpoint through a local Dask cluster of 1 and 2
 single-threaded workers on this machine (workbench.bench.cluster): tasks per second, per-task
@@ -24,6 +24,8 @@ def register(sub) -> None:
                    help="candidate schemes per tensor (default: q4_0,q4_k,q8_0,int4-g128)")
     p.add_argument("--noop-tasks", type=int, default=200,
                    help="empty tasks timed for the per-task overhead")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed passes per configuration; the best is reported (default 3)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -34,14 +36,15 @@ def run(args) -> int:
     from ...optional import require
     from ...schemes import get_scheme
     require("distributed", "cluster")
-    if args.layers < 1 or args.noop_tasks < 1:
-        raise WorkbenchError("--layers and --noop-tasks must be at least 1")
+    if args.layers < 1 or args.noop_tasks < 1 or args.repeats < 1:
+        raise WorkbenchError("--layers, --noop-tasks and --repeats must be at least 1")
     schemes = [get_scheme(s.strip()).name for s in args.schemes.split(",") if s.strip()]
     folder = tempfile.mkdtemp(prefix="qwb-bench-cluster-")
     try:
         print(f"generating {args.layers} blocks; sweeping {len(schemes)} schemes in process, "
               "then on 1 and 2 workers ...", file=sys.stderr)
-        res = measure_in_subprocess(folder, args.layers, schemes, args.noop_tasks)
+        res = measure_in_subprocess(folder, args.layers, schemes, args.noop_tasks,
+                                    args.repeats)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     if args.json:
@@ -49,6 +52,9 @@ def run(args) -> int:
         return 0
     print(f"checkpoint   {res['params']:,} params bf16, {res['tensors']} tensors x "
           f"{len(res['schemes'])} schemes ({','.join(res['schemes'])}); {res['cpus']} CPUs")
+    load = res.get("load_average")
+    print(f"best of {res['repeats']} passes each" + (f"; load average {load:.1f} at the end"
+                                                     if load is not None else ""))
     print(f"in process   {res['in_process_s']:.2f} s on one thread "
           f"({res['in_process_task_ms']:.0f} ms per tensor)")
     for r in res["runs"]:
