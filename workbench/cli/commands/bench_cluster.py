@@ -68,5 +68,6 @@ def run(args) -> int:
           f"worker-hours at this machine's per-worker rate; with "
           f"{p['workers_per_machine']} workers per machine:")
     for m, h in p["hours"].items():
-        print(f"             {m:>4} machine{'s' if int(m) > 1 else ' '}  {h:8.2f} h")
+        print(f"             {m:>4} machine{'s' if int(m) > 1 else ' '}  {h:6.2f} h "
+              f"({60 * h:.1f} min)")
     return 0
