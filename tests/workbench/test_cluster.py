@@ -388,3 +388,27 @@ def test_compressed_tensors_export_is_byte_identical(cluster, checkpoint, tmp_pa
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
     assert (a / "model.safetensors").stat().st_size < 24 * 256 * 512 // 2   # packed 4-bit
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster", "local"]
+
+
+@pytest.mark.parametrize("arch,gguf_arch", [("qwen3_moe", "qwen3moe"), ("llama", "llama")])
+def test_converted_gguf_export_is_byte_identical(cluster, tiny_arch, tmp_path, arch, gguf_arch):
+    """Hugging Face folders the exporter converts, with the layout rebuilt on the workers from
+    config.json: qwen3_moe's experts merged into one GGUF tensor (parts encoded there), llama's
+    q/k rows permuted for llama.cpp's rope (the transform runs there)."""
+    address, _ = cluster
+    folder = tiny_arch(arch)
+    a, b = tmp_path / "local.gguf", tmp_path / "cluster.gguf"
+    info = _export(_fresh_model(folder), a, scheme="q8_0")
+    with _executor(address) as ex:
+        _export(_fresh_model(folder), b, ex, scheme="q8_0")
+    assert info["architecture"] == gguf_arch and info["runnable_by_llama_cpp"]
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_missing_distributed_names_the_extra(monkeypatch):
+    from workbench.cluster import open_executor
+    from workbench.errors import WorkbenchError
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    with pytest.raises(WorkbenchError, match=r'pip install "quant-workbench\[cluster\]"'):
+        open_executor("local:1")
+    assert open_executor("") is None       # the in-process path needs nothing
