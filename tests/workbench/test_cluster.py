@@ -237,10 +237,14 @@ def test_worker_without_the_file_is_a_clear_error(cluster, tmp_path):
     from workbench.cluster import evaluate_task
     from workbench.errors import WorkbenchError
     address, _ = cluster
+    gone = str(tmp_path / "gone.safetensors")
     with _executor(address) as ex:
-        fut = ex.submit(evaluate_task, (str(tmp_path / "gone.safetensors"), None), "w", [])
-        with pytest.raises(WorkbenchError, match=r"gone\.safetensors: worker on .* cannot see"):
+        fut = ex.submit(evaluate_task, (gone, None), "w", [])
+        with pytest.raises(WorkbenchError, match=r"gone\.safetensors: worker on .* cannot see") \
+                as got:
             ex.result(fut)
+    assert got.value.path == gone      # the error arrives whole: a caller's context() keeps it
+    assert str(got.value.with_context(path="/elsewhere")).count("gone.safetensors") == 1
 
 
 def test_killed_worker_reruns_tasks_identically(cluster, checkpoint, tmp_path):
