@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 
 from .errors import WorkbenchError
@@ -246,6 +247,7 @@ class ClusterExecutor:
 
 # ---- the worker side ----------------------------------------------------------------------------
 _OPEN: dict = {}
+_OPEN_LOCK = threading.Lock()
 
 
 def signature(model) -> tuple:
@@ -260,23 +262,36 @@ def worker_model(sig: tuple):
     (no shared storage) or a different file there is a one-line WorkbenchError."""
     path, fsig = sig
     _one_kernel_thread()
-    hit = _OPEN.get(path)
-    if hit is not None and hit[0] == fsig:
-        return hit[1]
+    with _OPEN_LOCK:    # a worker with several threads opens the model once
+        hit = _OPEN.get(path)
+        if hit is not None and hit[0] == fsig:
+            return hit[1]
+        model = _open_checked(path, fsig)
+        _OPEN.clear()    # one model at a time per worker: its maps are released
+        _OPEN[path] = (fsig, model)
+        return model
+
+
+def _same_file(a, b) -> bool:
+    """Signatures (mtime_ns, size) of one file as two machines see it: the same size, and
+    modification times within 2 s (file systems store them at different precisions)."""
+    if a is None or b is None:
+        return a == b
+    return a[1] == b[1] and abs(a[0] - b[0]) < 2_000_000_000
+
+
+def _open_checked(path: str, fsig):
     host = socket.gethostname()
     if not os.path.exists(path):
         raise WorkbenchError(f"worker on {host} (pid {os.getpid()}) cannot see the checkpoint "
                              "at this path: workers open the model by the client's path, so it "
                              "must be on storage they share", path=path)
     from .stats import file_signature
-    if file_signature(path) != fsig:
+    if not _same_file(file_signature(path), fsig):
         raise WorkbenchError(f"worker on {host} sees a different file at this path than the "
                              "client (size or modification time differ)", path=path)
     from .loaders import open_model
-    model = open_model(path)
-    _OPEN.clear()    # one model at a time per worker: its maps are released
-    _OPEN[path] = (fsig, model)
-    return model
+    return open_model(path)
 
 
 def _one_kernel_thread() -> None:

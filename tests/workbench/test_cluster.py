@@ -416,3 +416,21 @@ def test_missing_distributed_names_the_extra(monkeypatch):
     with pytest.raises(WorkbenchError, match=r'pip install "quant-workbench\[cluster\]"'):
         open_executor("local:1")
     assert open_executor("") is None       # the in-process path needs nothing
+
+
+def test_worker_refuses_a_different_file_at_the_path(tmp_path):
+    """The worker side's check: another size at the client's path is refused by name; the
+    same file is opened once and kept."""
+    from workbench.cluster import worker_model
+    from workbench.errors import WorkbenchError
+    from workbench.stats import file_signature
+    import torch
+    from safetensors.torch import save_file
+    p = tmp_path / "m.safetensors"
+    save_file({"w": torch.zeros(4, 8)}, str(p))
+    sig = (str(p), file_signature(p))
+    m = worker_model(sig)
+    assert worker_model(sig) is m and list(m.tensors) == ["w"]
+    stale = (str(p), (sig[1][0], sig[1][1] + 1))
+    with pytest.raises(WorkbenchError, match=r"m\.safetensors: worker on .* different file"):
+        worker_model(stale)
