@@ -360,6 +360,21 @@ class Analyzer(QObject):
         schemes = list(schemes or self.eligible_schemes(name))
 
         def job():
+            from workbench.cluster import is_plain, prefetch_evaluations
+            from workbench.progress import subjob
+            from workbench.runtimes import decide
+
+            from .cluster_setting import executor_of
+            todo = [s for s in schemes if self.doc.result_for(name, s) is None]
+            executor = executor_of(self.runner) if todo and is_plain(model) else None
+            half = 0.0
+            if executor is not None:   # every scheme a task of its own on the cluster
+                info = model.info(name)
+                reqs = [(name, s, decide(info, s, "any")) for s in todo]
+                yield from subjob(prefetch_evaluations(executor, model, reqs, DEFAULT_EVAL_CACHE,
+                                                       f"comparing {name}", per_scheme=True),
+                                  0, len(schemes) / 2, len(schemes))
+                half = 0.5   # the rest (the timings, here) fills the other half of the bar
             for i, s in enumerate(schemes):
                 if self.doc.result_for(name, s) is None:
                     r = evaluate_tensor(model, name, s)
@@ -367,7 +382,8 @@ class Analyzer(QObject):
                 if (name, s) not in self.doc.throughput:
                     g = throughput.dequant_gbs(model, name, s, repeats=9, budget_s=0.2)
                     self.runner.post(self._deliver_gbs, gen, name, s, g)
-                yield Progress(i + 1, len(schemes), f"comparing {s}")
+                yield Progress(half * len(schemes) + (1 - half) * (i + 1), len(schemes),
+                               f"comparing {s}")
             return None
 
         self._compare = self.runner.submit(job, f"Comparing schemes for {name}", FOREGROUND,

@@ -76,18 +76,25 @@ class SensTable:
         return None if v is None or not np.isfinite(v) else float(v)
 
 
-def table_job(model, schemes, measure: str, calib=None, samples=None, cancelled=None):
+def table_job(model, schemes, measure: str, calib=None, samples=None, cancelled=None,
+              runner=None):
     """Job: a SensTable from workbench.sensitivity.sensitivity_table_job (its progress reaches
-    the status bar; a cancel stops it between steps). Sizes are the bytes `evaluate` counts."""
+    the status bar; a cancel stops it between steps, and the cluster's tasks with it). Sizes
+    are the bytes `evaluate` counts. `runner`: its cluster setting (app.cluster_setting) says
+    where the per-tensor work runs."""
     from workbench import sensitivity as S
     from workbench.evaluate import evaluate_tensor
+
+    from .cluster_setting import executor_of
     names = allocatable(model)
     schemes = list(schemes)
     params = sum(i.numel for i in model.tensors.values())
     t = SensTable(measure, names, schemes, params=params)
+    executor = executor_of(runner) if runner is not None else None
     res = yield from subjob(S.sensitivity_table_job(model, schemes, measure,
                                                     calib if measure != "weight" else None,
-                                                    None, samples), 0, 60, 100)
+                                                    None, samples, executor=executor),
+                            0, 60, 100)
     t.err = {k: float(v) for k, v in res.values.items()}
     yield Progress(60, 100, "sensitivity table")
     for i, n in enumerate(names):
@@ -388,7 +395,7 @@ class PlanEffects(QObject):
 
         def make():
             return table_job(model, schemes, measure, calib, samples,
-                             cancelled=lambda: box["t"].cancelled)
+                             cancelled=lambda: box["t"].cancelled, runner=self.runner)
 
         def done(table):
             if self.doc.model is model:
@@ -444,7 +451,8 @@ class PlanEffects(QObject):
             if self.doc.model is model:
                 self.request_frontier(force=True)   # without those schemes' errors
 
-        self.runner.submit(lambda: table_job(model, missing, measure, calib, samples),
+        self.runner.submit(lambda: table_job(model, missing, measure, calib, samples,
+                                             runner=self.runner),
                            f"Sensitivity ({measure}) of the plan's other schemes", BACKGROUND,
                            exclusive=measure != "weight",
                            on_done=done, on_error=failed, on_cancel=lambda: failed(""))

@@ -215,7 +215,11 @@ class ExportDialog(QDialog):
         self.export_button.setEnabled(False)
         self.cancel_button.setText("Cancel")
         self.status.setText(f"exporting {name}…")
-        self.task = self.runner.submit(lambda: export(model, plan, name, target),
+        def job():
+            from .cluster_setting import executor_of
+            return export(model, plan, name, target, executor=executor_of(self.runner))
+
+        self.task = self.runner.submit(job,
                                        f"Exporting {name}", FOREGROUND, visible=True,
                                        on_done=self._done, on_error=self._failed,
                                        on_cancel=self._cancelled, on_progress=self._progress)

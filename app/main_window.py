@@ -64,6 +64,8 @@ class MainWindow(QMainWindow):
         self.crashed_autosave: Path | None = self._set_aside_crashed_autosave()
         self.session_path: str | None = None
         self.runner = Runner(self)
+        from .cluster_setting import ClusterSetting
+        self.runner.cluster = ClusterSetting(self.settings)   # the sweeps' executor (Tools menu)
         self.doc = Document(self)
         self.analyzer = Analyzer(self.doc, self.runner, self)
         self.analyzer.on_error = lambda what, msg: self.messages.error(what, msg)
@@ -204,6 +206,10 @@ class MainWindow(QMainWindow):
         t = mb.addMenu("&Tools")
         self._action(t, "Measure Dequant &Throughput (whole plan)", self.analyzer.measure_all)
         self._action(t, "&Cancel Running Work", self.runner.cancel_all, "Esc")
+        t.addSeparator()
+        self._action(t, "Compute on C&luster…", self.cluster_dialog,
+                     tip="Run the sensitivity tables and exports on Dask workers: local, "
+                         "local:N or tcp://HOST:PORT (empty: in this process)")
 
         h = mb.addMenu("&Help")
         self._action(h, "&Keyboard Shortcuts", self.show_shortcuts, "F1")
@@ -501,6 +507,30 @@ class MainWindow(QMainWindow):
             return restored
         return False
 
+    # ---- where the sweeps run ---------------------------------------------------------------------
+    def cluster_dialog(self, text: str | None = None) -> str | None:
+        """Ask for (or, with `text`, set) the cluster the sweeps run on; the stored spec, or None
+        when cancelled or refused (the reason shown)."""
+        setting = self.runner.cluster
+        if text is None:
+            from PySide6.QtWidgets import QInputDialog
+            text, ok = QInputDialog.getText(
+                self, "Compute on cluster",
+                "Dask cluster for the sensitivity tables and exports:\n"
+                "local, local:N (N worker processes here) or tcp://HOST:PORT\n"
+                "(workers open the model by its path: shared storage). Empty: this process.",
+                text=setting.spec)
+            if not ok:
+                return None
+        try:
+            spec = setting.set_spec(text)
+        except WorkbenchError as exc:
+            self.messages.error("Compute on cluster", str(exc))
+            return None
+        self.statusBar().showMessage(f"sweeps run on {spec}" if spec else "sweeps run in this "
+                                     "process", 5000)
+        return spec
+
     # ---- export, screenshot, report -------------------------------------------------------------
     def export_dialog(self):
         if self.doc.model is None:
@@ -601,6 +631,7 @@ class MainWindow(QMainWindow):
         self.save_settings()
         self.autosave()
         self.runner.shutdown(timeout=2.0)
+        self.runner.cluster.close()
         try:
             self.marker_path().unlink()
         except OSError:

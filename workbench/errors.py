@@ -27,6 +27,11 @@ class WorkbenchError(Exception):
         prefix = ": ".join(parts)
         super().__init__(one_line(f"{prefix}: {message}" if prefix else message))
 
+    def __reduce__(self):
+        # pickled with its parts (a cluster worker's error reaches the client whole), so a
+        # caller's context() does not prefix the file a second time
+        return (_rebuild, (self.problem, self.path, self.tensor))
+
     def with_context(self, path: str | None = None, tensor: str | None = None) -> "WorkbenchError":
         """This error with the file / tensor filled in where it had none (else itself)."""
         if (self.path or not path) and (self.tensor or not tensor):
@@ -34,6 +39,10 @@ class WorkbenchError(Exception):
         new = WorkbenchError(self.problem, path=self.path or path, tensor=self.tensor or tensor)
         new.__cause__ = self.__cause__
         return new
+
+
+def _rebuild(problem: str, path: str | None, tensor: str | None) -> WorkbenchError:
+    return WorkbenchError(problem, path=path, tensor=tensor)
 
 
 @contextlib.contextmanager

@@ -249,13 +249,34 @@ def _evaluate_tensor(model, info, name, scheme_name, decision, matrix=None) -> T
 
 
 def evaluate(model, plan, names=None, cache: EvalCache | None = DEFAULT_EVAL_CACHE,
-             runtime: str = "any", strict: bool = False):
+             runtime: str = "any", strict: bool = False, executor=None):
     """Job: evaluate `plan` on `model` (all tensors or `names`) as `runtime` would apply it
-    (workbench.runtimes: fallbacks, tensors it never re-types). Returns an Evaluation."""
+    (workbench.runtimes: fallbacks, tensors it never re-types). Returns an Evaluation.
+    `executor` (workbench.cluster): the tensors are measured on its workers first."""
     names = list(model.tensors) if names is None else list(names)
     decisions = plan_decisions(model, plan, runtime, names)
     if strict:
         check_strict(decisions.values(), path=model.path)
+    if executor is not None and _cluster_ready(model):
+        from .cluster import prefetch_evaluations
+        from .progress import subjob
+        cache = cache if cache is not None else EvalCache()
+        yield from subjob(prefetch_evaluations(
+            executor, model, [(n, decisions[n].requested, decisions[n]) for n in names],
+            cache, "evaluating"), 0, 95, 100)
+        results, totals = yield from subjob(_evaluate_all(model, names, decisions, cache),
+                                            95, 5, 100)
+    else:
+        results, totals = yield from _evaluate_all(model, names, decisions, cache)
+    return Evaluation(results, totals, summarize(decisions.values()), runtime)
+
+
+def _cluster_ready(model) -> bool:
+    from .cluster import is_plain
+    return is_plain(model)
+
+
+def _evaluate_all(model, names, decisions, cache):
     total = sum(max(model.info(n).numel, 1) for n in names) or 1
     done = 0
     results: dict[str, TensorResult] = {}
@@ -268,7 +289,7 @@ def evaluate(model, plan, names=None, cache: EvalCache | None = DEFAULT_EVAL_CAC
         totals.add(r.params, r.bytes_before, r.bytes, r.error.sig, r.error.sse)
         done += max(model.info(n).numel, 1)
     yield Progress(total, total, "done")
-    return Evaluation(results, totals, summarize(decisions.values()), runtime)
+    return results, totals
 
 
 def totals_of(results) -> ModelTotals:

@@ -131,13 +131,19 @@ def activation_error(model, name: str, scheme: str, ex2: np.ndarray, rows: bool 
 
 
 def activation_errors(model, schemes, moments: dict, usage: dict | None = None,
-                      runtime: str = "any"):
+                      runtime: str = "any", executor=None):
     """Job: {(name, scheme): activation-weighted error} for the tensors with moments (and the
-    embedding tables in `usage`). Values are for the scheme `runtime` applies."""
+    embedding tables in `usage`). Values are for the scheme `runtime` applies. `executor`
+    (workbench.cluster): one task per tensor on its workers."""
     from .runtimes import decide
     out = {}
     usage = usage or {}
     items = [n for n in model.tensors if n in moments or n in usage]
+    if executor is not None:
+        from .cluster import is_plain
+        if is_plain(model):
+            return (yield from _activation_errors_cluster(executor, model, schemes, moments,
+                                                          usage, runtime, items))
     for i, n in enumerate(items):
         yield Progress(i, len(items), f"sensitivity {n}")
         info = model.info(n)
@@ -150,6 +156,30 @@ def activation_errors(model, schemes, moments: dict, usage: dict | None = None,
             else:
                 out[(n, s)] = activation_error(model, n, applied, usage[n], rows=True)
     yield Progress(len(items), len(items), "done")
+    return out
+
+
+def _activation_errors_cluster(executor, model, schemes, moments, usage, runtime, items):
+    from .cluster import activation_task, signature
+    from .runtimes import decide
+    sig = signature(model)
+    tasks, plans = [], []
+    for n in items:
+        info = model.info(n)
+        applied = {s: decide(info, s, runtime).applied for s in schemes}
+        todo = list(dict.fromkeys(a for a in applied.values() if a != KEEP))
+        plans.append((n, applied, todo))
+        if n in moments:
+            tasks.append((sig, n, todo, moments[n], False))
+        else:
+            tasks.append((sig, n, todo, usage[n], True))
+    weights = [max(model.info(n).numel, 1) * max(len(t), 1) for n, _a, t in plans]
+    got = yield from executor.sweep(activation_task, tasks, "sensitivity", weights)
+    out = {}
+    for (n, applied, todo), vals in zip(plans, got):
+        by = dict(zip(todo, vals))
+        for s in schemes:
+            out[(n, s)] = 0.0 if applied[s] == KEEP else by[applied[s]]
     return out
 
 
@@ -630,13 +660,15 @@ def merged_expert_errors(model, name: str, scheme: str) -> np.ndarray:
 
 def build_table(model, schemes, errors: dict | None = None, runtime: str = "any",
                 pins: dict | None = None, measure: str = "weight", missing_scale: float = 1.0,
-                extra=(), usage: dict | None = None):
+                extra=(), usage: dict | None = None, executor=None):
     """Job: a SensitivityTable from given `errors[(name, scheme)]`; entries missing there (all of
     them when `errors` is None) are evaluate's sse times `missing_scale`. Bytes are
     evaluate_tensor's under `runtime`. `usage`: {expert tensor: routed-token fraction} to weight
     the experts' values by (workbench.moe.expert_usage). Routers are not a choice unless
-    pinned; with llama.cpp one projection's experts of a layer form one group (`groups`)."""
-    from .evaluate import evaluate_tensor
+    pinned; with llama.cpp one projection's experts of a layer form one group (`groups`).
+    `executor` (workbench.cluster): every tensor x scheme is measured on its workers first."""
+    from .evaluate import DEFAULT_EVAL_CACHE, evaluate_tensor
+    from .progress import subjob
     from .runtimes import decide
     rt, gnames = _sizes(model, runtime)
     pins = dict(pins or {})
@@ -646,10 +678,9 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
     names, fixed, fixed_bytes, params = [], [], 0, 0
     values, nbytes, applied = {}, {}, {}
     all_names = list(model.tensors)
-    for i, n in enumerate(all_names):
-        yield Progress(i, len(all_names), f"sizes {n}")
+    rows = []   # (name, info, choosable, {scheme: decision}, KEEP's decision)
+    for n in all_names:
         info = model.info(n)
-        params += info.numel
         g = gnames.get(n) if gnames else None
         cands = list(dict.fromkeys(list(schemes) + list(extra)
                                    + ([pins[n]] if n in pins else [])))
@@ -660,13 +691,24 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
                 decs[s] = decide(info, s, rt, explicit=True, gguf_name=g)
             if all(d.kind in ("kept", "skipped") for d in decs.values()) and n not in pins:
                 choosable = False
+        rows.append((n, info, choosable, decs, decide(info, KEEP, rt)))
+    span = 0
+    if executor is not None:
+        from .cluster import is_plain, prefetch_evaluations
+        if is_plain(model):
+            reqs = [(n, KEEP, dk) for n, _i, _c, _d, dk in rows]
+            reqs += [(n, s, d) for n, _i, c, decs, _dk in rows if c for s, d in decs.items()]
+            span = 95
+            yield from subjob(prefetch_evaluations(executor, model, reqs, DEFAULT_EVAL_CACHE,
+                                                   "measuring"), 0, span, 100)
+    for i, (n, info, choosable, decs, dk) in enumerate(rows):
+        yield Progress(span + (100 - span) * i / max(len(rows), 1), 100, f"sizes {n}")
+        params += info.numel
         if not choosable:
-            d = decide(info, KEEP, rt)
-            fixed_bytes += int(evaluate_tensor(model, n, KEEP, decision=d).bytes)
+            fixed_bytes += int(evaluate_tensor(model, n, KEEP, decision=dk).bytes)
             fixed.append(n)
             continue
         names.append(n)
-        dk = decide(info, KEEP, rt)
         nbytes[(n, KEEP)] = int(evaluate_tensor(model, n, KEEP, decision=dk).bytes)
         values[(n, KEEP)] = 0.0
         applied[(n, KEEP)] = KEEP
@@ -689,7 +731,7 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
                         * missing_scale
                 else:
                     values[(n, s)] *= float(np.mean(u))
-    yield Progress(len(all_names), len(all_names), "sizes")
+    yield Progress(100, 100, "sizes")
     from .moe import decision_groups
     from .runtimes import fused_groups
     groups = merge_groups(fused_groups(names, rt.name)
@@ -729,13 +771,14 @@ def routing_usage(model, calib=None, samples=None):
 
 def sensitivity_table_job(model, schemes, measure: str = "weight", calib=None, imatrix=None,
                           samples=None, runtime: str = "any", pins: dict | None = None,
-                          extra=(), expert_weighting: bool | None = None):
+                          extra=(), expert_weighting: bool | None = None, executor=None):
     """Job: the SensitivityTable for `measure` (see the module doc). Activation measure: tensors
     the statistics do not reach get their weight error times the mean second moment. `extra`:
     schemes measured too (e.g. a recipe's types) that the allocator does not choose from.
     `expert_weighting`: weight experts by how often the router picks them (None: for the
     ``activation`` measure, and ``weight`` when `calib` is given, on a mixture of experts; the
-    ``fisher`` and ``output`` measures already see the routing)."""
+    ``fisher`` and ``output`` measures already see the routing). `executor`
+    (workbench.cluster): the per-tensor weight and activation work runs on its workers."""
     from .progress import subjob
     from .schemes import get_scheme
     schemes = [get_scheme(s).name for s in schemes]
@@ -750,8 +793,8 @@ def sensitivity_table_job(model, schemes, measure: str = "weight", calib=None, i
             usage = yield from subjob(embedding_usage(model, calib, samples), 30, 5, 100)
         except WorkbenchError:
             usage = {}   # an imatrix without a runnable model: linear weights only
-        errors = yield from subjob(activation_errors(model, cands, mom, usage, runtime),
-                                   35, 45, 100)
+        errors = yield from subjob(activation_errors(model, cands, mom, usage, runtime,
+                                                     executor), 35, 45, 100)
         if mom:
             scale = float(np.mean([np.mean(v) for v in mom.values()]))
     elif measure == "fisher":
@@ -771,16 +814,17 @@ def sensitivity_table_job(model, schemes, measure: str = "weight", calib=None, i
         usage = yield from subjob(routing_usage(model, calib, samples), start, 5, 100)
         start += 5
     table = yield from subjob(build_table(model, schemes, errors, runtime, pins, measure, scale,
-                                          extra, usage),
+                                          extra, usage, executor),
                               start, 100 - start, 100)
     return table
 
 
 def sensitivity_table(model, schemes, measure: str = "weight", calib=None, imatrix=None,
                       samples=None, progress=None, cancel=None, runtime: str = "any",
-                      pins: dict | None = None, extra=()) -> SensitivityTable:
+                      pins: dict | None = None, extra=(), executor=None) -> SensitivityTable:
     """Per tensor x scheme: the measure (weight | activation | output) plus the bytes evaluate
     counts, the one table the CLI, the GUI and the allocator share. `progress(Progress)`,
     `cancel() -> bool` (raises workbench.errors.Cancelled)."""
     return run_job(sensitivity_table_job(model, schemes, measure, calib, imatrix, samples,
-                                         runtime, pins, extra), progress, cancel)
+                                         runtime, pins, extra, executor=executor),
+                   progress, cancel)

@@ -406,12 +406,25 @@ class StatsCache:
 DEFAULT_CACHE = StatsCache()
 
 
-def model_stats(model, names=None, cache: StatsCache | None = DEFAULT_CACHE, bins: int = BINS):
+def model_stats(model, names=None, cache: StatsCache | None = DEFAULT_CACHE, bins: int = BINS,
+                executor=None):
     """Job: statistics of many tensors (default: all), using and filling the cache.
 
-    Progress is measured in bytes so big tensors count for what they cost.
+    Progress is measured in bytes so big tensors count for what they cost. `executor`
+    (workbench.cluster): the tensors not cached are computed on its workers, one task each.
     """
     names = list(model.tensors) if names is None else list(names)
+    if executor is not None:
+        from .cluster import is_plain, stats_task, signature
+        if is_plain(model):
+            cache = cache if cache is not None else StatsCache()
+            todo = [n for n in names if model.info(n).numel and cache.get(model, n) is None]
+            sig = signature(model)
+            got = yield from executor.sweep(stats_task, [(sig, n, bins) for n in todo],
+                                            "statistics",
+                                            [max(model.info(n).nbytes, 1) for n in todo])
+            for st in got:
+                cache.put(model, st)
     infos = [model.info(n) for n in names]
     total = sum(max(i.nbytes, 1) for i in infos) or 1
     done = 0

@@ -34,7 +34,7 @@ class Section:
     what: str                     # what it measures and its targets (no figures)
     args: tuple[str, ...]         # full run
     quick: tuple[str, ...]        # --quick run
-    needs: str = ""               # "llama" | "qt" | ""
+    needs: str = ""               # "llama" | "qt" | "cluster" | ""
 
 
 SECTIONS = (
@@ -72,6 +72,15 @@ SECTIONS = (
             "the others, the gap to the Lagrangian bound.",
             ("bench-allocate",),
             ("bench-allocate", "--repeat", "3")),
+    Section("cluster", "The sweep on a Dask cluster (`bench-cluster`)",
+            "A generated bf16 checkpoint (llama-shaped blocks of 7 matrices), every matrix under 4 "
+            "schemes: in process on one thread, then on a local Dask cluster of 1 and of 2 "
+            "single-threaded workers (best of 3 passes each): tasks per second, the per-task "
+            "overhead (empty tasks), the 2-worker scaling efficiency, and the DeepSeek-V3-shaped "
+            "sweep projected from them (docs/cluster.md).",
+            ("bench-cluster",),
+            ("bench-cluster", "--layers", "4", "--repeats", "1"),
+            needs="cluster"),
     Section("gui", "The window (`bench-gui`)",
             "Offscreen, software rendering: start-up, selection-to-plots and edit-to-totals times "
             "on the real MiniLM (and with `--big` a generated model with a 30000x4096 "
@@ -113,6 +122,10 @@ def missing(needs: str) -> str | None:
                            capture_output=True, text=True)
         if r.returncode != 0:
             return "the llama.cpp tools are not built (`bash .ci/llama-cpp`)"
+    if needs == "cluster":
+        import importlib.util
+        if importlib.util.find_spec("distributed") is None:
+            return "distributed is not installed (the [cluster] extra)"
     if needs == "qt":
         import importlib.util
         if importlib.util.find_spec("PySide6") is None:

@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMA
                                             and argv[0] not in ("-h", "--help"))):
             argv = ["gui", *argv]
     _tolerant_streams()
+    args = None
     try:
         args = parser.parse_args(argv)
         if not hasattr(args, "func"):
@@ -120,6 +121,10 @@ def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMA
         if os.environ.get("QUANT_WORKBENCH_TRACEBACK"):
             raise
         return _crash(exc, "internal error")
+    finally:
+        ex = getattr(args, "_executor", None)
+        if ex is not None:   # a --cluster the command opened (a local cluster is stopped)
+            ex.close()
 
 
 def log_dir() -> Path:

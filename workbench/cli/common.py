@@ -117,6 +117,18 @@ def _largest_list(obj, depth: int = 0) -> int:
     return 0
 
 
+def executor_of(args):
+    """The executor of the command's --cluster (workbench.cluster), opened once per command
+    and closed by cli.main; None without --cluster (the in-process path)."""
+    spec = getattr(args, "cluster", None)
+    if not spec:
+        return None
+    if getattr(args, "_executor", None) is None:
+        from ..cluster import open_executor
+        args._executor = open_executor(spec)
+    return args._executor
+
+
 def drive(job, quiet: bool = False):
     """Run a progress job with a text bar on stderr."""
     bar = TextProgress(enabled=None if not quiet else False)

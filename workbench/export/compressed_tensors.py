@@ -163,7 +163,7 @@ def _moe_conflicts(decisions: dict) -> list[str]:
 @register_exporter("compressed-tensors", "",
                    "a Hugging Face folder for vLLM (compressed-tensors: int4/int8 channel or "
                    "group, symmetric or asymmetric, fp8-e4m3)")
-def export_compressed_tensors(model, plan, out_path, strict: bool = False):
+def export_compressed_tensors(model, plan, out_path, strict: bool = False, executor=None):
     _ctq = require("compressed_tensors.quantization", "vllm")
     QuantizationConfig, QuantizationScheme = _ctq.QuantizationConfig, _ctq.QuantizationScheme
 
@@ -227,6 +227,7 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
         names = list(model.tensors)
         total = sum(max(model.info(n).numel, 1) for n in names) or 1
         done = 0
+        ahead = _cluster_quantized(executor, model, names, decisions)
         try:
             for n in names:
                 info = model.info(n)
@@ -258,11 +259,16 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
                             [float(acts[n].get("scale", 1.0))], dtype=torch.float32)))
                 else:
                     scheme = get_scheme(d.applied)
-                    w = model.read_matrix(n)
-                    qt = model.quantize_tensor(n, w, d.applied) if hasattr(
-                        model, "quantize_tensor") else quantize(w, d.applied, tensor=n)
+                    if ahead is not None:    # quantized on a worker (workbench.cluster)
+                        qt, shape = ahead.take(n)
+                        w = None
+                    else:
+                        w = model.read_matrix(n)
+                        qt = model.quantize_tensor(n, w, d.applied) if hasattr(
+                            model, "quantize_tensor") else quantize(w, d.applied, tensor=n)
+                        shape = w.shape
                     layer = n[:-len(".weight")]
-                    for k, v in _layer_tensors(scheme, qt, w.shape).items():
+                    for k, v in _layer_tensors(scheme, qt, shape).items():
                         writer.add(f"{layer}.{k}", *_st_array(v))
                     if n in acts:   # a static activation range: the per-tensor input scale
                         import torch
@@ -273,6 +279,8 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
             yield Progress(total, total, "writing model.safetensors")
             writer.finish()
         except BaseException:
+            if ahead is not None:
+                ahead.close()
             writer.abort()
             raise
         config_groups, formats = {}, set()
@@ -321,6 +329,23 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False):
 
 
 OUR_FILES = {"config.json", "model.safetensors", *TOKENIZER_FILES}
+
+
+def _cluster_quantized(executor, model, names, decisions):
+    """The whole-tensor quantizations of the export, computed ahead on the cluster's workers
+    in the order the loop writes them (workbench.cluster.Ahead), or None in process."""
+    from ..cluster import Ahead, is_plain, quantize_task, signature
+    if executor is None or not is_plain(model):
+        return None
+    sig = signature(model)
+    tasks = []
+    for n in names:
+        d = decisions[n]
+        if d.applied == KEEP or (streaming.export_streamed(model, model.info(n), d.applied)
+                                 and not getattr(get_scheme(d.applied), "asym", False)):
+            continue
+        tasks.append((n, (sig, n, d.applied)))
+    return Ahead(executor, quantize_task, tasks, 2 * executor.workers() + 2)
 
 
 def _check_out_dir(out_dir: Path) -> None:

@@ -498,10 +498,78 @@ def _one_kernel_thread() -> None:
         pass
 
 
+class _ClusterPool:
+    """The export's pool on a cluster (workbench.cluster): a task's item and rows travel, the
+    worker opens the model by path and sends the encoded bytes back; this process writes them
+    in order, as with the local threads. Leaving it cancels what is still queued."""
+
+    REMOTE = ("_tensor_data", "_part_data", "_kept_data", "_chunk_data")
+
+    def __init__(self, executor, model):
+        from ..cluster import signature
+        self.ex, self.sig, self.futs = executor, signature(model), []
+
+    def submit(self, fn, *args):
+        if getattr(fn, "__name__", "") not in self.REMOTE:
+            return _Done(fn(*args))           # data held here already (rope_freqs)
+        item, rest = args[1], args[2:]
+        if fn.__name__ == "_tensor_data":
+            rest = ()                         # the source reader and layout: rebuilt there
+        fut = self.ex.submit(_remote_task, self.sig, fn.__name__, item, *rest,
+                             key=f"gguf{fn.__name__}")
+        self.futs.append(fut)
+        return _Remote(self.ex, fut)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.ex.cancel([f for f in self.futs if not f.done()])
+        self.futs = []
+
+
+class _Done:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class _Remote:
+    def __init__(self, ex, fut):
+        self.ex, self.fut = ex, fut
+
+    def result(self):
+        return self.ex.result(self.fut)
+
+
+_REMOTE_TARGETS: dict = {}
+
+
+def _remote_task(sig, fn_name: str, item: _Item, *rest):
+    """On a worker: one export task against the worker's own copy of the model."""
+    from ..cluster import worker_model
+    model = worker_model(sig)
+    if fn_name == "_tensor_data":
+        reader_tensors = {}
+        if model.format == "gguf" and model.source is not None:
+            reader_tensors = {t.name: t for t in model.source.tensors}
+        hf = None
+        if item.transform:
+            if sig not in _REMOTE_TARGETS:
+                from .gguf_arch import hf_target
+                _REMOTE_TARGETS.clear()
+                _REMOTE_TARGETS[sig] = hf_target(model)[0]
+            hf = _REMOTE_TARGETS[sig]
+        rest = (reader_tensors, hf)
+    return globals()[fn_name](model, item, *rest)
+
+
 @register_exporter("gguf", ".gguf",
                    "GGUF for llama.cpp: F32/F16/BF16 and GGML block types (q4_0 ... q6_k, iq4_nl) "
                    "per the plan; metadata copied from a GGUF source")
-def export_gguf(model, plan, out_path, strict: bool = False):
+def export_gguf(model, plan, out_path, strict: bool = False, executor=None):
     import gguf
     from concurrent.futures import ThreadPoolExecutor
 
@@ -609,9 +677,15 @@ def export_gguf(model, plan, out_path, strict: bool = False):
         tasks = ((i, task, k == 0, k == len(chunks) - 1) for i, it in enumerate(items)
                  for chunks in [_row_chunks(model, it) or [None]]
                  for k, task in enumerate(chunks))
-        workers = _workers()
+        from ..cluster import is_plain
+        if executor is not None and is_plain(model):
+            workers = executor.workers()
+            pool_cm = _ClusterPool(executor, model)
+        else:
+            workers = _workers()
+            pool_cm = ThreadPoolExecutor(max_workers=workers, initializer=_one_kernel_thread)
         window = 2 * workers + 2
-        with ThreadPoolExecutor(max_workers=workers, initializer=_one_kernel_thread) as pool:
+        with pool_cm as pool:
             pending: deque = deque()
 
             def submit() -> None:

@@ -13,6 +13,8 @@ def register(sub) -> None:
     add_scheme_or_plan(p)
     add_runtime_args(p)
     add_method_args(p)
+    from ...cluster import add_cluster_arg
+    add_cluster_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -22,7 +24,9 @@ def run(args) -> int:
     plan = plan_from_args(args)
     model = open_model_arg(args)
     plan, model = apply_methods(args, model, plan, args.target, quiet=args.json)
-    ev = drive(evaluate(model, plan, runtime=args.target, strict=args.strict), quiet=args.json)
+    from ..common import executor_of
+    ev = drive(evaluate(model, plan, runtime=args.target, strict=args.strict,
+                        executor=executor_of(args)), quiet=args.json)
     if args.json:
         out = ev.to_dict()
         out["model"] = model.path

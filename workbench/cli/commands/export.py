@@ -44,6 +44,8 @@ def register(sub) -> None:
                    help="activation type: int, or float (fp8 e4m3)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="quantize on N threads (default: all cores)")
+    from ...cluster import add_cluster_arg
+    add_cluster_arg(p)
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.add_argument("--verbose", action="store_true",
                    help="list every tensor's note (default: one line per kind of note, counted)")
@@ -85,6 +87,9 @@ def run(args) -> int:
     elif args.method:
         plan = plan.with_method(args.method)
     options = {"strict": args.strict}
+    if args.cluster:
+        from ..common import executor_of
+        options["executor"] = executor_of(args)
     if args.accuracy_level is not None:
         options["accuracy_level"] = args.accuracy_level
     info = drive(export(model, plan, args.format, args.output, **options), quiet=args.json)

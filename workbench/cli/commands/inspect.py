@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..common import add_model_arg, drive, fmt_bytes, open_model_arg, print_json
+from ..common import add_model_arg, drive, executor_of, fmt_bytes, open_model_arg, print_json
 
 
 def register(sub) -> None:
@@ -16,6 +16,8 @@ def register(sub) -> None:
     p.add_argument("--experts", action="store_true",
                    help="per mixture-of-experts group ('layer N experts PROJ'): each expert's "
                         "|max|, std and kurtosis (the GUI's spread plot)")
+    from ...cluster import add_cluster_arg
+    add_cluster_arg(p)
     p.set_defaults(func=run)
 
 
@@ -52,7 +54,8 @@ def run(args) -> int:
     # empty tensors have nothing to read: their statistics are one shared value (a header of
     # 300,000 empty tensors inspects in about the time its JSON takes to parse)
     full = [n for n, i in model.tensors.items() if i.numel]
-    stats = {} if args.no_stats else drive(model_stats(model, full), quiet=args.json)
+    stats = {} if args.no_stats else drive(model_stats(model, full, executor=executor_of(args)),
+                                                 quiet=args.json)
     if not args.json:
         return _print_table(model, stats, args.no_stats)
     empty = None if args.no_stats or args.arrays else empty_stats_dict()

@@ -48,6 +48,8 @@ def add_table_args(p, schemes: str = DEFAULT_SCHEMES) -> None:
                         "schemes are the default candidates (default: any)")
     from ..common import add_device_arg
     add_device_arg(p)
+    from ...cluster import add_cluster_arg
+    add_cluster_arg(p)
 
 
 def parse_schemes(text: str, target: str = "any") -> list[str]:
@@ -84,8 +86,10 @@ def table_from_args(args, model, schemes, pins=None, quiet=False, extra=()):
     if args.measure in ("output", "fisher") and args.imatrix:
         raise WorkbenchError(f"--measure {args.measure} runs the calibration inputs: give "
                              "--calib, not --imatrix")
+    from ..common import executor_of
     return drive(sensitivity_table_job(model, schemes, args.measure, args.calib, args.imatrix,
-                                       args.samples, args.target, pins, extra), quiet=quiet)
+                                       args.samples, args.target, pins, extra,
+                                       executor=executor_of(args)), quiet=quiet)
 
 
 def register(sub) -> None:
