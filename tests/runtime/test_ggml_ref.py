@@ -108,6 +108,8 @@ def test_vs_ggml_times_the_decoders_into_arrays_allocated_once(ggml):
     rep = run_vs_ggml(model, types=("q5_k",), threads=1, repeats=1)
     (row,) = rep["rows"]
     assert row["tensors"] == 2
-    for k in ("deq_ratio_1t", "deq_ratio_nt", "deq_ratio_1t_fresh", "quant_ratio_1t"):
+    for k in ("deq_ratio_1t", "deq_ratio_nt", "deq_ratio_1t_fresh", "quant_ratio_1t",
+              "quant_ratio_1t_cpu"):
         assert row[k] > 0
-    assert "fresh x" in format_table(rep)
+    text = format_table(rep)
+    assert "fresh x" in text and "cpu x" in text and "q5_k" in text
