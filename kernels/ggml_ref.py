@@ -131,8 +131,10 @@ def quantize(type_name: str, x: np.ndarray, imatrix: np.ndarray | None = None) -
     return out
 
 
-def dequantize(type_name: str, raw: np.ndarray, n_per_row: int) -> np.ndarray:
-    """ggml's to_float of uint8 rows (rows, row_bytes) -> float32 (rows, n_per_row), one call."""
+def dequantize(type_name: str, raw: np.ndarray, n_per_row: int,
+               out: np.ndarray | None = None) -> np.ndarray:
+    """ggml's to_float of uint8 rows (rows, row_bytes) -> float32 (rows, n_per_row), one call.
+    out: an optional C-contiguous float32 array of rows * n_per_row elements to write into."""
     lib = _load()
     t = type_id(type_name)
     fn = lib.ggml_get_type_traits(t).contents.to_float
@@ -143,6 +145,9 @@ def dequantize(type_name: str, raw: np.ndarray, n_per_row: int) -> np.ndarray:
     if raw.size % rb:
         raise ValueError(f"{raw.size} bytes are not whole rows of {rb}")
     rows = raw.size // rb
-    out = np.empty((rows, n_per_row), np.float32)
+    if out is None:
+        out = np.empty((rows, n_per_row), np.float32)
+    elif out.dtype != np.float32 or out.size != rows * n_per_row or not out.flags.c_contiguous:
+        raise ValueError("out must be a C-contiguous float32 array of rows * n_per_row elements")
     _TO_FLOAT(fn)(raw.ctypes.data, out.ctypes.data, rows * n_per_row)
     return out

@@ -83,3 +83,33 @@ def test_importance_weighted_k_quants_beat_ggmls_imatrix_quantization(ggml, mini
     plain = ggml.dequantize(ty, next(iter(quantize(w, ty).arrays.values())).view(np.uint8)
                             .reshape(w.shape[0], -1), w.shape[1])
     assert (qv * (x - ours) ** 2).sum() < (qv * (x - plain) ** 2).sum()
+
+
+def test_ggml_dequantize_into_a_given_array(ggml):
+    w = _mat(2)
+    raw = ggml.quantize("q5_k", w)
+    out = np.full(w.shape, np.nan, np.float32)
+    assert ggml.dequantize("q5_k", raw, w.shape[1], out=out) is out
+    assert np.array_equal(out, ggml.dequantize("q5_k", raw, w.shape[1]))
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        ggml.dequantize("q5_k", raw, w.shape[1], out=np.empty(w.shape, np.float64))
+
+
+def test_vs_ggml_times_the_decoders_into_arrays_allocated_once(ggml):
+    """bench --vs-ggml: dequantize figures into preallocated arrays, and the fresh-array ratio."""
+    from types import SimpleNamespace
+
+    from workbench.bench.ggml import format_table, run_vs_ggml
+    mats = {"a": _mat(3), "b": _mat(4)[:, :256]}
+    model = SimpleNamespace(
+        path="tiny", tensors=list(mats),
+        info=lambda n: SimpleNamespace(shape=mats[n].shape, dtype="F32"),
+        read_matrix=lambda n: mats[n])
+    rep = run_vs_ggml(model, types=("q5_k",), threads=1, repeats=1)
+    (row,) = rep["rows"]
+    assert row["tensors"] == 2
+    for k in ("deq_ratio_1t", "deq_ratio_nt", "deq_ratio_1t_fresh", "quant_ratio_1t",
+              "quant_ratio_1t_cpu"):
+        assert row[k] > 0
+    text = format_table(rep)
+    assert "fresh x" in text and "cpu x" in text and "q5_k" in text

@@ -10,9 +10,15 @@ type's block, per GGML type:
   better). With importance weights (an imatrix, or E[x^2] collected from calibration text),
   the weighted error sqrt(sum_j qw_j (w - w')^2 / sum_j qw_j w^2) of both quantizers given
   the same qw (ggml: its imatrix argument; ours: workbench.methods.ggml_weighted).
-* quantize speed, one thread for both: MB/s of float32 input (best of `repeats`).
+* quantize speed, one thread for both: MB/s of float32 input (best of `repeats`), and the
+  ratio of the process CPU times (``quant_ratio_1t_cpu``, "cpu x"; steadier than the wall
+  time on a shared machine).
 * dequantize speed: ggml's to_float (one thread) and the workbench's kernel on one thread
-  and on `threads` threads, GB/s of float32 output.
+  and on `threads` threads, GB/s of float32 output, each writing into float32 arrays
+  allocated once before the timing (the decoders' speed). Into a fresh array per call
+  (``*_fresh``, one thread each) the first touch of the new pages costs both sides the same
+  and, on MiniLM's 2.4 MB matrices, most of the time: that ratio stays near 1 whatever the
+  decoders do.
 
 ggml is called through ``kernels.ggml_ref`` (ctypes over libggml-base from ``.ci/llama-cpp``).
 """
@@ -28,12 +34,20 @@ DEFAULT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k",
 
 
 def _best(fn, repeats: int) -> float:
-    best = float("inf")
+    return _best2(fn, repeats)[0]
+
+
+def _best2(fn, repeats: int) -> tuple[float, float]:
+    """(least wall time, least process CPU time) of `repeats` calls. On a loaded machine the
+    CPU time of a one-thread run leaves out the time the thread waited for a core."""
+    best = cpu = float("inf")
     for _ in range(repeats):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t0)
-    return best
+        cpu = min(cpu, time.process_time() - c0)
+    return best, cpu
 
 
 def _err(w: np.ndarray, y: np.ndarray, qw: np.ndarray | None):
@@ -117,22 +131,30 @@ def run_vs_ggml(model, types=DEFAULT_TYPES, importance: dict | None = None, thre
             for n, w in todo.items():                       # warm (JIT / cache load)
                 quantize(w[:1], scheme.name)
                 break
-            tg = _best(lambda: [ggml_ref.quantize(ty, w) for w in todo.values()], repeats)
-            to = _best(lambda: [quantize(w, scheme.name) for w in todo.values()], repeats)
+            tg, cg = _best2(lambda: [ggml_ref.quantize(ty, w) for w in todo.values()], repeats)
+            to, co = _best2(lambda: [quantize(w, scheme.name) for w in todo.values()], repeats)
             row.update(quant_mbps_ggml=nbytes / tg / 1e6, quant_mbps_ours_1t=nbytes / to / 1e6,
-                       quant_ratio_1t=tg / to)
-            # dequantize: ggml one thread; ours one thread and `threads`
-            for q in qts.values():
-                accel.dequantize(q, backend="cpu")
+                       quant_ratio_1t=tg / to, quant_ratio_1t_cpu=cg / co)
+            # dequantize: ggml one thread; ours one thread and `threads`; into arrays
+            # allocated once (outs), and into fresh ones
+            outs = {n: np.empty(w.shape, np.float32) for n, w in todo.items()}
+            for n, q in qts.items():
+                accel.dequantize(q, backend="cpu", out=outs[n])
                 break
-            dg = _best(lambda: [ggml_ref.dequantize(ty, raw_g[n], w.shape[1])
+            dg = _best(lambda: [ggml_ref.dequantize(ty, raw_g[n], w.shape[1], out=outs[n])
                                 for n, w in todo.items()], repeats)
-            d1 = _best(lambda: [accel.dequantize(q, backend="cpu") for q in qts.values()], repeats)
+            d1 = _best(lambda: [accel.dequantize(q, backend="cpu", out=outs[n])
+                                for n, q in qts.items()], repeats)
+            fg = _best(lambda: [ggml_ref.dequantize(ty, raw_g[n], w.shape[1])
+                                for n, w in todo.items()], repeats)
+            f1 = _best(lambda: [accel.dequantize(q, backend="cpu") for q in qts.values()], repeats)
             numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-            dn = _best(lambda: [accel.dequantize(q, backend="cpu") for q in qts.values()], repeats)
+            dn = _best(lambda: [accel.dequantize(q, backend="cpu", out=outs[n])
+                                for n, q in qts.items()], repeats)
             row.update(deq_gbps_ggml=nbytes / dg / 1e9, deq_gbps_ours_1t=nbytes / d1 / 1e9,
                        deq_gbps_ours_nt=nbytes / dn / 1e9, deq_ratio_1t=dg / d1,
-                       deq_ratio_nt=dg / dn)
+                       deq_ratio_nt=dg / dn, deq_gbps_ggml_fresh=nbytes / fg / 1e9,
+                       deq_gbps_ours_1t_fresh=nbytes / f1 / 1e9, deq_ratio_1t_fresh=fg / f1)
             rows.append(row)
     finally:
         numba.set_num_threads(prev)
@@ -145,16 +167,21 @@ def format_table(rep: dict) -> str:
     out = [f"{rep['model']}: ggml from llama-cpp-python {rep['llama_cpp_python']}, best of "
            f"{rep['repeats']}; quantize on 1 thread each; dequantize ggml 1 thread, ours 1 and {n}",
            f"{'type':7} {'tens':>4} {'relRMSE ggml':>12} {'ours':>9} {'x':>6} {'w-x':>6} "
-           f"{'q MB/s ggml':>11} {'ours':>6} {'x':>5} {'dq GB/s ggml':>12} {'ours1':>6} "
-           f"{'x':>5} {'ours'+str(n):>6} {'x':>5}"]
+           f"{'q MB/s ggml':>11} {'ours':>6} {'x':>5} {'cpu x':>5} {'dq GB/s ggml':>12} {'ours1':>6} "
+           f"{'x':>5} {'ours'+str(n):>6} {'x':>5} {'fresh x':>7}"]
     for r in rep["rows"]:
         w = r.get("wrmse_ratio")
         out.append(
             f"{r['type']:7} {r['tensors']:4d} {r['rel_rmse_ggml']:12.5f} {r['rel_rmse_ours']:9.5f} "
             f"{r['rmse_ratio'] or 0:6.3f} {('%6.3f' % w) if w else '     -'} "
             f"{r['quant_mbps_ggml']:11.0f} {r['quant_mbps_ours_1t']:6.0f} {r['quant_ratio_1t']:5.2f} "
+            f"{r['quant_ratio_1t_cpu']:5.2f} "
             f"{r['deq_gbps_ggml']:12.2f} {r['deq_gbps_ours_1t']:6.2f} {r['deq_ratio_1t']:5.2f} "
-            f"{r['deq_gbps_ours_nt']:6.2f} {r['deq_ratio_nt']:5.2f}")
+            f"{r['deq_gbps_ours_nt']:6.2f} {r['deq_ratio_nt']:5.2f} "
+            f"{r['deq_ratio_1t_fresh']:7.2f}")
     out.append("x: relative RMSE ours/ggml (< 1: ours closer); w-x: the same weighted by the "
-               "importance both were given; speed x: ours/ggml (> 1: ours faster).")
+               "importance both were given; speed x: ours/ggml (> 1: ours faster); cpu x: the "
+               "quantize ratio of process CPU times; dequantize "
+               "into arrays allocated once; fresh x: one thread each into a new array per call "
+               "(the first touch of its pages included).")
     return "\n".join(out)
