@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..common import (add_method_args, add_model_arg, add_runtime_args, add_scheme_or_plan,
-                      apply_methods, drive, fmt_bytes, open_model_arg, plan_from_args,
+                      apply_convention, apply_methods, drive, fmt_bytes, open_model_arg, plan_from_args,
                       print_fallback_summary, print_json)
 
 
@@ -21,12 +21,15 @@ def run(args) -> int:
     from ...evaluate import evaluate
     plan = plan_from_args(args)
     model = open_model_arg(args)
+    plan, conv = apply_convention(args, model, plan, args.target, quiet=args.json)
     plan, model = apply_methods(args, model, plan, args.target, quiet=args.json)
     ev = drive(evaluate(model, plan, runtime=args.target, strict=args.strict), quiet=args.json)
     if args.json:
         out = ev.to_dict()
         out["model"] = model.path
         out["plan"] = plan.to_dict()
+        if conv is not None:
+            out["convention"] = conv.to_dict()
         print_json(out)
         return 0
     print(f"{'name':<52} {'scheme':<16} {'method':<7} {'bits/w':>7} {'bytes':>11} {'rel_rmse':>9} "

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from ..common import (add_method_args, add_model_arg, add_runtime_args, add_scheme_or_plan,
-                      apply_methods, drive, open_model_arg, plan_from_args,
+                      apply_convention, apply_methods, drive, open_model_arg, plan_from_args,
                       print_fallback_summary, print_json)
 
 
@@ -61,11 +61,13 @@ def run(args) -> int:
     plan = plan_from_args(args)
     model = open_model_arg(args)
     if args.check:
+        plan, _ = apply_convention(args, model, plan, format_runtime(args), quiet=args.json)
         return run_check(args, model, plan)
     if not args.output:
         from ...errors import WorkbenchError
         raise WorkbenchError("-o/--output is required (or --check to write nothing)")
     runtime = format_runtime(args)
+    plan, conv = apply_convention(args, model, plan, runtime, quiet=args.json)
     if args.accuracy_level is not None and args.format != "onnx":
         from ...errors import WorkbenchError
         raise WorkbenchError("--accuracy-level is an onnx option (MatMulNBits accuracy_level)")
@@ -88,6 +90,8 @@ def run(args) -> int:
     if args.accuracy_level is not None:
         options["accuracy_level"] = args.accuracy_level
     info = drive(export(model, plan, args.format, args.output, **options), quiet=args.json)
+    if conv is not None:
+        info["convention"] = conv.to_dict()
     if args.json:
         print_json(info)
         return 0
