@@ -148,7 +148,8 @@ def _linear_table(model, table, pins):
 
 def _file_table(model, table, plan):
     """(table whose bytes are each tensor's padded bytes in the GGUF and whose fixed bytes are
-    the rest of the file for `plan`, the layout)."""
+    the rest of the file for `plan`, the layout). Tensors the file leaves out (llama.cpp's
+    converter drops BERT's pooler, position_ids) cost nothing and are not a choice."""
     from .export.gguf_file import layout_bytes
     lay = layout_bytes(model, plan)
     align = lay["alignment"]
@@ -179,7 +180,10 @@ def solve(model, table, budget: Budget, pins: dict | None = None):
     cap = int(budget.value)
     longest = max(table.schemes + [KEEP], key=len)
     guess = table.plan_for({n: pins.get(n, longest) for n in table.names})
-    t, _ = _file_table(model, table, guess)
+    t, lay = _file_table(model, table, guess)
+    for n in table.names:
+        if n not in lay["tensors"]:
+            pins.setdefault(n, KEEP)
     want = cap
     for _ in range(6):
         plan, sol = t.solve(want, pins)
