@@ -174,15 +174,19 @@ def plan_from_args(args):
 def apply_convention(args, model, plan, runtime: str, quiet: bool = False):
     """(plan, Convention or None): a uniform --scheme plan follows the target runtime's own
     convention for the embeddings and the output head (workbench.conventions) unless
-    --quantize-all; the one line saying which tensors it typed or kept goes to stderr."""
+    --quantize-all (print_convention says so once the command succeeds)."""
     if not getattr(args, "scheme", None) or getattr(args, "plan", None) \
             or getattr(args, "quantize_all", False):
         return plan, None
     from ..conventions import apply
-    plan, conv = apply(plan, model, args.scheme, runtime)
-    if conv.line() and not quiet:
+    return apply(plan, model, args.scheme, runtime)
+
+
+def print_convention(conv, quiet: bool = False) -> None:
+    """The convention's one line on stderr, once the command has succeeded (an error stays one
+    line), where it changed a tensor (vLLM / ONNX Runtime: their rules keep them anyway)."""
+    if conv is not None and conv.rules and not quiet:
         print(f"convention: {conv.line()}", file=sys.stderr)
-    return plan, conv
 
 
 def fmt_bytes(n: float) -> str:

@@ -8,7 +8,7 @@ transformers model (workbench.onnx_check); the figures are the same, against the
 from __future__ import annotations
 
 from ..common import (add_method_args, add_model_arg, add_scheme_or_plan, apply_convention,
-                      apply_methods, drive,
+                      apply_methods, drive, print_convention,
                       open_model_arg, plan_from_args, print_json)
 
 
@@ -86,6 +86,7 @@ def run(args) -> int:
 
 
 def _print(args, res, conv=None) -> int:
+    print_convention(conv, args.json)
     if conv is not None and args.json:
         res = {**res, "convention": conv.to_dict()}
     if args.json:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..common import (add_method_args, add_model_arg, add_runtime_args, add_scheme_or_plan,
-                      apply_convention, apply_methods, drive, fmt_bytes, open_model_arg, plan_from_args,
-                      print_fallback_summary, print_json)
+                      apply_convention, apply_methods, drive, fmt_bytes, open_model_arg,
+                      plan_from_args, print_convention, print_fallback_summary, print_json)
 
 
 def register(sub) -> None:
@@ -24,6 +24,7 @@ def run(args) -> int:
     plan, conv = apply_convention(args, model, plan, args.target, quiet=args.json)
     plan, model = apply_methods(args, model, plan, args.target, quiet=args.json)
     ev = drive(evaluate(model, plan, runtime=args.target, strict=args.strict), quiet=args.json)
+    print_convention(conv, args.json)
     if args.json:
         out = ev.to_dict()
         out["model"] = model.path

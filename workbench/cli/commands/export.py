@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..common import (add_method_args, add_model_arg, add_runtime_args, add_scheme_or_plan,
                       apply_convention, apply_methods, drive, open_model_arg, plan_from_args,
-                      print_fallback_summary, print_json)
+                      print_convention, print_fallback_summary, print_json)
 
 
 def register(sub) -> None:
@@ -61,8 +61,10 @@ def run(args) -> int:
     plan = plan_from_args(args)
     model = open_model_arg(args)
     if args.check:
-        plan, _ = apply_convention(args, model, plan, format_runtime(args), quiet=args.json)
-        return run_check(args, model, plan)
+        plan, conv = apply_convention(args, model, plan, format_runtime(args), quiet=args.json)
+        rc = run_check(args, model, plan)
+        print_convention(conv, args.json)
+        return rc
     if not args.output:
         from ...errors import WorkbenchError
         raise WorkbenchError("-o/--output is required (or --check to write nothing)")
@@ -92,6 +94,7 @@ def run(args) -> int:
     info = drive(export(model, plan, args.format, args.output, **options), quiet=args.json)
     if conv is not None:
         info["convention"] = conv.to_dict()
+    print_convention(conv, args.json)
     if args.json:
         print_json(info)
         return 0
