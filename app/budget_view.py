@@ -153,8 +153,11 @@ class BudgetPanel(QWidget):
         self.spin.setKeyboardTracking(False)
         self.spin.setDecimals(3)
         self.spin.setSingleStep(0.05)
-        self.spin.setToolTip("Size budget: the plan's bits per weight (or bytes) exactly as "
-                             "`evaluate` counts them; the allocation never exceeds it. Ctrl+B")
+        self.spin.setToolTip("Size budget: the plan's bits per weight over every tensor (or "
+                             "bytes) exactly as `evaluate` counts them, embeddings and norms "
+                             "included (the command line's `allocate --budget-bpw X`; other "
+                             "accountings: `--bpw-over linear`, `--budget-file-bytes`, "
+                             "`--budget-of`); the allocation never exceeds it. Ctrl+B")
         self.unit = QComboBox()
         self.unit.setObjectName("BudgetUnit")
         self.unit.addItems(["bits/weight", "MB"])
@@ -322,7 +325,8 @@ class BudgetPanel(QWidget):
             for s in a.values():
                 kinds[s] = kinds.get(s, 0) + 1
             mix = ", ".join(f"{s}×{c}" for s, c in sorted(kinds.items(), key=lambda kv: -kv[1]))
-            self.result.setText(f"allocated {bpw:.3f} bits/weight ({nb:,d} of {budget:,d} bytes) "
+            self.result.setText(f"allocated {bpw:.3f} bits/weight over every tensor ({nb:,d} of "
+                                f"{budget:,d} bytes as evaluate counts them) "
                                 f"· predicted error {fmt_float(pred)}")
             self.result.setToolTip(mix)
         self.refresh()

@@ -143,6 +143,10 @@ def add_scheme_or_plan(p) -> None:
     g.add_argument("--scheme", help="one scheme for every weight matrix (see `schemes`)")
     g.add_argument("--plan", help="a plan JSON file (see `export --format plan`)")
     add_rule_arg(p)
+    p.add_argument("--quantize-all", action="store_true",
+                   help="--scheme: quantize the embeddings and output head too, instead of "
+                        "following the target runtime's convention for them (llama.cpp: "
+                        "output / tied token embeddings at Q6_K or Q8_0; docs/command-line.md)")
 
 
 def add_rule_arg(p) -> None:
@@ -177,6 +181,24 @@ def plan_from_args(args):
     if rules:   # ahead of the plan's own rules: first match wins
         plan = plan._copy(rules=rules + list(plan.rules))
     return plan
+
+
+def apply_convention(args, model, plan, runtime: str, quiet: bool = False):
+    """(plan, Convention or None): a uniform --scheme plan follows the target runtime's own
+    convention for the embeddings and the output head (workbench.conventions) unless
+    --quantize-all (print_convention says so once the command succeeds)."""
+    if not getattr(args, "scheme", None) or getattr(args, "plan", None) \
+            or getattr(args, "quantize_all", False):
+        return plan, None
+    from ..conventions import apply
+    return apply(plan, model, args.scheme, runtime)
+
+
+def print_convention(conv, quiet: bool = False) -> None:
+    """The convention's one line on stderr, once the command has succeeded (an error stays one
+    line), where it changed a tensor (vLLM / ONNX Runtime: their rules keep them anyway)."""
+    if conv is not None and conv.rules and not quiet:
+        print(f"convention: {conv.line()}", file=sys.stderr)
 
 
 def fmt_bytes(n: float) -> str:

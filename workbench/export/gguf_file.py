@@ -566,22 +566,25 @@ def _remote_task(sig, fn_name: str, item: _Item, *rest):
     return globals()[fn_name](model, item, *rest)
 
 
-@register_exporter("gguf", ".gguf",
-                   "GGUF for llama.cpp: F32/F16/BF16 and GGML block types (q4_0 ... q6_k, iq4_nl) "
-                   "per the plan; metadata copied from a GGUF source")
-def export_gguf(model, plan, out_path, strict: bool = False, executor=None):
-    import gguf
-    from concurrent.futures import ThreadPoolExecutor
+@dataclass
+class _Prepared:
+    """What export_gguf decides before it writes: the items in file order and their source."""
+    items: list
+    dropped: list
+    decisions: dict
+    hf: object
+    not_runnable: str | None
+    from_gguf: bool
+    reader: object
+    arch: str
+    source_ftype: int | None
 
-    from ..runtimes import check_strict, plan_decisions, summarize
-    from .gguf_arch import extra_tensors, hf_target, name_breaks_loading, refuses, \
-        write_hparams, write_tokenizer
-    target = Path(out_path)
-    directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        raise WorkbenchError("output folder does not exist", path=str(target))
+
+def _prepare(model, plan, strict: bool = False) -> _Prepared:
+    """The tensors a GGUF export of `plan` writes (raises before anything is written)."""
+    from ..runtimes import check_strict, plan_decisions
+    from .gguf_arch import extra_tensors, hf_target, refuses
     from_gguf = model.format == "gguf" and model.source is not None
-    yield Progress(0, 1, "checking the plan")
     decisions = plan_decisions(model, plan, "llama.cpp")
     if strict:
         check_strict(decisions.values(), path=model.path)
@@ -600,10 +603,7 @@ def export_gguf(model, plan, out_path, strict: bool = False, executor=None):
         for name, arr in extra_tensors(hf):
             items.append(_Item(name, name, tuple(arr.shape), "F32", arr.nbytes, "extra", KEEP,
                                data=np.ascontiguousarray(arr, np.float32)))
-    summary = summarize(d for n, d in decisions.items() if n not in dropped)
     reader = model.source if from_gguf else None
-    reader_tensors = {t.name: t for t in reader.tensors} if reader is not None else {}
-
     if reader is not None:
         arch_field = reader.fields.get("general.architecture")
         arch = arch_field.contents() if arch_field is not None and isinstance(
@@ -615,51 +615,118 @@ def export_gguf(model, plan, out_path, strict: bool = False, executor=None):
         arch, source_ftype = hf.arch_name, None
     else:
         arch, source_ftype = ARCH_FOR_NON_GGUF, None
+    return _Prepared(items, dropped, decisions, hf, not_runnable, from_gguf, reader, arch,
+                     source_ftype)
+
+
+def _write_head(writer, model, plan, prep: _Prepared):
+    """Key/values and tensor infos of the export (not yet written to the file):
+    (skipped keys, vocabulary size, a note on general.name, file type)."""
+    from .gguf_arch import name_breaks_loading, write_hparams, write_tokenizer
+    hf, reader, items = prep.hf, prep.reader, prep.items
+    skipped: list[str] = []
+    n_vocab = None
+    name_note = None
+    if reader is not None:
+        align = reader.fields.get("general.alignment")
+        if align is not None and align.types:
+            writer.add_custom_alignment(int(align.value))
+        skipped = _copy_fields(writer, reader)
+    else:
+        model_name = (Path(model.path).stem if Path(model.path).is_file()
+                      else Path(model.path).name).encode("utf-8", "replace").decode()
+        if hf is None:
+            writer.add_name(model_name)
+        if hf is not None:
+            import logging
+            vocab_log = logging.getLogger("gguf.vocab")
+            level = vocab_log.level
+            vocab_log.setLevel(logging.ERROR)  # "No handler for special token type cls"
+            try:
+                write_hparams(writer, hf)
+                n_vocab = write_tokenizer(writer, hf)
+            finally:
+                vocab_log.setLevel(level)
+            why = name_breaks_loading(model_name, hf)
+            if why is None:
+                writer.add_name(model_name)
+            else:
+                name_note = why
+        if model.metadata:
+            writer.add_string("quant_workbench.source_metadata",
+                              json.dumps({str(k): str(v) for k, v in model.metadata.items()}))
+    writer.add_string("quant_workbench.source_format", model.format)
+    writer.add_string(PLAN_KEY, plan.to_json())
+    file_type = _file_type(items, prep.source_ftype)
+    writer.add_file_type(file_type)
+    writer.add_quantization_version(QUANTIZATION_VERSION)
+    for it in items:
+        writer.add_tensor_info(it.out, it.shape, np.dtype(np.float32), it.nbytes,
+                               raw_dtype=_gtype(it.gtype))
+    return skipped, n_vocab, name_note, file_type
+
+
+def layout_bytes(model, plan) -> dict:
+    """The size of the GGUF file `export_gguf` would write for `plan`, without quantizing
+    anything: the header (key/values, the plan's JSON, tensor infos) written to a scratch
+    file, and each tensor's bytes padded to the alignment as the export pads them.
+    {"file": total, "header": header bytes padded, "tensors": {source name: padded bytes}}."""
+    prep = _prepare(model, plan)
+    fd, tmp = tempfile.mkstemp(suffix=".gguf")
+    os.close(fd)
+    writer = None
+    try:
+        writer = _fast_writer_class()(tmp, prep.arch)
+        _write_head(writer, model, plan, prep)
+        writer.write_header_to_file(Path(tmp))
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        fout = writer.fout[0]
+        fout.flush()
+        align = writer.data_alignment
+        head = fout.tell()
+        writer.close()
+        writer = None
+    finally:
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    head += -head % align
+    per: dict[str, int] = {}
+    for it in prep.items:
+        per[it.name] = per.get(it.name, 0) + it.nbytes + (-it.nbytes % align)
+    return {"file": head + sum(per.values()), "header": head, "tensors": per,
+            "dropped": list(prep.dropped), "alignment": align}
+
+
+@register_exporter("gguf", ".gguf",
+                   "GGUF for llama.cpp: F32/F16/BF16 and GGML block types (q4_0 ... q6_k, iq4_nl) "
+                   "per the plan; metadata copied from a GGUF source")
+def export_gguf(model, plan, out_path, strict: bool = False, executor=None):
+    import gguf
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..runtimes import summarize
+    target = Path(out_path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise WorkbenchError("output folder does not exist", path=str(target))
+    yield Progress(0, 1, "checking the plan")
+    prep = _prepare(model, plan, strict)
+    items, dropped, decisions, hf = prep.items, prep.dropped, prep.decisions, prep.hf
+    from_gguf, reader, arch, not_runnable = prep.from_gguf, prep.reader, prep.arch, \
+        prep.not_runnable
+    summary = summarize(d for n, d in decisions.items() if n not in dropped)
+    reader_tensors = {t.name: t for t in reader.tensors} if reader is not None else {}
 
     fd, tmp = make_temp(target)
     os.close(fd)
     writer = None
     try:
         writer = _fast_writer_class()(tmp, arch)
-        skipped: list[str] = []
-        n_vocab = None
-        name_note = None
-        if reader is not None:
-            align = reader.fields.get("general.alignment")
-            if align is not None and align.types:
-                writer.add_custom_alignment(int(align.value))
-            skipped = _copy_fields(writer, reader)
-        else:
-            model_name = (Path(model.path).stem if Path(model.path).is_file()
-                          else Path(model.path).name).encode("utf-8", "replace").decode()
-            if hf is None:
-                writer.add_name(model_name)
-            if hf is not None:
-                import logging
-                vocab_log = logging.getLogger("gguf.vocab")
-                level = vocab_log.level
-                vocab_log.setLevel(logging.ERROR)  # "No handler for special token type cls"
-                try:
-                    write_hparams(writer, hf)
-                    n_vocab = write_tokenizer(writer, hf)
-                finally:
-                    vocab_log.setLevel(level)
-                why = name_breaks_loading(model_name, hf)
-                if why is None:
-                    writer.add_name(model_name)
-                else:
-                    name_note = why
-            if model.metadata:
-                writer.add_string("quant_workbench.source_metadata",
-                                  json.dumps({str(k): str(v) for k, v in model.metadata.items()}))
-        writer.add_string("quant_workbench.source_format", model.format)
-        writer.add_string(PLAN_KEY, plan.to_json())
-        file_type = _file_type(items, source_ftype)
-        writer.add_file_type(file_type)
-        writer.add_quantization_version(QUANTIZATION_VERSION)
-        for it in items:
-            writer.add_tensor_info(it.out, it.shape, np.dtype(np.float32), it.nbytes,
-                                   raw_dtype=_gtype(it.gtype))
+        skipped, n_vocab, name_note, file_type = _write_head(writer, model, plan, prep)
         writer.write_header_to_file(Path(tmp))
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()

@@ -1,4 +1,5 @@
-"""`quant-workbench allocate [MODEL] (--budget-bpw X | --budget-bytes N) [--schemes ..]
+"""`quant-workbench allocate [MODEL] (--budget-bpw X [--bpw-over all|linear] | --budget-bytes N
+| --budget-file-bytes N | --budget-of FILE) [--schemes ..]
 [--calib F | --imatrix F] [--measure weight|activation|fisher|output] [--samples N] [--target RT]
 [--pin NAME=SCHEME ..] -o PLAN.json [--json]`."""
 
@@ -12,8 +13,23 @@ def register(sub) -> None:
     p = sub.add_parser("allocate", help="best plan (least total sensitivity) within a size budget")
     add_model_arg(p)
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--budget-bpw", type=float, help="bits per weight as evaluate counts them")
-    g.add_argument("--budget-bytes", type=int, help="total bytes as evaluate counts them")
+    g.add_argument("--budget-bpw", type=float,
+                   help="bits per weight over every tensor as evaluate counts them (embeddings, "
+                        "norms, an unused pooler included), or over the Linear weights with "
+                        "--bpw-over linear")
+    g.add_argument("--budget-bytes", type=int,
+                   help="bytes of every tensor as evaluate counts them (no file header)")
+    g.add_argument("--budget-file-bytes", type=int, metavar="N",
+                   help="bytes of the whole file the export writes (GGUF for llama.cpp: header, "
+                        "tokenizer, plan and padding included; solves for --target llama.cpp)")
+    g.add_argument("--budget-of", metavar="FILE",
+                   help="no bigger than an existing file: a .gguf file's size (as "
+                        "--budget-file-bytes) or a .safetensors file's tensor bytes (as "
+                        "--budget-bytes)")
+    p.add_argument("--bpw-over", choices=["all", "linear"], default=None,
+                   help="what --budget-bpw counts: every tensor (all, the default) or the "
+                        "Linear weights only (attention / MLP projections, experts, LM head; "
+                        "the other tensors are kept unless pinned)")
     add_table_args(p, AUTO)
     p.add_argument("--pin", action="append", default=[], metavar="NAME=SCHEME",
                    help="keep a tensor at a scheme (repeatable); NAME may be a moe: selector "
@@ -49,6 +65,9 @@ def run(args) -> int:
     from ...evaluate import evaluate
     from ...progress import run as run_job
     from ...schemes import get_scheme
+    from ... import budget as budgets
+    budget = budgets.from_args(args)   # bad numbers and unreadable files before anything else
+    args.target = budgets.file_target(budget, args.target)
     schemes = parse_schemes(args.schemes, args.target)
     pins = {}
     for item in args.pin:
@@ -66,21 +85,24 @@ def run(args) -> int:
     # an impossible budget is refused from the shapes alone, before anything is measured
     from ...sensitivity import below_smallest_message, size_floor
     cheapest, params = size_floor(model, schemes, args.target, pins)
-    want = args.budget_bytes if args.budget_bytes is not None else \
-        int(args.budget_bpw * params / 8.0 + 1e-9)
-    if cheapest > want:
+    want = int(budget.value) if budget.kind == "bytes" else int(budget.value * params / 8.0 + 1e-9)
+    if (budget.kind == "bytes" or (budget.kind == "bpw" and budget.over == "all")) \
+            and cheapest > want:
         raise WorkbenchError(below_smallest_message(model, want, cheapest, params, schemes,
                                                     args.target), path=model.path)
     t0 = time.perf_counter()
     table = table_from_args(args, model, schemes, pins, quiet=args.json)
     t1 = time.perf_counter()
-    budget = table.budget_bytes(args.budget_bytes, args.budget_bpw)
-    plan, sol = table.solve(budget, pins)
+    plan, sol, cap = budgets.solve(model, table, budget, pins)
     t2 = time.perf_counter()
     plan.save(args.output)
     ev = run_job(evaluate(model, plan, runtime=args.target))
     t = ev.totals
-    out = {"output": args.output, "budget_bytes": budget, "bytes": t.bytes_after,
+    acc = budgets.accounting(model, ev, args.target, plan)
+    out = {"output": args.output, "budget_bytes": cap,
+           "budget": {**budget.to_dict(), "bytes": cap}, "accounting": acc,
+           "bits_per_weight_linear": acc["bits_per_weight_linear"],
+           "bytes": t.bytes_after,
            "bits_per_weight": t.bits_per_weight, "sqnr_db": t.sqnr_db,
            "measure": args.measure, "measure_reason": getattr(args, "measure_reason", "given"),
            "candidates": schemes, "predicted": sol.error, "exact": sol.exact,
@@ -90,8 +112,14 @@ def run(args) -> int:
     if args.json:
         print_json(out)
     else:
-        print(f"wrote {args.output}: {t.bytes_after:,d} bytes (budget {budget:,d}), "
-              f"{t.bits_per_weight:.3f} bits/weight, model SQNR {t.sqnr_db:.2f} dB")
+        print(f"wrote {args.output}: budget {budget.describe()} = {cap:,d} bytes")
+        fb = acc.get("file_bytes")
+        lb = acc["bits_per_weight_linear"]
+        print(f"  {t.bytes_after:,d} bytes of tensors, {t.bits_per_weight:.3f} bits/weight over "
+              f"every tensor, " + (f"{lb:.3f} over the Linear weights" if lb is not None
+                                   else "no Linear weights")
+              + (f", {fb['format']} file {fb['bytes']:,d} bytes" if fb else "")
+              + f"; model SQNR {t.sqnr_db:.2f} dB")
         print(f"  {args.measure} sensitivity ({out['measure_reason']}) total {sol.error:.6g} "
               f"({'optimal' if sol.exact else f'lower bound {sol.bound:.6g}'}); "
               f"solved in {1000 * (t2 - t1):.1f} ms")

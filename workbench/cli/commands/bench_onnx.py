@@ -5,7 +5,8 @@ float against quantized ONNX Runtime latency on this CPU in one run, and the fil
 
 from __future__ import annotations
 
-from ..common import (add_method_args, add_model_arg, add_scheme_or_plan, apply_methods, drive,
+from ..common import (add_method_args, add_model_arg, add_scheme_or_plan, apply_convention,
+                      apply_methods, drive,
                       fmt_bytes, open_model_arg, plan_from_args, print_json)
 
 
@@ -41,6 +42,7 @@ def run(args) -> int:
         raise WorkbenchError("--threads must be at least 1")
     plan = plan_from_args(args)
     model = open_model_arg(args)
+    plan, _ = apply_convention(args, model, plan, "onnxruntime", quiet=args.json)
     if args.activations:
         from ...methods.apply import activation_ranges
         from ...runtimes import plan_decisions

@@ -7,7 +7,8 @@ transformers model (workbench.onnx_check); the figures are the same, against the
 
 from __future__ import annotations
 
-from ..common import (add_method_args, add_model_arg, add_scheme_or_plan, apply_methods, drive,
+from ..common import (add_method_args, add_model_arg, add_scheme_or_plan, apply_convention,
+                      apply_methods, drive, print_convention,
                       open_model_arg, plan_from_args, print_json)
 
 
@@ -57,6 +58,7 @@ def run(args) -> int:
         raise WorkbenchError("--accuracy-level, --activations and --save-onnx need --runtime "
                              "onnxruntime")
     target = args.target or ("onnxruntime" if onnx else "any")
+    plan, conv = apply_convention(args, model, plan, target, quiet=args.json)
     if args.activations:
         from ...methods.apply import activation_ranges
         from ...runtimes import plan_decisions
@@ -73,17 +75,20 @@ def run(args) -> int:
         res = drive(check_onnx(mm, plan, args.held_out or args.calib, args.samples,
                                accuracy_level=args.accuracy_level, keep_path=args.save_onnx),
                     quiet=args.json)
-        return _print(args, res)
+        return _print(args, res, conv)
     weights = None
     if mm is not model or args.method or target != "any":   # (--method rtn: same fallbacks)
         from ...methods.apply import runner_weights
         weights = runner_weights(mm, plan, target)
     res = drive(check(model, plan, args.held_out or args.calib, args.samples, weights=weights),
                 quiet=args.json)
-    return _print(args, res)
+    return _print(args, res, conv)
 
 
-def _print(args, res) -> int:
+def _print(args, res, conv=None) -> int:
+    print_convention(conv, args.json)
+    if conv is not None and args.json:
+        res = {**res, "convention": conv.to_dict()}
     if args.json:
         print_json(res)
         return 0

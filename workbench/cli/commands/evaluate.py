@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..common import (add_method_args, add_model_arg, add_runtime_args, add_scheme_or_plan,
-                      apply_methods, drive, fmt_bytes, open_model_arg, plan_from_args,
-                      print_fallback_summary, print_json)
+                      apply_convention, apply_methods, drive, fmt_bytes, open_model_arg,
+                      plan_from_args, print_convention, print_fallback_summary, print_json)
 
 
 def register(sub) -> None:
@@ -23,14 +23,18 @@ def run(args) -> int:
     from ...evaluate import evaluate
     plan = plan_from_args(args)
     model = open_model_arg(args)
+    plan, conv = apply_convention(args, model, plan, args.target, quiet=args.json)
     plan, model = apply_methods(args, model, plan, args.target, quiet=args.json)
     from ..common import executor_of
     ev = drive(evaluate(model, plan, runtime=args.target, strict=args.strict,
                         executor=executor_of(args)), quiet=args.json)
+    print_convention(conv, args.json)
     if args.json:
         out = ev.to_dict()
         out["model"] = model.path
         out["plan"] = plan.to_dict()
+        if conv is not None:
+            out["convention"] = conv.to_dict()
         print_json(out)
         return 0
     print(f"{'name':<52} {'scheme':<16} {'method':<7} {'bits/w':>7} {'bytes':>11} {'rel_rmse':>9} "

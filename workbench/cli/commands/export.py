@@ -6,8 +6,8 @@
 from __future__ import annotations
 
 from ..common import (add_method_args, add_model_arg, add_runtime_args, add_scheme_or_plan,
-                      apply_methods, drive, open_model_arg, plan_from_args,
-                      print_fallback_summary, print_json)
+                      apply_convention, apply_methods, drive, open_model_arg, plan_from_args,
+                      print_convention, print_fallback_summary, print_json)
 
 
 def register(sub) -> None:
@@ -63,11 +63,15 @@ def run(args) -> int:
     plan = plan_from_args(args)
     model = open_model_arg(args)
     if args.check:
-        return run_check(args, model, plan)
+        plan, conv = apply_convention(args, model, plan, format_runtime(args), quiet=args.json)
+        rc = run_check(args, model, plan)
+        print_convention(conv, args.json)
+        return rc
     if not args.output:
         from ...errors import WorkbenchError
         raise WorkbenchError("-o/--output is required (or --check to write nothing)")
     runtime = format_runtime(args)
+    plan, conv = apply_convention(args, model, plan, runtime, quiet=args.json)
     if args.accuracy_level is not None and args.format != "onnx":
         from ...errors import WorkbenchError
         raise WorkbenchError("--accuracy-level is an onnx option (MatMulNBits accuracy_level)")
@@ -93,6 +97,9 @@ def run(args) -> int:
     if args.accuracy_level is not None:
         options["accuracy_level"] = args.accuracy_level
     info = drive(export(model, plan, args.format, args.output, **options), quiet=args.json)
+    if conv is not None:
+        info["convention"] = conv.to_dict()
+    print_convention(conv, args.json)
     if args.json:
         print_json(info)
         return 0
