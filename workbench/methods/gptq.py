@@ -71,6 +71,27 @@ def inverse_cholesky_upper(H) -> np.ndarray:
     return U.numpy()
 
 
+def hessian_factor(H, w, damp: float = 0.01, tensor=None):
+    """(W float64 with dead columns zeroed, U, dead mask, diag of the damped H): what GPTQ
+    computes once per weight and Hessian, whatever the scheme. Pass it as ``factor=`` to
+    `GPTQ.quantize` to quantize one weight under several schemes without refactoring H (the
+    allocator's (scheme, method) pairs: workbench.allocate_methods); W is not modified."""
+    Hd, W, dead = prepare_hessian(H, w, damp)
+    hdiag = np.diag(Hd).copy()
+    try:
+        box = [Hd]
+        del Hd
+        U = inverse_cholesky_upper(box)
+    except Exception:  # noqa: BLE001  (not positive definite even after dampening)
+        H2, W, dead = prepare_hessian(H, w, damp * 10)
+        try:
+            U = inverse_cholesky_upper(H2)
+        except Exception:  # noqa: BLE001
+            raise WorkbenchError("GPTQ: the calibration Hessian is not positive definite",
+                                 tensor=tensor) from None
+    return W, U, dead, hdiag
+
+
 class _IntColumns:
     """Column rounding for an integer scheme with qparams at group starts."""
 
@@ -206,21 +227,12 @@ class GPTQ(Method):
         return f"method gptq supports the integer and GGML schemes, not {scheme.name}"
 
     def _quantize(self, w, scheme, stats, *, tensor=None, damp: float = 0.01,
-                  act_order: bool = False, block: int = BLOCK, **opts):
+                  act_order: bool = False, block: int = BLOCK, factor=None, **opts):
         rows, cols = w.shape
-        H, W, dead = prepare_hessian(stats.H, w, damp)
-        hdiag = np.diag(H).copy()
-        try:
-            box = [H]
-            del H
-            U = inverse_cholesky_upper(box)
-        except Exception:  # noqa: BLE001  (not positive definite even after dampening)
-            H2, W, dead = prepare_hessian(stats.H, w, damp * 10)
-            try:
-                U = inverse_cholesky_upper(H2)
-            except Exception:  # noqa: BLE001
-                raise WorkbenchError("GPTQ: the calibration Hessian is not positive definite",
-                                     tensor=tensor) from None
+        if factor is None:
+            factor = hessian_factor(stats.H, w, damp, tensor)
+        W, U, dead, hdiag = factor
+        W = W.copy()
         meta = {"method": self.name}
         if intq.is_int(scheme):
             order = None

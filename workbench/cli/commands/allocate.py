@@ -1,6 +1,6 @@
 """`quant-workbench allocate [MODEL] (--budget-bpw X | --budget-bytes N) [--schemes ..]
 [--calib F | --imatrix F] [--measure weight|activation|fisher|output] [--samples N] [--target RT]
-[--pin NAME=SCHEME ..] -o PLAN.json [--json]`."""
+[--pin NAME=SCHEME ..] [--methods auto|M,..] -o PLAN.json [--json]`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ def register(sub) -> None:
                    help="keep a tensor at a scheme (repeatable); NAME may be a moe: selector "
                         "(moe:experts.down@5, moe:router; docs/moe.md) for every tensor it "
                         "addresses")
+    p.add_argument("--methods", default="auto", metavar="M[,M..]",
+                   help="quantization methods weighed per tensor with each scheme (rtn, "
+                        "imatrix, gptq; docs/methods.md): auto (the default) weighs all three "
+                        "when the measure is fisher/activation/output and the model runs on "
+                        "the calibration text, else rtn; 'rtn' gives the scheme-only plan")
     p.add_argument("-o", "--output", required=True, help="plan JSON to write")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -73,9 +78,12 @@ def run(args) -> int:
                                                     args.target), path=model.path)
     t0 = time.perf_counter()
     table = table_from_args(args, model, schemes, pins, quiet=args.json)
+    from ...allocate_methods import method_counts, plan_with_methods, weigh_methods
+    mstat = weigh_methods(args, model, table, quiet=args.json)
     t1 = time.perf_counter()
     budget = table.budget_bytes(args.budget_bytes, args.budget_bpw)
     plan, sol = table.solve(budget, pins)
+    plan = plan_with_methods(plan, table, model)
     t2 = time.perf_counter()
     plan.save(args.output)
     ev = run_job(evaluate(model, plan, runtime=args.target))
@@ -86,7 +94,9 @@ def run(args) -> int:
            "candidates": schemes, "predicted": sol.error, "exact": sol.exact,
            "bound": sol.bound, "target": args.target,
            "seconds": {"sensitivity": t1 - t0, "solve": t2 - t1},
-           "schemes": {s: sum(1 for r in ev.tensors.values() if r.scheme == s) for s in schemes}}
+           "schemes": {s: sum(1 for r in ev.tensors.values() if r.scheme == s) for s in schemes},
+           "methods": method_counts(plan, table, model), "methods_weighed": mstat["methods"]}
+    out["seconds"]["methods"] = mstat.get("seconds", 0.0)
     if args.json:
         print_json(out)
     else:
@@ -96,4 +106,8 @@ def run(args) -> int:
               f"({'optimal' if sol.exact else f'lower bound {sol.bound:.6g}'}); "
               f"solved in {1000 * (t2 - t1):.1f} ms")
         print("  " + ", ".join(f"{s}: {c}" for s, c in out["schemes"].items() if c))
+        print("  methods: " + ", ".join(f"{m}: {c}" for m, c in out["methods"].items())
+              + f" (weighed {', '.join(mstat['methods'])}"
+              + (f"; {mstat['pairs']} pairs in {mstat['seconds']:.1f} s)" if mstat.get("pairs")
+                 else ")"))
     return 0
