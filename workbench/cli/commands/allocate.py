@@ -55,6 +55,8 @@ def run(args) -> int:
     from ...progress import run as run_job
     from ...schemes import get_scheme
     schemes = parse_schemes(args.schemes, args.target)
+    from ...allocate_methods import parse_methods
+    parse_methods(args.methods)          # a bad --methods is refused before anything is measured
     pins = {}
     for item in args.pin:
         if "=" not in item:
