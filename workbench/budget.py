@@ -159,22 +159,25 @@ def _file_table(model, table, plan):
     return replace(table, bytes=nbytes, fixed_bytes=fixed), lay
 
 
-def solve(model, table, budget: Budget, pins: dict | None = None):
-    """(Plan, allocate.Solution, the budget in bytes of what it counts) for `budget`."""
+def solve(model, table, budget: Budget, pins: dict | None = None, finish=None):
+    """(Plan, allocate.Solution, the budget in bytes of what it counts) for `budget`.
+    `finish(plan)`: the plan as it will be written (each tensor's method on its rule), applied
+    before a file budget measures the file (the plan's JSON is in the GGUF header)."""
     pins = dict(pins or {})
+    finish = finish or (lambda p: p)
     if budget.kind == "bytes":
         cap = int(budget.value)
         plan, sol = table.solve(cap, pins)
-        return plan, sol, cap
+        return finish(plan), sol, cap
     if budget.kind == "bpw" and budget.over == "all":
         cap = table.budget_bytes(None, budget.value)
         plan, sol = table.solve(cap, pins)
-        return plan, sol, cap
+        return finish(plan), sol, cap
     if budget.kind == "bpw":
         t, p = _linear_table(model, table, pins)
         cap = t.budget_bytes(None, budget.value)
         plan, sol = t.solve(cap, p)
-        return plan, sol, cap
+        return finish(plan), sol, cap
     # a file: solve, measure the file the plan gives, tighten by the excess, again
     from .export.gguf_file import layout_bytes
     cap = int(budget.value)
@@ -187,6 +190,7 @@ def solve(model, table, budget: Budget, pins: dict | None = None):
     want = cap
     for _ in range(6):
         plan, sol = t.solve(want, pins)
+        plan = finish(plan)
         size = layout_bytes(model, plan)["file"]
         if size <= cap:
             return plan, sol, cap

@@ -531,6 +531,9 @@ class SensitivityTable:
     groups: list = field(default_factory=list)
     #: {expert tensor: fraction of calibration tokens routed to it} the values were weighted by
     usage: dict = field(default_factory=dict)
+    #: {(name, scheme): method} where a method other than rtn gave the value
+    #: (workbench.allocate_methods; absent pairs are rtn)
+    methods: dict = field(default_factory=dict)
 
     def value(self, name: str, scheme: str) -> float:
         return self.values[(name, scheme)]

@@ -35,7 +35,11 @@ def test_default_allocation_at_4_5_bpw_beats_every_uniform_plan_that_fits(
     lines = DEFAULT_CALIB.read_text().splitlines()
     held = tmp_path / "held-out.txt"                          # not the 64 calibration lines
     held.write_text("\n".join(lines[64:160]) + "\n")
-    alloc = run(check(minilm, Plan.load(out), held))["cosine_mean"]
+    # the plan's methods applied as `check --plan` applies them (shipped calibration text)
+    from workbench.methods.apply import prepare, runner_weights
+    plan = Plan.load(out)
+    mm = run(prepare(minilm, plan))
+    alloc = run(check(minilm, plan, held, weights=runner_weights(mm, plan)))["cosine_mean"]
     uniform = {}
     for s in res["candidates"]:
         bpw = run(evaluate(minilm, Plan(default=s))).totals.bits_per_weight

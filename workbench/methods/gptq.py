@@ -71,6 +71,18 @@ def inverse_cholesky_upper(H) -> np.ndarray:
     return U.numpy()
 
 
+def hessian_factor(H, w, damp: float = 0.01, tensor=None):
+    """(W float64 with dead columns zeroed, U, dead mask, diag of the damped H): what GPTQ
+    computes once per weight and Hessian, whatever the scheme. Pass it as ``factor=`` to
+    `GPTQ.quantize` to quantize one weight under several schemes (the allocator's (scheme,
+    method) pairs: workbench.allocate_methods); W is not modified. The factor of the last
+    Hessian is kept (`GPTQ._factor`), so row chunks of one tensor factor it once."""
+    U, dead, hdiag = GPTQ._factor(H, damp, tensor)
+    W = np.array(w, dtype=np.float64, copy=True)
+    W[:, dead] = 0.0
+    return W, U, dead, hdiag
+
+
 class _IntColumns:
     """Column rounding for an integer scheme with qparams at group starts."""
 
@@ -207,7 +219,8 @@ class GPTQ(Method):
 
     _factor_cache: tuple | None = None     # ((id of H, damp), weakref to H, (U, dead, hdiag))
 
-    def _factor(self, Hsrc, damp: float, tensor=None):
+    @staticmethod
+    def _factor(Hsrc, damp: float, tensor=None):
         """(U, dead-column mask, diag of the damped H) for Hessian `Hsrc`. The last one is kept:
         the row chunks of a big tensor (workbench.streaming) and the projections that share
         an input (q/k/v, gate/up) reuse it instead of factoring an in x in matrix again (an
@@ -253,11 +266,12 @@ class GPTQ(Method):
         GPTQ._factor_cache = None
 
     def _quantize(self, w, scheme, stats, *, tensor=None, damp: float = 0.01,
-                  act_order: bool = False, block: int = BLOCK, **opts):
+                  act_order: bool = False, block: int = BLOCK, factor=None, **opts):
         rows, cols = w.shape
-        U, dead, hdiag = self._factor(stats.H, damp, tensor)
-        W = np.array(w, dtype=np.float64, copy=True)
-        W[:, dead] = 0.0
+        if factor is None:
+            factor = hessian_factor(stats.H, w, damp, tensor)
+        W, U, dead, hdiag = factor
+        W = W.copy()
         meta = {"method": self.name}
         if intq.is_int(scheme):
             order = None

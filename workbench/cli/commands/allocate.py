@@ -1,7 +1,7 @@
 """`quant-workbench allocate [MODEL] (--budget-bpw X [--bpw-over all|linear] | --budget-bytes N
 | --budget-file-bytes N | --budget-of FILE) [--schemes ..]
 [--calib F | --imatrix F] [--measure weight|activation|fisher|output] [--samples N] [--target RT]
-[--pin NAME=SCHEME ..] -o PLAN.json [--json]`."""
+[--pin NAME=SCHEME ..] [--methods auto|M,..] -o PLAN.json [--json]`."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ def register(sub) -> None:
                    help="keep a tensor at a scheme (repeatable); NAME may be a moe: selector "
                         "(moe:experts.down@5, moe:router; docs/moe.md) for every tensor it "
                         "addresses")
+    p.add_argument("--methods", default="auto", metavar="M[,M..]",
+                   help="quantization methods weighed per tensor with each scheme (rtn, "
+                        "imatrix, gptq; docs/methods.md): auto (the default) weighs all three "
+                        "when the measure is fisher/activation/output and the model runs on "
+                        "the calibration text, else rtn; 'rtn' gives the scheme-only plan")
     p.add_argument("-o", "--output", required=True, help="plan JSON to write")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -69,6 +74,8 @@ def run(args) -> int:
     budget = budgets.from_args(args)   # bad numbers and unreadable files before anything else
     args.target = budgets.file_target(budget, args.target)
     schemes = parse_schemes(args.schemes, args.target)
+    from ...allocate_methods import parse_methods
+    parse_methods(args.methods)          # a bad --methods is refused before anything is measured
     pins = {}
     for item in args.pin:
         if "=" not in item:
@@ -92,8 +99,12 @@ def run(args) -> int:
                                                     args.target), path=model.path)
     t0 = time.perf_counter()
     table = table_from_args(args, model, schemes, pins, quiet=args.json)
+    from ...allocate_methods import method_counts, plan_with_methods, weigh_methods
     t1 = time.perf_counter()
-    plan, sol, cap = budgets.solve(model, table, budget, pins)
+    mstat = weigh_methods(args, model, table, quiet=args.json)
+    t1m = time.perf_counter()     # the solve is timed from here
+    plan, sol, cap = budgets.solve(model, table, budget, pins,
+                                   finish=lambda p: plan_with_methods(p, table, model))
     t2 = time.perf_counter()
     plan.save(args.output)
     ev = run_job(evaluate(model, plan, runtime=args.target))
@@ -107,8 +118,10 @@ def run(args) -> int:
            "measure": args.measure, "measure_reason": getattr(args, "measure_reason", "given"),
            "candidates": schemes, "predicted": sol.error, "exact": sol.exact,
            "bound": sol.bound, "target": args.target,
-           "seconds": {"sensitivity": t1 - t0, "solve": t2 - t1},
-           "schemes": {s: sum(1 for r in ev.tensors.values() if r.scheme == s) for s in schemes}}
+           "seconds": {"sensitivity": t1 - t0, "solve": t2 - t1m},
+           "schemes": {s: sum(1 for r in ev.tensors.values() if r.scheme == s) for s in schemes},
+           "methods": method_counts(plan, table, model), "methods_weighed": mstat["methods"]}
+    out["seconds"]["methods"] = mstat.get("seconds", 0.0)
     if args.json:
         print_json(out)
     else:
@@ -122,6 +135,10 @@ def run(args) -> int:
               + f"; model SQNR {t.sqnr_db:.2f} dB")
         print(f"  {args.measure} sensitivity ({out['measure_reason']}) total {sol.error:.6g} "
               f"({'optimal' if sol.exact else f'lower bound {sol.bound:.6g}'}); "
-              f"solved in {1000 * (t2 - t1):.1f} ms")
+              f"solved in {1000 * (t2 - t1m):.1f} ms")
         print("  " + ", ".join(f"{s}: {c}" for s, c in out["schemes"].items() if c))
+        print("  methods: " + ", ".join(f"{m}: {c}" for m, c in out["methods"].items())
+              + f" (weighed {', '.join(mstat['methods'])}"
+              + (f"; {mstat['pairs']} pairs in {mstat['seconds']:.1f} s)" if mstat.get("pairs")
+                 else ")"))
     return 0

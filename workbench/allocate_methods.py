@@ -1,0 +1,243 @@
+"""The method as a dimension of the allocation: (scheme, method) pairs per tensor.
+
+A tensor stored under one scheme takes the same bytes whatever method chose its codes (rtn,
+imatrix, gptq), so the knapsack over (scheme, method) pairs is the knapsack over schemes with
+each scheme's value the least over its methods. Per Linear weight and scheme the allocator
+therefore needs each method's error on one scale; all of them come from one calibration pass
+(``methods.apply.collect_stats``: C = E[x xᵀ], the layer input's second-moment matrix, = H/2 of
+GPTQ's H) and one quantization per (tensor, applied scheme, method):
+
+    e_m = Σ_i a_i · ΔW_i C ΔW_iᵀ,   ΔW = Ŵ_m − W
+
+the layer's output error with every output row i weighted by a_i: how much a change of that
+output reaches the model's output (the ``fisher`` measure's diagonal summed over the row's
+inputs, a Kronecker-factored Fisher; 1 for the other measures). The full matrix C matters:
+GPTQ's compensation makes errors that cancel through the correlations of the inputs, which a
+diagonal measure (fisher, activation) cannot see — on MiniLM's layer-0 FFN down projection at
+q4_0 GPTQ has 1.8x rtn's diagonal error but 0.085x its full one.
+
+The table's value of a pair is the measure's own value of rtn times e_best / e_rtn, so that
+rtn-only tables (``--methods rtn``) are exactly today's, and a method only lowers a value where
+it lowers the layer's estimated output error. ``SensitivityTable.methods`` records the chosen
+method per (tensor, scheme); `plan_with_methods` writes the chosen tensor's method into the
+plan's rules, and the exporters apply it (``methods.apply.prepare``, on the same calibration
+text: give ``export`` the same ``--calib``).
+
+AWQ is not a candidate: its scale is folded into the op before the layer, shared by every
+tensor reading that input, so its effect on one tensor is not separable from its neighbours'.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import WorkbenchError
+from .plan import KEEP
+from .progress import Progress
+
+#: the methods `allocate` weighs by default when calibration statistics can be collected
+DEFAULT_METHODS = ("rtn", "imatrix", "gptq")
+PAIR_METHODS = ("rtn", "imatrix", "gptq")
+
+
+def parse_methods(text: str | None) -> list[str] | None:
+    """The --methods value: None for "auto", else the validated list (rtn always included:
+    it is the reference every other method's estimate is a ratio to)."""
+    if text is None or text.strip() == "auto":
+        return None
+    out = []
+    for m in (t.strip().lower() for t in text.split(",")):
+        if not m:
+            continue
+        if m not in PAIR_METHODS:
+            extra = " (awq's fold couples the tensors sharing an input: use export --method " \
+                    "awq)" if m == "awq" else ""
+            raise WorkbenchError(f"--methods: unknown or unsupported method {m!r} (choose from "
+                                 f"{', '.join(PAIR_METHODS)}){extra}")
+        out.append(m)
+    return list(dict.fromkeys(["rtn"] + out))
+
+
+def default_methods(measure: str, runnable: bool) -> list[str]:
+    """--methods auto: rtn, imatrix and gptq when the measure weighs the layer outputs (fisher,
+    activation, output) and the model runs on calibration text; rtn otherwise (the ``weight``
+    measure scores the weights themselves, where rtn is already the best)."""
+    if runnable and measure in ("fisher", "activation", "output"):
+        return list(DEFAULT_METHODS)
+    return ["rtn"]
+
+
+def row_weights_from_fisher(model, calib, samples) -> dict:
+    """{name: a_i per output row}: the fisher diagonal summed over each row's inputs (the
+    diagonals `fisher_diagonals` cached for the table are reused)."""
+    from .progress import run
+    from .sensitivity import fisher_diagonals
+    diag, _count = run(fisher_diagonals(model, calib, samples))
+    out = {}
+    for n, f in diag.items():
+        f = np.asarray(f)
+        if f.ndim == 2:
+            out[n] = np.asarray(f, np.float64).sum(1)
+    return out
+
+
+def output_error(dw: np.ndarray, C: np.ndarray, a: np.ndarray | None) -> float:
+    """Σ_i a_i ΔW_i C ΔW_iᵀ (a None: all ones)."""
+    dw = np.asarray(dw, np.float64)
+    q = ((dw @ C) * dw).sum(1)
+    return float(q.sum() if a is None else q @ a)
+
+
+def pair_errors(w: np.ndarray, scheme: str, stats, methods, a=None, tensor=None,
+                factor=None) -> dict:
+    """{method: e_m} for one weight matrix and applied scheme (methods that do not support the
+    scheme are left out; rtn is always there). `factor`: GPTQ's `hessian_factor` of this
+    weight, computed once for all its schemes."""
+    from .evaluate import quantize
+    from .methods.base import get_method
+    from .schemes import get_scheme
+    sch = get_scheme(scheme)
+    C = np.asarray(stats.H, np.float64) / 2.0
+    out = {}
+    for m in methods:
+        if m == "rtn":
+            qt = quantize(w, scheme, tensor=tensor)
+        else:
+            meth = get_method(m)
+            if meth.supports(sch) is not None:
+                continue
+            opts = {"factor": factor} if m == "gptq" and factor is not None else {}
+            qt = meth.quantize(w, sch, stats, tensor=tensor, **opts)
+        wq = np.asarray(sch.dequantize(qt), np.float32).reshape(w.shape)
+        out[m] = output_error(wq - w, C, a)
+    return out
+
+
+def method_pairs(model, table, methods, calib=None, row_weights: dict | None = None,
+                 runtime: str = "any"):
+    """Job: fold the methods into `table` (a SensitivityTable, changed in place): for every
+    Linear weight with calibration statistics and every candidate scheme a method supports,
+    value(n, s) *= e_best / e_rtn and ``table.methods[(n, s)] = best``. Returns a summary
+    dict (tensors, pairs, seconds)."""
+    import time
+
+    from .methods.apply import collect_stats
+    from .progress import subjob
+    table.methods = {}
+    if not [m for m in methods if m != "rtn"]:
+        return {"tensors": 0, "pairs": 0}
+    t0 = time.perf_counter()
+    names = []
+    for n in table.names:
+        info = model.info(n)
+        if info.ndim != 2:
+            continue
+        if any(table.applied.get((n, s), KEEP) not in (KEEP, "fp16", "bf16", "fp32")
+               for s in table.schemes):
+            names.append(n)
+    want_h = True
+    stats = yield from subjob(collect_stats(model, calib, names=names, want_h=want_h,
+                                            keep_rows=0), 0, 30, 100)
+    t1 = time.perf_counter()
+    todo = [n for n in names if n in stats and getattr(stats[n], "H", None) is not None
+            and np.asarray(stats[n].H).shape[0] == model.info(n).matrix_shape[1]]
+    pairs = 0
+    for i, n in enumerate(todo):
+        yield Progress(30 + 70 * i // max(len(todo), 1), 100, f"methods {n}")
+        w = np.ascontiguousarray(model.read_matrix(n), np.float32).reshape(
+            model.info(n).matrix_shape)
+        a = None
+        if row_weights is not None:
+            a = row_weights.get(n)
+            if a is None or len(a) != w.shape[0] or not np.any(a > 0):
+                continue       # the network does not read it: its value is 0 under every pair
+        by_applied: dict[str, dict] = {}
+        factor = None
+        if "gptq" in methods:
+            from .methods.gptq import hessian_factor
+            factor = hessian_factor(stats[n].H, w, tensor=n)
+        for s in [k[1] for k in table.values if k[0] == n]:
+            applied = table.applied.get((n, s), KEEP)
+            if applied in (KEEP, "fp16", "bf16", "fp32") or (n, s) not in table.values:
+                continue
+            if applied not in by_applied:
+                by_applied[applied] = pair_errors(w, applied, stats[n], methods, a, tensor=n,
+                                                  factor=factor)
+                pairs += len(by_applied[applied])
+            errs = by_applied[applied]
+            e_rtn = errs.get("rtn", 0.0)
+            best = min(errs, key=lambda m: (errs[m], m != "rtn"))
+            if best == "rtn" or e_rtn <= 0:
+                continue
+            table.values[(n, s)] *= errs[best] / e_rtn
+            table.methods[(n, s)] = best
+    yield Progress(100, 100, "methods weighed")
+    return {"tensors": len(todo), "pairs": pairs, "seconds_stats": t1 - t0,
+            "seconds_pairs": time.perf_counter() - t1}
+
+
+def plan_with_methods(plan, table, model):
+    """The solved plan with each tensor's chosen method on its exact-name rule (rtn: none)."""
+    from .plan import Rule
+    methods = getattr(table, "methods", None) or {}
+    if not methods:
+        return plan
+    rules = []
+    for r in plan.rules:
+        m = None
+        if not r.is_regex and r.match in model.tensors:
+            info = model.info(r.match)
+            scheme = plan.scheme_and_source(r.match, info.ndim, info.is_float)[0]
+            m = methods.get((r.match, scheme))
+        rules.append(Rule(r.match, r.scheme, r.fallback, m or r.method) if m else r)
+    return plan._copy(rules=rules)
+
+
+def method_counts(plan, table, model) -> dict:
+    """{method: number of tensors with a choice that use it} (tensors kept unquantized count
+    as rtn)."""
+    out = {m: 0 for m in PAIR_METHODS}
+    for n in table.names:
+        m = plan.method_for(n)
+        out[m] = out.get(m, 0) + 1
+    return {m: c for m, c in out.items() if c}
+
+
+def _runnable(model) -> bool:
+    try:
+        from .runner import model_folder
+        return (model_folder(model) / "config.json").is_file()
+    except Exception:   # noqa: BLE001 - not runnable is the answer
+        return False
+
+
+def weigh_methods(args, model, table, quiet: bool = False) -> dict:
+    """The allocate command's step between the table and the solver: resolve --methods and
+    fold the methods into `table` (see `method_pairs`). Returns {"methods": weighed,
+    "pairs", "tensors", "seconds"}."""
+    import sys
+    import time
+
+    from .cli.common import drive
+    t0 = time.perf_counter()
+    methods = parse_methods(getattr(args, "methods", "auto"))
+    auto = methods is None
+    if auto:
+        methods = default_methods(args.measure, not args.imatrix and _runnable(model))
+    if args.imatrix and len(methods) > 1:
+        raise WorkbenchError("--methods other than rtn collect their statistics from the "
+                             "calibration text: give --calib (or nothing), not --imatrix",
+                             path=args.imatrix)
+    if len(methods) == 1:
+        table.methods = {}
+        return {"methods": methods, "pairs": 0, "tensors": 0, "seconds": 0.0}
+    if not quiet:
+        print(f"methods: weighing {', '.join(methods)} per tensor and scheme"
+              + (" (--methods auto)" if auto else ""), file=sys.stderr)
+    rw = row_weights_from_fisher(model, args.calib, args.samples) \
+        if args.measure == "fisher" else None
+    res = drive(method_pairs(model, table, methods, args.calib, rw,
+                             getattr(args, "target", "any")), quiet=quiet)
+    res["methods"] = methods
+    res["seconds"] = time.perf_counter() - t0
+    return res
