@@ -2,7 +2,7 @@
 an importance vector, and the importance-weighted scale (and zero-point) search.
 
 The stored layout is exactly IntAffine's (workbench/schemes/integer.py): packed codes
-(q + 2**(B-1) symmetric, q asymmetric), one scale per block (float16 for groups, float32
+(q + 2**(B-1) symmetric with q in [-2**(B-1), 2**(B-1)-1], q asymmetric), one scale per block (float16 for groups, float32
 per channel/tensor) and for -asym one uint8 zero point per block.
 """
 
@@ -60,9 +60,14 @@ def build(scheme: IntAffine, shape, codes_blocks: np.ndarray, scale: np.ndarray,
 
 
 def qparams_from_range(scheme: IntAffine, lo, hi):
-    """Stored (scale, zero) for a symmetric |range| `hi` (lo None) or an asymmetric [lo, hi]."""
+    """Stored (scale, zero) for a symmetric |range| `hi` (lo None: scale hi / (2**(B-1) - 1), a
+    float16 scale above 65504 held at 65504, so a block the scheme itself can store is never
+    refused here) or an asymmetric [lo, hi]."""
     if lo is None:
-        return scheme._store_scale(np.asarray(hi, F) / F(scheme.qmax)), None
+        s = np.asarray(hi, F) / F(scheme.qmax)
+        if scheme.scale_dtype == np.float16:
+            s = np.minimum(s, F(65504.0))
+        return scheme._store_scale(s), None
     lo = np.minimum(np.asarray(lo, F), 0)
     hi = np.maximum(np.asarray(hi, F), 0)
     scale = scheme._store_scale((hi - lo) / F(scheme.qmax))
@@ -76,7 +81,8 @@ def weighted_qparams(scheme: IntAffine, blocks: np.ndarray, imp: np.ndarray,
 
     Candidates: the scheme's own range (so never worse than its RTN in this measure) shrunk by
     RATIOS (symmetric) or by ASYM_RATIOS at each end (asymmetric), each also refitted by
-    weighted least squares for its codes (symmetric: s = sum imp w q / sum imp q^2)."""
+    weighted least squares for its codes (symmetric: s = sum imp w q / sum imp q^2); symmetric
+    schemes try their own (divisor-searched) RTN scale first."""
     blocks = np.asarray(blocks, F)
     imp = np.asarray(imp, F)
     nb = blocks.shape[0]
@@ -106,6 +112,7 @@ def weighted_qparams(scheme: IntAffine, blocks: np.ndarray, imp: np.ndarray,
             for r2 in ASYM_RATIOS:
                 consider(*qparams_from_range(scheme, lo0 * F(r1), hi0 * F(r2)))
     else:
+        consider(scheme.choose_qparams(blocks)[0], None)
         for r in RATIOS:
             scale, _ = qparams_from_range(scheme, None, hi0 * F(r))
             consider(scale, None)
