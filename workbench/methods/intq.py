@@ -125,3 +125,27 @@ def weighted_qparams(scheme: IntAffine, blocks: np.ndarray, imp: np.ndarray,
     if out_err is not None:
         out_err[:] = best_err
     return best_scale.astype(scheme.scale_dtype), best_zero
+
+
+def weighted_sym_scale(scheme: IntAffine, blocks: np.ndarray, imp: np.ndarray) -> np.ndarray:
+    """The symmetric scheme's own scale candidates (IntAffine.sym_candidates) chosen per block by
+    the importance-weighted squared error sum_j imp_j (w_j - Q(w_j))^2 (imp: one weight per
+    column of the blocks, e.g. GPTQ's diag(H)); ties keep the earlier candidate."""
+    blocks = np.asarray(blocks, F)
+    imp = np.asarray(imp, np.float64).reshape(1, -1)
+    amax = scheme._range_sym(blocks)
+    best_err = np.full(blocks.shape[0], np.inf)
+    best = None
+    for i, cand in enumerate(scheme.sym_candidates(amax)):
+        scale, over = scheme._store_scale_soft(cand)
+        if i == 0 and over.any():
+            scheme._refuse(amax[over])
+        d = (fake(scheme, blocks, scale, None) - blocks).astype(np.float64)
+        err = (d * d * imp).sum(axis=1)
+        err[over] = np.inf
+        if best is None:
+            best = scale.copy()
+        better = err < best_err
+        best_err[better] = err[better]
+        best[better] = scale[better]
+    return best
