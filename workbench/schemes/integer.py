@@ -18,12 +18,14 @@ Symmetric scale (the divisor search): with amax the block's range (max|w|; @p99.
 percentile of |w|), each candidate scale amax / d for d in sym_divisors(B) = P, P + 1/4, ...,
 P + 3 (P = 2**(B-1) - 1: int4 7 ... 10, int8 127 ... 130) is stored (float16/float32, @pot:
 rounded up to a power of two) and the one with the least squared error of the block (float64
-squares of the float32 differences summed in a fixed order, _sq_err; ties: the first) is kept. d = P
-is the former "absmax/qmax" scale, d = P + 1/2 llm-compressor's absmax/7.5, d = P + 1 puts a
-negative extreme exactly on -2**(B-1), larger d clip the extremes when that lowers the error
-(measured on MiniLM int4-g128: P ... P + 3 beat P ... P + 1, see docs/methods.md). @mse adds
-the clipping candidates amax * r / P for r in MSE_RATIOS (1.0 ... 0.5) to the same search. The CPU kernels run the same search
-(kernels/cpu_affine.py); the CUDA path takes these numpy qparams and encodes on the device.
+squares of the float32 differences summed in a fixed order, _sq_err; ties: the first) is kept.
+d = P is the former "absmax/qmax" scale, d = P + 1/2 llm-compressor's absmax/7.5, d = P + 1
+puts a negative extreme exactly on -2**(B-1), larger d clip the extremes when that lowers the
+error (measured on MiniLM int4-g128: P ... P + 3 beat P ... P + 1, see docs/methods.md). @mse
+adds the clipping candidates amax * r / P for r in MSE_RATIOS (1.0 ... 0.5) to the same search.
+The CPU kernels run the same search (kernels/cpu_affine.py: the fused row kernel and
+sym_qparams); per-tensor scales, @p99.9, @mse and @pot take these numpy qparams, and so does
+the CUDA path, which then encodes on the device.
 
 Range (no Inf/NaN from finite input; a refusal names the tensor, never a silent clamp):
   * float16 scales (groups) hold at most 65504: a block whose unclipped candidate amax / P
