@@ -38,11 +38,11 @@ def _reference(W, H, quant_group, G):
 
 
 def _weighted_sym_scale(scheme, cur, h):
-    """Per row, the candidate amax/d (d in the scheme's divisors, stored in its scale dtype)
+    """Per row, the candidate amax/d (d = P, P + 1/4, ..., P + 3, stored in the scale dtype)
     with the least sum_j h_j (w_j - Q(w_j))^2 -- GPTQ's symmetric group scale."""
     amax = np.abs(cur).max(axis=1).astype(np.float32)
     best, best_err = None, None
-    for d in scheme.divisors:
+    for d in scheme.qmax + np.arange(13) / 4:
         sc = (amax / np.float32(d)).astype(scheme.scale_dtype)
         s32 = sc.astype(np.float32)[:, None]
         c = np.clip(np.rint(cur / np.where(s32 > 0, s32, 1)), scheme.qmin, scheme.qmax)

@@ -15,11 +15,12 @@ Computed in float64 (torch). How Q is defined per scheme family:
   (already updated) weights when the first column of the group is reached — the group
   boundaries of the stored format, in natural order; per-channel / per-tensor: from the
   whole matrix at the start. Then every column is rounded on its own with those qparams.
-  Symmetric schemes choose among their own scale candidates (the divisor search of
-  workbench/schemes/integer.py) by the diag(H)-weighted squared error of the group,
-  sum_j H_jj (w_j − Q(w_j))², instead of the plain one (intq.weighted_sym_scale; MiniLM
-  int4-g128 in compressed-tensors: cosine_mean 0.99190 against 0.99109 with the plain error,
-  docs/methods.md); per-tensor scales and -asym keep the scheme's own qparams.
+  Symmetric schemes choose the group scale amax/d, d = P, P + 1/4, ..., P + 3 (the scheme's
+  own divisors P ... P + 1 and clipping ones), by the diag(H)-weighted squared error of the
+  group, sum_j H_jj (w_j − Q(w_j))², instead of the plain one (intq.weighted_sym_scale;
+  MiniLM int4-g128 in compressed-tensors: cosine_mean 0.99190; 0.99064 over P ... P + 1 only,
+  0.99109 over P ... P + 3 by the plain error; docs/methods.md); per-tensor scales and -asym
+  keep the scheme's own qparams.
   ``act_order=True`` processes columns by decreasing diag(H) ("static groups": all groups'
   qparams are chosen from W before any update, so the stored fixed groups stay consistent).
 * GGML block formats: when a block's first column

@@ -127,16 +127,25 @@ def weighted_qparams(scheme: IntAffine, blocks: np.ndarray, imp: np.ndarray,
     return best_scale.astype(scheme.scale_dtype), best_zero
 
 
+#: weighted symmetric search: amax / (P + k/4) for k = 0..12 (P = 2**(B-1) - 1; int4 7 ... 10):
+#: the scheme's own divisors (P ... P + 1) and clipping ones, which the importance weighting
+#: decides (the plain block error alone picked clipping that hurt a causal LM; docs/methods.md)
+WIDE_DIVISOR_STEPS = 12
+
+
 def weighted_sym_scale(scheme: IntAffine, blocks: np.ndarray, imp: np.ndarray) -> np.ndarray:
-    """The symmetric scheme's own scale candidates (IntAffine.sym_candidates) chosen per block by
-    the importance-weighted squared error sum_j imp_j (w_j - Q(w_j))^2 (imp: one weight per
-    column of the blocks, e.g. GPTQ's diag(H)); ties keep the earlier candidate."""
+    """Per block, the symmetric scale amax / d (d = P + k/4, k = 0..WIDE_DIVISOR_STEPS; with
+    @mse also the scheme's clipping ratios) with the least importance-weighted squared error
+    sum_j imp_j (w_j - Q(w_j))^2 (imp: one weight per column of the blocks, e.g. GPTQ's
+    diag(H)); ties keep the earlier candidate."""
     blocks = np.asarray(blocks, F)
     imp = np.asarray(imp, np.float64).reshape(1, -1)
     amax = scheme._range_sym(blocks)
     best_err = np.full(blocks.shape[0], np.inf)
     best = None
-    for i, cand in enumerate(scheme.sym_candidates(amax)):
+    cands = [amax / F(scheme.qmax + k / 4) for k in range(WIDE_DIVISOR_STEPS + 1)]
+    cands += scheme.sym_candidates(amax)[len(scheme.divisors):]       # @mse's ratios
+    for i, cand in enumerate(cands):
         scale, over = scheme._store_scale_soft(cand)
         if i == 0 and over.any():
             scheme._refuse(amax[over])
