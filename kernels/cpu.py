@@ -31,7 +31,7 @@ import importlib
 
 _FAMILIES = {
     "cpu_affine": ("_f64_to_f16_bits", "affine_dequant", "affine_error", "block_stats", "encode",
-                   "int_qparams", "quant_error_fused", "quant_fused"),
+                   "int_qparams", "quant_error_fused", "quant_fused", "sym_qparams"),
     "cpu_common": ("F0", "_J", "_P", "_acc_row", "_block_keys", "_encode_row", "_f32_to_f16_bits",
                    "_put_f16", "count_nonfinite"),
     "cpu_floats": ("f32_copy", "f32_error", "u16_dequant", "u16_error"),

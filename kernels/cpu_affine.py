@@ -372,6 +372,121 @@ def int_qparams(lo, hi, asym, qmax, f16, f16_table, scale32, scale16, inv, zf, z
             zf[k] = z
 
 
+@njit(inline="always", **_J)
+def _sq1(x, iv, s, fqmin, fq):
+    q = np.rint(x * iv)
+    q = fqmin if q < fqmin else q
+    q = fq if q > fq else q
+    d = np.float64(q * s - x)
+    return d * d
+
+
+@njit(**_J)
+def _sq_err8(x, iv, s, fqmin, fq):
+    """Squared error of block x under scale s (inverse iv), codes clipped to fqmin..fq: float64
+    squares of the float32 differences summed in eight lanes (element c into lane c % 8, each
+    lane in element order) then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) -- the reference's order
+    (IntAffine._sq_err), eight independent chains instead of one."""
+    n = x.shape[0]
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    for g in range(n >> 3):
+        c = 8 * g
+        a0 += _sq1(x[c], iv, s, fqmin, fq)
+        a1 += _sq1(x[c + 1], iv, s, fqmin, fq)
+        a2 += _sq1(x[c + 2], iv, s, fqmin, fq)
+        a3 += _sq1(x[c + 3], iv, s, fqmin, fq)
+        a4 += _sq1(x[c + 4], iv, s, fqmin, fq)
+        a5 += _sq1(x[c + 5], iv, s, fqmin, fq)
+        a6 += _sq1(x[c + 6], iv, s, fqmin, fq)
+        a7 += _sq1(x[c + 7], iv, s, fqmin, fq)
+    c0 = n & ~7
+    for c in range(c0, n):
+        v = _sq1(x[c], iv, s, fqmin, fq)
+        k = c - c0
+        if k == 0:
+            a0 += v
+        elif k == 1:
+            a1 += v
+        elif k == 2:
+            a2 += v
+        elif k == 3:
+            a3 += v
+        elif k == 4:
+            a4 += v
+        elif k == 5:
+            a5 += v
+        else:
+            a6 += v
+    return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+
+
+@njit(**_J)
+def _sym_qp(x, amax, divs, fqmin, fq, f16, f16_table):
+    """The symmetric divisor search of one block x (IntAffine._search_sym, min/max clipping, no
+    @pot): each candidate scale amax / divs[i] (divs ascending), stored (float16: RNE), its
+    codes clip(rint(x * (1/scale))) and the squared error (_sq_err8); the first least error
+    wins. Returns (stored scale as
+    float32, its float16 bits, 1/scale or 0, ok); ok False: a float32 scale whose inverse
+    overflows (the reference divides: it decides). A float16 scale above 65504 gives 65504,
+    which the caller's reference check (reference_needed) hands to the reference to refuse."""
+    best_e = np.inf
+    best_s = F0
+    best_b = np.int64(0x7BFF)
+    best_iv = F0
+    held = False
+    for i in range(divs.shape[0]):
+        s = amax / divs[i]
+        bits = np.int64(0)
+        if f16:
+            if s > np.float32(65504.0):          # the reference refuses: flag it by 65504
+                return np.float32(65504.0), np.int64(0x7BFF), np.float32(1.0) / np.float32(
+                    65504.0), True
+            bits = _fp8_code(s, 10, 15, 0x7BFF)
+            s = f16_table[bits]
+        iv = F0 if s == F0 else np.float32(1.0) / s
+        if np.isinf(iv):
+            return s, bits, iv, False
+        e = _sq_err8(x, iv, s, fqmin, fq)
+        if not held or e < best_e:
+            best_e = e
+            best_s = s
+            best_b = bits
+            best_iv = iv
+            held = True
+    return best_s, best_b, best_iv, True
+
+
+@njit(**_P)
+def sym_qparams(w, gs, bpr, divs, qmin, qmax, f16, f16_table, scale32, scale16, inv, flags):
+    """Symmetric searched qparams (_sym_qp) of each block of w (rows, cols), block k = r*bpr +
+    c//gs: scale32 (or scale16 bits), inv. flags[k] = 1: a NaN/Inf in the block or a scale
+    the reference decides (the caller declines)."""
+    fq = np.float32(qmax)
+    fqmin = np.float32(qmin)
+    for k in prange(w.shape[0] * bpr):
+        r = k // bpr
+        b = k - r * bpr
+        x = w[r, b * gs:(b + 1) * gs]
+        amax = F0
+        fin = True
+        for c in range(x.shape[0]):
+            a = abs(x[c])
+            if not np.isfinite(a):
+                fin = False
+            amax = a if a > amax else amax
+        flags[k] = 0
+        if not fin:
+            flags[k] = 1
+            continue
+        s, sb, iv, ok = _sym_qp(x, amax, divs, fqmin, fq, f16, f16_table)
+        if not ok:
+            flags[k] = 1
+        if f16:
+            scale16[k] = np.uint16(sb)
+        scale32[k] = s
+        inv[k] = iv
+
+
 # ---------------------------------------------------------------- fused quantize
 # One pass per row: each block's range, its qparams and its packed codes while the block is
 # in L1, plus a NaN/Inf test on the exponent bits (the caller counts them only when one is
@@ -483,7 +598,7 @@ def _absmean8s(x, t):
 
 @njit(**_P)
 def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
-                scale32, scale16, zero, out, bad):
+                scale32, scale16, zero, out, bad, divs):
     """Quantize w (rows, cols), blocks of gs along each row (gs % 8 == 0, gs | cols), codes
     packed into out (row r at r * cols * bits / 8). mode 0: integer min/max qparams (as
     int_qparams); mode 1: ternary (scale = float16(mean|x|) from float64, codes in -1..1).
@@ -507,14 +622,15 @@ def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             orow = out[r * rb:(r + 1) * rb]
             _quant_row(w[r], wu[r], r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16,
-                       f16_table, scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq)
+                       f16_table, scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq,
+                       divs)
             if rowwise:
                 _pack_row(cb, bits, orow)
 
 
 @njit(**_P)
 def quant_error_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
-                      scale32, scale16, zero, bad, acc):
+                      scale32, scale16, zero, bad, acc, divs):
     """The exact error of quantizing w as quant_fused does (acc as affine_error's), in one
     pass and without packing: each row's codes, one per byte (quant_fused's row helper with
     its row-wise layout: the same codes), dequantized at once as the integer lookup table
@@ -534,7 +650,7 @@ def quant_error_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_
         buf = np.empty(cols, np.float32)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             _quant_row(w[r], wu[r], r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16,
-                       f16_table, scale32, scale16, zero, cb, 0, t, bad, True, cb, tk, tq)
+                       f16_table, scale32, scale16, zero, cb, 0, t, bad, True, cb, tk, tq, divs)
             if bad[r]:
                 continue
             k0 = r * bpr
@@ -555,7 +671,7 @@ def _deq_int(codes, offset, z, s, dst):
 
 @njit(**_J)
 def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, f16_table,
-               scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq):
+               scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq, divs):
     """Qparams and codes of each block of one row (rowwise: one code per byte into cb), in
     three loops over the row's blocks: ranges (tk[0] min, tk[1] max keys), qparams (tq:
     1/scale, zero), codes."""
@@ -571,7 +687,22 @@ def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, 
             bad[r] = 1
     if bad[r]:
         return
-    if mode == 0:
+    if mode == 0 and not asym:
+        for b in range(bpr):
+            lo = abs(_key_f32(tlo[b]))
+            hi = abs(_key_f32(thi[b]))
+            s, sb, iv, ok = _sym_qp(row[b * gs:(b + 1) * gs], lo if lo > hi else hi, divs,
+                                    fqmin, fq, f16, f16_table)
+            if not ok:
+                bad[r] = 1
+                return
+            if f16:
+                scale16[k0 + b] = np.uint16(sb)
+            else:
+                scale32[k0 + b] = s
+            tq[2 * b] = iv
+            tq[2 * b + 1] = F0
+    elif mode == 0:
         for b in range(bpr):
             s, sb, iv, z = _int_qp(_key_f32(tlo[b]), _key_f32(thi[b]), asym, fq, f16,
                                    f16_table)

@@ -163,7 +163,7 @@ def _quantize_fused(spec: Spec, w2d: np.ndarray, check_finite: bool) -> dict | N
     out = np.empty(rows * cols * spec.bits // 8, np.uint8)
     _k().quant_fused(w2d, w2d.view(np.int32), p.mode, spec.bits, p.gs, p.asym, p.qmin, p.qmax,
                      p.offset, p.f16, tables.f16_table(), p.scale32, p.scale16, p.zero, out,
-                     p.bad)
+                     p.bad, p.divs)
     if p.bad.any():
         return _nonfinite_found(w2d, check_finite)
     return {"codes": out, **p.arrays()}
@@ -175,6 +175,7 @@ class _FusedParams:
 
     def __init__(self, spec: Spec, rows: int, cols: int, mode: int):
         self.mode = mode
+        self.divs = np.array(spec.divs or (0.0,), np.float32)
         self.gs, bpr = spec.geometry(rows, cols)
         nb = rows * bpr
         if mode == 0:
@@ -209,7 +210,7 @@ def quantize_error(spec: Spec, w2d: np.ndarray):
     with _threads(w2d.size):
         _k().quant_error_fused(w2d, w2d.view(np.int32), mode, spec.bits, p.gs, p.asym, p.qmin,
                                p.qmax, p.offset, p.f16, tables.f16_table(), p.scale32,
-                               p.scale16, p.zero, p.bad, acc)
+                               p.scale16, p.zero, p.bad, acc, p.divs)
     if p.bad.any():
         return None
     return p.arrays(), acc
@@ -237,6 +238,25 @@ def _int_qparams_kernel(spec: Spec, w2d: np.ndarray):
     return scale, (zero if asym else None), inv, (zf if asym else host.DUMMY_F32)
 
 
+def _sym_qparams_kernel(spec: Spec, w2d: np.ndarray):
+    """Symmetric searched qparams in a kernel (same values as scheme.choose_qparams); None
+    when a block holds NaN/Inf or a float32 scale whose inverse overflows."""
+    rows, cols = w2d.shape
+    gs, bpr = spec.geometry(rows, cols)
+    nb = rows * bpr
+    f16 = spec.scale_f16
+    scale32 = np.empty(nb, np.float32)
+    scale16 = np.empty(nb if f16 else 1, np.uint16)
+    inv = np.empty(nb, np.float32)
+    flags = np.empty(nb, np.uint8)
+    _k().sym_qparams(w2d, gs, bpr, np.array(spec.divs, np.float32), spec.qmin, spec.qmax, f16,
+                     tables.f16_table(), scale32, scale16, inv, flags)
+    if nb and flags.any():
+        return None
+    scale = scale16.view(np.float16) if f16 else scale32
+    return scale, None, inv, host.DUMMY_F32
+
+
 def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
               choose_qparams=None) -> dict | None:
     rows, cols = w2d.shape
@@ -244,7 +264,12 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
     if q == "int":
         def minmax(gs, bpr):
             return _stats(w2d, gs, bpr, 1)
-        if spec.clip == "minmax" and not spec.pot:
+        if spec.clip == "minmax" and not spec.pot and not spec.asym and spec.gran != "tensor":
+            got = _sym_qparams_kernel(spec, w2d)
+            if got is None:
+                return None                  # NaN/Inf or a scale the reference decides
+            scale, zero, inv, zf = got
+        elif spec.clip == "minmax" and not spec.pot and spec.asym:
             scale, zero, inv, zf = _int_qparams_kernel(spec, w2d)
         else:
             scale, zero, inv, zf = host.int_qparams(spec, w2d, minmax, choose_qparams)

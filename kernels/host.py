@@ -57,11 +57,12 @@ def int_qparams(spec: Spec, w2d: np.ndarray, minmax, choose_qparams):
     `minmax(gs, bpr) -> (lo, hi)` computes per-block min/max with a kernel. For min/max clipping
     the caller's `choose_qparams` (the scheme's own reference) then runs on those two numbers
     per block, ``choose_qparams(lo_hi)``: it only looks at the block's min/max/|max|, so the
-    result is the reference's. @p99.9/@mse need the whole block: ``choose_qparams(None)``
-    asks the caller for the reference's qparams of the whole tensor.
+    result is the reference's (asymmetric schemes). @p99.9/@mse and the symmetric divisor
+    search need the whole block: ``choose_qparams(None)`` asks the caller for the reference's
+    qparams of the whole tensor.
     """
     rows, cols = w2d.shape
-    if spec.clip == "minmax":
+    if spec.clip == "minmax" and spec.asym:
         if spec.gran == "tensor":
             lo, hi = minmax(cols, 1)
             lo, hi = np.array([lo.min()], np.float32), np.array([hi.max()], np.float32)

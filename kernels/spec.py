@@ -72,6 +72,7 @@ class Spec:
     scale_f16: bool = False
     clip: str = "minmax"
     pot: bool = False
+    divs: tuple = ()                 # symmetric integer: the scale search's divisors
     fmax: float = 0.0
     fp8_table: np.ndarray | None = None
     mids: np.ndarray | None = None
@@ -95,7 +96,7 @@ def make_spec(layout: dict | None) -> Spec | None:
     * ``{"family": "ggml", "ggml_name": "Q4_K"}`` (Q2_K/Q3_K/Q4_K/Q5_K/Q6_K: plus ``"search":
       {"cands", "divs", "iters", "rounds"}``, the parameters of their searching quantizer)
     * ``{"family": "affine", "quant": "int", "bits", "offset", "asym", "gran", "qmin", "qmax",
-      "scale_f16", "clip", "pot"}`` (gran: "tensor" | "row" | group size)
+      "scale_f16", "clip", "pot", "divs"}`` (gran: "tensor" | "row" | group size)
     * ``{"family": "affine", "quant": "fp8", "values": <256-code decode table>, "fmax"}``
     * ``{"family": "affine", "quant": "nf4", "values": <16 levels>, "mids", "gran"}``
     * ``{"family": "affine", "quant": "ternary", "gran"}``
@@ -130,7 +131,8 @@ def make_spec(layout: dict | None) -> Spec | None:
                     name=name, asym=bool(layout["asym"]), qmin=int(layout["qmin"]),
                     qmax=int(layout["qmax"]), offset=int(layout["offset"]),
                     scale_f16=bool(layout["scale_f16"]), clip=layout.get("clip", "minmax"),
-                    pot=bool(layout.get("pot", False)))
+                    pot=bool(layout.get("pot", False)),
+                    divs=tuple(float(d) for d in layout.get("divs", ())))
     if q == "fp8":
         table = np.asarray(layout["values"], np.float32)
         return Spec("affine", "fp8", bits=8, lut=tables.padded_lut(table), gran="row",

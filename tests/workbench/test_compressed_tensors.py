@@ -93,7 +93,7 @@ def embed(model, tok, texts):
 
 
 @pytest.mark.parametrize("plan,fmt,min_cos", [
-    (Plan(default="int4-g128"), "pack-quantized", 0.92),   # RTN int4 on MiniLM: 0.938
+    (Plan(default="int4-g128"), "pack-quantized", 0.94),  # RTN int4 on MiniLM: 0.943 (0.938 on -7..7)
     (Plan(default="int8-channel"), "pack-quantized", 0.995),
     (Plan(default="int4-g128-asym"), "pack-quantized", 0.92),
     (Plan(default="fp8-e4m3"), "float-quantized", 0.995),

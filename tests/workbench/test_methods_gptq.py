@@ -19,15 +19,16 @@ def _stats(cols, seed=0, n=300):
 
 
 def _reference(W, H, quant_group, G):
-    """OBS-style loop: q = Q(w_i) with group qparams chosen from the current weights at each
-    group start; W[:, i:] -= (w_i - q)/Hinv_ii * Hinv[i, i:]; Hinv downdated by column i."""
+    """OBS-style loop: q = Q(w_i) with group qparams chosen from the current weights (and the
+    group's diag of the damped H) at each group start; W[:, i:] -= (w_i - q)/Hinv_ii * Hinv[i, i:]; Hinv downdated by column i."""
     Hd, Wr, _ = prepare_hessian(H, W)
     Hinv = np.linalg.inv(Hd)
     Q = np.zeros_like(Wr)
     params = None
+    hdiag = np.diag(Hd)
     for i in range(Wr.shape[1]):
         if i % G == 0:
-            params = quant_group(Wr[:, i:i + G])
+            params = quant_group(Wr[:, i:i + G], hdiag[i:i + G])
         q = params(Wr[:, i])
         Q[:, i] = q
         err = (Wr[:, i] - q) / Hinv[i, i]
@@ -36,9 +37,30 @@ def _reference(W, H, quant_group, G):
     return Q
 
 
+def _weighted_sym_scale(scheme, cur, h):
+    """Per row, the candidate amax/d (d = P, P + 1/4, ..., P + 3, stored in the scale dtype)
+    with the least sum_j h_j (w_j - Q(w_j))^2 -- GPTQ's symmetric group scale."""
+    amax = np.abs(cur).max(axis=1).astype(np.float32)
+    best, best_err = None, None
+    for d in scheme.qmax + np.arange(13) / 4:
+        sc = (amax / np.float32(d)).astype(scheme.scale_dtype)
+        s32 = sc.astype(np.float32)[:, None]
+        c = np.clip(np.rint(cur / np.where(s32 > 0, s32, 1)), scheme.qmin, scheme.qmax)
+        err = ((c * s32 - cur).astype(np.float64) ** 2 * h).sum(axis=1)
+        if best is None:
+            best, best_err = sc.copy(), err
+        better = err < best_err
+        best[better], best_err[better] = sc[better], err[better]
+    return best
+
+
 def _int_group(scheme):
-    def start(cur):
-        scale, zero = scheme.choose_qparams(cur.astype(np.float32))
+    def start(cur, h):
+        cur = cur.astype(np.float32)
+        if scheme.asym:
+            scale, zero = scheme.choose_qparams(cur)
+        else:
+            scale, zero = _weighted_sym_scale(scheme, cur, h), None
         s = scale.astype(np.float64)
 
         def q(w):
@@ -79,7 +101,7 @@ def test_gptq_ggml_blocks_match_direct_formula():
     W = rng.normal(size=(8, 64)).astype(np.float32)
     st, _ = _stats(64, seed=3)
 
-    def start(cur):
+    def start(cur, h):
         deq = scheme.dequantize(scheme.quantize(np.ascontiguousarray(cur, np.float32)))
         cols = iter(range(cur.shape[1]))
         return lambda w: deq[:, next(cols)].astype(np.float64)

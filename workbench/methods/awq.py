@@ -85,7 +85,8 @@ def search_scale(Ws, X, mean_abs, scheme):
 
 def clip_search(scheme, Ws, Xs):
     """Integer schemes: per block, the range-shrink ratio with the least output error of the
-    block's partial product (inputs Xs = X·diag(s)⁻¹, weights Ws = W·diag(s))."""
+    block's partial product (inputs Xs = X·diag(s)⁻¹, weights Ws = W·diag(s)); symmetric
+    schemes try their own divisor-searched scale first (ties keep it)."""
     rows, cols = Ws.shape
     G = intq.group_len(scheme, cols)
     blocks = intq.as_blocks(Ws, scheme.gran)
@@ -99,9 +100,15 @@ def clip_search(scheme, Ws, Xs):
     ng = cols // G
     best_err = np.full(blocks.shape[0], np.inf)
     best_scale = best_zero = None
-    for r in CLIP_RATIOS:
-        scale, zero = intq.qparams_from_range(scheme, None if lo is None else lo * np.float32(r),
-                                              hi * np.float32(r))
+    cands = [(lo, hi, r) for r in CLIP_RATIOS]
+    if lo is None:                       # symmetric: the scheme's own searched scale first
+        cands.insert(0, None)
+    for cand in cands:
+        if cand is None:
+            scale, zero = scheme.choose_qparams(blocks)
+        else:
+            r = np.float32(cand[2])
+            scale, zero = intq.qparams_from_range(scheme, None if lo is None else lo * r, hi * r)
         diff = (intq.fake(scheme, blocks, scale, zero) - blocks).reshape(rows, ng, G)
         err = np.empty((rows, ng))
         for g in range(ng):

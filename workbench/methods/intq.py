@@ -2,7 +2,7 @@
 an importance vector, and the importance-weighted scale (and zero-point) search.
 
 The stored layout is exactly IntAffine's (workbench/schemes/integer.py): packed codes
-(q + 2**(B-1) symmetric, q asymmetric), one scale per block (float16 for groups, float32
+(q + 2**(B-1) symmetric with q in [-2**(B-1), 2**(B-1)-1], q asymmetric), one scale per block (float16 for groups, float32
 per channel/tensor) and for -asym one uint8 zero point per block.
 """
 
@@ -60,9 +60,14 @@ def build(scheme: IntAffine, shape, codes_blocks: np.ndarray, scale: np.ndarray,
 
 
 def qparams_from_range(scheme: IntAffine, lo, hi):
-    """Stored (scale, zero) for a symmetric |range| `hi` (lo None) or an asymmetric [lo, hi]."""
+    """Stored (scale, zero) for a symmetric |range| `hi` (lo None: scale hi / (2**(B-1) - 1), a
+    float16 scale above 65504 held at 65504, so a block the scheme itself can store is never
+    refused here) or an asymmetric [lo, hi]."""
     if lo is None:
-        return scheme._store_scale(np.asarray(hi, F) / F(scheme.qmax)), None
+        s = np.asarray(hi, F) / F(scheme.qmax)
+        if scheme.scale_dtype == np.float16:
+            s = np.minimum(s, F(65504.0))
+        return scheme._store_scale(s), None
     lo = np.minimum(np.asarray(lo, F), 0)
     hi = np.maximum(np.asarray(hi, F), 0)
     scale = scheme._store_scale((hi - lo) / F(scheme.qmax))
@@ -76,7 +81,8 @@ def weighted_qparams(scheme: IntAffine, blocks: np.ndarray, imp: np.ndarray,
 
     Candidates: the scheme's own range (so never worse than its RTN in this measure) shrunk by
     RATIOS (symmetric) or by ASYM_RATIOS at each end (asymmetric), each also refitted by
-    weighted least squares for its codes (symmetric: s = sum imp w q / sum imp q^2)."""
+    weighted least squares for its codes (symmetric: s = sum imp w q / sum imp q^2); symmetric
+    schemes try their own (divisor-searched) RTN scale first."""
     blocks = np.asarray(blocks, F)
     imp = np.asarray(imp, F)
     nb = blocks.shape[0]
@@ -106,6 +112,7 @@ def weighted_qparams(scheme: IntAffine, blocks: np.ndarray, imp: np.ndarray,
             for r2 in ASYM_RATIOS:
                 consider(*qparams_from_range(scheme, lo0 * F(r1), hi0 * F(r2)))
     else:
+        consider(scheme.choose_qparams(blocks)[0], None)
         for r in RATIOS:
             scale, _ = qparams_from_range(scheme, None, hi0 * F(r))
             consider(scale, None)
@@ -118,3 +125,36 @@ def weighted_qparams(scheme: IntAffine, blocks: np.ndarray, imp: np.ndarray,
     if out_err is not None:
         out_err[:] = best_err
     return best_scale.astype(scheme.scale_dtype), best_zero
+
+
+#: weighted symmetric search: amax / (P + k/4) for k = 0..12 (P = 2**(B-1) - 1; int4 7 ... 10):
+#: the scheme's own divisors (P ... P + 1) and clipping ones, which the importance weighting
+#: decides (the plain block error alone picked clipping that hurt a causal LM; docs/methods.md)
+WIDE_DIVISOR_STEPS = 12
+
+
+def weighted_sym_scale(scheme: IntAffine, blocks: np.ndarray, imp: np.ndarray) -> np.ndarray:
+    """Per block, the symmetric scale amax / d (d = P + k/4, k = 0..WIDE_DIVISOR_STEPS; with
+    @mse also the scheme's clipping ratios) with the least importance-weighted squared error
+    sum_j imp_j (w_j - Q(w_j))^2 (imp: one weight per column of the blocks, e.g. GPTQ's
+    diag(H)); ties keep the earlier candidate."""
+    blocks = np.asarray(blocks, F)
+    imp = np.asarray(imp, np.float64).reshape(1, -1)
+    amax = scheme._range_sym(blocks)
+    best_err = np.full(blocks.shape[0], np.inf)
+    best = None
+    cands = [amax / F(scheme.qmax + k / 4) for k in range(WIDE_DIVISOR_STEPS + 1)]
+    cands += scheme.sym_candidates(amax)[len(scheme.divisors):]       # @mse's ratios
+    for i, cand in enumerate(cands):
+        scale, over = scheme._store_scale_soft(cand)
+        if i == 0 and over.any():
+            scheme._refuse(amax[over])
+        d = (fake(scheme, blocks, scale, None) - blocks).astype(np.float64)
+        err = (d * d * imp).sum(axis=1)
+        err[over] = np.inf
+        if best is None:
+            best = scale.copy()
+        better = err < best_err
+        best_err[better] = err[better]
+        best[better] = scale[better]
+    return best

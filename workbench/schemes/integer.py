@@ -4,7 +4,9 @@ B in 2..8 bits; G = tensor | channel | g32 | g64 | g128 | g256. Symmetric by def
 
 Storage (the real layout, so sizes are real):
   codes  : B-bit unsigned codes, bit-packed (see packing.py). Symmetric codes are
-           q + 2**(B-1) with q in [-(2**(B-1)-1), 2**(B-1)-1]; asymmetric codes are q in [0, 2**B-1].
+           q + 2**(B-1) with q in [-2**(B-1), 2**(B-1)-1] (the full range: int4 -8..7, int8
+           -128..127, as compressed-tensors / llm-compressor / vLLM); asymmetric codes are q in
+           [0, 2**B-1].
   scales : one per block; float32 for tensor/channel, float16 for groups.
   zeros  : (asym only) one uint8 zero point per block.
 
@@ -12,10 +14,26 @@ Quantize:   inv = 1/scale (float32);  q = clip(rint(w*inv) [+ zero], qmin, qmax)
 Dequantize: w' = (q - zero) * scale  (float32)
 These are exactly the formulas of torch's fake_quantize_per_channel_affine.
 
+Symmetric scale (the divisor search): with amax the block's range (max|w|; @p99.9: its 99.9th
+percentile of |w|), each candidate scale amax / d for d in sym_divisors(B) = P, P + 1/4, ...,
+P + 1 (P = 2**(B-1) - 1: int4 7 ... 8, int8 127 ... 128) is stored (float16/float32, @pot:
+rounded up to a power of two) and the one with the least squared error of the block (float64
+squares of the float32 differences summed in a fixed order, _sq_err; ties: the first) is kept.
+d = P is the former "absmax/qmax" scale, d = P + 1/2 llm-compressor's absmax/7.5, d = P + 1
+puts a negative extreme exactly on -2**(B-1). Larger d (clipping the extremes when that lowers
+the block error) scored higher on MiniLM but lowered the demo causal LM's top-1 agreement below
+99 % (docs/methods.md), so they are left to @mse, which adds the clipping candidates
+amax * r / P for r in MSE_RATIOS (1.0 ... 0.5) to the same search.
+The CPU kernels run the same search (kernels/cpu_affine.py: the fused row kernel and
+sym_qparams); per-tensor scales, @p99.9, @mse and @pot take these numpy qparams, and so does
+the CUDA path, which then encodes on the device.
+
 Range (no Inf/NaN from finite input; a refusal names the tensor, never a silent clamp):
-  * float16 scales (groups) hold at most 65504: a block whose range needs a larger scale
-    (|w| > 65504 * qmax, e.g. 458528 for int4) is refused ("value 1e+30 cannot be represented
-    by int4-g128's float16 scale"); with @pot the largest power-of-two scale is 32768.
+  * float16 scales (groups) hold at most 65504: a block whose unclipped candidate amax / P
+    needs a larger scale (|w| > 65504 * P, e.g. 458528 for int4) is refused ("value 1e+30
+    cannot be represented by int4-g128's float16 scale"), never clipped into range; with @pot
+    the largest power-of-two scale is 32768. The other candidates are smaller, so they fit.
+    Asymmetric: the range hi - lo up to 65504 * (2**B - 1).
   * float32 scales (tensor/channel): |w| above 1e38 is refused (the range hi - lo, a pot scale
     and q * scale would overflow float32 near its maximum 3.4e38).
   * tiny blocks: a float32 scale whose inverse overflows (scale < 1/FLT_MAX, weights ~1e-37 and
@@ -38,6 +56,14 @@ from .packing import pack_bits, packed_nbytes, unpack_bits
 
 CLIPS = ("minmax", "p99.9", "mse")
 MSE_RATIOS = np.linspace(1.0, 0.5, 26, dtype=np.float32)  # clipping ratios searched by @mse
+SYM_DIVISOR_STEPS = (4, 4)   # symmetric divisor candidates: P + k/4 for k = 0..4 (P ... P + 1)
+
+
+def sym_divisors(bits: int) -> np.ndarray:
+    """The symmetric scale search's divisors for B bits (float32, ascending): amax / d."""
+    p = (1 << (bits - 1)) - 1
+    per, n = SYM_DIVISOR_STEPS
+    return np.array([p + k / per for k in range(n + 1)], dtype=np.float32)
 _NAME = re.compile(r"^int([2-8])-(tensor|channel|g32|g64|g128|g256)(-asym)?((?:@[a-z0-9.]+)*)$")
 
 
@@ -67,6 +93,22 @@ def _times_inv(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return out
 
 
+def _sq_err(diff: np.ndarray) -> np.ndarray:
+    """Per row of the float32 differences: the sum of their float64 squares in a fixed order
+    the kernels repeat (kernels/cpu_affine.py _sq_err8): element c into lane c % 8, each lane
+    summed in element order (cumsum: sequential), then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))."""
+    nb, n = diff.shape
+    d = diff.astype(np.float64)
+    d = d * d
+    if n % 8:
+        d = np.concatenate([d, np.zeros((nb, 8 - n % 8))], axis=1)
+    if not d.shape[1]:
+        return np.zeros(nb)
+    la = np.cumsum(d.reshape(nb, -1, 8), axis=1)[:, -1, :]
+    return ((la[:, 0] + la[:, 1]) + (la[:, 2] + la[:, 3])) + \
+        ((la[:, 4] + la[:, 5]) + (la[:, 6] + la[:, 7]))
+
+
 class IntAffine(Scheme):
     """The integer affine family."""
 
@@ -85,8 +127,9 @@ class IntAffine(Scheme):
         if asym:
             self.qmin, self.qmax, self.offset = 0, (1 << bits) - 1, 0
         else:
-            self.qmin, self.qmax = -((1 << (bits - 1)) - 1), (1 << (bits - 1)) - 1
+            self.qmin, self.qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
             self.offset = 1 << (bits - 1)
+        self.divisors = sym_divisors(bits)
         name = f"int{bits}-{gran}" + ("-asym" if asym else "")
         if clip != "minmax":
             name += f"@{clip}"
@@ -144,7 +187,8 @@ class IntAffine(Scheme):
         return {"family": "affine", "quant": "int", "bits": self.bits, "offset": self.offset,
                 "asym": self.asym, "gran": gran, "qmin": self.qmin, "qmax": self.qmax,
                 "scale_f16": self.scale_dtype == np.float16, "clip": self.clip,
-                "pot": self.pot, "name": self.name}
+                "pot": self.pot, "name": self.name,
+                "divs": tuple(float(d) for d in self.divisors)}
 
     def choose_qparams(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Per-block (scale, zero) as stored (scale already rounded to its storage dtype)."""
@@ -153,27 +197,62 @@ class IntAffine(Scheme):
             scale = self._store_scale((hi - lo) / np.float32(self.qmax))
             zero = np.clip(np.rint(_times_inv(-lo, scale)), 0, self.qmax).astype(np.uint8)
             return scale, zero
-        amax = self._range_sym(blocks)
-        return self._store_scale(amax / np.float32(self.qmax)), None
+        return self._search_sym(blocks, self._range_sym(blocks)), None
 
-    def _store_scale(self, scale: np.ndarray) -> np.ndarray:
+    def sym_candidates(self, amax: np.ndarray) -> list[np.ndarray]:
+        """The float32 candidate scales (before storage) of the symmetric search, in order."""
+        amax = np.asarray(amax, dtype=np.float32)
+        cands = [amax / d for d in self.divisors]
+        if self.clip == "mse":
+            cands += [(amax * r) / np.float32(self.qmax) for r in MSE_RATIOS[1:]]
+        return cands
+
+    def _search_sym(self, blocks: np.ndarray, amax: np.ndarray) -> np.ndarray:
+        """Per block, the stored candidate scale with the least squared error (module doc)."""
+        nb = blocks.shape[0]
+        best_err = np.full(nb, np.inf, dtype=np.float64)
+        best = np.zeros(nb, dtype=self.scale_dtype)
+        held = np.zeros(nb, dtype=bool)
+        for i, cand in enumerate(self.sym_candidates(amax)):
+            scale, over = self._store_scale_soft(cand)
+            if i == 0 and over.any():       # amax / P: the candidate that holds the extremes
+                self._refuse(amax[over])
+            err = _sq_err(self._fake(blocks, scale, None) - blocks)
+            err[over] = np.inf
+            better = (err < best_err) | (~held & ~over)
+            best_err[better] = err[better]
+            best[better] = scale[better]
+            held |= ~over
+        return best
+
+    def _store_scale_soft(self, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(scale as stored, mask of blocks whose scale the float16 storage cannot hold)."""
         scale = np.asarray(scale, dtype=np.float32)
-        wanted = scale
         if self.pot:
             with np.errstate(divide="ignore"):
                 e = np.ceil(np.log2(np.where(scale > 0, scale, 1.0)))
             scale = np.where(scale > 0, np.exp2(e), 0.0).astype(np.float32)
+        over = np.zeros(scale.shape, dtype=bool)
         if self.scale_dtype == np.float16:
             over = scale > np.float32(F16_MAX)
-            if over.any():
-                most = float(wanted[over].max()) * self.qmax
-                limit = (32768.0 if self.pot else F16_MAX) * self.qmax
-                what = "range" if self.asym else "value"
-                raise WorkbenchError(
-                    f"{self.name}'s float16 scale cannot represent {what} {most:.3g} (a block "
-                    f"takes {'a range' if self.asym else '|w|'} up to {limit:.6g}; "
-                    "use a channel/tensor scheme or keep this tensor)")
-        return scale.astype(self.scale_dtype)
+            scale = np.where(over, np.float32(0), scale)
+        return scale.astype(self.scale_dtype), over
+
+    def _store_scale(self, scale: np.ndarray) -> np.ndarray:
+        scale = np.asarray(scale, dtype=np.float32)
+        stored, over = self._store_scale_soft(scale)
+        if over.any():
+            self._refuse(scale[over] * np.float32(self.qmax))
+        return stored
+
+    def _refuse(self, wanted: np.ndarray):
+        most = float(np.max(wanted))
+        limit = (32768.0 if self.pot else F16_MAX) * self.qmax
+        what = "range" if self.asym else "value"
+        raise WorkbenchError(
+            f"{self.name}'s float16 scale cannot represent {what} {most:.3g} (a block "
+            f"takes {'a range' if self.asym else '|w|'} up to {limit:.6g}; "
+            "use a channel/tensor scheme or keep this tensor)")
 
     def reference_needed(self, qt) -> bool:
         s = qt.arrays.get("scales")
@@ -189,10 +268,7 @@ class IntAffine(Scheme):
         if self.clip == "p99.9":
             return np.quantile(a, 0.999, axis=1).astype(np.float32)
         amax = a.max(axis=1) if a.shape[1] else np.zeros(a.shape[0], np.float32)
-        amax = amax.astype(np.float32)
-        if self.clip == "mse":
-            return amax * self._mse_ratio(blocks, amax, None)
-        return amax
+        return amax.astype(np.float32)   # @mse: its ratios join the divisor search
 
     def _range_asym(self, blocks: np.ndarray):
         if self.clip == "p99.9":
@@ -208,17 +284,14 @@ class IntAffine(Scheme):
         return lo, hi
 
     def _mse_ratio(self, blocks, hi, lo):
-        """Shrink the range by each ratio in MSE_RATIOS; the ratio with least MSE per block."""
+        """Asymmetric @mse: shrink the range by each ratio in MSE_RATIOS; the ratio with least
+        MSE per block (symmetric @mse searches in _search_sym)."""
         best_err = np.full(blocks.shape[0], np.inf, dtype=np.float64)
         best = np.ones(blocks.shape[0], dtype=np.float32)
         for ratio in MSE_RATIOS:
             h = hi * ratio
-            if lo is None:
-                scale = self._store_scale(h / np.float32(self.qmax)).astype(np.float32)
-                zero = None
-            else:
-                scale = self._store_scale((h - lo * ratio) / np.float32(self.qmax)).astype(np.float32)
-                zero = np.clip(np.rint(_times_inv(-(lo * ratio), scale)), 0, self.qmax)
+            scale = self._store_scale((h - lo * ratio) / np.float32(self.qmax)).astype(np.float32)
+            zero = np.clip(np.rint(_times_inv(-(lo * ratio), scale)), 0, self.qmax)
             deq = self._fake(blocks, scale, zero)
             err = ((deq - blocks).astype(np.float64) ** 2).sum(axis=1)
             better = err < best_err
