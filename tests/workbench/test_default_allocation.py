@@ -56,12 +56,14 @@ def test_default_allocation_at_4_5_bpw_beats_every_uniform_plan_that_fits(
 def test_a_plan_allocated_for_a_target_exports_to_it(minilm_path, tmp_path, capsys, target, fmt,
                                                      bpw):
     """Default candidates and measure; vLLM's fused q/k/v share one scheme in the plan (vLLM
-    keeps MiniLM's word embeddings in float32: its smallest plan is 18.9 bits/weight)."""
+    keeps MiniLM's word embeddings in float32: its smallest plan is 18.9 bits/weight). Methods
+    are not weighed here (`--methods rtn`): the export of a plan carrying them is
+    test_allocate_methods'."""
     if fmt == "compressed-tensors":
         pytest.importorskip("compressed_tensors")
     plan = tmp_path / "plan.json"
     assert main(["allocate", str(minilm_path), "--budget-bpw", str(bpw), "--target", target,
-                 "--samples", "8", "-o", str(plan), "--json"]) == 0
+                 "--samples", "8", "--methods", "rtn", "-o", str(plan), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["target"] == target and res["bits_per_weight"] <= bpw
     p = Plan.load(plan)
