@@ -3,7 +3,9 @@
 * :func:`grid_levels`: the values a scheme can represent for a block whose range is the
   tensor's [min, max] — found by quantizing a probe matrix whose every row holds the
   tensor's min and max plus one ramp value, so it works for any registered scheme
-  (integer, NF4, FP8, GGML) without knowing its internals.
+  (NF4, FP8, GGML) without knowing its internals. Integer schemes search each block's scale
+  by the block's error, so a probe row's scale would depend on its ramp value: their grid is
+  the one of a block spread evenly over [min, max] (its qparams), applied to the ramp.
 * :func:`dequantized_histogram`: the histogram of the dequantized tensor on the same
   bin edges as the original's (workbench.stats), for the overlay.
 * :func:`outlier_channels`: output channels whose absmax is far above the typical one.
@@ -27,6 +29,14 @@ def grid_levels(scheme_name: str, lo: float, hi: float, points: int = 2049) -> n
     scheme = get_scheme(scheme_name)
     cols = scheme.block_size or 256
     ramp = np.linspace(lo, hi, points, dtype=np.float32)
+    from workbench.methods import intq
+    if intq.is_int(scheme):
+        block = np.linspace(lo, hi, cols, dtype=np.float32)[None, :]
+        scale, zero = scheme.choose_qparams(block)
+        scales = np.repeat(np.asarray(scale).reshape(-1)[:1], points)
+        zeros = None if zero is None else np.repeat(np.asarray(zero).reshape(-1)[:1], points)
+        return np.unique(np.asarray(intq.fake(scheme, ramp[:, None], scales, zeros),
+                                    dtype=np.float32))
     probe = np.repeat(ramp[:, None], cols, axis=1)
     probe[:, 0] = hi
     probe[:, 1] = lo

@@ -85,10 +85,17 @@ def test_sort_channels_by_range_and_outliers(window, qtbot):
 
 
 def test_grid_levels_int_scheme():
-    levels = analysis.grid_levels("int4-tensor", -1.0, 1.0)
-    # symmetric 4-bit: 15 levels spanning [-1, 1]
-    assert len(levels) == 15
-    np.testing.assert_allclose(levels[[0, -1]], [-1.0, 1.0], atol=1e-6)
+    """Symmetric 4-bit: one evenly spaced grid through 0 (codes -8..7 at the searched scale)
+    covering [-1, 1] to within a step; a group scheme too (each probe row's own searched
+    scale had given 71 values)."""
+    for name in ("int4-tensor", "int4-g128"):
+        levels = analysis.grid_levels(name, -1.0, 1.0)
+        step = np.diff(levels)
+        assert 15 <= len(levels) <= 16, (name, levels)
+        np.testing.assert_allclose(step, step[0], rtol=1e-3)
+        assert np.min(np.abs(levels)) == 0.0
+        assert 1.0 - step[0] <= levels[-1] <= 1.0 + 1e-6
+        assert -1.0 - step[0] <= levels[0] <= -1.0 + step[0]
     assert analysis.grid_levels("keep", -1, 1) is None
 
 
