@@ -84,12 +84,7 @@ def check_exact(src, out_model, plan, prefix=""):
     return n_quant
 
 
-def embed(model, tok, texts):
-    b = tok(texts, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        h = model(**b).last_hidden_state
-    m = b["attention_mask"].unsqueeze(-1).float()
-    return torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1)
+from workbench.bench.ct_peer import embed  # noqa: E402  (mean-pooled, normalized)
 
 
 @pytest.mark.parametrize("plan,fmt,min_cos", [
