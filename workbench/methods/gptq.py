@@ -61,20 +61,59 @@ def prepare_hessian(H: np.ndarray, w: np.ndarray, damp: float = 0.01):
     return H, W, dead
 
 
+def _invert_upper_in_place(R, base: int = 256) -> None:
+    """R ← R⁻¹ for an upper-triangular torch matrix R, by halves: [[A, B], [0, C]]⁻¹ =
+    [[A⁻¹, −A⁻¹ B C⁻¹], [0, C⁻¹]], the corner from two triangular solves (temporaries a
+    quarter of R each). About n³/3 flops, like LAPACK's trtri, in BLAS-3 calls."""
+    import torch
+    n = R.shape[0]
+    if n <= base:
+        R.copy_(torch.linalg.solve_triangular(R, torch.eye(n, dtype=R.dtype), upper=True))
+        return
+    h = n // 2
+    A, B, C = R[:h, :h], R[:h, h:], R[h:, h:]
+    X = torch.linalg.solve_triangular(A, B, upper=True)
+    B.copy_(torch.linalg.solve_triangular(C, X, upper=True, left=False).neg_())
+    del X
+    _invert_upper_in_place(A, base)
+    _invert_upper_in_place(C, base)
+
+
 def inverse_cholesky_upper(H) -> np.ndarray:
     """U upper triangular with H⁻¹ = Uᵀ U. `H`: the matrix, or a one-element list holding it
     that this empties as soon as the matrix is no longer needed, so at most two in x in
-    matrices are alive at once (an 8 B model's down projection: 1.6 GB each)."""
+    matrices are alive at once (an 8 B model's down projection: 1.6 GB each).
+
+    With J the order reversal, the lower Cholesky factor of J H J gives H = R Rᵀ with
+    R = J L J upper triangular, so H⁻¹ = R⁻ᵀ R⁻¹ and U = R⁻¹: one Cholesky and one
+    triangular inverse (2n³/3 flops) instead of Cholesky, cholesky_inverse and a second
+    Cholesky (4n³/3; torch's cholesky_inverse was also the slowest of the three: 4096²
+    took 16 s before, 2 s now on 2 cores). Equal to the old chain to ~1e-15 relative."""
     import torch
-    box = H if isinstance(H, list) else [H]
-    L = torch.linalg.cholesky(torch.from_numpy(box[0]))
-    if isinstance(H, list):
-        box.clear()
-    Hinv = torch.cholesky_inverse(L)
-    del L
-    U = torch.linalg.cholesky(Hinv, upper=True)
-    del Hinv
-    return U.numpy()
+    if isinstance(H, list):                 # ours to change: reversed in place
+        M = H.pop()
+        _reverse_in_place(M)
+    else:
+        M = np.asarray(H, dtype=np.float64)[::-1, ::-1].copy()
+    L = torch.linalg.cholesky(torch.from_numpy(M))
+    del M
+    _reverse_in_place(L.numpy())            # R = J L J, in L's memory
+    _invert_upper_in_place(L)               # U = R⁻¹, in the same memory
+    return L.numpy()
+
+
+def _reverse_in_place(M: np.ndarray, chunk: int = 1 << 20) -> None:
+    """M[::-1, ::-1] written into a square M stored contiguously in either order (its flat
+    order reversed), through chunk-sized temporaries rather than a second matrix."""
+    flat = M.reshape(-1, order="F" if not M.flags.c_contiguous else "C")
+    if not np.shares_memory(flat, M):
+        raise ValueError("a contiguous matrix is needed")
+    n = flat.size
+    for a in range(0, n // 2, chunk):
+        b = min(a + chunk, n // 2)
+        tmp = flat[a:b].copy()
+        flat[a:b] = flat[n - b:n - a][::-1]
+        flat[n - b:n - a] = tmp[::-1]
 
 
 def hessian_factor(H, w, damp: float = 0.01, tensor=None):
