@@ -93,6 +93,7 @@ def pair_errors(w: np.ndarray, scheme: str, stats, methods, a=None, tensor=None,
     """{method: e_m} for one weight matrix and applied scheme (methods that do not support the
     scheme are left out; rtn is always there). `factor`: GPTQ's `hessian_factor` of this
     weight, computed once for all its schemes."""
+    from .accel import dequantize
     from .evaluate import quantize
     from .methods.base import get_method
     from .schemes import get_scheme
@@ -108,7 +109,7 @@ def pair_errors(w: np.ndarray, scheme: str, stats, methods, a=None, tensor=None,
                 continue
             opts = {"factor": factor} if m == "gptq" and factor is not None else {}
             qt = meth.quantize(w, sch, stats, tensor=tensor, **opts)
-        wq = np.asarray(sch.dequantize(qt), np.float32).reshape(w.shape)
+        wq = dequantize(qt).reshape(w.shape)
         out[m] = output_error(wq - w, C, a)
     return out
 

@@ -230,7 +230,8 @@ def _evaluate_tensor(model, info, name, scheme_name, decision, matrix=None) -> T
         # a method (workbench.methods.apply.MethodModel): the error of the weight the folded
         # model computes with, mapped back, against the original weights
         qt = model.quantize_tensor(name, w, applied)
-        wq = model.unfold(name, get_scheme(applied).dequantize(qt).reshape(w.shape))
+        from .accel import dequantize
+        wq = model.unfold(name, dequantize(qt).reshape(w.shape))
         w0 = model.base.read_matrix(name)
         sums = ErrorSums.from_arrays(w0, wq)
         nbytes = qt.nbytes

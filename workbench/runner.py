@@ -145,7 +145,8 @@ def dequantized(model, name: str, scheme_name: str) -> np.ndarray:
             out.reshape(-1, dq.shape[1])[r0:r0 + dq.shape[0]] = dq
         return out
     qt = quantize(model.read_matrix(name), applied, tensor=name)
-    return np.asarray(scheme.dequantize(qt), dtype=np.float32).reshape(info.shape)
+    from .accel import dequantize
+    return dequantize(qt).reshape(info.shape)
 
 
 # ---- device ------------------------------------------------------------------------------------

@@ -91,12 +91,13 @@ def method_streamed(model, info, name: str, scheme_name: str) -> bool:
 def measure_rows_method(model, name: str, scheme_name: str):
     """(bytes, ErrorSums) of `name` quantized by its method (``model.quantize_tensor``) a row
     chunk at a time (`method_streamed`): the figures of the whole-tensor path."""
+    from .accel import dequantize
     from .schemes import get_scheme
     scheme = get_scheme(scheme_name)
     parts = []
     for _r0, w in chunks(model, name):
         qt = model.quantize_tensor(name, w, scheme_name)
-        wq = np.asarray(scheme.dequantize(qt), dtype=np.float32).reshape(w.shape)
+        wq = dequantize(qt).reshape(w.shape)
         parts.append(ErrorSums.from_arrays(w, wq))
     return scheme.nbytes(model.info(name).shape), merge_sums(parts)
 
@@ -106,6 +107,7 @@ def dequantized_rows(model, name: str, scheme_name: str):
     dequantized) in chunks; a scheme that is not row-local gets one chunk, the whole tensor.
     `scheme_name` is the scheme applied (after the runtime's fallbacks); KEEP gives the rows
     twice."""
+    from .accel import dequantize
     from .evaluate import quantize
     from .schemes import get_scheme
     info = model.info(name)
@@ -121,7 +123,7 @@ def dequantized_rows(model, name: str, scheme_name: str):
     it = chunks(model, name) if streamed(info, scheme_name) else [(0, model.read_matrix(name))]
     for r0, w in it:
         qt = quantize(w, scheme_name, tensor=name)
-        yield r0, w, np.asarray(scheme.dequantize(qt), dtype=np.float32).reshape(w.shape)
+        yield r0, w, dequantize(qt).reshape(w.shape)
 
 
 def quantized_row_blocks(model, name: str, scheme_name: str, convert=None):
