@@ -192,10 +192,11 @@ class _BlockColumns:
         self.parts = []
 
     def start(self, j, current):
+        from ..accel import dequantize, quantize     # the kernels: the reference's bytes
         cur = np.ascontiguousarray(current(j, self.G), np.float32)
-        qt = self.s.quantize(cur)
+        qt = quantize(self.s, cur)
         self.parts.append(qt)
-        self.deq[:, j:j + self.G] = self.s.dequantize(qt).reshape(cur.shape)
+        self.deq[:, j:j + self.G] = dequantize(qt).reshape(cur.shape)
 
     def round(self, w, j):
         return self.deq[:, j]
