@@ -74,10 +74,19 @@ class SquareSums(dict):
 
 class HeadGrads:
     """The head's weight (and bias) gradients accumulated by hand while the head's parameters
-    stay frozen: a hook on the head's output adds ``dz.T @ x`` into one buffer in place per
-    token chunk. Autograd would hold the weight, its gradient and a per-chunk gradient
-    temporary (three vocabulary x hidden float32 arrays, 6.3 GB for Llama-3-8B's head); this
-    holds two. Used when the head is a plain Linear owning its parameters."""
+    stay frozen. A hook on the head's output keeps each token chunk's output gradient dz and
+    input x; at `flush` the weight gradient sum(dz.T @ x) is formed a vocabulary chunk at a
+    time and its squares added, so no vocabulary x hidden gradient is ever whole. When the
+    kept dz would outgrow a quarter of such an array (long batches: tokens > hidden / 4),
+    they go into one vocabulary x hidden buffer instead (``addmm_`` in place). Autograd would
+    hold the weight, its gradient and a per-chunk gradient temporary (three vocabulary x
+    hidden float32 arrays, 6.3 GB for Llama-3-8B's head). Used when the head is a plain
+    Linear owning its parameters."""
+
+    #: the kept (dz, x) may hold up to 1/KEEP_DIVISOR of a vocabulary x hidden array
+    KEEP_DIVISOR = 4
+    #: rows of the weight gradient formed at once at `flush` (x hidden floats)
+    ROW_ELEMENTS = 1 << 24
 
     def __init__(self, runner):
         import torch
@@ -88,7 +97,12 @@ class HeadGrads:
             mod, attr = runner._owner[pn]
             self.names[attr] = pn
         w = head._parameters["weight"]
-        self.w = torch.zeros(tuple(w.shape), dtype=torch.float32, device=w.device)
+        self.shape = tuple(w.shape)
+        self.device = w.device
+        self.w = None                       # the buffer, made only when the pairs outgrow it
+        self.pairs: list = []               # (dz, x) float32 per token chunk
+        self.kept = 0                       # elements held in pairs
+        self.limit = self.shape[0] * self.shape[1] // self.KEEP_DIVISOR
         self.b = None
         if "bias" in self.names and head._parameters.get("bias") is not None:
             self.b = torch.zeros(tuple(head._parameters["bias"].shape), dtype=torch.float32,
@@ -112,16 +126,42 @@ class HeadGrads:
 
         def grab(g):
             g2 = g.reshape(-1, g.shape[-1]).float()
-            self.w.addmm_(g2.t(), x.reshape(-1, x.shape[-1]).float())
+            x2 = x.reshape(-1, x.shape[-1]).float()
             if self.b is not None:
                 self.b.add_(g2.sum(0))
+            if self.w is None and self.kept + g2.numel() + x2.numel() <= self.limit:
+                self.pairs.append((g2.detach().clone(), x2.clone()))
+                self.kept += g2.numel() + x2.numel()
+                return
+            if self.w is None:
+                self.w = torch.zeros(self.shape, dtype=torch.float32, device=self.device)
+                for gp, xp in self.pairs:
+                    self.w.addmm_(gp.t(), xp)
+                self.pairs, self.kept = [], 0
+            self.w.addmm_(g2.t(), x2)
         out.register_hook(grab)
         return None
 
     def flush(self, acc: SquareSums) -> None:
-        """Squares into `acc`; the buffers start again from zero."""
-        acc.add_tensor(self.names["weight"], self.w)
-        self.w.zero_()
+        """Squares into `acc`; the gradients start again from zero."""
+        import torch
+        pn = self.names["weight"]
+        if self.w is not None:
+            acc.add_tensor(pn, self.w)
+            self.w = None
+        elif self.pairs:
+            from . import spill
+            G = torch.cat([gp for gp, _ in self.pairs])
+            X = torch.cat([xp for _, xp in self.pairs])
+            self.pairs, self.kept = [], 0
+            a = acc.get(pn)
+            if a is None:
+                a = acc[pn] = spill.zeros(self.shape, np.float32)
+            step = max(1, self.ROW_ELEMENTS // max(self.shape[1], 1))
+            for r0 in range(0, self.shape[0], step):
+                r1 = min(r0 + step, self.shape[0])
+                spill.add_squares(a[r0:r1], G[:, r0:r1].t() @ X, acc.scale)
+            spill.release(a)
         if self.b is not None:
             acc.add_tensor(self.names["bias"], self.b)
             self.b.zero_()
@@ -129,6 +169,7 @@ class HeadGrads:
     def close(self) -> None:
         self._handle.remove()
         self.w = self.b = None
+        self.pairs = []
 
 
 def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 0):

@@ -417,3 +417,34 @@ def test_moe_imatrix_round_trip(tiny_arch, tmp_path, capsys):
         np.testing.assert_allclose(d[n], np.asarray(s2) / max(c, 1), rtol=1e-5, atol=1e-12)
     assert not np.allclose(d["model.layers.1.mlp.experts.0.up_proj.weight"],
                            d["model.layers.1.mlp.experts.1.up_proj.weight"])
+
+
+@pytest.mark.parametrize("arch", ["llama"])
+def test_fisher_head_kept_pairs_equal_the_buffer(tiny_arch, arch, monkeypatch):
+    """The head's weight gradient formed at flush a vocabulary chunk at a time from the kept
+    (dz, x) gives the F of the vocabulary x hidden buffer path (taken when the kept pairs
+    would outgrow a quarter of it); each path is seen taken."""
+    from workbench import runner_measures as rm, sensitivity
+    from workbench.sensitivity import fisher_diagonals
+    model = open_model(str(tiny_arch(arch)))
+    monkeypatch.setattr(sensitivity, "_FISHER_CACHE", {})
+    seen = []
+    real_flush = rm.HeadGrads.flush
+
+    def flush(self, acc):
+        seen.append("buffer" if self.w is not None else "pairs" if self.pairs else "none")
+        return real_flush(self, acc)
+    monkeypatch.setattr(rm.HeadGrads, "flush", flush)
+    monkeypatch.setattr(rm.HeadGrads, "ROW_ELEMENTS", 7 * 64)    # several vocabulary chunks
+    monkeypatch.setattr(rm.HeadGrads, "KEEP_DIVISOR", 1)     # a tiny model's hidden is small
+    kept, _ = run(fisher_diagonals(model, samples=N, max_len=LEN, probes=2, batch_size=3))
+    assert seen and set(seen) == {"pairs"}, seen
+    seen.clear()
+    monkeypatch.setattr(rm.HeadGrads, "KEEP_DIVISOR", 10 ** 12)
+    monkeypatch.setattr(sensitivity, "_FISHER_CACHE", {})
+    buf, _ = run(fisher_diagonals(model, samples=N, max_len=LEN, probes=2, batch_size=3))
+    assert seen and set(seen) == {"buffer"}, seen
+    assert kept.keys() == buf.keys()
+    for n in kept:
+        a, b = np.asarray(kept[n]), np.asarray(buf[n])
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max() + 1e-12, n
