@@ -238,6 +238,12 @@ def _int_qparams_kernel(spec: Spec, w2d: np.ndarray):
     return scale, (zero if asym else None), inv, (zf if asym else host.DUMMY_F32)
 
 
+def searched_sym(spec: Spec) -> bool:
+    """True for the symmetric integer schemes whose per-block scale is searched over every
+    value of the block (`_sym_qparams_kernel` computes it)."""
+    return spec.clip == "minmax" and not spec.pot and not spec.asym and spec.gran != "tensor"
+
+
 def _sym_qparams_kernel(spec: Spec, w2d: np.ndarray):
     """Symmetric searched qparams in a kernel (same values as scheme.choose_qparams); None
     when a block holds NaN/Inf or a float32 scale whose inverse overflows."""
@@ -264,7 +270,7 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
     if q == "int":
         def minmax(gs, bpr):
             return _stats(w2d, gs, bpr, 1)
-        if spec.clip == "minmax" and not spec.pot and not spec.asym and spec.gran != "tensor":
+        if searched_sym(spec):
             got = _sym_qparams_kernel(spec, w2d)
             if got is None:
                 return None                  # NaN/Inf or a scale the reference decides

@@ -122,13 +122,11 @@ def quantize(spec: Spec, w2d: np.ndarray, choose_qparams=None) -> dict:
         def minmax(gs, bpr):
             lo, hi, _ = _ranges(dw, rows, cols, gs, bpr)
             return lo, hi
-        got = None
-        if spec.clip == "minmax" and not spec.pot and not spec.asym and spec.gran != "tensor":
-            # the symmetric scale search needs every value of a block: the CPU kernel's
-            # (bit-identical to the reference), not the reference's numpy on the host (an
-            # H100 quantized int4-g128 at 0.04 GB/s that way)
-            from .cpu_ops import _sym_qparams_kernel
-            got = _sym_qparams_kernel(spec, w2d)
+        from .cpu_ops import _sym_qparams_kernel, searched_sym
+        # the symmetric scale search needs every value of a block: the CPU kernel's
+        # (bit-identical to the reference), not the reference's numpy on the host (an H100
+        # quantized int4-g128 at 0.04 GB/s that way)
+        got = _sym_qparams_kernel(spec, w2d) if searched_sym(spec) else None
         if got is None:
             got = host.int_qparams(spec, w2d, minmax, choose_qparams)
         scale, zero, inv, zf = got

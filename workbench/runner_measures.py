@@ -49,6 +49,14 @@ class SquareSums(dict):
         super().__init__()
         self.scale = scale
 
+    def slot(self, pn: str, shape) -> np.ndarray:
+        """The running sum of parameter `pn` (zeros of `shape` on first use)."""
+        from . import spill
+        a = self.get(pn)
+        if a is None:
+            a = self[pn] = spill.zeros(tuple(shape), np.float32)
+        return a
+
     def add(self, runner, pnames) -> None:
         """Add the squares of the current gradients of `pnames` and drop the gradients."""
         from . import spill
@@ -57,19 +65,13 @@ class SquareSums(dict):
             p = mod._parameters[attr]
             if p is None or p.grad is None:
                 continue
-            a = self.get(pn)
-            if a is None:
-                a = self[pn] = spill.zeros(tuple(p.grad.shape), np.float32)
-            spill.add_squares(a, p.grad, self.scale)
+            spill.add_squares(self.slot(pn, p.grad.shape), p.grad, self.scale)
             p.grad = None
 
     def add_tensor(self, pn: str, g) -> None:
         """Add the squares of gradient `g` (a tensor of parameter `pn`'s shape)."""
         from . import spill
-        a = self.get(pn)
-        if a is None:
-            a = self[pn] = spill.zeros(tuple(g.shape), np.float32)
-        spill.add_squares(a, g, self.scale)
+        spill.add_squares(self.slot(pn, g.shape), g, self.scale)
 
 
 class HeadGrads:
@@ -154,9 +156,7 @@ class HeadGrads:
             G = torch.cat([gp for gp, _ in self.pairs])
             X = torch.cat([xp for _, xp in self.pairs])
             self.pairs, self.kept = [], 0
-            a = acc.get(pn)
-            if a is None:
-                a = acc[pn] = spill.zeros(self.shape, np.float32)
+            a = acc.slot(pn, self.shape)
             step = max(1, self.ROW_ELEMENTS // max(self.shape[1], 1))
             for r0 in range(0, self.shape[0], step):
                 r1 = min(r0 + step, self.shape[0])
