@@ -66,23 +66,14 @@ def _llama_cpp(args, stream: bool = False):
     return None, (out.stderr or "")[-2000:] or f"exit status {out.returncode}"
 
 
-SHIM_SOURCE = Path(__file__).with_name("llama_log_flush.c")
-_shim: dict[str, Path] = {}
-
-
 def log_flush_shim() -> Path:
-    """The compiled llama_log_flush.c (once per session): preloaded into every tool so that its
-    asynchronous log is printed entirely before it exits (see the file's comment)."""
-    if "path" not in _shim:
-        import tempfile
-        cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-        out = Path(tempfile.mkdtemp(prefix="qw-llama-shim-")) / "libqw_log_flush.so"
-        r = subprocess.run([cc or "cc", "-shared", "-fPIC", "-O2", "-o", str(out),
-                            str(SHIM_SOURCE), "-ldl"], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise AssertionError(f"cannot compile {SHIM_SOURCE.name}: {r.stderr[-1500:]}")
-        _shim["path"] = out
-    return _shim["path"]
+    """workbench/llama_log_flush.c compiled (once, cached): preloaded into every tool so that
+    its asynchronous log is printed entirely before it exits (see the file's comment)."""
+    from workbench.llama_kld import SHIM_SOURCE, log_flush_shim as shim
+    path = shim()
+    if path is None:
+        raise AssertionError(f"cannot compile {SHIM_SOURCE} (no C compiler?)")
+    return path
 
 
 def run_tool(llama_bin: Path, tool: str, *args, timeout=300) -> subprocess.CompletedProcess:
@@ -137,10 +128,10 @@ def minilm_reference(minilm_folder, sentences) -> np.ndarray:
 def perplexity(llama_bin: Path, gguf_path: Path, text: Path, ctx: int = 128) -> float:
     """llama-perplexity's final estimate ("Final estimate: PPL = ..."), printed through its
     asynchronous log: complete since run_tool drains the log before the tool exits."""
-    import re
+    from workbench.llama_kld import parse_final_ppl
     r = run_tool(llama_bin, "llama-perplexity", "-m", gguf_path, "-f", text, "-c", ctx, "-b",
                  ctx, "-t", "2")
     out = r.stdout + r.stderr
-    m = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
-    assert m, f"llama-perplexity printed no final estimate:\n{out[-1500:]}"
-    return float(m.group(1))
+    ppl = parse_final_ppl(out)
+    assert ppl is not None, f"llama-perplexity printed no final estimate:\n{out[-1500:]}"
+    return ppl

@@ -1,5 +1,11 @@
 """`quant-workbench bench-allocate [--tensors 500] [--schemes 12] [--repeat 5] [--json]`: times
-the allocator (workbench.allocate.solve_detailed) on synthetic tables."""
+the allocator (workbench.allocate.solve_detailed) on synthetic tables.
+
+`quant-workbench bench-allocate --vs-llama MODEL [--calib F] --held-out F [--types Q4_K_M,..]
+[--ctx 512] [--chunks N] [--threads 2] [--timeout S] [--workbench-args "..."] [-o DIR] [--json]`:
+the default `allocate` + `export` against llama.cpp's imatrix + quantize on the same float model
+and calibration text, every file judged by llama-perplexity's KL divergence on held-out text
+(workbench.bench.vs_llama)."""
 
 from __future__ import annotations
 
@@ -7,11 +13,40 @@ from ..common import print_json
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench-allocate", help="time the budget allocator on synthetic data")
+    p = sub.add_parser("bench-allocate", help="time the budget allocator on synthetic data, or "
+                       "(--vs-llama MODEL) allocate + export against llama.cpp's imatrix "
+                       "pipeline, judged by llama-perplexity's KL divergence")
     p.add_argument("--tensors", type=int, default=500)
     p.add_argument("--schemes", type=int, default=12)
     p.add_argument("--repeat", type=int, default=10, help="instances (different seeds)")
     p.add_argument("--json", action="store_true")
+    g = p.add_argument_group("--vs-llama (docs/vs-llama.md)")
+    g.add_argument("--vs-llama", metavar="MODEL", default=None,
+                   help="a float Hugging Face folder: time the default allocate + export against "
+                        "llama-imatrix + llama-quantize and judge every file with "
+                        "llama-perplexity --kl-divergence")
+    g.add_argument("--calib", default=None, metavar="FILE",
+                   help="calibration text for llama-imatrix and allocate (default: "
+                        "resources/calibration.txt)")
+    g.add_argument("--held-out", default=None, metavar="FILE",
+                   help="the text KLD is measured on; required, and not the calibration text")
+    g.add_argument("--types", default="Q4_K_M,Q3_K_M,IQ4_NL",
+                   help="llama-quantize types made with the imatrix; the workbench allocates at "
+                        "each one's file size (default Q4_K_M,Q3_K_M,IQ4_NL)")
+    g.add_argument("--ctx", type=int, default=512, help="llama-imatrix / llama-perplexity "
+                   "context (default 512)")
+    g.add_argument("--chunks", type=int, default=None,
+                   help="score at most N chunks of the held-out text (default: all)")
+    g.add_argument("--threads", type=int, default=2,
+                   help="threads of the llama.cpp tools (default 2)")
+    g.add_argument("--timeout", type=float, default=3600.0, metavar="S",
+                   help="stop any one step after S seconds (default 3600); a workbench step "
+                        "stopped is reported in its row")
+    g.add_argument("--workbench-args", default="", metavar="\"ARGS\"",
+                   help="more allocate options, one quoted string (e.g. \"--methods rtn\")")
+    g.add_argument("-o", "--output", default=None, metavar="DIR",
+                   help="a new (or empty) folder keeping every file and log (default: "
+                        "./vs-llama-NAME-TIME)")
     p.set_defaults(func=run)
 
 
@@ -34,6 +69,8 @@ def synthetic(n: int, k: int, seed: int):
 
 
 def run(args) -> int:
+    if args.vs_llama:
+        return run_vs_llama(args)
     import time
     from ...allocate import solve_detailed
     rows = []
@@ -61,3 +98,61 @@ def run(args) -> int:
     print(f"  slowest {1000 * worst:.1f} ms; proven optimal {sum(r['exact'] for r in rows)}"
           f"/{len(rows)}")
     return 0
+
+
+def run_vs_llama(args) -> int:
+    import time
+    from pathlib import Path
+
+    from ...bench.vs_llama import parse_types, split_args, table, vs_llama
+    from ...errors import WorkbenchError
+    if not args.held_out:
+        raise WorkbenchError("--vs-llama needs --held-out FILE: a text the calibration never "
+                             "saw, a few thousand tokens long")
+    for name, v in (("--ctx", args.ctx), ("--threads", args.threads)):
+        if v < 1:
+            raise WorkbenchError(f"{name} must be at least 1, got {v}")
+    if args.chunks is not None and args.chunks < 1:
+        raise WorkbenchError(f"--chunks must be at least 1, got {args.chunks}")
+    types = parse_types(args.types)
+    extra = split_args(args.workbench_args)
+    calib = args.calib or str(Path(__file__).resolve().parents[3] / "resources" /
+                              "calibration.txt")
+    out = args.output or f"vs-llama-{Path(args.vs_llama).resolve().name}-" \
+                         f"{time.strftime('%Y%m%d-%H%M%S')}"
+    job = vs_llama(args.vs_llama, calib, args.held_out, out, types, ctx=args.ctx,
+                   chunks=args.chunks, threads=args.threads, workbench_args=extra,
+                   timeout=args.timeout)
+    res = drive_lines(job)
+    if args.json:
+        print_json(res)
+    else:
+        print(table(res))
+    return 0
+
+
+def drive_lines(job, every: float = 10.0, stream=None):
+    """Run a job printing its progress as lines on stderr: each new stage ('[i/N] ...') at
+    once, otherwise the latest message every `every` seconds. Ctrl-C closes the job (its child
+    processes are killed) before the interrupt goes on."""
+    import sys
+    import time
+
+    from ...progress import run
+    stream = stream or sys.stderr
+    state = {"stage": None, "last": 0.0}
+    t0 = time.monotonic()
+
+    def show(ev):
+        now = time.monotonic()
+        stage = ev.message.split("]", 1)[0] if ev.message.startswith("[") else \
+            ev.message.split(",", 1)[0]
+        if stage != state["stage"] or now - state["last"] >= every:
+            state["stage"], state["last"] = stage, now
+            stream.write(f"{now - t0:7.0f} s  {ev.message}\n")
+            stream.flush()
+    try:
+        return run(job, show)
+    except BaseException:
+        job.close()
+        raise

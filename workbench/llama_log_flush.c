@@ -1,4 +1,4 @@
-/* Preloaded into llama.cpp's tools by tests/runtime/conftest.py (run_tool).
+/* Preloaded into llama.cpp's tools by workbench.llama_kld (run_tool; tests/runtime uses it too).
 
    llama.cpp's tools print through common/log.cpp's logger: LOG() queues each message and a
    worker thread prints the queue (stdout for LOG, stderr for LOG_INF ...). The logger is a
