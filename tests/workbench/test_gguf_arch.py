@@ -298,3 +298,78 @@ def test_llama3_rope_scaling_writes_rope_freqs(tiny_arch, tmp_path):
     inv = 1.0 / (500000.0 ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
     np.testing.assert_allclose(freqs, inv / inv_l3.double().numpy(), rtol=1e-5)
     assert freqs.min() == 1.0 and freqs.max() == 8.0
+
+
+@pytest.fixture(scope="module")
+def gemma3_spm(tmp_path_factory):
+    """A tiny gemma3_text with a SentencePiece-style tokenizer (byte fallback, U+2581 spaces),
+    alternating sliding/global layers and query_pre_attn_scalar 256 unlike head_dim 64,
+    exported at fp16: (folder, gguf path)."""
+    import transformers
+
+    from tests.tiny_archs import make_tiny, write_spm_tokenizer
+    if "gemma3_text" not in transformers.CONFIG_MAPPING:
+        pytest.skip("transformers has no gemma3_text")
+    d = tmp_path_factory.mktemp("gemma3-spm")
+    folder = d / "hf"
+    folder.mkdir()
+    n_vocab = write_spm_tokenizer(folder)
+    make_tiny("gemma3_text", folder, tokenizer=False, overrides=dict(
+        vocab_size=n_vocab, num_hidden_layers=4, query_pre_attn_scalar=256,
+        layer_types=["sliding_attention", "full_attention"] * 2, bos_token_id=2,
+        eos_token_id=1, pad_token_id=0))
+    out = d / "f16.gguf"
+    info = run(export(open_model(folder), Plan(default="fp16"), "gguf", out))
+    assert info["runnable_by_llama_cpp"], info.get("not_runnable")
+    return folder, out
+
+
+def test_sentencepiece_style_tokenizer_written_as_llamas(gemma3_spm):
+    """Gemma's tokenizer.json (BPE with byte fallback) becomes llama.cpp's `llama` tokenizer:
+    tokens in id order, CONTROL specials, BYTE <0xNN>, scores falling with each merged
+    token's first merge (the order llama.cpp merges in), no merges, no space prefix."""
+    folder, path = gemma3_spm
+    r = _reader(path)
+    tok = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tok["model"]["vocab"]
+    assert _field(r, "tokenizer.ggml.model") == "llama"
+    assert _field(r, "tokenizer.ggml.pre") == "default"
+    assert _field(r, "tokenizer.ggml.merges") is None
+    tokens = _field(r, "tokenizer.ggml.tokens")
+    assert tokens == sorted(vocab, key=vocab.get)
+    types = np.array(_field(r, "tokenizer.ggml.token_type"))
+    scores = np.array(_field(r, "tokenizer.ggml.scores"))
+    assert types[:6].tolist() == [3] * 6                     # <pad> <eos> <bos> <unk> ...
+    assert (types[6:262] == 6).all() and tokens[6] == "<0x00>"  # bytes
+    assert (types[262:] == 1).all() and (scores[:262] == [-1000.0] * 6 + [0.0] * 256).all()
+    first = {}
+    for rank, (a, b) in enumerate(tok["model"]["merges"]):
+        first.setdefault(a + b, rank)
+    merged = [i for i in range(262, len(tokens)) if tokens[i] in first]
+    assert len(merged) > 400
+    assert [scores[i] for i in merged] == [-float(first[tokens[i]]) for i in merged]
+    assert scores[len(merged) + 262:].max() < scores[merged].min()    # single characters
+    assert _field(r, "tokenizer.ggml.add_space_prefix") is False
+    assert _field(r, "tokenizer.ggml.add_bos_token") is True
+    assert _field(r, "tokenizer.ggml.add_eos_token") is False
+    assert (_field(r, "tokenizer.ggml.bos_token_id"), _field(r, "tokenizer.ggml.eos_token_id"),
+            _field(r, "tokenizer.ggml.unknown_token_id")) == (2, 1, 3)
+
+
+def test_gemma3_query_scale_and_layer_pattern(gemma3_spm):
+    """query_pre_attn_scalar 256 with head_dim 64: llama.cpp scales queries by 64^-1/2, so
+    q_norm is stored as (1 + w) * sqrt(64 / 256); k_norm only + 1. layer_types other than
+    llama.cpp's every-6th-global are written as the per-layer bool pattern."""
+    folder, path = gemma3_spm
+    r = _reader(path)
+    t = {x.name: np.asarray(x.data) for x in r.tensors}
+    src = open_model(folder)
+    for b in range(4):
+        q = src.read(f"model.layers.{b}.self_attn.q_norm.weight")
+        np.testing.assert_allclose(t[f"blk.{b}.attn_q_norm.weight"], (q + 1) * 0.5, rtol=1e-6)
+        k = src.read(f"model.layers.{b}.self_attn.k_norm.weight")
+        np.testing.assert_array_equal(t[f"blk.{b}.attn_k_norm.weight"], k + np.float32(1))
+    src.close()
+    assert _field(r, "gemma3.attention.sliding_window_pattern") == [True, False, True, False]
+    assert _field(r, "gemma3.attention.sliding_window") == 64
+    assert _field(r, "gemma3.rope.freq_base_swa") == 10000.0

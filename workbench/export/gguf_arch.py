@@ -10,7 +10,11 @@ extra hyper-parameters and layout changes:
 
 * Llama/Mistral/Mixtral: q/k rows (and biases) permuted to llama.cpp's rope layout;
   ``rope_freqs`` for Llama 3's rope scaling.
-* Gemma 2/3: RMSNorm weights stored as ``1 + w`` (Hugging Face adds the 1 at run time).
+* Gemma 2/3: RMSNorm weights stored as ``1 + w`` (Hugging Face adds the 1 at run time);
+  queries scaled when ``query_pre_attn_scalar`` is not the scale llama.cpp fixes; Gemma 3's
+  per-layer sliding pattern written when it is not llama.cpp's every-6th-global.
+* SentencePiece-style BPE tokenizers (Gemma, Llama 2, Mistral: byte fallback, spaces as
+  U+2581) written as llama.cpp's ``llama`` tokenizer (tokens, scores, types), not as BPE.
 * GPT-2: Conv1D weights transposed.
 * DeepSeek-V3 (llama.cpp ``deepseek2``, MLA): ``kv_b_proj`` split per head into ``attn_k_b``
   (transposed) and ``attn_v_b``; the router's ``e_score_correction_bias`` is ``exp_probs_b``.
@@ -363,6 +367,10 @@ def write_hparams(writer, t: HFTarget) -> None:
     if isinstance(rp, dict) and isinstance(rp.get("sliding_attention"), dict) and \
             rp["sliding_attention"].get("rope_theta") is not None:
         writer.add_rope_freq_base_swa(float(rp["sliding_attention"]["rope_theta"]))
+    elif (local := _hp(c, "local_rope_theta", "rope_local_theta", "rope_theta_local",
+                       "swa_rope_theta", "rope_local_base_freq")) is not None:
+        # older configs (transformers 4: Gemma 3's rope_local_base_freq), as the converter
+        writer.add_rope_freq_base_swa(float(local))
     if (eps := _hp(c, "rms_norm_eps")) is not None:
         writer.add_layer_norm_rms_eps(float(eps))
     if (eps := _hp(c, "layer_norm_eps", "layer_norm_epsilon")) is not None:
@@ -403,25 +411,34 @@ def _hp_gemma2(writer, t: HFTarget) -> None:
 
 
 def _hp_gemma3(writer, t: HFTarget) -> None:
+    """Gemma 3's keys beyond the common ones: final logit softcapping, the sliding window and
+    which layers use it. llama.cpp's gemma3 makes every 6th layer global unless the file
+    carries ``attention.sliding_window_pattern`` as one bool per layer (load_swa_pattern reads
+    that array first): it is written when config.json's ``layer_types`` (or, in older configs,
+    ``sliding_window_pattern``) differ from every-6th, so any pattern runs as in transformers.
+    No sliding window is written when no layer slides (llama.cpp then runs none)."""
     c = t.config
     if c.get("final_logit_softcapping"):
         writer.add_final_logit_softcapping(float(c["final_logit_softcapping"]))
     if c.get("attn_logit_softcapping"):
         raise WorkbenchError("Gemma 3 with attention logit softcapping: llama.cpp's gemma3 has "
                              f"none; {CONVERTER_HINT}", path=str(t.folder / "config.json"))
-    pattern = c.get("sliding_window_pattern", c.get("_sliding_window_pattern"))
-    if pattern != 1 and c.get("sliding_window") is not None:
-        writer.add_sliding_window(int(c["sliding_window"]))
-        # llama.cpp's gemma3 makes every 6th layer global (load_swa_pattern(ml, 6)); a config
-        # whose layer types differ would run another network
-        types = c.get("layer_types")
-        if isinstance(types, list) and types:
-            want = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
-                    for i in range(len(types))]
-            if types != want:
-                raise WorkbenchError(
-                    "Gemma 3 layer_types differ from llama.cpp's fixed pattern (every 6th "
-                    f"layer global); {CONVERTER_HINT}", path=str(t.folder / "config.json"))
+    n = t.arch.n_blocks
+    types = c.get("layer_types")
+    if not (isinstance(types, list) and len(types) == n):
+        pattern = c.get("sliding_window_pattern", c.get("_sliding_window_pattern")) or 6
+        types = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention"
+                 for i in range(n)]
+    unknown = sorted({x for x in types} - {"sliding_attention", "full_attention"})
+    if unknown:
+        raise WorkbenchError(f"Gemma 3 layer types {unknown} are not sliding or full attention; "
+                             f"{CONVERTER_HINT}", path=str(t.folder / "config.json"))
+    sliding = [x == "sliding_attention" for x in types]
+    if c.get("sliding_window") is None or not any(sliding):
+        return
+    writer.add_sliding_window(int(c["sliding_window"]))
+    if sliding != [(i + 1) % 6 != 0 for i in range(n)]:
+        writer.add_sliding_window_pattern(sliding)
 
 
 def _hp_phi3(writer, t: HFTarget) -> None:
@@ -539,6 +556,8 @@ def write_tokenizer(writer, t: HFTarget) -> int:
     for s, a in added.items():
         id_to_tok[int(a["id"])] = s
     n_vocab = max(int(_hp(t.config, "vocab_size", default=0)), max(id_to_tok) + 1)
+    if model.get("type") == "BPE" and (space_prefix := _spm_style(tok)) is not None:
+        return _write_spm(writer, t, tok, id_to_tok, added, n_vocab, space_prefix)
     tokens, types = [], []
     wpm = model.get("type") == "WordPiece"
     for i in range(n_vocab):
@@ -575,6 +594,96 @@ def write_tokenizer(writer, t: HFTarget) -> int:
     t.tokens = tokens
     writer.add_token_list(tokens)
     writer.add_token_types(types)
+    special.add_to_gguf(writer, quiet=True)
+    return len(tokens)
+
+
+def _spm_style(tok: dict) -> bool | None:
+    """Whether this BPE tokenizer.json is a SentencePiece model in disguise (Gemma, Llama 2,
+    Mistral: transformers' conversion of a SentencePiece BPE model): byte fallback, spaces
+    written as U+2581 by the normalizer (Replace, optionally after Prepend) or by a Metaspace
+    pre-tokenizer that does not split, and no other pre-tokenizer. Returns whether a U+2581 is
+    put in front of the text (llama.cpp's add_space_prefix), or None when it is not such a
+    tokenizer (then it is a byte-level BPE: GPT-2, Llama 3, Qwen)."""
+    m = tok["model"]
+    if not m.get("byte_fallback") or m.get("ignore_merges"):
+        return None
+    norm, pre = tok.get("normalizer"), tok.get("pre_tokenizer")
+    norms = norm.get("normalizers", []) if isinstance(norm, dict) and \
+        norm.get("type") == "Sequence" else ([norm] if norm else [])
+    pres = pre.get("pretokenizers", []) if isinstance(pre, dict) and \
+        pre.get("type") == "Sequence" else ([pre] if pre else [])
+    prefix, spaces = False, False
+    for n in norms:
+        kind = n.get("type") if isinstance(n, dict) else None
+        if kind == "Prepend" and n.get("prepend") == "\u2581" and not spaces:
+            prefix = True
+        elif kind == "Replace" and n.get("pattern") == {"String": " "} and \
+                n.get("content") == "\u2581":
+            spaces = True
+        else:
+            return None
+    for p in pres:
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind == "Metaspace" and p.get("replacement", "\u2581") == "\u2581" and \
+                not p.get("split", True) and not spaces:
+            spaces = True
+            prefix = p.get("prepend_scheme", "always") in ("always", "first") or \
+                bool(p.get("add_prefix_space"))
+        elif kind == "Split" and p.get("pattern") == {"String": " "} and spaces and \
+                p.get("behavior") == "MergedWithPrevious" and not p.get("invert"):
+            pass    # after the normalizer's Replace there is no space left to split on
+        else:
+            return None
+    return prefix if spaces else None
+
+
+def _write_spm(writer, t: HFTarget, tok: dict, id_to_tok: dict, added: dict, n_vocab: int,
+               space_prefix: bool) -> int:
+    """A SentencePiece-style BPE tokenizer.json as llama.cpp's ``llama`` tokenizer (what
+    convert_hf_to_gguf writes for Gemma, Llama 2, Mistral from tokenizer.model): tokens,
+    scores and token types, no merges. llama.cpp merges the adjacent pair whose joined text is
+    the highest-scored token, so a token's score is minus the rank of the first merge that
+    makes it (tokens no merge makes score below every merge, in id order). Types: added tokens
+    marked special are CONTROL, other added tokens USER_DEFINED with U+2581 written as a space
+    (llama.cpp matches them in the raw text), ``<0xNN>`` BYTE; score -1000 for added tokens and
+    0 for bytes, as the converter writes them; ids without a token UNUSED ``[PADn]``."""
+    import gguf
+    rank: dict[str, int] = {}
+    for r, pair in enumerate(tok["model"].get("merges") or []):
+        a, b = pair.split(" ", 1) if isinstance(pair, str) else pair
+        rank.setdefault(a + b, r)
+    n_merges = len(rank) and max(rank.values()) + 1
+    byte = re.compile(r"<0x[0-9A-F]{2}>$")
+    tokens, scores, types = [], [], []
+    for i in range(n_vocab):
+        s = id_to_tok.get(i)
+        if s is None:
+            tokens.append(f"[PAD{i}]")
+            scores.append(-10000.0)
+            types.append(gguf.TokenType.UNUSED)
+        elif s in added:
+            special = bool(added[s].get("special"))
+            tokens.append(s if special else s.replace("\u2581", " "))
+            scores.append(-1000.0)
+            types.append(gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED)
+        elif byte.match(s):
+            tokens.append(s)
+            scores.append(0.0)
+            types.append(gguf.TokenType.BYTE)
+        else:
+            tokens.append(s)
+            scores.append(-float(rank[s]) if s in rank else -float(n_merges + i))
+            types.append(gguf.TokenType.NORMAL)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_add_space_prefix(space_prefix)
+    t.tokens = tokens
+    special = gguf.SpecialVocab(t.folder, n_vocab=len(tokens))
+    special.add_special_token.setdefault("eos", False)   # as transformers: no eos appended
     special.add_to_gguf(writer, quiet=True)
     return len(tokens)
 
@@ -623,6 +732,40 @@ def _norm_plus_one(t: HFTarget, hf_name: str) -> bool:
     return t.spec.norm_plus_one and hf_name.endswith("norm.weight")
 
 
+# the tensor that carries a Gemma query scale llama.cpp cannot be told (see _query_scale)
+_QUERY_SCALED = {"GEMMA3": re.compile(r"self_attn\.q_norm\.weight$"),
+                 "GEMMA2": re.compile(r"self_attn\.q_proj\.(weight|bias)$")}
+# llama.cpp's "27B" Gemma (by block count) scales queries by 1/sqrt(n_embd / n_head)
+_GEMMA_27B_BLOCKS = {"GEMMA2": 46, "GEMMA3": 62}
+
+
+def _query_scale(t: HFTarget) -> float | None:
+    """The factor folded into Gemma's queries so that llama.cpp's attention scale equals
+    transformers' (None: they already agree). transformers scales q.k by
+    query_pre_attn_scalar^-1/2; llama.cpp's gemma2/gemma3 fix it at head_dim^-1/2 (n_embd /
+    n_head for the block counts it takes for 27B) and read no key for it. A config whose
+    query_pre_attn_scalar differs (e.g. a generated one) would otherwise run a different
+    network at every length: the queries are multiplied by sqrt(llama's / transformers'),
+    in Gemma 3's q_norm weight (applied before the rope, which is linear) or Gemma 2's q_proj
+    (it has no q_norm); exact up to rounding."""
+    a = t.arch.gguf_arch
+    if a not in _QUERY_SCALED:
+        return None
+    c = t.config
+    qpas = float(_hp(c, "query_pre_attn_scalar", default=256))
+    n_embd, n_head = int(c["hidden_size"]), int(c["num_attention_heads"])
+    head_dim = int(_hp(c, "head_dim") or n_embd // n_head)
+    ours = n_embd // n_head if t.arch.n_blocks == _GEMMA_27B_BLOCKS[a] else head_dim
+    if qpas <= 0 or float(ours) == qpas:
+        return None
+    return float(np.sqrt(ours / qpas))
+
+
+def _query_scaled(t: HFTarget, hf_name: str) -> bool:
+    rx = _QUERY_SCALED.get(t.arch.gguf_arch)
+    return rx is not None and bool(rx.search(hf_name)) and _query_scale(t) is not None
+
+
 def transform(t: HFTarget, hf_name: str, w: np.ndarray) -> np.ndarray | None:
     """The layout llama.cpp expects for this tensor (None: unchanged).
 
@@ -630,12 +773,16 @@ def transform(t: HFTarget, hf_name: str, w: np.ndarray) -> np.ndarray | None:
       to llama.cpp's interleaved one (convert_hf_to_gguf ``LlamaModel.permute``).
     * Gemma RMSNorm weights w are stored as 1 + w (Hugging Face's Gemma norms multiply by
       1 + w; llama.cpp's by the stored weight), in float32.
+    * Gemma queries scaled when query_pre_attn_scalar is not llama.cpp's (_query_scale).
     * GPT-2 Conv1D weights are stored (in, out) and transposed."""
     a = t.arch.gguf_arch
     if a == "GPT2" and CONV1D.search(hf_name) and w.ndim == 2:
         return np.ascontiguousarray(w.T)
     if _norm_plus_one(t, hf_name):
-        return np.asarray(w, np.float32) + np.float32(1.0)
+        w = np.asarray(w, np.float32) + np.float32(1.0)
+        return w * np.float32(_query_scale(t)) if _query_scaled(t, hf_name) else w
+    if _query_scaled(t, hf_name):
+        return (np.asarray(w, np.float32) * np.float32(_query_scale(t))).astype(w.dtype)
     if t.spec.permute_qk and _ROPE_PERMUTED.search(hf_name):
         n_head = int(_hp(t.config, "num_attention_heads"))
         if ".k_proj." in hf_name:
@@ -655,4 +802,4 @@ def transformed_shape(t: HFTarget, hf_name: str, shape: tuple) -> tuple:
 def needs_transform(t: HFTarget, hf_name: str) -> bool:
     a = t.arch.gguf_arch
     return (a == "GPT2" and bool(CONV1D.search(hf_name))) or _norm_plus_one(t, hf_name) or (
-        t.spec.permute_qk and bool(_ROPE_PERMUTED.search(hf_name)))
+        t.spec.permute_qk and bool(_ROPE_PERMUTED.search(hf_name))) or _query_scaled(t, hf_name)
