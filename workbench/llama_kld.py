@@ -147,14 +147,24 @@ def last_line(path: Path, limit: int = 4096) -> str:
     return lines[-1] if lines else ""
 
 
+def _children_cpu() -> float:
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run_child(cmd: list, log: Path, label: str, timeout: float = DEFAULT_TIMEOUT,
-              env: dict | None = None, tick: float = 2.0, status=None):
+              env: dict | None = None, tick: float = 2.0, status=None,
+              usage: dict | None = None):
     """Run `cmd` (its stdout and stderr into `log`), yielding Progress(0, 1, message) every
     `tick` seconds: `label`, the seconds elapsed and what `status(log)` says (default: the
-    log's last line). Returns (exit status, wall seconds). On timeout, Ctrl-C or the job being
-    closed the child's whole process group is killed; a timeout raises WorkbenchError."""
+    log's last line). Returns (exit status, wall seconds); `usage`, when given, gets "cpu_s"
+    (the child's user + system CPU seconds, its waited-for children included: a figure the
+    machine's load barely changes). On timeout, Ctrl-C or the job being closed the child's
+    whole process group is killed; a timeout raises WorkbenchError."""
     log = Path(log)
     status = status or last_line
+    c0 = _children_cpu()
     t0 = time.perf_counter()
     with open(log, "wb") as fh:
         proc = subprocess.Popen([str(c) for c in cmd], stdout=fh, stderr=subprocess.STDOUT,
@@ -175,7 +185,10 @@ def run_child(cmd: list, log: Path, label: str, timeout: float = DEFAULT_TIMEOUT
                 yield Progress(0, 1, f"{label}, {dt:.0f} s" + (f": {said[:120]}" if said else ""))
         finally:
             kill_group(proc)
-    return proc.returncode, time.perf_counter() - t0
+    dt = time.perf_counter() - t0
+    if usage is not None:
+        usage["cpu_s"] = _children_cpu() - c0
+    return proc.returncode, dt
 
 
 def _chunk_status(log: Path) -> str:

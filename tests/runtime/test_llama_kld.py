@@ -43,7 +43,7 @@ def text(tmp_path_factory):
     return p
 
 
-def _cli(*args, env=None, timeout=120):
+def _cli(*args, env=None, timeout=300):
     return subprocess.run([sys.executable, "-c",
                            "import sys; from workbench.cli import main; sys.exit(main())",
                            *map(str, args)], capture_output=True, text=True, timeout=timeout,

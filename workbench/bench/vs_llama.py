@@ -107,12 +107,16 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
     #                                   allocate, export, 2 KLD
     state = {"step": 0}
 
+    cpu: dict[str, float] = {}
+
     def step(cmd, log_name, label, tool_env=None, status=None):
         state["step"] += 1
         tag = f"[{state['step']}/{n_steps}] {label}"
         yield Progress(state["step"] - 1, n_steps, tag)
+        usage: dict = {}
         rc, dt = yield from lk.run_child(cmd, logs / log_name, tag, timeout, tool_env,
-                                         status=status)
+                                         status=status, usage=usage)
+        cpu[log_name] = usage["cpu_s"]
         if rc != 0:
             raise WorkbenchError(f"{label} failed (exit status {rc}): "
                                  f"{lk._tail(lk._read(logs / log_name))} "
@@ -122,7 +126,7 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
     res = {"model": str(model), "calib": str(calib), "held_out": str(held_out), "ctx": ctx,
            "chunks_limit": chunks, "threads": threads, "types": list(types),
            "workbench_args": extra, "out_dir": str(out), "llama_bin": str(bin_dir),
-           "workbench": qw, "rows": []}
+           "workbench": qw, "rows": [], "load_before": _load()}
 
     def save():
         from ..atomic import write_text_atomic
@@ -132,12 +136,13 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
     f16 = out / "float-f16.gguf"
     t = yield from step([*qw, "export", model, "--scheme", "fp16", "--format", "gguf",
                          "-o", f16], "export-f16.log", "export the F16 GGUF")
-    res["f16"] = {"file": f16.name, "bytes": f16.stat().st_size, "export_s": t}
+    res["f16"] = {"file": f16.name, "bytes": f16.stat().st_size, "export_s": t,
+                  "export_cpu_s": cpu["export-f16.log"]}
     imatrix = out / "imatrix.gguf"
     t = yield from step([bin_dir / "llama-imatrix", "-m", f16, "-f", calib, "-o", imatrix,
                          "-c", ctx, "-t", threads], "llama-imatrix.log", "llama-imatrix",
                         env, lk._chunk_status)
-    res["imatrix_s"] = t
+    res["imatrix_s"], res["imatrix_cpu_s"] = t, cpu["llama-imatrix.log"]
     llama_files = {}
     for ty in types:
         q = out / f"llama-{ty}-imatrix.gguf"
@@ -146,7 +151,8 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
         llama_files[ty] = q
         res["rows"].append({"label": f"llama.cpp {ty} + imatrix", "type": ty, "kind": "llama.cpp",
                             "file": q.name, "bytes": q.stat().st_size, "imatrix_s": res["imatrix_s"],
-                            "quantize_s": t, "wall_s": res["imatrix_s"] + t})
+                            "quantize_s": t, "wall_s": res["imatrix_s"] + t,
+                            "cpu_s": res["imatrix_cpu_s"] + cpu[f"llama-quantize-{ty}.log"]})
     save()
 
     # (b) the workbench, as a user runs it
@@ -175,8 +181,10 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
             continue
         row["bytes"] = q.stat().st_size
         row["wall_s"] = row["allocate_s"] + row["export_s"]
+        row["cpu_s"] = cpu[f"allocate-{ty}.log"] + cpu[f"export-{ty}.log"]
         with_llama = next(r for r in res["rows"] if r["kind"] == "llama.cpp" and r["type"] == ty)
         row["time_ratio"] = row["wall_s"] / with_llama["wall_s"]
+        row["cpu_ratio"] = row["cpu_s"] / with_llama["cpu_s"] if with_llama["cpu_s"] else None
         save()
 
     # (c) the judge: llama-perplexity KLD on the held-out text
@@ -218,10 +226,23 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
         row["kld"] = k
         save()
     first = next((r["kld"] for r in res["rows"] if "kld" in r), {})
-    res.update({"tokens": first.get("tokens"), "chunks": first.get("chunks")})
+    res.update({"tokens": first.get("tokens"), "chunks": first.get("chunks"),
+                "load_after": _load()})
     save()
     yield Progress(n_steps, n_steps, "done")
     return res
+
+
+def _load() -> list[float] | None:
+    """The 1-, 5- and 15-minute load averages (wall times depend on them)."""
+    try:
+        return [round(x, 1) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _fmt_load(v) -> str:
+    return " / ".join(f"{x:.1f}" for x in v) if v else "?"
 
 
 def _f(v, fmt):
@@ -233,12 +254,16 @@ def table(res: dict) -> str:
     name = Path(res["model"]).name
     lines = [f"{name}: held-out {Path(res['held_out']).name} ({res.get('tokens')} tokens scored "
              f"in {res.get('chunks')} chunks of {res['ctx']}), calibration "
-             f"{Path(res['calib']).name}, llama.cpp tools on {res['threads']} threads",
+             f"{Path(res['calib']).name}, llama.cpp tools on {res['threads']} threads, "
+             f"{os.cpu_count()} cores, load {_fmt_load(res.get('load_before'))} before, "
+             f"{_fmt_load(res.get('load_after'))} after",
              "",
-             "| file | bytes | mean KLD | 99.9% KLD | top-1 % | PPL ratio | wall s | time × |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| file | bytes | mean KLD | 99.9% KLD | top-1 % | PPL ratio | wall s | CPU s "
+             "| × wall | × CPU |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     f16 = dict(res.get("f16") or {}, label="F16 against itself (export time)", kind="f16",
-               wall_s=(res.get("f16") or {}).get("export_s"))
+               wall_s=(res.get("f16") or {}).get("export_s"),
+               cpu_s=(res.get("f16") or {}).get("export_cpu_s"))
     for r in [f16, *res["rows"]]:
         k = r.get("kld") or {}
         top = k.get("same_top1")
@@ -249,13 +274,15 @@ def table(res: dict) -> str:
         else:
             wall = f"{r['wall_s']:.1f} ({r['allocate_s']:.1f} + {r['export_s']:.1f})"
         ratio = _f(r.get("time_ratio"), ".1f") + ("×" if r.get("time_ratio") else "")
+        cratio = _f(r.get("cpu_ratio"), ".1f") + ("×" if r.get("cpu_ratio") else "")
         label = r["label"] + (f" ({r['error']})" if "error" in r else "")
         lines.append(f"| {label} | {_f(r.get('bytes'), ',')} | {_f(k.get('mean'), '.4f')} | "
                      f"{_f(k.get('p999'), '.3f')} | {_f(top, '.1f')} | "
-                     f"{_f(k.get('ppl_ratio'), '.3f')} | {wall} | "
-                     f"{ratio if r['kind'] == 'workbench' else ''} |")
+                     f"{_f(k.get('ppl_ratio'), '.3f')} | {wall} | {_f(r.get('cpu_s'), '.1f')} | "
+                     + (f"{ratio} | {cratio} |" if r["kind"] == "workbench" else " | |"))
     lines += ["", "wall s: llama.cpp = llama-imatrix + llama-quantize; workbench = allocate + "
-              "export; time × = workbench / llama.cpp. PPL ratio as llama-perplexity prints it: "
+              "export; CPU s: the same steps' user + system CPU time; × = workbench / "
+              "llama.cpp. PPL ratio as llama-perplexity prints it: "
               "PPL(base) comes from its stored log-probabilities, clipped 16 nats below each "
               "token's top logit, so the F16 row shows the ratio's floor (the F16 run's own "
               f"PPL: {_f((res.get('base') or {}).get('ppl_base'), '.4f')}). "
