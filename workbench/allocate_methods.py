@@ -3,18 +3,23 @@
 A tensor stored under one scheme takes the same bytes whatever method chose its codes (rtn,
 imatrix, gptq), so the knapsack over (scheme, method) pairs is the knapsack over schemes with
 each scheme's value the least over its methods. Per Linear weight and scheme the allocator
-therefore needs each method's error on one scale; all of them come from one calibration pass
-(``methods.apply.collect_stats``: C = E[x xᵀ], the layer input's second-moment matrix, = H/2 of
-GPTQ's H) and one quantization per (tensor, applied scheme, method):
+therefore needs each method's error on one scale, measured on text the method was not fitted
+to: the calibration samples are cut into two folds (even and odd samples), each method fits its
+statistics on the even fold (``methods.apply.collect_stats``: E[x²] for imatrix, GPTQ's
+H = 2 E[x xᵀ]) and one quantization per (tensor, applied scheme, method) is scored on the odd
+fold's C = E[x xᵀ], the layer input's second-moment matrix:
 
-    e_m = Σ_i a_i · ΔW_i C ΔW_iᵀ,   ΔW = Ŵ_m − W
+    e_m = Σ_i a_i · ΔW_i C_held ΔW_iᵀ,   ΔW = Ŵ_m − W
 
 the layer's output error with every output row i weighted by a_i: how much a change of that
 output reaches the model's output (the ``fisher`` measure's diagonal summed over the row's
-inputs, a Kronecker-factored Fisher; 1 for the other measures). The full matrix C matters:
-GPTQ's compensation makes errors that cancel through the correlations of the inputs, which a
-diagonal measure (fisher, activation) cannot see — on MiniLM's layer-0 FFN down projection at
-q4_0 GPTQ has 1.8x rtn's diagonal error but 0.085x its full one.
+inputs, a Kronecker-factored Fisher; 1 for the other measures). Scoring on the fit's own C
+rewards overfitting: on SmolLM2-135M, GPTQ fitted and scored on the same 64 calibration lines
+was chosen for 205 tensors and raised llama.cpp's held-out KL divergence (docs/methods.md).
+The full matrix C matters: GPTQ's compensation makes errors that cancel through the
+correlations of the inputs, which a diagonal measure (fisher, activation) cannot see — on
+MiniLM's layer-0 FFN down projection at q4_0 GPTQ has 1.8x rtn's diagonal error but 0.085x its
+full one.
 
 The table's value of a pair is the measure's own value of rtn times e_best / e_rtn, so that
 rtn-only tables (``--methods rtn``) are exactly today's, and a method only lowers a value where
@@ -35,8 +40,12 @@ from .errors import WorkbenchError
 from .plan import KEEP
 from .progress import Progress
 
-#: the methods `allocate` weighs by default when calibration statistics can be collected
-DEFAULT_METHODS = ("rtn", "imatrix", "gptq")
+#: the methods `allocate` weighs by default when calibration statistics can be collected.
+#: GPTQ is weighed only when asked for (``--methods rtn,imatrix,gptq``): on a real causal LM
+#: (SmolLM2-135M, docs/methods.md) it was chosen for most tensors from the calibration text
+#: and made the held-out KL divergence worse, and its per-(tensor, scheme) solve cost most of
+#: the allocation's time
+DEFAULT_METHODS = ("rtn", "imatrix")
 PAIR_METHODS = ("rtn", "imatrix", "gptq")
 
 
@@ -59,9 +68,9 @@ def parse_methods(text: str | None) -> list[str] | None:
 
 
 def default_methods(measure: str, runnable: bool) -> list[str]:
-    """--methods auto: rtn, imatrix and gptq when the measure weighs the layer outputs (fisher,
-    activation, output) and the model runs on calibration text; rtn otherwise (the ``weight``
-    measure scores the weights themselves, where rtn is already the best)."""
+    """--methods auto: rtn and imatrix (DEFAULT_METHODS) when the measure weighs the layer
+    outputs (fisher, activation, output) and the model runs on calibration text; rtn otherwise
+    (the ``weight`` measure scores the weights themselves, where rtn is already the best)."""
     if runnable and measure in ("fisher", "activation", "output"):
         return list(DEFAULT_METHODS)
     return ["rtn"]
@@ -89,16 +98,18 @@ def output_error(dw: np.ndarray, C: np.ndarray, a: np.ndarray | None) -> float:
 
 
 def pair_errors(w: np.ndarray, scheme: str, stats, methods, a=None, tensor=None,
-                factor=None) -> dict:
+                factor=None, held=None) -> dict:
     """{method: e_m} for one weight matrix and applied scheme (methods that do not support the
-    scheme are left out; rtn is always there). `factor`: GPTQ's `hessian_factor` of this
-    weight, computed once for all its schemes."""
+    scheme are left out; rtn is always there). The methods fit on `stats`; the error is
+    measured on `held` (the held-out fold's statistics: C = H/2 of samples the methods never
+    saw), or on `stats` itself when `held` is None. `factor`: GPTQ's `hessian_factor` of
+    this weight from `stats`, computed once for all its schemes."""
     from .accel import dequantize
     from .evaluate import quantize
     from .methods.base import get_method
     from .schemes import get_scheme
     sch = get_scheme(scheme)
-    C = np.asarray(stats.H, np.float64) / 2.0
+    C = np.asarray((held if held is not None else stats).H, np.float64) / 2.0
     out = {}
     for m in methods:
         if m == "rtn":
@@ -114,20 +125,103 @@ def pair_errors(w: np.ndarray, scheme: str, stats, methods, a=None, tensor=None,
     return out
 
 
+#: output rows a method is weighed on per tensor (every row of a smaller tensor): rtn, imatrix
+#: and GPTQ quantize each row on its own (GPTQ with the tensor's shared inverse Hessian), so
+#: the ratio e_m / e_rtn over a sample of rows estimates the whole tensor's at a fraction of
+#: the cost; the export quantizes every row
+METHOD_ROWS = 128
+
+
+def row_local(scheme) -> bool:
+    """Whether `scheme` quantizes every output row on its own (its blocks and scales never span
+    two rows), so that a subset of rows quantizes as it does inside the whole tensor."""
+    from .schemes import get_scheme
+    from .schemes.ggml.common import GGMLScheme
+    from .schemes.integer import IntAffine
+    sch = get_scheme(scheme)
+    if isinstance(sch, GGMLScheme):
+        return True
+    if isinstance(sch, IntAffine):
+        return type(sch.gran).__name__ != "PerTensor"
+    return False
+
+
+def sample_rows(scores, limit: int = METHOD_ROWS) -> tuple[np.ndarray, np.ndarray]:
+    """(row indices, weights): `limit` rows drawn with probability proportional to `scores`
+    (each row's share of the error: a_i · |W_i|²), systematically and deterministically, with
+    Horvitz-Thompson weights, so that Σ_sample weight_i · e_i estimates Σ_all e_i; rows whose
+    share alone is worth a draw are taken with weight 1. All rows (weights 1) when there are
+    no more than `limit`. Proportional draws keep the ratio of two methods' errors close to
+    the whole tensor's when a few rows carry most of the error."""
+    s = np.asarray(scores, np.float64).reshape(-1)
+    n = len(s)
+    if n <= limit:
+        return np.arange(n), np.ones(n)
+    s = np.where(np.isfinite(s) & (s > 0), s, 0.0)
+    if not s.sum() > 0:
+        s = np.ones(n)
+    certain = np.zeros(n, bool)
+    for _ in range(8):            # rows worth a whole draw each are taken for certain
+        k = limit - int(certain.sum())
+        rest = np.where(certain, 0.0, s)
+        tot = rest.sum()
+        if k <= 0 or tot <= 0:
+            break
+        big = ~certain & (rest * k >= tot)
+        if not big.any():
+            break
+        certain |= big
+    k = limit - int(certain.sum())
+    idx = list(np.flatnonzero(certain))
+    w = [1.0] * len(idx)
+    rest = np.where(certain, 0.0, s)
+    tot = rest.sum()
+    if k > 0 and tot > 0:
+        p = rest * k / tot                      # inclusion probabilities, each < 1
+        c = np.cumsum(p)
+        points = np.arange(k) + 0.5             # a fixed start: the same rows every run
+        picks = np.searchsorted(c, points, side="right")
+        picks = np.unique(np.clip(picks, 0, n - 1))
+        picks = picks[p[picks] > 0]
+        idx += list(picks)
+        w += list(1.0 / p[picks])
+    order = np.argsort(idx)
+    return np.asarray(idx, np.int64)[order], np.asarray(w, np.float64)[order]
+
+
+#: calibration samples below which the held-out fold is too small to judge a method by: the
+#: methods are then not weighed (rtn only), and the summary says why
+MIN_FOLD_SAMPLES = 4
+
+
 def method_pairs(model, table, methods, calib=None, row_weights: dict | None = None,
                  runtime: str = "any"):
     """Job: fold the methods into `table` (a SensitivityTable, changed in place): for every
     Linear weight with calibration statistics and every candidate scheme a method supports,
     value(n, s) *= e_best / e_rtn and ``table.methods[(n, s)] = best``. Returns a summary
-    dict (tensors, pairs, seconds)."""
+    dict (tensors, pairs, seconds, won: {method: pairs it won}).
+
+    The methods are judged on text they were not fitted to: the calibration samples are cut
+    into two folds (even and odd samples); every method fits its statistics on the even
+    fold (imatrix's E[x²], GPTQ's Hessian) and each error e_m is measured on the odd fold's
+    C. A method that only fits its own calibration text (GPTQ on a few thousand tokens
+    overfits a 1536-column Hessian) loses there to rtn and is not chosen; one chosen has
+    lowered the output error on samples it never saw. The export then fits the chosen
+    method on the whole calibration text."""
     import time
 
+    from .calibration import calibration_samples
     from .methods.apply import collect_stats
     from .progress import subjob
     table.methods = {}
     if not [m for m in methods if m != "rtn"]:
         return {"tensors": 0, "pairs": 0}
     t0 = time.perf_counter()
+    data = yield from subjob(calibration_samples(model, calib), 0, 1, 100)
+    if len(data) < MIN_FOLD_SAMPLES:
+        return {"tensors": 0, "pairs": 0,
+                "note": f"{len(data)} calibration samples: too few to hold some out "
+                        f"(at least {MIN_FOLD_SAMPLES}); methods not weighed"}
     names = []
     for n in table.names:
         info = model.info(n)
@@ -136,13 +230,21 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
         if any(table.applied.get((n, s), KEEP) not in (KEEP, "fp16", "bf16", "fp32")
                for s in table.schemes):
             names.append(n)
-    want_h = True
-    stats = yield from subjob(collect_stats(model, calib, names=names, want_h=want_h,
-                                            keep_rows=0), 0, 30, 100)
+    want_h = "gptq" in methods
+    fit = yield from subjob(collect_stats(model, calib, names=names, want_h=want_h,
+                                          keep_rows=0, subset=slice(0, None, 2)), 1, 15, 100)
+    held = yield from subjob(collect_stats(model, calib, names=names, want_h=True,
+                                           keep_rows=0, subset=slice(1, None, 2)), 16, 14, 100)
     t1 = time.perf_counter()
-    todo = [n for n in names if n in stats and getattr(stats[n], "H", None) is not None
-            and np.asarray(stats[n].H).shape[0] == model.info(n).matrix_shape[1]]
+
+    def usable(n):
+        cols = model.info(n).matrix_shape[1]
+        return all(n in st and getattr(st[n], f, None) is not None
+                   and np.asarray(getattr(st[n], f)).shape[-1] == cols
+                   for st, f in ((fit, "d"), (held, "H")))
+    todo = [n for n in names if usable(n)]
     pairs = 0
+    won: dict[str, int] = {}
     for i, n in enumerate(todo):
         yield Progress(30 + 70 * i // max(len(todo), 1), 100, f"methods {n}")
         w = np.ascontiguousarray(model.read_matrix(n), np.float32).reshape(
@@ -154,16 +256,25 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
                 continue       # the network does not read it: its value is 0 under every pair
         by_applied: dict[str, dict] = {}
         factor = None
-        if "gptq" in methods:
+        if "gptq" in methods and getattr(fit[n], "H", None) is not None:
             from .methods.gptq import hessian_factor
-            factor = hessian_factor(stats[n].H, w, tensor=n)
+            factor = hessian_factor(fit[n].H, w, tensor=n)
+        base = np.ones(w.shape[0]) if a is None else np.asarray(a, np.float64)
+        rows, hw = sample_rows(base * np.einsum("ij,ij->i", w, w, dtype=np.float64))
+        ws = np.ascontiguousarray(w[rows])
+        as_ = base[rows] * hw
         for s in [k[1] for k in table.values if k[0] == n]:
             applied = table.applied.get((n, s), KEEP)
             if applied in (KEEP, "fp16", "bf16", "fp32") or (n, s) not in table.values:
                 continue
             if applied not in by_applied:
-                by_applied[applied] = pair_errors(w, applied, stats[n], methods, a, tensor=n,
-                                                  factor=factor)
+                sub = len(rows) < w.shape[0] and row_local(applied)
+                f = factor
+                if sub and factor is not None:    # the factor's W: the same rows
+                    f = (np.ascontiguousarray(factor[0][rows]),) + tuple(factor[1:])
+                by_applied[applied] = pair_errors(ws if sub else w, applied, fit[n], methods,
+                                                  as_ if sub else a, tensor=n, factor=f,
+                                                  held=held[n])
                 pairs += len(by_applied[applied])
             errs = by_applied[applied]
             e_rtn = errs.get("rtn", 0.0)
@@ -172,9 +283,11 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
                 continue
             table.values[(n, s)] *= errs[best] / e_rtn
             table.methods[(n, s)] = best
+            won[best] = won.get(best, 0) + 1
     yield Progress(100, 100, "methods weighed")
-    return {"tensors": len(todo), "pairs": pairs, "seconds_stats": t1 - t0,
-            "seconds_pairs": time.perf_counter() - t1}
+    return {"tensors": len(todo), "pairs": pairs, "won": won, "seconds_stats": t1 - t0,
+            "seconds_pairs": time.perf_counter() - t1,
+            "folds": [len(data[0::2]), len(data[1::2])]}
 
 
 def plan_with_methods(plan, table, model):
@@ -239,6 +352,8 @@ def weigh_methods(args, model, table, quiet: bool = False) -> dict:
         if args.measure == "fisher" else None
     res = drive(method_pairs(model, table, methods, args.calib, rw,
                              getattr(args, "target", "any")), quiet=quiet)
+    if res.get("note") and not quiet:
+        print(f"methods: {res['note']}", file=sys.stderr)
     res["methods"] = methods
     res["seconds"] = time.perf_counter() - t0
     return res

@@ -143,7 +143,7 @@ def _route_args(args, kwargs):
 
 def input_pass(model, calib=None, samples: int | None = None, max_len: int = 128, names=None,
                observe=None, route=None, device: str | None = None, batch_size: int = 16,
-               label: str = "collecting layer inputs", done=None):
+               label: str = "collecting layer inputs", done=None, subset: slice | None = None):
     """Job: run the calibration inputs block by block and hand the inputs of every weight read
     as a matrix to ``observe(workbench name, x)`` (x: float32 (tokens, in) over the real,
     unpadded tokens). Linear / Conv1D weights get their module's input; an expert's weights get
@@ -152,13 +152,16 @@ def input_pass(model, calib=None, samples: int | None = None, max_len: int = 128
     ``route(experts module names {expert: [names]}, top-k expert indices of the real tokens)``
     sees the router's choices. ``done(names)`` is called once the inputs of `names` are all
     observed (a block's tensors when the next block starts, the head's at the end), so a
-    caller can finish and free their statistics block by block. Returns the calibration
-    samples."""
+    caller can finish and free their statistics block by block. `subset`: run only these of
+    the calibration samples (e.g. ``slice(1, None, 2)``, every other one: a held-out fold).
+    Returns the calibration samples that ran."""
     import torch
     from .calibration import calibration_samples
     from .progress import Progress, subjob
     runner = get_runner(model, device)
     data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 5, 100)
+    if subset is not None:
+        data = data[subset]
     want = None if names is None else set(names)
     lin = [n for n in runner.linear_names() if want is None or n in want]
     experts = runner.expert_names()

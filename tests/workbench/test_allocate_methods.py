@@ -50,6 +50,71 @@ def test_pair_errors_rank_gptq_by_the_full_output_error():
         / len(X), rel=1e-6)
 
 
+def test_pair_errors_on_a_held_out_fold_expose_gptq_overfitting():
+    """GPTQ fitted on fewer tokens than input channels compensates along directions that only
+    its own calibration rows have: scored on those rows it beats rtn, scored on held-out rows
+    of the same distribution it loses. The allocator scores on the held-out fold."""
+    rng = np.random.default_rng(3)
+    cols = 64
+    mix = rng.standard_normal((cols, cols)) / np.sqrt(cols) + np.eye(cols)
+
+    def stats(rows):
+        X = rng.standard_normal((rows, cols)) @ mix
+        H = 2.0 * X.T @ X / rows
+        return LayerStats(d=np.diag(H) / 2.0, H=H, n=rows)
+    fit, held = stats(24), stats(20000)
+    w = rng.standard_normal((48, cols)).astype(np.float32)
+    own = pair_errors(w, "q4_0", fit, ["rtn", "gptq"])
+    out = pair_errors(w, "q4_0", fit, ["rtn", "gptq"], held=held)
+    assert own["gptq"] < 0.6 * own["rtn"]          # on its own 24 rows: 24.4 against 47.5
+    assert out["gptq"] > 1.3 * out["rtn"]          # on held-out rows: 80.3 against 46.6
+    # rtn's codes do not depend on the statistics: only the scoring C changed
+    assert out["rtn"] == pytest.approx(output_error(
+        get_dw(w, "q4_0"), held.H / 2.0, None), rel=1e-9)
+
+
+def test_method_ratio_from_sampled_rows_estimates_the_whole_tensor():
+    """The allocator weighs the methods on METHOD_ROWS rows of a larger tensor, drawn in
+    proportion to their share of the error with Horvitz-Thompson weights: rtn, imatrix and
+    GPTQ quantize every row on its own, so the weighted sums over the sample estimate the
+    whole tensor's, and the ratio of two methods' more closely still."""
+    from workbench.allocate_methods import METHOD_ROWS, row_local, sample_rows
+    from workbench.methods.gptq import hessian_factor
+    assert row_local("q4_k") and row_local("int4-g128") and row_local("int8-channel")
+    assert not row_local("int2-tensor")
+    idx, wt = sample_rows(np.ones(100))
+    assert list(idx) == list(range(100)) and np.all(wt == 1)
+    big = np.ones(2048)
+    big[7] = 1e6                      # one row worth more than a draw: taken with weight 1
+    idx, wt = sample_rows(big)
+    assert len(idx) == METHOD_ROWS and 7 in idx and wt[list(idx).index(7)] == 1.0
+    assert float(wt.sum()) == pytest.approx(2048, rel=0.01)
+
+    rng = np.random.default_rng(4)
+    cols = 256
+    z = rng.standard_normal((4000, 16))
+    X = z @ rng.standard_normal((16, cols)) + 0.3 * rng.standard_normal((4000, cols))
+    H = 2.0 * X.T @ X / len(X)
+    st = LayerStats(d=np.diag(H) / 2.0, H=H, n=len(X))
+    # rows of very different scales: a few rows carry most of the error
+    w = (rng.standard_normal((2048, cols))
+         * np.exp(0.5 * rng.standard_normal((2048, 1)))).astype(np.float32)
+    full = pair_errors(w, "q4_0", st, ["rtn", "imatrix", "gptq"])
+    idx, wt = sample_rows(np.einsum("ij,ij->i", w, w, dtype=np.float64))
+    f = hessian_factor(st.H, w)
+    sub = pair_errors(np.ascontiguousarray(w[idx]), "q4_0", st, ["rtn", "imatrix", "gptq"],
+                      a=wt, factor=(f[0][idx],) + tuple(f[1:]))
+    assert sub["rtn"] == pytest.approx(full["rtn"], rel=0.1)      # 6% apart when measured
+    for m in ("imatrix", "gptq"):                                 # 3-5% apart when measured
+        assert sub[m] / sub["rtn"] == pytest.approx(full[m] / full["rtn"], rel=0.08)
+
+
+def get_dw(w, scheme):
+    from workbench.evaluate import quantize
+    from workbench.schemes import get_scheme
+    return get_scheme(scheme).dequantize(quantize(w, scheme)).reshape(w.shape) - w
+
+
 def test_parse_methods():
     assert parse_methods("auto") is None
     assert parse_methods("gptq") == ["rtn", "gptq"]
@@ -81,7 +146,10 @@ def _allocate(capsys, folder, calib, out, *more):
 def test_allocate_pairs_pick_methods_and_export_applies_them(tiny_arch, calib_small, tmp_path,
                                                               capsys):
     folder = tiny_arch("llama")
-    res = _allocate(capsys, folder, calib_small, tmp_path / "pairs.json")
+    auto = _allocate(capsys, folder, calib_small, tmp_path / "auto.json")
+    assert auto["methods_weighed"] == ["rtn", "imatrix"]     # gptq only when asked for
+    res = _allocate(capsys, folder, calib_small, tmp_path / "pairs.json", "--methods",
+                    "rtn,imatrix,gptq")
     assert res["methods_weighed"] == ["rtn", "imatrix", "gptq"]
     assert res["bytes"] <= res["budget_bytes"]
     plan = json.loads((tmp_path / "pairs.json").read_text())

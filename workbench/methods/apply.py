@@ -41,9 +41,11 @@ from .stats import Accumulator, LayerStats
 # -- statistics -----------------------------------------------------------------------------------
 
 def collect_stats(model, calib=None, names=None, samples: int | None = None,
-                  max_len: int = 128, want_h: bool = True, keep_rows: int = 4096):
+                  max_len: int = 128, want_h: bool = True, keep_rows: int = 4096,
+                  subset: slice | None = None):
     """Job: {workbench name: LayerStats} of every Linear input (or only `names`), experts'
-    from the tokens routed to each (workbench.runner.input_pass, block by block)."""
+    from the tokens routed to each (workbench.runner.input_pass, block by block); `subset`:
+    of these calibration samples only (a fold)."""
     from ..runner import input_pass
     acc: dict[str, Accumulator] = {}
     out: dict = {}
@@ -64,7 +66,7 @@ def collect_stats(model, calib=None, names=None, samples: int | None = None,
                 out[n] = a.finish().spilled()
 
     yield from input_pass(model, calib, samples, max_len, names=names, observe=observe,
-                          done=done)
+                          done=done, subset=subset)
     done(list(acc))
     yield Progress(100, 100, "statistics collected")
     return out

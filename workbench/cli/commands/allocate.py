@@ -37,9 +37,11 @@ def register(sub) -> None:
                         "addresses")
     p.add_argument("--methods", default="auto", metavar="M[,M..]",
                    help="quantization methods weighed per tensor with each scheme (rtn, "
-                        "imatrix, gptq; docs/methods.md): auto (the default) weighs all three "
-                        "when the measure is fisher/activation/output and the model runs on "
-                        "the calibration text, else rtn; 'rtn' gives the scheme-only plan")
+                        "imatrix, gptq; docs/methods.md), each fitted on half the calibration "
+                        "samples and judged on the other half: auto (the default) weighs rtn "
+                        "and imatrix when the measure is fisher/activation/output and the "
+                        "model runs on the calibration text, else rtn; add gptq with "
+                        "rtn,imatrix,gptq; 'rtn' gives the scheme-only plan")
     p.add_argument("-o", "--output", required=True, help="plan JSON to write")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
