@@ -175,3 +175,27 @@ def code_counts(raw, lut, rmin, rmax, counts):
                             mx = v
             rmin[i] = mn
             rmax[i] = mx
+
+
+@nb.njit(parallel=True, cache=True, fastmath=_FM)
+def _weighted_sq_err_rows(f, a, b, out):
+    rows, cols = a.shape
+    for i in nb.prange(rows):
+        s = 0.0
+        for j in range(cols):
+            d = np.float64(a[i, j]) - np.float64(b[i, j])
+            s += np.float64(f[i, j]) * d * d
+        out[i] = s
+
+
+def weighted_sq_err(f, a, b) -> float:
+    """sum_ij f_ij (a_ij - b_ij)^2 in float64 over three arrays of one shape (float32; `f`
+    may be a memory-mapped array), in one pass without temporaries: the fisher measure's
+    error of a dequantized tensor `b` against its weights `a`. Per-row sums, added in row
+    order (the same result whatever the thread count)."""
+    a2 = a.reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(1, -1)
+    b2 = b.reshape(a2.shape)
+    f2 = f.reshape(a2.shape)
+    out = np.empty(a2.shape[0], np.float64)
+    _weighted_sq_err_rows(f2, a2, b2, out)
+    return float(out.sum())

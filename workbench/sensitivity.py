@@ -221,6 +221,20 @@ def fisher_diagonals(model, calib=None, samples=None, probes: int = 2, max_len: 
     return res
 
 
+def _weighted_sq_err(f, w, dq) -> float:
+    """sum f (dq - w)^2 in float64: the kernel (one pass, no temporaries), else numpy."""
+    f = np.asarray(f)
+    if f.dtype == np.float32 and w.dtype == np.float32 and dq.dtype == np.float32:
+        try:
+            from kernels.stats_kernels import weighted_sq_err
+        except ImportError:
+            pass
+        else:
+            return weighted_sq_err(f, np.ascontiguousarray(w), np.ascontiguousarray(dq))
+    dw = (np.asarray(dq, np.float64) - np.asarray(w, np.float64))
+    return float(np.vdot(f.astype(np.float64, copy=False), dw * dw))
+
+
 def fisher_errors(model, schemes, diag: dict, count: int, runtime: str = "any"):
     """Job: {(name, scheme): 1/2 sum_ij F_ij dW_ij^2 / count} (see `fisher_diagonals`); tensors
     the network does not read (no gradient) get 0, like the ``output`` measure. A tensor the
@@ -247,16 +261,15 @@ def fisher_errors(model, schemes, diag: dict, count: int, runtime: str = "any"):
                 tot = 0.0
                 for r0, w0, dq in streaming.dequantized_rows(model, n, applied):
                     fc = f.reshape(-1, w0.shape[1])[r0:r0 + w0.shape[0]]
-                    dw = (dq - w0).astype(np.float64)
-                    tot += float(np.vdot(fc, dw * dw))
+                    tot += _weighted_sq_err(fc, w0, dq)
                     release(fc)
                 release(f)
                 out[(n, s)] = 0.5 * tot / max(count, 1)
                 continue
             if w is None:
-                w = model.read_matrix(n).reshape(info.shape).astype(np.float32)
-            dw = (dequantized(model, n, applied).reshape(info.shape) - w).astype(np.float64)
-            out[(n, s)] = float(0.5 * np.vdot(f, dw * dw) / max(count, 1))
+                w = np.ascontiguousarray(model.read_matrix(n).reshape(info.shape), np.float32)
+            dq = dequantized(model, n, applied).reshape(info.shape)
+            out[(n, s)] = 0.5 * _weighted_sq_err(f, w, dq) / max(count, 1)
             release(f)      # a mapped F (a large model's): its pages leave the resident set
     yield Progress(len(items), len(items), "done")
     return out
@@ -716,13 +729,16 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
         values[(n, KEEP)] = 0.0
         applied[(n, KEEP)] = KEEP
         for s, d in decs.items():
-            r = evaluate_tensor(model, n, s, decision=d)
-            nbytes[(n, s)] = int(r.bytes)
             applied[(n, s)] = d.applied
             if errors is not None and (n, s) in errors:
+                # the measure gave the value: the bytes follow from the shape (the same count
+                # evaluate makes), so the tensor is not quantized a second time here
+                nbytes[(n, s)] = _bytes_as(info, d)
                 values[(n, s)] = float(errors[(n, s)])
                 from_sse = False
             else:
+                r = evaluate_tensor(model, n, s, decision=d)
+                nbytes[(n, s)] = int(r.bytes)
                 values[(n, s)] = float(r.error.sse) * missing_scale
                 from_sse = True
             u = (usage or {}).get(n)
