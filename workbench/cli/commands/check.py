@@ -1,9 +1,13 @@
 """`quant-workbench check [MODEL] (--scheme S | --plan P) [--method M] [--calib FILE | --imatrix F]
-[--held-out FILE] [--samples N] [--target RT] [--runtime torch|onnxruntime] [--json]`.
+[--held-out FILE] [--samples N] [--target RT] [--runtime torch|onnxruntime|llama.cpp]
+[--ctx N] [--chunks N] [--save-gguf F] [--json]`.
 
 ``--runtime onnxruntime`` exports the plan to ONNX (workbench.export.onnx_format) and runs the
 file in ONNX Runtime (CPU execution provider) instead of swapping dequantized weights into the
-transformers model (workbench.onnx_check); the figures are the same, against the float model."""
+transformers model (workbench.onnx_check); the figures are the same, against the float model.
+``--runtime llama.cpp`` exports the plan and an F16 GGUF of the float model and judges the
+plan's file with ``llama-perplexity --kl-divergence`` on the text (workbench.llama_kld): the
+"kld" figures (ppl_ratio, mean, median, p99, p999, same_top1, ...) as llama.cpp prints them."""
 
 from __future__ import annotations
 
@@ -28,10 +32,18 @@ def register(sub) -> None:
     p.add_argument("--target", default=None, choices=list(RUNTIMES),
                    help="the runtime whose rules decide each tensor's scheme (fallbacks, tensors "
                         "kept); default any (onnxruntime with --runtime onnxruntime)")
-    p.add_argument("--runtime", default="torch", choices=["torch", "onnxruntime"],
+    p.add_argument("--runtime", default="torch", choices=["torch", "onnxruntime", "llama.cpp"],
                    help="what runs the quantized model: torch (the transformers model with "
-                        "dequantized weights; default) or onnxruntime (the exported ONNX file, "
-                        "CPU execution provider)")
+                        "dequantized weights; default), onnxruntime (the exported ONNX file, "
+                        "CPU execution provider) or llama.cpp (the exported GGUF in "
+                        "llama-perplexity --kl-divergence against an F16 GGUF; causal LMs)")
+    p.add_argument("--save-gguf", default=None, metavar="FILE",
+                   help="--runtime llama.cpp: also keep the plan's GGUF here")
+    p.add_argument("--ctx", type=int, default=None, metavar="N",
+                   help="--runtime llama.cpp: tokens a chunk (default 512, llama-perplexity "
+                        "-c 512)")
+    p.add_argument("--chunks", type=int, default=None, metavar="N",
+                   help="--runtime llama.cpp: score the first N chunks only (default all)")
     p.add_argument("--accuracy-level", type=int, default=None, choices=[0, 1, 2, 3, 4],
                    help="--runtime onnxruntime: MatMulNBits accuracy_level (default 4)")
     p.add_argument("--activations", default=None, choices=["int8"],
@@ -51,6 +63,10 @@ def run(args) -> int:
     plan = plan_from_args(args)
     model = open_model_arg(args)
     onnx = args.runtime == "onnxruntime"
+    if args.runtime == "llama.cpp":
+        return _run_llama(args, plan, model)
+    if args.save_gguf or args.ctx is not None or args.chunks is not None:
+        raise WorkbenchError("--save-gguf, --ctx and --chunks need --runtime llama.cpp")
     if onnx and args.target not in (None, "onnxruntime"):
         raise WorkbenchError(f"--runtime onnxruntime runs the rules of --target onnxruntime, "
                              f"not {args.target}")
@@ -83,6 +99,58 @@ def run(args) -> int:
     res = drive(check(model, plan, args.held_out or args.calib, args.samples, weights=weights),
                 quiet=args.json)
     return _print(args, res, conv)
+
+
+def _run_llama(args, plan, model) -> int:
+    from ...errors import WorkbenchError
+    from ...llama_kld import DEFAULT_CTX, check_llama
+    if args.target not in (None, "llama.cpp"):
+        raise WorkbenchError(f"--runtime llama.cpp runs the rules of --target llama.cpp, not "
+                             f"{args.target}")
+    if args.accuracy_level is not None or args.save_onnx or args.activations:
+        raise WorkbenchError("--accuracy-level, --activations and --save-onnx need --runtime "
+                             "onnxruntime")
+    ctx = args.ctx or DEFAULT_CTX
+    chunks = args.chunks or args.samples
+    if ctx < 4 or (chunks is not None and chunks < 1):
+        raise WorkbenchError("--ctx must be at least 4 and --chunks at least 1")
+    from ...runner import model_kind, read_config
+    kind = model_kind(read_config(model))
+    if kind != "causal-lm":
+        raise WorkbenchError(f"--runtime llama.cpp measures next-token KL divergence: a causal "
+                             f"LM, not a {kind}", path=model.path)
+    plan, conv = apply_convention(args, model, plan, "llama.cpp", quiet=args.json)
+    plan, mm = apply_methods(args, model, plan, "llama.cpp", quiet=args.json)
+    if args.save_gguf:
+        from ...atomic import refuse_overwriting_inputs
+        refuse_overwriting_inputs(model, args.save_gguf)
+    text = args.held_out or args.calib
+    if text is None:
+        from ...calibration import DEFAULT_CALIB
+        text = DEFAULT_CALIB
+    res = drive(check_llama(model, plan, text, ctx, chunks=chunks, keep_path=args.save_gguf,
+                            quant_model=mm), quiet=args.json)
+    print_convention(conv, args.json)
+    if args.json:
+        print_json({**res, "convention": conv.to_dict()} if conv is not None else res)
+        return 0
+    k = res["kld"]
+    print(f"causal-lm in llama.cpp: {res['tokens']} tokens scored in {res['chunks']} chunks of "
+          f"{res['ctx']} ({res['text']}), plan file {res['bytes']:,} bytes")
+    names = [("ppl_ratio", "PPL(Q)/PPL(base)"), ("mean", "KLD mean"), ("median", "KLD median"),
+             ("p99", "KLD 99.0%"), ("p999", "KLD 99.9%"), ("max", "KLD max"),
+             ("same_top1", "same top-1"), ("ppl_base", "PPL(base)"), ("ppl_quant", "PPL(Q)")]
+    for key, label in names:
+        v = k.get(key)
+        if v is None:
+            continue
+        print(f"  {label:<17} {v:.3f} %" if key == "same_top1" else f"  {label:<17} {v:.6g}")
+    if not k.get("complete", True):
+        print("  (llama-perplexity's final statistics were missing: figures from its last chunk "
+              "row)")
+    print("  seconds           " + ", ".join(
+        f"{a} {b:.1f}" if isinstance(b, float) else f"{a} {b}" for a, b in res["seconds"].items()))
+    return 0
 
 
 def _print(args, res, conv=None) -> int:
