@@ -1,0 +1,60 @@
+"""`quant-workbench convert SRC.gguf --to hf DIR | --to gguf OUT.gguf [--dtype bf16|f16|f32]
+[--off-grid [SEED]] [--json]`: a (quantized) GGUF as a float model (docs/real-models.md)."""
+
+from __future__ import annotations
+
+import sys
+
+from ..common import drive, fmt_bytes, print_json
+
+
+def register(sub) -> None:
+    from ...convert import DEFAULT_DTYPE, DTYPES, TARGETS
+    p = sub.add_parser("convert", help="a GGUF as a float Hugging Face folder or F16/BF16 GGUF")
+    p.add_argument("source", help="the GGUF file to convert (any GGML type the workbench reads)")
+    p.add_argument("--to", required=True, choices=TARGETS,
+                   help="hf: a Hugging Face folder (config.json, tokenizer, model.safetensors) "
+                        "that transformers and every model-level command run; gguf: a float "
+                        "GGUF with the source's metadata and tokenizer, for llama.cpp")
+    p.add_argument("output", help="the folder (--to hf: new or empty) or file (--to gguf: new) "
+                                  "to write")
+    p.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPES,
+                   help=f"storage type of the weights (default {DEFAULT_DTYPE}: the type both "
+                        "real LMs were released in; norms of a GGUF stay f32)")
+    p.add_argument("--off-grid", nargs="?", type=int, const=0, default=None, metavar="SEED",
+                   help="take the weights off the grid they were quantized to with an exact "
+                        "reparametrisation (norm gains folded into the layers they feed, v/o "
+                        "and up/down scaled by reciprocal random factors of SEED, default 0): "
+                        "the outputs stay the same")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ...convert import convert
+    info = drive(convert(args.source, args.to, args.output, args.dtype, args.off_grid),
+                 quiet=args.json)
+    if args.json:
+        print_json(info)
+        return 0
+    what = "Hugging Face folder" if args.to == "hf" else "GGUF"
+    print(f"wrote {info['output']}: {what}, {info['tensors']} tensors in {info['dtype']}, "
+          f"{fmt_bytes(info['bytes'])}, {info['seconds']:.1f} s")
+    og = info["off_grid"]
+    if og is not None:
+        print(f"off-grid (seed {og['seed']}): {len(og['changed'])} tensors changed, "
+              f"{len(og['folded_norms'])} norms folded into the layers they feed, "
+              f"{len(og['scaled_pairs'])} pairs scaled by reciprocal factors")
+        if og["not_folded"]:
+            print(f"  not folded (not exact): {len(og['not_folded'])} norms, e.g. "
+                  f"{next(iter(og['not_folded']))}")
+    grid = info["on_source_grid"]
+    if grid:
+        shown = ", ".join(f"{n} ({t})" for n, t in list(grid.items())[:6])
+        more = f" and {len(grid) - 6} more" if len(grid) > 6 else ""
+        print(f"still on the source's quantization grid: {shown}{more}"
+              + (" (leave them out of comparisons)" if og is not None else ""))
+    if info["unused"]:
+        print(f"not written (transformers computes them): {', '.join(info['unused'])}",
+              file=sys.stderr)
+    return 0

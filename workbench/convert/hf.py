@@ -1,0 +1,282 @@
+"""A GGUF as a float Hugging Face folder: config.json, tokenizer files, model.safetensors.
+
+* config.json and the tokenizer come from transformers' own GGUF support
+  (``AutoConfig`` / ``AutoTokenizer.from_pretrained(folder, gguf_file=name)``: the metadata
+  only, no tensors), saved without a ``quantization_config``, with ``architectures`` (the
+  model type's causal-LM class) and ``dtype`` set.
+* The weights come from the project's GGUF loader and dequantizer through a
+  :class:`~workbench.convert.source.FloatView`, one tensor at a time (the largest in row
+  chunks), never a second copy of the model. Their names, and the undoing of
+  convert_hf_to_gguf's q/k row permutation on Llama GGUFs, are the runner's
+  (``workbench.runner.Runner``: the gguf package's name map for the file's architecture);
+  Gemma's norms, which convert_hf_to_gguf stores as 1 + w (ArchSpec.norm_plus_one in
+  workbench.export.gguf_arch), get the 1 taken off again.
+* Written into a temporary folder beside the target, renamed into place when whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import math
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..atomic import TEMP_TAG, clean_stale_temps, default_file_mode
+from ..errors import WorkbenchError
+from ..progress import Progress
+
+STREAM_ABOVE = 1 << 24      # tensors of more elements are written in row chunks
+ST_DTYPES = {"f32": "F32", "bf16": "BF16", "f16": "F16"}
+ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2}
+TORCH_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+
+
+def waiting(fn, message: str, every: float = 2.0):
+    """Run fn() on a thread, yielding a progress event every `every` seconds until it is
+    done (transformers' GGUF metadata reader holds a large vocabulary for tens of seconds)."""
+    box: dict = {}
+
+    def work():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:   # noqa: BLE001 - re-raised on the job's thread
+            box["error"] = exc
+
+    th = threading.Thread(target=work, daemon=True)
+    t0 = time.monotonic()
+    th.start()
+    yield Progress(0, 1, message)
+    while th.is_alive():
+        th.join(every)
+        yield Progress(0, 1, f"{message} ({time.monotonic() - t0:.0f} s)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def read_config_and_tokenizer(gguf_path: str):
+    """(config dict, tokenizer) of a GGUF from transformers' GGUF support."""
+    from ..optional import require
+    transformers = require("transformers", "model")
+    p = Path(gguf_path)
+    logger = transformers.logging
+    level = logger.get_verbosity()
+    logger.set_verbosity_error()
+    try:
+        with _one_parse():
+            cfg, tok = _config_and_tokenizer(transformers, p)
+    finally:
+        logger.set_verbosity(level)
+    return _clean_config(cfg), tok
+
+
+def _config_and_tokenizer(transformers, p: Path):
+    try:
+        cfg = transformers.AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name,
+                                                      local_files_only=True)
+    except Exception as exc:   # noqa: BLE001 - transformers raises many kinds
+        raise WorkbenchError(f"transformers {transformers.__version__} cannot read a config "
+                             f"from this GGUF ({type(exc).__name__}: {_first(exc)})",
+                             path=str(p)) from None
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name,
+                                                         local_files_only=True)
+    except Exception as exc:   # noqa: BLE001
+        raise WorkbenchError(f"transformers {transformers.__version__} cannot read the "
+                             f"tokenizer of this GGUF ({type(exc).__name__}: {_first(exc)})",
+                             path=str(p)) from None
+    return cfg, tok
+
+
+@contextlib.contextmanager
+def _one_parse():
+    """transformers' legacy GGUF reader (the gguf package's GGUFReader: ~10 s for a 49k-token
+    vocabulary) runs once for the config and once more inside AutoTokenizer; here it runs once
+    and its result (copied) serves both. Where transformers has no such function, nothing
+    changes."""
+    import copy
+    try:
+        import transformers.modeling_gguf_pytorch_utils as mod
+        orig = mod.load_gguf_checkpoint
+    except (ImportError, AttributeError):
+        yield
+        return
+    memo: dict = {}
+
+    def once(path, return_tensors=False, **kw):
+        if return_tensors or kw:
+            return orig(path, return_tensors=return_tensors, **kw)
+        if str(path) not in memo:
+            memo[str(path)] = orig(path, return_tensors=False)
+        return copy.deepcopy(memo[str(path)])
+
+    mod.load_gguf_checkpoint = once
+    try:
+        yield
+    finally:
+        mod.load_gguf_checkpoint = orig
+
+
+def _first(exc) -> str:
+    s = str(exc)
+    return s.splitlines()[0][:200] if s else ""
+
+
+def _clean_config(cfg) -> dict:
+    from transformers.models.auto import modeling_auto as ma
+    d = json.loads(cfg.to_json_string(use_diff=False))
+    for k in ("_model_name_or_path", "_name_or_path", "quantization_config"):
+        d.pop(k, None)
+    arch = ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(d.get("model_type"))
+    if arch:
+        d["architectures"] = [arch]
+    return d
+
+
+def llama_cpp_semantics(cfg: dict, arch: str) -> None:
+    """Set what a GGUF leaves to llama.cpp's code where transformers' GGUF config guesses
+    otherwise. Gemma 3: llama.cpp scales queries by 1/sqrt(head_dim) (1/sqrt(hidden / heads)
+    for the 62-layer 27B: src/models/gemma3.cpp), transformers by 1/sqrt(query_pre_attn_scalar),
+    which its GGUF config leaves at the default 256."""
+    if arch == "gemma3" and cfg.get("head_dim"):
+        if cfg.get("num_hidden_layers") == 62:
+            cfg["query_pre_attn_scalar"] = cfg["hidden_size"] // cfg["num_attention_heads"]
+        else:
+            cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+
+
+def make_temp_dir(target: Path) -> Path:
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise WorkbenchError("output folder's parent does not exist", path=str(target))
+    clean_stale_temps(parent)
+    try:
+        return Path(tempfile.mkdtemp(prefix=f".{target.name}.{TEMP_TAG}-{os.getpid()}-",
+                                     suffix=".tmp", dir=parent))
+    except OSError as exc:
+        raise WorkbenchError(f"cannot write here ({exc.strerror or exc})", path=str(target)) \
+            from None
+
+
+def cast(w: np.ndarray, dtype: str, name: str) -> np.ndarray:
+    """float32 values as the stored dtype's array (bfloat16 as its uint16 bits)."""
+    if dtype == "f32":
+        return np.ascontiguousarray(w, np.float32)
+    if dtype == "bf16":
+        from ..dtypes import f32_to_bf16
+        return f32_to_bf16(w)
+    with np.errstate(over="ignore"):
+        h = np.asarray(w, np.float32).astype(np.float16)
+    if not np.isfinite(h).all() and np.isfinite(w).all():
+        raise WorkbenchError("values beyond float16's range (65504): use --dtype bf16 or f32",
+                             tensor=name)
+    return h
+
+
+def write_hf(view, out: Path, dtype: str = "bf16"):
+    """Job: write the FloatView's model as a Hugging Face folder at `out` (absent or empty).
+    Returns {"tensors", "bytes", "unused", "architectures"}."""
+    import torch
+
+    from ..export.gguf_arch import ARCH_SPECS
+    from ..runner import Runner
+    model = view.model
+    arch = str(model.metadata.get("general.architecture", ""))
+    spec = ARCH_SPECS.get(arch.upper())
+    plus_one = bool(spec is not None and spec.norm_plus_one)
+    tmp = make_temp_dir(out)
+    fh = None
+    try:
+        cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(model.path),
+                                      "reading the config and tokenizer (transformers)")
+        cfg["dtype"] = TORCH_NAMES[dtype]
+        llama_cpp_semantics(cfg, arch)
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        tok.save_pretrained(str(tmp))
+        runner = Runner(view.as_model(tmp), "cpu")     # reads tmp/config.json
+        params = []
+        for p in runner._meta:   # noqa: SLF001 - the network's parameters, tied copies included
+            if p in runner.by_param:
+                params.append(p)
+            elif not runner._is_tied_copy(p):   # noqa: SLF001
+                raise WorkbenchError(f"the GGUF has no tensor for the network's {p}",
+                                     path=model.path)
+        used = set(runner.slots) | set(runner.buffer_for)
+        unused = [n for n in model.tensors if n not in used]
+        lost = [n for n in unused if model.info(n).ndim >= 2]
+        if lost:
+            raise WorkbenchError(f"{len(lost)} tensors of the GGUF have no place in transformers' "
+                                 f"{cfg.get('architectures', ['?'])[0]} (first: {lost[0]})",
+                                 path=model.path)
+        probe = torch.zeros(0)
+        st, item = ST_DTYPES[dtype], ITEMSIZE[dtype]
+        shapes = {p: tuple(int(s) for s in runner._meta[p].shape) for p in params}  # noqa: SLF001
+        # the header first (every shape and dtype is known), then each tensor's bytes in
+        # order: one pass over the data (the temporary folder makes the whole write atomic)
+        header, off = {"__metadata__": {"format": "pt"}}, 0
+        for p in params:
+            n = math.prod(shapes[p]) * item
+            header[p] = {"dtype": st, "shape": list(shapes[p]), "data_offsets": [off, off + n]}
+            off += n
+        blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        blob += b" " * (-len(blob) % 8)
+        fh = open(tmp / "model.safetensors", "wb")
+        fh.write(len(blob).to_bytes(8, "little") + blob)
+        for i, p in enumerate(params):
+            yield Progress(i, len(params), f"tensor {i + 1}/{len(params)} {p}")
+            shape = shapes[p]
+            shift = np.float32(1.0) if plus_one and p.endswith("norm.weight") else None
+            srcs = runner.by_param[p]
+            slot = runner.slots[srcs[0]]
+            permuted = getattr(runner, "unpermute", False) and \
+                runner._rope_unpermute(p, probe) is not probe   # noqa: SLF001
+            if (len(srcs) == 1 and slot.expert is None and slot.parts == 1 and not permuted
+                    and len(shape) == 2 and math.prod(shape) > STREAM_ABOVE
+                    and model.info(srcs[0]).matrix_shape == shape):
+                parts = (cast(c if shift is None else c - shift, dtype, p)
+                         for _r0, c in view.iter_rows(srcs[0]))
+            else:
+                w = runner.param_tensor(p, override=view.read).numpy()
+                parts = [cast(w if shift is None else w - shift, dtype, p)]
+                del w
+            n = 0
+            for a in parts:
+                fh.write(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
+                n += a.nbytes
+            if n != header[p]["data_offsets"][1] - header[p]["data_offsets"][0]:
+                raise WorkbenchError(f"internal error: {n} bytes for {p} of shape {shape}",
+                                     path=model.path)
+        yield Progress(len(params), len(params), "finishing model.safetensors")
+        fh.flush()
+        os.fsync(fh.fileno())
+        fh.close()
+        fh = None
+        size = sum(f.stat().st_size for f in tmp.iterdir() if f.is_file())
+        os.chmod(tmp, 0o777 & ~(0o666 & ~default_file_mode()))   # mkdtemp makes 0700
+        try:
+            os.replace(tmp, out)     # onto an absent or empty folder
+        except OSError as exc:
+            raise WorkbenchError(f"cannot move the finished folder into place "
+                                 f"({exc.strerror or exc}); nothing was written", path=str(out)) \
+                from None
+    except BaseException as exc:
+        if fh is not None:
+            with contextlib.suppress(OSError):
+                fh.close()
+        with contextlib.suppress(OSError):
+            shutil.rmtree(tmp)
+        if isinstance(exc, OSError):
+            why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+            raise WorkbenchError(f"write failed ({why}); nothing was written",
+                                 path=str(out)) from None
+        raise
+    return {"tensors": len(params), "bytes": size, "unused": unused,
+            "architectures": cfg.get("architectures")}
