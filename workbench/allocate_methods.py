@@ -41,11 +41,11 @@ from .plan import KEEP
 from .progress import Progress
 
 #: the methods `allocate` weighs by default when calibration statistics can be collected.
-#: GPTQ is weighed only when asked for (``--methods rtn,imatrix,gptq``): on a real causal LM
-#: (SmolLM2-135M, docs/methods.md) it was chosen for most tensors from the calibration text
-#: and made the held-out KL divergence worse, and its per-(tensor, scheme) solve cost most of
-#: the allocation's time
-DEFAULT_METHODS = ("rtn", "imatrix")
+#: Every one is judged on the held-out fold; GPTQ, the costly one, only on the pairs near the
+#: solution of the rtn/imatrix table (`near_choices`; `weigh_methods`)
+DEFAULT_METHODS = ("rtn", "imatrix", "gptq")
+#: methods weighed on every (tensor, scheme) pair; the others only near the first solution
+CHEAP_METHODS = ("rtn", "imatrix")
 PAIR_METHODS = ("rtn", "imatrix", "gptq")
 
 
@@ -68,9 +68,10 @@ def parse_methods(text: str | None) -> list[str] | None:
 
 
 def default_methods(measure: str, runnable: bool) -> list[str]:
-    """--methods auto: rtn and imatrix (DEFAULT_METHODS) when the measure weighs the layer
-    outputs (fisher, activation, output) and the model runs on calibration text; rtn otherwise
-    (the ``weight`` measure scores the weights themselves, where rtn is already the best)."""
+    """--methods auto: rtn, imatrix and gptq (DEFAULT_METHODS) when the measure weighs the
+    layer outputs (fisher, activation, output) and the model runs on calibration text; rtn
+    otherwise (the ``weight`` measure scores the weights themselves, where rtn is already the
+    best)."""
     if runnable and measure in ("fisher", "activation", "output"):
         return list(DEFAULT_METHODS)
     return ["rtn"]
@@ -195,7 +196,8 @@ MIN_FOLD_SAMPLES = 4
 
 
 def method_pairs(model, table, methods, calib=None, row_weights: dict | None = None,
-                 runtime: str = "any"):
+                 runtime: str = "any", only: dict | None = None, stats=None,
+                 want_h: bool | None = None):
     """Job: fold the methods into `table` (a SensitivityTable, changed in place): for every
     Linear weight with calibration statistics and every candidate scheme a method supports,
     value(n, s) *= e_best / e_rtn and ``table.methods[(n, s)] = best``. Returns a summary
@@ -207,13 +209,21 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
     C. A method that only fits its own calibration text (GPTQ on a few thousand tokens
     overfits a 1536-column Hessian) loses there to rtn and is not chosen; one chosen has
     lowered the output error on samples it never saw. The export then fits the chosen
-    method on the whole calibration text."""
+    method on the whole calibration text.
+
+    `only`: {tensor: schemes} to weigh (others keep what an earlier call gave them); `stats`:
+    the (fit, held) statistics of an earlier call (returned as ``summary["stats"]``) instead of
+    two new passes; `want_h`: collect the fit fold's Hessians (default: when gptq is weighed).
+    A value is always the measure's rtn value times e_best / e_rtn, whichever call set it."""
     import time
 
     from .calibration import calibration_samples
     from .methods.apply import collect_stats
     from .progress import subjob
-    table.methods = {}
+    if only is None or not hasattr(table, "methods"):
+        table.methods = {}
+    if not hasattr(table, "rtn_values"):
+        table.rtn_values = dict(table.values)
     if not [m for m in methods if m != "rtn"]:
         return {"tensors": 0, "pairs": 0}
     t0 = time.perf_counter()
@@ -230,11 +240,17 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
         if any(table.applied.get((n, s), KEEP) not in (KEEP, "fp16", "bf16", "fp32")
                for s in table.schemes):
             names.append(n)
-    want_h = "gptq" in methods
-    fit = yield from subjob(collect_stats(model, calib, names=names, want_h=want_h,
-                                          keep_rows=0, subset=slice(0, None, 2)), 1, 15, 100)
-    held = yield from subjob(collect_stats(model, calib, names=names, want_h=True,
-                                           keep_rows=0, subset=slice(1, None, 2)), 16, 14, 100)
+    if only is not None:
+        names = [n for n in names if n in only]
+    if stats is None:
+        want_h = "gptq" in methods if want_h is None else want_h
+        fit = yield from subjob(collect_stats(model, calib, names=names, want_h=want_h,
+                                              keep_rows=0, subset=slice(0, None, 2)), 1, 15, 100)
+        held = yield from subjob(collect_stats(model, calib, names=names, want_h=True,
+                                               keep_rows=0, subset=slice(1, None, 2)), 16, 14,
+                                 100)
+    else:
+        fit, held = stats
     t1 = time.perf_counter()
 
     def usable(n):
@@ -264,6 +280,8 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
         ws = np.ascontiguousarray(w[rows])
         as_ = base[rows] * hw
         for s in [k[1] for k in table.values if k[0] == n]:
+            if only is not None and s not in only[n]:
+                continue
             applied = table.applied.get((n, s), KEEP)
             if applied in (KEEP, "fp16", "bf16", "fp32") or (n, s) not in table.values:
                 continue
@@ -279,6 +297,8 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
             errs = by_applied[applied]
             e_rtn = errs.get("rtn", 0.0)
             best = min(errs, key=lambda m: (errs[m], m != "rtn"))
+            table.values[(n, s)] = table.rtn_values[(n, s)]
+            table.methods.pop((n, s), None)
             if best == "rtn" or e_rtn <= 0:
                 continue
             table.values[(n, s)] *= errs[best] / e_rtn
@@ -287,7 +307,31 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
     yield Progress(100, 100, "methods weighed")
     return {"tensors": len(todo), "pairs": pairs, "won": won, "seconds_stats": t1 - t0,
             "seconds_pairs": time.perf_counter() - t1,
-            "folds": [len(data[0::2]), len(data[1::2])]}
+            "folds": [len(data[0::2]), len(data[1::2])], "stats": (fit, held)}
+
+
+def near_choices(table, assignment: dict) -> dict:
+    """{tensor: {its scheme in `assignment`, the next smaller candidate}}: the pairs where a
+    costlier method can still move the allocation (it lowers a value, so the solver may take
+    the scheme below the one it chose, or keep this one at a lower error)."""
+    out = {}
+    for n in table.names:
+        cands = [s for s in table.schemes if (n, s) in table.values
+                 and table.applied.get((n, s), KEEP) not in (KEEP, "fp16", "bf16", "fp32")]
+        if not cands:
+            continue
+        cands.sort(key=lambda s: (table.bytes[(n, s)], s))
+        s0 = assignment.get(n)
+        pick = set()
+        if s0 in cands:
+            i = cands.index(s0)
+            pick = {s0} | ({cands[i - 1]} if i > 0 else set())
+        elif s0 is not None and (n, s0) in table.bytes:     # kept / float: the largest below
+            below = [s for s in cands if table.bytes[(n, s)] <= table.bytes[(n, s0)]]
+            pick = {below[-1]} if below else set()
+        if pick:
+            out[n] = pick
+    return out
 
 
 def plan_with_methods(plan, table, model):
@@ -325,10 +369,13 @@ def _runnable(model) -> bool:
         return False
 
 
-def weigh_methods(args, model, table, quiet: bool = False) -> dict:
+def weigh_methods(args, model, table, quiet: bool = False, solve=None) -> dict:
     """The allocate command's step between the table and the solver: resolve --methods and
-    fold the methods into `table` (see `method_pairs`). Returns {"methods": weighed,
-    "pairs", "tensors", "seconds"}."""
+    fold the methods into `table` (see `method_pairs`). `solve(table) -> {tensor: scheme}`:
+    the allocation of a table; given, the costly methods (gptq) are weighed in a second
+    stage only on the pairs `near_choices` finds around the rtn/imatrix table's solution,
+    on the same statistics. Returns {"methods": weighed, "pairs", "tensors", "seconds",
+    "won"}."""
     import sys
     import time
 
@@ -345,15 +392,32 @@ def weigh_methods(args, model, table, quiet: bool = False) -> dict:
     if len(methods) == 1:
         table.methods = {}
         return {"methods": methods, "pairs": 0, "tensors": 0, "seconds": 0.0}
+    costly = [m for m in methods if m not in CHEAP_METHODS]
+    staged = bool(costly) and solve is not None
     if not quiet:
         print(f"methods: weighing {', '.join(methods)} per tensor and scheme"
-              + (" (--methods auto)" if auto else ""), file=sys.stderr)
+              + (" (--methods auto)" if auto else "")
+              + (f"; {', '.join(costly)} near the first allocation" if staged else "")
+              + ", each fitted on half the calibration samples and judged on the other half",
+              file=sys.stderr)
     rw = row_weights_from_fisher(model, args.calib, args.samples) \
         if args.measure == "fisher" else None
-    res = drive(method_pairs(model, table, methods, args.calib, rw,
-                             getattr(args, "target", "any")), quiet=quiet)
+    target = getattr(args, "target", "any")
+    first = [m for m in methods if m in CHEAP_METHODS] if staged else methods
+    res = drive(method_pairs(model, table, first, args.calib, rw, target,
+                             want_h=True if staged else None), quiet=quiet)
     if res.get("note") and not quiet:
         print(f"methods: {res['note']}", file=sys.stderr)
+    if staged and "stats" in res:
+        near = near_choices(table, solve(table))
+        more = drive(method_pairs(model, table, methods, args.calib, rw, target, only=near,
+                                  stats=res["stats"]), quiet=quiet)
+        res["pairs"] += more.get("pairs", 0)
+        res["near_pairs"] = sum(len(v) for v in near.values())
+        res["won"] = {}
+        for m in table.methods.values():
+            res["won"][m] = res["won"].get(m, 0) + 1
+    res.pop("stats", None)
     res["methods"] = methods
     res["seconds"] = time.perf_counter() - t0
     return res

@@ -38,10 +38,10 @@ def register(sub) -> None:
     p.add_argument("--methods", default="auto", metavar="M[,M..]",
                    help="quantization methods weighed per tensor with each scheme (rtn, "
                         "imatrix, gptq; docs/methods.md), each fitted on half the calibration "
-                        "samples and judged on the other half: auto (the default) weighs rtn "
-                        "and imatrix when the measure is fisher/activation/output and the "
-                        "model runs on the calibration text, else rtn; add gptq with "
-                        "rtn,imatrix,gptq; 'rtn' gives the scheme-only plan")
+                        "samples and judged on the other half: auto (the default) weighs all "
+                        "three when the measure is fisher/activation/output and the model runs "
+                        "on the calibration text (gptq only on the schemes next to the first "
+                        "allocation's), else rtn; 'rtn' gives the scheme-only plan")
     p.add_argument("-o", "--output", required=True, help="plan JSON to write")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -103,7 +103,9 @@ def run(args) -> int:
     table = table_from_args(args, model, schemes, pins, quiet=args.json)
     from ...allocate_methods import method_counts, plan_with_methods, weigh_methods
     t1 = time.perf_counter()
-    mstat = weigh_methods(args, model, table, quiet=args.json)
+    mstat = weigh_methods(args, model, table, quiet=args.json,
+                          solve=lambda t: t.assignment_of(
+                              budgets.solve(model, t, budget, pins)[0], model))
     t1m = time.perf_counter()     # the solve is timed from here
     plan, sol, cap = budgets.solve(model, table, budget, pins,
                                    finish=lambda p: plan_with_methods(p, table, model))
