@@ -119,10 +119,12 @@ def model_kind(cfg: dict) -> str:
                          "weight-only features still work")
 
 
-def dequantized(model, name: str, scheme_name: str) -> np.ndarray:
+def dequantized(model, name: str, scheme_name: str, matrix: np.ndarray | None = None) -> np.ndarray:
     """The tensor `name` as the scheme would store it, dequantized (float32, original shape).
     A shape the scheme cannot take gets the scheme `evaluate` counts for it (the ``any``
-    runtime's fallback, workbench.runtimes.decide); tensors kept come back unchanged."""
+    runtime's fallback, workbench.runtimes.decide); tensors kept come back unchanged.
+    `matrix`: the tensor as `model.read_matrix(name)` gives it, when the caller holds it
+    (read once for several schemes)."""
     from . import streaming
     from .evaluate import quantize
     from .runtimes import decide
@@ -135,8 +137,8 @@ def dequantized(model, name: str, scheme_name: str) -> np.ndarray:
             info.matrix_shape if info.merged_experts else info.shape):
         scheme = None
     if scheme is None:
-        return model.read_matrix(name).reshape(info.shape)
-    if streaming.streamed(info, applied):
+        return (model.read_matrix(name) if matrix is None else matrix).reshape(info.shape)
+    if matrix is None and streaming.streamed(info, applied):
         # a big tensor (an 8 B model's 2.1 GB head): quantized a row chunk at a time into the
         # output, so the float32 copy, the codes and the quantizer's temporaries of the whole
         # tensor are never held at once
@@ -144,7 +146,7 @@ def dequantized(model, name: str, scheme_name: str) -> np.ndarray:
         for r0, _w0, dq in streaming.dequantized_rows(model, name, applied):
             out.reshape(-1, dq.shape[1])[r0:r0 + dq.shape[0]] = dq
         return out
-    qt = quantize(model.read_matrix(name), applied, tensor=name)
+    qt = quantize(model.read_matrix(name) if matrix is None else matrix, applied, tensor=name)
     from .accel import dequantize
     return dequantize(qt).reshape(info.shape)
 

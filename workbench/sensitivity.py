@@ -267,8 +267,9 @@ def fisher_errors(model, schemes, diag: dict, count: int, runtime: str = "any"):
                 out[(n, s)] = 0.5 * tot / max(count, 1)
                 continue
             if w is None:
-                w = np.ascontiguousarray(model.read_matrix(n).reshape(info.shape), np.float32)
-            dq = dequantized(model, n, applied).reshape(info.shape)
+                wm = model.read_matrix(n)          # read (and widened) once for every scheme
+                w = np.ascontiguousarray(wm.reshape(info.shape), np.float32)
+            dq = dequantized(model, n, applied, matrix=wm).reshape(info.shape)
             out[(n, s)] = 0.5 * _weighted_sq_err(f, w, dq) / max(count, 1)
             release(f)      # a mapped F (a large model's): its pages leave the resident set
     yield Progress(len(items), len(items), "done")
