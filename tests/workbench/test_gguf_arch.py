@@ -373,3 +373,28 @@ def test_gemma3_query_scale_and_layer_pattern(gemma3_spm):
     assert _field(r, "gemma3.attention.sliding_window_pattern") == [True, False, True, False]
     assert _field(r, "gemma3.attention.sliding_window") == 64
     assert _field(r, "gemma3.rope.freq_base_swa") == 10000.0
+
+
+def test_sentencepiece_style_detection():
+    """Which BPE tokenizer.json files are written as llama.cpp's `llama` tokenizer, and with
+    which add_space_prefix: Gemma (Replace), Llama 2 (Prepend + Replace), Metaspace without
+    splitting; byte-level BPE (no byte fallback, or a ByteLevel pre-tokenizer) is not."""
+    from workbench.export.gguf_arch import _spm_style
+    rep = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    pre = {"type": "Prepend", "prepend": "\u2581"}
+    split = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+             "invert": False}
+
+    def tok(norm, pretok, fallback=True):
+        return {"model": {"type": "BPE", "byte_fallback": fallback}, "normalizer": norm,
+                "pre_tokenizer": pretok}
+    assert _spm_style(tok(rep, split)) is False                          # Gemma
+    assert _spm_style(tok({"type": "Sequence", "normalizers": [pre, rep]}, None)) is True
+    meta = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+            "split": False}
+    assert _spm_style(tok(None, meta)) is True
+    assert _spm_style(tok(None, dict(meta, prepend_scheme="never"))) is False
+    assert _spm_style(tok(None, dict(meta, split=True))) is None
+    assert _spm_style(tok(rep, split, fallback=False)) is None
+    assert _spm_style(tok(None, {"type": "ByteLevel", "use_regex": True})) is None
+    assert _spm_style(tok(None, split)) is None      # nothing turns spaces into U+2581
