@@ -16,6 +16,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# `check`'s cached float distributions (workbench.kld) go to a temporary folder, not ~/.cache
+if "QUANT_WORKBENCH_KLD_CACHE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+    os.environ["QUANT_WORKBENCH_KLD_CACHE"] = tempfile.mkdtemp(prefix="qw-kld-tests-")
+    atexit.register(shutil.rmtree, os.environ["QUANT_WORKBENCH_KLD_CACHE"], True)
 
 
 def _minilm_file() -> Path | None:

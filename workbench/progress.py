@@ -85,3 +85,38 @@ class TextProgress:
             self.stream.write("\r" + " " * (self.width + 60) + "\r")
             self.stream.flush()
             self._drawn = False
+
+
+class LineProgress:
+    """Progress as plain lines on stderr, for a log or a pipe: the first event, then at least
+    every `every` seconds, and the end (percent, the job's message, elapsed time and ETA)."""
+
+    def __init__(self, stream=None, every: float = 10.0, label: str = ""):
+        self.stream = stream or sys.stderr
+        self.every = every
+        self.label = f"{label}: " if label else ""
+        self._t0 = None
+        self._last = None
+        self._ended = False
+
+    def __call__(self, ev: Progress) -> None:
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        end = ev.fraction >= 1
+        if self._last is not None and now - self._last < self.every and not (
+                end and not self._ended):
+            return
+        self._last = now
+        self._ended = self._ended or end
+        spent = now - self._t0
+        f = ev.fraction
+        eta = f"ETA {_clock(spent * (1 - f) / f)}" if 0.01 <= f < 1 and spent > 1 else "ETA -"
+        self.stream.write(f"{self.label}{100 * f:5.1f}% {ev.message} "
+                          f"({_clock(spent)} elapsed, {eta})\n")
+        self.stream.flush()
+
+
+def _clock(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

@@ -1,6 +1,12 @@
 """`quant-workbench check [MODEL] (--scheme S | --plan P) [--method M] [--calib FILE | --imatrix F]
 [--held-out FILE] [--samples N] [--target RT] [--runtime torch|onnxruntime|llama.cpp]
-[--ctx N] [--chunks N] [--save-gguf F] [--json]`.
+[--scoring chunks|lines] [--ctx N] [--chunks N] [--kld-exact] [--no-cache] [--save-gguf F]
+[--json]`.
+
+A causal LM is scored as ``llama-perplexity --kl-divergence`` scores it (workbench.kld): the
+text as one token stream in chunks of --ctx tokens, each scored on its second half, against
+the float model's next-token distributions cached on disk; ``--scoring lines`` keeps the
+older per-line figures (what --runtime onnxruntime measures).
 
 ``--runtime onnxruntime`` exports the plan to ONNX (workbench.export.onnx_format) and runs the
 file in ONNX Runtime (CPU execution provider) instead of swapping dequantized weights into the
@@ -39,11 +45,6 @@ def register(sub) -> None:
                         "llama-perplexity --kl-divergence against an F16 GGUF; causal LMs)")
     p.add_argument("--save-gguf", default=None, metavar="FILE",
                    help="--runtime llama.cpp: also keep the plan's GGUF here")
-    p.add_argument("--ctx", type=int, default=None, metavar="N",
-                   help="--runtime llama.cpp: tokens a chunk (default 512, llama-perplexity "
-                        "-c 512)")
-    p.add_argument("--chunks", type=int, default=None, metavar="N",
-                   help="--runtime llama.cpp: score the first N chunks only (default all)")
     p.add_argument("--accuracy-level", type=int, default=None, choices=[0, 1, 2, 3, 4],
                    help="--runtime onnxruntime: MatMulNBits accuracy_level (default 4)")
     p.add_argument("--activations", default=None, choices=["int8"],
@@ -53,6 +54,25 @@ def register(sub) -> None:
                    help="activation range calibration for --activations (default minmax)")
     p.add_argument("--save-onnx", default=None, metavar="FILE",
                    help="--runtime onnxruntime: also keep the exported ONNX file here")
+    p.add_argument("--scoring", default="chunks", choices=["chunks", "lines"],
+                   help="causal LMs: chunks (default: the whole text as one token stream in "
+                        "chunks of --ctx tokens, each scored on its second half, as "
+                        "llama-perplexity --kl-divergence does) or lines (each line on its own, "
+                        "as --runtime onnxruntime scores)")
+    p.add_argument("--ctx", type=int, default=None, metavar="N",
+                   help="--scoring chunks and --runtime llama.cpp: tokens a chunk (default "
+                        "512, as llama-perplexity -c 512; --scoring chunks: the model's "
+                        "maximum positions when fewer)")
+    p.add_argument("--chunks", type=int, default=None, metavar="N",
+                   help="--scoring chunks and --runtime llama.cpp: score the first N chunks "
+                        "only (default all; --samples N means the same there)")
+    p.add_argument("--kld-exact", action="store_true",
+                   help="--scoring chunks: also the KLD against the float model's full "
+                        "next-token distributions (kld_full), beside the one from the sparse "
+                        "cache (top-64 + 64 drawn ids); the cache is not read")
+    p.add_argument("--no-cache", action="store_true",
+                   help="--scoring chunks: neither read nor write the cached float "
+                        "distributions")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -65,8 +85,8 @@ def run(args) -> int:
     onnx = args.runtime == "onnxruntime"
     if args.runtime == "llama.cpp":
         return _run_llama(args, plan, model)
-    if args.save_gguf or args.ctx is not None or args.chunks is not None:
-        raise WorkbenchError("--save-gguf, --ctx and --chunks need --runtime llama.cpp")
+    if args.save_gguf:
+        raise WorkbenchError("--save-gguf needs --runtime llama.cpp")
     if onnx and args.target not in (None, "onnxruntime"):
         raise WorkbenchError(f"--runtime onnxruntime runs the rules of --target onnxruntime, "
                              f"not {args.target}")
@@ -96,9 +116,65 @@ def run(args) -> int:
     if mm is not model or args.method or target != "any":   # (--method rtn: same fallbacks)
         from ...methods.apply import runner_weights
         weights = runner_weights(mm, plan, target)
+    if args.scoring == "chunks" and _causal(model):
+        from ...kld import kld_check
+        for flag, v in (("--ctx", args.ctx), ("--chunks", args.chunks)):
+            if v is not None and v < 1:
+                raise WorkbenchError(f"{flag} {v}: give a positive number")
+        res = _drive_lines(kld_check(model, plan, args.held_out or args.calib, ctx=args.ctx,
+                                     chunks=args.chunks or args.samples, weights=weights,
+                                     use_cache=not args.no_cache, exact=args.kld_exact),
+                           args.json)
+        return _print_kld(args, res, conv)
     res = drive(check(model, plan, args.held_out or args.calib, args.samples, weights=weights),
                 quiet=args.json)
     return _print(args, res, conv)
+
+
+def _causal(model) -> bool:
+    from ...runner import model_kind, read_config
+    return model_kind(read_config(model)) == "causal-lm"
+
+
+def _drive_lines(job, quiet: bool):
+    """The bar on a terminal; otherwise (or with --json) a progress line on stderr at least
+    every 10 s (stage, chunks i/N, ETA)."""
+    import sys
+    if sys.stderr.isatty() and not quiet:
+        return drive(job)
+    from ...progress import LineProgress, run as run_job
+    return run_job(job, LineProgress(label="check"))
+
+
+def _print_kld(args, res, conv) -> int:
+    print_convention(conv, args.json)
+    if conv is not None and args.json:
+        res = {**res, "convention": conv.to_dict()}
+    if args.json:
+        print_json(res)
+        return 0
+    k = res["kld"]
+    src = {"hit": "from the cache", "written": "computed, cached",
+           "miss": "computed", "off": "computed, not cached"}.get(k["cache"], k["cache"])
+    print(f"causal-lm: {k['chunks']} chunks of {k['ctx']} tokens, {k['tokens']} tokens scored "
+          f"(second half of each chunk); float distributions {src} (top-{k['top_k']}, "
+          f"{k['tail_samples']} drawn from the rest)")
+    if k.get("note"):
+        print(f"  note: {k['note']}")
+    rows = [("Mean PPL(Q)", f"{k['ppl_quant']:.6f}"), ("Mean PPL(base)", f"{k['ppl_base']:.6f}"),
+            ("Mean PPL(Q)/PPL(base)", f"{k['ppl_ratio']:.6f}"),
+            ("Mean    KLD", f"{k['mean']:.6f}"), ("Maximum KLD", f"{k['max']:.6f}"),
+            ("99.9%   KLD", f"{k['p999']:.6f}"), ("99.0%   KLD", f"{k['p99']:.6f}"),
+            ("Median  KLD", f"{k['median']:.6f}"), ("Same top p", f"{k['same_top1']:.3f} %")]
+    full = res.get("kld_full")
+    if full:
+        rows += [("Mean KLD (full distribution)", f"{full['mean']:.6f}"),
+                 ("99.9% KLD (full distribution)", f"{full['p999']:.6f}"),
+                 ("sparse KLD error (mean)", f"{-full['sparse_error_mean']:.3g} "
+                                             f"({-100 * full['sparse_error_rel']:.3g} %)")]
+    for a, b in rows:
+        print(f"  {a:<30} {b}")
+    return 0
 
 
 def _run_llama(args, plan, model) -> int:
