@@ -114,8 +114,11 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
         tag = f"[{state['step']}/{n_steps}] {label}"
         yield Progress(state["step"] - 1, n_steps, tag)
         usage: dict = {}
-        rc, dt = yield from lk.run_child(cmd, logs / log_name, tag, timeout, tool_env,
-                                         status=status, usage=usage)
+        try:
+            rc, dt = yield from lk.run_child(cmd, logs / log_name, tag, timeout, tool_env,
+                                             status=status, usage=usage)
+        except WorkbenchError as exc:       # (a timeout) named without the [i/N] tag
+            raise WorkbenchError(exc.problem.replace(tag, label)) from None
         cpu[log_name] = usage["cpu_s"]
         if rc != 0:
             raise WorkbenchError(f"{label} failed (exit status {rc}): "
