@@ -91,9 +91,12 @@ class LineProgress:
     """Progress as plain lines on stderr, for a log or a pipe: the first event, then at least
     every `every` seconds, and the end (percent, the job's message, elapsed time and ETA)."""
 
-    def __init__(self, stream=None, every: float = 10.0, label: str = ""):
+    def __init__(self, stream=None, every: float = 10.0, label: str = "",
+                 first_after: float = 0.0):
         self.stream = stream or sys.stderr
         self.every = every
+        #: seconds before the first line: a job done (or failed) sooner prints nothing
+        self.first_after = first_after
         self.label = f"{label}: " if label else ""
         self._t0 = None
         self._last = None
@@ -104,6 +107,8 @@ class LineProgress:
         if self._t0 is None:
             self._t0 = now
         end = ev.fraction >= 1
+        if self._last is None and now - self._t0 < self.first_after:
+            return
         if self._last is not None and now - self._last < self.every and not (
                 end and not self._ended):
             return

@@ -130,7 +130,14 @@ def executor_of(args):
 
 
 def drive(job, quiet: bool = False):
-    """Run a progress job with a text bar on stderr."""
+    """Run a progress job with a text bar on stderr when it is a terminal, else plain progress
+    lines there once the job has run 10 s (percent, the stage, elapsed and ETA, then at least
+    every 10 s: a log or a pipe sees long work moving, a quick command prints nothing more);
+    nothing when `quiet`."""
+    import sys
+    if not quiet and not sys.stderr.isatty():
+        from ..progress import LineProgress
+        return run(job, LineProgress(first_after=10.0))
     bar = TextProgress(enabled=None if not quiet else False)
     try:
         return run(job, bar)
