@@ -1,6 +1,6 @@
 """workbench.llama_kld without llama.cpp: the parser on captured llama-perplexity output, the
 child-process runner (timeout, closing the job kills the child's process group), and the
-bench's argument checks. The runs themselves are tested in tests/runtime/test_llama_kld.py."""
+bench's argument checks. The runs themselves are tested in tests/runtime/test_llama_kld_runtime.py."""
 
 from __future__ import annotations
 
