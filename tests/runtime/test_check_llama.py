@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from .test_llama_kld import CTX, DEMO, _cli, text, tools  # noqa: F401 (fixtures)
+from .test_llama_kld_runtime import CTX, DEMO, _cli, text, tools  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.runtime
 
