@@ -144,7 +144,11 @@ def test_bench_allocate_ctrl_c_kills_the_children(tools, tmp_path, text):
                              "import sys; from workbench.cli import main; sys.exit(main())",
                              "bench-allocate", "--vs-llama", str(DEMO), "--held-out", str(text),
                              "--types", "Q4_0", "--ctx", str(CTX), "-o", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            # as from a terminal: a test run started in the background (nohup,
+                            # `&` in a script) hands its children SIGINT ignored, and Python then
+                            # installs no KeyboardInterrupt handler
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         t0 = time.monotonic()
         log = out / "logs" / "allocate-Q4_0.log"
