@@ -53,6 +53,30 @@ class Budget:
     format: str | None = None    # file: "gguf"
     source: str | None = None    # --budget-of FILE
 
+    @classmethod
+    def bits_per_weight(cls, value: float, over: str = "all") -> "Budget":
+        """`value` bits per weight over every tensor (``over="all"``, as `evaluate` counts
+        them) or over the Linear weights only (``over="linear"``)."""
+        if over not in OVER:
+            raise WorkbenchError(f"over must be one of {', '.join(OVER)}, not {over!r}")
+        return from_flags(budget_bpw=value, bpw_over=over)
+
+    @classmethod
+    def tensor_bytes(cls, value: int) -> "Budget":
+        """`value` bytes of every tensor as `evaluate` counts them (no file header)."""
+        return from_flags(budget_bytes=value)
+
+    @classmethod
+    def file_bytes(cls, value: int) -> "Budget":
+        """`value` bytes of the whole GGUF file the llama.cpp export writes."""
+        return from_flags(budget_file_bytes=value)
+
+    @classmethod
+    def of_file(cls, path) -> "Budget":
+        """No bigger than an existing file: a .gguf file's size, a .safetensors file's tensor
+        bytes."""
+        return budget_of(str(path))
+
     def describe(self) -> str:
         if self.kind == "bpw":
             what = "every tensor" if self.over == "all" else "the Linear weights"
@@ -74,25 +98,38 @@ class Budget:
         return d
 
 
+#: the largest budget each flag takes (above it no allocation differs, and a bits-per-weight
+#: of 1e308 times the parameter count is no number of bytes)
+BUDGET_MAX = {"--budget-bpw": 1024.0, "--budget-bytes": float(1 << 62),
+              "--budget-file-bytes": float(1 << 62)}
+
+
 def _number(flag: str, v: float) -> float:
     if not math.isfinite(v) or v <= 0:
         raise WorkbenchError(f"{flag} must be a positive number, got {v:g}")
+    if v > BUDGET_MAX.get(flag, math.inf):
+        raise WorkbenchError(f"{flag} is {v:g}: at most {BUDGET_MAX[flag]:g} is taken (a larger "
+                             "budget allocates nothing differently)")
     return v
 
 
-def from_args(args) -> Budget:
-    """The budget the allocate command line asks for (exactly one of the budget flags)."""
-    over = getattr(args, "bpw_over", None)
-    if over is not None and args.budget_bpw is None:
+def from_flags(budget_bpw: float | None = None, budget_bytes: int | None = None,
+               budget_file_bytes: int | None = None, budget_of_file: str | None = None,
+               bpw_over: str | None = None) -> Budget:
+    """The budget `allocate`'s flags ask for (exactly one of the four budgets given; `bpw_over`
+    only with `budget_bpw`)."""
+    if bpw_over is not None and budget_bpw is None:
         raise WorkbenchError("--bpw-over goes with --budget-bpw")
-    if args.budget_bpw is not None:
-        return Budget("bpw", _number("--budget-bpw", float(args.budget_bpw)), over or "all")
-    if args.budget_bytes is not None:
-        return Budget("bytes", _number("--budget-bytes", float(args.budget_bytes)))
-    if getattr(args, "budget_file_bytes", None) is not None:
-        return Budget("file", _number("--budget-file-bytes", float(args.budget_file_bytes)),
+    if budget_bpw is not None:
+        return Budget("bpw", _number("--budget-bpw", float(budget_bpw)), bpw_over or "all")
+    if budget_bytes is not None:
+        return Budget("bytes", _number("--budget-bytes", float(budget_bytes)))
+    if budget_file_bytes is not None:
+        return Budget("file", _number("--budget-file-bytes", float(budget_file_bytes)),
                       over="file", format="gguf")
-    return budget_of(args.budget_of)
+    if budget_of_file is None:
+        raise WorkbenchError("no budget: give bits per weight, bytes, file bytes or a file")
+    return budget_of(budget_of_file)
 
 
 def budget_of(path: str) -> Budget:

@@ -177,7 +177,12 @@ def load_tokenizer(folder):
                              ".npy or safetensors)", path=str(folder))
     from .optional import require
     Tokenizer = require("tokenizers", "model").Tokenizer
-    return Tokenizer.from_file(str(tj))
+    try:
+        return Tokenizer.from_file(str(tj))
+    except Exception as exc:  # noqa: BLE001 - the tokenizers package raises plain Exceptions
+        why = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise WorkbenchError(f"the tokenizers package cannot load it ({why})",
+                             path=str(tj)) from None
 
 
 def calibration_samples(model, calib=None, samples: int | None = None, max_len: int = 128):
@@ -205,14 +210,20 @@ def calibration_samples(model, calib=None, samples: int | None = None, max_len: 
                 yield Progress(i, len(texts), "tokenizing")
             # max_len tokens never reach past this prefix: the tokenizer's work is bounded
             t = t[:max_len * CHARS_PER_TOKEN]
-            ids = np.asarray(tok.encode(t).ids, dtype=np.int64)[:max_len]
+            try:
+                ids = np.asarray(tok.encode(t).ids, dtype=np.int64)[:max_len]
+            except Exception as exc:  # noqa: BLE001 - a hostile tokenizer.json's model
+                raise WorkbenchError(f"the tokenizer fails on sample {i + 1} ({str(exc)[:200]})",
+                                     path=str(folder / "tokenizer.json")) from None
             if len(ids):
                 out.append(ids)
     if samples:
         out = out[:samples]
     if not out:
         raise WorkbenchError("no calibration samples", path=str(calib))
-    check_ids(out, vocab_size(model), calib)
+    # ids from the model's own tokenizer that the vocabulary lacks are the tokenizer's fault
+    check_ids(out, vocab_size(model), calib if calib.suffix.lower() in (".npy", ".safetensors")
+              else folder / "tokenizer.json")
     _CACHE[key] = out
     yield Progress(1, 1, "tokenized")
     return out

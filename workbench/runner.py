@@ -71,6 +71,10 @@ ENCODER_TYPES = ARCH["encoder_types"]
 
 
 def model_folder(model) -> Path:
+    """The folder of the model's config.json and tokenizer files: beside its weights, or the
+    companion folder of a GGUF read as a Hugging Face model (Model.folder)."""
+    if getattr(model, "folder", None):
+        return Path(model.folder)
     p = Path(model.path)
     return p if p.is_dir() else p.parent
 
@@ -88,6 +92,8 @@ def read_config(model) -> dict:
                              path=str(cfg_path)) from None
     if not isinstance(cfg, dict):
         raise WorkbenchError("not runnable: config.json is not a JSON object", path=str(cfg_path))
+    from .config_check import check_config
+    check_config(model, cfg, cfg_path)      # against the tensors, before any work
     return cfg
 
 

@@ -190,6 +190,9 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False, execu
                                  f"{' ...' if len(other) > 1 else ''}); it would be replaced: "
                                  "choose a new folder; nothing was written", path=str(out_dir))
     yield Progress(0, 1, "checking the plan")
+    from ..config_check import check_config, config_path
+    if (cfg := read_config(model)) is not None:   # against the tensors, before any work
+        check_config(model, cfg, config_path(model))
     decisions = plan_decisions(model, plan, "vllm")
     if strict:
         check_strict(decisions.values(), path=model.path)

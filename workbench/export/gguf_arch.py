@@ -30,14 +30,16 @@ from __future__ import annotations
 
 import json
 import re
+import struct
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import WorkbenchError
-from ..llama_names import CONV1D, EXPERT, FUSED_EXPERTS, SUPPORTED_LABEL, Arch, detect_arch, \
-    gguf_names, model_folder, read_config
+from ..llama_names import CONV1D, DROPPED, EXPERT, FUSED_EXPERTS, SUPPORTED_LABEL, Arch, \
+    detect_arch, gguf_names, model_folder, read_config
 
 CONVERTER_HINT = ("the way through: convert the folder with llama.cpp's convert_hf_to_gguf.py "
                   "(python convert_hf_to_gguf.py FOLDER --outtype f16 --outfile MODEL-f16.gguf), "
@@ -142,6 +144,8 @@ def hf_target(model) -> tuple[HFTarget | None, str | None]:
         return None, ("no config.json beside the weights, so the architecture and its "
                       "hyper-parameters are unknown: llama.cpp cannot run this GGUF (arch "
                       f"quant_workbench, Hugging Face names); {CONVERTER_HINT}")
+    from ..config_check import check_config
+    check_config(model, config, model_folder(model) / "config.json")   # before any work
     arch = detect_arch(model, config)
     if arch is None or arch.gguf_arch not in ARCH_SPECS:
         hf = arch.hf_name if arch else config.get("model_type", "unknown")
@@ -151,9 +155,41 @@ def hf_target(model) -> tuple[HFTarget | None, str | None]:
         return None, ("no tokenizer.json in the model folder: llama.cpp needs the vocabulary; "
                       f"{CONVERTER_HINT}")
     names = gguf_names(model, arch)
+    # a tensor without a llama.cpp name is never left out silently: only what llama.cpp's
+    # converter drops (DROPPED) and DeepSeek's multi-token-prediction layers past
+    # num_hidden_layers (config_check allows num_nextn_predict_layers of them) may be
+    unnamed = [n for n, g in names.items() if g is None and not DROPPED.search(n)
+               and not _past_blocks(n, arch.n_blocks)]
+    if unnamed:
+        raise WorkbenchError(f"{len(unnamed)} tensor(s) have no llama.cpp name in architecture "
+                             f"{arch.arch_name} (first: {unnamed[0]}); llama.cpp's converter "
+                             "refuses them too; nothing was written", path=str(model.path))
     t = HFTarget(arch, config, model_folder(model), names)
-    t.layout = _layout(model, t)
+    with _config_values(t.folder / "config.json"):
+        t.layout = _layout(model, t)
     return t, None
+
+
+@contextmanager
+def _config_values(path: Path, what: str = "config.json"):
+    """A value the writer reads from config.json / tokenizer.json that config_check does not
+    type (a missing or malformed key the architecture needs) as one line naming the file, not
+    a traceback."""
+    try:
+        yield
+    except KeyError as exc:
+        raise WorkbenchError(f"{what} lacks the key {exc.args[0]!r} the GGUF writer needs; "
+                             "nothing was written", path=str(path)) from None
+    except (TypeError, ValueError, OverflowError, ArithmeticError, AttributeError,
+            struct.error) as exc:
+        raise WorkbenchError(f"{what} holds a value the GGUF writer cannot use "
+                             f"({type(exc).__name__}: {str(exc)[:200]}); nothing was written",
+                             path=str(path)) from None
+
+
+def _past_blocks(name: str, n_blocks: int) -> bool:
+    m = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
+    return bool(m and n_blocks and int(m.group(1)) >= n_blocks)
 
 
 def refuses(model) -> bool:
@@ -286,6 +322,11 @@ def _mla_split(t: HFTarget, name: str, g: str, shape: tuple) -> list[OutTensor]:
 
 def extra_tensors(t: HFTarget) -> list[tuple[str, np.ndarray]]:
     """Tensors the converter computes from config.json (float32): Llama 3's ``rope_freqs``."""
+    with _config_values(t.folder / "config.json"):
+        return _extra_tensors(t)
+
+
+def _extra_tensors(t: HFTarget) -> list[tuple[str, np.ndarray]]:
     out = []
     if "llama3_rope" in t.spec.extra:
         r = _rope(t.config)
@@ -322,6 +363,11 @@ def _llama3_rope_factors(c: dict, r: dict) -> np.ndarray:
 def write_hparams(writer, t: HFTarget) -> None:
     """The keys convert_hf_to_gguf writes (TextModel.set_gguf_parameters, then the
     architecture's own)."""
+    with _config_values(t.folder / "config.json"):
+        _write_hparams(writer, t)
+
+
+def _write_hparams(writer, t: HFTarget) -> None:
     import gguf
     c, a = t.config, t.arch.gguf_arch
     writer.add_block_count(t.arch.n_blocks)
@@ -347,6 +393,10 @@ def write_hparams(writer, t: HFTarget) -> None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(rope["factor"]))
     elif rtype == "yarn" and rope.get("factor") is not None:
+        if rope.get("original_max_position_embeddings") is None:
+            raise WorkbenchError("yarn rope scaling without original_max_position_embeddings "
+                                 "(the context length llama.cpp scales from); nothing was "
+                                 "written", path=str(t.folder / "config.json"))
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(float(rope["factor"]))
         writer.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
@@ -550,12 +600,56 @@ def write_tokenizer(writer, t: HFTarget) -> int:
         raise WorkbenchError(f"tokenizer model {model.get('type')} is not supported "
                              f"(WordPiece or BPE vocabularies); {CONVERTER_HINT}",
                              path=str(t.folder / "tokenizer.json"))
-    added = {a["content"]: a for a in tok.get("added_tokens", []) if isinstance(a, dict)
-             and "content" in a and "id" in a}
-    id_to_tok = {int(i): s for s, i in vocab.items()}
-    for s, a in added.items():
-        id_to_tok[int(a["id"])] = s
-    n_vocab = max(int(_hp(t.config, "vocab_size", default=0)), max(id_to_tok) + 1)
+    id_to_tok, added, n_vocab = _token_ids(t, tok, vocab)
+    with _config_values(t.folder / "tokenizer.json", "tokenizer.json"):
+        return _write_vocab(writer, t, tok, model, id_to_tok, added, n_vocab)
+
+
+def _token_ids(t: HFTarget, tok: dict, vocab: dict) -> tuple[dict, dict, int]:
+    """(id -> token, added tokens, the vocabulary size written): every id an integer below the
+    model's vocabulary size (config.json's vocab_size, which config_check holds to the
+    embedding's rows; convert_hf_to_gguf asserts the same): a hostile id (10^12) never sizes
+    the vocabulary written."""
+    path = t.folder / "tokenizer.json"
+    limit = _hp(t.config, "vocab_size")
+    if limit is None:
+        limit = next((o.shape[0] for o in t.layout if o.out == "token_embd.weight"), None)
+    raw_added = tok.get("added_tokens", [])
+    if not isinstance(raw_added, list):
+        raise WorkbenchError("added_tokens is not a list", path=str(path))
+    known = limit is not None
+    if limit is None:
+        limit = len(vocab) + len(raw_added)
+    where = "vocab_size in config.json" if _hp(t.config, "vocab_size") is not None else \
+        "the embedding's rows"
+
+    def check_id(i, what: str) -> int:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise WorkbenchError(f"{what}: id {str(i)[:40]!r} is not an integer", path=str(path))
+        if not 0 <= i < limit:
+            raise WorkbenchError(f"{what}: id {i:,} is outside the model's vocabulary "
+                                 f"(0..{limit - 1:,}, {where}); llama.cpp could not load it; "
+                                 "nothing was written", path=str(path))
+        return i
+
+    id_to_tok = {check_id(i, f"token {s[:40]!r}"): s for s, i in vocab.items()}
+    added = {}
+    for a in raw_added:
+        if not (isinstance(a, dict) and "content" in a and "id" in a):
+            continue
+        if not isinstance(a["content"], str):
+            raise WorkbenchError(f"an added token's content is {str(a['content'])[:40]!r}, not a "
+                                 "string", path=str(path))
+        added[a["content"]] = a
+        id_to_tok[check_id(a["id"], f"added token {a['content'][:40]!r}")] = a["content"]
+    if not id_to_tok:
+        raise WorkbenchError("the vocabulary is empty", path=str(path))
+    return id_to_tok, added, (limit if known else max(id_to_tok) + 1)
+
+
+def _write_vocab(writer, t: HFTarget, tok: dict, model: dict, id_to_tok: dict, added: dict,
+                 n_vocab: int) -> int:
+    import gguf
     if model.get("type") == "BPE" and (space_prefix := _spm_style(tok)) is not None:
         return _write_spm(writer, t, tok, id_to_tok, added, n_vocab, space_prefix)
     tokens, types = [], []

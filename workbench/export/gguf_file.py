@@ -585,6 +585,9 @@ def _prepare(model, plan, strict: bool = False) -> _Prepared:
     from ..runtimes import check_strict, plan_decisions
     from .gguf_arch import extra_tensors, hf_target, refuses
     from_gguf = model.format == "gguf" and model.source is not None
+    if from_gguf:      # the key/values copied must describe the tensors
+        from ..config_check import check_gguf_metadata
+        check_gguf_metadata(model)
     decisions = plan_decisions(model, plan, "llama.cpp")
     if strict:
         check_strict(decisions.values(), path=model.path)

@@ -85,6 +85,8 @@ def run(args) -> int:
         n, s = item.split("=", 1)
         pins[n] = get_scheme(s).name
     model = open_model_arg(args)
+    from ...config_check import check_model_config
+    check_model_config(model)   # a config.json its weights contradict: refused, not worked around
     if os.path.exists(args.output) and os.path.abspath(args.output) == os.path.abspath(model.path):
         raise WorkbenchError("refusing to write over the model", path=args.output)
     pins = expand_pins(model, pins)
