@@ -14,7 +14,9 @@ BASE_AREAS = ("safetensors", "gguf", "pytorch", "quantized", "plan", "session")
 # issue 20's classes, one input kind each (tests/fuzz/cases_hostile.py)
 HOSTILE_AREAS = ("outputs", "pt-cycles", "imatrix", "calibration", "roundtrip", "gguf-align",
                  "truncation", "scale", "optional")
-AREAS = BASE_AREAS + HOSTILE_AREAS
+# issue 32's config.json classes (tests/fuzz/cases_config.py)
+CONFIG_AREAS = ("config-tensors", "config-counts", "config-values")
+AREAS = BASE_AREAS + HOSTILE_AREAS + CONFIG_AREAS
 DTYPES = ["F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "U8", "BOOL", "F8_E4M3",
           "Q4_0", "X", 7, None]
 HUGE = [0, 1, 2, 3, 255, 256, 2**31 - 1, 2**31, 2**32, 2**40, 2**53, 2**62, 2**63, 2**64 - 1,
@@ -289,8 +291,9 @@ GENERATORS = {"safetensors": safetensors, "gguf": gguf_file, "pytorch": pytorch,
 
 
 def _hostile():
+    from .cases_config import GENERATORS as C
     from .cases_hostile import GENERATORS as G
-    return G
+    return {**G, **C}
 
 
 GENERATORS.update(_hostile())
