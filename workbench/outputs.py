@@ -88,7 +88,8 @@ def refuse_inputs_as_outputs(outputs: dict, inputs: dict) -> None:
             continue            # nothing there yet: it cannot be an input
         for label, f, st in in_files:
             if (ost.st_dev, ost.st_ino) == (st.st_dev, st.st_ino):
-                what = label if f == Path(inputs[label]).expanduser() else f"{label} ({f.name})"
+                # the input named too where it is spelled otherwise (a link, a folder's file)
+                what = label if str(f) == str(out) else f"{label} ({f})"
                 if label in MODEL_LABELS:
                     what = f"{what}: an input of the open model"
                 the = "" if label.startswith("the ") else "the input "

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMA
             parser.print_help()
             return 2
         from .common import check_file_args
-        check_file_args(args)
+        check_file_args(args, parser)
         return int(args.func(args) or 0)
     except WorkbenchError as exc:
         _say(f"quant-workbench: error: {exc}")

@@ -40,24 +40,33 @@ def add_device_arg(p) -> None:
                         "torch sees a GPU, else cpu)")
 
 
-# argument dests that name files a command writes; every other string argument naming an
-# existing path is an input of the command
-OUTPUT_DESTS = frozenset({"output", "make_llama_f16"})
+# argument dests that name files (or folders) a command writes; every other string argument
+# naming an existing path is an input of the command, except the ones below that are never paths
+OUTPUT_DESTS = frozenset({"output", "make_llama_f16", "save_onnx", "save_gguf", "keep"})
+# string options that are names, not paths (an argument with `choices` is never a path either):
+# `--format gguf` or `--scheme q8_0` with a ./gguf or ./q8_0 folder present is not that folder
+NON_PATH_DESTS = frozenset({
+    "command", "format", "scheme", "schemes", "rule", "pin", "methods", "method", "types",
+    "recipes", "layer", "size", "tab", "cluster", "workbench_args", "act_method", "act_type",
+    "tensor", "backend", "scope", "device", "target", "runtime", "overlay", "bpw_over", "steps",
+    "to", "dtype", "scoring", "paths", "measure"})
 
 
-def check_file_args(args) -> None:
+def check_file_args(args, parser=None) -> None:
     """Refuse (exit 2, before anything is written) an output argument that names an input of
     the same command: the same file by inode (symbolic and hard links included), a file the
-    model is read with, or an existing folder holding an input (workbench.outputs)."""
+    model is read with, or an existing folder holding an input (workbench.outputs). `parser`
+    (the command line's): arguments with `choices` are names, never input paths."""
     from ..outputs import refuse_inputs_as_outputs
     d = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     outputs = {_label(k): v for k, v in d.items()
                if k in OUTPUT_DESTS and isinstance(v, str) and v}
     if not outputs:
         return
+    skip = NON_PATH_DESTS | _choice_dests(parser, getattr(args, "command", None))
     inputs = {}
     for k, v in d.items():
-        if k in OUTPUT_DESTS:
+        if k in OUTPUT_DESTS or k in skip or k.startswith("_"):
             continue
         vals = v if isinstance(v, (list, tuple)) else [v]
         for i, x in enumerate(vals):
@@ -70,6 +79,19 @@ def check_file_args(args) -> None:
         inputs["--calib"] = str(Path(__file__).resolve().parents[2] / "resources"
                                 / "calibration.txt")
     refuse_inputs_as_outputs(outputs, inputs)
+
+
+def _choice_dests(parser, command) -> set:
+    """The dests of `command`'s arguments that take one of fixed `choices` (never paths)."""
+    import argparse
+    if parser is None:
+        return set()
+    actions = list(parser._actions)   # noqa: SLF001 (argparse has no API for this)
+    for a in parser._actions:          # noqa: SLF001
+        if isinstance(a, argparse._SubParsersAction) and command in a.choices:   # noqa: SLF001
+            actions += a.choices[command]._actions                               # noqa: SLF001
+    return {a.dest for a in actions if a.choices is not None
+            and not isinstance(a, argparse._SubParsersAction)}                 # noqa: SLF001
 
 
 def _label(dest: str) -> str:
