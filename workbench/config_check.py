@@ -142,62 +142,68 @@ def _shape(info) -> tuple:
     return tuple(int(s) for s in info.shape)
 
 
+# role of a block tensor by the rest of its name (after "<blocks>.<i>.")
+_ROLE = {**{r: "q" for r in _Q}, **{r: "k" for r in _K}, **{r: "v" for r in _V},
+         **{r: "qkv" for r in _QKV}, **{r: "up" for r in _UP}, **{r: "router" for r in _ROUTER},
+         "attn.c_attn.weight": "c_attn", "self_attn.q_b_proj.weight": "mla_q",
+         "self_attn.kv_b_proj.weight": "mla_kv", "mlp.c_fc.weight": "c_fc",
+         "mlp.gate_up_proj.weight": "gate_up"}
+
+
 def facts(model) -> Facts:
+    """The Facts of `model` (one pass over the names; only the tensors with a role are looked
+    at further), cached on the model object."""
     cached = model.__dict__.get("_qw_config_facts")
     if cached is not None:
         return cached
     f = Facts()
     per_prefix: dict[str, int] = {}
     layered = []
+    match = _LAYER.match
     for name, info in model.tensors.items():
-        m = _LAYER.match(name)
+        m = match(name)
         if m is not None:
-            per_prefix[m.group("pre")] = per_prefix.get(m.group("pre"), 0) + 1
-            layered.append((m.group("pre"), int(m.group("i")), m.group("rest"), name, info))
+            pre, i, rest = m.groups()
+            per_prefix[pre] = per_prefix.get(pre, 0) + 1
+            layered.append((pre, i, rest, name, info))
             continue
-        shape = _shape(info)
+        shape = info.shape
         if len(shape) == 2:
-            leaf = name.rsplit(".", 2)
-            tail = ".".join(leaf[-2:])
+            tail = ".".join(name.rsplit(".", 2)[-2:])
             if f.embed is None and tail in _EMBED:
-                f.embed = (name, shape[0], shape[1])
+                f.embed = (name, int(shape[0]), int(shape[1]))
             elif f.head is None and (name in _HEAD or tail in _HEAD):
-                f.head = (name, shape[0], shape[1])
+                f.head = (name, int(shape[0]), int(shape[1]))
             elif f.positions is None and tail in ("wpe.weight", "position_embeddings.weight"):
-                f.positions = (name, shape[0])
+                f.positions = (name, int(shape[0]))
             elif f.type_vocab is None and tail == "token_type_embeddings.weight":
-                f.type_vocab = (name, shape[0])
+                f.type_vocab = (name, int(shape[0]))
     if per_prefix:
         f.prefix = max(per_prefix, key=lambda p: (per_prefix[p], -len(p)))
+    top = -1
+    role_of = _ROLE.get
     for pre, i, rest, name, info in layered:
         if pre != f.prefix:
             continue
-        if i + 1 > f.n_layers:
-            f.n_layers, f.last_layer = i + 1, name
+        role = role_of(rest)
+        i = int(i)
+        if i > top:
+            top, f.last_layer = i, name
+        if role is None and "experts." not in rest and "_exps." not in rest:
+            continue
         shape = _shape(info)
         rows = shape[0] if shape else 0
-        if rest in _Q:
-            f.q.append((name, rows))
-        elif rest in _K:
-            f.k.append((name, rows))
-        elif rest in _V:
-            f.v.append((name, rows))
-        elif rest in _QKV:
-            f.qkv.append((name, rows))
-        elif rest == "attn.c_attn.weight" and len(shape) == 2:
-            f.c_attn.append((name, shape[1]))
-        elif rest == "self_attn.q_b_proj.weight":
-            f.mla_q.append((name, rows))
-        elif rest == "self_attn.kv_b_proj.weight":
-            f.mla_kv.append((name, rows))
-        elif rest in _UP and len(shape) == 2:
-            f.up.append((name, rows))
-        elif rest == "mlp.c_fc.weight" and len(shape) == 2:     # GPT-2's Conv1D: (in, out)
-            f.c_fc.append((name, shape[1]))
-        elif rest == "mlp.gate_up_proj.weight" and len(shape) == 2:
-            f.gate_up.append((name, rows))
-        elif rest in _ROUTER and len(shape) == 2:
-            f.routers.append((name, shape[0], shape[1]))
+        if role in ("q", "k", "v", "qkv", "mla_q", "mla_kv"):
+            getattr(f, role).append((name, rows))
+        elif role in ("c_attn", "c_fc"):
+            if len(shape) == 2:
+                getattr(f, role).append((name, shape[1]))    # GPT-2's Conv1D: (in, out)
+        elif role in ("up", "gate_up"):
+            if len(shape) == 2:
+                getattr(f, role).append((name, rows))
+        elif role == "router":
+            if len(shape) == 2:
+                f.routers.append((name, shape[0], shape[1]))
         elif (pm := _PER_EXPERT.match(rest)) is not None:
             f.experts.setdefault(i, set()).add(int(pm.group("x")))
             f.per_expert_name.setdefault(i, name)
@@ -205,6 +211,7 @@ def facts(model) -> Facts:
                 f.expert_up.append((name, rows))
         elif len(shape) == 3 and (_FUSED.match(rest) or _GGUF_EXPS.match(rest)):
             f.fused.setdefault(i, []).append((name, shape[0]))
+    f.n_layers = top + 1
     model.__dict__["_qw_config_facts"] = f
     return f
 
@@ -306,8 +313,8 @@ class _Checker:
                      f"({_fmt(layers)})")
         lt = c.get("layer_types")
         if isinstance(lt, list) and lk is not None and len(lt) != layers:
-            self.bad("layer_types", f"a list of {len(lt)}",
-                     f"{self.label(lk)} is {_fmt(layers)}")
+            raise WorkbenchError(f"layer_types lists {len(lt)} layers, but {self.label(lk)} is "
+                                 f"{_fmt(layers)}", path=self.path)
         hk, hidden = self.get(HIDDEN)
         vk, vocab = self.get(VOCAB)
         emb_cols_key = "embedding_size" if c.get("embedding_size") is not None else hk
@@ -345,23 +352,25 @@ class _Checker:
         if kv > heads:
             self.bad(self.label(kk), kv, f"more key/value heads than {self.label(nk)} ({heads})")
         hd = c.get("head_dim")
+        hd_label = self.label("head_dim")
         if hd is None and hidden is not None:
             if hidden % heads:
                 self.bad(self.label(nk), heads, f"does not divide {self.label(hk)} "
-                         f"({_fmt(hidden)}) and config.json has no head_dim")
+                         f"({_fmt(hidden)}) and {self.what} has no head_dim")
             hd = hidden // heads
+            hd_label = f"{self.label(hk)} / {self.label(nk)}"
         if hd is not None and not f.mla_kv:
             # each check compares rows with heads × head size
             for rows_list, n, key in ((f.q, heads, nk), (f.k, kv, kk), (f.v, kv, kk)):
                 for name, rows in rows_list:
                     if rows != n * hd:
-                        self.fail(f"{self.label(key)} is {_fmt(n)} (× head size {hd} = "
-                                  f"{n * hd:,} rows), but {name} has {rows:,} rows")
+                        self.fail(f"{self.label(key)} × {hd_label} is {_fmt(n)} × {_fmt(hd)} = "
+                                  f"{n * hd:,} rows, but {name} has {rows:,} rows")
             for name, rows in f.qkv:
                 if rows != (heads + 2 * kv) * hd:
-                    self.fail(f"{self.label(nk)} is {heads} and {self.label(kk)} {kv} (× head "
-                              f"size {hd}: {(heads + 2 * kv) * hd:,} q/k/v rows), but {name} has "
-                              f"{rows:,} rows")
+                    self.fail(f"({self.label(nk)} + 2 × {self.label(kk)}) × {hd_label} is "
+                              f"({heads} + 2 × {kv}) × {_fmt(hd)} = {(heads + 2 * kv) * hd:,} "
+                              f"rows, but {name} has {rows:,} rows")
         for name, cols in f.c_attn:
             if hidden is not None and cols != 3 * hidden:
                 self.fail(f"{self.label(hk)} is {_fmt(hidden)} (q/k/v {3 * hidden:,} columns), "
@@ -482,6 +491,8 @@ def check_gguf_metadata(model) -> None:
         v = md.get(f"{arch}.{gk}")
         if isinstance(v, bool) or v is None:
             continue
+        if hasattr(v, "dtype") and getattr(v, "ndim", 1) == 0 and v.dtype.kind in "iu":
+            v = int(v)                      # a numpy scalar from the reader
         if not isinstance(v, int):          # per-layer arrays (some architectures): not checked
             continue
         cfg[ck] = v
@@ -490,16 +501,8 @@ def check_gguf_metadata(model) -> None:
         cfg.pop("head_dim", None)           # MLA / different k and v sizes: not q/k/v rows
         cfg.pop("num_attention_heads", None)
         cfg.pop("num_key_value_heads", None)
-    if "head_dim" not in cfg:
-        cfg.pop("num_attention_heads", None)   # without the key length, llama.cpp's default
-        cfg.pop("num_key_value_heads", None)   # (n_embd / n_head) is what the q rows must give
-        h, n = md.get(f"{arch}.embedding_length"), md.get(f"{arch}.attention.head_count")
-        if isinstance(h, int) and isinstance(n, int) and n > 0 and h % n == 0 and \
-                md.get(f"{arch}.attention.key_length_mla") is None:
-            cfg["num_attention_heads"], cfg["head_dim"] = n, h // n
-            kv = md.get(f"{arch}.attention.head_count_kv")
-            if isinstance(kv, int):
-                cfg["num_key_value_heads"] = kv
+    # without attention.key_length the head size is llama.cpp's default, n_embd / n_head,
+    # which _Checker derives the same way
     if md.get(f"{arch}.expert_count") is None:
         cfg.pop("num_experts_per_tok", None)
     if md.get(f"{arch}.expert_count") == 0 and not facts(model).fused:

@@ -131,9 +131,10 @@ def mutate(folder: Path, ops: list) -> None:
         _rewrite_tensors(folder, edit)
 
 
-def hostile_folder(arch: str, ops: list, where: Path) -> Path:
+def hostile_folder(arch: str, ops: list, where: Path, src: Path | None = None) -> Path:
+    """A copy of the tiny `arch` (or of `src`) in `where`/m, mutated by `ops`."""
     folder = where / "m"
-    shutil.copytree(tiny(arch), folder)
+    shutil.copytree(src or tiny(arch), folder)
     mutate(folder, ops)
     return folder
 
