@@ -128,6 +128,8 @@ class Facts:
     c_attn: list = field(default_factory=list)   # GPT-2 (in, 3 x out)
     mla_q: list = field(default_factory=list)    # DeepSeek q_b_proj / q_proj rows
     mla_kv: list = field(default_factory=list)   # DeepSeek kv_b_proj rows
+    mla_kv_a: list = field(default_factory=list)  # kv_a_proj_with_mqa rows (kv_lora + rope)
+    mla_q_a: list = field(default_factory=list)   # q_a_proj rows (q_lora_rank)
     up: list = field(default_factory=list)        # dense MLP input projections (name, rows)
     gate_up: list = field(default_factory=list)   # Phi-3's fused gate/up (name, rows)
     c_fc: list = field(default_factory=list)      # GPT-2's MLP input (name, columns)
@@ -147,6 +149,7 @@ _ROLE = {**{r: "q" for r in _Q}, **{r: "k" for r in _K}, **{r: "v" for r in _V},
          **{r: "qkv" for r in _QKV}, **{r: "up" for r in _UP}, **{r: "router" for r in _ROUTER},
          "attn.c_attn.weight": "c_attn", "self_attn.q_b_proj.weight": "mla_q",
          "self_attn.kv_b_proj.weight": "mla_kv", "mlp.c_fc.weight": "c_fc",
+         "self_attn.kv_a_proj_with_mqa.weight": "mla_kv_a", "self_attn.q_a_proj.weight": "mla_q_a",
          "mlp.gate_up_proj.weight": "gate_up"}
 
 
@@ -193,7 +196,7 @@ def facts(model) -> Facts:
             continue
         shape = _shape(info)
         rows = shape[0] if shape else 0
-        if role in ("q", "k", "v", "qkv", "mla_q", "mla_kv"):
+        if role in ("q", "k", "v", "qkv", "mla_q", "mla_kv", "mla_kv_a", "mla_q_a"):
             getattr(f, role).append((name, rows))
         elif role in ("c_attn", "c_fc"):
             if len(shape) == 2:
@@ -382,6 +385,21 @@ class _Checker:
                 if rows != heads * (nope + vdim):
                     self.fail(f"{self.label(nk)} is {heads} (× (qk_nope_head_dim + v_head_dim) = "
                               f"{heads * (nope + vdim):,} rows), but {name} has {rows:,} rows")
+            hd = c.get("head_dim")
+            if hd is not None and rope is not None and hd != rope:
+                self.bad("head_dim", hd, f"multi-head latent attention's head_dim is its "
+                         f"qk_rope_head_dim ({_fmt(rope)})")
+            lora, qlora = c.get("kv_lora_rank"), c.get("q_lora_rank")
+            if lora is not None and rope is not None:
+                for name, rows in f.mla_kv_a:
+                    if rows != lora + rope:
+                        self.fail(f"kv_lora_rank + qk_rope_head_dim is {_fmt(lora)} + "
+                                  f"{_fmt(rope)} = {lora + rope:,} rows, but {name} has "
+                                  f"{rows:,} rows")
+            if qlora is not None:
+                for name, rows in f.mla_q_a:
+                    if rows != qlora:
+                        self.fail(f"q_lora_rank is {_fmt(qlora)}, but {name} has {rows:,} rows")
             if rope is not None:
                 for name, rows in f.q + f.mla_q:
                     if rows != heads * (nope + rope):
@@ -523,11 +541,9 @@ def check_model_config(model) -> None:
     object (a command that also works without a runnable model, e.g. allocate falling back to
     the weight measure, still refuses a config its weights contradict)."""
     path = config_path(model)
-    if not path.is_file() or path.stat().st_size > 64 << 20:
-        return        # absent, or too large to read here: the commands that need it say so
-    from .limits import loads
-    try:
-        cfg = loads(path.read_bytes(), str(path), "config.json")
-    except (OSError, WorkbenchError):
-        return        # unreadable: the commands that need it say so themselves
+    if not path.is_file():
+        return        # absent: the commands that need it say so
+    from .limits import load_sidecar_json
+    # too large, nested too deeply or malformed: refused here too (never read as "absent")
+    cfg = load_sidecar_json(path, "config.json")
     check_config(model, cfg, path)

@@ -332,12 +332,17 @@ class Runner:
         kwargs = {k: v for k, v in self.cfg.items()
                   if not k.startswith("_") and k not in ("auto_map", "model_type")}
         try:
-            config = transformers.AutoConfig.for_model(mt, **kwargs)
-            config._attn_implementation = "eager"
-            cls = transformers.AutoModel if self.kind == "encoder" \
-                else transformers.AutoModelForCausalLM
-            with _params_on_meta():
-                net = cls.from_config(config, attn_implementation="eager")
+            import warnings
+            with warnings.catch_warnings():
+                # transformers' notes on a config's deprecated keys (rope_scaling ...) are not
+                # the user's to act on, and would break the CLI's one-line errors
+                warnings.simplefilter("ignore")
+                config = transformers.AutoConfig.for_model(mt, **kwargs)
+                config._attn_implementation = "eager"
+                cls = transformers.AutoModel if self.kind == "encoder" \
+                    else transformers.AutoModelForCausalLM
+                with _params_on_meta():
+                    net = cls.from_config(config, attn_implementation="eager")
         except WorkbenchError:
             raise
         except Exception as exc:
