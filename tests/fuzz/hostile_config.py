@@ -27,6 +27,20 @@ _BUILT: dict[str, Path] = {}
 _ROOT: Path | None = None
 
 
+def _few_arenas() -> None:
+    """These cases run whole networks (torch, onnxruntime threads) in the long-lived worker,
+    whose limit is on address space: glibc's default of 8 malloc arenas per core, 64 MiB of
+    address space each, would eat that limit over a run without any memory in use."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").mallopt(-8, 2)     # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass
+
+
+_few_arenas()
+
+
 def tiny(arch: str) -> Path:
     """The tiny `arch` folder (built once per process, never mutated)."""
     global _ROOT
