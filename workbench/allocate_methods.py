@@ -383,55 +383,57 @@ def _runnable(model) -> bool:
         return False
 
 
-def weigh_methods(args, model, table, quiet: bool = False, solve=None) -> dict:
-    """The allocate command's step between the table and the solver: resolve --methods and
-    fold the methods into `table` (see `method_pairs`). `solve(table) -> {tensor: scheme}`:
-    the allocation of a table; given, the costly methods (gptq) are weighed in a second
-    stage only on the pairs `near_choices` finds around the rtn/imatrix table's solution,
-    on the same statistics. Returns {"methods": weighed, "pairs", "tensors", "seconds",
-    "won"}."""
-    import sys
+def weigh_methods(model, table, methods: str | None = "auto", measure: str = "weight",
+                  calib=None, imatrix=None, samples: int | None = None, target: str = "any",
+                  solve=None, drive=None, say=None) -> dict:
+    """The allocate command's step between the table and the solver: resolve `methods` (the
+    --methods text: "auto" or a comma-separated list) and fold the methods into `table` (see
+    `method_pairs`). `measure`, `calib`, `imatrix`, `samples`: those the table was measured
+    with. `solve(table) -> {tensor: scheme}`: the allocation of a table; given, the costly
+    methods (gptq) are weighed in a second stage only on the pairs `near_choices` finds around
+    the rtn/imatrix table's solution, on the same statistics. `drive(job)` runs each stage's
+    progress job (default: workbench.progress.run); `say(line)` gets the notes (default:
+    none). Returns {"methods": weighed, "pairs", "tensors", "seconds", "won"}."""
     import time
 
-    from .cli.common import drive
+    if drive is None:
+        from .progress import run as drive
+    quiet = say is None
     t0 = time.perf_counter()
-    methods = parse_methods(getattr(args, "methods", "auto"))
+    methods = parse_methods(methods)
     auto = methods is None
     kind = None
     if auto:
         kind = _kind(model)
-        methods = default_methods(args.measure, not args.imatrix and _runnable(model), kind)
-    if args.imatrix and len(methods) > 1:
+        methods = default_methods(measure, not imatrix and _runnable(model), kind)
+    if imatrix and len(methods) > 1:
         raise WorkbenchError("--methods other than rtn collect their statistics from the "
                              "calibration text: give --calib (or nothing), not --imatrix",
-                             path=args.imatrix)
+                             path=imatrix)
     if len(methods) == 1:
         table.methods = {}
-        if auto and kind == "causal-lm" and not quiet and args.measure != "weight":
-            print("methods: rtn (--methods auto on a causal LM: methods fitted to calibration "
-                  "lines raised the held-out KL divergence; --methods rtn,imatrix,gptq weighs "
-                  "them)", file=sys.stderr)
+        if auto and kind == "causal-lm" and not quiet and measure != "weight":
+            say("methods: rtn (--methods auto on a causal LM: methods fitted to calibration "
+                "lines raised the held-out KL divergence; --methods rtn,imatrix,gptq weighs "
+                "them)")
         return {"methods": methods, "pairs": 0, "tensors": 0, "seconds": 0.0}
     costly = [m for m in methods if m not in CHEAP_METHODS]
     staged = bool(costly) and solve is not None
     if not quiet:
-        print(f"methods: weighing {', '.join(methods)} per tensor and scheme"
-              + (" (--methods auto)" if auto else "")
-              + (f"; {', '.join(costly)} near the first allocation" if staged else "")
-              + ", each fitted on half the calibration samples and judged on the other half",
-              file=sys.stderr)
-    rw = row_weights_from_fisher(model, args.calib, args.samples) \
-        if args.measure == "fisher" else None
-    target = getattr(args, "target", "any")
+        say(f"methods: weighing {', '.join(methods)} per tensor and scheme"
+            + (" (--methods auto)" if auto else "")
+            + (f"; {', '.join(costly)} near the first allocation" if staged else "")
+            + ", each fitted on half the calibration samples and judged on the other half")
+    rw = row_weights_from_fisher(model, calib, samples) if measure == "fisher" else None
     first = [m for m in methods if m in CHEAP_METHODS] if staged else methods
-    res = drive(method_pairs(model, table, first, args.calib, rw, target,
-                             want_h=True if staged else None), quiet=quiet)
+    res = drive(method_pairs(model, table, first, calib, rw, target,
+                             want_h=True if staged else None))
     if res.get("note") and not quiet:
-        print(f"methods: {res['note']}", file=sys.stderr)
+        say(f"methods: {res['note']}")
     if staged and "stats" in res:
         near = near_choices(table, solve(table))
-        more = drive(method_pairs(model, table, methods, args.calib, rw, target, only=near,
-                                  stats=res["stats"]), quiet=quiet)
+        more = drive(method_pairs(model, table, methods, calib, rw, target, only=near,
+                                  stats=res["stats"]))
         res["pairs"] += more.get("pairs", 0)
         res["near_pairs"] = sum(len(v) for v in near.values())
         res["won"] = {}

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from workbench.budget import Budget, budget_of, from_args, is_linear
+from workbench.budget import Budget, budget_of, from_flags, is_linear
 from workbench.cli import main
 from workbench.errors import WorkbenchError
 from workbench.loaders import open_model
@@ -135,8 +135,11 @@ def test_file_budget_refuses_another_target(bare_demo, tmp_path, capsys):
     assert "--target llama.cpp" in capsys.readouterr().err
 
 
-def test_from_args_defaults():
-    class A:
-        budget_bpw, budget_bytes, budget_file_bytes, budget_of, bpw_over = 4.5, None, None, \
-            None, None
-    assert from_args(A()) == Budget("bpw", 4.5, "all")
+def test_from_flags_defaults():
+    assert from_flags(budget_bpw=4.5) == Budget("bpw", 4.5, "all")
+    assert from_flags(budget_bpw=4.5, bpw_over="linear") == Budget.bits_per_weight(4.5, "linear")
+    assert from_flags(budget_file_bytes=10) == Budget.file_bytes(10) == \
+        Budget("file", 10.0, over="file", format="gguf")
+    assert Budget.tensor_bytes(7) == Budget("bytes", 7.0)
+    with pytest.raises(WorkbenchError, match="--bpw-over goes with --budget-bpw"):
+        from_flags(budget_bytes=10, bpw_over="all")

@@ -200,32 +200,36 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m workbench.bench.docs",
                                 description="Regenerate docs/benchmarks.md from the bench commands.")
     add_args(p)
-    return run(p.parse_args(argv))
+    args = p.parse_args(argv)
+    return run(args.quick, args.only, args.timeout, args.output)
 
 
-def run(args) -> int:
-    only = set(args.only.split(",")) if args.only else None
+def run(quick: bool = False, only_sections: str | None = None, timeout: float = 3600.0,
+        output=DEFAULT_OUT) -> int:
+    """Run the sections (`only_sections`: comma-separated names, default all; `quick`: the
+    smaller sizes), each within `timeout` seconds, and write the page to `output`."""
+    only = set(only_sections.split(",")) if only_sections else None
     if only is not None and not only <= {s.name for s in SECTIONS}:
         from ..errors import WorkbenchError
-        raise WorkbenchError(f"unknown section in --only {args.only!r} (choose from "
+        raise WorkbenchError(f"unknown section in --only {only_sections!r} (choose from "
                              f"{', '.join(s.name for s in SECTIONS)})")
     results = []
     for s in SECTIONS:
         if only is not None and s.name not in only:
             results.append({"title": s.title, "what": s.what, "skipped": "not selected (--only)",
-                            "command": "quant-workbench " + " ".join(s.quick if args.quick
+                            "command": "quant-workbench " + " ".join(s.quick if quick
                                                                       else s.args),
                             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
             continue
         print(f"bench-docs: {s.name}: running ...", file=sys.stderr, flush=True)
-        r = run_section(s, args.quick, args.timeout)
+        r = run_section(s, quick, timeout)
         state = r.get("skipped") or r.get("failed") or f"{r['seconds']:.0f} s"
         print(f"bench-docs: {s.name}: {state}", file=sys.stderr, flush=True)
         results.append(r)
-    regen = "python -m workbench.bench.docs" + (" --quick" if args.quick else "")
+    regen = "python -m workbench.bench.docs" + (" --quick" if quick else "")
     from ..atomic import write_text_atomic
-    write_text_atomic(args.output, render(results, args.quick, regen))
-    print(f"wrote {args.output}")
+    write_text_atomic(output, render(results, quick, regen))
+    print(f"wrote {output}")
     return 0
 
 

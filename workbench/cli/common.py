@@ -200,16 +200,12 @@ def parse_rules(texts) -> list:
 
 
 def plan_from_args(args):
-    from ..plan import Plan
-    if getattr(args, "plan", None):
-        plan = Plan.load(args.plan)
-    else:
-        from ..schemes import get_scheme
-        plan = Plan(default=get_scheme(args.scheme).name)  # unknown names: a clear error
-    rules = parse_rules(getattr(args, "rule", None))
-    if rules:   # ahead of the plan's own rules: first match wins
-        plan = plan._copy(rules=rules + list(plan.rules))
-    return plan
+    """The plan of --scheme / --plan with the --rule rules ahead (workbench.api.make_plan)."""
+    from ..api import make_plan
+    plan_file = getattr(args, "plan", None)
+    plan = make_plan(None if plan_file else args.scheme, path=plan_file or None)
+    rules = parse_rules(getattr(args, "rule", None))   # (after the plan file's own errors)
+    return make_plan(plan=plan, rules=rules) if rules else plan
 
 
 def apply_convention(args, model, plan, runtime: str, quiet: bool = False):
@@ -269,17 +265,9 @@ def add_method_args(p, calib: bool = True) -> None:
 
 def apply_methods(args, model, plan, runtime: str = "any", quiet: bool = False):
     """(plan with --method applied, the model to quantize: a MethodModel when any tensor uses a
-    method other than rtn). Notes go to stderr."""
-    if getattr(args, "method", None):
-        plan = plan.with_method(args.method)
-    if plan.methods_used() == {"rtn"}:
-        if getattr(args, "imatrix", None):
-            from ..errors import WorkbenchError
-            raise WorkbenchError("--imatrix needs a method that reads it: --method imatrix")
-        return plan, model
-    from ..methods.apply import prepare
-    mm = drive(prepare(model, plan, getattr(args, "calib", None), getattr(args, "imatrix", None),
-                       runtime), quiet=quiet)
-    for note in getattr(mm, "notes", []):
-        print(f"note: {note}", file=sys.stderr)
-    return plan, mm
+    method other than rtn; workbench.api.with_methods). Notes go to stderr."""
+    from ..api import with_methods
+    return with_methods(model, plan, method=getattr(args, "method", None),
+                        calib=getattr(args, "calib", None), imatrix=getattr(args, "imatrix", None),
+                        target=runtime, driver=lambda job: drive(job, quiet=quiet),
+                        say=lambda line: print(line, file=sys.stderr))

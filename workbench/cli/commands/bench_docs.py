@@ -15,4 +15,4 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ...bench.docs import run as run_docs
-    return run_docs(args)
+    return run_docs(args.quick, args.only, args.timeout, args.output)

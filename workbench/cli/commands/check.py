@@ -17,9 +17,10 @@ plan's file with ``llama-perplexity --kl-divergence`` on the text (workbench.lla
 
 from __future__ import annotations
 
-from ..common import (add_method_args, add_model_arg, add_scheme_or_plan, apply_convention,
-                      apply_methods, drive, print_convention,
-                      open_model_arg, plan_from_args, print_json)
+import sys
+
+from ..common import (add_method_args, add_model_arg, add_scheme_or_plan, drive, open_model_arg,
+                      plan_from_args, print_json)
 
 
 def register(sub) -> None:
@@ -78,62 +79,45 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ...api import check_plan, runtime_target
     from ...errors import WorkbenchError
-    from ...runner import check
     plan = plan_from_args(args)
     model = open_model_arg(args)
     onnx = args.runtime == "onnxruntime"
-    if args.runtime == "llama.cpp":
-        return _run_llama(args, plan, model)
-    if args.save_gguf:
+    if args.save_gguf and args.runtime != "llama.cpp":
         raise WorkbenchError("--save-gguf needs --runtime llama.cpp")
-    if onnx and args.target not in (None, "onnxruntime"):
-        raise WorkbenchError(f"--runtime onnxruntime runs the rules of --target onnxruntime, "
-                             f"not {args.target}")
+    runtime_target(args.runtime, args.target)
     if not onnx and (args.accuracy_level is not None or args.save_onnx or args.activations):
         raise WorkbenchError("--accuracy-level, --activations and --save-onnx need --runtime "
                              "onnxruntime")
-    target = args.target or ("onnxruntime" if onnx else "any")
-    plan, conv = apply_convention(args, model, plan, target, quiet=args.json)
-    if args.activations:
-        from ...methods.apply import activation_ranges
-        from ...runtimes import plan_decisions
-        quantized = {n for n, d in plan_decisions(model, plan, target).items()
-                     if d.applied != "keep"}
-        plan = plan.with_activations(drive(activation_ranges(
-            model, quantized, args.calib, args.act_method, 8, "int"), quiet=args.json))
-    plan, mm = apply_methods(args, model, plan, target, quiet=args.json)
-    if onnx:
-        from ...atomic import refuse_overwriting_inputs
-        from ...onnx_check import check_onnx
-        if args.save_onnx:
-            refuse_overwriting_inputs(model, args.save_onnx)
-        res = drive(check_onnx(mm, plan, args.held_out or args.calib, args.samples,
-                               accuracy_level=args.accuracy_level, keep_path=args.save_onnx),
-                    quiet=args.json)
-        return _print(args, res, conv)
-    weights = None
-    if mm is not model or args.method or target != "any":   # (--method rtn: same fallbacks)
-        from ...methods.apply import runner_weights
-        weights = runner_weights(mm, plan, target)
-    if args.scoring == "chunks" and _causal(model):
-        from ...kld import kld_check
-        for flag, v in (("--ctx", args.ctx), ("--chunks", args.chunks)):
-            if v is not None and v < 1:
-                raise WorkbenchError(f"{flag} {v}: give a positive number")
-        res = _drive_lines(kld_check(model, plan, args.held_out or args.calib, ctx=args.ctx,
-                                     chunks=args.chunks or args.samples, weights=weights,
-                                     use_cache=not args.no_cache, exact=args.kld_exact),
-                           args.json)
-        return _print_kld(args, res, conv)
-    res = drive(check(model, plan, args.held_out or args.calib, args.samples, weights=weights),
-                quiet=args.json)
-    return _print(args, res, conv)
+    res = check_plan(model, plan, calib=args.calib, held_out=args.held_out,
+                     samples=args.samples, target=args.target, runtime=args.runtime,
+                     scoring=args.scoring, ctx=args.ctx, chunks=args.chunks,
+                     quantize_all=args.quantize_all,
+                     convention=args.scheme if args.scheme and not args.plan else None,
+                     method=args.method, imatrix=args.imatrix, activations=args.activations,
+                     act_method=args.act_method, accuracy_level=args.accuracy_level,
+                     save_onnx=args.save_onnx, save_gguf=args.save_gguf,
+                     kld_exact=args.kld_exact, use_cache=not args.no_cache,
+                     driver=lambda job: drive(job, quiet=args.json),
+                     kld_driver=lambda job: _drive_lines(job, args.json),
+                     say=lambda line: print(line, file=sys.stderr))
+    conv = res.pop("convention", None)
+    if args.json:
+        print_json({**res, "convention": conv} if conv is not None else res)
+        return 0
+    print_convention(conv)
+    if args.runtime == "llama.cpp":
+        return _print_llama(res)
+    if "kld" in res:
+        return _print_kld(res)
+    return _print(res)
 
 
-def _causal(model) -> bool:
-    from ...runner import model_kind, read_config
-    return model_kind(read_config(model)) == "causal-lm"
+def print_convention(conv) -> None:
+    """The convention's one line on stderr (its --json dict), where it changed a tensor."""
+    if conv is not None and conv["rules"]:
+        print(f"convention: {conv['line']}", file=sys.stderr)
 
 
 def _drive_lines(job, quiet: bool):
@@ -146,13 +130,7 @@ def _drive_lines(job, quiet: bool):
     return run_job(job, LineProgress(label="check"))
 
 
-def _print_kld(args, res, conv) -> int:
-    print_convention(conv, args.json)
-    if conv is not None and args.json:
-        res = {**res, "convention": conv.to_dict()}
-    if args.json:
-        print_json(res)
-        return 0
+def _print_kld(res) -> int:
     k = res["kld"]
     src = {"hit": "from the cache", "written": "computed, cached",
            "miss": "computed", "off": "computed, not cached"}.get(k["cache"], k["cache"])
@@ -177,39 +155,7 @@ def _print_kld(args, res, conv) -> int:
     return 0
 
 
-def _run_llama(args, plan, model) -> int:
-    from ...errors import WorkbenchError
-    from ...llama_kld import DEFAULT_CTX, check_llama
-    if args.target not in (None, "llama.cpp"):
-        raise WorkbenchError(f"--runtime llama.cpp runs the rules of --target llama.cpp, not "
-                             f"{args.target}")
-    if args.accuracy_level is not None or args.save_onnx or args.activations:
-        raise WorkbenchError("--accuracy-level, --activations and --save-onnx need --runtime "
-                             "onnxruntime")
-    ctx = args.ctx or DEFAULT_CTX
-    chunks = args.chunks or args.samples
-    if ctx < 4 or (chunks is not None and chunks < 1):
-        raise WorkbenchError("--ctx must be at least 4 and --chunks at least 1")
-    from ...runner import model_kind, read_config
-    kind = model_kind(read_config(model))
-    if kind != "causal-lm":
-        raise WorkbenchError(f"--runtime llama.cpp measures next-token KL divergence: a causal "
-                             f"LM, not a {kind}", path=model.path)
-    plan, conv = apply_convention(args, model, plan, "llama.cpp", quiet=args.json)
-    plan, mm = apply_methods(args, model, plan, "llama.cpp", quiet=args.json)
-    if args.save_gguf:
-        from ...atomic import refuse_overwriting_inputs
-        refuse_overwriting_inputs(model, args.save_gguf)
-    text = args.held_out or args.calib
-    if text is None:
-        from ...calibration import DEFAULT_CALIB
-        text = DEFAULT_CALIB
-    res = drive(check_llama(model, plan, text, ctx, chunks=chunks, keep_path=args.save_gguf,
-                            quant_model=mm), quiet=args.json)
-    print_convention(conv, args.json)
-    if args.json:
-        print_json({**res, "convention": conv.to_dict()} if conv is not None else res)
-        return 0
+def _print_llama(res) -> int:
     k = res["kld"]
     print(f"causal-lm in llama.cpp: {res['tokens']} tokens scored in {res['chunks']} chunks of "
           f"{res['ctx']} ({res['text']}), plan file {res['bytes']:,} bytes")
@@ -229,13 +175,7 @@ def _run_llama(args, plan, model) -> int:
     return 0
 
 
-def _print(args, res, conv=None) -> int:
-    print_convention(conv, args.json)
-    if conv is not None and args.json:
-        res = {**res, "convention": conv.to_dict()}
-    if args.json:
-        print_json(res)
-        return 0
+def _print(res) -> int:
     print(f"{res['model_kind']}: {res['samples']} samples, {res['tokens']} tokens")
     for k, v in res.items():
         if k in ("model_kind", "samples", "tokens"):

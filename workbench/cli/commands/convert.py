@@ -31,9 +31,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...convert import convert
-    info = drive(convert(args.source, args.to, args.output, args.dtype, args.off_grid),
-                 quiet=args.json)
+    from ...api import convert_gguf
+    info = convert_gguf(args.source, args.to, args.output, dtype=args.dtype,
+                        off_grid=args.off_grid, driver=lambda job: drive(job, quiet=args.json))
     if args.json:
         print_json(info)
         return 0

@@ -30,9 +30,10 @@ def _fmt(v, spec=".4g"):
 
 
 def run(args) -> int:
-    from ...diff import diff
-    res = drive(diff(args.a, args.b, args.source, check=not args.no_check, calib=args.calib,
-                     samples=args.samples), quiet=args.json)
+    from ...api import diff_quantizations
+    res = diff_quantizations(args.a, args.b, source=args.source, check=not args.no_check,
+                             calib=args.calib, samples=args.samples,
+                             driver=lambda job: drive(job, quiet=args.json))
     if args.json:
         print_json(res)
         return 0

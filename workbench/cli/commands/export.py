@@ -6,8 +6,8 @@
 from __future__ import annotations
 
 from ..common import (add_method_args, add_model_arg, add_runtime_args, add_scheme_or_plan,
-                      apply_convention, apply_methods, drive, open_model_arg, plan_from_args,
-                      print_convention, print_fallback_summary, print_json)
+                      apply_convention, drive, executor_of, open_model_arg, plan_from_args,
+                      print_convention, print_json)
 
 
 def register(sub) -> None:
@@ -53,7 +53,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...export import export
+    from ...api import export_plan, format_runtime
     if args.threads is not None:
         from ...errors import WorkbenchError
         if args.threads < 1:
@@ -63,47 +63,31 @@ def run(args) -> int:
     plan = plan_from_args(args)
     model = open_model_arg(args)
     if args.check:
-        plan, conv = apply_convention(args, model, plan, format_runtime(args), quiet=args.json)
+        plan, conv = apply_convention(args, model, plan, format_runtime(args.format, args.target),
+                                      quiet=args.json)
         rc = run_check(args, model, plan)
         print_convention(conv, args.json)
         return rc
     if not args.output:
         from ...errors import WorkbenchError
         raise WorkbenchError("-o/--output is required (or --check to write nothing)")
-    runtime = format_runtime(args)
-    plan, conv = apply_convention(args, model, plan, runtime, quiet=args.json)
-    if args.accuracy_level is not None and args.format != "onnx":
-        from ...errors import WorkbenchError
-        raise WorkbenchError("--accuracy-level is an onnx option (MatMulNBits accuracy_level)")
-    if args.activations == "int8":
-        args.activations, args.act_bits, args.act_type = args.act_method, 8, "int"
-    if args.activations:
-        from ...methods.apply import activation_ranges
-        from ...plan import KEEP
-        from ...runtimes import plan_decisions
-        quantized = {n for n, d in plan_decisions(model, plan, runtime).items()
-                     if d.applied != KEEP}
-        acts = drive(activation_ranges(model, quantized, args.calib, args.activations,
-                                       args.act_bits, args.act_type), quiet=args.json)
-        plan = plan.with_activations(acts)
-    if args.format != "plan":
-        plan, model = apply_methods(args, model, plan, runtime, quiet=args.json)
-    elif args.method:
-        plan = plan.with_method(args.method)
-    options = {"strict": args.strict}
-    if args.cluster:
-        from ..common import executor_of
-        options["executor"] = executor_of(args)
-    if args.accuracy_level is not None:
-        options["accuracy_level"] = args.accuracy_level
-    info = drive(export(model, plan, args.format, args.output, **options), quiet=args.json)
-    if conv is not None:
-        info["convention"] = conv.to_dict()
-    print_convention(conv, args.json)
+    import sys
+    info = export_plan(model, plan, args.format, args.output, target=args.target,
+                       strict=args.strict, quantize_all=args.quantize_all,
+                       convention=args.scheme if args.scheme and not args.plan else None,
+                       method=args.method, calib=args.calib, imatrix=args.imatrix,
+                       activations=args.activations, act_method=args.act_method,
+                       act_bits=args.act_bits, act_type=args.act_type,
+                       accuracy_level=args.accuracy_level,
+                       executor=executor_of(args) if args.cluster else None,
+                       driver=lambda job: drive(job, quiet=args.json),
+                       say=lambda line: print(line, file=sys.stderr))
+    conv = info.get("convention")
+    if conv is not None and conv["rules"] and not args.json:
+        print(f"convention: {conv['line']}", file=sys.stderr)
     if args.json:
         print_json(info)
         return 0
-    import sys
     print_notes(info.get("notes") or {}, args.verbose)
     if info.get("not_runnable"):
         print(f"note: {info['not_runnable']}", file=sys.stderr)
@@ -111,20 +95,6 @@ def run(args) -> int:
     if info.get("fallbacks"):
         print(f"fallbacks: {info['fallbacks']['line']}")
     return 0
-
-
-FORMAT_RUNTIME = {"gguf": "llama.cpp", "compressed-tensors": "vllm", "onnx": "onnxruntime"}
-
-
-def format_runtime(args) -> str:
-    """The runtime whose rules the export follows: the format's own, or --target for formats
-    that take any (a --target other than a format's own runtime is an error)."""
-    own = FORMAT_RUNTIME.get(args.format)
-    target = getattr(args, "target", None)
-    if target and own and target != own:
-        from ...errors import WorkbenchError
-        raise WorkbenchError(f"--format {args.format} writes for --target {own}, not {target}")
-    return own or target or "any"
 
 
 def print_notes(notes: dict, verbose: bool = False) -> None:

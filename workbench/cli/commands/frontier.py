@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from ..common import add_model_arg, open_model_arg, print_json
-from .sensitivity import AUTO, add_table_args, parse_schemes, table_from_args
+from .sensitivity import AUTO, add_table_args, parse_schemes, say
 
 
 def register(sub) -> None:
@@ -32,52 +32,28 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import time
-
-    import numpy as np
-
-    from ...errors import WorkbenchError
-    from ...frontier import (check_points, frontier, recipe_points, recipe_types,
-                             uniform_points)
+    from ... import api
+    from ..common import drive, executor_of
     schemes = parse_schemes(args.schemes, args.target)
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-    extra = recipe_types(recipes) if recipes else []
-    model = open_model_arg(args)
-    t0 = time.perf_counter()
-    table = table_from_args(args, model, schemes, quiet=args.json, extra=extra)
-    t1 = time.perf_counter()
-    uni = uniform_points(model, table)
-    rec = []
     if recipes:
-        try:
-            rec = recipe_points(model, recipes, table)
-        except WorkbenchError as exc:
-            if not args.json:
-                print(f"(no recipe points: {exc})")
-    lo = args.from_bpw if args.from_bpw is not None else min(p.bits_per_weight for p in uni)
-    hi = args.to_bpw if args.to_bpw is not None else max(p.bits_per_weight for p in uni)
-    if args.points < 1 or hi < lo:
-        raise WorkbenchError("need --points >= 1 and --to-bpw >= --from-bpw")
-    budgets = [float(b) for b in np.linspace(lo, hi, args.points)] if args.points > 1 else [lo]
-    t2 = time.perf_counter()
-    alloc = frontier(model, None, table, budgets)
-    t3 = time.perf_counter()
-    if args.check:
-        k = min(args.check, len(alloc))
-        idx = sorted({int(round(i)) for i in np.linspace(0, len(alloc) - 1, k)}) if k else []
-        targets = [alloc[i] for i in idx] + uni + rec
-        if args.held_out:
-            check_points(model, targets, args.held_out, args.check_samples,
-                         runtime=table.runtime)
-        else:
-            check_points(model, targets, args.calib, args.check_samples or args.samples,
-                         runtime=table.runtime)
-    t4 = time.perf_counter()
-    points = sorted(alloc + uni + rec, key=lambda p: p.bits_per_weight)
-    secs = {"sensitivity": t1 - t0, "allocate": t3 - t2, "check": t4 - t3}
+        from ...frontier import recipe_types
+        recipe_types(recipes)            # an unknown recipe is refused before the model opens
+    model = open_model_arg(args)
+    f = api.compute_frontier(model, from_bpw=args.from_bpw, to_bpw=args.to_bpw,
+                             points=args.points, recipes=recipes, check=args.check,
+                             check_samples=args.check_samples, held_out=args.held_out,
+                             schemes=schemes, measure=args.measure, calib=args.calib,
+                             imatrix=args.imatrix, samples=args.samples, target=args.target,
+                             executor=executor_of(args),
+                             driver=lambda job: drive(job, quiet=args.json), say=say)
+    table, alloc, secs = f.table, f.allocated, f.seconds
+    if f.recipe_error is not None and not args.json:
+        print(f"(no recipe points: {f.recipe_error})")
+    points = f.points
     if args.json:
-        print_json({"measure": table.measure,
-                    "measure_reason": getattr(args, "measure_reason", "given"), "target": table.runtime, "params": table.params,
+        print_json({"measure": table.measure, "measure_reason": table.measure_reason,
+                    "target": table.runtime, "params": table.params,
                     "schemes": schemes, "seconds": secs,
                     "points": [p.to_dict(with_assignment=True) for p in points]})
         return 0

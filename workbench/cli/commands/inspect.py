@@ -47,15 +47,16 @@ def run_experts(args, model) -> int:
 
 
 def run(args) -> int:
-    from ...stats import empty_stats, empty_stats_dict, model_stats
+    from ...api import statistics
+    from ...stats import empty_stats, empty_stats_dict
     model = open_model_arg(args)
     if args.experts:
         return run_experts(args, model)
     # empty tensors have nothing to read: their statistics are one shared value (a header of
     # 300,000 empty tensors inspects in about the time its JSON takes to parse)
     full = [n for n, i in model.tensors.items() if i.numel]
-    stats = {} if args.no_stats else drive(model_stats(model, full, executor=executor_of(args)),
-                                                 quiet=args.json)
+    stats = {} if args.no_stats else statistics(
+        model, full, executor=executor_of(args), driver=lambda job: drive(job, quiet=args.json))
     if not args.json:
         return _print_table(model, stats, args.no_stats)
     empty = None if args.no_stats or args.arrays else empty_stats_dict()

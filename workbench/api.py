@@ -1,0 +1,624 @@
+"""The workbench as a Python library: ``import workbench as qw`` (docs/api.md).
+
+The same work as the command line, as functions with plain typed parameters: open a model,
+its statistics, evaluate / check / export a plan, the sensitivity table, allocate a plan to a
+:class:`Budget`, the frontier, diff two quantizations, convert a GGUF. The CLI commands call
+these functions (or the domain functions they name) with their flags translated.
+
+Long work runs the project's progress jobs (workbench.progress): every long function takes
+``progress`` (a callable given each :class:`Progress`: ``done``, ``total``, ``message``,
+``fraction``) and ``cancel`` (a callable; once it returns True the work stops between two
+progress events and :class:`Cancelled` is raised). ``driver`` (advanced) replaces both: a
+callable that runs each stage's job and returns its result, as the CLI's text bar does.
+
+A plan argument is a :class:`Plan` or a scheme name; a scheme name is the uniform plan of
+``--scheme``, following the target runtime's convention for the embeddings and the output head
+unless ``quantize_all`` (workbench.conventions).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, Union
+
+from . import _API
+from .budget import Budget
+from .errors import Cancelled, WorkbenchError
+from .plan import Plan, Rule
+from .progress import Job, Progress
+
+if TYPE_CHECKING:   # the heavy types, for annotations only
+    from .evaluate import Evaluation
+    from .frontier import FrontierPoint
+    from .model import Model
+    from .sensitivity import SensitivityTable
+    from .stats import TensorStats
+
+#: the public names; workbench/__init__.py lists them (it re-exports them without importing this)
+__all__ = sorted(_API)
+
+ProgressCallback = Callable[[Progress], None]
+CancelCheck = Callable[[], bool]
+#: runs one progress job to its result (workbench.progress.run with a callback, or the CLI's bar)
+Driver = Callable[[Job], Any]
+PlanLike = Union[Plan, str]
+
+#: "auto": the target runtime's candidate schemes, or the best measure the inputs allow
+AUTO = "auto"
+#: the `sensitivity` command's candidate schemes
+DEFAULT_SCHEMES = "q3_k,q4_0,q4_k,q5_0,q5_k,q6_k,q8_0"
+#: samples the automatic fisher measure reads unless `samples` says otherwise (MiniLM: its
+#: rank correlation with the measured output change is 0.99 on 64 samples)
+AUTO_FISHER_SAMPLES = 64
+
+
+def _driver(progress: ProgressCallback | None, cancel: CancelCheck | None,
+            driver: Driver | None) -> Driver:
+    if driver is not None:
+        return driver
+    from .progress import run
+
+    def drive(job):
+        return run(job, progress, cancel)
+    return drive
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+# ---- models, statistics, plans ----------------------------------------------------------------
+def demo_model_path() -> Path:
+    """The bundled demo model (resources/demo_model/model.safetensors)."""
+    return Path(__file__).resolve().parents[1] / "resources" / "demo_model" / "model.safetensors"
+
+
+def open_model(path: str | os.PathLike | None = None, *, device: str | None = None) -> "Model":
+    """Open a checkpoint (safetensors file or folder, PyTorch, GGUF, compressed-tensors): headers
+    only, tensors are read on demand. None: the bundled demo model. `device` ("cpu", "cuda"):
+    where model-level work (check, calibration, fisher, GPTQ) runs; default cuda when torch
+    sees a GPU."""
+    from .loaders import open_model as _open
+    if device:
+        from .runner import set_device
+        set_device(device)
+    return _open(str(path) if path is not None else str(demo_model_path()))
+
+
+def statistics(model: "Model", names: Iterable[str] | None = None, *, executor=None,
+               progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
+               driver: Driver | None = None) -> dict[str, "TensorStats"]:
+    """{tensor: TensorStats} (absmax, std, kurtosis, outlier fraction, NaN/Inf counts,
+    histogram, per-channel ranges) for `names` (default every tensor), as `inspect` lists
+    them. `executor`: a workbench.cluster executor the per-tensor work runs on."""
+    from .stats import model_stats
+    return _driver(progress, cancel, driver)(
+        model_stats(model, list(names) if names is not None else None, executor=executor))
+
+
+def make_plan(scheme: str | None = None, *, path: str | os.PathLike | None = None,
+              plan: Plan | None = None, rules: Sequence[Rule | tuple[str, str]] = ()) -> Plan:
+    """A plan: one `scheme` for every weight matrix, the plan file at `path` or a `plan`, with
+    `rules` ((MATCH, SCHEME) or Rule: an exact name, ``re:PATTERN`` or a ``moe:`` selector)
+    ahead of its own (the first match wins)."""
+    if sum(x is not None for x in (scheme, path, plan)) != 1:
+        raise WorkbenchError("give one of a scheme, a plan file or a plan")
+    if path is not None:
+        plan = Plan.load(str(path))
+    elif scheme is not None:
+        from .schemes import get_scheme
+        plan = Plan(default=get_scheme(scheme).name)   # unknown names: a clear error
+    extra = [r if isinstance(r, Rule) else Rule(str(r[0]), str(r[1])) for r in rules]
+    return plan._copy(rules=extra + list(plan.rules)) if extra else plan
+
+
+def _resolve_plan(model, plan: PlanLike, target: str, quantize_all: bool = False,
+                  convention: str | None = None):
+    """(Plan, Convention or None): a scheme name is the uniform plan; it (or `convention`, the
+    scheme of a uniform plan given as a Plan) follows `target`'s convention for the embeddings
+    and the output head unless `quantize_all`."""
+    if not isinstance(plan, Plan):
+        convention = str(plan)
+        plan = make_plan(convention)
+    if convention is None or quantize_all:
+        return plan, None
+    from .conventions import apply
+    return apply(plan, model, convention, target)
+
+
+def runtime_target(runtime: str, target: str | None) -> str:
+    """The rules a `check` on `runtime` runs: onnxruntime's and llama.cpp's own (another
+    `target` is an error), `target` (default any) for torch."""
+    if runtime not in ("torch", "onnxruntime", "llama.cpp"):
+        raise WorkbenchError(f"runtime {runtime!r}: choose torch, onnxruntime or llama.cpp")
+    if runtime != "torch" and target not in (None, runtime):
+        raise WorkbenchError(f"--runtime {runtime} runs the rules of --target {runtime}, "
+                             f"not {target}")
+    return runtime if runtime != "torch" else (target or "any")
+
+
+def with_methods(model: "Model", plan: Plan, *, method: str | None = None, calib=None,
+                 imatrix=None, target: str = "any", progress: ProgressCallback | None = None,
+                 cancel: CancelCheck | None = None, driver: Driver | None = None,
+                 say: Callable[[str], None] | None = None):
+    """(plan with `method` on the tensors whose rule names none, the model to quantize): the
+    model itself when every tensor uses rtn, else a MethodModel holding each tensor's imatrix
+    / GPTQ / AWQ result, fitted on `calib` (text / JSONL / token ids; default the shipped
+    calibration text) or an `imatrix` file. `say(line)` gets the methods' notes."""
+    if method:
+        plan = plan.with_method(method)
+    if plan.methods_used() == {"rtn"}:
+        if imatrix:
+            raise WorkbenchError("--imatrix needs a method that reads it: --method imatrix")
+        return plan, model
+    from .methods.apply import prepare
+    mm = _driver(progress, cancel, driver)(prepare(model, plan, calib, imatrix, target))
+    for note in getattr(mm, "notes", []):
+        (say or _quiet)(f"note: {note}")
+    return plan, mm
+
+
+# ---- evaluate, check, export ------------------------------------------------------------------
+def evaluate_plan(model: "Model", plan: PlanLike, *, target: str = "any", strict: bool = False,
+                  quantize_all: bool = False, convention: str | None = None, method: str | None = None, calib=None,
+                  imatrix=None, executor=None, progress: ProgressCallback | None = None,
+                  cancel: CancelCheck | None = None,
+                  driver: Driver | None = None) -> "Evaluation":
+    """Quantize every tensor as `plan` says under `target`'s rules (fallbacks, tensors kept)
+    and measure it: an Evaluation with ``tensors`` (per tensor: scheme, method, bits per
+    weight, bytes, errors) and ``totals`` (bytes before / after, bits per weight, SQNR), as
+    `evaluate` prints them. `strict`: a fallback is an error."""
+    from .evaluate import evaluate
+    drive = _driver(progress, cancel, driver)
+    plan, _conv = _resolve_plan(model, plan, target, quantize_all, convention)
+    plan, qmodel = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
+                                target=target, driver=drive)
+    return drive(evaluate(qmodel, plan, runtime=target, strict=strict, executor=executor))
+
+
+def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
+               samples: int | None = None, target: str | None = None, runtime: str = "torch",
+               scoring: str = "chunks", ctx: int | None = None, chunks: int | None = None,
+               quantize_all: bool = False, convention: str | None = None,
+               method: str | None = None, imatrix=None, activations: str | None = None,
+               act_method: str = "minmax", accuracy_level: int | None = None, save_onnx=None,
+               save_gguf=None, kld_exact: bool = False, use_cache: bool = True,
+               progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
+               driver: Driver | None = None, kld_driver: Driver | None = None,
+               say: Callable[[str], None] | None = None) -> dict:
+    """Run the original and the quantized model on text and compare their outputs, as `check`
+    does: sentence-embedding cosine for encoders; for causal LMs llama-perplexity's KL
+    divergence figures (``scoring="chunks"``: the "kld" key) or per-line KL / top-1 /
+    perplexity (``"lines"``). Measured on `held_out` (default `calib`, default the shipped
+    calibration text); a method calibrates on `calib`. `runtime`: "torch" (the transformers
+    model with dequantized weights), "onnxruntime" (the exported ONNX file; `activations`
+    "int8" for W8A8 calibrated with `act_method`) or "llama.cpp" (the exported GGUF in
+    llama-perplexity against an F16 GGUF). The dict is `check --json`'s, with "convention"
+    when the plan followed one. `kld_driver` runs the chunked KL-divergence job (default
+    `driver`)."""
+    drive = _driver(progress, cancel, driver)
+    target = runtime_target(runtime, target)
+    text = held_out or calib
+    if runtime == "llama.cpp":
+        from .llama_kld import DEFAULT_CTX
+        from .runner import model_kind, read_config
+        ctx = ctx or DEFAULT_CTX
+        chunks = chunks or samples
+        if ctx < 4 or (chunks is not None and chunks < 1):
+            raise WorkbenchError("--ctx must be at least 4 and --chunks at least 1")
+        kind = model_kind(read_config(model))
+        if kind != "causal-lm":
+            raise WorkbenchError(f"--runtime llama.cpp measures next-token KL divergence: a "
+                                 f"causal LM, not a {kind}", path=model.path)
+    plan, conv = _resolve_plan(model, plan, target, quantize_all, convention)
+    if activations:
+        from .methods.apply import activation_ranges
+        from .runtimes import plan_decisions
+        quantized = {n for n, d in plan_decisions(model, plan, target).items()
+                     if d.applied != "keep"}
+        plan = plan.with_activations(drive(activation_ranges(model, quantized, calib,
+                                                             act_method, 8, "int")))
+    plan, mm = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
+                            target=target, driver=drive, say=say)
+    from .atomic import refuse_overwriting_inputs
+    if runtime == "llama.cpp":
+        from .calibration import DEFAULT_CALIB
+        from .llama_kld import check_llama
+        if save_gguf:
+            refuse_overwriting_inputs(model, save_gguf)
+        res = drive(check_llama(model, plan, text or DEFAULT_CALIB, ctx, chunks=chunks,
+                                keep_path=save_gguf, quant_model=mm))
+    elif runtime == "onnxruntime":
+        from .onnx_check import check_onnx
+        if save_onnx:
+            refuse_overwriting_inputs(model, save_onnx)
+        res = drive(check_onnx(mm, plan, text, samples, accuracy_level=accuracy_level,
+                               keep_path=save_onnx))
+    else:
+        weights = None
+        if mm is not model or method or target != "any":   # (method rtn: same fallbacks)
+            from .methods.apply import runner_weights
+            weights = runner_weights(mm, plan, target)
+        from .runner import check, model_kind, read_config
+        if scoring == "chunks" and model_kind(read_config(model)) == "causal-lm":
+            from .kld import kld_check
+            for flag, v in (("--ctx", ctx), ("--chunks", chunks)):
+                if v is not None and v < 1:
+                    raise WorkbenchError(f"{flag} {v}: give a positive number")
+            res = (kld_driver or drive)(kld_check(
+                model, plan, text, ctx=ctx, chunks=chunks or samples, weights=weights,
+                use_cache=use_cache, exact=kld_exact))
+        else:
+            res = drive(check(model, plan, text, samples, weights=weights))
+    if conv is not None:
+        res = {**res, "convention": conv.to_dict()}
+    return res
+
+
+def export_formats() -> list[str]:
+    """The formats :func:`export_plan` writes (gguf, compressed-tensors, onnx, safetensors,
+    plan, ...)."""
+    from .export import list_exporters
+    return [e.name for e in list_exporters()]
+
+
+#: the runtime whose rules each format's export follows
+FORMAT_RUNTIME = {"gguf": "llama.cpp", "compressed-tensors": "vllm", "onnx": "onnxruntime"}
+
+
+def format_runtime(fmt: str, target: str | None = None) -> str:
+    """The runtime whose rules an export to `fmt` follows: the format's own, or `target` for
+    formats that take any (a `target` other than a format's own runtime is an error)."""
+    own = FORMAT_RUNTIME.get(fmt)
+    if target and own and target != own:
+        raise WorkbenchError(f"--format {fmt} writes for --target {own}, not {target}")
+    return own or target or "any"
+
+
+def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathLike, *,
+                target: str | None = None, strict: bool = False, quantize_all: bool = False,
+                convention: str | None = None, method: str | None = None, calib=None, imatrix=None,
+                activations: str | None = None, act_method: str = "minmax", act_bits: int = 8,
+                act_type: str = "int", accuracy_level: int | None = None, executor=None,
+                progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
+                driver: Driver | None = None, say: Callable[[str], None] | None = None) -> dict:
+    """Write `plan` quantized in format `fmt` (:func:`export_formats`) to `output`, following
+    the format's runtime rules (gguf: llama.cpp, compressed-tensors: vLLM, onnx: ONNX Runtime;
+    the others `target`'s). `activations`: a calibration method (minmax, percentile, mse, kl)
+    for a static range of every quantized Linear's input (`act_bits`, `act_type` int or
+    float), or "int8" (8-bit integers calibrated with `act_method`). Returns `export --json`'s dict
+    (notes, fallbacks, "convention" when a scheme name followed one). Writes are atomic and
+    never replace a file the model is read from."""
+    drive = _driver(progress, cancel, driver)
+    runtime = format_runtime(fmt, target)
+    plan, conv = _resolve_plan(model, plan, runtime, quantize_all, convention)
+    if accuracy_level is not None and fmt != "onnx":
+        raise WorkbenchError("--accuracy-level is an onnx option (MatMulNBits accuracy_level)")
+    if activations == "int8":
+        activations, act_bits, act_type = act_method, 8, "int"
+    if activations:
+        from .methods.apply import activation_ranges
+        from .plan import KEEP
+        from .runtimes import plan_decisions
+        quantized = {n for n, d in plan_decisions(model, plan, runtime).items()
+                     if d.applied != KEEP}
+        plan = plan.with_activations(drive(activation_ranges(model, quantized, calib,
+                                                             activations, act_bits, act_type)))
+    qmodel = model
+    if fmt != "plan":
+        plan, qmodel = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
+                                    target=runtime, driver=drive, say=say)
+    elif method:
+        plan = plan.with_method(method)
+    options: dict[str, Any] = {"strict": strict}
+    if executor is not None:
+        options["executor"] = executor
+    if accuracy_level is not None:
+        options["accuracy_level"] = accuracy_level
+    from .export import export
+    info = drive(export(qmodel, plan, fmt, str(output), **options))
+    if conv is not None:
+        info["convention"] = conv.to_dict()
+    return info
+
+
+# ---- sensitivity, allocation, frontier --------------------------------------------------------
+def parse_schemes(text: str | Sequence[str], target: str = "any") -> list[str]:
+    """Scheme names (a list, or comma-separated text; aliases resolved, repeats dropped), or
+    "auto": every scheme `target` runs and exports (workbench.runtimes.candidate_schemes)."""
+    from .runtimes import parse_schemes as _parse
+    if not isinstance(text, str):
+        text = ",".join(text)
+    return _parse(text, target)
+
+
+@dataclass(frozen=True)
+class MeasureChoice:
+    """The sensitivity measure, the calibration samples it reads and why it was chosen."""
+    measure: str
+    samples: int | None
+    reason: str
+    auto: bool = False
+
+
+def resolve_measure(model: "Model", measure: str = AUTO, calib=None, imatrix=None,
+                    samples: int | None = None) -> MeasureChoice:
+    """"auto": fisher when the model is runnable (on AUTO_FISHER_SAMPLES samples unless
+    `samples`), activation with an imatrix, weight otherwise; an explicit measure as given."""
+    if measure != AUTO:
+        return MeasureChoice(measure, samples, "given")
+    from .sensitivity import best_measure
+    m, why = best_measure(model, calib, imatrix)
+    if m == "fisher" and samples is None:
+        samples = AUTO_FISHER_SAMPLES
+        why += f"; the first {AUTO_FISHER_SAMPLES} calibration samples (--samples)"
+    return MeasureChoice(m, samples, why, auto=True)
+
+
+def measure_sensitivity(model: "Model", schemes: str | Sequence[str] = DEFAULT_SCHEMES, *,
+                        measure: str = AUTO, calib=None, imatrix=None,
+                        samples: int | None = None, target: str = "any",
+                        pins: Mapping[str, str] | None = None, extra: Sequence[str] = (),
+                        executor=None, progress: ProgressCallback | None = None,
+                        cancel: CancelCheck | None = None, driver: Driver | None = None,
+                        say: Callable[[str], None] | None = None) -> "SensitivityTable":
+    """Per tensor and candidate scheme: how much quantizing it hurts, and the bytes `evaluate`
+    counts for `target` (a SensitivityTable: ``values[(tensor, scheme)]``, ``bytes``,
+    ``rows()`` most sensitive first, ``to_dict()``). `measure`: weight (squared weight error),
+    activation (imatrix-weighted), fisher (a second-order estimate of the output change from
+    one calibration pass), output (measured, one tensor at a time) or auto
+    (:func:`resolve_measure`). The table also carries ``measure_reason`` and ``samples`` (the
+    calibration samples read). `say(line)` gets the chosen measure's line when auto."""
+    from .sensitivity import sensitivity_table_job
+    names = parse_schemes(schemes, target)
+    choice = resolve_measure(model, measure, calib, imatrix, samples)
+    if choice.auto and say is not None:
+        say(f"measure: {choice.measure} ({choice.reason}); {len(names)} candidate schemes for "
+            f"target {target}")
+    if choice.measure in ("output", "fisher") and imatrix:
+        raise WorkbenchError(f"--measure {choice.measure} runs the calibration inputs: give "
+                             "--calib, not --imatrix")
+    table = _driver(progress, cancel, driver)(sensitivity_table_job(
+        model, names, choice.measure, calib, imatrix, choice.samples, target,
+        dict(pins) if pins else None, list(extra), executor=executor))
+    table.measure_reason = choice.reason
+    table.samples = choice.samples
+    return table
+
+
+@dataclass
+class Allocation:
+    """An allocated plan and what it costs (:func:`allocate_plan`)."""
+    plan: Plan
+    table: "SensitivityTable"
+    budget: Budget
+    budget_bytes: int               # the budget in bytes of what it counts
+    solution: Any                   # workbench.allocate.Solution: error, exact, bound
+    evaluation: "Evaluation"
+    accounting: dict                # bytes and bits per weight in every accounting
+    methods_weighed: dict           # workbench.allocate_methods.weigh_methods' summary
+    candidates: list[str]
+    target: str
+    seconds: dict = field(default_factory=dict)
+    model: Any = None               # the model the plan was allocated for
+
+    @property
+    def measure(self) -> str:
+        return self.table.measure
+
+    @property
+    def measure_reason(self) -> str:
+        return getattr(self.table, "measure_reason", "given")
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the plan JSON (atomically)."""
+        self.plan.save(str(path))
+
+    def to_dict(self, output: str | None = None) -> dict:
+        """`allocate --json`'s document (`output`: the plan file written)."""
+        from .allocate_methods import method_counts
+        t = self.evaluation.totals
+        acc = self.accounting
+        out = {"output": output, "budget_bytes": self.budget_bytes,
+               "budget": {**self.budget.to_dict(), "bytes": self.budget_bytes},
+               "accounting": acc, "bits_per_weight_linear": acc["bits_per_weight_linear"],
+               "bytes": t.bytes_after, "bits_per_weight": t.bits_per_weight,
+               "sqnr_db": t.sqnr_db, "measure": self.measure,
+               "measure_reason": self.measure_reason, "candidates": self.candidates,
+               "predicted": self.solution.error, "exact": self.solution.exact,
+               "bound": self.solution.bound, "target": self.target,
+               "seconds": {"sensitivity": self.seconds["sensitivity"],
+                           "solve": self.seconds["solve"]},
+               "schemes": {s: sum(1 for r in self.evaluation.tensors.values() if r.scheme == s)
+                           for s in self.candidates},
+               "methods": method_counts(self.plan, self.table, self.model),
+               "methods_weighed": self.methods_weighed["methods"]}
+        out["seconds"]["methods"] = self.methods_weighed.get("seconds", 0.0)
+        return out
+
+
+def expand_pins(model: "Model", pins: Mapping[str, str]) -> dict[str, str]:
+    """Pins whose name is a moe: selector become one pin per tensor it addresses; every scheme
+    name is resolved, and a pinned tensor the model lacks is an error."""
+    from .moe import is_selector, parse_selector
+    from .schemes import get_scheme
+    out: dict[str, str] = {}
+    for n, s in pins.items():
+        s = get_scheme(s).name
+        if not is_selector(n):
+            out[n] = s
+            continue
+        hit = [t for t in model.tensors if parse_selector(n).matches(t)]
+        if not hit:
+            raise WorkbenchError(f"--pin {n}: no tensor of the model matches", path=model.path)
+        for t in hit:
+            out.setdefault(t, s)
+    for p in out:
+        if p not in model.tensors:
+            raise WorkbenchError(f"pinned tensor {p!r} is not in the model", path=model.path)
+    return out
+
+
+def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str] = AUTO,
+                  measure: str = AUTO, calib=None, imatrix=None, samples: int | None = None,
+                  target: str = "any", pins: Mapping[str, str] | None = None,
+                  methods: str = AUTO, table: "SensitivityTable | None" = None,
+                  output: str | os.PathLike | None = None, executor=None, progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
+                  driver: Driver | None = None, say: Callable[[str], None] | None = None,
+                  notes: bool = True) -> Allocation:
+    """The plan with the least total sensitivity within `budget` (:class:`Budget`), over the
+    candidate `schemes` ("auto": every scheme `target` runs), with `pins` ({tensor or moe:
+    selector: scheme}) fixed and `methods` ("auto", "rtn" or e.g. "rtn,imatrix,gptq") weighed
+    per tensor and scheme (docs/methods.md). `table`: a table :func:`measure_sensitivity`
+    measured for the same `target` and `pins`, used instead of measuring one (its schemes are
+    the candidates; it is left as it was). An impossible budget is refused from the shapes
+    alone, before anything is measured. `output`: the plan JSON is written there as soon as it
+    is solved. `say(line)` gets `allocate`'s notes: the measure chosen, and with `notes` the
+    methods weighed."""
+    from . import budget as budgets
+    from .allocate_methods import parse_methods, plan_with_methods, weigh_methods
+    from .evaluate import evaluate
+    from .progress import run as run_job
+    from .sensitivity import below_smallest_message, size_floor
+    drive = _driver(progress, cancel, driver)
+    target = budgets.file_target(budget, target)
+    if table is not None:
+        if table.runtime != target:
+            raise WorkbenchError(f"the sensitivity table was measured for target "
+                                 f"{table.runtime}, not {target}")
+        schemes = table.schemes
+    names = parse_schemes(schemes, target)
+    parse_methods(methods)          # a bad methods text is refused before anything is measured
+    pins = expand_pins(model, pins or {})
+    cheapest, params = size_floor(model, names, target, pins)
+    want = int(budget.value) if budget.kind == "bytes" else int(budget.value * params / 8.0 + 1e-9)
+    if (budget.kind == "bytes" or (budget.kind == "bpw" and budget.over == "all")) \
+            and cheapest > want:
+        raise WorkbenchError(below_smallest_message(model, want, cheapest, params, names,
+                                                    target), path=model.path)
+    t0 = time.perf_counter()
+    if table is None:
+        table = measure_sensitivity(model, names, measure=measure, calib=calib,
+                                    imatrix=imatrix, samples=samples, target=target, pins=pins,
+                                    executor=executor, driver=drive, say=say)
+    else:                         # weighing the methods rescales values: on a copy
+        import copy
+        table = copy.copy(table)
+        table.values, table.methods = dict(table.values), dict(table.methods)
+    t1 = time.perf_counter()
+    weighed = weigh_methods(model, table, methods, table.measure, calib, imatrix,
+                            getattr(table, "samples", samples),
+                            target, drive=drive, say=say if notes else None,
+                            solve=lambda t: t.assignment_of(
+                                budgets.solve(model, t, budget, pins)[0], model))
+    t1m = time.perf_counter()     # the solve is timed from here
+    plan, sol, cap = budgets.solve(model, table, budget, pins,
+                                   finish=lambda p: plan_with_methods(p, table, model))
+    t2 = time.perf_counter()
+    if output is not None:
+        plan.save(str(output))
+    ev = run_job(evaluate(model, plan, runtime=target), None, cancel)
+    return Allocation(plan, table, budget, cap, sol, ev,
+                      budgets.accounting(model, ev, target, plan), weighed, names, target,
+                      {"sensitivity": t1 - t0, "solve": t2 - t1m}, model)
+
+
+@dataclass
+class Frontier:
+    """Allocated plans over a range of budgets beside the uniform plans and llama.cpp's recipes
+    (:func:`compute_frontier`)."""
+    table: "SensitivityTable"
+    allocated: list["FrontierPoint"]
+    uniform: list["FrontierPoint"]
+    recipes: list["FrontierPoint"]
+    recipe_error: str | None = None     # why no recipe points, when none
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def points(self) -> list["FrontierPoint"]:
+        """Every point, fewest bits per weight first."""
+        return sorted(self.allocated + self.uniform + self.recipes,
+                      key=lambda p: p.bits_per_weight)
+
+
+def compute_frontier(model: "Model", *, from_bpw: float | None = None,
+                     to_bpw: float | None = None, points: int = 8,
+                     recipes: Sequence[str] = ("Q4_K_M", "Q5_K_M"), check: int = 0,
+                     check_samples: int | None = None, held_out=None,
+                     schemes: str | Sequence[str] = AUTO, measure: str = AUTO, calib=None,
+                     imatrix=None, samples: int | None = None, target: str = "any",
+                     executor=None, progress: ProgressCallback | None = None,
+                     cancel: CancelCheck | None = None, driver: Driver | None = None,
+                     say: Callable[[str], None] | None = None) -> Frontier:
+    """`points` allocated plans evenly spaced from `from_bpw` to `to_bpw` bits per weight
+    (default: the cheapest to the largest uniform plan), every uniform plan and the llama.cpp
+    `recipes`; `check` > 0 measures that many allocated points and every uniform / recipe
+    point end to end (`check`, on `held_out` or the calibration inputs)."""
+    import numpy as np
+
+    from .frontier import check_points, frontier, recipe_points, recipe_types, uniform_points
+    recipes = [r.strip() for r in recipes if r.strip()]
+    extra = recipe_types(recipes) if recipes else []
+    t0 = time.perf_counter()
+    table = measure_sensitivity(model, schemes, measure=measure, calib=calib, imatrix=imatrix,
+                                samples=samples, target=target, extra=extra, executor=executor,
+                                progress=progress, cancel=cancel, driver=driver, say=say)
+    t1 = time.perf_counter()
+    uni = uniform_points(model, table)
+    rec, why = [], None
+    if recipes:
+        try:
+            rec = recipe_points(model, recipes, table)
+        except WorkbenchError as exc:
+            why = str(exc)
+    lo = from_bpw if from_bpw is not None else min(p.bits_per_weight for p in uni)
+    hi = to_bpw if to_bpw is not None else max(p.bits_per_weight for p in uni)
+    if points < 1 or hi < lo:
+        raise WorkbenchError("need --points >= 1 and --to-bpw >= --from-bpw")
+    bpws = [float(b) for b in np.linspace(lo, hi, points)] if points > 1 else [lo]
+    t2 = time.perf_counter()
+    alloc = frontier(model, None, table, bpws)
+    t3 = time.perf_counter()
+    if check:
+        k = min(check, len(alloc))
+        idx = sorted({int(round(i)) for i in np.linspace(0, len(alloc) - 1, k)}) if k else []
+        targets = [alloc[i] for i in idx] + uni + rec
+        if held_out:
+            check_points(model, targets, held_out, check_samples, runtime=table.runtime,
+                         progress=progress, cancel=cancel)
+        else:
+            check_points(model, targets, calib, check_samples or table.samples,
+                         runtime=table.runtime, progress=progress, cancel=cancel)
+    t4 = time.perf_counter()
+    return Frontier(table, alloc, uni, rec, why,
+                    {"sensitivity": t1 - t0, "allocate": t3 - t2, "check": t4 - t3})
+
+
+# ---- diff, convert ----------------------------------------------------------------------------
+def diff_quantizations(a, b, *, source=None, check: bool = True, calib=None,
+                       samples: int | None = None, progress: ProgressCallback | None = None,
+                       cancel: CancelCheck | None = None, driver: Driver | None = None) -> dict:
+    """Two quantizations (plan JSON files or quantized files: GGUF, quantized safetensors,
+    compressed-tensors) side by side per tensor, against the float `source` when given (a path
+    or an opened model; and, when it runs, the model-level figures of `check` for both unless
+    `check` is False). The dict is `diff --json`'s."""
+    from .diff import diff
+    src = source if source is None or not isinstance(source, os.PathLike) else str(source)
+    return _driver(progress, cancel, driver)(diff(str(a), str(b), src, check=check,
+                                                  calib=calib, samples=samples))
+
+
+def convert_gguf(source, to: str, output, *, dtype: str | None = None,
+                 off_grid: int | None = None, progress: ProgressCallback | None = None,
+                 cancel: CancelCheck | None = None, driver: Driver | None = None) -> dict:
+    """A (quantized) GGUF as a float model: ``to="hf"`` a Hugging Face folder every
+    model-level function runs, ``to="gguf"`` an F16/BF16 GGUF. `off_grid` (a seed): take the
+    weights off the grid they were quantized to with an exact reparametrisation
+    (docs/real-models.md). The dict is `convert --json`'s."""
+    from .convert import DEFAULT_DTYPE, convert
+    return _driver(progress, cancel, driver)(convert(str(source), to, str(output),
+                                                     dtype or DEFAULT_DTYPE, off_grid))
