@@ -56,6 +56,10 @@ FUSED_EXPERTS = re.compile(r"^(?P<pre>.*?\.(?P<bid>\d+)\.mlp)\.experts\.(?P<w>ga
 
 
 def model_folder(model) -> Path:
+    """The folder of the model's config.json and tokenizer files: beside its weights, or the
+    companion folder of a GGUF read as a Hugging Face model (Model.folder)."""
+    if getattr(model, "folder", None):
+        return Path(model.folder)
     p = Path(model.path)
     return p if p.is_dir() else p.parent
 

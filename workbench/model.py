@@ -159,6 +159,9 @@ class Model:
     metadata: dict = field(default_factory=dict)
     _closer: Callable[[], None] | None = None
     source: object = None  # the loader's own handle (e.g. a GGUFReader), for exporters
+    # where its companions (config.json, tokenizer files) are, when not beside `path` (a GGUF
+    # read as a Hugging Face model: workbench.convert.live)
+    folder: str | None = None
 
     def __post_init__(self):
         # the limits policy (workbench.limits): every loader's shapes pass here

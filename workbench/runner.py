@@ -82,6 +82,10 @@ def model_folder(model) -> Path:
 def read_config(model) -> dict:
     cfg_path = model_folder(model) / "config.json"
     if not cfg_path.is_file():
+        if getattr(model, "format", None) == "gguf":    # the CLI reads it through convert.live
+            from .convert.live import unsupported_message
+            raise WorkbenchError(unsupported_message(model.metadata.get("general.architecture")),
+                                 path=str(model.path))
         raise WorkbenchError("not runnable: no config.json beside the weights (weight-only "
                              "features still work)", path=str(model.path))
     from .limits import loads
@@ -832,7 +836,8 @@ def get_runner(model, device: str | None = None) -> Runner:
     """One cached Runner per (model path, file signature, device)."""
     from .stats import file_signature
     dev = device or current_device()
-    key = (str(model.path), file_signature(str(model.path)), dev)
+    # a GGUF read as a Hugging Face model has one companion folder per opening
+    key = (str(model.path), file_signature(str(model.path)), dev, getattr(model, "folder", None))
     r = _RUNNERS.get(key)
     if r is None:
         r = _RUNNERS[key] = Runner(model, dev)

@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMA
         check_file_args(args, parser)
         return int(args.func(args) or 0)
     except WorkbenchError as exc:
-        _say(f"quant-workbench: error: {exc}")
+        from ..convert.live import public_error
+        _say(f"quant-workbench: error: {public_error(exc)}")
         return 2
     except Cancelled:
         _say("quant-workbench: cancelled")

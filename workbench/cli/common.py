@@ -23,12 +23,36 @@ def model_path(args) -> str:
     return str(args.model) if args.model else str(default_model_path())
 
 
+# commands that read a GGUF as the float Hugging Face model `convert --to hf` would write
+# (workbench.convert.live), converted on the fly, when it has no config.json beside it; the
+# others (inspect, map, schemes, diff) read its own tensors, names and types
+LIVE_GGUF_COMMANDS = frozenset({"check", "calibrate", "sensitivity", "allocate", "frontier",
+                                "export", "evaluate", "bench-onnx"})
+# of those, the ones that cannot work on a GGUF's weights alone: another architecture is refused
+MUST_RUN_COMMANDS = frozenset({"check", "calibrate"})
+
+
 def open_model_arg(args):
     from ..loaders import open_model
     if getattr(args, "device", None):
         from ..runner import set_device
         set_device(args.device)
-    return open_model(model_path(args))
+    path = model_path(args)
+    command = getattr(args, "command", None)
+    if command in LIVE_GGUF_COMMANDS:
+        from ..convert import live
+        if live.wants_live(path):
+            if getattr(args, "cluster", None):
+                from ..errors import WorkbenchError
+                raise WorkbenchError("--cluster: workers cannot share a GGUF converted on the "
+                                     "fly; write it once with `quant-workbench convert "
+                                     "MODEL.gguf --to hf DIR` and give DIR", path=path)
+            return drive(live.open_live(path))
+        arch = live.gguf_architecture(path) if command in MUST_RUN_COMMANDS else None
+        if arch is not None and not (Path(path).expanduser().parent / "config.json").exists():
+            from ..errors import WorkbenchError
+            raise WorkbenchError(live.unsupported_message(arch), path=path)
+    return open_model(path)
 
 
 def add_device_arg(p) -> None:

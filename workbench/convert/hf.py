@@ -8,7 +8,9 @@
   :class:`~workbench.convert.source.FloatView`, one tensor at a time (the largest in row
   chunks), never a second copy of the model. Their names, and the undoing of
   convert_hf_to_gguf's q/k row permutation on Llama GGUFs, are the runner's
-  (``workbench.runner.Runner``: the gguf package's name map for the file's architecture);
+  (``workbench.runner.Runner``: the gguf package's name map for the file's architecture),
+  through :class:`~workbench.convert.live.HFNames`, which model-level commands also read a
+  GGUF through on the fly;
   Gemma's norms, which convert_hf_to_gguf stores as 1 + w (ArchSpec.norm_plus_one in
   workbench.export.gguf_arch), get the 1 taken off again.
 * Written into a temporary folder beside the target, renamed into place when whole.
@@ -32,6 +34,7 @@ import numpy as np
 from ..atomic import TEMP_TAG, clean_stale_temps, default_file_mode
 from ..errors import WorkbenchError
 from ..progress import Progress
+from .source import CHUNK_ELEMENTS
 
 STREAM_ABOVE = 1 << 24      # tensors of more elements are written in row chunks
 ST_DTYPES = {"f32": "F32", "bf16": "BF16", "f16": "F16"}
@@ -184,14 +187,9 @@ def cast(w: np.ndarray, dtype: str, name: str) -> np.ndarray:
 def write_hf(view, out: Path, dtype: str = "bf16"):
     """Job: write the FloatView's model as a Hugging Face folder at `out` (absent or empty).
     Returns {"tensors", "bytes", "unused", "architectures"}."""
-    import torch
-
-    from ..export.gguf_arch import ARCH_SPECS
-    from ..runner import Runner
+    from .live import HFNames
     model = view.model
     arch = str(model.metadata.get("general.architecture", ""))
-    spec = ARCH_SPECS.get(arch.upper())
-    plus_one = bool(spec is not None and spec.norm_plus_one)
     tmp = make_temp_dir(out)
     fh = None
     try:
@@ -201,24 +199,9 @@ def write_hf(view, out: Path, dtype: str = "bf16"):
         llama_cpp_semantics(cfg, arch)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         tok.save_pretrained(str(tmp))
-        runner = Runner(view.as_model(tmp), "cpu")     # reads tmp/config.json
-        params = []
-        for p in runner._meta:   # noqa: SLF001 - the network's parameters, tied copies included
-            if p in runner.by_param:
-                params.append(p)
-            elif not runner._is_tied_copy(p):   # noqa: SLF001
-                raise WorkbenchError(f"the GGUF has no tensor for the network's {p}",
-                                     path=model.path)
-        used = set(runner.slots) | set(runner.buffer_for)
-        unused = [n for n in model.tensors if n not in used]
-        lost = [n for n in unused if model.info(n).ndim >= 2]
-        if lost:
-            raise WorkbenchError(f"{len(lost)} tensors of the GGUF have no place in transformers' "
-                                 f"{cfg.get('architectures', ['?'])[0]} (first: {lost[0]})",
-                                 path=model.path)
-        probe = torch.zeros(0)
+        names = HFNames(view, tmp)     # reads tmp/config.json
+        params, unused, shapes = names.params, names.unused, names.shapes
         st, item = ST_DTYPES[dtype], ITEMSIZE[dtype]
-        shapes = {p: tuple(int(s) for s in runner._meta[p].shape) for p in params}  # noqa: SLF001
         # the header first (every shape and dtype is known), then each tensor's bytes in
         # order: one pass over the data (the temporary folder makes the whole write atomic)
         header, off = {"__metadata__": {"format": "pt"}}, 0
@@ -233,20 +216,10 @@ def write_hf(view, out: Path, dtype: str = "bf16"):
         for i, p in enumerate(params):
             yield Progress(i, len(params), f"tensor {i + 1}/{len(params)} {p}")
             shape = shapes[p]
-            shift = np.float32(1.0) if plus_one and p.endswith("norm.weight") else None
-            srcs = runner.by_param[p]
-            slot = runner.slots[srcs[0]]
-            permuted = getattr(runner, "unpermute", False) and \
-                runner._rope_unpermute(p, probe) is not probe   # noqa: SLF001
-            if (len(srcs) == 1 and slot.expert is None and slot.parts == 1 and not permuted
-                    and len(shape) == 2 and math.prod(shape) > STREAM_ABOVE
-                    and model.info(srcs[0]).matrix_shape == shape):
-                parts = (cast(c if shift is None else c - shift, dtype, p)
-                         for _r0, c in view.iter_rows(srcs[0]))
+            if names.streamable(p) and math.prod(shape) > STREAM_ABOVE:
+                parts = (cast(c, dtype, p) for _r0, c in names.iter_rows(p, CHUNK_ELEMENTS))
             else:
-                w = runner.param_tensor(p, override=view.read).numpy()
-                parts = [cast(w if shift is None else w - shift, dtype, p)]
-                del w
+                parts = [cast(names.read(p), dtype, p)]
             n = 0
             for a in parts:
                 fh.write(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
