@@ -7,6 +7,7 @@ import errno
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
 
 from .errors import WorkbenchError
@@ -30,6 +31,10 @@ TEMP_TAG = "quant-workbench"
 # ".<name>.quant-workbench-<pid>-<random>.tmp|.data" files, ".<name>.quant-workbench-<pid>.tmp|.old"
 # folders (the compressed-tensors export)
 _STALE = re.compile(r"^\..+\." + TEMP_TAG + r"-(\d+)(-[a-z0-9_]+)?\.(tmp|data|old)$")
+# the ONNX exporter's folders of earlier versions (".qwb-onnx-<random>", no process id): removed
+# once untouched for LEGACY_STALE_SECONDS (a kill -9 left them behind for good)
+_LEGACY = re.compile(r"^\.qwb-onnx-[a-z0-9_]{8}$")
+LEGACY_STALE_SECONDS = 3600
 
 
 def make_temp(target: Path, suffix: str = ".tmp") -> tuple[int, str]:
@@ -46,6 +51,53 @@ def make_temp(target: Path, suffix: str = ".tmp") -> tuple[int, str]:
     except OSError as exc:
         why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
         raise WorkbenchError(f"cannot write here ({why})", path=str(target)) from None
+
+
+def make_temp_dir(directory, label: str) -> Path:
+    """A new temporary folder in `directory` (``.<label>.quant-workbench-<pid>-<random>.tmp``),
+    removed by clean_stale_temps once its process is gone (a kill -9 leaves it behind), stale
+    ones of killed runs removed first. OSErrors (a full disk, a read-only folder) become a
+    WorkbenchError naming the folder."""
+    directory = Path(directory) if str(directory) else Path(".")
+    clean_stale_temps(directory)
+    try:
+        return Path(tempfile.mkdtemp(prefix=f".{label}.{TEMP_TAG}-{os.getpid()}-",
+                                     suffix=".tmp", dir=directory))
+    except OSError as exc:
+        raise WorkbenchError(f"cannot write here ({write_problem(exc) or exc.strerror})",
+                             path=str(directory)) from None
+
+
+#: errno values that mean the disk (or the quota / file size limit) is full
+_FULL = {errno.ENOSPC: "disk full (ENOSPC)", errno.EDQUOT: "disk quota full (EDQUOT)",
+         errno.EFBIG: "file too large for this file system or limit (EFBIG)"}
+
+
+def write_problem(exc: BaseException) -> str | None:
+    """What an exception raised while writing says about the disk, where it says anything:
+    a full disk (ENOSPC), quota (EDQUOT) or size limit (EFBIG), a read-only file system,
+    permission denied; found in the exception or its causes (torch and onnx wrap the OSError,
+    or only keep its text). None when it is not a write problem."""
+    seen = 0
+    e = exc
+    while e is not None and seen < 16:
+        if isinstance(e, OSError) and e.errno is not None:
+            if e.errno in _FULL:
+                return _FULL[e.errno]
+            if e.errno == errno.EROFS:
+                return "read-only file system (EROFS)"
+            if e.errno == errno.EACCES:
+                return "permission denied (EACCES)"
+        text = str(e)
+        if "No space left on device" in text:
+            return _FULL[errno.ENOSPC]
+        if "Disk quota exceeded" in text:
+            return _FULL[errno.EDQUOT]
+        if "File too large" in text:
+            return _FULL[errno.EFBIG]
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None
 
 
 def pid_alive(pid: int) -> bool:
@@ -70,6 +122,14 @@ def clean_stale_temps(directory: Path) -> list[str]:
         return removed
     for e in entries:
         m = _STALE.match(e.name)
+        if m is None and _LEGACY.match(e.name):
+            with contextlib.suppress(OSError):
+                if (e.is_dir(follow_symlinks=False) and time.time()
+                        - e.stat(follow_symlinks=False).st_mtime > LEGACY_STALE_SECONDS):
+                    import shutil
+                    shutil.rmtree(e.path)
+                    removed.append(e.name)
+            continue
         if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
             with contextlib.suppress(OSError):
                 if e.is_file(follow_symlinks=False):
@@ -164,7 +224,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(exc, OSError):
-            why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+            why = write_problem(exc) or exc.strerror or str(exc)
             raise WorkbenchError(f"write failed ({why}); existing file left unchanged",
                                  path=str(target)) from exc
         raise

@@ -146,13 +146,35 @@ def budget_of(path: str) -> Budget:
         raise WorkbenchError(f"--budget-of: cannot read it ({exc.strerror or exc})",
                              path=str(p)) from None
     if head[:4] == b"GGUF":
+        _readable(p, "a GGUF")
         return Budget("file", float(size), over="file", format="gguf", source=str(p))
     if p.suffix == ".safetensors" and len(head) == 8:
         n = int.from_bytes(head, "little")
         if 0 < n <= size - 8:
+            _readable(p, "a safetensors")
             return Budget("bytes", float(size - 8 - n), source=str(p))
     raise WorkbenchError("--budget-of: not a GGUF or safetensors file (a .gguf file's size, or "
                          "a .safetensors file's tensor bytes, is matched)", path=str(p))
+
+
+def _readable(p: Path, what: str) -> None:
+    """The --budget-of file opened by the loader `inspect` uses: a truncated or damaged file
+    gets inspect's refusal, naming this file (not the model, as a 4-byte budget would), and one
+    with no tensors is no budget."""
+    from .loaders import open_model
+    try:
+        m = open_model(p)
+    except WorkbenchError as exc:
+        raise WorkbenchError(f"--budget-of: {exc.problem}", path=exc.path or str(p),
+                             tensor=exc.tensor) from None
+    try:
+        if not m.tensors:
+            raise WorkbenchError(f"--budget-of: {what} file with no tensors is no budget",
+                                 path=str(p))
+    finally:
+        close = getattr(m, "close", None)
+        if close is not None:
+            close()
 
 
 def file_target(budget: Budget, target: str) -> str:

@@ -177,6 +177,8 @@ def load_tokenizer(folder):
                              ".npy or safetensors)", path=str(folder))
     from .optional import require
     Tokenizer = require("tokenizers", "model").Tokenizer
+    from .limits import check_sidecar
+    check_sidecar(tj, "tokenizer.json")     # its size, before the tokenizers package reads it
     try:
         return Tokenizer.from_file(str(tj))
     except Exception as exc:  # noqa: BLE001 - the tokenizers package raises plain Exceptions

@@ -43,10 +43,10 @@ def parse_spec(text: str | None) -> tuple[str, object]:
         n = t[len(LOCAL) + 1:]
         if not n:
             return LOCAL, None
-        if not n.isdigit() or int(n) < 1:
-            raise WorkbenchError(f"--cluster {t}: the worker count after 'local:' must be a "
-                                 "whole number of at least 1")
-        return LOCAL, int(n)
+        if not (n.isascii() and n.isdigit()) or int(n[:12]) < 1:
+            raise WorkbenchError(f"--cluster {t[:60]}: the worker count after 'local:' must be "
+                                 "a whole number of at least 1")
+        return LOCAL, int(n) if len(n) <= 12 else 10 ** 12   # (capped by the cores anyway)
     if "://" in t:
         scheme, rest = t.split("://", 1)
         host, _, port = rest.rpartition(":")
@@ -54,6 +54,29 @@ def parse_spec(text: str | None) -> tuple[str, object]:
             raise WorkbenchError(f"--cluster {t}: give a scheduler address tcp://HOST:PORT")
         return "address", t
     raise WorkbenchError(f"--cluster {t}: expected local, local:N or tcp://HOST:PORT")
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity; os.cpu_count where that is not
+    known)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def local_workers(n: int | None) -> tuple[int, str | None]:
+    """(workers a local cluster starts for `local:N`, a note when N was capped): at most one
+    single-threaded worker per core (more only contend for the same cores, each with its own
+    copy of the model open)."""
+    c = cores()
+    if n is None:
+        return c, None
+    if n > c:
+        shown = f"{n:,}" if n < 10 ** 12 else "more than 10^12"
+        return c, (f"--cluster local:{shown}: this machine has {c} core{'s' if c != 1 else ''} "
+                   f"for this process; starting {c} worker{'s' if c != 1 else ''}")
+    return n, None
 
 
 def add_cluster_arg(p) -> None:
@@ -83,11 +106,13 @@ class ClusterExecutor:
         distributed = require("distributed", "cluster")
         self._distributed = distributed
         self.cluster = None
+        self.note = None      # a line for the user (the worker count capped by the cores)
         self.spec = f"local:{arg}" if kind == LOCAL and arg else (LOCAL if kind == LOCAL
                                                                    else str(arg))
         try:
             if kind == LOCAL:
-                n = arg or max(1, os.cpu_count() or 1)
+                n, self.note = local_workers(arg)
+                self.spec = f"local:{n}" if arg else LOCAL
                 self.cluster = distributed.LocalCluster(
                     n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                     dashboard_address=None, silence_logs=50)

@@ -68,11 +68,9 @@ def bos_of(folder) -> int | None:
         return int(with_sp[0])
     cfg = Path(folder) / "tokenizer_config.json"
     if cfg.is_file():
-        try:
-            from .limits import loads
-            tc = loads(cfg.read_bytes(), str(cfg), "tokenizer_config.json")
-        except (OSError, WorkbenchError):
-            return None
+        from .limits import load_sidecar_json
+        # too large, too deep or malformed: refused (naming it), never read as absent
+        tc = load_sidecar_json(cfg, "tokenizer_config.json")
         if isinstance(tc, dict) and tc.get("add_bos_token") is True:
             b = tc.get("bos_token")
             if isinstance(b, dict):

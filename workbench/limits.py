@@ -332,3 +332,76 @@ def shard_path(index_path, name: str):
                              path=str(index_path))
     check_regular_file(p, "shard")
     return p
+
+
+# ---- sidecar files ------------------------------------------------------------------------
+# The files read beside the weights (config.json, tokenizer files, shard indexes, chat
+# templates): the size is checked on the file before any byte is read, so an 8 GB (sparse)
+# tokenizer.json is refused in microseconds; over the limit is an error naming the file and
+# the limit, never "absent".
+MAX_SIDECAR = 16 << 20
+SIDECAR_LIMITS = {"tokenizer.json": MAX_JSON_BYTES, "tokenizer_config.json": MAX_JSON_BYTES,
+                  "vocab.json": MAX_JSON_BYTES, "vocab.txt": MAX_JSON_BYTES,
+                  "merges.txt": MAX_JSON_BYTES, "tokenizer.model": MAX_JSON_BYTES,
+                  "spiece.model": MAX_JSON_BYTES, "added_tokens.json": MAX_JSON_BYTES}
+
+
+def sidecar_limit(path) -> int:
+    """The most bytes the sidecar file `path` may have: 64 MiB for tokenizer files and shard
+    indexes (`*.index.json`), 16 MiB for the others (config.json, generation_config.json,
+    special_tokens_map.json, chat templates, sentence-transformers' modules.json ...)."""
+    from pathlib import Path
+    name = Path(path).name.lower()
+    if name.endswith(".index.json"):
+        return MAX_JSON_BYTES
+    return SIDECAR_LIMITS.get(name, MAX_SIDECAR)
+
+
+def _mib(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n:,} bytes"
+
+
+def check_sidecar(path, what: str | None = None) -> int:
+    """The size of the sidecar file `path`, or a WorkbenchError naming it when it is over its
+    limit (sidecar_limit) or not a regular file. Nothing is read."""
+    import os
+    import stat
+    from pathlib import Path
+    what = what or Path(path).name
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read {what} ({exc.strerror})", path=str(path)) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise WorkbenchError(f"{what} is not a regular file", path=str(path))
+    limit = sidecar_limit(path)
+    if st.st_size > limit:
+        raise WorkbenchError(f"{what} is {st.st_size:,} bytes, over the {_mib(limit)} limit "
+                             "for this file: refused, not read", path=str(path))
+    return st.st_size
+
+
+def read_sidecar(path, what: str | None = None) -> bytes:
+    """The bytes of a sidecar file within its limit (check_sidecar first; a file that grew
+    past the limit meanwhile is refused the same way)."""
+    from pathlib import Path
+    what = what or Path(path).name
+    check_sidecar(path, what)
+    limit = sidecar_limit(path)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read {what} ({exc.strerror})", path=str(path)) from None
+    if len(data) > limit:
+        raise WorkbenchError(f"{what} is over the {_mib(limit)} limit for this file: refused",
+                             path=str(path))
+    return data
+
+
+def load_sidecar_json(path, what: str | None = None):
+    """A sidecar JSON file parsed with the limits above (size, depth, integers, duplicates);
+    every error names the file."""
+    from pathlib import Path
+    what = what or Path(path).name
+    return loads(read_sidecar(path, what), str(path), what)

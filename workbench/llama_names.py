@@ -67,13 +67,10 @@ def model_folder(model) -> Path:
 def read_config(model) -> dict | None:
     """The model folder's config.json (None when absent or not a JSON object)."""
     path = model_folder(model) / "config.json"
-    if not path.is_file() or path.stat().st_size > 4 << 20:
+    if not path.is_file():
         return None
-    try:
-        from .limits import loads
-        data = loads(path.read_bytes(), str(path), "config.json")
-    except OSError as exc:
-        raise WorkbenchError(f"cannot read config.json ({exc.strerror})", path=str(path)) from None
+    from .limits import load_sidecar_json
+    data = load_sidecar_json(path, "config.json")   # over its size limit: refused, not absent
     return data if isinstance(data, dict) else None
 
 

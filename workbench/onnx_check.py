@@ -46,7 +46,8 @@ def optimized_op_counts(path) -> dict[str, int]:
 
     from .onnx_graph import import_onnx
     onnx, _ = import_onnx()
-    tmp = Path(tempfile.mkdtemp(prefix="qwb-onnx-opt-"))
+    from .atomic import make_temp_dir
+    tmp = make_temp_dir(tempfile.gettempdir(), "qwb-onnx-opt")
     try:
         session(path, optimized_path=tmp / "optimized.onnx")
         proto = onnx.load(str(tmp / "optimized.onnx"))
@@ -102,7 +103,8 @@ def check_onnx(model, plan, calib=None, samples: int | None = None, max_len: int
     runner = get_runner(base_model)
     data = yield from subjob(calibration_samples(base_model, calib, samples, max_len), 0, 5, 100)
     base = yield from subjob(run_outputs(runner, data, label="float model"), 5, 25, 100)
-    tmp = Path(tempfile.mkdtemp(prefix="qwb-onnx-check-"))
+    from .atomic import make_temp_dir
+    tmp = make_temp_dir(tempfile.gettempdir(), "qwb-onnx-check")
     try:
         path = tmp / "model.onnx"
         info = yield from subjob(build_onnx(model, plan, path, accuracy_level=level), 30, 40, 100)

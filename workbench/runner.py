@@ -88,12 +88,8 @@ def read_config(model) -> dict:
                                  path=str(model.path))
         raise WorkbenchError("not runnable: no config.json beside the weights (weight-only "
                              "features still work)", path=str(model.path))
-    from .limits import loads
-    try:
-        cfg = loads(cfg_path.read_bytes(), str(cfg_path), "config.json")
-    except OSError as exc:
-        raise WorkbenchError(f"not runnable: config.json unreadable ({exc.strerror})",
-                             path=str(cfg_path)) from None
+    from .limits import load_sidecar_json
+    cfg = load_sidecar_json(cfg_path, "config.json")
     if not isinstance(cfg, dict):
         raise WorkbenchError("not runnable: config.json is not a JSON object", path=str(cfg_path))
     from .config_check import check_config

@@ -41,7 +41,8 @@ def bench_onnx(model, plan, batch: int = 1, seq: int = 128, repeats: int = 20,
     level = DEFAULT_ACCURACY_LEVEL if accuracy_level is None else int(accuracy_level)
     base_model = model.base if type(model).__name__ == "MethodModel" else model
     vocab = int(read_config(base_model).get("vocab_size", 1000) or 1000)
-    tmp = Path(keep_dir) if keep_dir else Path(tempfile.mkdtemp(prefix="qwb-onnx-bench-"))
+    from ..atomic import make_temp_dir
+    tmp = Path(keep_dir) if keep_dir else make_temp_dir(tempfile.gettempdir(), "qwb-onnx-bench")
     tmp.mkdir(parents=True, exist_ok=True)
     try:
         fpath, qpath = tmp / "float.onnx", tmp / "quantized.onnx"

@@ -172,6 +172,8 @@ def executor_of(args):
     if getattr(args, "_executor", None) is None:
         from ..cluster import open_executor
         args._executor = open_executor(spec)
+        if getattr(args._executor, "note", None):     # local:N capped by the cores
+            print(f"note: {args._executor.note}", file=sys.stderr)
     return args._executor
 
 

@@ -193,6 +193,10 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False, execu
     from ..config_check import check_config, config_path
     if (cfg := read_config(model)) is not None:   # against the tensors, before any work
         check_config(model, cfg, config_path(model))
+    from ..limits import check_sidecar
+    for f in TOKENIZER_FILES:     # copied as they are: each within its size limit, checked first
+        if (src / f).is_file():
+            check_sidecar(src / f)
     decisions = plan_decisions(model, plan, "vllm")
     if strict:
         check_strict(decisions.values(), path=model.path)

@@ -28,7 +28,6 @@ Other architectures are refused (see :data:`CONVERTER_HINT`).
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from contextlib import contextmanager
@@ -566,9 +565,9 @@ def _pooling_type(folder: Path):
     path = folder / "1_Pooling" / "config.json"
     if not path.is_file():
         return None
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    from ..limits import load_sidecar_json
+    cfg = load_sidecar_json(path, "1_Pooling/config.json")   # (errors name it)
+    if not isinstance(cfg, dict):
         return None
     if cfg.get("pooling_mode_mean_tokens"):
         return gguf.PoolingType.MEAN
@@ -581,10 +580,8 @@ def _pooling_type(folder: Path):
 
 def _tokenizer_json(folder: Path) -> dict:
     path = folder / "tokenizer.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise WorkbenchError(f"cannot read the tokenizer ({exc})", path=str(path)) from None
+    from ..limits import load_sidecar_json
+    data = load_sidecar_json(path, "tokenizer.json")   # size, depth, duplicates: errors name it
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         raise WorkbenchError("not a Hugging Face tokenizer.json", path=str(path))
     return data

@@ -21,7 +21,6 @@ with), ``quant_workbench.accuracy_level`` and ``quant_workbench.model_kind``.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -186,7 +185,9 @@ def build_onnx(model, plan, out_path, *, accuracy_level: int = DEFAULT_ACCURACY_
         weights[n] = (nb, w_deq, dq)
     swap_linears(runner, linears, weights, act_scales, accuracy_level)
     yield Progress(75, 100, "tracing the network")
-    tmpdir = tempfile.mkdtemp(prefix=".qwb-onnx-", dir=str(out.parent))
+    from ..atomic import make_temp_dir, write_problem
+    # named with this process's id: a kill -9 leaves it for the next write here to remove
+    tmpdir = make_temp_dir(out.parent, out.name)
     try:
         raw = Path(tmpdir) / "traced.onnx"
         try:
@@ -195,11 +196,22 @@ def build_onnx(model, plan, out_path, *, accuracy_level: int = DEFAULT_ACCURACY_
         except WorkbenchError:
             raise
         except Exception as exc:  # noqa: BLE001 (the exporter's own errors are many types)
+            why = write_problem(exc)
+            if why is not None:     # the disk, not the network: say so
+                raise WorkbenchError(f"cannot write the traced network in {out.parent} ({why}); "
+                                     "nothing was written", path=str(out)) from None
             raise WorkbenchError(f"torch.onnx could not trace the {runner.cfg.get('model_type')} "
                                  f"network: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
                                  path=str(model.path)) from None
         yield Progress(90, 100, "writing")
-        proto = onnx.load(str(raw))
+        try:
+            proto = onnx.load(str(raw))
+        except Exception as exc:  # noqa: BLE001 - a traced file cut short by a full disk
+            why = write_problem(exc)
+            if why is None:
+                raise
+            raise WorkbenchError(f"cannot write the traced network in {out.parent} ({why}); "
+                                 "nothing was written", path=str(out)) from None
         if act_scales:
             unique_dequantize(proto.graph)
         meta = {"plan": plan.to_json(), "opset": str(OPSET), "onnxruntime": ort.__version__,

@@ -11,7 +11,6 @@ per-channel ``weight_scale``. Values: (q − zp) · scale. Every other tensor is
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +26,10 @@ def is_compressed_tensors(path) -> bool:
     p = Path(path)
     folder = p if p.is_dir() else p.parent
     cfg = folder / "config.json"
-    if not cfg.is_file() or cfg.stat().st_size > 4 << 20:
+    if not cfg.is_file():
         return False
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return False
+    from ..limits import load_sidecar_json
+    data = load_sidecar_json(cfg, "config.json")   # too large / deep / malformed: refused
     q = data.get("quantization_config") if isinstance(data, dict) else None
     return isinstance(q, dict) and q.get("quant_method") == "compressed-tensors"
 
@@ -68,26 +65,38 @@ def _layer_args(config: dict) -> list[tuple[list[str], dict]]:
     return out
 
 
-def _args_for(layer: str, groups) -> dict | None:
-    import re
+def _args_for(layer: str, groups, path=None) -> dict | None:
+    """The quantization args of the first group targeting `layer`. ``re:`` targets are
+    untrusted regular expressions: matched on RE2 (linear time, no backtracking: a target
+    ``re:(.*.*)*X`` cannot hang), with compressed-tensors' ``re.match`` semantics."""
     for targets, args in groups:
         for t in targets:
             if t.startswith("re:"):
-                if re.match(t[3:], layer):
+                if _target(t[3:], path).match(layer):
                     return args
             elif t == layer or layer.endswith("." + t) or t == "Linear":
                 return args
     return groups[0][1] if len(groups) == 1 else None
 
 
+def _target(pattern: str, path):
+    from ..patterns import compile_pattern
+    try:
+        return compile_pattern(pattern)
+    except WorkbenchError as exc:
+        raise WorkbenchError(f"quantization_config target re:{pattern[:80]}: {exc}",
+                             path=str(path)) from None
+
+
 def open_compressed_tensors(path) -> Model:
     from .safetensors_format import open_safetensors
     p = Path(path)
     folder = p if p.is_dir() else p.parent
+    from ..limits import load_sidecar_json
+    config = load_sidecar_json(folder / "config.json", "config.json")
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         qcfg = config["quantization_config"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (KeyError, TypeError) as exc:
         raise WorkbenchError(f"cannot read the compressed-tensors config.json ({exc})",
                              path=str(folder / "config.json")) from None
     base = open_safetensors(p)
@@ -105,7 +114,7 @@ def open_compressed_tensors(path) -> Model:
             raise WorkbenchError("packed weight without its weight_scale / weight_shape",
                                  path=str(p), tensor=name)
         shape = tuple(int(v) for v in np.asarray(base.raw(shape_t)).reshape(-1))
-        args = _args_for(layer, groups) or {}
+        args = _args_for(layer, groups, folder / "config.json") or {}
         bits = int(args.get("num_bits") or 0)
         if not (1 <= bits <= 8) or len(shape) != 2:
             raise WorkbenchError(f"unsupported packed layout (num_bits {bits}, shape {shape})",
@@ -128,7 +137,8 @@ def open_compressed_tensors(path) -> Model:
         if name.endswith(".weight") and info.dtype.startswith("F8") \
                 and f"{name}_scale" in base.tensors:
             layer = name[:-len(".weight")]
-            args = _args_for(layer, groups) or {"num_bits": 8, "type": "float"}
+            args = _args_for(layer, groups, folder / "config.json") or {"num_bits": 8,
+                                                                     "type": "float"}
             nbytes = info.nbytes + base.info(f"{name}_scale").nbytes
             infos[name] = TensorInfo(name, info.shape, "F32", nbytes, info.file,
                                      quant=_scheme_label(args))

@@ -1,5 +1,6 @@
-"""A memory-mapped GGUF reader: the header parsed once with struct over the mapping, tensor
-data as zero-copy numpy views.
+"""A GGUF reader: the header parsed once with struct over the file's first bytes (read as far
+as the header goes, never the whole file: a valid GGUF followed by 100 GB of sparse padding
+costs its header's bytes), tensor data read with pread (workbench.loaders.region).
 
 The `gguf` package's GGUFReader builds a numpy view for every part of every key/value, which
 takes 2.3 s on MiniLM's 30,522-token vocabulary (and grows with the vocabulary); this parses
@@ -17,7 +18,6 @@ reads is still range-checked here, and any inconsistency is a WorkbenchError nam
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from dataclasses import dataclass, field
@@ -87,11 +87,17 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike):
         import gguf
         self.path = str(path)
-        with open(self.path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size < 24:
-                raise WorkbenchError("truncated GGUF header", path=self.path)
-            self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        self._fh = open(self.path, "rb")
+        try:
+            self._parse(gguf)
+        finally:
+            self.close()   # the header is parsed; tensor data is read with pread
+
+    def _parse(self, gguf) -> None:
+        size = os.fstat(self._fh.fileno()).st_size
+        if size < 24:
+            raise WorkbenchError("truncated GGUF header", path=self.path)
+        self._mm = b""     # the file's first bytes, read as the header needs them (_have)
         self.size = size
         self._pos = 0
         self.fields: dict[str, GGUFField] = {}
@@ -163,12 +169,26 @@ class GGUFFile:
                 raise WorkbenchError(f"tensor data ({nbytes:,} bytes at offset {offset:,}) runs "
                                      "past the end of the file", path=self.path, tensor=name)
             self.tensors.append(GGUFTensor(name, dims, qt, n, nbytes, start, self))
-        self.close()   # the header is parsed; tensor data is read with pread
 
     # -- parsing ---------------------------------------------------------------------------
+    HEADER_STEP = 1 << 20   # the header is read in steps of at least this (doubling)
+
+    def _have(self, end: int) -> None:
+        """The file's bytes up to `end` (within the file) in self._mm."""
+        if end <= len(self._mm):
+            return
+        want = min(self.size, max(end, 2 * len(self._mm), self.HEADER_STEP))
+        self._fh.seek(len(self._mm))
+        more = self._fh.read(want - len(self._mm))
+        if len(self._mm) + len(more) < end:
+            raise WorkbenchError("truncated GGUF header (the file shrank while read)",
+                                 path=self.path)
+        self._mm = self._mm + more
+
     def _need(self, n: int) -> None:
         if n < 0 or self._pos + n > self.size:
             raise WorkbenchError("truncated GGUF header", path=self.path)
+        self._have(self._pos + n)
 
     def _read(self, n: int) -> bytes:
         self._need(n)
@@ -208,6 +228,7 @@ class GGUFFile:
             if n > (self.size - self._pos) // dt.itemsize:
                 raise WorkbenchError(f"GGUF array of {n:,} items runs past the file",
                                      path=self.path)
+            self._have(self._pos + n * dt.itemsize)
             arr = np.frombuffer(self._mm, dt, n, self._pos).copy()  # not a view of the map
             self._pos += n * dt.itemsize
             try:
@@ -224,15 +245,24 @@ class GGUFFile:
                 raise
             out = []
             mm, pos, size = self._mm, self._pos, self.size
+            have = len(mm)
             unpack = struct.unpack_from
             for _ in range(n):
                 if pos + 8 > size:
                     raise WorkbenchError("truncated GGUF header", path=self.path)
+                if pos + 8 > have:
+                    self._have(pos + 8)
+                    mm = self._mm
+                    have = len(mm)
                 (ln,) = unpack("<Q", mm, pos)
                 pos += 8
                 if ln > size - pos:
                     raise WorkbenchError(f"GGUF string of {ln:,} bytes runs past the file",
                                          path=self.path)
+                if pos + ln > have:
+                    self._have(pos + ln)
+                    mm = self._mm
+                    have = len(mm)
                 out.append(mm[pos:pos + ln])
                 pos += ln
             self._pos = pos
@@ -248,7 +278,7 @@ class GGUFFile:
         return out
 
     def close(self) -> None:
-        try:
-            self._mm.close()
-        except BufferError:   # numpy views still alive: the mapping goes with them
-            pass
+        fh = getattr(self, "_fh", None)
+        if fh is not None:
+            fh.close()
+        self._mm = b""

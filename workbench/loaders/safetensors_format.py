@@ -304,8 +304,8 @@ def _shard_files(path: Path) -> list[Path]:
         return files
     if path.name.endswith(".index.json"):
         try:
-            from ..limits import loads
-            index = loads(path.read_bytes(), str(path), "safetensors index")
+            from ..limits import load_sidecar_json
+            index = load_sidecar_json(path, "safetensors index")
             weight_map = index["weight_map"]
             shards = sorted(set(weight_map.values()))
             bad = [s for s in shards if not isinstance(s, str) or not s or "\0" in s]
@@ -330,8 +330,8 @@ def _check_index_listing(root: Path, tensors: dict) -> None:
         next(iter(sorted(root.glob("*.safetensors.index.json"))), None) if root.is_dir() else None)
     if idx is None:
         return
-    from ..limits import loads
-    weight_map = loads(idx.read_bytes(), str(idx), "safetensors index")["weight_map"]
+    from ..limits import load_sidecar_json
+    weight_map = load_sidecar_json(idx, "safetensors index")["weight_map"]
     missing = [n for n in weight_map if n not in tensors]
     if missing:
         raise WorkbenchError(f"the index lists {len(missing)} tensors that are not in their "

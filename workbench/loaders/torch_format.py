@@ -278,8 +278,8 @@ def open_torch_shards(index_path: str | os.PathLike) -> Model:
     import json
     idx = Path(index_path)
     try:
-        from ..limits import loads
-        weight_map = loads(idx.read_bytes(), str(idx), "PyTorch index")["weight_map"]
+        from ..limits import load_sidecar_json
+        weight_map = load_sidecar_json(idx, "PyTorch index")["weight_map"]
         shards = sorted(set(weight_map.values()))
         if not all(isinstance(s, str) and s and "\x00" not in s for s in shards):
             raise ValueError("shard names must be non-empty strings")
