@@ -302,3 +302,13 @@ def test_facts_read_the_names_once_and_fast():
     assert took < 10 * yardstick + 0.5, (took, yardstick)     # measured: ~3x
     check_config(m, {"num_hidden_layers": 30_000, "num_attention_heads": 1, "head_dim": 8,
                      "intermediate_size": 16}, "config.json")
+
+
+def test_no_metadata_only_gguf(tiny_arch, tmp_path):
+    """A folder whose every tensor is one llama.cpp's converter drops: no GGUF of metadata."""
+    folder = hostile_folder("llama", [["drop", "."], ["add", "model.position_ids", [1, 8]],
+                                      ["del", "num_hidden_layers"]], tmp_path, tiny_arch("llama"))
+    rc, line = _cli("export", folder, "--scheme", "q8_0", "--format", "gguf", "-o",
+                    tmp_path / "o.gguf")
+    assert rc == 2 and "no tensor of the model" in line, line
+    assert not (tmp_path / "o.gguf").exists()

@@ -166,6 +166,10 @@ def hf_target(model) -> tuple[HFTarget | None, str | None]:
     t = HFTarget(arch, config, model_folder(model), names)
     with _config_values(t.folder / "config.json"):
         t.layout = _layout(model, t)
+    if not t.layout:       # never a GGUF of metadata alone
+        raise WorkbenchError(f"no tensor of the model is one of architecture {arch.arch_name}'s "
+                             "(config.json names an architecture its weights do not hold); "
+                             "nothing was written", path=str(model.path))
     return t, None
 
 
