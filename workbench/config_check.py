@@ -532,6 +532,10 @@ def check_gguf_metadata(model) -> None:
 
 
 def config_path(model) -> Path:
+    """The config.json of `model`: beside its weights, or in the companion folder of a GGUF
+    read as a Hugging Face model (Model.folder)."""
+    if getattr(model, "folder", None):
+        return Path(model.folder) / "config.json"
     p = Path(model.path)
     return (p if p.is_dir() else p.parent) / "config.json"
 
