@@ -19,7 +19,6 @@ unless ``quantize_all`` (workbench.conventions).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,10 +64,6 @@ def _driver(progress: ProgressCallback | None, cancel: CancelCheck | None,
     def drive(job):
         return run(job, progress, cancel)
     return drive
-
-
-def _quiet(line: str) -> None:
-    pass
 
 
 # ---- models, statistics, plans ----------------------------------------------------------------
@@ -157,8 +152,8 @@ def with_methods(model: "Model", plan: Plan, *, method: str | None = None, calib
         return plan, model
     from .methods.apply import prepare
     mm = _driver(progress, cancel, driver)(prepare(model, plan, calib, imatrix, target))
-    for note in getattr(mm, "notes", []):
-        (say or _quiet)(f"note: {note}")
+    for note in getattr(mm, "notes", []) if say else ():
+        say(f"note: {note}")
     return plan, mm
 
 
@@ -441,28 +436,6 @@ class Allocation:
         return out
 
 
-def expand_pins(model: "Model", pins: Mapping[str, str]) -> dict[str, str]:
-    """Pins whose name is a moe: selector become one pin per tensor it addresses; every scheme
-    name is resolved, and a pinned tensor the model lacks is an error."""
-    from .moe import is_selector, parse_selector
-    from .schemes import get_scheme
-    out: dict[str, str] = {}
-    for n, s in pins.items():
-        s = get_scheme(s).name
-        if not is_selector(n):
-            out[n] = s
-            continue
-        hit = [t for t in model.tensors if parse_selector(n).matches(t)]
-        if not hit:
-            raise WorkbenchError(f"--pin {n}: no tensor of the model matches", path=model.path)
-        for t in hit:
-            out.setdefault(t, s)
-    for p in out:
-        if p not in model.tensors:
-            raise WorkbenchError(f"pinned tensor {p!r} is not in the model", path=model.path)
-    return out
-
-
 def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str] = AUTO,
                   measure: str = AUTO, calib=None, imatrix=None, samples: int | None = None,
                   target: str = "any", pins: Mapping[str, str] | None = None,
@@ -482,6 +455,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     from . import budget as budgets
     from .allocate_methods import parse_methods, plan_with_methods, weigh_methods
     from .evaluate import evaluate
+    from .moe import expand_pins
     from .progress import run as run_job
     from .sensitivity import below_smallest_message, size_floor
     drive = _driver(progress, cancel, driver)
@@ -493,7 +467,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
         schemes = table.schemes
     names = parse_schemes(schemes, target)
     parse_methods(methods)          # a bad methods text is refused before anything is measured
-    pins = expand_pins(model, pins or {})
+    pins = expand_pins(model, pins or {})   # moe: selectors, names checked
     cheapest, params = size_floor(model, names, target, pins)
     want = int(budget.value) if budget.kind == "bytes" else int(budget.value * params / 8.0 + 1e-9)
     if (budget.kind == "bytes" or (budget.kind == "bpw" and budget.over == "all")) \

@@ -79,6 +79,28 @@ def parse_selector(match: str) -> Selector:
     return Selector(KINDS[kind], proj, first, last)
 
 
+def expand_pins(model, pins) -> dict[str, str]:
+    """{tensor: scheme} of allocate's pins ({tensor or moe: selector: scheme}): a selector
+    becomes one pin per tensor it addresses (an exact name before it wins); scheme names are
+    resolved, and a pinned tensor the model lacks is a WorkbenchError."""
+    from .schemes import get_scheme
+    out: dict[str, str] = {}
+    for n, s in pins.items():
+        s = get_scheme(s).name
+        if not is_selector(n):
+            out[n] = s
+            continue
+        hit = [t for t in model.tensors if parse_selector(n).matches(t)]
+        if not hit:
+            raise WorkbenchError(f"--pin {n}: no tensor of the model matches", path=model.path)
+        for t in hit:
+            out.setdefault(t, s)
+    for p in out:
+        if p not in model.tensors:
+            raise WorkbenchError(f"pinned tensor {p!r} is not in the model", path=model.path)
+    return out
+
+
 # ---- groups -----------------------------------------------------------------------------------
 def expert_groups(model, names=None) -> dict[str, list[str]]:
     """{'layer N experts PROJ': [tensor names]}: one projection's experts of one layer, in
