@@ -138,12 +138,15 @@ class Facts:
     fused: dict = field(default_factory=dict)     # layer -> [(name, n_expert)] (3-D tensors)
     routers: list = field(default_factory=list)   # (name, rows, cols)
     per_expert_name: dict = field(default_factory=dict)   # layer -> one per-expert tensor
+    mtp: set = field(default_factory=set)   # layers with multi-token-prediction tensors
 
 
 def _shape(info) -> tuple:
     return tuple(int(s) for s in info.shape)
 
 
+# what only a DeepSeek multi-token-prediction layer holds (past num_hidden_layers)
+_MTP = ("eh_proj.", "enorm.", "hnorm.", "shared_head.")
 # role of a block tensor by the rest of its name (after "<blocks>.<i>.")
 _ROLE = {**{r: "q" for r in _Q}, **{r: "k" for r in _K}, **{r: "v" for r in _V},
          **{r: "qkv" for r in _QKV}, **{r: "up" for r in _UP}, **{r: "router" for r in _ROUTER},
@@ -193,6 +196,8 @@ def facts(model) -> Facts:
         if i > top:
             top, f.last_layer = i, name
         if role is None and "experts." not in rest and "_exps." not in rest:
+            if rest.startswith(_MTP):
+                f.mtp.add(i)
             continue
         shape = _shape(info)
         rows = shape[0] if shape else 0
@@ -265,6 +270,13 @@ class _Checker:
             subs = [(f"{key}.{k}", v) for k, v in r.items() if isinstance(v, dict)]
             for label, d in [(key, r)] + subs:
                 self._rope(label, d)
+        arch = self.cfg.get("architectures")
+        if arch is not None and (not isinstance(arch, list)
+                                 or not all(isinstance(x, str) for x in arch)):
+            self.bad("architectures", arch, "not a list of class names")
+        mt = self.cfg.get("model_type")
+        if mt is not None and not isinstance(mt, str):
+            self.bad("model_type", mt, "not a string")
         lt = self.cfg.get("layer_types")
         if lt is not None:
             if not isinstance(lt, list) or not all(isinstance(x, str) for x in lt):
@@ -307,7 +319,9 @@ class _Checker:
             extra = c.get("num_nextn_predict_layers") or 0
             if f.n_layers == 0:
                 self.fail(f"{self.label(lk)} is {_fmt(layers)}, but the weights hold no layer")
-            if not layers <= f.n_layers <= layers + extra:
+            # layers past the count only as DeepSeek's multi-token-prediction layers
+            mtp_ok = all(i in f.mtp for i in range(layers, f.n_layers))
+            if not layers <= f.n_layers <= layers + extra or not mtp_ok:
                 held = f"{f.n_layers} layers (up to {f.last_layer})"
                 self.fail(f"{self.label(lk)} is {_fmt(layers)}, but the weights hold {held}")
         fk = c.get("first_k_dense_replace")

@@ -218,6 +218,24 @@ def command(cmd: str, folder: Path, out_dir: Path) -> tuple[list, Path | None]:
 
 
 def run_case(spec: dict, where: Path) -> None:
+    """run_case with file descriptor 1 sent to /dev/null: a library writing to the real
+    stdout (not sys.stdout) would break the worker's one-JSON-line-per-case protocol."""
+    import os
+    import sys
+    sys.stdout.flush()
+    saved = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        _run_case(spec, where)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
+
+
+def _run_case(spec: dict, where: Path) -> None:
     """Carry out one spec; returns for exit 0, raises WorkbenchError for a clean exit 2 and
     Finding for anything else (see the module's doc)."""
     from .hostile import Finding, cli      # (hostile.py imports this module)

@@ -79,6 +79,9 @@ CONTRADICTIONS = [
     ("deepseek_v3", [["set", "num_attention_heads", 8]], ["num_attention_heads is 8",
                                                           "kv_b_proj"]),
     ("deepseek_v3", [["set", "first_k_dense_replace", 5]], ["first_k_dense_replace is 5"]),
+    # num_nextn_predict_layers is 1, but layer 1 is no multi-token-prediction layer
+    ("deepseek_v3", [["set", "num_hidden_layers", 1]], ["num_hidden_layers is 1", "2 layers"]),
+    ("llama", [["set", "architectures", 5]], ["architectures is 5", "not a list"]),
     ("mixtral", [["drop", "layers.0.block_sparse_moe.gate.weight"],
                  ["add", "model.layers.0.block_sparse_moe.gate.weight", [6, 256]]],
      ["the router", "6 rows"]),
@@ -312,3 +315,17 @@ def test_no_metadata_only_gguf(tiny_arch, tmp_path):
                     tmp_path / "o.gguf")
     assert rc == 2 and "no tensor of the model" in line, line
     assert not (tmp_path / "o.gguf").exists()
+
+
+def test_deepseek_multi_token_prediction_layers_past_the_count_pass(tiny_arch, tmp_path):
+    """DeepSeek-V3 checkpoints hold num_nextn_predict_layers layers past num_hidden_layers,
+    recognized by their own tensors (eh_proj, enorm, hnorm); llama.cpp's converter drops them."""
+    folder = hostile_folder("deepseek_v3", [["add", "model.layers.2.eh_proj.weight", [256, 512]],
+                                            ["add", "model.layers.2.enorm.weight", [256]],
+                                            ["add", "model.layers.2.hnorm.weight", [256]]],
+                            tmp_path, tiny_arch("deepseek_v3"))
+    _check(folder)
+    from workbench.export.gguf_arch import hf_target
+    t, why = hf_target(open_model(folder))
+    assert t is not None, why
+    assert not any("eh_proj" in o.sources[0] for o in t.layout)
