@@ -165,8 +165,9 @@ def _readable(p: Path, what: str) -> None:
     try:
         m = open_model(p)
     except WorkbenchError as exc:
-        raise WorkbenchError(f"--budget-of: {exc.problem}", path=exc.path or str(p),
-                             tensor=exc.tensor) from None
+        tensor = f"tensor '{exc.tensor}': " if exc.tensor else ""
+        raise WorkbenchError(f"--budget-of: {tensor}{exc.problem}",
+                             path=exc.path or str(p)) from None
     try:
         if not m.tensors:
             raise WorkbenchError(f"--budget-of: {what} file with no tensors is no budget",

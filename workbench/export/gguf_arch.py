@@ -582,6 +582,23 @@ def _pooling_type(folder: Path):
     return None
 
 
+def _check_vocab_sidecars(folder: Path) -> None:
+    """The files the `gguf` package's SpecialVocab reads beside tokenizer.json (already read
+    by _tokenizer_json), within their size limits and, for JSON, depth (its plain json.load
+    of a 1,000-deep tokenizer_config.json was a RecursionError): errors name the file."""
+    from ..limits import check_sidecar, load_sidecar_json
+    for name in ("tokenizer_config.json", "config.json", "chat_template.json"):
+        if (folder / name).is_file():
+            load_sidecar_json(folder / name, name)
+    for name in ("merges.txt", "chat_template.jinja"):
+        if (folder / name).is_file():
+            check_sidecar(folder / name, name)
+    extra = folder / "additional_chat_templates"
+    if extra.is_dir():
+        for f in sorted(extra.glob("*.jinja"))[:1000]:
+            check_sidecar(f, f"additional_chat_templates/{f.name}")
+
+
 def _tokenizer_json(folder: Path) -> dict:
     path = folder / "tokenizer.json"
     from ..limits import load_sidecar_json
@@ -671,6 +688,7 @@ def _write_vocab(writer, t: HFTarget, tok: dict, model: dict, id_to_tok: dict, a
             s = s[2:] if s.startswith("##") else "\u2581" + s
         tokens.append(s)
         types.append(kind)
+    _check_vocab_sidecars(t.folder)   # gguf.SpecialVocab reads them with plain json.load
     if wpm:
         writer.add_tokenizer_model("bert")
         writer.add_tokenizer_pre("default")
