@@ -79,3 +79,31 @@ def test_budgets_and_plans(demo_model_path, tmp_path):
               "measure", "measure_reason", "accounting"):
         assert cli[k] == d[k], k
     assert list(cli) == list(d)
+
+
+def test_no_domain_function_takes_the_command_line():
+    """Below the CLI (workbench/ outside cli/ and the bench/ entry points) no module imports
+    workbench.cli, and no function takes argparse's parsed `args` (a parameter named args
+    read as a namespace), except a module's own `main(argv)` that parses them itself."""
+    import ast
+    bad = []
+    for path in sorted((ROOT / "workbench").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(("workbench/cli/", "workbench/bench/")):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                mod = "." * node.level + (node.module or "")
+                if mod.lstrip(".").split(".")[0] == "cli" or mod.startswith("workbench.cli"):
+                    bad.append(f"{rel}:{node.lineno} imports {mod}")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [a.arg for a in node.args.posonlyargs + node.args.args
+                         + node.args.kwonlyargs]
+                # a parameter `args` read as a namespace (args.flag; a dict's .get is not)
+                flags = {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+                         and isinstance(n.value, ast.Name) and n.value.id == "args"}
+                if "args" in names and flags - {"get", "items", "keys", "values",
+                                                "model_dump"}:
+                    bad.append(f"{rel}:{node.lineno} {node.name}(args): {sorted(flags)}")
+    assert bad == []
