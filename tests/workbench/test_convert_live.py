@@ -162,3 +162,23 @@ def test_companion_file_errors_name_the_gguf(pairs):
         assert str(e) == f"{gguf} (its tokenizer.json, built from the GGUF's metadata): bad"
     finally:
         live.close()
+
+
+def test_qwen3_head_size_comes_from_the_ggufs_key_length(tiny_arch, tmp_path):
+    """transformers' Qwen3 GGUF config leaves head_dim at 128; llama.cpp reads
+    attention.key_length (64 here): the live model and convert both take the GGUF's."""
+    from workbench.convert.live import open_live
+    src = tiny_arch("qwen3")
+    (tmp_path / "g").mkdir()
+    q = tmp_path / "g" / "qwen3.gguf"
+    run(export(open_model(src), Plan(default="q8_0"), "gguf", q))
+    run(convert(q, "hf", tmp_path / "hf", dtype="f32"))
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["head_dim"] == 64
+    live = run(open_live(q))
+    try:
+        folder = open_model(tmp_path / "hf")
+        assert list(live.tensors) == list(folder.tensors)
+        for n in live.tensors:
+            np.testing.assert_array_equal(live.read(n), folder.read(n), err_msg=n)
+    finally:
+        live.close()

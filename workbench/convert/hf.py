@@ -144,11 +144,17 @@ def _clean_config(cfg) -> dict:
     return d
 
 
-def llama_cpp_semantics(cfg: dict, arch: str) -> None:
+def llama_cpp_semantics(cfg: dict, arch: str, metadata: dict | None = None) -> None:
     """Set what a GGUF leaves to llama.cpp's code where transformers' GGUF config guesses
-    otherwise. Gemma 3: llama.cpp scales queries by 1/sqrt(head_dim) (1/sqrt(hidden / heads)
-    for the 62-layer 27B: src/models/gemma3.cpp), transformers by 1/sqrt(query_pre_attn_scalar),
-    which its GGUF config leaves at the default 256."""
+    otherwise. The head size: llama.cpp reads `ARCH.attention.key_length` where the GGUF has
+    one (transformers' Qwen3 config leaves head_dim at its default 128). Gemma 3: llama.cpp
+    scales queries by 1/sqrt(head_dim) (1/sqrt(hidden / heads) for the 62-layer 27B:
+    src/models/gemma3.cpp), transformers by 1/sqrt(query_pre_attn_scalar), which its GGUF
+    config leaves at the default 256."""
+    kl = (metadata or {}).get(f"{arch}.attention.key_length")
+    if isinstance(kl, int) and kl > 0 and "head_dim" in cfg and \
+            (metadata or {}).get(f"{arch}.attention.value_length", kl) == kl:
+        cfg["head_dim"] = kl
     if arch == "gemma3" and cfg.get("head_dim"):
         if cfg.get("num_hidden_layers") == 62:
             cfg["query_pre_attn_scalar"] = cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -196,7 +202,7 @@ def write_hf(view, out: Path, dtype: str = "bf16"):
         cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(model.path),
                                       "reading the config and tokenizer (transformers)")
         cfg["dtype"] = TORCH_NAMES[dtype]
-        llama_cpp_semantics(cfg, arch)
+        llama_cpp_semantics(cfg, arch, model.metadata)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         tok.save_pretrained(str(tmp))
         names = HFNames(view, tmp)     # reads tmp/config.json

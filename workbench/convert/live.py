@@ -235,7 +235,7 @@ def open_live(path):
         cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(str(p)),
                                       "reading the GGUF's config and tokenizer (transformers)")
         cfg["dtype"] = "float32"
-        llama_cpp_semantics(cfg, arch)
+        llama_cpp_semantics(cfg, arch, src.metadata)
         import json
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         tok.save_pretrained(str(tmp))
