@@ -207,7 +207,8 @@ def test_diff_of_a_hostile_compressed_tensors_target_ends(tmp_path):
     assert time.perf_counter() - t0 < 60
 
 
-@pytest.mark.parametrize("what", ["config", "ct-config", "index", "tokenizer_config"])
+@pytest.mark.parametrize("what", ["config", "ct-config", "index", "tokenizer_config",
+                                  "tokenizer_config-gguf"])
 def test_deep_json_sidecar_is_exit_2_naming_it(tmp_path, what):
     folder = _demo_copy(tmp_path)
     deep = '{"a": ' + "[" * 200_000 + "]" * 200_000 + "}"
@@ -223,9 +224,13 @@ def test_deep_json_sidecar_is_exit_2_naming_it(tmp_path, what):
         (folder / "model.safetensors.index.json").write_text(deep)
         argv = ["inspect", folder]
         name = "model.safetensors.index.json"
-    else:
+    elif what == "tokenizer_config":
         (folder / "tokenizer_config.json").write_text(deep)
         argv = ["check", folder, "--scheme", "q8_0", "--chunks", "1", "--ctx", "16"]
+        name = "tokenizer_config.json"
+    else:   # read by the gguf package's SpecialVocab (plain json.load: was exit 3)
+        (folder / "tokenizer_config.json").write_text('{"a":' * 1000 + "1" + "}" * 1000)
+        argv = ["export", folder, "--scheme", "q8_0", "--format", "gguf", "-o", tmp_path / "o.gguf"]
         name = "tokenizer_config.json"
     rc, err = _main(*argv)
     assert rc == 2, err
