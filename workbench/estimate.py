@@ -50,6 +50,49 @@ def sample_rows(rows: int, cols: int, elements: int = SAMPLE_ELEMENTS) -> np.nda
     return np.unique(np.linspace(0, rows - 1, k).round().astype(np.int64))
 
 
+def proportional_rows(scores, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row indices, weights): `limit` rows drawn with probability proportional to `scores`
+    (each row's share of the error: a_i · |W_i|²), systematically and deterministically, with
+    Horvitz-Thompson weights, so that Σ_sample weight_i · e_i estimates Σ_all e_i; rows whose
+    share alone is worth a draw are taken with weight 1. All rows (weights 1) when there are
+    no more than `limit`. Proportional draws keep the ratio of two methods' errors close to
+    the whole tensor's when a few rows carry most of the error."""
+    s = np.asarray(scores, np.float64).reshape(-1)
+    n = len(s)
+    if n <= limit:
+        return np.arange(n), np.ones(n)
+    s = np.where(np.isfinite(s) & (s > 0), s, 0.0)
+    if not s.sum() > 0:
+        s = np.ones(n)
+    certain = np.zeros(n, bool)
+    for _ in range(8):            # rows worth a whole draw each are taken for certain
+        k = limit - int(certain.sum())
+        rest = np.where(certain, 0.0, s)
+        tot = rest.sum()
+        if k <= 0 or tot <= 0:
+            break
+        big = ~certain & (rest * k >= tot)
+        if not big.any():
+            break
+        certain |= big
+    k = limit - int(certain.sum())
+    idx = list(np.flatnonzero(certain))
+    w = [1.0] * len(idx)
+    rest = np.where(certain, 0.0, s)
+    tot = rest.sum()
+    if k > 0 and tot > 0:
+        p = rest * k / tot                      # inclusion probabilities, each < 1
+        c = np.cumsum(p)
+        points = np.arange(k) + 0.5             # a fixed start: the same rows every run
+        picks = np.searchsorted(c, points, side="right")
+        picks = np.unique(np.clip(picks, 0, n - 1))
+        picks = picks[p[picks] > 0]
+        idx += list(picks)
+        w += list(1.0 / p[picks])
+    order = np.argsort(idx)
+    return np.asarray(idx, np.int64)[order], np.asarray(w, np.float64)[order]
+
+
 def row_independent(scheme) -> bool:
     """Whether each row's quantization depends on that row only (no per-tensor scale)."""
     from .schemes.granularity import PerTensor

@@ -172,10 +172,13 @@ class HeadGrads:
         self.pairs = []
 
 
-def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 0):
+def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 0,
+                on_final=None):
     """Job: ({param name: sum of squared probe gradients / probes (float32, the parameter's
     shape; a `SquareSums`, large ones memory-mapped files)}, count) — see
-    workbench.sensitivity.fisher_diagonals for the probes."""
+    workbench.sensitivity.fisher_diagonals for the probes. `on_final(param names, acc,
+    count)`: called as soon as those parameters' sums are final (a block's once its backward
+    is done, the rest at the end), so a caller can start on them while the pass goes on."""
     import torch
     gen = torch.Generator().manual_seed(seed)
     budget = new_budget()
@@ -259,6 +262,9 @@ def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 
         finally:
             runner.release(pn)
         stores[i + 1].close() if i + 1 < L else None
+        if on_final is not None:         # (a parameter that blocks share waits for the last)
+            later = {p for j in range(i) for p in runner.layer_params[j]} | set(runner.pre_params)
+            on_final([p for p in pn if p not in later], acc, count)
     # the embeddings: their forward again, with gradients, up to the first block
     runner.materialize(runner.pre_params, grad=True)
     try:
@@ -276,6 +282,8 @@ def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 
         runner.release(runner.pre_params)
         stores[0].close()
         grads.close()
+    if on_final is not None:
+        on_final(list(acc), acc, count)     # the rest (the callee skips what it has had)
     return acc, count
 
 

@@ -1,0 +1,101 @@
+"""The fisher measure's per-scheme errors (workbench.sensitivity.fisher_errors): a tall tensor's
+errors under row-local schemes come from a proportional sample of its rows and track the exact
+sums; candidates a runtime maps to one scheme are measured once."""
+
+import numpy as np
+import pytest
+
+from workbench import sensitivity as S
+from workbench.loaders import open_model
+from workbench.progress import run
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+SCHEMES = ["q2_k", "q3_k", "q4_0", "q4_k", "q5_1", "q6_k", "q8_0", "iq4_nl"]
+
+
+def _model(tmp_path, rows=3000, cols=256, seed=0):
+    rng = np.random.default_rng(seed)
+    tall = rng.standard_normal((rows, cols)).astype(np.float32)
+    tall[rng.integers(0, rows, 40)] *= 6            # a few rows carry much of the error
+    tall[:, 7] *= 4                                 # and one input channel
+    small = rng.standard_normal((512, cols)).astype(np.float32)
+    path = tmp_path / "m.safetensors"
+    safetensors_numpy.save_file({"tall.weight": tall, "small.weight": small}, str(path))
+    # a Fisher diagonal with heavy tails along rows and columns, like a real model's
+    f_row = rng.lognormal(0, 1.5, (rows, 1))
+    f_col = rng.lognormal(0, 1.0, (1, cols))
+    diag = {"tall.weight": (f_row * f_col).astype(np.float32),
+            "small.weight": rng.lognormal(0, 1, (512, cols)).astype(np.float32)}
+    return open_model(path), diag
+
+
+def test_sampled_rows_track_the_exact_errors(tmp_path):
+    model, diag = _model(tmp_path)
+    exact = run(S.fisher_errors(model, SCHEMES, diag, 10, rows_sampled=False))
+    sampled = run(S.fisher_errors(model, SCHEMES, diag, 10))
+    for s in SCHEMES:
+        # the small tensor (no more than ERROR_ROWS_MIN rows) is measured on every row
+        assert sampled[("small.weight", s)] == exact[("small.weight", s)]
+        rel = sampled[("tall.weight", s)] / exact[("tall.weight", s)] - 1
+        assert abs(rel) < 0.05, (s, rel)
+        assert sampled[("tall.weight", s)] != exact[("tall.weight", s)]   # it did sample
+    # what decides the allocation, one scheme's error against another's, much closer still
+    for a, b in [("q4_0", "q4_k"), ("q5_1", "q6_k"), ("q3_k", "iq4_nl")]:
+        r_s = sampled[("tall.weight", a)] / sampled[("tall.weight", b)]
+        r_e = exact[("tall.weight", a)] / exact[("tall.weight", b)]
+        assert abs(r_s / r_e - 1) < 0.02, (a, b, r_s, r_e)
+
+
+def test_sampling_draws_rows_by_their_error_share(tmp_path):
+    model, diag = _model(tmp_path)
+    wm = model.read_matrix("tall.weight")
+    idx, fs, ws = S._error_rows(diag["tall.weight"], wm)
+    assert len(idx) == wm.shape[0] // S.ERROR_ROW_FRACTION
+    assert np.array_equal(ws, wm[idx])
+    share = np.einsum("ij,ij,ij->i", diag["tall.weight"], wm, wm)
+    top = np.argsort(share)[-20:]                   # the heaviest rows are always drawn
+    assert set(top) <= set(idx.tolist())
+    assert S._error_rows(diag["small.weight"], model.read_matrix("small.weight")) is None
+
+
+def test_a_runtimes_fallbacks_are_measured_once(tmp_path, monkeypatch):
+    """llama.cpp stores a K-quant of a tensor whose rows are not a multiple of 256 as its
+    fallback (q4_k -> q5_0, q6_k -> q8_0): those candidates share one measurement."""
+    model, diag = _model(tmp_path, rows=512, cols=96)
+    calls = []
+    real = S._fisher_error
+
+    def counting(model, n, info, applied, *a):
+        calls.append((n, applied))
+        return real(model, n, info, applied, *a)
+    monkeypatch.setattr(S, "_fisher_error", counting)
+    out = run(S.fisher_errors(model, ["q4_k", "q5_0", "q6_k", "q8_0"], diag, 1,
+                              runtime="llama.cpp"))
+    assert out[("tall.weight", "q4_k")] == out[("tall.weight", "q5_0")] > 0
+    assert out[("tall.weight", "q6_k")] == out[("tall.weight", "q8_0")] > 0
+    assert out[("tall.weight", "q4_k")] > out[("tall.weight", "q8_0")]
+    assert sorted(calls) == sorted((n, s) for n in ("small.weight", "tall.weight")
+                                   for s in ("q5_0", "q8_0"))
+
+
+def test_errors_measured_during_the_pass_equal_those_measured_after(tiny_arch, monkeypatch):
+    """The fisher table's errors come partly from a worker thread fed block by block during
+    the output-gradient pass (EarlyFisherErrors): the same values as measuring every tensor
+    after the pass, and the blocks' tensors are among those measured early."""
+    folder = tiny_arch("llama")
+    model = open_model(str(folder))
+    schemes = ["q4_0", "q8_0", "int4-g32"]
+    early = S.EarlyFisherErrors(model, schemes)
+    try:
+        diag, count = run(S.fisher_diagonals(model, samples=6, max_len=24, batch_size=4,
+                                             early=early))
+        during = run(S.fisher_errors(model, schemes, diag, count, early=early))
+    finally:
+        early.close()
+    measured_early = {n for n, _ in early.pending()}
+    assert any(".layers.0." in n for n in measured_early)
+    assert any(".layers.1." in n for n in measured_early)
+    after = run(S.fisher_errors(model, schemes, diag, count))
+    assert during == after
+    assert sum(v > 0 for v in after.values()) >= len(measured_early) * len(schemes) // 2
