@@ -37,6 +37,9 @@ from .errors import WorkbenchError
 #: near it)
 MAX_COUNT = (1 << 31) - 1
 
+#: the largest magnitude of a float hyper-parameter (softcapping, rope theta, ...)
+FLOAT_MAX = 1e30
+
 # key aliases: the first one present (not null) is the config's value
 LAYERS = ("num_hidden_layers", "n_layer")
 HIDDEN = ("hidden_size", "n_embd", "d_model")
@@ -287,6 +290,9 @@ class _Checker:
             self.bad(key, v, "not a number")
         if not math.isfinite(float(v)):
             self.bad(key, v, "not a finite number")
+        if abs(v) > FLOAT_MAX:
+            self.bad(key, v, f"beyond the {FLOAT_MAX:g} allowed (the network computes in "
+                     "float32, whose range ends at 3.4e38)")
         if v < low or (v == low and not incl) or v > high:
             rng = f"{'[' if incl else '('}{_fmt(low)}, {_fmt(high) if high < math.inf else '∞'}"
             self.bad(key, v, f"outside {rng}{']' if high < math.inf else ')'}")

@@ -143,6 +143,7 @@ def test_counts_beyond_the_weights_are_refused_at_once(tiny_arch, tmp_path, arch
     ("vocab_size", "512", "not an integer"),
     ("rms_norm_eps", float("nan"), "not a finite number"),
     ("rope_theta", -1.0, "outside"),
+    ("final_logit_softcapping", 1e308, "beyond the 1e+30 allowed"),
     ("rope_parameters", {"rope_type": "yarn", "factor": "x", "rope_theta": 1e4},
      "rope_parameters.factor is 'x'"),
     ("rope_parameters", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0,
