@@ -303,6 +303,22 @@ def _fisher_error(model, n, info, applied, f, w, wm, rows, count, dequantized) -
     return val
 
 
+def predicted_unit(model, measure: str) -> str:
+    """What a table's totals (the allocator's objective, frontier's "predicted") are in:
+    ``kl`` (mean KL divergence of the next-token distributions, nats per token: the fisher and
+    output measures on a causal LM; `check`'s ``kl_mean`` measures the same), ``1-cosine``
+    (the same measures on an encoder: mean 1 - cosine of the pooled embeddings, `check`'s
+    1 - ``cosine_mean``), else ``sensitivity`` (weight / activation: no output units)."""
+    if measure not in ("fisher", "output"):
+        return "sensitivity"
+    try:
+        from .runner import model_kind, read_config
+        kind = model_kind(read_config(model))
+    except Exception:                                # not runnable: no output units
+        return "sensitivity"
+    return "1-cosine" if kind == "encoder" else "kl"
+
+
 def tensor_fisher_errors(model, n, schemes, f, count: int, runtime: str = "any",
                          rows_sampled: bool = True) -> dict:
     """{(n, scheme): 1/2 sum_ij F_ij dW_ij^2 / count} for tensor `n` and its F `f` (None: the

@@ -99,3 +99,23 @@ def test_errors_measured_during_the_pass_equal_those_measured_after(tiny_arch, m
     after = run(S.fisher_errors(model, schemes, diag, count))
     assert during == after
     assert sum(v > 0 for v in after.values()) >= len(measured_early) * len(schemes) // 2
+
+
+def test_the_objective_says_its_unit(tiny_arch, tmp_path, capsys):
+    """On a causal LM the fisher total is a predicted mean KL per token (check's kl_mean), on
+    an encoder a predicted 1 - cosine; weight and activation totals have no output units.
+    allocate and frontier say so in their text and JSON (predicted_unit)."""
+    import json
+
+    from workbench.cli import main
+    llama, bert = tiny_arch("llama"), tiny_arch("bert")
+    assert S.predicted_unit(open_model(str(llama)), "fisher") == "kl"
+    assert S.predicted_unit(open_model(str(bert)), "output") == "1-cosine"
+    assert S.predicted_unit(open_model(str(llama)), "weight") == "sensitivity"
+    assert main(["allocate", str(llama), "--budget-bpw", "5", "--samples", "4",
+                 "--methods", "rtn", "-o", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "predicted KL divergence" in out and "nats/token" in out, out
+    assert main(["frontier", str(llama), "--points", "2", "--samples", "4", "--recipes", "",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["predicted_unit"] == "kl"

@@ -78,6 +78,8 @@ def run(args) -> int:
                           driver=lambda job: drive(job, quiet=args.json), say=say,
                           notes=not args.json)
     out = a.to_dict(args.output)
+    from ...sensitivity import predicted_unit
+    out["predicted_unit"] = predicted_unit(model, a.measure)
     if args.json:
         print_json(out)
         return 0
@@ -90,7 +92,10 @@ def run(args) -> int:
                                else "no Linear weights")
           + (f", {fb['format']} file {fb['bytes']:,d} bytes" if fb else "")
           + f"; model SQNR {t.sqnr_db:.2f} dB")
-    print(f"  {a.measure} sensitivity ({out['measure_reason']}) total {sol.error:.6g} "
+    what = {"kl": "predicted KL divergence", "1-cosine": "predicted 1 - cosine"}.get(
+        out["predicted_unit"], "total")
+    unit = " nats/token" if out["predicted_unit"] == "kl" else ""
+    print(f"  {a.measure} sensitivity ({out['measure_reason']}) {what} {sol.error:.6g}{unit} "
           f"({'optimal' if sol.exact else f'lower bound {sol.bound:.6g}'}); "
           f"solved in {1000 * a.seconds['solve']:.1f} ms")
     print("  " + ", ".join(f"{s}: {c}" for s, c in out["schemes"].items() if c))

@@ -51,8 +51,11 @@ def run(args) -> int:
     if f.recipe_error is not None and not args.json:
         print(f"(no recipe points: {f.recipe_error})")
     points = f.points
+    from ...sensitivity import predicted_unit
+    unit = predicted_unit(model, table.measure)
     if args.json:
         print_json({"measure": table.measure, "measure_reason": table.measure_reason,
+                    "predicted_unit": unit,
                     "target": table.runtime, "params": table.params,
                     "schemes": schemes, "seconds": secs,
                     "points": [p.to_dict(with_assignment=True) for p in points]})
@@ -66,7 +69,11 @@ def run(args) -> int:
         if p.checked:
             cols = [k for k in p.checked if k not in ("model_kind", "samples", "tokens")]
             break
-    print(f"{'point':<22} {'budget':>7} {'bpw':>7} {'bytes':>12} {'predicted':>11}"
+    if unit == "kl":
+        print("predicted: the fisher / output estimate of the mean KL divergence per token "
+              "(nats), the quantity check's kl_mean measures")
+    head = {"kl": "pred. KL", "1-cosine": "pred. 1-cos"}.get(unit, "predicted")
+    print(f"{'point':<22} {'budget':>7} {'bpw':>7} {'bytes':>12} {head:>11}"
           + "".join(f" {c:>11}" for c in cols))
     for p in points:
         b = f"{p.budget_bpw:.3f}" if p.budget_bpw is not None else "-"
