@@ -56,8 +56,11 @@ class Session:
     def load(cls, path) -> "Session":
         p = Path(path)
         try:
-            from workbench.limits import loads
-            data = loads(p.read_bytes(), str(p), "session JSON")
+            from workbench.limits import MAX_JSON_BYTES, loads, read_sidecar
+            if not p.exists():
+                raise FileNotFoundError(str(p))
+            # its size before any byte is read, a regular file (not a FIFO)
+            data = loads(read_sidecar(p, "session JSON", MAX_JSON_BYTES), str(p), "session JSON")
         except FileNotFoundError:
             raise WorkbenchError("session file not found", path=str(p)) from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

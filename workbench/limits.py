@@ -361,9 +361,9 @@ def _mib(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n:,} bytes"
 
 
-def check_sidecar(path, what: str | None = None) -> int:
+def check_sidecar(path, what: str | None = None, limit: int | None = None) -> int:
     """The size of the sidecar file `path`, or a WorkbenchError naming it when it is over its
-    limit (sidecar_limit) or not a regular file. Nothing is read."""
+    limit (`limit`, default sidecar_limit) or not a regular file. Nothing is read."""
     import os
     import stat
     from pathlib import Path
@@ -374,20 +374,21 @@ def check_sidecar(path, what: str | None = None) -> int:
         raise WorkbenchError(f"cannot read {what} ({exc.strerror})", path=str(path)) from None
     if not stat.S_ISREG(st.st_mode):
         raise WorkbenchError(f"{what} is not a regular file", path=str(path))
-    limit = sidecar_limit(path)
+    limit = sidecar_limit(path) if limit is None else limit
     if st.st_size > limit:
         raise WorkbenchError(f"{what} is {st.st_size:,} bytes, over the {_mib(limit)} limit "
                              "for this file: refused, not read", path=str(path))
     return st.st_size
 
 
-def read_sidecar(path, what: str | None = None) -> bytes:
-    """The bytes of a sidecar file within its limit (check_sidecar first; a file that grew
-    past the limit meanwhile is refused the same way)."""
+def read_sidecar(path, what: str | None = None, limit: int | None = None) -> bytes:
+    """The bytes of a sidecar file (or any JSON input: plans, sessions, with `limit`) within
+    its limit (check_sidecar first; a file that grew past the limit meanwhile is refused the
+    same way)."""
     from pathlib import Path
     what = what or Path(path).name
-    check_sidecar(path, what)
-    limit = sidecar_limit(path)
+    limit = sidecar_limit(path) if limit is None else limit
+    check_sidecar(path, what, limit)
     try:
         with open(path, "rb") as fh:
             data = fh.read(limit + 1)

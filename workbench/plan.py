@@ -420,11 +420,14 @@ class Plan:
     @classmethod
     def load(cls, path) -> "Plan":
         p = Path(path)
+        if not p.exists():
+            raise WorkbenchError("plan file not found", path=str(p))
+        from .limits import MAX_JSON_BYTES, read_sidecar
+        # its size before any byte is read (an 8 GB sparse file), a regular file (not a FIFO)
+        raw = read_sidecar(p, "plan JSON", MAX_JSON_BYTES)
         try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise WorkbenchError("plan file not found", path=str(p)) from None
-        except (OSError, UnicodeDecodeError) as exc:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
             raise WorkbenchError(f"cannot read plan ({exc})", path=str(p)) from None
         return cls.from_json(text, str(p))
 

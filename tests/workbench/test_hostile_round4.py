@@ -405,3 +405,22 @@ def test_cluster_local_n_is_capped_by_the_cores(monkeypatch):
     for bad in ("local:0", "local:\u00b2", "local:-3", "local:1e3"):
         with pytest.raises(WorkbenchError, match="whole number of at least 1"):
             cluster.parse_spec(bad)
+
+
+@pytest.mark.parametrize("kind", ["plan", "session"])
+def test_plan_and_session_sizes_are_checked_before_reading(tmp_path, kind):
+    big = tmp_path / f"big.{kind}.json"
+    big.write_text("{}")
+    os.truncate(big, 8 << 30)
+    fifo = tmp_path / f"fifo.{kind}.json"
+    os.mkfifo(fifo)
+    if kind == "plan":
+        from workbench.plan import Plan as load_from
+    else:
+        from app.session import Session as load_from
+    with pytest.raises(WorkbenchError, match=r"is 8,589,934,592 bytes, over the 64 MiB limit"):
+        load_from.load(big)
+    with pytest.raises(WorkbenchError, match="not a regular file"):   # (it would block)
+        load_from.load(fifo)
+    with pytest.raises(WorkbenchError, match="file not found"):
+        load_from.load(tmp_path / "none.json")
