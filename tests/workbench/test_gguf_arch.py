@@ -398,3 +398,31 @@ def test_sentencepiece_style_detection():
     assert _spm_style(tok(rep, split, fallback=False)) is None
     assert _spm_style(tok(None, {"type": "ByteLevel", "use_regex": True})) is None
     assert _spm_style(tok(None, split)) is None      # nothing turns spaces into U+2581
+
+
+def test_tokenizer_key_values_are_written_once_and_replayed(tiny_arch, tmp_path, monkeypatch):
+    """A file budget writes the header of each plan it tries (layout_bytes): the tokenizer's
+    key/values are made once per tokenizer and replayed, byte for byte; an edited tokenizer
+    file is read again."""
+    import shutil
+
+    from workbench.export import gguf_arch, gguf_file
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_arch("llama"), folder)
+    calls = []
+    real = gguf_arch.write_tokenizer
+    monkeypatch.setattr(gguf_arch, "write_tokenizer", lambda w, t: calls.append(1) or real(w, t))
+    monkeypatch.setattr(gguf_file, "_TOKENIZER_KV", {})
+    model = open_model(folder)
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    run(export(model, Plan(default="q8_0"), "gguf", a))
+    lay = gguf_file.layout_bytes(model, Plan(default="q8_0"))
+    run(export(model, Plan(default="q8_0"), "gguf", b))
+    assert len(calls) == 1
+    assert a.read_bytes() == b.read_bytes() and lay["file"] == a.stat().st_size
+    tj = folder / "tokenizer.json"
+    tok = json.loads(tj.read_text())
+    tok["added_tokens"] = tok.get("added_tokens", [])      # the same content, rewritten
+    tj.write_text(json.dumps(tok) + " ")
+    run(export(open_model(folder), Plan(default="q8_0"), "gguf", b))
+    assert len(calls) == 2

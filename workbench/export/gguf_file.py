@@ -229,17 +229,83 @@ def _fast_writer_class():
                     and (sub_type == VT.STRING or (sub_type in fmts and sub_type != VT.BOOL))):
                 head = (struct.pack("<I", int(VT.ARRAY)) if add_vtype else b"") + struct.pack(
                     "<IQ", int(sub_type), len(val))
-                if sub_type == VT.STRING:
-                    items = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in val]
-                    lens = np.fromiter((len(b) for b in items), np.uint64, len(items))
-                    parts = [None] * (2 * len(items))
-                    parts[0::2] = [x.tobytes() for x in lens.astype("<u8")]
-                    parts[1::2] = items
-                    return head + b"".join(parts)
-                return head + np.asarray(val).astype("<" + fmts[sub_type]).tobytes()
+                memo = _PACKED.get(id(val))
+                if memo is not None and memo[0] is val and memo[1] == (sub_type, add_vtype):
+                    return memo[2]       # a replayed vocabulary (_write_tokenizer_once)
+                packed = self._pack_array(val, sub_type, head)
+                if len(val) >= 4096:
+                    if len(_PACKED) >= 8:
+                        _PACKED.clear()
+                    _PACKED[id(val)] = (val, (sub_type, add_vtype), packed)
+                return packed
             return super()._pack_val(val, vtype, add_vtype, sub_type=sub_type)
 
+        def _pack_array(self, val, sub_type, head):
+            if sub_type == VT.STRING:
+                items = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in val]
+                lens = np.fromiter((len(b) for b in items), np.uint64, len(items))
+                parts = [None] * (2 * len(items))
+                parts[0::2] = [x.tobytes() for x in lens.astype("<u8")]
+                parts[1::2] = items
+                return head + b"".join(parts)
+            return head + np.asarray(val).astype("<" + fmts[sub_type]).tobytes()
+
     return FastKVWriter
+
+
+#: {id(list): (the list, (type, flag), packed bytes)} of large arrays packed lately; the list is
+#: held, so its id is not reused while the entry lives
+_PACKED: dict = {}
+
+
+class _Recorder:
+    """Passes a writer's ``add_*`` calls through and records them, for `_write_tokenizer_once`."""
+
+    def __init__(self, writer):
+        self._writer = writer
+        self.calls: list = []
+
+    def __getattr__(self, name):
+        attr = getattr(self._writer, name)
+        if not (name.startswith("add_") and callable(attr)):
+            return attr
+
+        def call(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            return attr(*args, **kwargs)
+        return call
+
+
+#: {(folder, its sidecar files' signatures): (vocabulary size, tokens, recorded calls)}
+_TOKENIZER_KV: dict = {}
+
+
+def _write_tokenizer_once(writer, hf) -> int:
+    """`write_tokenizer`, its key/values recorded once per tokenizer and replayed after: a file
+    budget writes the header of every plan it tries (`layout_bytes`), and a 49k-262k token
+    vocabulary took a second or more each time. The key is the folder and the size and
+    mtime of every file in it but the weights, so an edited tokenizer is read again."""
+    from .gguf_arch import write_tokenizer
+    from ..stats import file_signature
+    folder = Path(hf.folder)
+    try:
+        side = tuple(sorted((p.name, file_signature(p)) for p in folder.iterdir()
+                            if p.suffix not in (".safetensors", ".bin", ".gguf", ".pt", ".pth")))
+    except OSError:
+        return write_tokenizer(writer, hf)
+    key = (str(folder.resolve()), side)
+    hit = _TOKENIZER_KV.get(key)
+    if hit is None:
+        rec = _Recorder(writer)
+        n = write_tokenizer(rec, hf)
+        _TOKENIZER_KV.clear()
+        _TOKENIZER_KV[key] = (n, hf.tokens, rec.calls)
+        return n
+    n, tokens, calls = hit
+    hf.tokens = tokens
+    for name, args, kwargs in calls:
+        getattr(writer, name)(*args, **kwargs)
+    return n
 
 
 def _copy_fields(writer, reader) -> list[str]:
@@ -647,7 +713,7 @@ def _write_head(writer, model, plan, prep: _Prepared):
             vocab_log.setLevel(logging.ERROR)  # "No handler for special token type cls"
             try:
                 write_hparams(writer, hf)
-                n_vocab = write_tokenizer(writer, hf)
+                n_vocab = _write_tokenizer_once(writer, hf)
             finally:
                 vocab_log.setLevel(level)
             why = name_breaks_loading(model_name, hf)
