@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import QComboBox, QStyledItemDelegate
 
@@ -107,6 +107,19 @@ class SchemeCombo(QComboBox):
         self.picker = PickerDelegate(doc, tensor or (lambda: doc.current), self)
         self.setItemDelegate(self.picker)
         doc.resultAdded.connect(self._result)
+
+    def setEditable(self, editable: bool) -> None:
+        super().setEditable(editable)
+        if editable:
+            # a double-click in the text field opens the grouped list (not only Alt+Down)
+            self.lineEdit().installEventFilter(self)
+
+    def eventFilter(self, obj, event) -> bool:
+        if (event.type() == QEvent.Type.MouseButtonDblClick and obj is self.lineEdit()
+                and not self.view().isVisible()):
+            self.showPopup()
+            return True
+        return super().eventFilter(obj, event)
 
     def _result(self, name, _scheme) -> None:
         if name == self.picker.tensor() and self.view().isVisible():

@@ -7,8 +7,8 @@ import re
 from workbench.errors import WorkbenchError
 from workbench.patterns import compile_pattern
 
-from PySide6.QtCore import (QItemSelection, QItemSelectionModel, QSortFilterProxyModel, Qt,
-                            Signal)
+from PySide6.QtCore import (QEvent, QItemSelection, QItemSelectionModel, QSortFilterProxyModel,
+                            Qt, QTimer, Signal)
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogButtonBox,
                                QFormLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
                                QMenu, QPushButton, QStyledItemDelegate, QTableView,
@@ -34,6 +34,13 @@ class SchemeDelegate(QStyledItemDelegate):
         super().__init__(parent)
         self.doc = doc
         self.predict = predict    # predict(name, schemes): evaluate them off the GUI thread
+        self._double_clicked = False
+
+    def editorEvent(self, event, model, option, index):
+        # the view hands the double-click to the delegate just before it opens the editor:
+        # an editor opened by the mouse opens its list too (the keyboard's keeps the text field)
+        self._double_clicked = event.type() == QEvent.Type.MouseButtonDblClick
+        return super().editorEvent(event, model, option, index)
 
     def createEditor(self, parent, option, index):
         from .scheme_picker import SchemeCombo, fill
@@ -48,6 +55,9 @@ class SchemeDelegate(QStyledItemDelegate):
         if self.predict is not None:
             combo.on_popup = lambda: self.predict(name, schemes)
             self.predict(name, schemes)
+        if self._double_clicked:
+            self._double_clicked = False
+            QTimer.singleShot(0, combo.showPopup)   # once the view has placed the editor
         return combo
 
     def setEditorData(self, editor, index):

@@ -1,0 +1,31 @@
+"""Issue 33, "small things from the same walk": the scheme picker opens on a double-click, the
+table's last column fits at 1600×1000, a dragged card stays selected, a tier box and its summary
+agree."""
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QComboBox
+
+from app.table_model import C_SCHEME
+
+Q = "model.layers.0.self_attn.q_proj.weight"
+
+
+def test_scheme_picker_list_opens_on_double_click(window, qtbot):
+    t = window.table
+    window.tabs.setCurrentIndex(0)
+    idx = t.view_index(t.model.row_of(Q), C_SCHEME)
+    t.view.scrollTo(idx)
+    # a double-click on the scheme cell opens the editor with its grouped list shown
+    pos = t.view.visualRect(idx).center()
+    qtbot.mouseClick(t.view.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+    assert t.view.findChild(QComboBox) is None      # one click only selects the row
+    qtbot.mouseDClick(t.view.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+    ed = t.view.findChild(QComboBox)
+    assert ed is not None
+    qtbot.waitUntil(lambda: ed.view().isVisible(), timeout=3000)
+    ed.hidePopup()
+    qtbot.waitUntil(lambda: not ed.view().isVisible(), timeout=3000)
+    # and a double-click in the editor's text field opens it again (not only Alt+Down)
+    qtbot.mouseDClick(ed.lineEdit(), Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: ed.view().isVisible(), timeout=3000)
+    ed.hidePopup()
