@@ -84,8 +84,7 @@ def read_config(model) -> dict:
     if not cfg_path.is_file():
         if getattr(model, "format", None) == "gguf":    # the CLI reads it through convert.live
             from .convert.live import unsupported_message
-            raise WorkbenchError(unsupported_message(model.metadata.get("general.architecture")),
-                                 path=str(model.path))
+            raise WorkbenchError(unsupported_message(model.metadata), path=str(model.path))
         raise WorkbenchError("not runnable: no config.json beside the weights (weight-only "
                              "features still work)", path=str(model.path))
     from .limits import load_sidecar_json

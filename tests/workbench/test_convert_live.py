@@ -182,3 +182,23 @@ def test_qwen3_head_size_comes_from_the_ggufs_key_length(tiny_arch, tmp_path):
             np.testing.assert_array_equal(live.read(n), folder.read(n), err_msg=n)
     finally:
         live.close()
+
+
+def test_a_gguf_without_tokenizer_stays_weight_level(tmp_path, capsys):
+    """A llama GGUF with no tokenizer or hyper-parameters cannot be built into a Hugging Face
+    model: evaluate reads its own tensors as before, check says what is missing."""
+    import gguf
+    path = tmp_path / "w.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("blk.0.ffn_up.weight", np.random.default_rng(0).standard_normal(
+        (8, 64)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert main(["evaluate", str(path), "--scheme", "q8_0", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["tensors"]
+    assert [r["name"] for r in rows] == ["blk.0.ffn_up.weight"]
+    assert main(["check", str(path), "--scheme", "q8_0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0] and "tokenizer.ggml.model" in err[0], err

@@ -48,10 +48,10 @@ def open_model_arg(args):
                                      "fly; write it once with `quant-workbench convert "
                                      "MODEL.gguf --to hf DIR` and give DIR", path=path)
             return drive(live.open_live(path))
-        arch = live.gguf_architecture(path) if command in MUST_RUN_COMMANDS else None
-        if arch is not None and not (Path(path).expanduser().parent / "config.json").exists():
+        md = live.gguf_metadata(path) if command in MUST_RUN_COMMANDS else None
+        if md is not None and not (Path(path).expanduser().parent / "config.json").exists():
             from ..errors import WorkbenchError
-            raise WorkbenchError(live.unsupported_message(arch), path=path)
+            raise WorkbenchError(live.unsupported_message(md), path=path)
     return open_model(path)
 
 

@@ -45,8 +45,8 @@ _STALE = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-")
 _COMPANIONS: dict[str, str] = {}     # companion folder -> the GGUF (error messages)
 
 
-def gguf_architecture(path) -> str | None:
-    """general.architecture of the GGUF at `path` (None: not a GGUF file or no such key)."""
+def gguf_metadata(path) -> dict | None:
+    """The key/values of the GGUF at `path` (None: not a GGUF file)."""
     p = Path(path)
     if not p.is_file():
         return None
@@ -59,30 +59,52 @@ def gguf_architecture(path) -> str | None:
     from ..loaders.gguf_format import open_gguf
     m = open_gguf(p)
     try:
-        arch = m.metadata.get("general.architecture")
+        return dict(m.metadata)
     finally:
         m.close()
+
+
+def gguf_architecture(path) -> str | None:
+    """general.architecture of the GGUF at `path` (None: not a GGUF file or no such key)."""
+    arch = (gguf_metadata(path) or {}).get("general.architecture")
     return arch if isinstance(arch, str) else None
+
+
+def live_problem(metadata: dict) -> str | None:
+    """Why a GGUF with these key/values cannot be read on the fly (None: it can): an
+    architecture not in LIVE_ARCHES, or no tokenizer / hyper-parameters to build the
+    config.json and tokenizer from."""
+    arch = metadata.get("general.architecture")
+    if arch not in LIVE_ARCHES:
+        return (f"GGUF architecture {arch!r} is not one the workbench converts on the fly "
+                f"({', '.join(LIVE_ARCHES)})")
+    missing = [k for k in ("tokenizer.ggml.model", f"{arch}.block_count",
+                           f"{arch}.embedding_length") if k not in metadata]
+    if missing:
+        return (f"this {arch} GGUF has no {missing[0]} in its metadata, so no config.json and "
+                "tokenizer can be built from it")
+    return None
 
 
 def wants_live(path) -> bool:
     """Whether a model-level command reads `path` through open_live: a GGUF file with no
     config.json beside it (a GGUF with one runs as before: llama.cpp names, mapped by the
-    runner) whose architecture is in LIVE_ARCHES. Any other GGUF is opened as it is (its
-    own tensors: weight-level work goes on; running it is refused, naming the architecture)."""
+    runner) that live_problem accepts. Any other GGUF is opened as it is (its own tensors:
+    weight-level work goes on; running it is refused, saying why)."""
     p = Path(path).expanduser()
     if not p.is_file() or (p.parent / "config.json").exists():
         return False
-    return gguf_architecture(p) in LIVE_ARCHES
+    md = gguf_metadata(p)
+    return md is not None and live_problem(md) is None
 
 
-def unsupported_message(arch) -> str:
-    if arch in LIVE_ARCHES:
+def unsupported_message(metadata: dict) -> str:
+    why = live_problem(metadata)
+    if why is None:
         return ("not runnable: no config.json beside this GGUF (model-level commands read it "
                 "through workbench.convert.live.open_live, which builds one)")
-    return (f"not runnable: GGUF architecture {arch!r} is not one the workbench converts on "
-            f"the fly ({', '.join(LIVE_ARCHES)}); put its Hugging Face config.json and "
-            "tokenizer.json beside it, or convert the original checkpoint")
+    return (f"not runnable: {why}; put its Hugging Face config.json and tokenizer.json beside "
+            "it, or convert the original checkpoint")
 
 
 class HFNames:
@@ -226,9 +248,10 @@ def open_live(path):
     p = Path(path).expanduser()
     src = open_source(p)
     arch = src.metadata.get("general.architecture")
-    if arch not in LIVE_ARCHES:
+    if live_problem(src.metadata) is not None:
+        md = dict(src.metadata)
         src.close()
-        raise WorkbenchError(unsupported_message(arch), path=str(p))
+        raise WorkbenchError(unsupported_message(md), path=str(p))
     clean_stale_dirs()
     tmp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
     try:
