@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from bisect import bisect_left
 
-from PySide6.QtCore import QMimeData, QModelIndex, QRect, QSize, QStringListModel, Qt
+from PySide6.QtCore import (QItemSelection, QItemSelectionModel, QMimeData, QModelIndex, QRect,
+                            QSize, QStringListModel, Qt)
 from PySide6.QtGui import QBrush, QColor, QPainter, QPen
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogButtonBox,
                                QFormLayout, QFrame, QHBoxLayout, QLabel, QLineEdit, QListView,
@@ -569,6 +570,25 @@ class TierBoard(QWidget):
     def drop(self, names, tier: int) -> None:
         from .commands import move_to_tier
         self.push(move_to_tier(self.doc, names, tier))
+        self.select_cards(tier, names)
+
+    def select_cards(self, tier: int, names) -> None:
+        """Select the cards of `names` in column `tier` (the first one current): dragged cards
+        stay selected in the column they were dropped on. Names not in that column (a refused
+        move) are skipped."""
+        if not 0 <= tier < len(self.columns):
+            return
+        col = self.columns[tier]
+        rows = sorted(r for r in (self.placement.row_of(tier, n) for n in names) if r is not None)
+        if not rows:
+            return
+        sel = QItemSelection()
+        for r in rows:
+            sel.select(col.model.index(r), col.model.index(r))
+        sm = col.view.selectionModel()
+        sm.select(sel, QItemSelectionModel.SelectionFlag.ClearAndSelect)
+        sm.setCurrentIndex(col.model.index(rows[0]), QItemSelectionModel.SelectionFlag.NoUpdate)
+        col.view.setFocus()
 
     def set_scheme(self, tier: int, scheme: str) -> None:
         from .commands import set_tier_scheme

@@ -29,3 +29,22 @@ def test_scheme_picker_list_opens_on_double_click(window, qtbot):
     qtbot.mouseDClick(ed.lineEdit(), Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: ed.view().isVisible(), timeout=3000)
     ed.hidePopup()
+
+
+def test_dragged_cards_stay_selected_after_the_drop(window):
+    from PySide6.QtCore import QModelIndex
+    from app.tier_board import NAME_ROLE
+    doc, board = window.doc, window.tiers
+    src, dst = board.columns[1], board.columns[2]
+    moved = [Q, "lm_head.weight"]
+    rows = [src.model.names.index(n) for n in moved]
+    for r in rows:
+        src.view.selectionModel().select(src.model.index(r),
+                                         src.view.selectionModel().SelectionFlag.Select)
+    mime = src.model.mimeData([src.model.index(r) for r in rows])
+    dst.model.dropMimeData(mime, Qt.DropAction.MoveAction, -1, -1, QModelIndex())
+    assert doc.scheme_of(Q) == "int4-g128"
+    picked = {i.data(NAME_ROLE) for i in dst.view.selectionModel().selectedIndexes()}
+    assert picked == set(moved)
+    assert dst.view.currentIndex().data(NAME_ROLE) in moved
+    assert doc.current in moved
