@@ -18,7 +18,7 @@ from workbench.plan import KEEP
 from workbench.schemes import list_schemes
 
 from .commands import schemes_for
-from .table_model import C_METHOD, C_NAME, C_SCHEME, NAME_ROLE, SORT_ROLE, SchemeTableModel
+from .table_model import C_METHOD, C_NAME, C_NOTE, C_SCHEME, NAME_ROLE, SORT_ROLE, SchemeTableModel
 
 
 class SchemeDelegate(QStyledItemDelegate):
@@ -277,7 +277,12 @@ class SchemeTable(QWidget):
                                          136, 60, 84, 80, 72, 76, 56)):
             text = self.model.headerData(col, Qt.Orientation.Horizontal)
             self.view.setColumnWidth(col, max(w, fm.horizontalAdvance(text) + 30))
+        self.view.setColumnWidth(C_METHOD, max(cell.horizontalAdvance("imatrix") + 20,
+                                               fm.horizontalAdvance("Method") + 30))
         self.view.setTextElideMode(Qt.TextElideMode.ElideRight)
+        # the name column gives up width (down to NAME_MIN) so that the last column, the Note,
+        # stays in view whole; the viewport's resizes refit it
+        self.view.viewport().installEventFilter(self)
 
         from .scheme_picker import SchemeCombo, fill
         self.assign_combo = SchemeCombo(doc)
@@ -341,6 +346,25 @@ class SchemeTable(QWidget):
     def model_row(self, index) -> int:
         """The model's row (tensor) of one of the view's indexes."""
         return self.proxy.mapToSource(index).row() if self.sorted else index.row()
+
+    NAME_MIN, NAME_MAX = 160, 250
+
+    def eventFilter(self, obj, event) -> bool:
+        if event.type() == QEvent.Type.Resize and obj is self.view.viewport():
+            self.fit_columns()
+        return super().eventFilter(obj, event)
+
+    def fit_columns(self) -> None:
+        """Tensor column = what the viewport leaves after the other columns and the Note's
+        header (NAME_MIN..NAME_MAX); the Note, the last section, stretches over the rest."""
+        hdr = self.view.horizontalHeader()
+        others = sum(hdr.sectionSize(c) for c in range(hdr.count())
+                     if c not in (C_NAME, C_NOTE) and not hdr.isSectionHidden(c))
+        note = hdr.fontMetrics().horizontalAdvance(
+            self.model.headerData(C_NOTE, Qt.Orientation.Horizontal)) + 30
+        room = self.view.viewport().width() - others - note
+        hdr.resizeSection(C_NOTE, note)   # its floor when stretched (else the default 100 px)
+        hdr.resizeSection(C_NAME, max(self.NAME_MIN, min(self.NAME_MAX, room)))
 
     def _sort_requested(self, column: int, order) -> None:
         """The view asked the model itself to sort (a header click): show the sort proxy from

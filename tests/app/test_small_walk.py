@@ -48,3 +48,26 @@ def test_dragged_cards_stay_selected_after_the_drop(window):
     assert picked == set(moved)
     assert dst.view.currentIndex().data(NAME_ROLE) in moved
     assert doc.current in moved
+
+
+def test_table_last_column_fits_at_1600x1000(window, qtbot):
+    from PySide6.QtCore import QSize
+    from PySide6.QtGui import QResizeEvent
+    t = window.table
+    window.tabs.setCurrentIndex(0)
+    for size in ((1600, 1000), (1920, 1080)):
+        window.resize(*size)           # as `screenshot --size 1600x1000` lays the window out
+        window.fit_layout()
+        qtbot.waitUntil(lambda: window.width() == size[0])
+        hdr = t.view.horizontalHeader()
+        last = max(c for c in range(hdr.count()) if not hdr.isSectionHidden(c))
+        vp = t.view.viewport().width()
+        # the last column (Note) starts inside the viewport with room for its header text,
+        # and ends at its right edge: nothing is cut off, no sideways scrolling
+        right = hdr.sectionViewportPosition(last) + hdr.sectionSize(last)
+        assert right <= vp, (size, right, vp)
+        label = t.model.headerData(last, Qt.Orientation.Horizontal)
+        assert hdr.sectionSize(last) >= hdr.fontMetrics().horizontalAdvance(label) + 16
+        assert t.view.horizontalScrollBar().maximum() == 0
+        # the name column keeps a readable width
+        assert hdr.sectionSize(0) >= 160
