@@ -88,6 +88,14 @@ def test_inspect_arrays_and_no_stats(capsys, tiny_llama):
     assert len(t["stats"]["histogram"]["counts"]) == 256 and len(t["stats"]["channels"]["min"]) == 64
     rc, out, _ = cli(capsys, "inspect", str(path), "--json", "--no-stats")
     assert all("stats" not in t for t in json.loads(out)["tensors"])
+    # the text table: no statistics columns, not empty ones (headers nor trailing blanks)
+    rc, out, _ = cli(capsys, "inspect", str(path), "--no-stats")
+    lines = out.splitlines()
+    assert rc == 0 and lines[1].split() == ["name", "shape", "dtype", "role"]
+    rows = lines[2:]
+    assert rows and all(line == line.rstrip() and len(line.split()) == 4 for line in rows)
+    rc, out, _ = cli(capsys, "inspect", str(path))
+    assert out.splitlines()[1].split()[4:] == ["absmax", "std", "kurt", "outl%", "nan/inf"]
 
 
 def test_evaluate_json_subprocess_stdout_is_pure_json(tiny_llama):

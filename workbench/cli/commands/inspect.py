@@ -91,8 +91,10 @@ def _print_table(model, stats: dict, no_stats: bool) -> int:
     from ...stats import empty_stats_dict
     print(f"{model.path}  ({model.format}, {len(model.tensors)} tensors, "
           f"{model.total_params:,} params, {fmt_bytes(model.total_bytes)})")
-    print(f"{'name':<52} {'shape':<14} {'dtype':<12} {'role':<13} {'absmax':>9} {'std':>9} "
-          f"{'kurt':>7} {'outl%':>6} {'nan/inf':>7}")
+    head = f"{'name':<52} {'shape':<14} {'dtype':<12} {'role'}"
+    if not no_stats:     # --no-stats: no statistics columns at all (not empty ones)
+        head = (f"{head:<94} {'absmax':>9} {'std':>9} {'kurt':>7} {'outl%':>6} {'nan/inf':>7}")
+    print(head)
     empty = "" if no_stats else _stats_text(empty_stats_dict())
     from ...catalog import infer_roles
     infos = model.tensors.values()
@@ -105,6 +107,8 @@ def _print_table(model, stats: dict, no_stats: bool) -> int:
         if tail is None:
             shape = "x".join(map(str, info.shape)) or "scalar"
             tail = f" {shape:<14} {key[1]:<12} {key[2]:<13}"
+            if no_stats:
+                tail = tail.rstrip()
             if len(tails) < 65536:
                 tails[key] = tail
         s = stats.get(info.name)
