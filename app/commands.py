@@ -106,14 +106,16 @@ def assign_with_method(doc, names, scheme: str, method: str) -> StateCommand | N
                         (plan, doc.tiers), {n: scheme for n in ok})
 
 
-def move_to_tier(doc, names, tier: int) -> StateCommand | None:
+def move_to_tier(doc, names, tier: int, scheme: str | None = None) -> StateCommand | None:
+    """Assign tier `tier`'s scheme (or `scheme`: the one its box shows) to `names`."""
     t: Tier = doc.tiers[tier]
-    ok, _ = eligible(doc, [n for n in names if on_board(doc.model.info(n))], t.scheme)
+    scheme = scheme or t.scheme
+    ok, _ = eligible(doc, [n for n in names if on_board(doc.model.info(n))], scheme)
     if not ok:
         return None
-    plan = doc.plan.with_assignments({n: t.scheme for n in ok})
+    plan = doc.plan.with_assignments({n: scheme for n in ok})
     return StateCommand(f"Move {_what(ok)} to {t.name}", (doc.plan, doc.tiers), (plan, doc.tiers),
-                        {n: t.scheme for n in ok})
+                        {n: scheme for n in ok})
 
 
 def set_tier_scheme(doc, tier: int, scheme: str, members) -> StateCommand:

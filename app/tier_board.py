@@ -28,7 +28,7 @@ from workbench.schemes import list_schemes
 from .format import fmt_bytes, fmt_db, fmt_shape, plural
 from .theme import MONO_FAMILY, UI_FAMILY, sqnr_colour, tier_colour
 from .messages import Messages
-from .tiers import name_problem, on_board, tier_index, tier_mix
+from .tiers import Tier, name_problem, on_board, shown_scheme, tier_index, tier_mix
 
 MIME = "application/x-quant-workbench-tensors"
 NAME_ROLE = Qt.ItemDataRole.UserRole + 20
@@ -385,6 +385,7 @@ class TierColumn(QFrame):
         self.scheme.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.scheme.setMinimumContentsLength(8)
         self.scheme.activated.connect(lambda _i: self._scheme_chosen())
+        self.shown = None         # the scheme the box shows (refresh_header)
         self.placement = placement if placement is not None else TierPlacement(doc)
         self.model = TierListModel(doc, tier, on_drop, self.placement, self)
         self.view = TierList()
@@ -440,20 +441,26 @@ class TierColumn(QFrame):
 
     def _scheme_chosen(self) -> None:
         s = self.scheme.currentText()
-        if s != self.doc.tiers[self.tier].scheme:
+        if s != self.shown:
             self.on_scheme(self.tier, s)
 
     def refresh_header(self) -> None:
         t = self.doc.tiers[self.tier]
         colour = tier_colour(self.tier).name()
         self.title.setText(f"<span style='color:{colour}'>■</span>&nbsp; <b>{t.name}</b>")
-        self.scheme.setCurrentText(t.scheme)
+        # one source for the box and the summary: the scheme the members share, else the
+        # tier's own (tiers.shown_scheme); a drop assigns the same
+        pl, k = self.placement, self.tier
+        schemes = list(pl.schemes[k]) if k < len(pl.schemes) else []
+        self.shown = shown_scheme(t, schemes)
+        if self.scheme.findText(self.shown) < 0:      # keep, or a scheme the list lacks
+            self.scheme.addItem(self.shown)
+        self.scheme.setCurrentText(self.shown)
         if self.doc.model is None:
             return
         # the board's running sums (TierPlacement), not a pass over the members
-        pl, k = self.placement, self.tier
         share = 100.0 * pl.params[k] / max(self.doc.model.total_params, 1)
-        mix = tier_mix(t, list(pl.schemes[k]))
+        mix = tier_mix(Tier(t.name, self.shown, t.min_bits), schemes)
         self.summary.setText(f"{plural(len(pl.names[k]), 'tensor')} · {share:.1f}% of params · "
                              f"{fmt_bytes(pl.bytes[k])}" + (f" · {mix}" if mix else ""))
         self.mix = mix
@@ -569,7 +576,8 @@ class TierBoard(QWidget):
 
     def drop(self, names, tier: int) -> None:
         from .commands import move_to_tier
-        self.push(move_to_tier(self.doc, names, tier))
+        shown = self.columns[tier].shown if 0 <= tier < len(self.columns) else None
+        self.push(move_to_tier(self.doc, names, tier, shown))
         self.select_cards(tier, names)
 
     def select_cards(self, tier: int, names) -> None:

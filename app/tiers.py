@@ -88,6 +88,13 @@ def tier_index(tiers, scheme: str, info=None) -> int:
     return best
 
 
+def shown_scheme(tier, schemes) -> str:
+    """The one scheme a tier stands for, read by its box, its summary and a drop on it: the
+    scheme its members all share, else (mixed, or no members) the tier's own."""
+    distinct = set(schemes)
+    return next(iter(distinct)) if len(distinct) == 1 else tier.scheme
+
+
 def tier_mix(tier, schemes) -> str:
     """'' when every member has the tier's scheme; else 'all q4_0' or 'mixed: 3 schemes'."""
     distinct = set(schemes)

@@ -71,3 +71,37 @@ def test_table_last_column_fits_at_1600x1000(window, qtbot):
         assert t.view.horizontalScrollBar().maximum() == 0
         # the name column keeps a readable width
         assert hdr.sectionSize(0) >= 160
+
+
+def test_tier_box_and_summary_agree(window):
+    from PySide6.QtCore import QModelIndex
+    from app import commands
+    from app.tier_board import members
+    doc, board = window.doc, window.tiers
+    col = board.columns[3]                       # "3-bit and less", int3-g128, empty
+    assert members(doc, 3) == [] and col.scheme.currentText() == "int3-g128"
+    # a plan puts int3-g64 there (nearest in bits): the box shows what the cards have, and
+    # the summary does not contradict it ("all int3-g64" under a box reading int3-g128)
+    window.push(commands.assign(doc, [Q], "int3-g64"))
+    assert members(doc, 3) == [Q]
+    assert col.scheme.currentText() == "int3-g64"
+    assert col.summary.text().startswith("1 tensor") and "int3" not in col.summary.text()
+    # a drop assigns the scheme the box shows
+    src = board.columns[1].model
+    mime = src.mimeData([src.index(src.names.index("lm_head.weight"))])
+    col.model.dropMimeData(mime, Qt.DropAction.MoveAction, -1, -1, QModelIndex())
+    assert doc.scheme_of("lm_head.weight") == "int3-g64"
+    assert col.scheme.currentText() == "int3-g64" and col.summary.text().startswith("2 tensors")
+    # choosing the tier's own scheme in the box assigns it to every card
+    col.scheme.setCurrentText("int3-g128")
+    col._scheme_chosen()
+    assert {doc.scheme_of(n) for n in members(doc, 3)} == {"int3-g128"}
+    assert col.scheme.currentText() == "int3-g128" and "mixed" not in col.summary.text()
+    # mixed members: the box shows the tier's scheme, the summary says how many schemes
+    window.push(commands.assign(doc, [Q], "int2-g64"))
+    assert col.scheme.currentText() == "int3-g128" and "mixed: 2 schemes" in col.summary.text()
+    # a tier of kept tensors shows "keep" in its box (the registry's list has no keep)
+    window.push(commands.assign(doc, members(doc, 3), "keep"))
+    fp16 = board.columns[0]
+    assert {doc.scheme_of(n) for n in members(doc, 0)} == {"keep"}
+    assert fp16.scheme.currentText() == "keep" and "all" not in fp16.summary.text()
