@@ -172,6 +172,19 @@ class HeadGrads:
         self.pairs = []
 
 
+def _logit_probe(z, gen):
+    """A probe of the logits' Fisher information diag(p) - p p^T (p = softmax(z)) with
+    Gaussian rather than categorical draws: sqrt(p) * e - p (sqrt(p) . e), e ~ N(0, I). Its
+    covariance is the same as the score's e_y - p for y ~ p, but a peaked p no longer makes
+    rare labels carry the estimate (less variance per probe)."""
+    import torch
+    p = torch.softmax(z.float(), dim=-1)
+    e = torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.device)
+    sp = p.sqrt()
+    v = sp * e - p * (sp * e).sum(-1, keepdim=True)
+    return v.to(z.dtype)
+
+
 def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 0,
                 on_final=None):
     """Job: ({param name: sum of squared probe gradients / probes (float32, the parameter's
@@ -224,9 +237,8 @@ def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 
                         for ci, c in enumerate(chunks):
                             rr = rows[c:c + step]
                             ii, tt = _rows_index(rr)
-                            lp = torch.log_softmax(runner.logits(x[ii, tt]), dim=-1)
-                            y = torch.multinomial(lp.detach().exp().cpu(), 1, generator=gen)
-                            obj = lp.gather(-1, y.to(lp.device)).sum()
+                            z = runner.logits(x[ii, tt])
+                            obj = (z * _logit_probe(z.detach(), gen)).sum()
                             obj.backward(retain_graph=ci < len(chunks) - 1)
                         if k == 0:
                             count += len(rows)

@@ -196,9 +196,11 @@ def fisher_diagonals(model, calib=None, samples=None, probes: int = 1, max_len: 
 
     * encoders (1 - cosine of the pooled embedding b): probe v = P z / |b|, z ~ N(0, I), P the
       projection orthogonal to b; E[(v . db)^2] = |P db|^2 / |b|^2 = 2 (1 - cos) to second order;
-    * causal LMs (KL of next-token distributions): the score of a token y sampled from the
-      model's own distribution, whose covariance is the Fisher information of the logits;
-      E[(d log p(y))^2] = 2 KL to second order.
+    * causal LMs (KL of next-token distributions): a probe of the logits with the covariance
+      of the score of a token drawn from the model's own distribution, diag(p) - p p^T (the
+      Fisher information of the logits; E[(probe . dz)^2] = 2 KL to second order), drawn
+      Gaussian (`runner_measures._logit_probe`) rather than as a sampled label: on a model
+      whose next tokens are peaked, rare labels made one probe's estimate noisy.
 
     The gradients of one batch are summed before squaring: the probes of different samples
     (positions) are independent with zero mean, so the cross terms vanish in expectation, and

@@ -201,9 +201,11 @@ def test_fisher_equals_whole_model_autograd(tiny_arch, arch):
                 rows = [(i, t) for i in range(ids.shape[0]) for t in range(int(mask[i].sum()) - 1)]
                 ii = torch.tensor([a for a, _ in rows])
                 tt = torch.tensor([c for _, c in rows])
-                lp = torch.log_softmax(logits[ii, tt], -1)
-                y = torch.multinomial(lp.detach().exp(), 1, generator=gen)
-                obj = lp.gather(-1, y).sum()
+                z = logits[ii, tt]                 # the Gaussian probe of the logits' Fisher
+                p = torch.softmax(z.detach(), -1)
+                e = torch.randn(p.shape, generator=gen)
+                v = p.sqrt() * e - p * (p.sqrt() * e).sum(-1, keepdim=True)
+                obj = (z * v).sum()
             obj.backward()
             for n, p in ref.named_parameters():
                 if p.grad is not None:
