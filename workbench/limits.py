@@ -19,6 +19,7 @@ import contextlib
 import gc
 import json
 import math
+import os
 import re
 import struct
 
@@ -391,7 +392,14 @@ def read_sidecar(path, what: str | None = None, limit: int | None = None) -> byt
     check_sidecar(path, what, limit)
     try:
         with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
+            # sized by the file, not the limit: read(limit + 1) allocates the whole limit
+            # (64 MiB) for a 1 KB file (a MemoryError under an address-space limit)
+            data = fh.read(min(os.fstat(fh.fileno()).st_size, limit) + 1)
+            while len(data) <= limit:          # a file that grew while read: on to the limit
+                more = fh.read(min(1 << 20, limit + 1 - len(data)))
+                if not more:
+                    break
+                data += more
     except OSError as exc:
         raise WorkbenchError(f"cannot read {what} ({exc.strerror})", path=str(path)) from None
     if len(data) > limit:

@@ -424,3 +424,21 @@ def test_plan_and_session_sizes_are_checked_before_reading(tmp_path, kind):
         load_from.load(fifo)
     with pytest.raises(WorkbenchError, match="file not found"):
         load_from.load(tmp_path / "none.json")
+
+
+def test_a_small_sidecar_is_read_without_allocating_its_limit(tmp_path):
+    """read_sidecar sizes its read by the file: under an address-space limit a 20-byte file
+    with a 1 GiB limit reads (read(limit + 1) allocated the whole limit: MemoryError)."""
+    import subprocess
+    import sys
+    small = tmp_path / "config.json"
+    small.write_text('{"model_type": "x"}')
+    code = (
+        "import resource, sys\n"
+        "from workbench.limits import read_sidecar\n"
+        "import numpy, json\n"
+        "with open('/proc/self/statm') as f: vm = int(f.read().split()[0]) * 4096\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), resource.RLIM_INFINITY))\n"
+        f"print(len(read_sidecar({str(small)!r}, limit=1 << 30)))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "19", r.stderr
