@@ -144,12 +144,18 @@ def hf_target(model) -> tuple[HFTarget | None, str | None]:
                       "hyper-parameters are unknown: llama.cpp cannot run this GGUF (arch "
                       f"quant_workbench, Hugging Face names); {CONVERTER_HINT}")
     from ..config_check import check_config
-    check_config(model, config, model_folder(model) / "config.json")   # before any work
-    arch = detect_arch(model, config)
+    cfg_path = model_folder(model) / "config.json"
+    try:
+        arch = detect_arch(model, config)
+    except Exception:           # a malformed config.json: config_check names the key
+        check_config(model, config, cfg_path)
+        raise
     if arch is None or arch.gguf_arch not in ARCH_SPECS:
+        # an architecture this exporter does not write is the reason, whatever its config holds
         hf = arch.hf_name if arch else config.get("model_type", "unknown")
         return None, (f"architecture {hf} is not one this exporter converts to a GGUF llama.cpp "
                       f"runs ({SUPPORTED_LABEL}); {CONVERTER_HINT}")
+    check_config(model, config, cfg_path)   # against the tensors, before any work
     if not (model_folder(model) / "tokenizer.json").is_file():
         return None, ("no tokenizer.json in the model folder: llama.cpp needs the vocabulary; "
                       f"{CONVERTER_HINT}")
