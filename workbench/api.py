@@ -416,6 +416,7 @@ class Allocation:
     def to_dict(self, output: str | None = None) -> dict:
         """`allocate --json`'s document (`output`: the plan file written)."""
         from .allocate_methods import method_counts
+        from .sensitivity import predicted_unit
         t = self.evaluation.totals
         acc = self.accounting
         out = {"output": output, "budget_bytes": self.budget_bytes,
@@ -433,6 +434,7 @@ class Allocation:
                "methods": method_counts(self.plan, self.table, self.model),
                "methods_weighed": self.methods_weighed["methods"]}
         out["seconds"]["methods"] = self.methods_weighed.get("seconds", 0.0)
+        out["predicted_unit"] = predicted_unit(self.model, self.measure)   # kl, 1-cosine, ...
         return out
 
 

@@ -175,6 +175,8 @@ def _llama_like_gguf(path, alignment=64):
     w.add_uint32("llama.block_count", 1)
     w.add_uint64("llama.context_length", 2 ** 40)
     w.add_float32("llama.rope.freq_base", 10000.5)
+    w.add_uint32("llama.expert_count", 2)           # its blk.0.ffn_gate_exps holds 2 experts
+    w.add_uint32("llama.expert_used_count", 1)      # (config_check holds the two together)
     w.add_float64("test.f64", 1.0 / 3.0)
     w.add_bool("test.flag", True)
     w.add_int8("test.i8", -5)

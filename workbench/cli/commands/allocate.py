@@ -78,8 +78,6 @@ def run(args) -> int:
                           driver=lambda job: drive(job, quiet=args.json), say=say,
                           notes=not args.json)
     out = a.to_dict(args.output)
-    from ...sensitivity import predicted_unit
-    out["predicted_unit"] = predicted_unit(model, a.measure)
     if args.json:
         print_json(out)
         return 0
