@@ -81,6 +81,23 @@ def _digest(p: Path) -> str | None:
 
 
 # ---- 1 outputs ----------------------------------------------------------------------------
+def output_path(d: Path, target: Path, link: str) -> Path:
+    """The output path a case writes: a fresh file in `d`, or `target` itself spelled as is
+    (same), relatively, through a symlink or through a hard link."""
+    if link == "none":
+        return d / "fresh.out"
+    if link == "same":
+        return target
+    if link == "relative":
+        return Path(os.path.relpath(target, os.getcwd()))
+    out = d / ("link.out" if link == "symlink" else "hard.out")
+    if link == "symlink":
+        out.symlink_to(target)
+    else:
+        os.link(target, out)
+    return out
+
+
 def exercise_outputs(path: str) -> None:
     spec = json.loads(Path(path).read_text())
     d = Path(path).parent
@@ -96,18 +113,7 @@ def exercise_outputs(path: str) -> None:
     target = {"model": model, "plan": plan, "config": d / "m" / "config.json", "imatrix": imx,
               "calib": calib, "folder": d / "m"}[spec["target"]]
     link = spec["link"]
-    if link == "none":
-        out = d / "fresh.out"
-    elif link == "same":
-        out = target
-    elif link == "relative":
-        out = Path(os.path.relpath(target, os.getcwd()))
-    elif link == "symlink":
-        out = d / "link.out"
-        out.symlink_to(target)
-    else:
-        out = d / "hard.out"
-        os.link(target, out)
+    out = output_path(d, target, link)
     cmd = spec["cmd"]
     base = {"export-plan": ["export", model, "--plan", plan, "--format", "plan"],
             "export-safetensors": ["export", model, "--plan", plan, "--format", "safetensors"],

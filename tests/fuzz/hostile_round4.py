@@ -128,18 +128,7 @@ def exercise_outputs(path: str) -> None:
                "tokenizer": folder / "tokenizer.json", "folder": folder}
     target = targets.get(spec["target"])
     link = spec["link"]
-    if link == "none":
-        out = d / "fresh.out"
-    elif link == "same":
-        out = target
-    elif link == "relative":
-        out = Path(os.path.relpath(target, os.getcwd()))
-    elif link == "symlink":
-        out = d / "link.out"
-        out.symlink_to(target)
-    else:
-        out = d / "hard.out"
-        os.link(target, out)
+    out = _h().output_path(d, target, link)
     cmd = spec["cmd"]
     flag, argv = {
         "check-onnx": ("--save-onnx", ["check", folder, "--scheme", "q8_0", "--runtime",
