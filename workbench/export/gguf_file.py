@@ -229,15 +229,7 @@ def _fast_writer_class():
                     and (sub_type == VT.STRING or (sub_type in fmts and sub_type != VT.BOOL))):
                 head = (struct.pack("<I", int(VT.ARRAY)) if add_vtype else b"") + struct.pack(
                     "<IQ", int(sub_type), len(val))
-                memo = _PACKED.get(id(val))
-                if memo is not None and memo[0] is val and memo[1] == (sub_type, add_vtype):
-                    return memo[2]       # a replayed vocabulary (_write_tokenizer_once)
-                packed = self._pack_array(val, sub_type, head)
-                if len(val) >= 4096:
-                    if len(_PACKED) >= 8:
-                        _PACKED.clear()
-                    _PACKED[id(val)] = (val, (sub_type, add_vtype), packed)
-                return packed
+                return self._pack_array(val, sub_type, head)
             return super()._pack_val(val, vtype, add_vtype, sub_type=sub_type)
 
         def _pack_array(self, val, sub_type, head):
@@ -252,10 +244,6 @@ def _fast_writer_class():
 
     return FastKVWriter
 
-
-#: {id(list): (the list, (type, flag), packed bytes)} of large arrays packed lately; the list is
-#: held, so its id is not reused while the entry lives
-_PACKED: dict = {}
 
 
 class _Recorder:
