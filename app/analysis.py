@@ -7,7 +7,7 @@
   by the block's error, so a probe row's scale would depend on its ramp value: their grid is
   the one of a block spread evenly over [min, max] (its qparams), applied to the ramp.
 * :func:`dequantized_histogram`: the histogram of the dequantized tensor on the same
-  bin edges as the original's (workbench.stats), for the overlay.
+  bin edges as the original's (workbench.quant.stats), for the overlay.
 * :func:`outlier_channels`: output channels whose absmax is far above the typical one.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.evaluate import quantize
-from workbench.plan import KEEP
+from workbench.quant.evaluate import quantize
+from workbench.quant.plan import KEEP
 from workbench.schemes import get_scheme
 
 MAX_GRID_LINES = 300
@@ -29,7 +29,7 @@ def grid_levels(scheme_name: str, lo: float, hi: float, points: int = 2049) -> n
     scheme = get_scheme(scheme_name)
     cols = scheme.block_size or 256
     ramp = np.linspace(lo, hi, points, dtype=np.float32)
-    from workbench.methods import intq
+    from workbench.quant.methods import intq
     if intq.is_int(scheme):
         block = np.linspace(lo, hi, cols, dtype=np.float32)[None, :]
         scale, zero = scheme.choose_qparams(block)

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 from PySide6.QtCore import QObject
 
-from workbench.estimate import MIN_ELEMENTS, can_estimate, estimate_tensor
-from workbench.evaluate import DEFAULT_EVAL_CACHE, evaluate_tensor
-from workbench.plan import KEEP
-from workbench.progress import Progress
+from workbench.planning.estimate import MIN_ELEMENTS, can_estimate, estimate_tensor
+from workbench.quant.evaluate import DEFAULT_EVAL_CACHE, evaluate_tensor
+from workbench.quant.plan import KEEP
+from workbench.core.progress import Progress
 from workbench.schemes import get_scheme, list_schemes
-from workbench.stats import DEFAULT_CACHE, model_stats
+from workbench.quant.stats import DEFAULT_CACHE, model_stats
 
 from . import analysis, throughput
 from .workers import BACKGROUND, FOREGROUND, IDLE, INTERACTIVE
@@ -213,7 +213,7 @@ class Analyzer(QObject):
 
     def _estimate(self, names) -> None:
         """Large tensors whose scheme changed: a sampled-rows estimate of their error first
-        (workbench.estimate, a few ms), so the totals show "≈ SQNR" at once; the exact
+        (workbench.planning.estimate, a few ms), so the totals show "≈ SQNR" at once; the exact
         evaluation follows behind it (queued after)."""
         from . import perf
         model, doc = self.doc.model, self.doc
@@ -279,7 +279,7 @@ class Analyzer(QObject):
         from . import perf
         if not perf.FAST:
             return None
-        from workbench.runtimes import decide
+        from workbench.quant.runtimes import decide
         d = decide(model.info(name), scheme, "any")     # evaluate_tensor's cache key
         if d.applied == KEEP or DEFAULT_EVAL_CACHE.get(
                 (model.path, name, scheme, d.applied, d.kind)) is not None:
@@ -360,9 +360,9 @@ class Analyzer(QObject):
         schemes = list(schemes or self.eligible_schemes(name))
 
         def job():
-            from workbench.cluster import is_plain, prefetch_evaluations
-            from workbench.progress import subjob
-            from workbench.runtimes import decide
+            from workbench.jobs.cluster import is_plain, prefetch_evaluations
+            from workbench.core.progress import subjob
+            from workbench.quant.runtimes import decide
 
             from .cluster_setting import executor_of
             todo = [s for s in schemes if self.doc.result_for(name, s) is None]

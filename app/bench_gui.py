@@ -8,7 +8,7 @@ a 30000x4096 embedding and a 4096x4096 matrix:
   * edit (after the start-up kernel warm-up that the app runs, app.main): assigning a
     scheme to the 4096x4096 tensor to updated totals — size totals (immediate), the first
     model SQNR shown (for a tensor of 4M+ weights the sampled-rows estimate, "≈", of
-    workbench.estimate; else the exact figure) and the exact error totals
+    workbench.planning.estimate; else the exact figure) and the exact error totals
     (after the compute thread evaluated every weight), painted; the first edit and the
     median over edits to other schemes; and an edit to a scheme the scheme picker has
     already predicted.
@@ -110,7 +110,7 @@ def _open(app, path, fast: bool, first: bool) -> tuple:
     from app import perf
     from app.main_window import MainWindow
     from app.messages import RecordedMessages
-    from workbench.stats import DEFAULT_CACHE
+    from workbench.quant.stats import DEFAULT_CACHE
     from PySide6.QtCore import QSettings
     perf.FAST = fast
     DEFAULT_CACHE.clear()
@@ -165,8 +165,8 @@ def bench_paths(path: str, select: str, edit: str, scheme: str, first: bool,
     from app import perf
     from app.main import create_app
     from app import commands
-    from workbench.evaluate import DEFAULT_EVAL_CACHE
-    import workbench.llama_names  # noqa: F401 - imported before both paths (one-time cost)
+    from workbench.quant.evaluate import DEFAULT_EVAL_CACHE
+    import workbench.formats.llama_names  # noqa: F401 - imported before both paths (one-time cost)
     app = create_app()
     paints = _PaintCounter(app)
     wins, outs = {}, {}
@@ -306,8 +306,8 @@ def bench_many(n_tensors: int, repeats: int = 5) -> dict:
     from app.main import create_app
     from app.main_window import MainWindow
     from app.messages import RecordedMessages
-    from workbench.stats import tensor_stats
-    from workbench.progress import run
+    from workbench.quant.stats import tensor_stats
+    from workbench.core.progress import run
     perf.FAST = True
     app = create_app()
     paints = _PaintCounter(app)

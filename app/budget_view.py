@@ -1,7 +1,7 @@
 """The budget control (re-solves the allocation over the cached sensitivity table and applies it
 as one undoable edit) and the frontier plot (size vs predicted error of allocated plans over a
 range of budgets, uniform plans and llama.cpp recipes; the current plan marked; a click applies
-a point). The numbers come from workbench.allocate / workbench.frontier via app.effects."""
+a point). The numbers come from workbench.planning.allocate / workbench.planning.frontier via app.effects."""
 
 from __future__ import annotations
 

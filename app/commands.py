@@ -1,13 +1,13 @@
 """Every edit is a command (DESIGN.md example 7): `do`, `undo`, `label` — Qt-free.
 
-Commands are thin wrappers over immutable :class:`workbench.plan.Plan` edits: each keeps
+Commands are thin wrappers over immutable :class:`workbench.quant.plan.Plan` edits: each keeps
 the plan (and tier setup) before and after, so undo is exact. `app.undo` puts them on a
 QUndoStack. The target `doc` needs `.plan`, `.tiers`, `.model` and `.set_state(plan, tiers)`.
 """
 
 from __future__ import annotations
 
-from workbench.plan import KEEP, Plan
+from workbench.quant.plan import KEEP, Plan
 from workbench.schemes import get_scheme
 
 from . import tiers as tier_model
@@ -188,11 +188,11 @@ def is_quantizing(scheme: str) -> bool:
 def gguf_names_of(model):
     """llama.cpp's names of the model's tensors (None: unmapped architecture), computed once
     per model (the window asks for them when the model opens, off the GUI thread)."""
-    from workbench.errors import WorkbenchError
+    from workbench.core.errors import WorkbenchError
     gnames = getattr(model, "_app_gguf_names", False)
     if gnames is False:
         try:
-            from workbench.llama_names import gguf_names
+            from workbench.formats.llama_names import gguf_names
             gnames = gguf_names(model)
         except (WorkbenchError, Exception):  # noqa: BLE001 - unmapped architecture: ndim only
             gnames = None
@@ -205,8 +205,8 @@ def gguf_names_of(model):
 
 def never_retyped(model, targets: dict, runtime: str = "llama.cpp") -> list[tuple[str, str]]:
     """(name, why) for each tensor `targets` would quantize that `runtime` never re-types
-    (workbench.runtimes: llama.cpp keeps norms, biases, position and token-type embeddings)."""
-    from workbench.runtimes import get_runtime
+    (workbench.quant.runtimes: llama.cpp keeps norms, biases, position and token-type embeddings)."""
+    from workbench.quant.runtimes import get_runtime
     rt = get_runtime(runtime)
     gnames = gguf_names_of(model)
     out = []

@@ -1,5 +1,5 @@
 """Scheme and method comparison for the selected tensor: every eligible scheme side by side,
-as a table beside a plot of bits per weight against SQNR (workbench.scheme_choice: Pareto
+as a table beside a plot of bits per weight against SQNR (workbench.planning.scheme_choice: Pareto
 points marked, the current scheme highlighted).
 
 Rows and points fill in as the compute thread evaluates each scheme (results are cached, so
@@ -8,7 +8,7 @@ click a point, to assign that scheme (one undoable edit).
 
 Methods (issue 12): tick imatrix / gptq / awq and each scheme in scope (the RTN Pareto schemes
 plus the current one, only the current one, or every quantizing scheme) gets a row per method
-("q4_k · gptq"), computed off the GUI thread by ``workbench.methods.compare`` with the app's
+("q4_k · gptq"), computed off the GUI thread by ``workbench.quant.methods.compare`` with the app's
 calibration file (:mod:`app.method_compare`). Their layer output SQNR on the calibration inputs
 (and RTN's, for the same schemes) fills the "Out SQNR" column, and the plot then shows that
 figure with one series per method (its own colour and marker) and the Pareto front across all
@@ -29,9 +29,9 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QHBoxLay
                                QHeaderView, QLabel, QPushButton, QSplitter, QTableView,
                                QVBoxLayout, QWidget)
 
-from workbench.methods.compare import applies
-from workbench.plan import KEEP
-from workbench.scheme_choice import family_of, pareto_front, points_from_results
+from workbench.quant.methods.compare import applies
+from workbench.quant.plan import KEEP
+from workbench.planning.scheme_choice import family_of, pareto_front, points_from_results
 
 from .commands import schemes_for
 from .format import fmt_bytes, fmt_db, fmt_float, fmt_gbs
@@ -48,7 +48,7 @@ HEADER_TIPS = {
     C_SQNR: "weight SQNR: 10·log10(‖W‖² / ‖W − Ŵ‖²)",
     C_OUT: "layer output SQNR on the calibration inputs X: −10·log10(‖X(W − Ŵ)ᵀ‖² / ‖XWᵀ‖²) "
            "(what GPTQ and AWQ minimise; computed for the schemes in the methods' scope)",
-    C_METHOD: "quantization method (workbench.methods): rtn is the scheme's own rounding"}
+    C_METHOD: "quantization method (workbench.quant.methods): rtn is the scheme's own rounding"}
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ class ComparisonModel(QAbstractTableModel):
         return None
 
     def method_result(self, scheme: str, method: str):
-        """workbench.methods.compare.MethodResult of a pair (None: not computed; an exception:
+        """workbench.quant.methods.compare.MethodResult of a pair (None: not computed; an exception:
         the pair could not be made)."""
         if self.comparer is None or not self.name:
             return None
@@ -239,7 +239,7 @@ class ComparisonModel(QAbstractTableModel):
 
     def points(self):
         """The plotted points: with methods, the MethodPoints (layer output SQNR); else the
-        workbench.scheme_choice points of the schemes evaluated so far (Pareto marked)."""
+        workbench.planning.scheme_choice points of the schemes evaluated so far (Pareto marked)."""
         return self.method_points() if self.methods_on else self._rtn_points()
 
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):
@@ -464,7 +464,7 @@ class ComparisonView(QWidget):
             why = self.comparer.tensor_unavailable(self.model.name) if self.model.name else None
         for m, b in self.method_boxes.items():
             b.setEnabled(why is None)
-            from workbench.methods import get_method
+            from workbench.quant.methods import get_method
             b.setToolTip(f"{get_method(m).description}. Needs calibration inputs: {why}"
                          if why else f"{get_method(m).description} (calibration: "
                          f"{self.comparer.calib()})")

@@ -1,7 +1,7 @@
 """The "Compare" tab (issue 23): the current plan beside a second plan or quantized file (a
 GGUF someone published, quantized safetensors, compressed-tensors) of the same model, tensor by
 tensor — each one's type, bits per weight and error against the open model. The numbers are
-`workbench.diff.diff` (the `quant-workbench diff` command), computed on the compute thread.
+`workbench.planning.diff.diff` (the `quant-workbench diff` command), computed on the compute thread.
 Clicking a row selects that tensor everywhere."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ HEADERS = ("Tensor", "Plan type", "Plan b/w", "Plan rel. RMSE", "Other type", "O
 
 
 class DiffModel(QAbstractTableModel):
-    """Rows of a `workbench.diff` result (read-only)."""
+    """Rows of a `workbench.planning.diff` result (read-only)."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -116,7 +116,7 @@ class DiffView(QWidget):
 
     def compare(self, path: str):
         """Compute the comparison of the current plan with `path` on the compute thread."""
-        from workbench.diff import diff
+        from workbench.planning.diff import diff
         model, plan = self.doc.model, self.doc.plan
         if model is None:
             return None

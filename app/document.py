@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, Signal
 
-from workbench.errors import WorkbenchError
-from workbench.evaluate import totals_of
-from workbench.metrics import sqnr_db
-from workbench.plan import KEEP, Plan
+from workbench.core.errors import WorkbenchError
+from workbench.quant.evaluate import totals_of
+from workbench.quant.metrics import sqnr_db
+from workbench.quant.plan import KEEP, Plan
 from workbench.schemes import get_scheme
 
 from .tiers import DEFAULT_TIERS
@@ -33,7 +33,7 @@ class Totals:
     throughput_gbs: float | None
     measured: int
     # while the only pending tensors are large ones with a sampled-rows estimate
-    # (workbench.estimate): the model SQNR with their estimates; else None
+    # (workbench.planning.estimate): the model SQNR with their estimates; else None
     sqnr_estimate_db: float | None = None
     estimated: int = 0         # pending tensors whose error is estimated
 
@@ -66,8 +66,8 @@ class Document(QObject):
         self.details: dict[tuple[str, str], object] = {}
         self.throughput: dict[tuple[str, str], float | None] = {}
         self._est: dict[tuple[str, str], int] = {}
-        self.estimates: dict[tuple[str, str], object] = {}   # workbench.estimate.Estimate
-        self.decisions: dict = {}          # name -> workbench.runtimes.Decision ("any")
+        self.estimates: dict[tuple[str, str], object] = {}   # workbench.planning.estimate.Estimate
+        self.decisions: dict = {}          # name -> workbench.quant.runtimes.Decision ("any")
         self._summary = None               # running FallbackSummary of `decisions`
         self._totals = None                # cached Totals, dropped by every change below
         self._pos: dict[str, int] = {}     # tensor name -> its position in the catalog
@@ -101,9 +101,9 @@ class Document(QObject):
 
     def _open_pass(self, model) -> None:
         """One pass over the catalog when it opens: each tensor's scheme, its decision (what is
-        applied: workbench.runtimes for the workbench's own runtime) and its stored size (from
+        applied: workbench.quant.runtimes for the workbench's own runtime) and its stored size (from
         the scheme's size formula: nothing is measured yet), the running totals from them."""
-        from workbench.runtimes import Decider, get_runtime, summarize
+        from workbench.quant.runtimes import Decider, get_runtime, summarize
         decide = Decider(self.plan, get_runtime("any"))
         assignment, decisions, sizes = self.assignment, self.decisions, {}
         size_memo, pos = self._size_memo, self._pos
@@ -188,12 +188,12 @@ class Document(QObject):
         self.currentSettled.emit(name or "")
 
     def _update_decisions(self, names) -> None:
-        """What the workbench applies to each tensor (workbench.runtimes.decide for the
+        """What the workbench applies to each tensor (workbench.quant.runtimes.decide for the
         workbench's own runtime, as `evaluate` without --runtime): only `names` (None: all)."""
         if self.model is None:
             self.decisions = {}
             return
-        from workbench.runtimes import plan_decisions, summarize
+        from workbench.quant.runtimes import plan_decisions, summarize
         try:
             new = plan_decisions(self.model, self.plan, "any", names)
         except WorkbenchError:
@@ -210,9 +210,9 @@ class Document(QObject):
             self.decisions[n] = d
 
     def fallback_summary(self):
-        """workbench.runtimes.FallbackSummary of the plan (as `evaluate` prints it), kept up to
+        """workbench.quant.runtimes.FallbackSummary of the plan (as `evaluate` prints it), kept up to
         date by each edit's changed decisions."""
-        from workbench.runtimes import summarize
+        from workbench.quant.runtimes import summarize
         from . import perf
         if not perf.FAST or self._summary is None:
             return summarize(self.decisions.values())
@@ -271,7 +271,7 @@ class Document(QObject):
         return self.assignment.get(name, KEEP)
 
     def method_of(self, name: str) -> str:
-        """The plan's quantization method for a tensor (workbench.methods; rtn by default)."""
+        """The plan's quantization method for a tensor (workbench.quant.methods; rtn by default)."""
         return self.plan.method_for(name)
 
     def result(self, name: str, scheme: str | None = None):

@@ -1,8 +1,8 @@
 """What a plan does to the model (issue 11): the end-to-end check, the sensitivity table, the
 budget allocation and the size / predicted-error frontier, scheduled on the compute thread.
 
-Every number comes from a `workbench` function (``workbench.runner.check``,
-``workbench.sensitivity``, ``workbench.allocate``, ``workbench.frontier`` where present); this
+Every number comes from a `workbench` function (``workbench.running.runner.check``,
+``workbench.planning.sensitivity``, ``workbench.planning.allocate``, ``workbench.planning.frontier`` where present); this
 module only schedules them, caches their results per model and hands them to the views in
 :mod:`app.check_panel`, :mod:`app.sensitivity_view` and :mod:`app.budget_view`.
 """
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from workbench.errors import WorkbenchError
-from workbench.plan import KEEP
-from workbench.progress import Progress, subjob
-from workbench.sensitivity import MEASURES  # weight, activation, fisher, output
+from workbench.core.errors import WorkbenchError
+from workbench.quant.plan import KEEP
+from workbench.core.progress import Progress, subjob
+from workbench.planning.sensitivity import MEASURES  # weight, activation, fisher, output
 
 from .workers import BACKGROUND, FOREGROUND, INTERACTIVE
 
@@ -30,12 +30,12 @@ FRONTIER_POINTS = 12
 
 
 def default_calib() -> str:
-    from workbench.calibration import DEFAULT_CALIB
+    from workbench.running.calibration import DEFAULT_CALIB
     return str(DEFAULT_CALIB)
 
 
 def allocatable(model) -> list[str]:
-    """Tensors the allocator chooses a scheme for (float matrices, as workbench.allocate)."""
+    """Tensors the allocator chooses a scheme for (float matrices, as workbench.planning.allocate)."""
     return [n for n, i in model.tensors.items() if i.ndim >= 2 and i.is_float]
 
 
@@ -78,12 +78,12 @@ class SensTable:
 
 def table_job(model, schemes, measure: str, calib=None, samples=None, cancelled=None,
               runner=None):
-    """Job: a SensTable from workbench.sensitivity.sensitivity_table_job (its progress reaches
+    """Job: a SensTable from workbench.planning.sensitivity.sensitivity_table_job (its progress reaches
     the status bar; a cancel stops it between steps, and the cluster's tasks with it). Sizes
     are the bytes `evaluate` counts. `runner`: its cluster setting (app.cluster_setting) says
     where the per-tensor work runs."""
-    from workbench import sensitivity as S
-    from workbench.evaluate import evaluate_tensor
+    from workbench.planning import sensitivity as S
+    from workbench.quant.evaluate import evaluate_tensor
 
     from .cluster_setting import executor_of
     names = allocatable(model)
@@ -136,14 +136,14 @@ def predicted_error(table: SensTable, assignment: dict) -> float | None:
 
 def plan_bytes(model, assignment: dict) -> int:
     """Total bytes of an assignment as evaluate counts them (cached per tensor)."""
-    from workbench.evaluate import evaluate_tensor
+    from workbench.quant.evaluate import evaluate_tensor
     return int(sum(evaluate_tensor(model, n, assignment.get(n, KEEP)).bytes
                    for n in model.tensors))
 
 
 def allocate_job(model, table: SensTable, budget_bytes=None, budget_bpw=None, pins=None):
-    """Job: (assignment, budget_bytes) from workbench.allocate.allocate over the cached table."""
-    from workbench.allocate import allocate
+    """Job: (assignment, budget_bytes) from workbench.planning.allocate.allocate over the cached table."""
+    from workbench.planning.allocate import allocate
     plan, budget = yield from allocate(model, table.candidates, budget_bytes, budget_bpw,
                                        pins or {}, table.err)
     assign = {r.match: r.scheme for r in plan.rules if not r.is_regex}
@@ -160,7 +160,7 @@ def _point(model, table, kind, label, assignment, budget_bpw=None) -> Point | No
 
 def frontier_job(model, table: SensTable, pins=None, n_points: int = FRONTIER_POINTS):
     """Job: [Point]: allocated plans over a range of budgets, uniform plans, llama.cpp's
-    Q4_K_M / Q5_K_M recipes (workbench.frontier.recipe_points, where it exists)."""
+    Q4_K_M / Q5_K_M recipes (workbench.planning.frontier.recipe_points, where it exists)."""
     pins = dict(pins or {})
     names = table.names
     points: list[Point] = []
@@ -189,7 +189,7 @@ def frontier_job(model, table: SensTable, pins=None, n_points: int = FRONTIER_PO
             if p is not None:
                 points.append(p)
     try:
-        from workbench import frontier as F
+        from workbench.planning import frontier as F
         recipes = F.recipe_points(model, ["Q4_K_M", "Q5_K_M"])
     except (ImportError, AttributeError, WorkbenchError, TypeError):
         recipes = []
@@ -308,7 +308,7 @@ class PlanEffects(QObject):
         model, plan = self.doc.model, self.doc.plan
         if model is None or not self.check_enabled:
             return
-        from workbench.runner import check
+        from workbench.running.runner import check
         self._check_gen += 1
         gen = self._check_gen
         calib, samples = self.calib, self.samples

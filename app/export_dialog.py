@@ -196,9 +196,9 @@ class ExportDialog(QDialog):
             return None
         tp = Path(target).expanduser()
         if tp.exists():
-            from workbench.atomic import refuse_overwriting_inputs
-            from workbench.errors import WorkbenchError
-            from workbench.outputs import refuse_inputs_as_outputs
+            from workbench.core.atomic import refuse_overwriting_inputs
+            from workbench.core.errors import WorkbenchError
+            from workbench.core.outputs import refuse_inputs_as_outputs
             try:
                 refuse_overwriting_inputs(model, tp)
                 refuse_inputs_as_outputs(

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 
-from workbench.errors import WorkbenchError
-from workbench.patterns import compile_pattern
+from workbench.core.errors import WorkbenchError
+from workbench.core.patterns import compile_pattern
 
 import numpy as np
 from PySide6.QtCore import QAbstractItemModel, QItemSelectionModel, QModelIndex, Qt, Signal
@@ -34,7 +34,7 @@ def _group_key(group: str) -> tuple:
 
 def _expert_label(name: str) -> str:
     """'mlp.experts.3.down_proj.weight' -> 'expert 3 · down_proj'."""
-    from workbench.catalog import expert_index
+    from workbench.formats.catalog import expert_index
     e = expert_index(name)
     tail = name[:-7] if name.endswith(".weight") else name
     return f"expert {e} · {tail.rsplit('.', 1)[-1]}" if e is not None else tail
@@ -122,7 +122,7 @@ class TreeModel(QAbstractItemModel):
         return len(self.nodes) - 1
 
     def _build(self, model) -> None:
-        from workbench.catalog import grouping
+        from workbench.formats.catalog import grouping
         self.infos = infos = model.tensors
         self.names = list(infos)
         groups: dict[str, list] = {}

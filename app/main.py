@@ -48,7 +48,7 @@ def build_window(model_path=None, plan_path=None, session_path=None, messages=No
                  autosave: bool = True):
     """A MainWindow opening a session, or a model (default: the bundled demo) with a plan."""
     from workbench.cli.common import default_model_path
-    from workbench.plan import Plan
+    from workbench.quant.plan import Plan
     from .main_window import MainWindow
     win = MainWindow(messages=messages, autosave=autosave)
     if session_path:
@@ -56,7 +56,7 @@ def build_window(model_path=None, plan_path=None, session_path=None, messages=No
         return win
     plan = None
     if plan_path:
-        from workbench.errors import WorkbenchError
+        from workbench.core.errors import WorkbenchError
         try:
             plan = Plan.load(plan_path)
         except WorkbenchError as exc:

@@ -10,8 +10,8 @@ from PySide6.QtGui import QAction, QKeySequence, QUndoStack
 from PySide6.QtWidgets import (QFileDialog, QLabel, QMainWindow, QSplitter, QTabWidget,
                                QVBoxLayout, QWidget)
 
-from workbench.errors import WorkbenchError
-from workbench.plan import Plan
+from workbench.core.errors import WorkbenchError
+from workbench.quant.plan import Plan
 
 from . import commands
 from .analyzer import Analyzer
@@ -46,7 +46,7 @@ def _inside_installation(path: Path) -> bool:
         return True
 
 
-from workbench.atomic import pid_alive  # noqa: E402
+from workbench.core.atomic import pid_alive  # noqa: E402
 
 
 class MainWindow(QMainWindow):
@@ -302,7 +302,7 @@ class MainWindow(QMainWindow):
                    confirm: bool = True):
         """Open a checkpoint on the compute thread; a failure shows a message. Over unsaved
         edits, asks first (None: the user cancelled; `confirm=False`: already asked)."""
-        from workbench.loaders import open_model
+        from workbench.formats.loaders import open_model
         if confirm and not self.confirm_discard():
             return None
         self._status_timer.stop()
@@ -402,7 +402,7 @@ class MainWindow(QMainWindow):
     def refuse_input_target(self, path, what: str, session_ok: bool = False) -> bool:
         """True (after showing why) when `path` is a file this window read: the model's
         files (any link to them) or, unless `session_ok`, the session file it came from."""
-        from workbench.outputs import refuse_inputs_as_outputs
+        from workbench.core.outputs import refuse_inputs_as_outputs
         inputs = {"the model": self.doc.model.path if self.doc.model is not None else None}
         if not session_ok:
             inputs["the session file"] = self.session_path

@@ -1,5 +1,5 @@
 """The model map's drawing surface: blocks as rows, sections as groups of cells, every tensor a
-cell coloured by the overlay (issue 23). Geometry comes from `workbench.model_map.layout`;
+cell coloured by the overlay (issue 23). Geometry comes from `workbench.planning.model_map.layout`;
 cell rectangles live in numpy arrays so a paint only visits the cells in the exposed area
 (a 100,000-tensor catalog paints its viewport in milliseconds). Click a cell: it becomes the
 current tensor everywhere; drag: a rubber band selects every cell it touches; click a block's
@@ -51,7 +51,7 @@ class MapCanvas(QWidget):
 
     # ---- geometry --------------------------------------------------------------------------
     def set_blocks(self, blocks, geometry=None) -> None:
-        """Lay out `blocks` (workbench.model_map.layout); `geometry`: what
+        """Lay out `blocks` (workbench.planning.model_map.layout); `geometry`: what
         :func:`map_geometry` gave for them (worked out off the GUI thread), else worked out
         here."""
         g = geometry if geometry is not None else map_geometry(blocks)

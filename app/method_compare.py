@@ -1,5 +1,5 @@
 """The comparison view's methods (issue 12): one tensor under (scheme, method) pairs, computed
-on the compute thread by ``workbench.methods.compare`` with the calibration file the app's
+on the compute thread by ``workbench.quant.methods.compare`` with the calibration file the app's
 end-to-end check uses (``PlanEffects.calib``; the shipped text by default).
 
 Two tasks per request: the calibration pass for the tensor (and its AWQ fold peers), run
@@ -16,10 +16,10 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from workbench.errors import WorkbenchError
-from workbench.methods.base import METHOD_NAMES
-from workbench.methods.compare import applies, evaluate_method, peers_of, tensor_stats
-from workbench.progress import Progress
+from workbench.core.errors import WorkbenchError
+from workbench.quant.methods.base import METHOD_NAMES
+from workbench.quant.methods.compare import applies, evaluate_method, peers_of, tensor_stats
+from workbench.core.progress import Progress
 
 from .workers import FOREGROUND
 
@@ -51,7 +51,7 @@ class MethodComparer(QObject):
     def calib(self) -> str:
         path = self.calib_source() if self.calib_source is not None else None
         if not path:
-            from workbench.calibration import DEFAULT_CALIB
+            from workbench.running.calibration import DEFAULT_CALIB
             path = str(DEFAULT_CALIB)
         return str(path)
 
@@ -63,7 +63,7 @@ class MethodComparer(QObject):
         if self._runnable is None or self._runnable[0] != model.path:
             why = None
             try:
-                from workbench.runner import model_kind, read_config
+                from workbench.running.runner import model_kind, read_config
                 model_kind(read_config(model))
             except WorkbenchError as exc:
                 why = exc.problem if hasattr(exc, "problem") else str(exc)
@@ -131,7 +131,7 @@ class MethodComparer(QObject):
     # ---- computing -------------------------------------------------------------------------
     def request(self, name: str, pairs) -> None:
         """Compute the (scheme, method) pairs of `name` not cached yet (a new request cancels
-        the last). Methods are applied as :func:`workbench.methods.compare.evaluate_method`."""
+        the last). Methods are applied as :func:`workbench.quant.methods.compare.evaluate_method`."""
         self.cancel()
         model = self.doc.model
         if model is None or not name or self.unavailable() or self.tensor_unavailable(name):

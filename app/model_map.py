@@ -2,7 +2,7 @@
 overlay — scheme / bits per weight, SQNR, sensitivity, measured output change, kurtosis or
 outlier fraction — with a legend, per-block totals (bytes, bits per weight), click to select
 everywhere, rubber-band or block selection plus a scheme as one undoable edit, and PNG / SVG
-export. Every number comes from `workbench.model_map` and the document (`quant-workbench map`
+export. Every number comes from `workbench.planning.model_map` and the document (`quant-workbench map`
 prints the same blocks and totals)."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from PySide6.QtGui import QColor, QPainter
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QPushButton,
                                QScrollArea, QVBoxLayout, QWidget)
 
-from workbench.atomic import atomic_write
-from workbench.errors import WorkbenchError
-from workbench.model_map import (HIGHER_IS_BETTER, OVERLAY_TEXT, OVERLAYS,
+from workbench.core.atomic import atomic_write
+from workbench.core.errors import WorkbenchError
+from workbench.planning.model_map import (HIGHER_IS_BETTER, OVERLAY_TEXT, OVERLAYS,
                                  colour_range, layout, layout_job, normalise, overlay_values)
-from workbench.progress import Progress, run
-from workbench.plan import KEEP
+from workbench.core.progress import Progress, run
+from workbench.quant.plan import KEEP
 
 from . import commands
 from .colour_scale import ColourLegend, rgb
@@ -370,7 +370,7 @@ class ModelMapView(QWidget):
 
 
 def _prepare_job(model):
-    """The map of `model` laid out (a workbench.progress job, run on the compute thread):
+    """The map of `model` laid out (a workbench.core.progress job, run on the compute thread):
     (model, blocks, geometry, params per cell, is-float per cell)."""
     blocks = yield from layout_job(model)
     yield Progress(len(model.tensors), len(model.tensors), "placing the model map's cells")
@@ -388,7 +388,7 @@ def render_map_png(model, plan, bits_of=None, width: int = 1100) -> bytes:
     size formula (the report passes its evaluated sizes)."""
     from PySide6.QtCore import QBuffer, QIODevice
     from PySide6.QtGui import QImage
-    from workbench.model_map import plan_bytes_of
+    from workbench.planning.model_map import plan_bytes_of
     bytes_of, _ = plan_bytes_of(model, plan)
     if bits_of is not None:
         bytes_of = bits_of

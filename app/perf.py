@@ -9,7 +9,7 @@ during a paint and painted each plot twice); llama.cpp's tensor names for the "n
 re-typed" check are computed when the model opens, not on the first edit; the totals are
 cached between changes; axes re-set their label's HTML only when its text changes; the scheme
 table keeps each cell's value per role until the document changes; and an edit of a tensor of
-4M+ weights first gets a sampled-rows error estimate (workbench.estimate, shown "≈") before
+4M+ weights first gets a sampled-rows error estimate (workbench.planning.estimate, shown "≈") before
 the exact evaluation.
 """
 

@@ -14,11 +14,11 @@ import math
 
 import numpy as np
 
-from workbench.atomic import write_text_atomic
-from workbench.evaluate import evaluate
-from workbench.plan import KEEP
-from workbench.progress import Progress, subjob
-from workbench.stats import DEFAULT_CACHE, model_stats
+from workbench.core.atomic import write_text_atomic
+from workbench.quant.evaluate import evaluate
+from workbench.quant.plan import KEEP
+from workbench.core.progress import Progress, subjob
+from workbench.quant.stats import DEFAULT_CACHE, model_stats
 
 from .format import fmt_bytes, fmt_count, fmt_db, fmt_float, fmt_shape
 
@@ -230,7 +230,7 @@ def write_report_from_window(win, out_path):
 
     def done(result):
         ev, st = result
-        from workbench.errors import WorkbenchError
+        from workbench.core.errors import WorkbenchError
         try:
             write_report(model, plan, out_path, ev, st, shot)
             win.status_label.setText(f"report saved to {out_path}")

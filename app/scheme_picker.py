@@ -1,4 +1,4 @@
-"""The scheme picker: schemes grouped by family (workbench.scheme_choice), each entry with its
+"""The scheme picker: schemes grouped by family (workbench.planning.scheme_choice), each entry with its
 bits per weight on the tensor and, once the compute thread has evaluated it, the predicted
 error (SQNR) of the selected tensor under it.
 
@@ -15,7 +15,7 @@ from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import QComboBox, QStyledItemDelegate
 
-from workbench.scheme_choice import bits_per_weight, grouped
+from workbench.planning.scheme_choice import bits_per_weight, grouped
 
 from .theme import MUTED, mono_font
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from workbench.errors import WorkbenchError
-from workbench.patterns import compile_pattern
+from workbench.core.errors import WorkbenchError
+from workbench.core.patterns import compile_pattern
 
 from PySide6.QtCore import (QEvent, QItemSelection, QItemSelectionModel, QSortFilterProxyModel,
                             Qt, QTimer, Signal)
@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogBut
                                QMenu, QPushButton, QStyledItemDelegate, QTableView,
                                QToolButton, QVBoxLayout, QWidget)
 
-from workbench.plan import KEEP
+from workbench.quant.plan import KEEP
 from workbench.schemes import list_schemes
 
 from .commands import schemes_for
@@ -77,10 +77,10 @@ class SchemeDelegate(QStyledItemDelegate):
 
 
 class MethodDelegate(QStyledItemDelegate):
-    """A combo box of the quantization methods (workbench.methods.list_methods)."""
+    """A combo box of the quantization methods (workbench.quant.methods.list_methods)."""
 
     def createEditor(self, parent, option, index):
-        from workbench.methods import list_methods
+        from workbench.quant.methods import list_methods
         combo = QComboBox(parent)
         combo.addItems(list_methods())
         return combo
@@ -134,20 +134,20 @@ class RuleDialog(QDialog):
         text = self.match.text().strip()
         if not text:
             return None
-        if text.startswith("moe:"):   # workbench.moe selectors: experts / shared / router
-            from workbench.moe import parse_selector
+        if text.startswith("moe:"):   # workbench.running.moe selectors: experts / shared / router
+            from workbench.running.moe import parse_selector
             try:
                 sel = parse_selector(text)
             except WorkbenchError:
                 return None
             return [n for n in self.doc.names() if sel.matches(n)]
         if text.startswith("re:"):
-            from workbench.catalog import moe_role
+            from workbench.formats.catalog import moe_role
             try:
                 pat = compile_pattern(text[3:])
             except WorkbenchError:
                 return None
-            # a pattern never reaches a router (workbench.plan): not counted
+            # a pattern never reaches a router (workbench.quant.plan): not counted
             return [n for n in self.doc.names() if pat.search(n) and moe_role(n) != "router"]
         return [text] if text in self.doc.names() else []
 

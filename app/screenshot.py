@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from workbench.atomic import atomic_write
-from workbench.errors import WorkbenchError
+from workbench.core.atomic import atomic_write
+from workbench.core.errors import WorkbenchError
 
 TABS = {"table": 0, "tiers": 1, "comparison": 2}
 
@@ -89,7 +89,7 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
         if msgs.errors:
             raise WorkbenchError(msgs.errors[0][1].split("\n")[0])
         if layer:
-            from workbench.moe import expert_groups
+            from workbench.running.moe import expert_groups
             groups = expert_groups(win.doc.model)
             if layer in groups:   # an expert group ('layer 1 experts down'): its spread
                 win.select(groups[layer][0])

@@ -1,6 +1,6 @@
 """Sensitivity views: tensors × schemes heat map or sorted bars for the chosen measure, and the
 selected tensor's size / sensitivity curve beside its plots. The numbers are the table of
-:func:`app.effects.table_job` (workbench.sensitivity; `quant-workbench sensitivity` prints them)."""
+:func:`app.effects.table_job` (workbench.planning.sensitivity; `quant-workbench sensitivity` prints them)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QLineEdit, QPushButton,
                                QSizePolicy, QStackedWidget, QVBoxLayout, QWidget)
 
-from workbench.errors import WorkbenchError
-from workbench.plan import KEEP
+from workbench.core.errors import WorkbenchError
+from workbench.quant.plan import KEEP
 
 from .commands import _short
 from .effects import MEASURES

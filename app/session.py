@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.atomic import write_text_atomic
-from workbench.errors import WorkbenchError
-from workbench.plan import Plan
+from workbench.core.atomic import write_text_atomic
+from workbench.core.errors import WorkbenchError
+from workbench.quant.plan import Plan
 
 from .tiers import DEFAULT_TIERS, tiers_from_list, tiers_to_list
 
@@ -56,7 +56,7 @@ class Session:
     def load(cls, path) -> "Session":
         p = Path(path)
         try:
-            from workbench.limits import MAX_JSON_BYTES, loads, read_sidecar
+            from workbench.core.limits import MAX_JSON_BYTES, loads, read_sidecar
             if not p.exists():
                 raise FileNotFoundError(str(p))
             # its size before any byte is read, a regular file (not a FIFO)

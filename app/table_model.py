@@ -13,7 +13,7 @@ import math
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt
 from PySide6.QtGui import QBrush, QColor
 
-from workbench.plan import KEEP
+from workbench.quant.plan import KEEP
 
 from . import perf
 
@@ -37,7 +37,7 @@ TOOLTIPS = {
     C_METHOD: "quantization method (rtn, imatrix, gptq, awq); the errors shown are the scheme's "
               "round-to-nearest ones — `evaluate/check/export --calib F` apply the method",
     C_NOTE: "what is applied instead of the plan's scheme, and why (fallbacks, kept tensors: "
-            "workbench.runtimes, as `evaluate` reports them)",
+            "workbench.quant.runtimes, as `evaluate` reports them)",
 }
 WARN = "#d29922"
 

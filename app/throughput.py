@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 
-from workbench.evaluate import quantize
-from workbench.plan import KEEP
+from workbench.quant.evaluate import quantize
+from workbench.quant.plan import KEEP
 from workbench.schemes import get_scheme
 
 
@@ -29,7 +29,7 @@ def warmup() -> str:
     """Import and warm the kernels (JIT) — call on a background thread at start-up."""
     try:
         import kernels
-        from workbench import accel
+        from workbench.quant import accel
         accel.warmup()
         return str(kernels.backend_name())
     except (ImportError, AttributeError):
@@ -38,7 +38,7 @@ def warmup() -> str:
 
 def _dequantize_fn():
     try:
-        from workbench import accel
+        from workbench.quant import accel
         return accel.dequantize
     except (ImportError, AttributeError):
         return None

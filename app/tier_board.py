@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogBut
                                QMenu, QPushButton, QStyle, QStyledItemDelegate, QVBoxLayout,
                                QWidget)
 
-from workbench.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 from workbench.schemes import list_schemes
 
 from .format import fmt_bytes, fmt_db, fmt_shape, plural

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.errors import WorkbenchError
-from workbench.plan import KEEP
+from workbench.core.errors import WorkbenchError
+from workbench.quant.plan import KEEP
 from workbench.schemes import get_scheme
 
 

@@ -58,7 +58,7 @@ class TotalsBar(QFrame):
         self.status.setMinimumWidth(1)
         self.status.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        # the one-line fallback summary (workbench.runtimes.FallbackSummary, as `evaluate`
+        # the one-line fallback summary (workbench.quant.runtimes.FallbackSummary, as `evaluate`
         # prints it): how many tensors and what share of parameters fell back or were kept
         self.fallbacks = FitLabel("")
         self.fallbacks.setObjectName("FallbackSummary")
@@ -105,7 +105,7 @@ class TotalsBar(QFrame):
             _style(self.sqnr.value, f"color: {c.name()};" if c is not None else "")
             _tip(self.sqnr.value,
                  f"Estimated: {plural(t.estimated, 'large tensor')} measured on evenly spaced "
-                 "rows so far (workbench.estimate); the exact figure follows.")
+                 "rows so far (workbench.planning.estimate); the exact figure follows.")
             self._status = [f"evaluating error of {t.pending} tensor(s)… (≈: sampled rows)",
                             f"evaluating error of {t.pending} tensor(s)…",
                             f"evaluating {t.pending}…", ""]
@@ -126,7 +126,7 @@ class TotalsBar(QFrame):
         fs = self.doc.fallback_summary()
         self._fallbacks = [short_summary(fs), short_summary(fs, compact=True), ""]
         self._fit()
-        _tip(self.fallbacks, f"What the plan's schemes become (workbench.runtimes, as "
+        _tip(self.fallbacks, f"What the plan's schemes become (workbench.quant.runtimes, as "
                              f"`evaluate` reports it):\n{fs.line()}")
         _style(self.fallbacks, "color: #d29922;" if fs.changed else "")
         _tip(self.backend.value,

@@ -1,6 +1,6 @@
 """Long work off the GUI thread: one compute thread running `workbench` jobs by priority.
 
-A job is a `workbench.progress` generator (yields Progress, returns a result) or a plain
+A job is a `workbench.core.progress` generator (yields Progress, returns a result) or a plain
 callable. Everything numeric runs on a single compute thread: numba's default threading
 layer must not be entered from two threads at once, and two cores gain nothing from more.
 Between two Progress events the thread checks the task's cancel flag and whether a task
@@ -20,8 +20,8 @@ from typing import Callable
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
-from workbench.errors import Cancelled, WorkbenchError
-from workbench.progress import Progress
+from workbench.core.errors import Cancelled, WorkbenchError
+from workbench.core.progress import Progress
 
 # priorities: higher runs first
 INTERACTIVE = 30   # what the user is looking at (selected tensor)

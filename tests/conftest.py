@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-# `check`'s cached float distributions (workbench.kld) go to a temporary folder, not ~/.cache
+# `check`'s cached float distributions (workbench.running.kld) go to a temporary folder, not ~/.cache
 if "QUANT_WORKBENCH_KLD_CACHE" not in os.environ:
     import atexit
     import shutil
@@ -44,7 +44,7 @@ def minilm_path() -> Path:
 
 @pytest.fixture(scope="session")
 def minilm(minilm_path):
-    from workbench.loaders import open_model
+    from workbench.formats.loaders import open_model
     return open_model(minilm_path)
 
 

@@ -117,7 +117,7 @@ def test_evaluate_json_subprocess_stdout_is_pure_json(tiny_llama):
 
 def test_evaluate_json_with_progress_forced(capsys, tiny_llama, monkeypatch):
     """Even with the progress bar drawing, stdout stays pure JSON (the bar goes to stderr)."""
-    import workbench.progress as progress
+    import workbench.core.progress as progress
     path, _ = tiny_llama
     real_init = progress.TextProgress.__init__
 
@@ -153,7 +153,7 @@ def test_evaluate_text_and_plan(capsys, tiny_llama, tmp_path):
 
 
 def test_export_safetensors_cli(capsys, tiny_llama, tmp_path):
-    from workbench.loaders import open_model
+    from workbench.formats.loaders import open_model
     from workbench.schemes import get_scheme
     path, tensors = tiny_llama
     out = tmp_path / "q.safetensors"

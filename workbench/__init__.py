@@ -24,7 +24,7 @@ _API = frozenset({
 
 def __getattr__(name):
     if name in _API:
-        from . import api
+        from workbench import api
         value = getattr(api, name)
         globals()[name] = value
         return value

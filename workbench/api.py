@@ -5,7 +5,7 @@ its statistics, evaluate / check / export a plan, the sensitivity table, allocat
 :class:`Budget`, the frontier, diff two quantizations, convert a GGUF. The CLI commands call
 these functions (or the domain functions they name) with their flags translated.
 
-Long work runs the project's progress jobs (workbench.progress): every long function takes
+Long work runs the project's progress jobs (workbench.core.progress): every long function takes
 ``progress`` (a callable given each :class:`Progress`: ``done``, ``total``, ``message``,
 ``fraction``) and ``cancel`` (a callable; once it returns True the work stops between two
 progress events and :class:`Cancelled` is raised). ``driver`` (advanced) replaces both: a
@@ -13,7 +13,7 @@ callable that runs each stage's job and returns its result, as the CLI's text ba
 
 A plan argument is a :class:`Plan` or a scheme name; a scheme name is the uniform plan of
 ``--scheme``, following the target runtime's convention for the embeddings and the output head
-unless ``quantize_all`` (workbench.conventions).
+unless ``quantize_all`` (workbench.planning.conventions).
 """
 
 from __future__ import annotations
@@ -24,25 +24,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, Union
 
-from . import _API
-from .budget import Budget
-from .errors import Cancelled, WorkbenchError
-from .plan import Plan, Rule
-from .progress import Job, Progress
+from workbench import _API
+from workbench.planning.budget import Budget
+from workbench.core.errors import Cancelled, WorkbenchError
+from workbench.quant.plan import Plan, Rule
+from workbench.core.progress import Job, Progress
 
 if TYPE_CHECKING:   # the heavy types, for annotations only
-    from .evaluate import Evaluation
-    from .frontier import FrontierPoint
-    from .model import Model
-    from .sensitivity import SensitivityTable
-    from .stats import TensorStats
+    from workbench.quant.evaluate import Evaluation
+    from workbench.planning.frontier import FrontierPoint
+    from workbench.formats.model import Model
+    from workbench.planning.sensitivity import SensitivityTable
+    from workbench.quant.stats import TensorStats
 
 #: the public names; workbench/__init__.py lists them (it re-exports them without importing this)
 __all__ = sorted(_API)
 
 ProgressCallback = Callable[[Progress], None]
 CancelCheck = Callable[[], bool]
-#: runs one progress job to its result (workbench.progress.run with a callback, or the CLI's bar)
+#: runs one progress job to its result (workbench.core.progress.run with a callback, or the CLI's bar)
 Driver = Callable[[Job], Any]
 PlanLike = Union[Plan, str]
 
@@ -59,7 +59,7 @@ def _driver(progress: ProgressCallback | None, cancel: CancelCheck | None,
             driver: Driver | None) -> Driver:
     if driver is not None:
         return driver
-    from .progress import run
+    from workbench.core.progress import run
 
     def drive(job):
         return run(job, progress, cancel)
@@ -77,9 +77,9 @@ def open_model(path: str | os.PathLike | None = None, *, device: str | None = No
     only, tensors are read on demand. None: the bundled demo model. `device` ("cpu", "cuda"):
     where model-level work (check, calibration, fisher, GPTQ) runs; default cuda when torch
     sees a GPU."""
-    from .loaders import open_model as _open
+    from workbench.formats.loaders import open_model as _open
     if device:
-        from .runner import set_device
+        from workbench.running.runner import set_device
         set_device(device)
     return _open(str(path) if path is not None else str(demo_model_path()))
 
@@ -89,8 +89,8 @@ def statistics(model: "Model", names: Iterable[str] | None = None, *, executor=N
                driver: Driver | None = None) -> dict[str, "TensorStats"]:
     """{tensor: TensorStats} (absmax, std, kurtosis, outlier fraction, NaN/Inf counts,
     histogram, per-channel ranges) for `names` (default every tensor), as `inspect` lists
-    them. `executor`: a workbench.cluster executor the per-tensor work runs on."""
-    from .stats import model_stats
+    them. `executor`: a workbench.jobs.cluster executor the per-tensor work runs on."""
+    from workbench.quant.stats import model_stats
     return _driver(progress, cancel, driver)(
         model_stats(model, list(names) if names is not None else None, executor=executor))
 
@@ -105,7 +105,7 @@ def make_plan(scheme: str | None = None, *, path: str | os.PathLike | None = Non
     if path is not None:
         plan = Plan.load(str(path))
     elif scheme is not None:
-        from .schemes import get_scheme
+        from workbench.schemes import get_scheme
         plan = Plan(default=get_scheme(scheme).name)   # unknown names: a clear error
     extra = [r if isinstance(r, Rule) else Rule(str(r[0]), str(r[1])) for r in rules]
     return plan._copy(rules=extra + list(plan.rules)) if extra else plan
@@ -121,7 +121,7 @@ def _resolve_plan(model, plan: PlanLike, target: str, quantize_all: bool = False
         plan = make_plan(convention)
     if convention is None or quantize_all:
         return plan, None
-    from .conventions import apply
+    from workbench.planning.conventions import apply
     return apply(plan, model, convention, target)
 
 
@@ -150,7 +150,7 @@ def with_methods(model: "Model", plan: Plan, *, method: str | None = None, calib
         if imatrix:
             raise WorkbenchError("--imatrix needs a method that reads it: --method imatrix")
         return plan, model
-    from .methods.apply import prepare
+    from workbench.quant.methods.apply import prepare
     mm = _driver(progress, cancel, driver)(prepare(model, plan, calib, imatrix, target))
     for note in getattr(mm, "notes", []) if say else ():
         say(f"note: {note}")
@@ -167,7 +167,7 @@ def evaluate_plan(model: "Model", plan: PlanLike, *, target: str = "any", strict
     and measure it: an Evaluation with ``tensors`` (per tensor: scheme, method, bits per
     weight, bytes, errors) and ``totals`` (bytes before / after, bits per weight, SQNR), as
     `evaluate` prints them. `strict`: a fallback is an error."""
-    from .evaluate import evaluate
+    from workbench.quant.evaluate import evaluate
     drive = _driver(progress, cancel, driver)
     plan, _conv = _resolve_plan(model, plan, target, quantize_all, convention)
     plan, qmodel = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
@@ -199,8 +199,8 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     target = runtime_target(runtime, target)
     text = held_out or calib
     if runtime == "llama.cpp":
-        from .llama_kld import DEFAULT_CTX
-        from .runner import model_kind, read_config
+        from workbench.export.llama_kld import DEFAULT_CTX
+        from workbench.running.runner import model_kind, read_config
         ctx = ctx or DEFAULT_CTX
         chunks = chunks or samples
         if ctx < 4 or (chunks is not None and chunks < 1):
@@ -211,24 +211,24 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                                  f"causal LM, not a {kind}", path=model.path)
     plan, conv = _resolve_plan(model, plan, target, quantize_all, convention)
     if activations:
-        from .methods.apply import activation_ranges
-        from .runtimes import plan_decisions
+        from workbench.quant.methods.apply import activation_ranges
+        from workbench.quant.runtimes import plan_decisions
         quantized = {n for n, d in plan_decisions(model, plan, target).items()
                      if d.applied != "keep"}
         plan = plan.with_activations(drive(activation_ranges(model, quantized, calib,
                                                              act_method, 8, "int")))
     plan, mm = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
                             target=target, driver=drive, say=say)
-    from .atomic import refuse_overwriting_inputs
+    from workbench.core.atomic import refuse_overwriting_inputs
     if runtime == "llama.cpp":
-        from .calibration import DEFAULT_CALIB
-        from .llama_kld import check_llama
+        from workbench.running.calibration import DEFAULT_CALIB
+        from workbench.export.llama_kld import check_llama
         if save_gguf:
             refuse_overwriting_inputs(model, save_gguf)
         res = drive(check_llama(model, plan, text or DEFAULT_CALIB, ctx, chunks=chunks,
                                 keep_path=save_gguf, quant_model=mm))
     elif runtime == "onnxruntime":
-        from .onnx_check import check_onnx
+        from workbench.export.onnx_check import check_onnx
         if save_onnx:
             refuse_overwriting_inputs(model, save_onnx)
         res = drive(check_onnx(mm, plan, text, samples, accuracy_level=accuracy_level,
@@ -236,11 +236,11 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     else:
         weights = None
         if mm is not model or method or target != "any":   # (method rtn: same fallbacks)
-            from .methods.apply import runner_weights
+            from workbench.quant.methods.apply import runner_weights
             weights = runner_weights(mm, plan, target)
-        from .runner import check, model_kind, read_config
+        from workbench.running.runner import check, model_kind, read_config
         if scoring == "chunks" and model_kind(read_config(model)) == "causal-lm":
-            from .kld import kld_check
+            from workbench.running.kld import kld_check
             for flag, v in (("--ctx", ctx), ("--chunks", chunks)):
                 if v is not None and v < 1:
                     raise WorkbenchError(f"{flag} {v}: give a positive number")
@@ -257,7 +257,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
 def export_formats() -> list[str]:
     """The formats :func:`export_plan` writes (gguf, compressed-tensors, onnx, safetensors,
     plan, ...)."""
-    from .export import list_exporters
+    from workbench.export import list_exporters
     return [e.name for e in list_exporters()]
 
 
@@ -296,9 +296,9 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
     if activations == "int8":
         activations, act_bits, act_type = act_method, 8, "int"
     if activations:
-        from .methods.apply import activation_ranges
-        from .plan import KEEP
-        from .runtimes import plan_decisions
+        from workbench.quant.methods.apply import activation_ranges
+        from workbench.quant.plan import KEEP
+        from workbench.quant.runtimes import plan_decisions
         quantized = {n for n, d in plan_decisions(model, plan, runtime).items()
                      if d.applied != KEEP}
         plan = plan.with_activations(drive(activation_ranges(model, quantized, calib,
@@ -314,7 +314,7 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
         options["executor"] = executor
     if accuracy_level is not None:
         options["accuracy_level"] = accuracy_level
-    from .export import export
+    from workbench.export import export
     info = drive(export(qmodel, plan, fmt, str(output), **options))
     if conv is not None:
         info["convention"] = conv.to_dict()
@@ -324,8 +324,8 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
 # ---- sensitivity, allocation, frontier --------------------------------------------------------
 def parse_schemes(text: str | Sequence[str], target: str = "any") -> list[str]:
     """Scheme names (a list, or comma-separated text; aliases resolved, repeats dropped), or
-    "auto": every scheme `target` runs and exports (workbench.runtimes.candidate_schemes)."""
-    from .runtimes import parse_schemes as _parse
+    "auto": every scheme `target` runs and exports (workbench.quant.runtimes.candidate_schemes)."""
+    from workbench.quant.runtimes import parse_schemes as _parse
     if not isinstance(text, str):
         text = ",".join(text)
     return _parse(text, target)
@@ -346,7 +346,7 @@ def resolve_measure(model: "Model", measure: str = AUTO, calib=None, imatrix=Non
     `samples`), activation with an imatrix, weight otherwise; an explicit measure as given."""
     if measure != AUTO:
         return MeasureChoice(measure, samples, "given")
-    from .sensitivity import best_measure
+    from workbench.planning.sensitivity import best_measure
     m, why = best_measure(model, calib, imatrix)
     if m == "fisher" and samples is None:
         samples = AUTO_FISHER_SAMPLES
@@ -368,7 +368,7 @@ def measure_sensitivity(model: "Model", schemes: str | Sequence[str] = DEFAULT_S
     one calibration pass), output (measured, one tensor at a time) or auto
     (:func:`resolve_measure`). The table also carries ``measure_reason`` and ``samples`` (the
     calibration samples read). `say(line)` gets the chosen measure's line when auto."""
-    from .sensitivity import sensitivity_table_job
+    from workbench.planning.sensitivity import sensitivity_table_job
     names = parse_schemes(schemes, target)
     choice = resolve_measure(model, measure, calib, imatrix, samples)
     if choice.auto and say is not None:
@@ -392,10 +392,10 @@ class Allocation:
     table: "SensitivityTable"
     budget: Budget
     budget_bytes: int               # the budget in bytes of what it counts
-    solution: Any                   # workbench.allocate.Solution: error, exact, bound
+    solution: Any                   # workbench.planning.allocate.Solution: error, exact, bound
     evaluation: "Evaluation"
     accounting: dict                # bytes and bits per weight in every accounting
-    methods_weighed: dict           # workbench.allocate_methods.weigh_methods' summary
+    methods_weighed: dict           # workbench.planning.allocate_methods.weigh_methods' summary
     candidates: list[str]
     target: str
     seconds: dict = field(default_factory=dict)
@@ -415,8 +415,8 @@ class Allocation:
 
     def to_dict(self, output: str | None = None) -> dict:
         """`allocate --json`'s document (`output`: the plan file written)."""
-        from .allocate_methods import method_counts
-        from .sensitivity import predicted_unit
+        from workbench.planning.allocate_methods import method_counts
+        from workbench.planning.sensitivity import predicted_unit
         t = self.evaluation.totals
         acc = self.accounting
         out = {"output": output, "budget_bytes": self.budget_bytes,
@@ -454,12 +454,12 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     alone, before anything is measured. `output`: the plan JSON is written there as soon as it
     is solved. `say(line)` gets `allocate`'s notes: the measure chosen, and with `notes` the
     methods weighed."""
-    from . import budget as budgets
-    from .allocate_methods import parse_methods, plan_with_methods, weigh_methods
-    from .evaluate import evaluate
-    from .moe import expand_pins
-    from .progress import run as run_job
-    from .sensitivity import below_smallest_message, size_floor
+    from workbench.planning import budget as budgets
+    from workbench.planning.allocate_methods import parse_methods, plan_with_methods, weigh_methods
+    from workbench.quant.evaluate import evaluate
+    from workbench.running.moe import expand_pins
+    from workbench.core.progress import run as run_job
+    from workbench.planning.sensitivity import below_smallest_message, size_floor
     drive = _driver(progress, cancel, driver)
     target = budgets.file_target(budget, target)
     if table is not None:
@@ -536,7 +536,7 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
     point end to end (`check`, on `held_out` or the calibration inputs)."""
     import numpy as np
 
-    from .frontier import check_points, frontier, recipe_points, recipe_types, uniform_points
+    from workbench.planning.frontier import check_points, frontier, recipe_points, recipe_types, uniform_points
     recipes = [r.strip() for r in recipes if r.strip()]
     extra = recipe_types(recipes) if recipes else []
     t0 = time.perf_counter()
@@ -582,7 +582,7 @@ def diff_quantizations(a, b, *, source=None, check: bool = True, calib=None,
     compressed-tensors) side by side per tensor, against the float `source` when given (a path
     or an opened model; and, when it runs, the model-level figures of `check` for both unless
     `check` is False). The dict is `diff --json`'s."""
-    from .diff import diff
+    from workbench.planning.diff import diff
     src = source if source is None or not isinstance(source, os.PathLike) else str(source)
     return _driver(progress, cancel, driver)(diff(str(a), str(b), src, check=check,
                                                   calib=calib, samples=samples))
@@ -595,6 +595,6 @@ def convert_gguf(source, to: str, output, *, dtype: str | None = None,
     model-level function runs, ``to="gguf"`` an F16/BF16 GGUF. `off_grid` (a seed): take the
     weights off the grid they were quantized to with an exact reparametrisation
     (docs/real-models.md). The dict is `convert --json`'s."""
-    from .convert import DEFAULT_DTYPE, convert
+    from workbench.export.convert import DEFAULT_DTYPE, convert
     return _driver(progress, cancel, driver)(convert(str(source), to, str(output),
                                                      dtype or DEFAULT_DTYPE, off_grid))

@@ -22,7 +22,7 @@ def _no_display() -> bool:
 
 
 def run(args) -> int:
-    from workbench.errors import WorkbenchError
+    from workbench.core.errors import WorkbenchError
     if _no_display():
         raise WorkbenchError("no display to open the window on (DISPLAY and WAYLAND_DISPLAY are "
                              "unset); run it in a desktop session or under xvfb-run, or use the "

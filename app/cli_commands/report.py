@@ -26,7 +26,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import os
-    from workbench.errors import WorkbenchError
+    from workbench.core.errors import WorkbenchError
     from workbench.cli.common import plan_from_args
     plan = plan_from_args(args)
     model = open_model_arg(args)
@@ -39,7 +39,7 @@ def run(args) -> int:
     ev, stats = drive(report_job(model, plan))
     res = None
     if args.compare:
-        from workbench.diff import diff
+        from workbench.planning.diff import diff
         res = drive(diff(plan, args.compare, model, check=False))
     create_app(offscreen=True)
     write_report(model, plan, args.output, ev, stats, diff_result=res)

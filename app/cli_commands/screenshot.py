@@ -32,7 +32,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from workbench.errors import WorkbenchError
+    from workbench.core.errors import WorkbenchError
     try:
         from app.screenshot import parse_size, render
     except ImportError as exc:

@@ -1,5 +1,5 @@
 """The spread across a layer's experts: per-expert |max| and std (left axis) and excess kurtosis
-(right axis) in one plot, from a workbench.moe.ExpertSpread."""
+(right axis) in one plot, from a workbench.running.moe.ExpertSpread."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ class PlotsPanel(QWidget):
         #: set by the main window: the compute thread's runner (spreads are computed there)
         self.runner = None
         self.group: str | None = None          # the expert group shown (None: a tensor)
-        self._spreads: dict = {}               # group key -> workbench.moe.ExpertSpread
+        self._spreads: dict = {}               # group key -> workbench.running.moe.ExpertSpread
         self._spread_pending: set = set()
         for p in (self.histogram, self.ranges, self.errors, self.spread):
             p.hovered.connect(self.hover.setText)
@@ -101,7 +101,7 @@ class PlotsPanel(QWidget):
         if self.name and self.name in names:
             self.refresh()
         elif self.group is not None and self.doc.model is not None:
-            from workbench.moe import expert_groups
+            from workbench.running.moe import expert_groups
             if set(names) & set(expert_groups(self.doc.model).get(self.group, [])):
                 self.refresh()
 
@@ -131,7 +131,7 @@ class PlotsPanel(QWidget):
         doc = self.doc
         if doc.model is None or not key:
             return
-        from workbench.moe import expert_groups
+        from workbench.running.moe import expert_groups
         names = expert_groups(doc.model).get(key, [])
         if not names:
             return
@@ -173,7 +173,7 @@ class PlotsPanel(QWidget):
         if self.runner is None:
             return
         from ..workers import INTERACTIVE
-        from workbench.moe import expert_spread
+        from workbench.running.moe import expert_spread
         model = self.doc.model
         self._spread_pending.add(key)
 
@@ -199,7 +199,7 @@ class PlotsPanel(QWidget):
         """Draw what is known about the current tensor (cheap: only cached arrays)."""
         name, doc = self.name, self.doc
         if self.group is not None and doc.model is not None:
-            from workbench.moe import expert_groups
+            from workbench.running.moe import expert_groups
             names = expert_groups(doc.model).get(self.group, [])
             if names:
                 self._refresh_group(names)

@@ -15,7 +15,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Signal
 
-from workbench.scheme_choice import FAMILIES
+from workbench.planning.scheme_choice import FAMILIES
 
 FAMILY_COLOURS = {"Float": "#7aa2f7", "Integer": "#9ece6a", "GGML legacy": "#ff9e64",
                   "K-quants": "#f7768e", "Codebooks": "#bb9af7", "Other": "#c9ced8"}
@@ -38,7 +38,7 @@ class SchemePointsPlot(pg.PlotWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setObjectName("SchemePointsPlot")
-        self.points = []                 # workbench.scheme_choice.SchemePoint
+        self.points = []                 # workbench.planning.scheme_choice.SchemePoint
         self.current: str | None = None
         self._xy = np.zeros((0, 2))      # plotted (bits, sqnr) per point (clipped at the top)
         self.top = math.inf

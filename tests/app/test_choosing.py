@@ -11,10 +11,10 @@ from PySide6.QtWidgets import QComboBox, QStyleOptionViewItem
 
 from app import commands
 from app.table_model import C_NOTE, C_SCHEME
-from workbench.evaluate import evaluate_tensor
-from workbench.loaders import open_model
-from workbench.runtimes import plan_decisions, summarize
-from workbench.scheme_choice import FAMILIES, family_of, pareto_front
+from workbench.quant.evaluate import evaluate_tensor
+from workbench.formats.loaders import open_model
+from workbench.quant.runtimes import plan_decisions, summarize
+from workbench.planning.scheme_choice import FAMILIES, family_of, pareto_front
 
 from apphelpers import DEMO, minilm_path, wait_idle
 
@@ -110,7 +110,7 @@ def test_fallback_notes_and_summary_on_minilm(make_window, qtbot):
     if path is None:
         pytest.skip("MiniLM not installed")
     win = make_window(path)
-    from workbench.plan import Plan
+    from workbench.quant.plan import Plan
     win.push(commands.replace_plan(win.doc, Plan(default="q4_k")))
     wait_idle(qtbot, win, 600000)     # a first compile of the K-quant kernels takes minutes
     name = "encoder.layer.0.attention.self.query.weight"          # 384 wide: no q4_k

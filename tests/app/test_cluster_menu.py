@@ -28,7 +28,7 @@ def test_scheme_comparison_runs_on_the_cluster(make_window, qtbot, tmp_path_fact
     from tests.app.apphelpers import wait_idle
     from tests.workbench.test_cluster import (_start_scheduler, _start_worker, _stop,
                                               _wait_workers)
-    from workbench.evaluate import DEFAULT_EVAL_CACHE, evaluate_tensor
+    from workbench.quant.evaluate import DEFAULT_EVAL_CACHE, evaluate_tensor
     sched, address = _start_scheduler(tmp_path_factory.mktemp("dask"))
     worker = _start_worker(address)
     win = None

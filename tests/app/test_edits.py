@@ -8,8 +8,8 @@ import sys
 import pytest
 from PySide6.QtCore import QMimeData, QModelIndex, Qt
 
-from workbench.evaluate import evaluate_tensor, totals_of
-from workbench.loaders import open_model
+from workbench.quant.evaluate import evaluate_tensor, totals_of
+from workbench.formats.loaders import open_model
 
 from app.table_model import C_BYTES, C_SCHEME, C_SQNR
 from app.tier_board import MIME, members
@@ -157,7 +157,7 @@ def test_commands_module_is_qt_free():
 def test_command_objects_do_undo_on_plain_document():
     from app import commands
     from app.tiers import DEFAULT_TIERS
-    from workbench.plan import Plan
+    from workbench.quant.plan import Plan
 
     class Doc:
         model = open_model(DEMO)

@@ -20,15 +20,15 @@ def _linear(win):
 
 
 def _headless_check(win):
-    from workbench.progress import run
-    from workbench.runner import check
+    from workbench.core.progress import run
+    from workbench.running.runner import check
     fx = win.effects
     return run(check(win.doc.model, win.doc.plan, fx.calib, fx.samples))
 
 
 def _plan_totals(win):
-    from workbench.evaluate import evaluate
-    from workbench.progress import run
+    from workbench.quant.evaluate import evaluate
+    from workbench.core.progress import run
     return run(evaluate(win.doc.model, win.doc.plan)).totals
 
 
@@ -124,7 +124,7 @@ def _open_tab(win, qtbot):
 
 
 def test_sensitivity_heat_map_and_selected_tensor(make_window, qtbot):
-    from workbench.evaluate import evaluate_tensor
+    from workbench.quant.evaluate import evaluate_tensor
     win = make_window()
     fx = win.effects
     _open_tab(win, qtbot)
@@ -168,7 +168,7 @@ def test_activation_measure_differs_from_weight(make_window, qtbot):
 
 
 def test_fisher_measure_in_the_window_equals_the_headless_table(make_window, qtbot):
-    from workbench.sensitivity import sensitivity_table
+    from workbench.planning.sensitivity import sensitivity_table
     win = make_window()
     fx = win.effects
     _open_tab(win, qtbot)
@@ -256,7 +256,7 @@ def test_exclusive_tasks_are_not_parked(qtbot, exclusive):
     its end; an ordinary background job yields to interactive work between progress steps."""
     import threading
     from app.workers import BACKGROUND, INTERACTIVE, Runner
-    from workbench.progress import Progress
+    from workbench.core.progress import Progress
     runner = Runner()
     order = []
     started = threading.Event()

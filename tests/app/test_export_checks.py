@@ -4,7 +4,7 @@ plan can produce; its error is shown whole and cleared when the format changes."
 
 from app import commands
 from workbench.export.preflight import check_all
-from workbench.plan import Plan
+from workbench.quant.plan import Plan
 
 from apphelpers import wait_idle
 

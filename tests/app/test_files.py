@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.loaders import open_model
-from workbench.plan import Plan
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
 
 from app import commands
 from app.session import Session

@@ -4,10 +4,10 @@ after an edit of a large tensor, and the tier board refreshing a column once per
 import numpy as np
 import pytest
 
-from workbench.estimate import MIN_ELEMENTS, estimate_tensor, sample_rows
-from workbench.evaluate import evaluate_tensor
+from workbench.planning.estimate import MIN_ELEMENTS, estimate_tensor, sample_rows
+from workbench.quant.evaluate import evaluate_tensor
 from workbench.export.st_writer import StreamingSafetensorsWriter
-from workbench.loaders import open_model
+from workbench.formats.loaders import open_model
 
 from apphelpers import wait_idle
 
@@ -84,7 +84,7 @@ def test_edits_of_a_large_tensor_reuse_its_matrix(make_window, qtbot, big_model)
     it for the next edit (not re-read from the file); results equal a fresh evaluation, and
     the estimate sampled from the held matrix equals the one sampled from the file."""
     from app import commands
-    from workbench.evaluate import DEFAULT_EVAL_CACHE
+    from workbench.quant.evaluate import DEFAULT_EVAL_CACHE
     win = make_window(big_model)
     doc, m = win.doc, win.doc.model
     small = "model.layers.0.self_attn.q_proj.weight"

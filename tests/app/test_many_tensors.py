@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from workbench.evaluate import evaluate_tensor
-from workbench.runtimes import plan_decisions, summarize
+from workbench.quant.evaluate import evaluate_tensor
+from workbench.quant.runtimes import plan_decisions, summarize
 
 from app import commands
 from app.bench_catalog import make_catalog
@@ -220,7 +220,7 @@ def test_browser_rows_made_lazily_still_select_and_group(moe_window, qtbot):
 
 
 def test_map_laid_out_on_the_compute_thread_is_the_layout(moe_window, qtbot):
-    from workbench.model_map import layout
+    from workbench.planning.model_map import layout
     win = moe_window
     view = win.model_map
     assert view._prepared is not None and view._prepared[0] is win.doc.model

@@ -101,9 +101,9 @@ def test_report_has_the_map_and_a_comparison(tmp_path, capsys):
     from pathlib import Path
     from app.entry import main
     from workbench.export import export
-    from workbench.loaders import open_model
-    from workbench.plan import Plan
-    from workbench.progress import run
+    from workbench.formats.loaders import open_model
+    from workbench.quant.plan import Plan
+    from workbench.core.progress import run
     from apphelpers import DEMO
     plan_path = Path(DEMO).parents[1] / "demo_plan.json"
     gguf = tmp_path / "q8.gguf"
@@ -122,8 +122,8 @@ def test_report_has_the_map_and_a_comparison(tmp_path, capsys):
 
 def test_compare_tab_shows_the_diff_and_selects(window, qtbot, tmp_path):
     from workbench.export import export
-    from workbench.plan import Plan
-    from workbench.progress import run
+    from workbench.quant.plan import Plan
+    from workbench.core.progress import run
     win = window
     gguf = tmp_path / "q8.gguf"
     run(export(win.doc.model, Plan(default="q8_0"), "gguf", gguf))

@@ -4,7 +4,7 @@ experts (per-expert |max|, std, kurtosis) when a group or a merged 3-D tensor is
 import numpy as np
 import pytest
 
-from workbench.loaders import open_model
+from workbench.formats.loaders import open_model
 
 from app.layer_browser import GROUP_ROLE, NAME_ROLE
 

@@ -99,7 +99,7 @@ def test_rule_pattern_on_minilm_is_not_a_39_name_alternation():
     path = minilm_path()
     if path is None:
         pytest.skip("MiniLM not installed")
-    from workbench.loaders import open_model
+    from workbench.formats.loaders import open_model
     names = list(open_model(path).tensors)
     for chosen in ([n for n in names if n.endswith("LayerNorm.weight")],
                    [n for n in names if n.endswith(".bias")],
@@ -184,8 +184,8 @@ def test_comparison_current_label_clears_points_and_labels(qtbot):
     import math
     from app.comparison import MethodPoint
     from app.plots.scheme_points import SchemePointsPlot
-    from workbench.loaders import open_model
-    from workbench.scheme_choice import tensor_points
+    from workbench.formats.loaders import open_model
+    from workbench.planning.scheme_choice import tensor_points
     from apphelpers import DEMO
     pts = tensor_points(open_model(str(DEMO)), Q)
     plot = SchemePointsPlot()

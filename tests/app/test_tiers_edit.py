@@ -210,8 +210,8 @@ def test_tier_setup_round_trips_through_session(make_window, qtbot, tmp_path):
 
 
 def test_tier_commands_on_plain_document():
-    from workbench.errors import WorkbenchError
-    from workbench.plan import Plan
+    from workbench.core.errors import WorkbenchError
+    from workbench.quant.plan import Plan
 
     class Doc:
         model = None

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from workbench.loaders import open_model
-from workbench.progress import run
-from workbench.stats import reference_stats, tensor_stats
+from workbench.formats.loaders import open_model
+from workbench.core.progress import run
+from workbench.quant.stats import reference_stats, tensor_stats
 
 from app import analysis
 from app.layer_browser import NAME_ROLE

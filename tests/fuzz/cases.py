@@ -216,9 +216,9 @@ def _QUANT_SEED(r: random.Random, _cache={}):  # noqa: B006 - a per-process cach
 
         from workbench.export import export
         from workbench.export.st_writer import StreamingSafetensorsWriter
-        from workbench.loaders import open_model
-        from workbench.plan import Plan
-        from workbench.progress import run
+        from workbench.formats.loaders import open_model
+        from workbench.quant.plan import Plan
+        from workbench.core.progress import run
         d = tempfile.mkdtemp()
         w = StreamingSafetensorsWriter(os.path.join(d, "src.safetensors"))
         w.add("w", np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "resources" / "demo_model"
@@ -154,8 +154,8 @@ def exercise_model(path: str) -> None:
 
 # ---- 3 imatrix ----------------------------------------------------------------------------
 def exercise_imatrix(path: str) -> None:
-    from workbench.imatrix import check_imatrix_for, read_imatrix
-    from workbench.model import Model, TensorInfo
+    from workbench.running.imatrix import check_imatrix_for, read_imatrix
+    from workbench.formats.model import Model, TensorInfo
     name = Path(path).name
     try:
         im = read_imatrix(path)
@@ -177,9 +177,9 @@ _DEMO_MODEL = None
 
 def exercise_calibration(path: str) -> None:
     global _DEMO_MODEL
-    from workbench.calibration import calibration_samples
-    from workbench.loaders import open_model
-    from workbench.progress import run
+    from workbench.running.calibration import calibration_samples
+    from workbench.formats.loaders import open_model
+    from workbench.core.progress import run
     if _DEMO_MODEL is None:
         _DEMO_MODEL = open_model(DEMO)
     name = Path(path).name
@@ -203,9 +203,9 @@ def exercise_roundtrip(path: str) -> None:
 
     from workbench.export import export
     from workbench.export.st_writer import StreamingSafetensorsWriter
-    from workbench.loaders import open_model
-    from workbench.plan import Plan
-    from workbench.progress import run
+    from workbench.formats.loaders import open_model
+    from workbench.quant.plan import Plan
+    from workbench.core.progress import run
     spec = json.loads(Path(path).read_text())
     d = Path(path).parent
     rng = np.random.default_rng(spec["seed"])
@@ -248,9 +248,9 @@ def exercise_truncation(path: str) -> None:
     import time
 
     from workbench.export import export
-    from workbench.loaders import open_model
-    from workbench.plan import Plan
-    from workbench.progress import run
+    from workbench.formats.loaders import open_model
+    from workbench.quant.plan import Plan
+    from workbench.core.progress import run
     _unpatch()   # a previous case's constants, should it have ended before restoring them
     spec = json.loads(Path(path).read_text())
     d = Path(path).parent
@@ -261,14 +261,14 @@ def exercise_truncation(path: str) -> None:
         src = d / "m.gguf"
     elif spec["source"] == "pytorch":
         import torch
-        from workbench.loaders import open_model as om
+        from workbench.formats.loaders import open_model as om
         sm = om(src)
         torch.save({n: torch.from_numpy(np.array(sm.read_matrix(n))) for n in sm.tensors},
                    d / "m.pt")
         src = d / "m.pt"
     if spec.get("large"):
         from workbench.export import gguf_file, quantized_safetensors
-        from workbench.loaders import region
+        from workbench.formats.loaders import region
         _patch(region, "PREAD_LIMIT", 4096)
         _patch(gguf_file, "KEPT_CHUNK_BYTES", 4096)
         _patch(quantized_safetensors, "KEPT_STREAM_BYTES", 4096)
@@ -319,8 +319,8 @@ def _unpatch() -> None:
 def exercise_scale(path: str) -> None:
     p = Path(path)
     if p.suffix == ".json":
-        from workbench.loaders import open_model
-        from workbench.plan import Plan
+        from workbench.formats.loaders import open_model
+        from workbench.quant.plan import Plan
         plan = Plan.load(p)
         global _DEMO_MODEL
         if _DEMO_MODEL is None:
@@ -330,9 +330,9 @@ def exercise_scale(path: str) -> None:
         for i in range(0, 100_000, 997):
             plan.rule_for(f"model.layers.{i}.mlp.up_proj.weight")
         return
-    from workbench.loaders import open_model
-    from workbench.progress import run
-    from workbench.stats import model_stats
+    from workbench.formats.loaders import open_model
+    from workbench.core.progress import run
+    from workbench.quant.stats import model_stats
     m = open_model(p)
     run(model_stats(m, [n for n, i in m.tensors.items() if i.numel][:16]))
     for info in m.tensors.values():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 
 _BUILT: dict[str, Path] = {}
 _ROOT: Path | None = None
@@ -58,7 +58,7 @@ def tiny(arch: str) -> Path:
 def _rewrite_tensors(folder: Path, edit) -> None:
     """model.safetensors rewritten with `edit(dict name -> array) -> dict`."""
     from workbench.export.st_writer import StreamingSafetensorsWriter
-    from workbench.loaders import open_model
+    from workbench.formats.loaders import open_model
     m = open_model(folder / "model.safetensors")
     arrays = {n: np.array(m.read(n)) for n in m.tensors}
     m.close()

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from workbench.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 
 ROOT = Path(__file__).resolve().parents[2]
 _CACHE: dict[str, Path] = {}
@@ -184,7 +184,7 @@ def _make_sidecar(folder: Path, name: str) -> None:
     if p.exists():
         return
     if name.endswith(".index.json"):
-        from workbench.loaders import open_model
+        from workbench.formats.loaders import open_model
         names = list(open_model(folder / "model.safetensors").tensors)
         p.write_text(json.dumps({"metadata": {}, "weight_map":
                                  {n: "model.safetensors" for n in names}}))
@@ -193,7 +193,7 @@ def _make_sidecar(folder: Path, name: str) -> None:
 
 
 def exercise_sidecars(path: str) -> None:
-    from workbench.limits import sidecar_limit
+    from workbench.core.limits import sidecar_limit
     spec = json.loads(Path(path).read_text())
     d = Path(path).parent
     folder = _llama(d)
@@ -319,7 +319,7 @@ def exercise_messages(path: str) -> None:
             for _ in range(spec["flips"]):
                 raw[r.randrange(4, len(raw))] = r.randrange(256) if len(raw) > 4 else 0
             b.write_bytes(bytes(raw))
-        from workbench.loaders import open_model
+        from workbench.formats.loaders import open_model
         try:
             m = open_model(b)
             inspect_refuses = not m.tensors
@@ -364,7 +364,7 @@ def exercise_messages(path: str) -> None:
         pad = d / "pad.gguf"
         shutil.copyfile(_tiny_gguf(), pad)
         os.truncate(pad, spec["pad"])
-        from workbench.loaders import open_model
+        from workbench.formats.loaders import open_model
         try:
             m = open_model(pad)
         except WorkbenchError as exc:
@@ -379,7 +379,7 @@ def exercise_messages(path: str) -> None:
                 raise _h().Finding(f"padded GGUF: tensor {n} differs")
         return
     # full-disk: the ONNX export's traced file on /dev/full (ENOSPC)
-    import workbench.atomic as atomic
+    import workbench.core.atomic as atomic
     from .hostile_config import tiny
     real = atomic.make_temp_dir
 
@@ -415,7 +415,7 @@ def exercise_leftovers(path: str) -> None:
     d = Path(path).parent
     kind = spec["kind"]
     if kind == "cluster":
-        from workbench import cluster
+        from workbench.jobs import cluster
         try:
             k, n = cluster.parse_spec(spec["cluster"])
         except WorkbenchError:
@@ -448,7 +448,7 @@ def exercise_leftovers(path: str) -> None:
             os.kill(p.pid, 9)
         p.wait()
         if out.exists() and fmt != "onnx":
-            from workbench.loaders import open_model
+            from workbench.formats.loaders import open_model
             try:
                 open_model(out)        # a complete output, or none: never a partial one
             except WorkbenchError as exc:

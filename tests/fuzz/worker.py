@@ -12,23 +12,23 @@ import numpy as np
 
 
 def exercise(area: str, path: str) -> None:
-    from workbench.errors import WorkbenchError
+    from workbench.core.errors import WorkbenchError
     from .hostile import EXERCISES
     if area in EXERCISES:
         EXERCISES[area](path)
         return
     if area == "plan":
-        from workbench.plan import Plan
+        from workbench.quant.plan import Plan
         Plan.load(path)
         return
     if area == "session":
         from app.session import Session
         Session.load(path)
         return
-    from workbench.evaluate import evaluate_tensor
-    from workbench.loaders import open_model
-    from workbench.progress import run
-    from workbench.stats import tensor_stats
+    from workbench.quant.evaluate import evaluate_tensor
+    from workbench.formats.loaders import open_model
+    from workbench.core.progress import run
+    from workbench.quant.stats import tensor_stats
     m = open_model(path)
     for name in list(m.tensors)[:16]:
         run(tensor_stats(m, name))
@@ -43,22 +43,22 @@ def exercise(area: str, path: str) -> None:
 
 
 def main() -> None:
-    from workbench.errors import WorkbenchError
+    from workbench.core.errors import WorkbenchError
     import app.session  # noqa: F401 - imported before the limit (Qt-free)
     import torch  # noqa: F401
-    import workbench.loaders  # noqa: F401
-    import workbench.stats  # noqa: F401
-    import workbench.evaluate  # noqa: F401
+    import workbench.formats.loaders  # noqa: F401
+    import workbench.quant.stats  # noqa: F401
+    import workbench.quant.evaluate  # noqa: F401
     from . import hostile  # noqa: F401
     try:   # the runnable-model commands' imports, paid once (not per case)
         import tokenizers  # noqa: F401
         import transformers  # noqa: F401
-        import workbench.runner  # noqa: F401
+        import workbench.running.runner  # noqa: F401
     except ImportError:
         pass
-    import workbench.calibration  # noqa: F401
+    import workbench.running.calibration  # noqa: F401
     import workbench.export  # noqa: F401
-    import workbench.imatrix  # noqa: F401
+    import workbench.running.imatrix  # noqa: F401
     limit = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 30
     try:
         import psutil

@@ -25,16 +25,16 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import numpy as np  # noqa: E402
 
 import kernels  # noqa: E402
-from workbench import accel  # noqa: E402
+from workbench.quant import accel  # noqa: E402
 from kernel_testutil import same_bits, same_qt, weights  # noqa: E402
-from workbench.metrics import ErrorSums  # noqa: E402
+from workbench.quant.metrics import ErrorSums  # noqa: E402
 from workbench.schemes import get_scheme, list_schemes  # noqa: E402
 
 
 def pick_schemes():
     """One scheme per distinct kernel configuration (family, bits, granularity, asym, clip),
     so the simulator run stays short while covering every code path of the registry."""
-    from workbench.accel import spec_for
+    from workbench.quant.accel import spec_for
     seen, out = set(), []
     for name in list_schemes() + ["int4-g32@mse", "int3-channel-asym@pot", "int5-tensor@p99.9"]:
         s = get_scheme(name)

@@ -10,7 +10,7 @@ import pytest
 
 import kernels
 
-from workbench import accel
+from workbench.quant import accel
 from kernels import backend as kb
 from workbench.schemes import get_scheme
 

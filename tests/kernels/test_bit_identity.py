@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench import accel
-from workbench.accel import spec_for
+from workbench.quant import accel
+from workbench.quant.accel import spec_for
 from workbench.schemes import get_scheme, list_schemes
 
 from kernel_testutil import same_bits, same_qt, weights
@@ -72,7 +72,7 @@ def test_quantize_edge_values(name):
     w = np.stack(rows).astype(np.float32)
     if not s.can_take(w.shape):
         pytest.skip("shape not eligible")
-    from workbench.errors import WorkbenchError
+    from workbench.core.errors import WorkbenchError
     try:
         with np.errstate(all="ignore"):
             ref_qt = s.quantize(w)
@@ -105,7 +105,7 @@ def test_fp8_rounding_on_every_midpoint(name):
 
 def test_fp16_and_bf16_keep_nonfinite_and_payloads():
     w = np.array([[np.nan, np.inf, -np.inf, 7e4, -7e4, 6e-8, -0.0, 1e-45, 3.3e38, 1.0]], np.float32)
-    from workbench.errors import WorkbenchError
+    from workbench.core.errors import WorkbenchError
     w_all = w
     for name in ("fp16", "bf16", "fp32"):
         s = get_scheme(name)
@@ -142,7 +142,7 @@ def test_out_argument_and_shapes():
 
 
 def test_quantize_refuses_like_the_reference():
-    from workbench.errors import WorkbenchError
+    from workbench.core.errors import WorkbenchError
     w = weights((4, 64))
     w[1, 3] = np.nan
     with pytest.raises(WorkbenchError):
@@ -165,7 +165,7 @@ def test_numpy_backend_is_the_reference():
 def test_nonfinite_found_inside_the_kernels(name):
     """NaN (either sign) / +-Inf anywhere in a block: refused with the reference's count;
     huge finite values next to them are not mistaken for Inf."""
-    from workbench.errors import WorkbenchError
+    from workbench.core.errors import WorkbenchError
     s = get_scheme(name)
     neg_nan = np.array([0xFFC00001], np.uint32).view(np.float32)[0]
     for bad, where in ((np.nan, [(0, 0)]), (neg_nan, [(3, 255)]), (np.inf, [(1, 100), (2, 7)]),

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from kernels import convert
-from workbench.dtypes import FAST_WIDEN_MIN, to_float32
+from workbench.formats.dtypes import FAST_WIDEN_MIN, to_float32
 
 
 def test_every_float16_code_matches_numpy():

@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from workbench import accel
-from workbench.metrics import ErrorSums, from_sums
+from workbench.quant import accel
+from workbench.quant.metrics import ErrorSums, from_sums
 from workbench.schemes import get_scheme, list_schemes
 
 from kernel_testutil import weights

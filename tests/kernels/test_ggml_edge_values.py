@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench import accel
+from workbench.quant import accel
 from workbench.schemes import get_scheme
 
 from kernel_testutil import same_qt

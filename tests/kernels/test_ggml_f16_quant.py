@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kernels import convert
-from workbench import accel
+from workbench.quant import accel
 from workbench.export.gguf_file import FUSED_WIDENING
 
 

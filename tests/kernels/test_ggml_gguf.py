@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench import accel
+from workbench.quant import accel
 from kernels.spec import GGML_QUANT, GGML_TYPES
 
 from kernel_testutil import same_bits

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench import accel
-from workbench.errors import WorkbenchError
+from workbench.quant import accel
+from workbench.core.errors import WorkbenchError
 from workbench.schemes import get_scheme
 
 from kernel_testutil import same_qt, weights
@@ -137,7 +137,7 @@ def test_reference_sums_in_index_order():
 def test_evaluate_and_export_quantize_use_the_kernel(monkeypatch):
     """evaluate.quantize (which the GGUF exporter calls per row chunk) never runs the numpy
     encoder for IQ4_NL, and gives its bytes."""
-    from workbench.evaluate import quantize
+    from workbench.quant.evaluate import quantize
     from workbench.schemes.ggml.iq4_nl import IQ4_NL
     w = weights((8, 256), seed=6)
     ref = S.quantize(w)
@@ -187,7 +187,7 @@ def _kernel_bytes_weighted(w, qw):
 def test_weighted_encode_runs_the_kernel_and_matches(monkeypatch):
     """methods.ggml_weighted (the imatrix method) takes IQ4_NL through the kernel, for block
     counts that do and do not divide into 64-block rows."""
-    from workbench.methods.ggml_weighted import SUPPORTED, weighted_encode
+    from workbench.quant.methods.ggml_weighted import SUPPORTED, weighted_encode
     from workbench.schemes.ggml.iq4_nl import IQ4_NL
     assert "iq4_nl" in SUPPORTED
     rng = np.random.default_rng(22)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from kernels import cpu_ops
-from workbench import accel
-from workbench.errors import WorkbenchError
-from workbench.methods import ggml_weighted
+from workbench.quant import accel
+from workbench.core.errors import WorkbenchError
+from workbench.quant.methods import ggml_weighted
 from workbench.schemes import get_scheme
 
 TYPES = ["q2_k", "q4_k", "q5_k"]

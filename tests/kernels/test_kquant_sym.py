@@ -10,9 +10,9 @@ import pytest
 
 from kernels import cpu_ops
 from kernels.kquant_sym import KINDS, sym_k_encode
-from workbench import accel
-from workbench.errors import WorkbenchError
-from workbench.methods import ggml_weighted
+from workbench.quant import accel
+from workbench.core.errors import WorkbenchError
+from workbench.quant.methods import ggml_weighted
 from workbench.schemes import get_scheme
 
 TYPES = ["q3_k", "q6_k"]

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from kernels.spec import Spec, make_spec
-from workbench.accel import spec_for
+from workbench.quant.accel import spec_for
 from workbench.schemes import get_scheme, list_schemes
 
 ROOT = Path(__file__).resolve().parents[2]

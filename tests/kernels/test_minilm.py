@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench import accel
+from workbench.quant import accel
 from workbench.schemes import get_scheme, list_schemes
 
 from kernel_testutil import same_bits, same_qt

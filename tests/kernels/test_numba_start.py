@@ -38,7 +38,7 @@ def test_kernels_load_without_scipy_linalg_and_blas_stays_available():
 def test_ggml_quantize_on_auto_backend_does_not_probe_cuda():
     got = _run(
         "import json, sys, numpy as np\n"
-        "from workbench import accel\n"
+        "from workbench.quant import accel\n"
         "from workbench.schemes import get_scheme\n"
         "w = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)\n"
         "qt = accel.quantize('q8_0', w)\n"
@@ -60,7 +60,7 @@ def test_cached_kernels_load_without_numba_registries_and_give_the_same_bytes():
         "    from numba.core import caching\n"
         "    import kernels._numba_prelude\n"
         "    caching.Cache.load_overload = caching.Cache.load_overload.__wrapped__\n"
-        "from workbench import accel\n"
+        "from workbench.quant import accel\n"
         "from kernels import convert\n"
         "rng = np.random.default_rng(1)\n"
         "w = (rng.standard_normal((96, 512)) * 0.05).astype(np.float16)\n"
@@ -129,7 +129,7 @@ def test_a_change_to_any_kernels_module_makes_every_cached_kernel_stale(tmp_path
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
         "from kernels import cpu_affine, cpu_common\n"
         "from kernels._numba_prelude import package_digest\n"
-        "from workbench import accel\n"
+        "from workbench.quant import accel\n"
         "accel.quantize('int4-g128', np.ones((2, 256), np.float32), backend='cpu')\n"
         "import elsewhere\n"
         "elsewhere.f(1)\n"

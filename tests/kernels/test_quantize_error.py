@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench import accel
-from workbench.evaluate import measure, quantize, quantize_measure
+from workbench.quant import accel
+from workbench.quant.evaluate import measure, quantize, quantize_measure
 from workbench.schemes import get_scheme, list_schemes
 
 from kernel_testutil import weights

@@ -1,10 +1,10 @@
-"""`python -m workbench.warm` compiles the kernels a scheme needs ahead of use (.ci/setup runs it)."""
+"""`python -m workbench.bench.warm` compiles the kernels a scheme needs ahead of use (.ci/setup runs it)."""
 
 import subprocess
 import sys
 
 from kernels import kquant_affine, kquant_sym
-from workbench import warm
+from workbench.bench import warm
 
 
 def test_warm_names_compiles_the_searched_k_quant_kernels_plain_and_weighted():
@@ -24,17 +24,17 @@ def test_heavy_kernels_go_to_different_processes_first():
 
 
 def test_warm_command_runs_its_workers_and_reports(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "workbench.warm", "--only", "q8_0,int4-g128"],
+    r = subprocess.run([sys.executable, "-m", "workbench.bench.warm", "--only", "q8_0,int4-g128"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "-m", "workbench.warm", "--only", "no-such-scheme"],
+    r = subprocess.run([sys.executable, "-m", "workbench.bench.warm", "--only", "no-such-scheme"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "no-such-scheme" in r.stderr
 
 
 def test_accel_warmup_runs_every_ggml_type_not_only_the_first():
     from kernels import cpu_ops, ggml_legacy_quant, iq4nl_quant
-    from workbench import accel
+    from workbench.quant import accel
     calls = []
     real = cpu_ops._quantize
 
@@ -58,7 +58,7 @@ def test_accel_warmup_loads_the_read_only_variants_the_app_evaluates_with():
     code = (
         "import json\n"
         "from kernels import cpu_affine\n"
-        "from workbench import accel\n"
+        "from workbench.quant import accel\n"
         "accel.warmup(['int4-g128'], backend='cpu')\n"
         "def readonly(kernel):\n"
         "    return sorted({not next(t for t in sig if getattr(t, 'ndim', 0) == 2 and\n"

@@ -69,7 +69,7 @@ def _llama_cpp(args, stream: bool = False):
 def log_flush_shim() -> Path:
     """workbench/llama_log_flush.c compiled (once, cached): preloaded into every tool so that
     its asynchronous log is printed entirely before it exits (see the file's comment)."""
-    from workbench.llama_kld import SHIM_SOURCE, log_flush_shim as shim
+    from workbench.export.llama_kld import SHIM_SOURCE, log_flush_shim as shim
     path = shim()
     if path is None:
         raise AssertionError(f"cannot compile {SHIM_SOURCE} (no C compiler?)")
@@ -136,7 +136,7 @@ def minilm_reference(minilm_folder, sentences) -> np.ndarray:
 def perplexity(llama_bin: Path, gguf_path: Path, text: Path, ctx: int = 128) -> float:
     """llama-perplexity's final estimate ("Final estimate: PPL = ..."), printed through its
     asynchronous log: complete since run_tool drains the log before the tool exits."""
-    from workbench.llama_kld import parse_final_ppl
+    from workbench.export.llama_kld import parse_final_ppl
     r = run_tool(llama_bin, "llama-perplexity", "-m", gguf_path, "-f", text, "-c", ctx, "-b",
                  ctx, "-t", "2")
     out = r.stdout + r.stderr

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from workbench.cli import main
-from workbench.conventions import apply
+from workbench.planning.conventions import apply
 from workbench.export import export
-from workbench.llama_names import gguf_names
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
-from workbench.runtimes import plan_decisions
+from workbench.formats.llama_names import gguf_names
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
+from workbench.quant.runtimes import plan_decisions
 
 from .conftest import ROOT, llama_embeddings, run_tool
 from .test_recipes_llama import dry_run_types

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 
-from workbench import accel
+from workbench.quant import accel
 from kernels import ggml_ref
-from workbench.evaluate import quantize
+from workbench.quant.evaluate import quantize
 
 ALL = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl"]
 
@@ -65,7 +65,7 @@ def test_importance_weighted_k_quants_beat_ggmls_imatrix_quantization(ggml, mini
     (methods.ggml_weighted) has <= 0.97x the importance-weighted error of ggml's imatrix
     quantization on a real MiniLM FFN-down matrix (measured 0.927 / 0.956 / 0.918), and ggml
     decodes those bytes exactly as the workbench does."""
-    from workbench.methods.ggml_weighted import weighted_encode
+    from workbench.quant.methods.ggml_weighted import weighted_encode
     from workbench.schemes import get_scheme
     w = np.ascontiguousarray(minilm.read_matrix("encoder.layer.0.output.dense.weight"),
                              np.float32)

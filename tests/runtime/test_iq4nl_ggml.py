@@ -22,8 +22,8 @@ def test_iq4_nl_error_equals_ggmls_plain_and_weighted(ggml, minilm, name):
     """Measured on these MiniLM matrices: plain relative-RMSE ratio 1.000, importance-weighted
     1.000 (lognormal per-column importance) while the unweighted bytes are ~1.15x ggml's
     weighted error; the bound allows 0.5 %."""
-    from workbench.evaluate import quantize
-    from workbench.methods.ggml_weighted import weighted_encode
+    from workbench.quant.evaluate import quantize
+    from workbench.quant.methods.ggml_weighted import weighted_encode
     from workbench.schemes import get_scheme
     s = get_scheme("iq4_nl")
     w = np.ascontiguousarray(minilm.read_matrix(name), np.float32)

@@ -11,9 +11,9 @@ import shutil
 import pytest
 
 from workbench.export import export
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 
 from .conftest import ROOT, perplexity
 

@@ -1,4 +1,4 @@
-"""llama.cpp's KL-divergence judge end to end on the demo causal LM: workbench.llama_kld (base
+"""llama.cpp's KL-divergence judge end to end on the demo causal LM: workbench.export.llama_kld (base
 logits once, cached; a file scored against them) and `bench-allocate --vs-llama` (tiny text,
 --ctx 64). `check --runtime llama.cpp`: test_check_llama.py."""
 
@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from workbench import llama_kld as lk
+from workbench.export import llama_kld as lk
 from workbench.export import export
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 
 from .conftest import ROOT
 
@@ -78,7 +78,7 @@ def test_f16_against_itself_is_zero_and_q4_0_is_not(tools, tmp_path, text):
     assert 70 < q["same_top1"] < 99.5 and q["ppl_ratio"] > same["ppl_ratio"]
     assert q["ppl_base"] == same["ppl_base"]
     # a text shorter than two contexts: an error naming the text (the tool itself exits 0)
-    from workbench.errors import WorkbenchError
+    from workbench.core.errors import WorkbenchError
     with pytest.raises(WorkbenchError, match="tokenizes to 2375 tokens; llama-perplexity needs "
                                              "at least 8192") as e:
         run(lk.base_logits(f16, text, 4096))

@@ -20,7 +20,7 @@ except ImportError:                          # CI installs the extra (.ci/setup)
 pytest.importorskip("transformers")
 
 from workbench.cli import main  # noqa: E402
-from workbench.plan import Plan, Rule  # noqa: E402
+from workbench.quant.plan import Plan, Rule  # noqa: E402
 
 from .conftest import ROOT  # noqa: E402
 
@@ -85,7 +85,7 @@ def test_minilm_mixed_int4_int8_and_w8a8(minilm_path, tmp_path, capsys):
                "int8", "--format", "onnx", "-o", str(out), "--json"])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
-    from workbench.onnx_check import optimized_op_counts
+    from workbench.export.onnx_check import optimized_op_counts
     assert optimized_op_counts(out).get("MatMulIntegerToFloat") == 36
 
 

@@ -8,11 +8,11 @@ import re
 import pytest
 
 from workbench.export import export
-from workbench.frontier import recipe_assignment
-from workbench.llama_names import gguf_names
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.planning.frontier import recipe_assignment
+from workbench.formats.llama_names import gguf_names
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 
 from .conftest import ROOT, run_tool
 

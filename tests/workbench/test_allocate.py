@@ -3,8 +3,8 @@ import itertools
 import numpy as np
 import pytest
 
-from workbench.allocate import lower_hull, solve, solve_detailed
-from workbench.errors import WorkbenchError
+from workbench.planning.allocate import lower_hull, solve, solve_detailed
+from workbench.core.errors import WorkbenchError
 
 
 def brute(costs, errors, budget):

@@ -10,10 +10,10 @@ import shutil
 import pytest
 
 from workbench.cli import main
-from workbench.loaders import open_model
-from workbench.runtimes import (LLAMA_TYPES, RUNTIMES, candidate_schemes, fused_groups,
+from workbench.formats.loaders import open_model
+from workbench.quant.runtimes import (LLAMA_TYPES, RUNTIMES, candidate_schemes, fused_groups,
                                 get_runtime, note_kinds)
-from workbench.sensitivity import best_measure
+from workbench.planning.sensitivity import best_measure
 
 
 def test_candidates_are_what_each_runtime_runs():
@@ -95,7 +95,7 @@ def test_budget_below_the_smallest_plan_names_it_and_what_reaches_it(demo_model_
     assert {"q4_0", "q4_k", "int4-g128"} <= set(named) and "q6_k" not in named
     assert not (tmp_path / "p.json").exists()
     # the same figures as the measured table's refusal
-    from workbench.sensitivity import sensitivity_table, size_floor
+    from workbench.planning.sensitivity import sensitivity_table, size_floor
     m = open_model(bare)
     t = sensitivity_table(m, ["q8_0"], "weight")
     budget = t.budget_bytes(None, 5.0)

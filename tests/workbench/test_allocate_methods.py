@@ -1,4 +1,4 @@
-"""(scheme, method) pairs in the allocation (workbench.allocate_methods, `allocate --methods`)."""
+"""(scheme, method) pairs in the allocation (workbench.planning.allocate_methods, `allocate --methods`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import gguf
 import numpy as np
 import pytest
 
-from workbench.allocate_methods import output_error, pair_errors, parse_methods
-from workbench.errors import WorkbenchError
-from workbench.plan import KEEP
-from workbench.methods.stats import LayerStats
+from workbench.planning.allocate_methods import output_error, pair_errors, parse_methods
+from workbench.core.errors import WorkbenchError
+from workbench.quant.plan import KEEP
+from workbench.quant.methods.stats import LayerStats
 
 
 def _correlated_stats(rows=4000, cols=64, seed=0):
@@ -30,7 +30,7 @@ def test_pair_errors_rank_gptq_by_the_full_output_error():
     e = pair_errors(w, "q4_0", st, ["rtn", "imatrix", "gptq"])
     assert set(e) == {"rtn", "imatrix", "gptq"}
     # e_m is the layer output error on the calibration inputs: check it against X directly
-    from workbench.evaluate import quantize
+    from workbench.quant.evaluate import quantize
     from workbench.schemes import get_scheme
     wq = get_scheme("q4_0").dequantize(quantize(w, "q4_0")).reshape(w.shape)
     direct = float((((X @ (wq - w).T.astype(np.float64)) ** 2).sum()) / len(X))
@@ -38,7 +38,7 @@ def test_pair_errors_rank_gptq_by_the_full_output_error():
     assert e["gptq"] < 0.7 * e["rtn"]   # 62.8 against 122.5 here
     assert e["imatrix"] < e["rtn"]
     # the diagonal measure ranks them the other way: why the pairs use the full C
-    from workbench.methods.base import get_method
+    from workbench.quant.methods.base import get_method
     dg = get_method("gptq").quantize(w, "q4_0", st)
     dwg = get_scheme("q4_0").dequantize(dg).reshape(w.shape) - w
     assert float((dwg.astype(np.float64) ** 2 * st.d).sum()) > \
@@ -79,8 +79,8 @@ def test_method_ratio_from_sampled_rows_estimates_the_whole_tensor():
     proportion to their share of the error with Horvitz-Thompson weights: rtn, imatrix and
     GPTQ quantize every row on its own, so the weighted sums over the sample estimate the
     whole tensor's, and the ratio of two methods' more closely still."""
-    from workbench.allocate_methods import METHOD_ROWS, row_local, sample_rows
-    from workbench.methods.gptq import hessian_factor
+    from workbench.planning.allocate_methods import METHOD_ROWS, row_local, sample_rows
+    from workbench.quant.methods.gptq import hessian_factor
     assert row_local("q4_k") and row_local("int4-g128") and row_local("int8-channel")
     assert not row_local("int2-tensor")
     idx, wt = sample_rows(np.ones(100))
@@ -111,7 +111,7 @@ def test_method_ratio_from_sampled_rows_estimates_the_whole_tensor():
 
 
 def get_dw(w, scheme):
-    from workbench.evaluate import quantize
+    from workbench.quant.evaluate import quantize
     from workbench.schemes import get_scheme
     return get_scheme(scheme).dequantize(quantize(w, scheme)).reshape(w.shape) - w
 
@@ -120,7 +120,7 @@ def test_auto_methods_by_measure_and_model_kind():
     """--methods auto: every method for an encoder run on calibration text (MiniLM: gptq on 35
     tensors, held-out cosine 0.9953); rtn for a causal LM, whose one-line calibration samples
     chose methods that raised the held-out KL divergence (SmolLM2: 0.0871 against 0.0635)."""
-    from workbench.allocate_methods import DEFAULT_METHODS, default_methods
+    from workbench.planning.allocate_methods import DEFAULT_METHODS, default_methods
     assert default_methods("fisher", True, "encoder") == list(DEFAULT_METHODS)
     assert default_methods("fisher", True, None) == list(DEFAULT_METHODS)
     assert default_methods("fisher", True, "causal-lm") == ["rtn"]
@@ -138,7 +138,7 @@ def test_parse_methods():
 
 @pytest.fixture(scope="module")
 def calib_small(tmp_path_factory):
-    from workbench.calibration import DEFAULT_CALIB
+    from workbench.running.calibration import DEFAULT_CALIB
     lines = [s for s in open(DEFAULT_CALIB).read().splitlines() if s.strip()][:16]
     p = tmp_path_factory.mktemp("calib") / "calib.txt"
     p.write_text("\n".join(lines) + "\n")
@@ -173,9 +173,9 @@ def test_allocate_pairs_pick_methods_and_export_applies_them(tiny_arch, calib_sm
     # --methods rtn: the scheme-only plan, exactly what the table's solver gives without methods
     rtn = _allocate(capsys, folder, calib_small, tmp_path / "rtn.json", "--methods", "rtn")
     assert rtn["methods"] == {"rtn": len(by)} and rtn["methods_weighed"] == ["rtn"]
-    from workbench.loaders import open_model
-    from workbench.progress import run
-    from workbench.sensitivity import sensitivity_table_job
+    from workbench.formats.loaders import open_model
+    from workbench.core.progress import run
+    from workbench.planning.sensitivity import sensitivity_table_job
     model = open_model(folder)
     table = run(sensitivity_table_job(model, ["q4_0", "q5_0", "q8_0"], "fisher",
                                       str(calib_small), None, 16, "llama.cpp"))
@@ -192,10 +192,10 @@ def test_allocate_pairs_pick_methods_and_export_applies_them(tiny_arch, calib_sm
                  str(gg)]) == 0
     capsys.readouterr()
     name = next(n for n, r in by.items() if r.get("method", "rtn") != "rtn")
-    from workbench.evaluate import quantize
+    from workbench.quant.evaluate import quantize
     from workbench.export.llama_tensor_types import detect_family, llama_cpp_name
-    from workbench.methods.apply import prepare
-    from workbench.plan import Plan
+    from workbench.quant.methods.apply import prepare
+    from workbench.quant.plan import Plan
     p = Plan.load(str(tmp_path / "pairs.json"))
     mm = run(prepare(model, p, calib=str(calib_small), runtime="llama.cpp"))
     scheme = by[name]["scheme"]
@@ -214,7 +214,7 @@ def test_near_choices_are_the_chosen_scheme_and_the_next_smaller():
     quantized candidate at or below its size."""
     from types import SimpleNamespace
 
-    from workbench.allocate_methods import near_choices
+    from workbench.planning.allocate_methods import near_choices
     schemes = ["q8_0", "q4_0", "q5_0", "fp16"]
     size = {"q4_0": 18, "q5_0": 22, "q8_0": 34, "fp16": 64, KEEP: 128}
     names = ["a", "b", "c"]

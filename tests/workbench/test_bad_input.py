@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from tests.conftest import write_safetensors_raw
-from workbench.errors import WorkbenchError
-from workbench.evaluate import evaluate, evaluate_tensor
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.core.errors import WorkbenchError
+from workbench.quant.evaluate import evaluate, evaluate_tensor
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 from workbench.schemes import get_scheme, list_schemes
-from workbench.stats import model_stats, tensor_stats
+from workbench.quant.stats import model_stats, tensor_stats
 
 
 def _err(path, *needles):

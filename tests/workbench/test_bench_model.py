@@ -14,7 +14,7 @@ import pytest
 
 from workbench.bench import model as bench_model
 from workbench.bench.model import STEPS, generate, llama_shape
-from workbench.loaders import open_model
+from workbench.formats.loaders import open_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

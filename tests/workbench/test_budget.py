@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 
-from workbench.budget import Budget, budget_of, from_flags, is_linear
+from workbench.planning.budget import Budget, budget_of, from_flags, is_linear
 from workbench.cli import main
-from workbench.errors import WorkbenchError
-from workbench.loaders import open_model
+from workbench.core.errors import WorkbenchError
+from workbench.formats.loaders import open_model
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_bpw_over_all_and_over_linear_are_solved_and_reported(bare_demo, tmp_pat
     # the same number over the Linear weights only: the embeddings are kept (not part of the
     # choice), so the model is bigger (demo model: 5.72 against 4.98 bits/weight over all)
     assert lb["bytes"] > acc["bytes"] and lb["bits_per_weight_all"] > 5.5
-    from workbench.plan import Plan
+    from workbench.quant.plan import Plan
     plan = Plan.load(tmp_path / "b.json")
     assert plan.scheme_and_source("model.embed_tokens.weight", 2, True)[0] == "keep"
     # text output states the accounting
@@ -92,7 +92,7 @@ def test_gguf_file_budget_matches_a_real_export(minilm_path, tmp_path, capsys):
     embeddings at Q8_0): the allocated plan's GGUF is no bigger, and the file size allocate
     predicts is the exported file's size to the byte."""
     from workbench.export.gguf_file import layout_bytes
-    from workbench.plan import Plan, Rule
+    from workbench.quant.plan import Plan, Rule
     q40 = tmp_path / "q4_0.gguf"
     assert main(["export", str(minilm_path), "--scheme", "q4_0", "--format", "gguf", "-o",
                  str(q40)]) == 0

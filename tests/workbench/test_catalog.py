@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.catalog import ROLES, block_index, group_of, infer_role
+from workbench.formats.catalog import ROLES, block_index, group_of, infer_role
 
 CASES = [
     # Llama / Mistral / Qwen (HF names)

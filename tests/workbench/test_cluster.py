@@ -106,20 +106,20 @@ def checkpoint(tmp_path_factory):
 
 
 def _executor(address):
-    from workbench.cluster import open_executor
+    from workbench.jobs.cluster import open_executor
     return open_executor(address)
 
 
 def _fresh_model(path):
-    from workbench.evaluate import DEFAULT_EVAL_CACHE
-    from workbench.loaders import open_model
+    from workbench.quant.evaluate import DEFAULT_EVAL_CACHE
+    from workbench.formats.loaders import open_model
     DEFAULT_EVAL_CACHE.clear()
     return open_model(path)
 
 
 def test_parse_spec_refuses_bad_text():
-    from workbench.cluster import parse_spec
-    from workbench.errors import WorkbenchError
+    from workbench.jobs.cluster import parse_spec
+    from workbench.core.errors import WorkbenchError
     assert parse_spec(None) == ("none", None)
     assert parse_spec("local") == ("local", None)
     assert parse_spec("local:3") == ("local", 3)
@@ -138,9 +138,9 @@ def test_cli_bad_cluster_value_is_exit_2(checkpoint, capsys):
 
 
 def test_unreachable_scheduler_is_one_line():
-    from workbench.cluster import ClusterExecutor, CONNECT_TIMEOUT
-    from workbench.errors import WorkbenchError
-    import workbench.cluster as wc
+    from workbench.jobs.cluster import ClusterExecutor, CONNECT_TIMEOUT
+    from workbench.core.errors import WorkbenchError
+    import workbench.jobs.cluster as wc
     old = wc.CONNECT_TIMEOUT
     wc.CONNECT_TIMEOUT = 2
     try:
@@ -152,9 +152,9 @@ def test_unreachable_scheduler_is_one_line():
 
 
 def test_evaluate_equals_in_process(cluster, checkpoint):
-    from workbench.evaluate import EvalCache, evaluate
-    from workbench.plan import Plan
-    from workbench.progress import run
+    from workbench.quant.evaluate import EvalCache, evaluate
+    from workbench.quant.plan import Plan
+    from workbench.core.progress import run
     address, _ = cluster
     plan = Plan(default="q4_k")
     local = run(evaluate(_fresh_model(checkpoint), plan, cache=None))
@@ -173,8 +173,8 @@ def test_evaluate_equals_in_process(cluster, checkpoint):
 
 
 def test_weight_sensitivity_table_equals_in_process(cluster, checkpoint):
-    from workbench.progress import run
-    from workbench.sensitivity import sensitivity_table_job
+    from workbench.core.progress import run
+    from workbench.planning.sensitivity import sensitivity_table_job
     address, _ = cluster
     local = run(sensitivity_table_job(_fresh_model(checkpoint), SCHEMES, "weight"))
     with _executor(address) as ex:
@@ -188,8 +188,8 @@ def test_weight_sensitivity_table_equals_in_process(cluster, checkpoint):
 
 
 def test_activation_sensitivity_equals_in_process(cluster, checkpoint):
-    from workbench.progress import run
-    from workbench.sensitivity import activation_errors
+    from workbench.core.progress import run
+    from workbench.planning.sensitivity import activation_errors
     address, _ = cluster
     model = _fresh_model(checkpoint)
     rng = np.random.default_rng(3)
@@ -204,8 +204,8 @@ def test_activation_sensitivity_equals_in_process(cluster, checkpoint):
 
 def _export(model, path, executor=None, scheme="q4_k"):
     from workbench.export import export
-    from workbench.plan import Plan
-    from workbench.progress import run
+    from workbench.quant.plan import Plan
+    from workbench.core.progress import run
     return run(export(model, Plan(default=scheme), "gguf", path, executor=executor))
 
 
@@ -234,8 +234,8 @@ def test_cli_sensitivity_with_cluster_flag(cluster, checkpoint, capsys):
 
 def test_worker_without_the_file_is_a_clear_error(cluster, tmp_path):
     """A path the workers cannot see: the task's WorkbenchError names the file and why."""
-    from workbench.cluster import evaluate_task
-    from workbench.errors import WorkbenchError
+    from workbench.jobs.cluster import evaluate_task
+    from workbench.core.errors import WorkbenchError
     address, _ = cluster
     gone = str(tmp_path / "gone.safetensors")
     with _executor(address) as ex:
@@ -254,8 +254,8 @@ def test_killed_worker_reruns_tasks_identically(cluster, checkpoint, tmp_path):
     a, b = tmp_path / "local.gguf", tmp_path / "cluster.gguf"
     _export(_fresh_model(checkpoint), a, scheme="q3_k")
     from workbench.export import export
-    from workbench.plan import Plan
-    from workbench.progress import run
+    from workbench.quant.plan import Plan
+    from workbench.core.progress import run
     killed = []
 
     def on_progress(ev):
@@ -275,10 +275,10 @@ def test_killed_worker_reruns_tasks_identically(cluster, checkpoint, tmp_path):
 
 
 def test_scheduler_gone_is_a_clear_error_and_nothing_written(checkpoint, tmp_path):
-    from workbench.errors import WorkbenchError
+    from workbench.core.errors import WorkbenchError
     from workbench.export import export
-    from workbench.plan import Plan
-    from workbench.progress import run
+    from workbench.quant.plan import Plan
+    from workbench.core.progress import run
     sched, address = _start_scheduler(tmp_path)
     worker = _start_worker(address)
     out = tmp_path / "out" / "m.gguf"
@@ -302,9 +302,9 @@ def test_scheduler_gone_is_a_clear_error_and_nothing_written(checkpoint, tmp_pat
 
 def test_cancel_cancels_the_cluster_tasks(cluster, checkpoint):
     """Closing a sweep (the app's Cancel) cancels its tasks still on the cluster."""
-    from workbench.errors import Cancelled
-    from workbench.progress import run
-    from workbench.sensitivity import sensitivity_table_job
+    from workbench.core.errors import Cancelled
+    from workbench.core.progress import run
+    from workbench.planning.sensitivity import sensitivity_table_job
     address, _ = cluster
     with _executor(address) as ex:
         seen = []
@@ -340,8 +340,8 @@ def test_app_setting_runs_the_sensitivity_table_on_the_cluster(cluster, checkpoi
 
     from app.cluster_setting import KEY, ClusterSetting
     from app.effects import table_job
-    from workbench.errors import WorkbenchError
-    from workbench.progress import run
+    from workbench.core.errors import WorkbenchError
+    from workbench.core.progress import run
     address, _ = cluster
     settings = _Settings()
     setting = ClusterSetting(settings)
@@ -361,8 +361,8 @@ def test_app_setting_runs_the_sensitivity_table_on_the_cluster(cluster, checkpoi
 
 
 def test_statistics_equal_in_process(cluster, checkpoint):
-    from workbench.progress import run
-    from workbench.stats import StatsCache, model_stats
+    from workbench.core.progress import run
+    from workbench.quant.stats import StatsCache, model_stats
     address, _ = cluster
     local = run(model_stats(_fresh_model(checkpoint), cache=None))
     with _executor(address) as ex:
@@ -378,8 +378,8 @@ def test_compressed_tensors_export_is_byte_identical(cluster, checkpoint, tmp_pa
     """vLLM's folder: every quantized tensor computed on the workers, the same files."""
     pytest.importorskip("compressed_tensors")
     from workbench.export import export
-    from workbench.plan import Plan
-    from workbench.progress import run
+    from workbench.quant.plan import Plan
+    from workbench.core.progress import run
     address, _ = cluster
     a, b = tmp_path / "local", tmp_path / "cluster"
     run(export(_fresh_model(checkpoint), Plan(default="int4-g128"), "compressed-tensors", a))
@@ -410,8 +410,8 @@ def test_converted_gguf_export_is_byte_identical(cluster, tiny_arch, tmp_path, a
 
 
 def test_missing_distributed_names_the_extra(monkeypatch):
-    from workbench.cluster import open_executor
-    from workbench.errors import WorkbenchError
+    from workbench.jobs.cluster import open_executor
+    from workbench.core.errors import WorkbenchError
     monkeypatch.setitem(sys.modules, "distributed", None)
     with pytest.raises(WorkbenchError, match=r'pip install "quant-workbench\[cluster\]"'):
         open_executor("local:1")
@@ -421,9 +421,9 @@ def test_missing_distributed_names_the_extra(monkeypatch):
 def test_worker_refuses_a_different_file_at_the_path(tmp_path):
     """The worker side's check: another size at the client's path is refused by name; the
     same file is opened once and kept."""
-    from workbench.cluster import worker_model
-    from workbench.errors import WorkbenchError
-    from workbench.stats import file_signature
+    from workbench.jobs.cluster import worker_model
+    from workbench.core.errors import WorkbenchError
+    from workbench.quant.stats import file_signature
     import torch
     from safetensors.torch import save_file
     p = tmp_path / "m.safetensors"

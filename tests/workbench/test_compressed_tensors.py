@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.errors import WorkbenchError
-from workbench.evaluate import quantize
+from workbench.core.errors import WorkbenchError
+from workbench.quant.evaluate import quantize
 from workbench.export import export
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 from workbench.schemes import get_scheme
 
 pytest.importorskip("compressed_tensors")
@@ -64,7 +64,7 @@ def package_weights(folder) -> dict:
 
 def check_exact(src, out_model, plan, prefix=""):
     """Every weight equals the workbench's own dequantization (or the source, when kept)."""
-    from workbench.runtimes import plan_decisions
+    from workbench.quant.runtimes import plan_decisions
     sd = out_model if isinstance(out_model, dict) else \
         {k: v.detach() for k, v in out_model.state_dict().items()}
     decisions = plan_decisions(src, plan, "vllm")

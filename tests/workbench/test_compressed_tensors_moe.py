@@ -11,11 +11,11 @@ import re
 
 import pytest
 
-from workbench.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 from workbench.export import export
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 
 pytest.importorskip("compressed_tensors")
 pytest.importorskip("transformers")

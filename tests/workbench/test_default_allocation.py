@@ -11,18 +11,18 @@ import json
 import pytest
 
 from workbench.cli import main
-from workbench.evaluate import evaluate
-from workbench.plan import Plan
-from workbench.progress import run
-from workbench.runner import check
-from workbench.runtimes import candidate_schemes
+from workbench.quant.evaluate import evaluate
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
+from workbench.running.runner import check
+from workbench.quant.runtimes import candidate_schemes
 
 pytestmark = pytest.mark.slow
 
 
 def test_default_allocation_at_4_5_bpw_beats_every_uniform_plan_that_fits(
         minilm, minilm_path, tmp_path, capsys):
-    from workbench.calibration import DEFAULT_CALIB
+    from workbench.running.calibration import DEFAULT_CALIB
     out = tmp_path / "plan.json"
     assert main(["allocate", str(minilm_path), "--budget-bpw", "4.5", "-o", str(out),
                  "--json"]) == 0
@@ -36,7 +36,7 @@ def test_default_allocation_at_4_5_bpw_beats_every_uniform_plan_that_fits(
     held = tmp_path / "held-out.txt"                          # not the 64 calibration lines
     held.write_text("\n".join(lines[64:160]) + "\n")
     # the plan's methods applied as `check --plan` applies them (shipped calibration text)
-    from workbench.methods.apply import prepare, runner_weights
+    from workbench.quant.methods.apply import prepare, runner_weights
     plan = Plan.load(out)
     mm = run(prepare(minilm, plan))
     alloc = run(check(minilm, plan, held, weights=runner_weights(mm, plan)))["cosine_mean"]
@@ -68,7 +68,7 @@ def test_a_plan_allocated_for_a_target_exports_to_it(minilm_path, tmp_path, caps
     assert res["target"] == target and res["bits_per_weight"] <= bpw
     p = Plan.load(plan)
     if target == "vllm":
-        from workbench.loaders import open_model
+        from workbench.formats.loaders import open_model
         m = open_model(minilm_path)
         for i in range(6):
             qkv = {p.scheme_and_source(f"encoder.layer.{i}.attention.self.{x}.weight", 2, True)[0]

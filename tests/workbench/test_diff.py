@@ -1,4 +1,4 @@
-"""`quant-workbench diff`: two quantizations compared tensor by tensor (workbench.diff)."""
+"""`quant-workbench diff`: two quantizations compared tensor by tensor (workbench.planning.diff)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from workbench.cli import main
-from workbench.diff import diff, same_type
-from workbench.evaluate import evaluate
+from workbench.planning.diff import diff, same_type
+from workbench.quant.evaluate import evaluate
 from workbench.export import export
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 
 DEMO_PLAN = {"format": "quant-workbench-plan", "version": 1, "default": "q4_k",
              "rules": [{"match": "re:self_attn\\.(q|k)_proj", "scheme": "q8_0"},

@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from workbench.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 from workbench.export import export, list_exporters
-from workbench.loaders import open_model
-from workbench.plan import KEEP, Plan, Rule
-from workbench.progress import run
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import KEEP, Plan, Rule
+from workbench.core.progress import run
 from workbench.schemes import get_scheme
 
 
@@ -79,7 +79,7 @@ def test_quantized_safetensors_round_trip(tiny_llama, tmp_path):
         np.testing.assert_array_equal(f.get_tensor("model.norm.weight").numpy(),
                                       tensors["model.norm.weight"])
     # the quantized model can be inspected and evaluated again (statistics over dequantized data)
-    from workbench.stats import tensor_stats
+    from workbench.quant.stats import tensor_stats
     st = run(tensor_stats(q, "model.layers.1.mlp.down_proj.weight"))
     assert st.count == 256 * 512
     # out file is smaller than the original
@@ -154,7 +154,7 @@ def test_disk_full_leaves_existing_file_and_no_temp_files(tiny_llama, tmp_path, 
             return self._fh.__exit__(*a)
 
     monkeypatch.setattr(stw.os, "fdopen", lambda *a, **k: FullFile(real_fdopen(*a, **k)))
-    import workbench.atomic as atomic
+    import workbench.core.atomic as atomic
     monkeypatch.setattr(atomic.os, "fdopen", lambda *a, **k: FullFile(real_fdopen(*a, **k)))
     with pytest.raises(WorkbenchError) as ei:
         run(export(m, Plan("int4-g64"), "safetensors", out))
@@ -185,7 +185,7 @@ def test_disk_full_while_assembling(tiny_llama, tmp_path, monkeypatch):
 def test_plan_save_disk_full(tmp_path, monkeypatch):
     out = tmp_path / "plan.json"
     out.write_text("old")
-    import workbench.atomic as atomic
+    import workbench.core.atomic as atomic
 
     def boom(fd):
         raise OSError(errno.ENOSPC, "No space left on device")

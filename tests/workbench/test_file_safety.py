@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.atomic import clean_stale_temps
-from workbench.errors import WorkbenchError
+from workbench.core.atomic import clean_stale_temps
+from workbench.core.errors import WorkbenchError
 from workbench.export import export
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,7 +161,7 @@ def test_cancel_mid_export_leaves_no_temp_and_the_old_file(tiny_llama, tmp_path,
     def cancel():
         calls["n"] += 1
         return calls["n"] > 3
-    from workbench.errors import Cancelled
+    from workbench.core.errors import Cancelled
     with pytest.raises(Cancelled):
         run(export(m, Plan(default="int8-channel" if fmt != "gguf" else "q4_0"), fmt, out),
             should_cancel=cancel)

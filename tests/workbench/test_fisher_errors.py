@@ -1,13 +1,13 @@
-"""The fisher measure's per-scheme errors (workbench.sensitivity.fisher_errors): a tall tensor's
+"""The fisher measure's per-scheme errors (workbench.planning.sensitivity.fisher_errors): a tall tensor's
 errors under row-local schemes come from a proportional sample of its rows and track the exact
 sums; candidates a runtime maps to one scheme are measured once."""
 
 import numpy as np
 import pytest
 
-from workbench import sensitivity as S
-from workbench.loaders import open_model
-from workbench.progress import run
+from workbench.planning import sensitivity as S
+from workbench.formats.loaders import open_model
+from workbench.core.progress import run
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 

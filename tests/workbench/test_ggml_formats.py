@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from workbench.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 from workbench.schemes import get_scheme, list_schemes
 from workbench.schemes.ggml import GGML_SCHEMES, GGMLScheme
 

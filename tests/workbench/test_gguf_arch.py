@@ -12,11 +12,11 @@ import re
 import numpy as np
 import pytest
 
-from workbench.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 from workbench.export import export
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 
 EXPECTED_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2",
                  "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma2": "gemma2",
@@ -125,7 +125,7 @@ def test_moe_q4_k_export_keeps_routers_float(tiny_arch, tmp_path):
     assert types["blk.1.ffn_down_exps.weight"] == "Q4_K"
     assert types["blk.1.attn_q_norm.weight"] == "F32"
     assert info["types"]["F32"] >= 2 + 4 * 2 + 1       # routers, 4 norms a layer, output norm
-    # a rule naming a router (patterns never reach one: workbench.plan) is ignored with a
+    # a rule naming a router (patterns never reach one: workbench.quant.plan) is ignored with a
     # note: llama.cpp never re-types it
     plan = Plan(default="q4_k", rules=[{"match": "model.layers.1.mlp.gate.weight",
                                         "scheme": "q8_0"}])

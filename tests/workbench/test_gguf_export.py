@@ -10,11 +10,11 @@ import gguf
 import numpy as np
 import pytest
 
-from workbench.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 from workbench.export import export, get_exporter
-from workbench.loaders import open_model
-from workbench.plan import KEEP, Plan
-from workbench.progress import run
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import KEEP, Plan
+from workbench.core.progress import run
 from workbench.schemes import get_scheme
 
 Q = gguf.GGMLQuantizationType
@@ -29,7 +29,7 @@ def expected_bytes(model, name: str, scheme: str) -> bytes:
 
 
 def check_bytes(model, plan, path) -> dict[str, str]:
-    from workbench.runtimes import plan_decisions
+    from workbench.quant.runtimes import plan_decisions
     reader = gguf.GGUFReader(str(path))
     assignment = {n: d.applied for n, d in plan_decisions(model, plan, "llama.cpp").items()}
     assert [t.name for t in reader.tensors] == list(model.tensors)

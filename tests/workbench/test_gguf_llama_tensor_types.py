@@ -7,12 +7,12 @@ import re
 import numpy as np
 import pytest
 
-from workbench.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 from workbench.export import export
 from workbench.export.llama_tensor_types import detect_family, llama_cpp_name
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 
 # what llama-quantize accepts: whitespace-separated NAME=TYPE tokens, types by ggml_type_name
 GGML_TYPES = {"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k",

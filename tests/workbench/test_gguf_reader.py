@@ -1,4 +1,4 @@
-"""The project's GGUF reader (workbench.loaders.gguf_reader) against the `gguf` package's
+"""The project's GGUF reader (workbench.formats.loaders.gguf_reader) against the `gguf` package's
 GGUFReader on files written by GGUFWriter: every key/value and every tensor's bytes agree."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import gguf
 import numpy as np
 import pytest
 
-from workbench.errors import WorkbenchError
-from workbench.loaders.gguf_reader import GGUFFile
+from workbench.core.errors import WorkbenchError
+from workbench.formats.loaders.gguf_reader import GGUFFile
 
 VT = gguf.GGUFValueType
 

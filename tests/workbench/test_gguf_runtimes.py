@@ -1,4 +1,4 @@
-"""workbench.runtimes: what llama.cpp / vLLM re-type, llama-quantize's fallbacks, the summary,
+"""workbench.quant.runtimes: what llama.cpp / vLLM re-type, llama-quantize's fallbacks, the summary,
 --strict; and evaluate / exporters applying the same decisions."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from workbench.errors import WorkbenchError
-from workbench.evaluate import evaluate
-from workbench.model import TensorInfo
-from workbench.plan import Plan
-from workbench.progress import run
-from workbench.runtimes import (FallbackSummary, check_strict, decide, plan_decisions,
+from workbench.core.errors import WorkbenchError
+from workbench.quant.evaluate import evaluate
+from workbench.formats.model import TensorInfo
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
+from workbench.quant.runtimes import (FallbackSummary, check_strict, decide, plan_decisions,
                                 summarize)
 
 
@@ -116,7 +116,7 @@ def test_unsupported_architecture_is_refused_naming_the_converter(make_safetenso
     # a folder whose config.json names an architecture the exporter does not convert: nothing
     # is written (an existing file stays as it was), and the message names the way through
     from workbench.export import export
-    from workbench.loaders import open_model
+    from workbench.formats.loaders import open_model
     path = make_safetensors({"encoder.block.0.layer.0.SelfAttention.q.weight":
                              np.ones((32, 64), np.float32)})
     (path.parent / "config.json").write_text(json.dumps(

@@ -7,9 +7,9 @@ import math
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from workbench.dtypes import STORAGE
-from workbench.errors import WorkbenchError
-from workbench.loaders.safetensors_format import parse_header
+from workbench.formats.dtypes import STORAGE
+from workbench.core.errors import WorkbenchError
+from workbench.formats.loaders.safetensors_format import parse_header
 
 SETTINGS = settings(max_examples=300, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

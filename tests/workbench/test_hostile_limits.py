@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from workbench.errors import WorkbenchError
-from workbench.loaders import open_model
-from workbench.patterns import compile_pattern
-from workbench.plan import Plan
+from workbench.core.errors import WorkbenchError
+from workbench.formats.loaders import open_model
+from workbench.core.patterns import compile_pattern
+from workbench.quant.plan import Plan
 
 
 @pytest.mark.parametrize("pattern", ["a{4294967296}", "a{2,99999999999999999999}", "a{1001}",
@@ -65,8 +65,8 @@ def test_pytorch_record_cut_short_is_refused(tmp_path):
 
     import torch
 
-    from workbench.errors import WorkbenchError
-    from workbench.loaders import open_model
+    from workbench.core.errors import WorkbenchError
+    from workbench.formats.loaders import open_model
     buf = io.BytesIO()
     torch.save({"a": torch.arange(64, dtype=torch.float32).reshape(8, 8), "b": torch.ones(8, 8)},
                buf)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "resources" / "demo_model"
@@ -99,7 +99,7 @@ def test_a_fresh_output_still_works(tmp_path):
 
 
 def test_refuse_inputs_as_outputs_names_both(tmp_path):
-    from workbench.outputs import refuse_inputs_as_outputs
+    from workbench.core.outputs import refuse_inputs_as_outputs
     a = tmp_path / "a.json"
     a.write_text("{}")
     (tmp_path / "b.json").symlink_to(a)
@@ -113,7 +113,7 @@ def test_refuse_inputs_as_outputs_names_both(tmp_path):
 def test_self_referencing_pickles_are_refused_quickly(tmp_path, kind):
     import torch
 
-    from workbench.loaders import open_model
+    from workbench.formats.loaders import open_model
     t = torch.ones(2, 2)
     if kind == "self":
         d = {"w": t}
@@ -148,7 +148,7 @@ def _dat(entries) -> bytes:
 
 
 def test_imatrix_dat_roundtrip_and_corruptions(tmp_path):
-    from workbench.imatrix import read_imatrix
+    from workbench.running.imatrix import read_imatrix
     good = _dat([("blk.0.attn_q.weight", 4, np.full(64, 8.0))])
     p = tmp_path / "x.dat"
     p.write_bytes(good)
@@ -171,8 +171,8 @@ def test_imatrix_dat_roundtrip_and_corruptions(tmp_path):
 def test_imatrix_gguf_must_be_an_imatrix_of_f32_sums(tmp_path):
     import gguf
 
-    from workbench.imatrix import check_imatrix_for, read_imatrix
-    from workbench.model import Model, TensorInfo
+    from workbench.running.imatrix import check_imatrix_for, read_imatrix
+    from workbench.formats.model import Model, TensorInfo
 
     def write(kind, dtype=np.float32):
         p = tmp_path / f"{kind}-{np.dtype(dtype).name}.gguf"
@@ -202,9 +202,9 @@ def test_imatrix_gguf_must_be_an_imatrix_of_f32_sums(tmp_path):
 
 # ---- 4: calibration inputs -------------------------------------------------------------
 def _calib(path):
-    from workbench.calibration import calibration_samples
-    from workbench.loaders import open_model
-    from workbench.progress import run
+    from workbench.running.calibration import calibration_samples
+    from workbench.formats.loaders import open_model
+    from workbench.core.progress import run
     return run(calibration_samples(open_model(DEMO), path, None, 128))
 
 
@@ -239,10 +239,10 @@ def test_zero_row_tensor_exported_to_gguf_evaluates(tmp_path):
                                   ("blk.0.ffn_up.weight", (4, 32))])
     out = tmp_path / "z.gguf"
     assert main(["export", str(src), "--scheme", "q8_0", "--format", "gguf", "-o", str(out)]) == 0
-    from workbench.evaluate import evaluate
-    from workbench.loaders import open_model
-    from workbench.plan import Plan
-    from workbench.progress import run
+    from workbench.quant.evaluate import evaluate
+    from workbench.formats.loaders import open_model
+    from workbench.quant.plan import Plan
+    from workbench.core.progress import run
     m = open_model(out)
     assert m.read_matrix("blk.0.attn_q.weight").shape == (0, 32)
     ev = run(evaluate(m, Plan(default="q4_0")))
@@ -262,7 +262,7 @@ def test_lone_surrogate_name_is_a_clean_gguf_refusal(tmp_path):
 
 # ---- 6: GGUF offsets that break the alignment --------------------------------------------
 def test_misaligned_gguf_offset_is_refused_with_the_tensor(tmp_path):
-    from workbench.loaders import open_model
+    from workbench.formats.loaders import open_model
 
     def gstr(b):
         return struct.pack("<Q", len(b)) + b
@@ -292,12 +292,12 @@ def test_misaligned_gguf_offset_is_refused_with_the_tensor(tmp_path):
 # ---- 7: the input truncated under a running export ---------------------------------------
 TRUNCATE = """
 import os, sys, numpy as np, torch
-from workbench.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 from workbench.export import export
 from workbench.export.st_writer import StreamingSafetensorsWriter
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 d, kind = sys.argv[1], sys.argv[2]
 src = os.path.join(d, "src.safetensors")
 w = StreamingSafetensorsWriter(src)
@@ -360,7 +360,7 @@ def _cpu(fn, repeat=3) -> float:
 
 def test_header_parse_is_linear():
     """4x the tensors costs about 4x (quadratic would be 16x): generous bound 8x."""
-    from workbench.loaders.safetensors_format import parse_header
+    from workbench.formats.loaders.safetensors_format import parse_header
     small, big = _header(10_000), _header(40_000)
     t1 = _cpu(lambda: parse_header(small, len(small), "s"))
     t4 = _cpu(lambda: parse_header(big, len(big), "b"))
@@ -369,7 +369,7 @@ def test_header_parse_is_linear():
 
 def test_plan_rules_resolve_in_one_pass():
     """Resolving names costs one RE2 set match each whatever the number of rules."""
-    from workbench.plan import Plan
+    from workbench.quant.plan import Plan
 
     def plan(n):
         return Plan.from_dict({"format": "quant-workbench-plan", "version": 1, "default": "q8_0",
@@ -391,7 +391,7 @@ def test_bad_pattern_among_many_names_its_rule(tmp_path):
     p = tmp_path / "p.json"
     p.write_text(json.dumps({"format": "quant-workbench-plan", "version": 1, "default": "q8_0",
                              "rules": rules}))
-    from workbench.plan import Plan
+    from workbench.quant.plan import Plan
     with pytest.raises(WorkbenchError, match=r"rule 're:\(x'") as e:
         Plan.load(p)
     assert str(p) in str(e.value)
@@ -424,7 +424,7 @@ def test_missing_optional_dependency_is_one_line_exit_2(tmp_path, modules, argv,
 
 
 def test_require_and_missing_from():
-    from workbench.optional import missing_from, require
+    from workbench.core.optional import missing_from, require
     assert require("json").dumps([1]) == "[1]"
     with pytest.raises(WorkbenchError, match=r"quant-workbench\[onnx\]"):
         require("onnx_not_here_for_test", "onnx")

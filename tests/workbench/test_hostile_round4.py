@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "resources" / "demo_model"
@@ -140,7 +140,7 @@ def test_sparse_sidecar_over_its_limit_is_refused_by_name(tmp_path, name, limit,
 def test_config_over_the_limit_is_not_treated_as_absent(tmp_path):
     """Before: a config.json over 4 MiB read as "no config", and the compressed-tensors export
     wrote a new config.json without model_type."""
-    from workbench.limits import MAX_SIDECAR
+    from workbench.core.limits import MAX_SIDECAR
     folder = _demo_copy(tmp_path)
     cfg = json.loads((folder / "config.json").read_text())
     cfg["padding"] = "x" * (MAX_SIDECAR + 1)
@@ -149,8 +149,8 @@ def test_config_over_the_limit_is_not_treated_as_absent(tmp_path):
                     "-o", tmp_path / "ct")
     assert rc == 2 and "over the 16 MiB limit" in err and "config.json" in err
     assert not (tmp_path / "ct").exists()
-    from workbench.llama_names import read_config
-    from workbench.loaders import open_model
+    from workbench.formats.llama_names import read_config
+    from workbench.formats.loaders import open_model
     with pytest.raises(WorkbenchError, match="over the 16 MiB limit"):
         read_config(open_model(folder))
 
@@ -168,7 +168,7 @@ def test_sparse_index_is_refused_without_reading(tmp_path):
 
 
 def test_sidecar_limits_table():
-    from workbench.limits import check_sidecar, sidecar_limit
+    from workbench.core.limits import check_sidecar, sidecar_limit
     assert sidecar_limit("a/config.json") == 16 << 20
     assert sidecar_limit("a/model.safetensors.index.json") == 64 << 20
     assert sidecar_limit("a/tokenizer.json") == 64 << 20
@@ -180,7 +180,7 @@ def test_sidecar_limits_table():
 def test_compressed_tensors_target_regex_runs_on_re2():
     import time
 
-    from workbench.loaders.compressed_tensors_format import _args_for
+    from workbench.formats.loaders.compressed_tensors_format import _args_for
     groups = [(["re:(.*.*)*X"], {"num_bits": 4}), (["re:.*mlp.*"], {"num_bits": 8})]
     name = "model.layers.0." + "a" * 5000 + ".mlp.up_proj"
     t0 = time.perf_counter()
@@ -279,17 +279,17 @@ def test_gguf_with_sparse_padding_is_read(tmp_path, demo_gguf):
     pad.write_bytes(demo_gguf.read_bytes())
     os.truncate(pad, 100 << 30)
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30));"
-            "from workbench.loaders import open_model; m = open_model(sys.argv[1]);"
+            "from workbench.formats.loaders import open_model; m = open_model(sys.argv[1]);"
             "n = 'blk.0.attn_q.weight'; print(len(m.tensors), m.raw(n).shape)")
     r = subprocess.run([sys.executable, "-c", code, str(pad)], capture_output=True, text=True,
                        cwd=ROOT, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, r.stderr[-800:]
-    from workbench.loaders import open_model
+    from workbench.formats.loaders import open_model
     assert r.stdout.split()[0] == str(len(open_model(demo_gguf).tensors))
 
 
 def test_gguf_header_read_in_steps_is_the_same(tmp_path, demo_gguf, monkeypatch):
-    from workbench.loaders.gguf_reader import GGUFFile
+    from workbench.formats.loaders.gguf_reader import GGUFFile
     whole = GGUFFile(demo_gguf)
     monkeypatch.setattr(GGUFFile, "HEADER_STEP", 7)      # every read a short one
     steps = GGUFFile(demo_gguf)
@@ -303,7 +303,7 @@ def test_onnx_export_to_a_full_disk_says_so(tmp_path, monkeypatch):
     """The traced file written to /dev/full (ENOSPC): the message names the disk, not the
     network (before: "torch.onnx could not trace the ... network")."""
     pytest.importorskip("onnx")
-    import workbench.atomic as atomic
+    import workbench.core.atomic as atomic
     real = atomic.make_temp_dir
 
     def full(directory, label):
@@ -323,7 +323,7 @@ def test_onnx_export_to_a_full_disk_says_so(tmp_path, monkeypatch):
 def test_write_problem_reads_wrapped_errors():
     import errno
 
-    from workbench.atomic import write_problem
+    from workbench.core.atomic import write_problem
     try:
         try:
             raise OSError(errno.ENOSPC, "No space left on device")
@@ -343,7 +343,7 @@ def test_onnx_temp_folders_of_killed_runs_are_removed(tmp_path):
     import sys
     import time
 
-    from workbench.atomic import LEGACY_STALE_SECONDS, clean_stale_temps, make_temp_dir
+    from workbench.core.atomic import LEGACY_STALE_SECONDS, clean_stale_temps, make_temp_dir
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale = tmp_path / f".o.onnx.quant-workbench-{dead.pid}-abc123.tmp"
@@ -394,7 +394,7 @@ def test_onnx_export_killed_leaves_a_folder_the_next_export_removes(tmp_path):
 
 
 def test_cluster_local_n_is_capped_by_the_cores(monkeypatch):
-    from workbench import cluster
+    from workbench.jobs import cluster
     monkeypatch.setattr(cluster, "cores", lambda: 4)
     assert cluster.local_workers(2) == (2, None)
     n, note = cluster.local_workers(10 ** 6)
@@ -415,7 +415,7 @@ def test_plan_and_session_sizes_are_checked_before_reading(tmp_path, kind):
     fifo = tmp_path / f"fifo.{kind}.json"
     os.mkfifo(fifo)
     if kind == "plan":
-        from workbench.plan import Plan as load_from
+        from workbench.quant.plan import Plan as load_from
     else:
         from app.session import Session as load_from
     with pytest.raises(WorkbenchError, match=r"is 8,589,934,592 bytes, over the 64 MiB limit"):
@@ -435,7 +435,7 @@ def test_a_small_sidecar_is_read_without_allocating_its_limit(tmp_path):
     small.write_text('{"model_type": "x"}')
     code = (
         "import resource, sys\n"
-        "from workbench.limits import read_sidecar\n"
+        "from workbench.core.limits import read_sidecar\n"
         "import numpy, json\n"
         "with open('/proc/self/statm') as f: vm = int(f.read().split()[0]) * 4096\n"
         "resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), resource.RLIM_INFINITY))\n"

@@ -3,7 +3,7 @@ import struct
 import numpy as np
 import pytest
 
-from workbench.imatrix import read_imatrix, write_imatrix_gguf
+from workbench.running.imatrix import read_imatrix, write_imatrix_gguf
 
 
 class _M:

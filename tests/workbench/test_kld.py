@@ -1,4 +1,4 @@
-"""`check` on a causal LM as `llama-perplexity --kl-divergence` scores it (workbench.kld): the
+"""`check` on a causal LM as `llama-perplexity --kl-divergence` scores it (workbench.running.kld): the
 text as one stream in chunks of --ctx tokens, each scored on its second half; the float model's
 next-token distributions cached on disk, sparse (top-64, 64 ids drawn from the rest, the
 remaining mass)."""
@@ -13,11 +13,11 @@ import pytest
 pytest.importorskip("transformers")
 
 from workbench.cli import main  # noqa: E402
-from workbench.kld import (kld_check, make_chunks, median, percentile,  # noqa: E402
+from workbench.running.kld import (kld_check, make_chunks, median, percentile,  # noqa: E402
                            scored_positions, text_stream)
-from workbench.loaders import open_model  # noqa: E402
-from workbench.plan import KEEP, Plan  # noqa: E402
-from workbench.progress import run  # noqa: E402
+from workbench.formats.loaders import open_model  # noqa: E402
+from workbench.quant.plan import KEEP, Plan  # noqa: E402
+from workbench.core.progress import run  # noqa: E402
 
 from tests.tiny_archs import DEMO  # noqa: E402
 

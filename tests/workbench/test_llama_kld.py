@@ -1,4 +1,4 @@
-"""workbench.llama_kld without llama.cpp: the parser on captured llama-perplexity output, the
+"""workbench.export.llama_kld without llama.cpp: the parser on captured llama-perplexity output, the
 child-process runner (timeout, closing the job kills the child's process group), and the
 bench's argument checks. The runs themselves are tested in tests/runtime/test_llama_kld_runtime.py."""
 
@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from workbench import llama_kld as lk
+from workbench.export import llama_kld as lk
 from workbench.bench.vs_llama import parse_types, prepare_out_dir, split_args
-from workbench.errors import WorkbenchError
-from workbench.progress import run
+from workbench.core.errors import WorkbenchError
+from workbench.core.progress import run
 
 # `llama-perplexity -m demo-q4_0.gguf -c 64 -t 2 --kl-divergence-base base.kld --kl-divergence`
 # on the demo model (resources/demo_model, our F16 / Q4_0 exports), the first 6000 bytes of

@@ -12,8 +12,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from workbench.errors import WorkbenchError
-from workbench.loaders import open_model
+from workbench.core.errors import WorkbenchError
+from workbench.formats.loaders import open_model
 
 ALL_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -210,7 +210,7 @@ def test_open_is_lazy_and_fast(tmp_path, monkeypatch):
     # a tensor is read on demand with pread, never memory-mapped (a file truncated meanwhile
     # is an error, not a SIGBUS): whole up to PREAD_LIMIT, above it a Region whose rows are
     # read as they are sliced (streamed, never all resident)
-    from workbench.loaders import region
+    from workbench.formats.loaders import region
     monkeypatch.setattr(region, "PREAD_LIMIT", rows * cols * 4)
     raw = m.raw("model.layers.7.mlp.up_proj.weight")
     assert isinstance(raw, np.ndarray) and not _is_mapped(raw) and not raw.flags.writeable

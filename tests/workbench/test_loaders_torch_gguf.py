@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.errors import WorkbenchError
-from workbench.loaders import open_model
-from workbench.progress import run
-from workbench.stats import reference_stats, tensor_stats
+from workbench.core.errors import WorkbenchError
+from workbench.formats.loaders import open_model
+from workbench.core.progress import run
+from workbench.quant.stats import reference_stats, tensor_stats
 
 
 def _state():

@@ -1,4 +1,4 @@
-"""workbench.methods.compare (the comparison view's methods): one tensor under (scheme, method)
+"""workbench.quant.methods.compare (the comparison view's methods): one tensor under (scheme, method)
 pairs gives the figures `evaluate --method` reports for a plan assigning that pair, plus the
 layer output error on the calibration inputs, from one calibration pass."""
 
@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from workbench.cli import main
-from workbench.errors import WorkbenchError
-from workbench.loaders import open_model
-from workbench.methods.apply import prepare
-from workbench.methods.compare import (applies, compare_methods, context_plan, evaluate_method,
+from workbench.core.errors import WorkbenchError
+from workbench.formats.loaders import open_model
+from workbench.quant.methods.apply import prepare
+from workbench.quant.methods.compare import (applies, compare_methods, context_plan, evaluate_method,
                                        layer_output_error, peers_of, tensor_stats)
-from workbench.methods.stats import LayerStats
-from workbench.plan import KEEP
-from workbench.progress import run
+from workbench.quant.methods.stats import LayerStats
+from workbench.quant.plan import KEEP
+from workbench.core.progress import run
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "resources" / "demo_model" / "model.safetensors"
@@ -106,7 +106,7 @@ def test_not_a_linear_input_and_refusals(calib_file):
 
 
 def test_fold_peer_changes_the_producer_without_touching_the_plain_cache(calib_file):
-    from workbench.evaluate import evaluate_tensor
+    from workbench.quant.evaluate import evaluate_tensor
     m = open_model(DEMO)
     up, down = "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"
     assert down in peers_of(m, up)                 # down_proj's AWQ scale folds into up_proj

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from workbench.methods.activations import activation_entry, calibrate_range
+from workbench.quant.methods.activations import activation_entry, calibrate_range
 
 
 def test_activation_ranges_on_outliers():

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from workbench.cli import main
-from workbench.errors import WorkbenchError
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.core.errors import WorkbenchError
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "resources" / "demo_model" / "model.safetensors"
@@ -82,8 +82,8 @@ def untrained_demo(tmp_path_factory):
 def test_awq_fold_keeps_the_float_model_exact(calib_file, untrained_demo):
     """The folded float model (consumers' columns ×s, norms / producers' rows ÷s) gives the
     original outputs; the quantized fold changes them only by quantization error."""
-    from workbench.methods.apply import prepare, runner_weights
-    from workbench.runner import check
+    from workbench.quant.methods.apply import prepare, runner_weights
+    from workbench.running.runner import check
     model = open_model(str(untrained_demo))
     plan = Plan("int4-g128", method="awq")
     mm = run(prepare(model, plan, calib=str(calib_file)))
@@ -112,8 +112,8 @@ def test_awq_fold_keeps_the_float_model_exact(calib_file, untrained_demo):
 
 def test_awq_fold_float_exact_on_minilm(minilm_path):
     """BERT (post-LN): only attention.output.dense <- value folds; the float outputs are equal."""
-    from workbench.methods.apply import prepare
-    from workbench.runner import check
+    from workbench.quant.methods.apply import prepare
+    from workbench.running.runner import check
     model = open_model(minilm_path)
     plan = Plan("int4-g128", method="awq")
     mm = run(prepare(model, plan, samples=12))
@@ -126,12 +126,12 @@ def test_awq_fold_float_exact_on_minilm(minilm_path):
 # -- CLI and exports ---------------------------------------------------------------------------
 
 def _mm(model, plan, calib, runtime):
-    from workbench.methods.apply import prepare
+    from workbench.quant.methods.apply import prepare
     return run(prepare(model, plan, calib=str(calib), runtime=runtime))
 
 
 def test_cli_gguf_export_with_gptq_reads_back(calib_file, tmp_path, capsys):
-    from workbench.loaders.gguf_reader import GGUFFile
+    from workbench.formats.loaders.gguf_reader import GGUFFile
     out = tmp_path / "gptq.gguf"
     assert main(["export", str(DEMO), "--scheme", "q4_k", "--method", "gptq", "--calib",
                  str(calib_file), "--format", "gguf", "-o", str(out)]) == 0
@@ -144,7 +144,7 @@ def test_cli_gguf_export_with_gptq_reads_back(calib_file, tmp_path, capsys):
     assert t.tensor_type.name == "Q4_K"
     want = mm.quantize_tensor(n, mm.read_matrix(n), "q4_k").arrays["blocks"]
     np.testing.assert_array_equal(np.asarray(t.data), np.asarray(want).view(np.uint8).reshape(-1))
-    from workbench.evaluate import quantize
+    from workbench.quant.evaluate import quantize
     rtn = quantize(model.read_matrix(n), "q4_k").arrays["blocks"]
     assert not np.array_equal(np.asarray(want).view(np.uint8), np.asarray(rtn).view(np.uint8))
     # and the workbench's own GGUF loader reads the file
@@ -173,7 +173,7 @@ def _package_weights(folder) -> dict:
 def test_cli_compressed_tensors_int4_reads_back_exactly(calib_file, tmp_path, method,
                                                       untrained_demo):
     pytest.importorskip("compressed_tensors")
-    from workbench.runtimes import plan_decisions
+    from workbench.quant.runtimes import plan_decisions
     from workbench.schemes import get_scheme
     src = untrained_demo if method == "awq" else DEMO      # AWQ: a model whose norms it folds
     out = tmp_path / f"ct-{method}"

@@ -6,8 +6,8 @@ inputs with outlier channels, as real activations are)."""
 import numpy as np
 import pytest
 
-from workbench.methods import LayerStats, get_method, list_methods
-from workbench.methods.awq import fold_target
+from workbench.quant.methods import LayerStats, get_method, list_methods
+from workbench.quant.methods.awq import fold_target
 from workbench.bench.synthetic_figures import synthetic_data
 from workbench.schemes import get_scheme
 
@@ -68,7 +68,7 @@ def test_ggml_results_roundtrip_through_gguf(data, tmp_path):
 
 
 def test_stats_errors_and_fold_targets():
-    from workbench.errors import WorkbenchError
+    from workbench.core.errors import WorkbenchError
     W, X = synthetic_data(8, 64, 200)
     with pytest.raises(WorkbenchError, match="needs calibration"):
         get_method("gptq").quantize(W, get_scheme("int4-g32"), None)

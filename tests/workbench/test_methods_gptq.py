@@ -5,8 +5,8 @@ blocks), and its output as a valid tensor of the scheme."""
 import numpy as np
 import pytest
 
-from workbench.methods import LayerStats, get_method
-from workbench.methods.gptq import prepare_hessian
+from workbench.quant.methods import LayerStats, get_method
+from workbench.quant.methods.gptq import prepare_hessian
 from workbench.schemes import get_scheme
 
 
@@ -122,13 +122,13 @@ def test_gptq_act_order_static_groups_valid():
 
 
 def test_row_chunks_factor_the_hessian_once_and_equal_the_whole_tensor(monkeypatch):
-    """A big tensor is quantized a row chunk at a time (workbench.streaming): the chunks reuse
+    """A big tensor is quantized a row chunk at a time (workbench.quant.streaming): the chunks reuse
     one factorization of their shared Hessian (an 8 B model's 14336² down-projection Hessian
     was factored again for each of its 4 chunks, a minute each) and give the whole tensor's
     codes; the kept factor goes with the statistics it came from."""
     import gc
 
-    from workbench.methods import gptq as mod
+    from workbench.quant.methods import gptq as mod
     calls = []
     real = mod.inverse_cholesky_upper
     monkeypatch.setattr(mod, "inverse_cholesky_upper", lambda H: calls.append(1) or real(H))

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from workbench.errors import WorkbenchError
-from workbench.evaluate import evaluate, evaluate_tensor
-from workbench.loaders import open_model
-from workbench.metrics import ErrorSums, ModelTotals, from_sums, sqnr_db, tensor_error
-from workbench.plan import KEEP, PLAN_VERSION, Plan, Rule
-from workbench.progress import run
+from workbench.core.errors import WorkbenchError
+from workbench.quant.evaluate import evaluate, evaluate_tensor
+from workbench.formats.loaders import open_model
+from workbench.quant.metrics import ErrorSums, ModelTotals, from_sums, sqnr_db, tensor_error
+from workbench.quant.plan import KEEP, PLAN_VERSION, Plan, Rule
+from workbench.core.progress import run
 from workbench.schemes import get_scheme
 
 
@@ -97,7 +97,7 @@ def test_evaluate_totals_are_sums_of_tensors(tiny_llama):
 
 
 def test_evaluate_cache(tiny_llama):
-    from workbench.evaluate import EvalCache
+    from workbench.quant.evaluate import EvalCache
     path, _ = tiny_llama
     m = open_model(path)
     cache = EvalCache()

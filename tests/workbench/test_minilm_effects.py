@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.progress import run
-from workbench.runner import check
-from workbench.sensitivity import rank_agreement, sensitivity_table
+from workbench.core.progress import run
+from workbench.running.runner import check
+from workbench.planning.sensitivity import rank_agreement, sensitivity_table
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ CANDIDATES = ["int4-g128", "q3_k", "int4-g64-asym", "q4_k", "int5-g64-asym", "q6
 
 def test_allocation_at_4_5_bpw_beats_every_uniform_plan_within_budget(minilm, tmp_path):
     """Allocated on the first 16 lines of the calibration text, checked on 48 other lines."""
-    from workbench.calibration import DEFAULT_CALIB
+    from workbench.running.calibration import DEFAULT_CALIB
     lines = DEFAULT_CALIB.read_text().splitlines()
     held = tmp_path / "held-out.txt"
     held.write_text("\n".join(lines[200:248]) + "\n")

@@ -1,4 +1,4 @@
-"""The model map's data (workbench.model_map) and the `map` command."""
+"""The model map's data (workbench.planning.model_map) and the `map` command."""
 
 import json
 import math
@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from workbench.cli import main
-from workbench.evaluate import evaluate
-from workbench.loaders import open_model
-from workbench.model_map import (block_totals, colour_range, layout, normalise, plan_bytes_of,
+from workbench.quant.evaluate import evaluate
+from workbench.formats.loaders import open_model
+from workbench.planning.model_map import (block_totals, colour_range, layout, normalise, plan_bytes_of,
                                  summary)
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 
 
 def test_demo_layout_blocks_in_order_with_roles(demo_model_path):
@@ -90,7 +90,7 @@ def test_map_command_json(demo_model_path, capsys):
     assert [b["key"] for b in out["blocks"]][0] == "embeddings"
     assert main(["map", str(demo_model_path), "--overlay", "kurtosis", "--json"]) == 0
     k = json.loads(capsys.readouterr().out)["values"]
-    from workbench.stats import tensor_stats
+    from workbench.quant.stats import tensor_stats
     m = open_model(demo_model_path)
     want = run(tensor_stats(m, "model.layers.0.self_attn.q_proj.weight")).kurtosis
     assert k["model.layers.0.self_attn.q_proj.weight"] == pytest.approx(want)

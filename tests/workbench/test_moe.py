@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.catalog import expert_group, expert_index, infer_role, moe_role, projection
-from workbench.errors import WorkbenchError
-from workbench.plan import KEEP, Plan
-from workbench.progress import run
+from workbench.formats.catalog import expert_group, expert_index, infer_role, moe_role, projection
+from workbench.core.errors import WorkbenchError
+from workbench.quant.plan import KEEP, Plan
+from workbench.core.progress import run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,7 @@ MOE_ARCHS = {  # arch: (experts per layer, first MoE block, router name, shared 
 
 @pytest.mark.parametrize("arch", sorted(MOE_ARCHS))
 def test_tiny_moe_catalog(tiny_arch, arch):
-    from workbench.loaders import open_model
+    from workbench.formats.loaders import open_model
     n_exp, first, router, shared = MOE_ARCHS[arch]
     m = open_model(tiny_arch(arch))
     by_role: dict[str, list[str]] = {}
@@ -84,7 +84,7 @@ def test_tiny_moe_catalog(tiny_arch, arch):
         assert info.expert == int(n.split(".experts.")[1].split(".")[0])
         assert info.n_experts == 1 and info.matrix_shape == info.shape
     assert ("shared_expert" in by_role) == shared
-    from workbench.moe import expert_groups
+    from workbench.running.moe import expert_groups
     groups = expert_groups(m)
     assert len(groups) == 3 * len(moe_blocks)
     assert all([m.info(n).expert for n in ns] == list(range(n_exp)) for ns in groups.values())
@@ -92,8 +92,8 @@ def test_tiny_moe_catalog(tiny_arch, arch):
 
 @pytest.mark.parametrize("arch", sorted(MOE_ARCHS))
 def test_router_stays_float_by_default(tiny_arch, arch):
-    from workbench.loaders import open_model
-    from workbench.runtimes import plan_decisions
+    from workbench.formats.loaders import open_model
+    from workbench.quant.runtimes import plan_decisions
     m = open_model(tiny_arch(arch))
     routers = [n for n in m.tensors if m.info(n).role == "router" and m.info(n).ndim == 2]
     assert routers
@@ -118,7 +118,7 @@ def test_router_stays_float_by_default(tiny_arch, arch):
 
 
 def test_selectors_address_experts(tiny_arch):
-    from workbench.loaders import open_model
+    from workbench.formats.loaders import open_model
     m = open_model(tiny_arch("qwen3_moe"))
     plan = Plan(default="q4_k", rules=[{"match": "moe:experts.down@1", "scheme": "q8_0"},
                                        {"match": "moe:experts", "scheme": "q6_k"}])
@@ -199,8 +199,8 @@ def moe_gguf(tmp_path_factory):
 
 
 def test_merged_experts_read_per_expert(moe_gguf):
-    from workbench.loaders import open_model
-    from workbench.moe import expert_slices
+    from workbench.formats.loaders import open_model
+    from workbench.running.moe import expert_slices
     path, weights = moe_gguf
     m = open_model(path)
     info = m.info("blk.1.ffn_down_exps.weight")
@@ -219,8 +219,8 @@ def test_merged_experts_read_per_expert(moe_gguf):
 
 
 def test_merged_experts_spread(moe_gguf):
-    from workbench.loaders import open_model
-    from workbench.moe import expert_groups, expert_spread
+    from workbench.formats.loaders import open_model
+    from workbench.running.moe import expert_groups, expert_spread
     path, weights = moe_gguf
     m = open_model(path)
     assert expert_groups(m)["layer 1 experts down"] == ["blk.1.ffn_down_exps.weight"]
@@ -238,10 +238,10 @@ def test_merged_experts_spread(moe_gguf):
 
 def test_merged_experts_evaluate_per_row(moe_gguf):
     """int8-channel on a merged tensor: one scale per expert row (not per expert)."""
-    from workbench.evaluate import evaluate_tensor, quantize
-    from workbench.loaders import open_model
+    from workbench.quant.evaluate import evaluate_tensor, quantize
+    from workbench.formats.loaders import open_model
     from workbench.schemes import get_scheme
-    from workbench.moe import expert_slices
+    from workbench.running.moe import expert_slices
     path, _ = moe_gguf
     m = open_model(path)
     name = "blk.0.ffn_up_exps.weight"
@@ -256,8 +256,8 @@ def test_merged_experts_evaluate_per_row(moe_gguf):
 
 def test_gguf_export_retypes_merged_experts_keeps_router(moe_gguf, tmp_path):
     import gguf
-    from workbench.loaders import open_model
-    from workbench.moe import expert_slices
+    from workbench.formats.loaders import open_model
+    from workbench.running.moe import expert_slices
     path, weights = moe_gguf
     out = tmp_path / "q.gguf"
     r = _cli("export", path, "--format", "gguf", "--scheme", "q4_k",
@@ -302,9 +302,9 @@ def _reference_usage(folder, samples):
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
 def test_expert_usage_matches_transformers_router(tiny_arch, arch):
-    from workbench.calibration import calibration_samples
-    from workbench.loaders import open_model
-    from workbench.moe import expert_usage
+    from workbench.running.calibration import calibration_samples
+    from workbench.formats.loaders import open_model
+    from workbench.running.moe import expert_usage
     pytest.importorskip("transformers")
     folder = tiny_arch(arch)
     m = open_model(folder)
@@ -321,8 +321,8 @@ def test_expert_usage_matches_transformers_router(tiny_arch, arch):
 
 
 def test_expert_usage_deepseek_shared_and_dense(tiny_arch):
-    from workbench.loaders import open_model
-    from workbench.moe import expert_usage
+    from workbench.formats.loaders import open_model
+    from workbench.running.moe import expert_usage
     m = open_model(tiny_arch("deepseek_v3"))
     usage = run(expert_usage(m, samples=4))
     assert set(usage) == {n for n in m.tensors if m.info(n).role == "expert"}
@@ -332,9 +332,9 @@ def test_expert_usage_deepseek_shared_and_dense(tiny_arch):
 
 
 def test_usage_weighted_sensitivity_and_one_decision_per_group(tiny_arch):
-    from workbench.loaders import open_model
-    from workbench.moe import expert_usage
-    from workbench.sensitivity import build_table
+    from workbench.formats.loaders import open_model
+    from workbench.running.moe import expert_usage
+    from workbench.planning.sensitivity import build_table
     m = open_model(tiny_arch("qwen3_moe"))
     usage = run(expert_usage(m, samples=6))
     schemes = ["q4_k", "q8_0"]
@@ -346,14 +346,14 @@ def test_usage_weighted_sensitivity_and_one_decision_per_group(tiny_arch):
     # routers are not a choice; one projection's experts of a layer are one llama.cpp decision
     assert not [n for n in weighted.names if m.info(n).role == "router"]
     assert len(weighted.groups) == 6 and all(len(v) == 4 for v in weighted.groups)
-    from workbench.catalog import expert_group
+    from workbench.formats.catalog import expert_group
     assert all(len({expert_group(n) for n in g}) == 1 for g in weighted.groups)
     assert run(build_table(m, schemes, runtime="any")).groups == []
     # vLLM's FusedMoE: every expert of a layer (all projections) is one decision
     vg_all = run(build_table(m, ["int4-channel", "int8-channel"], runtime="vllm")).groups
     vg = [ns for ns in vg_all if any(".experts." in n for n in ns)]
     assert len(vg) == 2 and all(len(ns) == 12 for ns in vg)
-    # beside them, each layer's fused q/k/v (workbench.runtimes.fused_groups)
+    # beside them, each layer's fused q/k/v (workbench.quant.runtimes.fused_groups)
     assert sorted(len(ns) for ns in vg_all if ns not in vg) == [3, 3]
     assert [{m.info(n).block for n in ns} for ns in vg] == [{0}, {1}]
     free_table = run(build_table(m, schemes, runtime="any", usage=usage))
@@ -372,11 +372,11 @@ def test_usage_weighted_sensitivity_and_one_decision_per_group(tiny_arch):
 
 
 def test_merged_usage_weighting(moe_gguf):
-    from workbench.loaders import open_model
-    from workbench.moe import expert_slices
-    from workbench.evaluate import quantize
+    from workbench.formats.loaders import open_model
+    from workbench.running.moe import expert_slices
+    from workbench.quant.evaluate import quantize
     from workbench.schemes import get_scheme
-    from workbench.sensitivity import build_table
+    from workbench.planning.sensitivity import build_table
     path, _ = moe_gguf
     m = open_model(path)
     f = np.array([0.9, 0.5, 0.4, 0.2])
@@ -409,11 +409,11 @@ def test_compressed_tensors_routers_ignored(tiny_arch, tmp_path):
 def test_runner_expert_usage_agrees(tiny_arch):
     """Where the runner provides expert_usage (branch runner), it counts what the router hooks
     here count."""
-    import workbench.runner as R
+    import workbench.running.runner as R
     if not hasattr(R, "expert_usage"):
-        pytest.skip("workbench.runner has no expert_usage yet (workbench.moe's is used)")
-    from workbench.loaders import open_model
-    from workbench.moe import expert_usage
+        pytest.skip("workbench.running.runner has no expert_usage yet (workbench.running.moe's is used)")
+    from workbench.formats.loaders import open_model
+    from workbench.running.moe import expert_usage
     m = open_model(tiny_arch("qwen3_moe"))
     mine = run(expert_usage(m, samples=6))
     theirs = run(R.expert_usage(m, samples=6))
@@ -423,8 +423,8 @@ def test_runner_expert_usage_agrees(tiny_arch):
 
 
 def test_inspect_experts_prints_the_spread(moe_gguf):
-    from workbench.loaders import open_model
-    from workbench.moe import expert_spread
+    from workbench.formats.loaders import open_model
+    from workbench.running.moe import expert_spread
     path, _ = moe_gguf
     r = _cli("inspect", path, "--experts", "--json")
     assert r.returncode == 0, r.stderr
@@ -447,11 +447,11 @@ ROWWISE = ["fp16", "bf16", "fp8-e4m3", "nf4-g64", "ternary-g64", "iq4_nl", "q4_0
 def test_merged_experts_every_scheme_is_per_expert_rows(moe_gguf, scheme):
     """Under every row-wise scheme (per channel, per group, every GGML type), a merged tensor's
     error and bytes are the sums over its experts quantized alone."""
-    from workbench.evaluate import evaluate_tensor
-    from workbench.loaders import open_model
-    from workbench.moe import expert_slices
-    from workbench.sensitivity import merged_expert_errors
-    from workbench.evaluate import quantize
+    from workbench.quant.evaluate import evaluate_tensor
+    from workbench.formats.loaders import open_model
+    from workbench.running.moe import expert_slices
+    from workbench.planning.sensitivity import merged_expert_errors
+    from workbench.quant.evaluate import quantize
     path, _ = moe_gguf
     m = open_model(path)
     name = "blk.0.ffn_gate_exps.weight"
@@ -465,8 +465,8 @@ def test_merged_experts_every_scheme_is_per_expert_rows(moe_gguf, scheme):
 
 def test_merged_experts_per_tensor_scheme_spans_the_stack(moe_gguf):
     """A per-tensor scheme has one scale for the whole stored tensor (all experts)."""
-    from workbench.evaluate import evaluate_tensor, quantize
-    from workbench.loaders import open_model
+    from workbench.quant.evaluate import evaluate_tensor, quantize
+    from workbench.formats.loaders import open_model
     path, _ = moe_gguf
     m = open_model(path)
     name = "blk.0.ffn_gate_exps.weight"

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.errors import WorkbenchError, context
+from workbench.core.errors import WorkbenchError, context
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from workbench.errors import WorkbenchError
-from workbench.evaluate import evaluate, evaluate_tensor, quantize
-from workbench.loaders import open_model
-from workbench.metrics import sqnr_db
-from workbench.plan import Plan
-from workbench.progress import run
+from workbench.core.errors import WorkbenchError
+from workbench.quant.evaluate import evaluate, evaluate_tensor, quantize
+from workbench.formats.loaders import open_model
+from workbench.quant.metrics import sqnr_db
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -75,7 +75,7 @@ def test_tiny_weights_error_is_bounded():
     that is not a GGML block type (those are the kernels' own property tests)."""
     w = (np.random.default_rng(1).standard_normal((8, 256)) * 1e-8).astype(np.float32)
     for scheme in ("int4-g128", "int8-channel", "int4-g32-asym", "nf4-g64", "fp8-e4m3"):
-        from workbench.metrics import tensor_error
+        from workbench.quant.metrics import tensor_error
         from workbench.schemes import get_scheme
         wq = get_scheme(scheme).dequantize(quantize(w, scheme)).reshape(w.shape)
         assert tensor_error(w, wq).rel_rmse <= 1.0, scheme
@@ -86,7 +86,7 @@ def test_tiny_weights_error_is_bounded():
 def test_ggml_tiny_weights_never_worse_than_zeros(scheme):
     """std 1e-8 weights sit at float16's smallest steps: a rounded min alone used to put the
     affine formats at relative error 1.4; a block worse than zeros is now stored as zeros."""
-    from workbench.metrics import tensor_error
+    from workbench.quant.metrics import tensor_error
     from workbench.schemes import get_scheme
     w = (np.random.default_rng(1).standard_normal((8, 256)) * 1e-8).astype(np.float32)
     wq = get_scheme(scheme).dequantize(quantize(w, scheme)).reshape(w.shape)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.metrics import ErrorSums, ModelTotals, from_sums, sqnr_db, tensor_error
+from workbench.quant.metrics import ErrorSums, ModelTotals, from_sums, sqnr_db, tensor_error
 
 ROOT = Path(__file__).resolve().parents[2]
 

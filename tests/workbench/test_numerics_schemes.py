@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from workbench.errors import WorkbenchError
-from workbench.evaluate import quantize, quantize_measure
-from workbench.metrics import from_sums
+from workbench.core.errors import WorkbenchError
+from workbench.quant.evaluate import quantize, quantize_measure
+from workbench.quant.metrics import from_sums
 from workbench.schemes import get_scheme, list_schemes
 
 FMAX = float(np.finfo(np.float32).max)

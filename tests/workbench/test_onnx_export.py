@@ -14,8 +14,8 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("transformers")
 
 from workbench.cli import main  # noqa: E402
-from workbench.loaders import open_model  # noqa: E402
-from workbench.plan import Plan, Rule  # noqa: E402
+from workbench.formats.loaders import open_model  # noqa: E402
+from workbench.quant.plan import Plan, Rule  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ATTN = r"re:.*self_attn\.(q|k|v|o)_proj\.weight$"
@@ -42,8 +42,8 @@ def _batch():
 
 
 def test_llama_attention_int4_matches_the_workbench_check(tiny_arch, tmp_path, capsys):
-    from workbench.onnx_check import forward, session
-    from workbench.runner import Runner
+    from workbench.export.onnx_check import forward, session
+    from workbench.running.runner import Runner
     folder = tiny_arch("llama")
     out = tmp_path / "m.onnx"
     info = _export(capsys, folder, out, "--plan", str(_plan(tmp_path, "int4-g32")),
@@ -75,13 +75,13 @@ def test_llama_attention_int4_matches_the_workbench_check(tiny_arch, tmp_path, c
 
 def _quantized(model, names, scheme):
     """The runner's override: `names` dequantized under `scheme`, the rest float."""
-    from workbench.runner import dequantized
+    from workbench.running.runner import dequantized
     return lambda n: dequantized(model, n, scheme) if n in names else None
 
 
 def test_bert_encoder_outputs_and_pooled(tiny_arch, tmp_path, capsys):
-    from workbench.onnx_check import session
-    from workbench.runner import Runner
+    from workbench.export.onnx_check import session
+    from workbench.running.runner import Runner
     folder = tiny_arch("bert")
     out = tmp_path / "bert.onnx"
     info = _export(capsys, folder, out, "--scheme", "int8-g32-asym", "--accuracy-level", "0")
@@ -100,7 +100,7 @@ def test_bert_encoder_outputs_and_pooled(tiny_arch, tmp_path, capsys):
 
 
 def test_w8a8_runs_integer_matmuls(tiny_arch, tmp_path, capsys):
-    from workbench.onnx_check import optimized_op_counts, session
+    from workbench.export.onnx_check import optimized_op_counts, session
     folder = tiny_arch("llama")
     out = tmp_path / "w8a8.onnx"
     info = _export(capsys, folder, out, "--scheme", "int8-channel", "--activations", "int8",

@@ -11,7 +11,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from workbench.evaluate import quantize  # noqa: E402
+from workbench.quant.evaluate import quantize  # noqa: E402
 from workbench.export.onnx_layout import (  # noqa: E402
     dequantize_nbits, matmulnbits_arrays, pack_codes, unpack_codes, unsupported_reason)
 from workbench.schemes import get_scheme  # noqa: E402

@@ -4,10 +4,10 @@ plan_decisions, Summary.remove, catalog.grouping."""
 
 import numpy as np
 
-from workbench import catalog
-from workbench.model import Model, TensorInfo
-from workbench.plan import KEEP, Plan
-from workbench.runtimes import decide, get_runtime, plan_decisions, summarize
+from workbench.formats import catalog
+from workbench.formats.model import Model, TensorInfo
+from workbench.quant.plan import KEEP, Plan
+from workbench.quant.runtimes import decide, get_runtime, plan_decisions, summarize
 
 NAMES = [
     ("model.embed_tokens.weight", (64, 32), "F32"),

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from workbench.bench import real_lms
-from workbench.errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 
 
 def test_missing_packages_name_what_to_install(monkeypatch):

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.errors import WorkbenchError
-from workbench.loaders import region
-from workbench.loaders.region import Region
+from workbench.core.errors import WorkbenchError
+from workbench.formats.loaders import region
+from workbench.formats.loaders.region import Region
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,9 +92,9 @@ def _source(tmp_path: Path) -> Path:
 
 def _export_all(model_path: Path, out: Path, small: bool, monkeypatch) -> dict:
     from workbench.export import export, gguf_file, quantized_safetensors
-    from workbench.loaders import open_model
-    from workbench.plan import Plan
-    from workbench.progress import run
+    from workbench.formats.loaders import open_model
+    from workbench.quant.plan import Plan
+    from workbench.core.progress import run
     if small:   # every tensor a Region, every kept tensor in row slices
         monkeypatch.setattr(region, "PREAD_LIMIT", 0)
         monkeypatch.setattr(gguf_file, "KEPT_CHUNK_BYTES", 256)
@@ -130,7 +130,7 @@ def test_exports_are_the_same_bytes_read_by_rows(tmp_path, monkeypatch):
 
 TRUNCATE_CLI = """
 import os, sys
-from workbench.loaders import safetensors_format
+from workbench.formats.loaders import safetensors_format
 src = sys.argv[1]
 real = safetensors_format._File.raw
 def raw_then_shrink(self, name):
@@ -178,8 +178,8 @@ def test_large_tensor_truncated_under_export_is_one_line_exit_2(tmp_path, fmt, p
 
 STRIDED_TORCH = """
 import os, sys, numpy as np, torch
-from workbench.errors import WorkbenchError
-from workbench.loaders import open_model
+from workbench.core.errors import WorkbenchError
+from workbench.formats.loaders import open_model
 d = sys.argv[1]
 a = torch.arange(6000, dtype=torch.float32).reshape(60, 100)
 b = torch.arange(3000, dtype=torch.float32).reshape(30, 100).to(torch.bfloat16)

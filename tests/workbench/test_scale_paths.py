@@ -9,9 +9,10 @@ import re
 
 import pytest
 
-from workbench import catalog, limits, patterns
-from workbench.errors import WorkbenchError
-from workbench.loaders import safetensors_format as sf
+from workbench.formats import catalog
+from workbench.core import limits, patterns
+from workbench.core.errors import WorkbenchError
+from workbench.formats.loaders import safetensors_format as sf
 
 
 def _file(header: dict | str, data: bytes = b"", **dumps) -> bytes:

@@ -1,4 +1,4 @@
-"""workbench.scheme_choice (families, per-tensor points, Pareto) and workbench.export.preflight
+"""workbench.planning.scheme_choice (families, per-tensor points, Pareto) and workbench.export.preflight
 (can a format write the plan, and why not) — the numbers the GUI's picker, comparison tab and
 Export dialog show."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from workbench.evaluate import evaluate_tensor
+from workbench.quant.evaluate import evaluate_tensor
 from workbench.export.preflight import best_format, check, check_all
-from workbench.loaders import open_model
-from workbench.plan import Plan
-from workbench.scheme_choice import (FAMILIES, eligible_schemes, family_of, grouped,
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.planning.scheme_choice import (FAMILIES, eligible_schemes, family_of, grouped,
                                      pareto_front, tensor_points)
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Model-level results that outgrow RAM live in memory-mapped files (workbench.spill): the
+"""Model-level results that outgrow RAM live in memory-mapped files (workbench.core.spill): the
 Fisher diagonal, GPTQ's Hessians, GPTQ on a tensor too big to hold whole (row chunks). Each
 spilled or chunked path gives the figures of the in-memory path (tiny models, every array
 forced to disk, every tensor forced to chunks)."""
@@ -8,10 +8,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from workbench import spill, streaming  # noqa: E402
-from workbench.loaders import open_model  # noqa: E402
-from workbench.plan import Plan  # noqa: E402
-from workbench.progress import run  # noqa: E402
+from workbench.core import spill
+from workbench.quant import streaming  # noqa: E402
+from workbench.formats.loaders import open_model  # noqa: E402
+from workbench.quant.plan import Plan  # noqa: E402
+from workbench.core.progress import run  # noqa: E402
 
 N, LEN = 4, 24
 
@@ -37,7 +38,7 @@ def test_spill_arrays_are_mapped_unlinked_files_with_the_same_values(tmp_path, m
 
 
 def _spill_mappings(skip=frozenset()):
-    """(mapped kB, resident kB, address ranges) of this process's workbench.spill files
+    """(mapped kB, resident kB, address ranges) of this process's workbench.core.spill files
     (/proc/self/smaps), leaving out the ranges in `skip` (mappings that other tests' caches
     still hold)."""
     import os
@@ -64,8 +65,8 @@ def _spill_mappings(skip=frozenset()):
 def test_fisher_on_disk_and_in_row_chunks_equals_in_memory(tiny_arch, arch, monkeypatch):
     """Every parameter's squared-gradient sum in a mapped file, every tensor's error in row
     chunks: the same diagonal and the same fisher errors."""
-    from workbench import sensitivity
-    from workbench.sensitivity import fisher_diagonals, fisher_errors
+    from workbench.planning import sensitivity
+    from workbench.planning.sensitivity import fisher_diagonals, fisher_errors
     model = open_model(str(tiny_arch(arch)))
     schemes = ["q4_0", "int4-g32"]
     sensitivity._FISHER_CACHE.clear()
@@ -106,8 +107,8 @@ def test_gptq_statistics_spilled_block_by_block_and_chunked_rows_equal_whole(tin
                                                                             monkeypatch):
     """GPTQ's Hessians go to mapped files as each block finishes (the collector holds one
     block's), and a tensor quantized by GPTQ in row chunks equals the whole-tensor result."""
-    from workbench.evaluate import evaluate
-    from workbench.methods import apply
+    from workbench.quant.evaluate import evaluate
+    from workbench.quant.methods import apply
     model = open_model(str(tiny_arch("llama")))
     plan = Plan("q4_k", method="gptq")
     mm = run(apply.prepare(model, plan, samples=N))
@@ -142,8 +143,8 @@ def test_gptq_statistics_spilled_block_by_block_and_chunked_rows_equal_whole(tin
 
 
 def test_input_pass_reports_each_block_done_before_the_next(tiny_arch):
-    from workbench.runner import get_runner
-    from workbench.runner_jobs import input_pass
+    from workbench.running.runner import get_runner
+    from workbench.running.runner_jobs import input_pass
     model = open_model(str(tiny_arch("llama")))
     r = get_runner(model, "cpu")
     events = []
@@ -162,7 +163,7 @@ def test_input_pass_reports_each_block_done_before_the_next(tiny_arch):
 def test_dequantized_in_row_chunks_equals_whole(scheme, monkeypatch, demo_model_path):
     """What `check` loads for a big tensor (the head, the embeddings) is quantized a row chunk
     at a time: the same values as the whole tensor quantized at once."""
-    from workbench.runner import dequantized
+    from workbench.running.runner import dequantized
     model = open_model(str(demo_model_path))
     names = [n for n in model.tensors if model.info(n).ndim == 2][:4]
     whole = {n: dequantized(model, n, scheme) for n in names}

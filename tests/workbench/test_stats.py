@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-import workbench.stats as stats_mod
-from workbench.loaders import open_model
-from workbench.progress import run
-from workbench.stats import BINS, StatsCache, model_stats, reference_stats, tensor_stats
+import workbench.quant.stats as stats_mod
+from workbench.formats.loaders import open_model
+from workbench.core.progress import run
+from workbench.quant.stats import BINS, StatsCache, model_stats, reference_stats, tensor_stats
 
 
 def assert_stats_equal(got, ref, rtol=1e-6):

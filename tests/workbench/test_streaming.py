@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench import streaming
-from workbench.evaluate import EvalCache, evaluate_tensor, quantize
-from workbench.loaders import open_model
-from workbench.plan import KEEP, Plan
-from workbench.progress import run
-from workbench.runtimes import decide
+from workbench.quant import streaming
+from workbench.quant.evaluate import EvalCache, evaluate_tensor, quantize
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import KEEP, Plan
+from workbench.core.progress import run
+from workbench.quant.runtimes import decide
 from workbench.schemes import get_scheme, list_schemes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +96,7 @@ def test_streamed_is_used_only_where_it_keeps_the_result():
 
 
 def test_activation_error_streamed_equals_whole(stream_all):
-    from workbench.sensitivity import activation_error
+    from workbench.planning.sensitivity import activation_error
     model = open_model(DEMO)
     rng = np.random.default_rng(0)
     for n in ["model.layers.0.mlp.down_proj.weight", "model.embed_tokens.weight"]:
@@ -164,8 +164,8 @@ def test_writer_add_stream_matches_add(tmp_path):
 
 
 def test_release_drops_mapped_pages_only():
-    from workbench.loaders.safetensors_format import map_region
-    from workbench.pages import release
+    from workbench.formats.loaders.safetensors_format import map_region
+    from workbench.core.pages import release
     path = DEMO / "model.safetensors"
     m = map_region(str(path), 8, 1 << 20, np.uint16)
     assert release(m[: 1 << 18]) >= 1 << 18

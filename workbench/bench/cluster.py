@@ -30,8 +30,8 @@ def layer_shapes() -> dict[str, tuple[int, int]]:
 
 def generate(path, layers: int, seed: int = 0) -> dict:
     """A bf16 safetensors file of `layers` llama-shaped blocks (7 matrices each)."""
-    from ..dtypes import f32_to_bf16
-    from ..export.st_writer import StreamingSafetensorsWriter
+    from workbench.formats.dtypes import f32_to_bf16
+    from workbench.export.st_writer import StreamingSafetensorsWriter
     rng = np.random.default_rng(seed)
     pool = f32_to_bf16(rng.standard_normal(1 << 22).astype(np.float32) * 0.02)
     w = StreamingSafetensorsWriter(Path(path), {"format": "pt"})
@@ -47,7 +47,7 @@ def generate(path, layers: int, seed: int = 0) -> dict:
 
 
 def _requests(model, schemes):
-    from ..runtimes import decide
+    from workbench.quant.runtimes import decide
     out = []
     for n in model.tensors:
         info = model.info(n)
@@ -57,7 +57,7 @@ def _requests(model, schemes):
 
 def in_process(model, reqs) -> float:
     """Seconds for the sweep in this process, one kernel thread (what one worker does)."""
-    from ..evaluate import evaluate_tensor
+    from workbench.quant.evaluate import evaluate_tensor
     t0 = time.perf_counter()
     for n, rs in reqs:
         for s, d in rs:
@@ -70,8 +70,8 @@ def on_cluster(path: str, model, reqs, workers: int, noop_tasks: int, repeats: i
     (each worker opens the file, loads its kernels), then the timed passes (the best of
     `repeats`: other load on the machine only ever adds); and `noop_tasks` empty tasks for the
     per-task overhead (best of `repeats` too)."""
-    from ..cluster import ClusterExecutor, evaluate_task, signature, timed_noop
-    from ..progress import run
+    from workbench.jobs.cluster import ClusterExecutor, evaluate_task, signature, timed_noop
+    from workbench.core.progress import run
     sig = signature(model)
     tasks = [(sig, n, rs) for n, rs in reqs]
     with ClusterExecutor("local", workers) as ex:
@@ -94,7 +94,7 @@ def measure(folder, layers: int = 8, schemes=("q4_0", "q4_k", "q8_0", "int4-g128
             noop_tasks: int = 200, repeats: int = 3) -> dict:
     import os
     os.environ.setdefault("NUMBA_NUM_THREADS", "1")
-    from ..loaders import open_model
+    from workbench.formats.loaders import open_model
     path = Path(folder) / "bench-cluster.safetensors"
     gen = generate(path, layers)
     model = open_model(path)
@@ -153,7 +153,7 @@ def measure_in_subprocess(folder, layers: int, schemes, noop_tasks: int,
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, cwd=root)
     if out.returncode != 0:
-        from ..errors import WorkbenchError
+        from workbench.core.errors import WorkbenchError
         raise WorkbenchError("bench-cluster failed: " + (out.stderr.strip().splitlines() or
                                                          ["no output"])[-1])
     return json.loads(out.stdout.strip().splitlines()[-1])

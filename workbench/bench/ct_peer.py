@@ -36,7 +36,7 @@ def use_former_grid() -> None:
     absmax / (2**(B-1)-1), no search) in this process: the "before" rows."""
     import numpy as np
 
-    from ..schemes import integer
+    from workbench.schemes import integer
     init = integer.IntAffine.__init__
 
     def former(self, bits, gran, asym=False, clip="minmax", pot=False):
@@ -50,7 +50,7 @@ def use_former_grid() -> None:
 def export_variant(model: str, out: str, method: str, calib: str, former: bool) -> None:
     if former:
         use_former_grid()
-    from ..cli import main
+    from workbench.cli import main
     argv = ["export", model, "--scheme", "int4-g128", "--format", "compressed-tensors",
             "-o", out, "--json"]
     if method != "rtn":
@@ -94,7 +94,7 @@ def main(argv=None) -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from ..calibration import DEFAULT_CALIB
+    from workbench.running.calibration import DEFAULT_CALIB
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     src = _minilm()
     lines = [ln for ln in Path(DEFAULT_CALIB).read_text().splitlines() if ln.strip()]

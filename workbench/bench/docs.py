@@ -210,7 +210,7 @@ def run(quick: bool = False, only_sections: str | None = None, timeout: float = 
     smaller sizes), each within `timeout` seconds, and write the page to `output`."""
     only = set(only_sections.split(",")) if only_sections else None
     if only is not None and not only <= {s.name for s in SECTIONS}:
-        from ..errors import WorkbenchError
+        from workbench.core.errors import WorkbenchError
         raise WorkbenchError(f"unknown section in --only {only_sections!r} (choose from "
                              f"{', '.join(s.name for s in SECTIONS)})")
     results = []
@@ -227,7 +227,7 @@ def run(quick: bool = False, only_sections: str | None = None, timeout: float = 
         print(f"bench-docs: {s.name}: {state}", file=sys.stderr, flush=True)
         results.append(r)
     regen = "python -m workbench.bench.docs" + (" --quick" if quick else "")
-    from ..atomic import write_text_atomic
+    from workbench.core.atomic import write_text_atomic
     write_text_atomic(output, render(results, quick, regen))
     print(f"wrote {output}")
     return 0

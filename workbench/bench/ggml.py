@@ -9,7 +9,7 @@ type's block, per GGML type:
   ``ggml_quantize_chunk`` and for the workbench's quantizer, and their ratio (< 1: ours is
   better). With importance weights (an imatrix, or E[x^2] collected from calibration text),
   the weighted error sqrt(sum_j qw_j (w - w')^2 / sum_j qw_j w^2) of both quantizers given
-  the same qw (ggml: its imatrix argument; ours: workbench.methods.ggml_weighted).
+  the same qw (ggml: its imatrix argument; ours: workbench.quant.methods.ggml_weighted).
 * quantize speed, one thread for both: MB/s of float32 input (best of `repeats`), and the
   ratio of the process CPU times (``quant_ratio_1t_cpu``, "cpu x"; steadier than the wall
   time on a shared machine).
@@ -61,7 +61,7 @@ def _err(w: np.ndarray, y: np.ndarray, qw: np.ndarray | None):
 
 def _weighted_types() -> set[str]:
     """The types the workbench's importance-weighted encoder takes."""
-    from ..methods import ggml_weighted
+    from workbench.quant.methods import ggml_weighted
     return set(getattr(ggml_weighted, "WEIGHTED_TYPES", ggml_weighted.SUPPORTED))
 
 
@@ -71,11 +71,11 @@ def run_vs_ggml(model, types=DEFAULT_TYPES, importance: dict | None = None, thre
     import numba
 
 
-    from .. import accel
+    from workbench.quant import accel
     from kernels import ggml_ref
 
-    from ..evaluate import quantize
-    from ..schemes import get_scheme
+    from workbench.quant.evaluate import quantize
+    from workbench.schemes import get_scheme
 
     say = progress or (lambda m: None)
     mats = {}
@@ -111,7 +111,7 @@ def run_vs_ggml(model, types=DEFAULT_TYPES, importance: dict | None = None, thre
             # weighted by the same importance
             imp = {n: importance[n] for n in todo if importance and n in importance}
             if imp and scheme.name in _weighted_types():
-                from ..methods.ggml_weighted import weighted_encode
+                from workbench.quant.methods.ggml_weighted import weighted_encode
                 wg = wo = wt = 0.0
                 for n, qv in imp.items():
                     w = todo[n]

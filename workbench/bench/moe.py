@@ -5,7 +5,7 @@ For every per-expert tensor of a Hugging Face MoE folder (qwen3_moe / qwen2_moe 
 deepseek): quantize that tensor alone, run the calibration samples, and measure the mean KL
 divergence of the next-token distributions from the original model's (nats per token). Prints
 the Spearman rank correlation over tensors of that measured KL with the plain squared weight
-error and with the usage-weighted error (workbench.moe.expert_usage), the figures docs/moe.md
+error and with the usage-weighted error (workbench.running.moe.expert_usage), the figures docs/moe.md
 quotes.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 
 def _expert_slot(net, name: str):
     """(fused parameter, expert, row slice) holding HF per-expert tensor `name` in the network."""
-    from ..catalog import block_index, expert_index, projection
+    from workbench.formats.catalog import block_index, expert_index, projection
     b, e, proj = block_index(name), expert_index(name), projection(name)
     mods = dict(net.named_modules())
     cands = [m for m in mods if re.search(rf"layers\.{b}\.(?:mlp|block_sparse_moe)\.experts$", m)]
@@ -34,12 +34,12 @@ def _expert_slot(net, name: str):
 
 def measure(folder, scheme: str = "q2_k", samples: int = 8, out=sys.stdout) -> dict:
     import torch
-    from ..calibration import calibration_samples
-    from ..loaders import open_model
-    from ..moe import _net_with_weights, expert_usage
-    from ..progress import run
-    from ..runner import dequantized
-    from ..sensitivity import spearman
+    from workbench.running.calibration import calibration_samples
+    from workbench.formats.loaders import open_model
+    from workbench.running.moe import _net_with_weights, expert_usage
+    from workbench.core.progress import run
+    from workbench.running.runner import dequantized
+    from workbench.planning.sensitivity import spearman
     model = open_model(folder)
     t0 = time.perf_counter()
     usage = run(expert_usage(model, samples=samples))

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..plan import KEEP, Plan
-from ..progress import Progress
+from workbench.quant.plan import KEEP, Plan
+from workbench.core.progress import Progress
 
 
 def _inputs(vocab: int, batch: int, seq: int):
@@ -32,16 +32,16 @@ def _inputs(vocab: int, batch: int, seq: int):
 def bench_onnx(model, plan, batch: int = 1, seq: int = 128, repeats: int = 20,
                threads: int | None = None, accuracy_level: int | None = None, keep_dir=None):
     """Job: {"float": {...}, "quantized": {...}, "speedup", "size_ratio", ...}."""
-    from ..export.onnx_format import DEFAULT_ACCURACY_LEVEL, build_onnx
-    from ..onnx_check import session
-    from ..onnx_graph import import_onnx
-    from ..progress import subjob
-    from ..runner import read_config
+    from workbench.export.onnx_format import DEFAULT_ACCURACY_LEVEL, build_onnx
+    from workbench.export.onnx_check import session
+    from workbench.running.onnx_graph import import_onnx
+    from workbench.core.progress import subjob
+    from workbench.running.runner import read_config
     _, ort = import_onnx()
     level = DEFAULT_ACCURACY_LEVEL if accuracy_level is None else int(accuracy_level)
     base_model = model.base if type(model).__name__ == "MethodModel" else model
     vocab = int(read_config(base_model).get("vocab_size", 1000) or 1000)
-    from ..atomic import make_temp_dir
+    from workbench.core.atomic import make_temp_dir
     tmp = Path(keep_dir) if keep_dir else make_temp_dir(tempfile.gettempdir(), "qwb-onnx-bench")
     tmp.mkdir(parents=True, exist_ok=True)
     try:

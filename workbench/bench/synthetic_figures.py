@@ -31,8 +31,8 @@ def synthetic_data(rows=32, cols=512, n=6000, seed=0):
 
 def relative_errors(scheme_name, methods=METHODS, data=None):
     """{method: ‖Xh(W − Ŵ)ᵀ‖²/‖Xh Wᵀ‖²} on the held-out rows."""
-    from ..schemes import get_scheme
-    from ..methods import LayerStats, get_method
+    from workbench.schemes import get_scheme
+    from workbench.quant.methods import LayerStats, get_method
     W, X = synthetic_data() if data is None else data
     st, Xh = LayerStats.from_inputs(X[:4000]), X[4000:]
     scheme = get_scheme(scheme_name)

@@ -73,9 +73,9 @@ def run_bench(schemes: list[str] | None = None, size: tuple[int, int] = (4096, 4
               backends: list[str] | None = None, repeats: int = 5, seed: int = 0,
               baselines: bool = True, progress: Callable[[str], None] | None = None) -> dict:
     """Measure and return every figure as a JSON-ready dict (see the module docstring)."""
-    from .. import accel
+    from workbench.quant import accel
     from kernels import backend as kb
-    from workbench.accel import spec_for
+    from workbench.quant.accel import spec_for
     from workbench.schemes import get_scheme
 
     say = progress or (lambda msg: None)
@@ -150,7 +150,7 @@ def run_bench(schemes: list[str] | None = None, size: tuple[int, int] = (4096, 4
             if b == "cpu":
                 # evaluating one tensor (its bytes and error sums, what the app computes
                 # after an edit): evaluate.measure against quantize + dequant_error
-                from ..evaluate import measure, quantize_measure
+                from workbench.quant.evaluate import measure, quantize_measure
                 rec["evaluate_one_pass"] = accel.quantize_error(scheme, w, backend=b) is not None
                 ev1 = timed(lambda: measure(w, scheme.name), repeats)
                 ev2 = timed(lambda: quantize_measure(w, scheme.name), repeats)

@@ -10,7 +10,7 @@ On one float Hugging Face folder and one calibration text:
     LLAMA-TYPE.gguf --calib F -o plan.json`` (its defaults, plus --workbench-args) and
     ``quant-workbench export MODEL --plan plan.json --format gguf``, child processes of the
     installed command;
-(c) every file judged by ``llama-perplexity --kl-divergence`` (workbench.llama_kld) on the
+(c) every file judged by ``llama-perplexity --kl-divergence`` (workbench.export.llama_kld) on the
     held-out text against the F16 file's base logits.
 
 Wall times: llama.cpp's = imatrix + quantize (the imatrix counted in full for each type, as a
@@ -28,9 +28,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from .. import llama_kld as lk
-from ..errors import WorkbenchError
-from ..progress import Progress
+from workbench.export import llama_kld as lk
+from workbench.core.errors import WorkbenchError
+from workbench.core.progress import Progress
 
 DEFAULT_TYPES = ("Q4_K_M", "Q3_K_M", "IQ4_NL")
 
@@ -132,7 +132,7 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
            "workbench": qw, "rows": [], "load_before": _load()}
 
     def save():
-        from ..atomic import write_text_atomic
+        from workbench.core.atomic import write_text_atomic
         write_text_atomic(out / "results.json", json.dumps(res, indent=1) + "\n")
 
     # (a) llama.cpp's pipeline

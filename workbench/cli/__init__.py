@@ -24,7 +24,7 @@ import pkgutil
 import sys
 from pathlib import Path
 
-from ..errors import Cancelled, WorkbenchError, one_line
+from workbench.core.errors import Cancelled, WorkbenchError, one_line
 
 
 #: where the domain's commands live (one module per command, "_" for "-")
@@ -88,11 +88,11 @@ def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMA
         if not hasattr(args, "func"):
             parser.print_help()
             return 2
-        from .common import check_file_args
+        from workbench.cli.common import check_file_args
         check_file_args(args, parser)
         return int(args.func(args) or 0)
     except WorkbenchError as exc:
-        from ..convert.live import public_error
+        from workbench.export.convert.live import public_error
         _say(f"quant-workbench: error: {public_error(exc)}")
         return 2
     except Cancelled:
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMA
     except RecursionError as exc:
         return _crash(exc, "input nested too deeply")
     except ImportError as exc:   # an optional package missing deep inside a library
-        from ..optional import missing_from
+        from workbench.core.optional import missing_from
         msg = missing_from(exc)
         if msg is None:
             if os.environ.get("QUANT_WORKBENCH_TRACEBACK"):

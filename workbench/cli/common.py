@@ -7,7 +7,7 @@ import math
 import sys
 from pathlib import Path
 
-from ..progress import TextProgress, run
+from workbench.core.progress import TextProgress, run
 
 
 def default_model_path() -> Path:
@@ -24,7 +24,7 @@ def model_path(args) -> str:
 
 
 # commands that read a GGUF as the float Hugging Face model `convert --to hf` would write
-# (workbench.convert.live), converted on the fly, when it has no config.json beside it; the
+# (workbench.export.convert.live), converted on the fly, when it has no config.json beside it; the
 # others (inspect, map, schemes, diff) read its own tensors, names and types
 LIVE_GGUF_COMMANDS = frozenset({"check", "calibrate", "sensitivity", "allocate", "frontier",
                                 "export", "evaluate", "bench-onnx"})
@@ -33,30 +33,30 @@ MUST_RUN_COMMANDS = frozenset({"check", "calibrate"})
 
 
 def open_model_arg(args):
-    from ..loaders import open_model
+    from workbench.formats.loaders import open_model
     if getattr(args, "device", None):
-        from ..runner import set_device
+        from workbench.running.runner import set_device
         set_device(args.device)
     path = model_path(args)
     command = getattr(args, "command", None)
     if command in LIVE_GGUF_COMMANDS:
-        from ..convert import live
+        from workbench.export.convert import live
         if live.wants_live(path):
             if getattr(args, "cluster", None):
-                from ..errors import WorkbenchError
+                from workbench.core.errors import WorkbenchError
                 raise WorkbenchError("--cluster: workers cannot share a GGUF converted on the "
                                      "fly; write it once with `quant-workbench convert "
                                      "MODEL.gguf --to hf DIR` and give DIR", path=path)
             return drive(live.open_live(path))
         md = live.gguf_metadata(path) if command in MUST_RUN_COMMANDS else None
         if md is not None and not (Path(path).expanduser().parent / "config.json").exists():
-            from ..errors import WorkbenchError
+            from workbench.core.errors import WorkbenchError
             raise WorkbenchError(live.unsupported_message(md), path=path)
     return open_model(path)
 
 
 def add_device_arg(p) -> None:
-    """--device for the commands that run the model (workbench.runner)."""
+    """--device for the commands that run the model (workbench.running.runner)."""
     if any("--device" in a.option_strings for a in p._actions):
         return
     p.add_argument("--device", default=None, choices=["cpu", "cuda"],
@@ -79,9 +79,9 @@ NON_PATH_DESTS = frozenset({
 def check_file_args(args, parser=None) -> None:
     """Refuse (exit 2, before anything is written) an output argument that names an input of
     the same command: the same file by inode (symbolic and hard links included), a file the
-    model is read with, or an existing folder holding an input (workbench.outputs). `parser`
+    model is read with, or an existing folder holding an input (workbench.core.outputs). `parser`
     (the command line's): arguments with `choices` are names, never input paths."""
-    from ..outputs import refuse_inputs_as_outputs
+    from workbench.core.outputs import refuse_inputs_as_outputs
     d = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     outputs = {_label(k): v for k, v in d.items()
                if k in OUTPUT_DESTS and isinstance(v, str) and v}
@@ -99,7 +99,7 @@ def check_file_args(args, parser=None) -> None:
     if "model" in d and not d["model"] and d.get("command") != "gui":
         inputs["MODEL"] = str(default_model_path())
     if "calib" in d and not d["calib"]:
-        # workbench.calibration.DEFAULT_CALIB, without importing it
+        # workbench.running.calibration.DEFAULT_CALIB, without importing it
         inputs["--calib"] = str(Path(__file__).resolve().parents[2] / "resources"
                                 / "calibration.txt")
     refuse_inputs_as_outputs(outputs, inputs)
@@ -164,13 +164,13 @@ def _largest_list(obj, depth: int = 0) -> int:
 
 
 def executor_of(args):
-    """The executor of the command's --cluster (workbench.cluster), opened once per command
+    """The executor of the command's --cluster (workbench.jobs.cluster), opened once per command
     and closed by cli.main; None without --cluster (the in-process path)."""
     spec = getattr(args, "cluster", None)
     if not spec:
         return None
     if getattr(args, "_executor", None) is None:
-        from ..cluster import open_executor
+        from workbench.jobs.cluster import open_executor
         args._executor = open_executor(spec)
         if getattr(args._executor, "note", None):     # local:N capped by the cores
             print(f"note: {args._executor.note}", file=sys.stderr)
@@ -184,7 +184,7 @@ def drive(job, quiet: bool = False):
     nothing when `quiet`."""
     import sys
     if not quiet and not sys.stderr.isatty():
-        from ..progress import LineProgress
+        from workbench.core.progress import LineProgress
         return run(job, LineProgress(first_after=10.0))
     bar = TextProgress(enabled=None if not quiet else False)
     try:
@@ -213,8 +213,8 @@ def add_rule_arg(p) -> None:
 
 def parse_rules(texts) -> list:
     """--rule MATCH=SCHEME values as plan Rules (the last '=' splits: patterns may hold '=')."""
-    from ..errors import WorkbenchError
-    from ..plan import Rule
+    from workbench.core.errors import WorkbenchError
+    from workbench.quant.plan import Rule
     out = []
     for t in texts or []:
         match, sep, scheme = t.rpartition("=")
@@ -227,7 +227,7 @@ def parse_rules(texts) -> list:
 
 def plan_from_args(args):
     """The plan of --scheme / --plan with the --rule rules ahead (workbench.api.make_plan)."""
-    from ..api import make_plan
+    from workbench.api import make_plan
     plan_file = getattr(args, "plan", None)
     plan = make_plan(None if plan_file else args.scheme, path=plan_file or None)
     rules = parse_rules(getattr(args, "rule", None))   # (after the plan file's own errors)
@@ -236,12 +236,12 @@ def plan_from_args(args):
 
 def apply_convention(args, model, plan, runtime: str, quiet: bool = False):
     """(plan, Convention or None): a uniform --scheme plan follows the target runtime's own
-    convention for the embeddings and the output head (workbench.conventions) unless
+    convention for the embeddings and the output head (workbench.planning.conventions) unless
     --quantize-all (print_convention says so once the command succeeds)."""
     if not getattr(args, "scheme", None) or getattr(args, "plan", None) \
             or getattr(args, "quantize_all", False):
         return plan, None
-    from ..conventions import apply
+    from workbench.planning.conventions import apply
     return apply(plan, model, args.scheme, runtime)
 
 
@@ -261,7 +261,7 @@ def fmt_bytes(n: float) -> str:
 
 
 def add_runtime_args(p, default: str | None = "any") -> None:
-    from ..runtimes import RUNTIMES
+    from workbench.quant.runtimes import RUNTIMES
     if default is not None:
         p.add_argument("--target", default=default, choices=list(RUNTIMES),
                        help="the runtime whose rules apply: which tensors it re-types and its "
@@ -276,7 +276,7 @@ def print_fallback_summary(summary, stream=None) -> None:
 
 
 def add_method_args(p, calib: bool = True) -> None:
-    """--method / --calib / --imatrix (workbench.methods)."""
+    """--method / --calib / --imatrix (workbench.quant.methods)."""
     p.add_argument("--method", default=None, choices=["rtn", "imatrix", "gptq", "awq"],
                    help="quantization method for tensors whose plan rule names none "
                         "(default: the plan's, else rtn)")
@@ -292,7 +292,7 @@ def add_method_args(p, calib: bool = True) -> None:
 def apply_methods(args, model, plan, runtime: str = "any", quiet: bool = False):
     """(plan with --method applied, the model to quantize: a MethodModel when any tensor uses a
     method other than rtn; workbench.api.with_methods). Notes go to stderr."""
-    from ..api import with_methods
+    from workbench.api import with_methods
     return with_methods(model, plan, method=getattr(args, "method", None),
                         calib=getattr(args, "calib", None), imatrix=getattr(args, "imatrix", None),
                         target=runtime, driver=lambda job: drive(job, quiet=quiet),

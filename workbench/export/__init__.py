@@ -1,8 +1,8 @@
 """Exporters: one module per format, registered by name.
 
 An exporter is a generator function ``export_X(model, plan, out_path) -> Job`` that yields
-:class:`~workbench.progress.Progress` and returns a small dict describing what it wrote.
-It must write atomically (``workbench.atomic.atomic_write``). The CLI's
+:class:`~workbench.core.progress.Progress` and returns a small dict describing what it wrote.
+It must write atomically (``workbench.core.atomic.atomic_write``). The CLI's
 ``export --format`` choices and the GUI's Export dialog both come from :data:`EXPORTERS`.
 """
 
@@ -13,7 +13,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def export(model, plan, fmt: str, out_path, **options):
     (e.g. ``strict=True``) go to the exporters that take them."""
     import inspect
 
-    from ..atomic import refuse_overwriting_inputs
+    from workbench.core.atomic import refuse_overwriting_inputs
     refuse_overwriting_inputs(model, out_path)
     func = get_exporter(fmt).func
     params = inspect.signature(func).parameters
@@ -69,6 +69,6 @@ def export(model, plan, fmt: str, out_path, **options):
 def _named_errors(job, path):
     """Drive `job`, re-raising its WorkbenchErrors with the model's file where they lack one
     (a tensor a scheme refuses, a NaN/Inf refusal, a tensor GGUF cannot take)."""
-    from ..errors import context
+    from workbench.core.errors import context
     with context(path):
         return (yield from job)

@@ -4,7 +4,7 @@
 ``OUT_DIR/config.json`` (the source's config with a ``quantization_config``), ``model.safetensors``
 and the source folder's tokenizer files.
 
-Which tensors and schemes (``workbench.runtimes`` "vllm"): the weights of linear layers
+Which tensors and schemes (``workbench.quant.runtimes`` "vllm"): the weights of linear layers
 (attention and MLP projections) under int4 / int8, per channel or group-wise, symmetric or
 asymmetric, and fp8-e4m3 (per channel). Anything else is stored unchanged in the source dtype, with
 a note per tensor saying why; ``--strict`` makes that an error.
@@ -28,7 +28,7 @@ model that rounds the scales, so vLLM's weights can differ from these in the las
 
 from __future__ import annotations
 
-from ..optional import require
+from workbench.core.optional import require
 
 import json
 import os
@@ -38,13 +38,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import default_file_mode
-from ..errors import WorkbenchError
-from ..plan import KEEP
-from ..progress import Progress
-from ..schemes import get_scheme
-from .. import streaming
-from . import register_exporter
+from workbench.core.atomic import default_file_mode
+from workbench.core.errors import WorkbenchError
+from workbench.quant.plan import KEEP
+from workbench.core.progress import Progress
+from workbench.schemes import get_scheme
+from workbench.quant import streaming
+from workbench.export import register_exporter
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model",
@@ -61,7 +61,7 @@ def _args_for(scheme):
     """compressed-tensors QuantizationArgs for a workbench scheme (vLLM-expressible ones)."""
     import torch
     QuantizationArgs = require("compressed_tensors.quantization", "vllm").QuantizationArgs
-    from ..schemes.granularity import PerGroup
+    from workbench.schemes.granularity import PerGroup
     if scheme.name == "fp8-e4m3":
         return QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy="channel",
                                 scale_dtype=torch.float32), "float-quantized"
@@ -77,7 +77,7 @@ def _layer_tensors(scheme, qt, shape) -> dict:
     import torch
     pack_to_int32 = require("compressed_tensors.compressors.pack_quantized.helpers",
                             "vllm").pack_to_int32
-    from ..schemes.packing import unpack_bits
+    from workbench.schemes.packing import unpack_bits
     rows, cols = shape
     if scheme.name == "fp8-e4m3":
         # the workbench's FP8 codes are E4M3FN bit patterns: the same bytes, viewed
@@ -103,7 +103,7 @@ def _layer_tensors(scheme, qt, shape) -> dict:
 
 def _act_args(entry: dict):
     """compressed-tensors QuantizationArgs of a plan's activation entry (static, per tensor,
-    symmetric: workbench.methods.activations.activation_entry)."""
+    symmetric: workbench.quant.methods.activations.activation_entry)."""
     QuantizationArgs = require("compressed_tensors.quantization", "vllm").QuantizationArgs
     return QuantizationArgs(num_bits=int(entry["num_bits"]), type=entry.get("type", "int"),
                             symmetric=bool(entry.get("symmetric", True)),
@@ -167,11 +167,11 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False, execu
     _ctq = require("compressed_tensors.quantization", "vllm")
     QuantizationConfig, QuantizationScheme = _ctq.QuantizationConfig, _ctq.QuantizationScheme
 
-    from .st_writer import StreamingSafetensorsWriter
+    from workbench.export.st_writer import StreamingSafetensorsWriter
 
-    from ..evaluate import quantize
-    from ..llama_names import model_folder, read_config
-    from ..runtimes import check_strict, plan_decisions, summarize
+    from workbench.quant.evaluate import quantize
+    from workbench.formats.llama_names import model_folder, read_config
+    from workbench.quant.runtimes import check_strict, plan_decisions, summarize
     out_dir = Path(out_path)
     if out_dir.exists() and not out_dir.is_dir():
         raise WorkbenchError("output must be a folder (compressed-tensors is a Hugging Face "
@@ -190,10 +190,10 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False, execu
                                  f"{' ...' if len(other) > 1 else ''}); it would be replaced: "
                                  "choose a new folder; nothing was written", path=str(out_dir))
     yield Progress(0, 1, "checking the plan")
-    from ..config_check import check_config, config_path
+    from workbench.formats.config_check import check_config, config_path
     if (cfg := read_config(model)) is not None:   # against the tensors, before any work
         check_config(model, cfg, config_path(model))
-    from ..limits import check_sidecar
+    from workbench.core.limits import check_sidecar
     for f in TOKENIZER_FILES:     # copied as they are: each within its size limit, checked first
         if (src / f).is_file():
             check_sidecar(src / f)
@@ -223,7 +223,7 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False, execu
         group_scheme.setdefault(key, s)
         groups.setdefault(key, []).append(n[:-len(".weight")] if n.endswith(".weight") else n)
 
-    from ..atomic import clean_stale_temps
+    from workbench.core.atomic import clean_stale_temps
     clean_stale_temps(out_dir.parent)          # folders left by killed runs
     tmp = out_dir.parent / f".{out_dir.name}.quant-workbench-{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -266,7 +266,7 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False, execu
                             [float(acts[n].get("scale", 1.0))], dtype=torch.float32)))
                 else:
                     scheme = get_scheme(d.applied)
-                    if ahead is not None:    # quantized on a worker (workbench.cluster)
+                    if ahead is not None:    # quantized on a worker (workbench.jobs.cluster)
                         qt, shape = ahead.take(n)
                         w = None
                     else:
@@ -340,8 +340,8 @@ OUR_FILES = {"config.json", "model.safetensors", *TOKENIZER_FILES}
 
 def _cluster_quantized(executor, model, names, decisions):
     """The whole-tensor quantizations of the export, computed ahead on the cluster's workers
-    in the order the loop writes them (workbench.cluster.Ahead), or None in process."""
-    from ..cluster import Ahead, is_plain, quantize_task, signature
+    in the order the loop writes them (workbench.jobs.cluster.Ahead), or None in process."""
+    from workbench.jobs.cluster import Ahead, is_plain, quantize_task, signature
     if executor is None or not is_plain(model):
         return None
     sig = signature(model)

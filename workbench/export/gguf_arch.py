@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import WorkbenchError
-from ..llama_names import CONV1D, DROPPED, EXPERT, FUSED_EXPERTS, SUPPORTED_LABEL, Arch, \
+from workbench.core.errors import WorkbenchError
+from workbench.formats.llama_names import CONV1D, DROPPED, EXPERT, FUSED_EXPERTS, SUPPORTED_LABEL, Arch, \
     detect_arch, gguf_names, model_folder, read_config
 
 CONVERTER_HINT = ("the way through: convert the folder with llama.cpp's convert_hf_to_gguf.py "
@@ -143,7 +143,7 @@ def hf_target(model) -> tuple[HFTarget | None, str | None]:
         return None, ("no config.json beside the weights, so the architecture and its "
                       "hyper-parameters are unknown: llama.cpp cannot run this GGUF (arch "
                       f"quant_workbench, Hugging Face names); {CONVERTER_HINT}")
-    from ..config_check import check_config
+    from workbench.formats.config_check import check_config
     cfg_path = model_folder(model) / "config.json"
     try:
         arch = detect_arch(model, config)
@@ -575,7 +575,7 @@ def _pooling_type(folder: Path):
     path = folder / "1_Pooling" / "config.json"
     if not path.is_file():
         return None
-    from ..limits import load_sidecar_json
+    from workbench.core.limits import load_sidecar_json
     cfg = load_sidecar_json(path, "1_Pooling/config.json")   # (errors name it)
     if not isinstance(cfg, dict):
         return None
@@ -592,7 +592,7 @@ def _check_vocab_sidecars(folder: Path) -> None:
     """The files the `gguf` package's SpecialVocab reads beside tokenizer.json (already read
     by _tokenizer_json), within their size limits and, for JSON, depth (its plain json.load
     of a 1,000-deep tokenizer_config.json was a RecursionError): errors name the file."""
-    from ..limits import check_sidecar, load_sidecar_json
+    from workbench.core.limits import check_sidecar, load_sidecar_json
     for name in ("tokenizer_config.json", "config.json", "chat_template.json"):
         if (folder / name).is_file():
             load_sidecar_json(folder / name, name)
@@ -607,7 +607,7 @@ def _check_vocab_sidecars(folder: Path) -> None:
 
 def _tokenizer_json(folder: Path) -> dict:
     path = folder / "tokenizer.json"
-    from ..limits import load_sidecar_json
+    from workbench.core.limits import load_sidecar_json
     data = load_sidecar_json(path, "tokenizer.json")   # size, depth, duplicates: errors name it
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         raise WorkbenchError("not a Hugging Face tokenizer.json", path=str(path))

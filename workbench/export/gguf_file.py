@@ -41,13 +41,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import default_file_mode, make_temp
-from ..errors import WorkbenchError
-from ..model import Model
-from ..plan import KEEP
-from ..progress import Progress
-from ..schemes import get_scheme
-from . import register_exporter
+from workbench.core.atomic import default_file_mode, make_temp
+from workbench.core.errors import WorkbenchError
+from workbench.formats.model import Model
+from workbench.quant.plan import KEEP
+from workbench.core.progress import Progress
+from workbench.schemes import get_scheme
+from workbench.export import register_exporter
 
 ARCH_FOR_NON_GGUF = "quant_workbench"
 PLAN_KEY = "quant_workbench.plan"
@@ -112,7 +112,7 @@ def _plan_items(model, decisions, from_gguf: bool, target=None,
     output tensors are its layout's (merged experts, split MLA tensors); their decisions come
     from their source tensors' (the experts of one merged tensor must agree), decided again
     for the output's own row length where it differs (`plan` gives the rules)."""
-    from .gguf_arch import needs_transform
+    from workbench.export.gguf_arch import needs_transform
     items, dropped = [], []
     if target is None:
         for name, info in model.tensors.items():
@@ -133,7 +133,7 @@ def _plan_items(model, decisions, from_gguf: bool, target=None,
 
 def _out_decision(model, o, decisions, plan):
     """The decision for output tensor `o` of a Hugging Face target."""
-    from ..runtimes import decide
+    from workbench.quant.runtimes import decide
     ds = [decisions[n] for n in o.sources]
     applied = {d.applied for d in ds}
     if len(applied) > 1:
@@ -159,8 +159,8 @@ def _out_decision(model, o, decisions, plan):
 
 def _item(model, info, d, out: str, shape: tuple, from_gguf: bool, target, transform=False,
           parts=None) -> _Item:
-    from ..runtimes import get_runtime
-    from ..schemes.ggml import GGMLScheme
+    from workbench.quant.runtimes import get_runtime
+    from workbench.schemes.ggml import GGMLScheme
     name = info.name
     scheme = d.applied
     if scheme == KEEP:
@@ -273,8 +273,8 @@ def _write_tokenizer_once(writer, hf) -> int:
     budget writes the header of every plan it tries (`layout_bytes`), and a 49k-262k token
     vocabulary took a second or more each time. The key is the folder and the size and
     mtime of every file in it but the weights, so an edited tokenizer is read again."""
-    from .gguf_arch import write_tokenizer
-    from ..stats import file_signature
+    from workbench.export.gguf_arch import write_tokenizer
+    from workbench.quant.stats import file_signature
     folder = Path(hf.folder)
     try:
         side = tuple(sorted((p.name, file_signature(p)) for p in folder.iterdir()
@@ -372,8 +372,8 @@ def _kept_data(model, item: _Item, r0: int, r1: int) -> list[np.ndarray]:
     raw = np.asarray(model.raw(item.name)[r0:r1])
     if item.how == "copy":
         return [np.ascontiguousarray(raw)]
-    from ..dtypes import decode_rows
-    from ..errors import context
+    from workbench.formats.dtypes import decode_rows
+    from workbench.core.errors import context
     if item.how == "widen":
         with context(info.file or model.path, info.name):
             return [np.ascontiguousarray(decode_rows(raw, info), np.float32)]
@@ -409,7 +409,7 @@ def _part_data(model, item: _Item, k: int) -> list[np.ndarray]:
                 getattr(model, "quantize_tensor", None) is not None:
             # a method's (GPTQ/AWQ) statistics belong to the source's input columns; the
             # transposed part (DeepSeek's attn_k_b) has other columns: rounded to nearest
-            from ..evaluate import quantize
+            from workbench.quant.evaluate import quantize
             qt = quantize(m, item.scheme, tensor=part.src)
             return [np.ascontiguousarray(next(iter(qt.arrays.values())))]
         return [_encode_chunk(model, replace(item, name=part.src), m)]
@@ -441,8 +441,8 @@ def _decode(model, info, r0: int, r1: int) -> np.ndarray:
         if convert is not None:
             widen = convert.f16_to_f32 if info.dtype == "F16" else convert.bf16_to_f32
             return widen(raw, out=_scratch_f32(raw.size).reshape(raw.shape))
-    from ..dtypes import decode_rows
-    from ..errors import context
+    from workbench.formats.dtypes import decode_rows
+    from workbench.core.errors import context
     with context(info.file or model.path, info.name):
         return decode_rows(raw, info)
 
@@ -462,19 +462,19 @@ def _chunk_data(model, item: _Item, r0: int, r1: int) -> list[np.ndarray]:
 
 def _quantize_widening(scheme: str, raw, dtype: str):
     try:
-        from ..accel import quantize_widening
+        from workbench.quant.accel import quantize_widening
     except ImportError:
         return None
     return quantize_widening(scheme, raw, dtype)
 
 
 def _encode_chunk(model, item: _Item, chunk: np.ndarray) -> np.ndarray:
-    from ..evaluate import quantize
+    from workbench.quant.evaluate import quantize
     method_q = getattr(model, "quantize_tensor", None)
     if method_q is not None and item.scheme not in FLOAT_SCHEMES:
         qt = method_q(item.name, chunk, item.scheme)
     elif item.scheme in FLOAT_SCHEMES:
-        from ..evaluate import check_representable
+        from workbench.quant.evaluate import check_representable
         qt = get_scheme(item.scheme).quantize(chunk, tensor=item.name)
         check_representable(qt, chunk, item.name)
     else:
@@ -500,7 +500,7 @@ def _tensor_parts(model, item: _Item, reader_tensors, target=None):
     if item.how == "widen" and not item.transform:
         return model.read_matrix(item.name).astype(np.float32, copy=False)
     if item.transform:
-        from .gguf_arch import transform
+        from workbench.export.gguf_arch import transform
         w = transform(target, item.name, model.read_matrix(item.name).reshape(info.shape))
         if item.how in ("keep", "widen"):
             return _float_as(np.asarray(w, np.float32), item.gtype)
@@ -517,7 +517,7 @@ def _tensor_parts(model, item: _Item, reader_tensors, target=None):
                                  tensor=item.name)
         return np.ascontiguousarray(raw).astype(np_dtype, copy=False)
     elif getattr(model, "quantize_tensor", None) is not None:
-        rows = [model.read_matrix(item.name)]   # a method (workbench.methods): the whole matrix
+        rows = [model.read_matrix(item.name)]   # a method (workbench.quant.methods): the whole matrix
     else:
         rows = (chunk for _r0, chunk in model.iter_rows(item.name, max_elements=CHUNK_ELEMENTS))
     return [_encode_chunk(model, item, chunk) for chunk in rows]
@@ -553,14 +553,14 @@ def _one_kernel_thread() -> None:
 
 
 class _ClusterPool:
-    """The export's pool on a cluster (workbench.cluster): a task's item and rows travel, the
+    """The export's pool on a cluster (workbench.jobs.cluster): a task's item and rows travel, the
     worker opens the model by path and sends the encoded bytes back; this process writes them
     in order, as with the local threads. Leaving it cancels what is still queued."""
 
     REMOTE = ("_tensor_data", "_part_data", "_kept_data", "_chunk_data")
 
     def __init__(self, executor, model):
-        from ..cluster import signature
+        from workbench.jobs.cluster import signature
         self.ex, self.sig, self.futs = executor, signature(model), []
 
     def submit(self, fn, *args):
@@ -603,7 +603,7 @@ _REMOTE_TARGETS: dict = {}
 
 def _remote_task(sig, fn_name: str, item: _Item, *rest):
     """On a worker: one export task against the worker's own copy of the model."""
-    from ..cluster import worker_model
+    from workbench.jobs.cluster import worker_model
     model = worker_model(sig)
     if fn_name == "_tensor_data":
         reader_tensors = {}
@@ -612,7 +612,7 @@ def _remote_task(sig, fn_name: str, item: _Item, *rest):
         hf = None
         if item.transform:
             if sig not in _REMOTE_TARGETS:
-                from .gguf_arch import hf_target
+                from workbench.export.gguf_arch import hf_target
                 _REMOTE_TARGETS.clear()
                 _REMOTE_TARGETS[sig] = hf_target(model)[0]
             hf = _REMOTE_TARGETS[sig]
@@ -636,11 +636,11 @@ class _Prepared:
 
 def _prepare(model, plan, strict: bool = False) -> _Prepared:
     """The tensors a GGUF export of `plan` writes (raises before anything is written)."""
-    from ..runtimes import check_strict, plan_decisions
-    from .gguf_arch import extra_tensors, hf_target, refuses
+    from workbench.quant.runtimes import check_strict, plan_decisions
+    from workbench.export.gguf_arch import extra_tensors, hf_target, refuses
     from_gguf = model.format == "gguf" and model.source is not None
     if from_gguf:      # the key/values copied must describe the tensors
-        from ..config_check import check_gguf_metadata
+        from workbench.formats.config_check import check_gguf_metadata
         check_gguf_metadata(model)
     decisions = plan_decisions(model, plan, "llama.cpp")
     if strict:
@@ -679,7 +679,7 @@ def _prepare(model, plan, strict: bool = False) -> _Prepared:
 def _write_head(writer, model, plan, prep: _Prepared):
     """Key/values and tensor infos of the export (not yet written to the file):
     (skipped keys, vocabulary size, a note on general.name, file type)."""
-    from .gguf_arch import name_breaks_loading, write_hparams, write_tokenizer
+    from workbench.export.gguf_arch import name_breaks_loading, write_hparams, write_tokenizer
     hf, reader, items = prep.hf, prep.reader, prep.items
     skipped: list[str] = []
     n_vocab = None
@@ -765,7 +765,7 @@ def export_gguf(model, plan, out_path, strict: bool = False, executor=None):
     import gguf
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..runtimes import summarize
+    from workbench.quant.runtimes import summarize
     target = Path(out_path)
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
@@ -801,7 +801,7 @@ def export_gguf(model, plan, out_path, strict: bool = False, executor=None):
         tasks = ((i, task, k == 0, k == len(chunks) - 1) for i, it in enumerate(items)
                  for chunks in [_row_chunks(model, it) or [None]]
                  for k, task in enumerate(chunks))
-        from ..cluster import is_plain
+        from workbench.jobs.cluster import is_plain
         if executor is not None and is_plain(model):
             workers = executor.workers()
             pool_cm = _ClusterPool(executor, model)

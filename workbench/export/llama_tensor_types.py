@@ -30,13 +30,13 @@ import functools
 import math
 import re
 
-from ..atomic import write_text_atomic
-from ..errors import WorkbenchError
-from ..plan import KEEP
-from ..progress import Progress
-from ..schemes import get_scheme
-from ..llama_names import CONV1D, DROPPED
-from . import register_exporter
+from workbench.core.atomic import write_text_atomic
+from workbench.core.errors import WorkbenchError
+from workbench.quant.plan import KEEP
+from workbench.core.progress import Progress
+from workbench.schemes import get_scheme
+from workbench.formats.llama_names import CONV1D, DROPPED
+from workbench.export import register_exporter
 
 # scheme -> ggml type name as llama.cpp spells it (ggml_type_name)
 GGML_TYPE_NAMES = {"q4_0": "q4_0", "q4_1": "q4_1", "q5_0": "q5_0", "q5_1": "q5_1", "q8_0": "q8_0",
@@ -63,7 +63,7 @@ ARCH_FAMILY = {"LLAMA": "llama", "QWEN2": "llama", "GPT2": "gpt2", "BERT": "bert
 def detect_family(model) -> str:
     """'gguf', 'llama', 'gpt2' or 'bert' (config.json's architecture, else the tensor names;
     WorkbenchError if none fits)."""
-    from ..llama_names import _guess_from_names, detect_arch
+    from workbench.formats.llama_names import _guess_from_names, detect_arch
     # llama.cpp names (a GGUF from convert_hf_to_gguf); a GGUF this workbench wrote from a
     # checkpoint without config.json keeps Hugging Face names and is mapped like its source
     if any(n.startswith("blk.") or n in ("token_embd.weight", "output.weight")
@@ -71,7 +71,7 @@ def detect_family(model) -> str:
         return "gguf"
     arch = detect_arch(model) if model.format != "gguf" else None
     if arch is not None and arch.gguf_arch == "UNSUPPORTED":
-        from ..llama_names import SUPPORTED_LABEL
+        from workbench.formats.llama_names import SUPPORTED_LABEL
         raise WorkbenchError(f"architecture {arch.hf_name} has no llama.cpp name map here "
                              f"({SUPPORTED_LABEL}): convert it with llama.cpp's "
                              "convert_hf_to_gguf.py and export from that GGUF", path=model.path)
@@ -102,7 +102,7 @@ def llama_cpp_name(name: str, family: str, n_blocks: int | None = None) -> str |
         return name
     if family == "bert" and name.startswith("bert."):
         name = name[len("bert."):]           # convert_hf_to_gguf strips it too
-    from ..llama_names import Arch, _hf_key
+    from workbench.formats.llama_names import Arch, _hf_key
     name = _hf_key(name, Arch(FAMILY_ARCH[family], "", 0))   # experts: the merged tensor
     n = n_blocks if n_blocks is not None else _n_blocks_of([name])
     # round up so models of similar depth share one (cached) map
@@ -127,9 +127,9 @@ def _keep_type(info) -> str | None:
 
 def tensor_type_lines(model, plan, strict: bool = False) -> tuple[list[str], dict]:
     """The file's lines and a report of what was left out. Shapes a scheme cannot take get
-    the fallback `workbench.runtimes` decides (llama-quantize's own, or the plan's)."""
-    from ..runtimes import check_strict, decide
-    from ..runtimes import get_runtime
+    the fallback `workbench.quant.runtimes` decides (llama-quantize's own, or the plan's)."""
+    from workbench.quant.runtimes import check_strict, decide
+    from workbench.quant.runtimes import get_runtime
     family = detect_family(model)
     llama = get_runtime("llama.cpp")
     n_blocks = _n_blocks_of(model.tensors)
@@ -209,7 +209,7 @@ def tensor_type_lines(model, plan, strict: bool = False) -> tuple[list[str], dic
                              + " | ".join(problems), path=model.path)
     if strict:
         check_strict(decisions, path=model.path)
-    from ..runtimes import summarize
+    from workbench.quant.runtimes import summarize
     lines = [f"^{re.escape(t)}$={g}" for t, (g, _src) in lines.items()]
     report = {"family": FAMILY_LABELS[family], "assignments": len(lines),
               "fallbacks": summarize(decisions).to_dict(),
@@ -230,7 +230,7 @@ def _add_line(lines: dict, line: tuple, name: str, conflicts: list) -> None:
 
 def _mla_parts(model, target: str, info):
     """(llama.cpp name, row length) of the two tensors a DeepSeek kv_b_proj becomes."""
-    from ..llama_names import read_config
+    from workbench.formats.llama_names import read_config
     cfg = read_config(model) or {}
     nope = cfg.get("qk_nope_head_dim")
     if not isinstance(nope, int):
@@ -242,7 +242,7 @@ def _mla_parts(model, target: str, info):
 
 def _line(info, scheme, target, row, plan, untyped, ineligible):
     """((llama.cpp name, ggml type) or None, decision or None) for one split tensor."""
-    from ..runtimes import decide
+    from workbench.quant.runtimes import decide
     if scheme == KEEP:
         ggml = _keep_type(info)
         if ggml is None:

@@ -3,7 +3,7 @@ block-wise Linears as ``com.microsoft.MatMulNBits`` (workbench.export.onnx_layou
 W8A8, ``QuantizeLinear``/``DequantizeLinear`` on the inputs of the Linears the plan gives an
 activation range (``plan.activations``: ``export --activations``).
 
-Rules (target runtime ``onnxruntime``, workbench.runtimes): only Linear weights are re-typed
+Rules (target runtime ``onnxruntime``, workbench.quant.runtimes): only Linear weights are re-typed
 (attention and MLP projections, the LM head); embeddings, norms and biases stay float32; a scheme
 MatMulNBits cannot hold takes the plan's fallback when that is expressible, else stays float
 (a note). GPT-2's Conv1D weights are stored transposed (in × out) and stay float.
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import WorkbenchError
-from ..plan import KEEP
-from ..progress import Progress
-from ..schemes import get_scheme
-from . import register_exporter
+from workbench.core.errors import WorkbenchError
+from workbench.quant.plan import KEEP
+from workbench.core.progress import Progress
+from workbench.schemes import get_scheme
+from workbench.export import register_exporter
 
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 DEFAULT_ACCURACY_LEVEL = 4
@@ -39,8 +39,8 @@ META = "quant_workbench."
 def _dq_form(scheme, qt):
     """(int8/uint8 codes [K, N], scale [N], zero [N]) of an int8 per-channel/per-tensor weight
     for DequantizeLinear (axis 1), or None for other schemes."""
-    from ..schemes.integer import IntAffine
-    from ..schemes.packing import unpack_bits
+    from workbench.schemes.integer import IntAffine
+    from workbench.schemes.packing import unpack_bits
     if not isinstance(scheme, IntAffine) or scheme.bits != 8 or \
             scheme.gran_name not in ("channel", "tensor"):
         return None
@@ -133,9 +133,9 @@ def _sample(runner) -> tuple[np.ndarray, np.ndarray]:
 def build_onnx(model, plan, out_path, *, accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
                strict: bool = False):
     """Job: write the ONNX file; returns what `export` reports (see export_onnx)."""
-    from ..onnx_graph import OPSET, float_network, import_onnx, swap_linears, trace_to_onnx
-    from ..runtimes import check_strict, plan_decisions, summarize
-    from .onnx_layout import matmulnbits_arrays
+    from workbench.running.onnx_graph import OPSET, float_network, import_onnx, swap_linears, trace_to_onnx
+    from workbench.quant.runtimes import check_strict, plan_decisions, summarize
+    from workbench.export.onnx_layout import matmulnbits_arrays
     onnx, ort = import_onnx()
     if accuracy_level not in ACCURACY_LEVELS:
         raise WorkbenchError(f"--accuracy-level must be one of 0..4, got {accuracy_level}")
@@ -185,7 +185,7 @@ def build_onnx(model, plan, out_path, *, accuracy_level: int = DEFAULT_ACCURACY_
         weights[n] = (nb, w_deq, dq)
     swap_linears(runner, linears, weights, act_scales, accuracy_level)
     yield Progress(75, 100, "tracing the network")
-    from ..atomic import make_temp_dir, write_problem
+    from workbench.core.atomic import make_temp_dir, write_problem
     # named with this process's id: a kill -9 leaves it for the next write here to remove
     tmpdir = make_temp_dir(out.parent, out.name)
     try:
@@ -227,7 +227,7 @@ def build_onnx(model, plan, out_path, *, accuracy_level: int = DEFAULT_ACCURACY_
     finally:
         import shutil
         shutil.rmtree(tmpdir, ignore_errors=True)
-    from ..atomic import atomic_write
+    from workbench.core.atomic import atomic_write
     with atomic_write(out) as fh:
         fh.write(data)
     summary = summarize(decisions.values())
@@ -243,7 +243,7 @@ def build_onnx(model, plan, out_path, *, accuracy_level: int = DEFAULT_ACCURACY_
 
 
 def _quantize(w, scheme_name, name):
-    from ..evaluate import quantize
+    from workbench.quant.evaluate import quantize
     return quantize(w, scheme_name, tensor=name)
 
 
@@ -258,7 +258,7 @@ def export_onnx(model, plan, out_path, strict: bool = False,
 
 def read_metadata(path) -> dict:
     """The quant_workbench.* metadata of an ONNX file written by this exporter."""
-    from ..onnx_graph import import_onnx
+    from workbench.running.onnx_graph import import_onnx
     onnx, _ = import_onnx()
     try:
         proto = onnx.load(str(path), load_external_data=False)

@@ -27,7 +27,7 @@ How each scheme maps (:func:`matmulnbits_arrays`), its dequantized weight bit-id
 
 Schemes with other bits (int3/5/6/7), K-quants, IQ4_NL, NF4, FP8 and the float casts have no
 MatMulNBits form: :func:`unsupported_reason` says so and the runtime rules
-(workbench.runtimes, target ``onnxruntime``) fall back or keep the tensor float.
+(workbench.quant.runtimes, target ``onnxruntime``) fall back or keep the tensor float.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _next_pow2(n: int) -> int:
 
 def unsupported_reason(scheme_name: str, shape=None) -> str | None:
     """Why MatMulNBits cannot hold `scheme_name` (None: it can)."""
-    from ..schemes import get_scheme
+    from workbench.schemes import get_scheme
     base = get_scheme(scheme_name).name
     m = _INT.match(base)
     if m:
@@ -134,7 +134,7 @@ def _pack_zero_points(zp: np.ndarray, bits: int) -> np.ndarray:
 
 def matmulnbits_arrays(scheme, qt) -> NBits:
     """The MatMulNBits inputs of a quantized 2-D weight `qt` (scheme `scheme`, shape N × K)."""
-    from ..schemes.integer import IntAffine
+    from workbench.schemes.integer import IntAffine
     N, K = qt.matrix_shape
     if isinstance(scheme, IntAffine):
         return _from_int(scheme, qt, N, K)
@@ -144,7 +144,7 @@ def matmulnbits_arrays(scheme, qt) -> NBits:
 
 
 def _from_int(scheme, qt, N, K) -> NBits:
-    from ..schemes.packing import unpack_bits
+    from workbench.schemes.packing import unpack_bits
     bits = scheme.bits
     codes = unpack_bits(qt.arrays["codes"], bits, N * K).reshape(N, K)
     scales = np.asarray(qt.arrays["scales"]).astype(np.float32)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..progress import Progress
-from . import register_exporter
+from workbench.core.progress import Progress
+from workbench.export import register_exporter
 
 
 @register_exporter("plan", ".json", "the mixed-precision plan (versioned JSON)")

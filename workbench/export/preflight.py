@@ -1,6 +1,6 @@
 """Can the current plan be written in a format, and if not, why — before anything is written.
 
-Each check runs the same decision code its exporter runs first (``workbench.runtimes``
+Each check runs the same decision code its exporter runs first (``workbench.quant.runtimes``
 decisions for the exporter's target runtime, the exporter's own refusals: vLLM's fused
 groups, llama-quantize's tensor-type mapping), without quantizing or writing. The GUI's
 Export dialog shows these per format and defaults to one the plan can produce; the CLI has
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import WorkbenchError
-from ..plan import KEEP
+from workbench.core.errors import WorkbenchError
+from workbench.quant.plan import KEEP
 
 #: when several formats can write the plan as asked, the dialog's default is the first here
 PREFERENCE = ("gguf", "compressed-tensors", "safetensors", "onnx", "llama-tensor-types", "plan")
@@ -56,7 +56,7 @@ def _one_line(exc: WorkbenchError) -> str:
 
 
 def _from_decisions(fmt, decisions, total_params: int) -> Preflight:
-    from ..runtimes import summarize
+    from workbench.quant.runtimes import summarize
     ds = list(decisions.values())
     s = summarize(ds)
     unmet = _unmet(ds)
@@ -67,7 +67,7 @@ def _from_decisions(fmt, decisions, total_params: int) -> Preflight:
 
 def _fused_differ(decisions) -> bool:
     """Whether any group vLLM fuses (q/k/v, gate/up) has parts with different schemes."""
-    from .compressed_tensors import FUSED
+    from workbench.export.compressed_tensors import FUSED
     for name in decisions:
         for group in FUSED:
             if f".{group[0]}.weight" in name:
@@ -75,7 +75,7 @@ def _fused_differ(decisions) -> bool:
                 applied = {decisions[s].applied for s in sibs if s in decisions}
                 if len(applied) > 1:
                     return True
-    from .compressed_tensors import EXPERT
+    from workbench.export.compressed_tensors import EXPERT
     experts: dict[str, set] = {}
     for name, d in decisions.items():
         m = EXPERT.match(name)
@@ -86,7 +86,7 @@ def _fused_differ(decisions) -> bool:
 
 def check(model, plan, fmt: str) -> Preflight:
     """Whether `fmt`'s exporter can write `plan` for `model` (never raises WorkbenchError)."""
-    from ..runtimes import plan_decisions
+    from workbench.quant.runtimes import plan_decisions
     total = getattr(model, "total_params", 0) or sum(i.numel for i in model.tensors.values())
     try:
         if fmt == "plan":
@@ -94,8 +94,8 @@ def check(model, plan, fmt: str) -> Preflight:
         if fmt == "safetensors":
             return _from_decisions(fmt, plan_decisions(model, plan, "any"), total)
         if fmt == "gguf":
-            from .gguf_arch import hf_target, refuses
-            from .gguf_file import _plan_items
+            from workbench.export.gguf_arch import hf_target, refuses
+            from workbench.export.gguf_file import _plan_items
             decisions = plan_decisions(model, plan, "llama.cpp")
             from_gguf = model.format == "gguf" and model.source is not None
             hf, not_runnable = (None, None) if from_gguf else hf_target(model)
@@ -108,7 +108,7 @@ def check(model, plan, fmt: str) -> Preflight:
                                  p.quantized, p.unmet_share)
             return p
         if fmt == "compressed-tensors":
-            from .compressed_tensors import _fused_conflicts
+            from workbench.export.compressed_tensors import _fused_conflicts
             decisions = plan_decisions(model, plan, "vllm")
             # the exporter's own check (it imports compressed-tensors and torch: seconds),
             # only where a fused group's parts differ at all
@@ -123,14 +123,14 @@ def check(model, plan, fmt: str) -> Preflight:
                                  "(written dense); " + p.summary, p.changed, 0, p.unmet_share)
             return p
         if fmt == "onnx":
-            from ..onnx_graph import import_onnx
-            from ..runner import model_kind, read_config
+            from workbench.running.onnx_graph import import_onnx
+            from workbench.running.runner import model_kind, read_config
             model_kind(read_config(model))      # a network to trace: config.json, known type
             import_onnx()
             return _from_decisions(fmt, plan_decisions(model, plan, "onnxruntime"), total)
         if fmt == "llama-tensor-types":
-            from .llama_tensor_types import tensor_type_lines
-            from ..runtimes import Summary
+            from workbench.export.llama_tensor_types import tensor_type_lines
+            from workbench.quant.runtimes import Summary
             lines, report = tensor_type_lines(model, plan)
             fb = report.get("fallbacks", {})
             t, p = fb.get("tensors", {}), fb.get("params", {})
@@ -144,7 +144,7 @@ def check(model, plan, fmt: str) -> Preflight:
 
 
 def check_all(model, plan, formats=None) -> dict[str, Preflight]:
-    from . import list_exporters
+    from workbench.export import list_exporters
     names = formats or [e.name for e in list_exporters()]
     return {f: check(model, plan, f) for f in names}
 

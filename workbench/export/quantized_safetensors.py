@@ -19,16 +19,16 @@ import json
 
 import numpy as np
 
-from ..dtypes import STORAGE
-from ..errors import WorkbenchError
-from ..evaluate import quantize
-from .. import streaming
-from ..model import Model, TensorInfo
-from ..plan import KEEP
-from ..progress import Progress
-from ..schemes import QuantizedTensor, get_scheme
-from . import register_exporter
-from .st_writer import StreamingSafetensorsWriter
+from workbench.formats.dtypes import STORAGE
+from workbench.core.errors import WorkbenchError
+from workbench.quant.evaluate import quantize
+from workbench.quant import streaming
+from workbench.formats.model import Model, TensorInfo
+from workbench.quant.plan import KEEP
+from workbench.core.progress import Progress
+from workbench.schemes import QuantizedTensor, get_scheme
+from workbench.export import register_exporter
+from workbench.export.st_writer import StreamingSafetensorsWriter
 
 META_KEY = "quant_workbench"
 SEP = "::"
@@ -40,7 +40,7 @@ KEPT_CHUNK_BYTES = 16 << 20
 @register_exporter("safetensors", ".safetensors",
                    "quantized weights: packed codes + scales, scheme per tensor in metadata")
 def export_quantized_safetensors(model, plan, out_path, strict: bool = False):
-    from ..runtimes import check_strict, plan_decisions, summarize
+    from workbench.quant.runtimes import check_strict, plan_decisions, summarize
     decisions = plan_decisions(model, plan, "any")
     if strict:
         check_strict(decisions.values(), path=model.path)
@@ -102,8 +102,8 @@ def export_quantized_safetensors(model, plan, out_path, strict: bool = False):
 def _check_layout(scheme, shape, array_keys, nbytes: int, path, name) -> None:
     """The stored arrays must be exactly what `scheme` writes for `shape`: metadata edited to
     another scheme (or arrays swapped) would otherwise decode to wrong values silently."""
-    from ..limits import check_shape
-    from ..schemes.base import matrix_shape
+    from workbench.core.limits import check_shape
+    from workbench.schemes.base import matrix_shape
     check_shape(shape, path, name)
     want = scheme.nbytes(shape)
     if nbytes != want:
@@ -120,7 +120,7 @@ def _check_layout(scheme, shape, array_keys, nbytes: int, path, name) -> None:
 def open_quantized(path: str, files, tensors: dict, owner: dict, metadata: dict) -> Model:
     """Present a quantized safetensors file as its original (dequantized) tensors."""
     try:
-        from ..limits import loads
+        from workbench.core.limits import loads
         meta = loads(metadata[META_KEY], path, "JSON")
         qindex = meta["tensors"]
         if meta.get("version") != 1 or not isinstance(qindex, dict):

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import atomic_write, make_temp
-from ..dtypes import NUMPY_TO_ST
-from ..errors import WorkbenchError
+from workbench.core.atomic import atomic_write, make_temp
+from workbench.formats.dtypes import NUMPY_TO_ST
+from workbench.core.errors import WorkbenchError
 
 
 def _write_error(path, exc: OSError) -> WorkbenchError:

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..errors import WorkbenchError
+from workbench.core.errors import WorkbenchError
 
 
 @dataclass
@@ -68,7 +68,7 @@ class Scheme:
     max_abs_weight: ClassVar[float | None] = None
     #: rows are quantized independently (scales per row or per block within a row), so a
     #: tensor quantized in row chunks gives the same codes: big tensors are then streamed in
-    #: bounded memory (workbench.streaming). False for a scale shared by the whole tensor.
+    #: bounded memory (workbench.quant.streaming). False for a scale shared by the whole tensor.
     row_local: ClassVar[bool] = True
 
     _fixed: ClassVar[dict[str, type]] = {}
@@ -179,9 +179,9 @@ class Scheme:
 
 def _import_all() -> None:
     # importing the modules registers their classes
-    from . import floats, integer, codebook  # noqa: F401
+    from workbench.schemes import floats, integer, codebook  # noqa: F401
     try:
-        from . import ggml  # noqa: F401  (GGML block formats)
+        from workbench.schemes import ggml  # noqa: F401  (GGML block formats)
     except ImportError:
         pass
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import WorkbenchError
-from .base import Scheme, matrix_shape
-from .packing import pack_bits, packed_nbytes, unpack_bits
+from workbench.core.errors import WorkbenchError
+from workbench.schemes.base import Scheme, matrix_shape
+from workbench.schemes.packing import pack_bits, packed_nbytes, unpack_bits
 
 NF4_CODEBOOK = np.array([
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dtypes import FP8_E4M3_TABLE, FP8_E5M2_TABLE, bf16_to_f32, f32_to_bf16
-from ..errors import WorkbenchError
-from .base import Scheme, matrix_shape
+from workbench.formats.dtypes import FP8_E4M3_TABLE, FP8_E5M2_TABLE, bf16_to_f32, f32_to_bf16
+from workbench.core.errors import WorkbenchError
+from workbench.schemes.base import Scheme, matrix_shape
 
 
 def _refuse_overflow(name: str, kind: str, largest: float, w: np.ndarray, out: np.ndarray) -> None:

@@ -49,10 +49,10 @@ import re
 
 import numpy as np
 
-from ..errors import WorkbenchError
-from .base import Scheme
-from .granularity import GRANULARITIES, PerGroup, as_blocks, n_blocks
-from .packing import pack_bits, packed_nbytes, unpack_bits
+from workbench.core.errors import WorkbenchError
+from workbench.schemes.base import Scheme
+from workbench.schemes.granularity import GRANULARITIES, PerGroup, as_blocks, n_blocks
+from workbench.schemes.packing import pack_bits, packed_nbytes, unpack_bits
 
 CLIPS = ("minmax", "p99.9", "mse")
 MSE_RATIOS = np.linspace(1.0, 0.5, 26, dtype=np.float32)  # clipping ratios searched by @mse
@@ -173,7 +173,7 @@ class IntAffine(Scheme):
 
     # ---- sizes ------------------------------------------------------------------------------
     def nbytes(self, shape) -> int:
-        from .base import matrix_shape
+        from workbench.schemes.base import matrix_shape
         rows, cols = matrix_shape(shape)
         nb = n_blocks(self.gran, rows, cols)
         per_block = self.scale_dtype.itemsize + (1 if self.asym else 0)

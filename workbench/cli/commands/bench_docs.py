@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    from ...bench.docs import add_args
+    from workbench.bench.docs import add_args
     p = sub.add_parser("bench-docs", help="regenerate docs/benchmarks.md by running every bench "
                                           "command (each figure with its command and date)")
     add_args(p)
@@ -14,5 +14,5 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...bench.docs import run as run_docs
+    from workbench.bench.docs import run as run_docs
     return run_docs(args.quick, args.only, args.timeout, args.output)

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 
-from ..common import print_json
+from workbench.cli.common import print_json
 
 
 def register(sub) -> None:
@@ -27,7 +27,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...bench.load import generate, measure_in_subprocess
+    from workbench.bench.load import generate, measure_in_subprocess
     folder = args.dir or tempfile.mkdtemp(prefix="qwb-bench-")
     try:
         print(f"generating ~{args.params:.3g} parameters in {folder} ...", file=sys.stderr)

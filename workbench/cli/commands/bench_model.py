@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..common import print_json
+from workbench.cli.common import print_json
 
 
 def register(sub) -> None:
@@ -48,8 +48,8 @@ def register(sub) -> None:
 
 
 def _steps(arg: str | None, nbytes: int) -> list[str]:
-    from ...bench.model import MODEL_STEPS, STEPS, WEIGHT_STEPS
-    from ...errors import WorkbenchError
+    from workbench.bench.model import MODEL_STEPS, STEPS, WEIGHT_STEPS
+    from workbench.core.errors import WorkbenchError
     if arg is None:
         import os
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -102,13 +102,13 @@ def _remove_generated(folder: Path, created_folder: bool) -> None:
 
 
 def run(args) -> int:
-    from ...bench.model import generate, llama_shape, run_steps
-    from ...errors import WorkbenchError
+    from workbench.bench.model import generate, llama_shape, run_steps
+    from workbench.core.errors import WorkbenchError
     shape = llama_shape(args.params)
     steps = _steps(args.steps, shape.params * 2)
     if args.samples < 1:
         raise WorkbenchError("--samples must be at least 1")
-    from ...bench.model import check_disk
+    from workbench.bench.model import check_disk
     created = args.dir is None or not Path(args.dir).exists()
     if args.dir is not None:
         check_disk(args.dir, shape, steps, not _same_checkpoint(Path(args.dir), shape))

@@ -5,7 +5,7 @@ float against quantized ONNX Runtime latency on this CPU in one run, and the fil
 
 from __future__ import annotations
 
-from ..common import (add_method_args, add_model_arg, add_scheme_or_plan, apply_convention,
+from workbench.cli.common import (add_method_args, add_model_arg, add_scheme_or_plan, apply_convention,
                       apply_methods, drive,
                       fmt_bytes, open_model_arg, plan_from_args, print_json)
 
@@ -33,8 +33,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...bench.onnx import bench_onnx
-    from ...errors import WorkbenchError
+    from workbench.bench.onnx import bench_onnx
+    from workbench.core.errors import WorkbenchError
     for flag in ("batch", "seq", "repeats"):
         if getattr(args, flag) < 1:
             raise WorkbenchError(f"--{flag} must be at least 1")
@@ -44,8 +44,8 @@ def run(args) -> int:
     model = open_model_arg(args)
     plan, _ = apply_convention(args, model, plan, "onnxruntime", quiet=args.json)
     if args.activations:
-        from ...methods.apply import activation_ranges
-        from ...runtimes import plan_decisions
+        from workbench.quant.methods.apply import activation_ranges
+        from workbench.quant.runtimes import plan_decisions
         quantized = {n for n, d in plan_decisions(model, plan, "onnxruntime").items()
                      if d.applied != "keep"}
         acts = drive(activation_ranges(model, quantized, args.calib, args.act_method, 8, "int"),

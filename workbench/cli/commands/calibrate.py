@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..common import add_model_arg, drive, open_model_arg
+from workbench.cli.common import add_model_arg, drive, open_model_arg
 
 
 def register(sub) -> None:
@@ -11,16 +11,16 @@ def register(sub) -> None:
     p.add_argument("--calib", help="calibration inputs (default: resources/calibration.txt)")
     p.add_argument("--samples", type=int, default=None)
     p.add_argument("-o", "--output", required=True)
-    from ..common import add_device_arg
+    from workbench.cli.common import add_device_arg
     add_device_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     import os
-    from ...calibration import DEFAULT_CALIB
-    from ...errors import WorkbenchError
-    from ...imatrix import collect, write_imatrix_gguf
+    from workbench.running.calibration import DEFAULT_CALIB
+    from workbench.core.errors import WorkbenchError
+    from workbench.running.imatrix import collect, write_imatrix_gguf
     model = open_model_arg(args)
     if os.path.abspath(args.output) in (os.path.abspath(model.path),
                                         os.path.abspath(args.calib or DEFAULT_CALIB)):

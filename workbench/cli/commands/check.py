@@ -3,23 +3,23 @@
 [--scoring chunks|lines] [--ctx N] [--chunks N] [--kld-exact] [--no-cache] [--save-gguf F]
 [--json]`.
 
-A causal LM is scored as ``llama-perplexity --kl-divergence`` scores it (workbench.kld): the
+A causal LM is scored as ``llama-perplexity --kl-divergence`` scores it (workbench.running.kld): the
 text as one token stream in chunks of --ctx tokens, each scored on its second half, against
 the float model's next-token distributions cached on disk; ``--scoring lines`` keeps the
 older per-line figures (what --runtime onnxruntime measures).
 
 ``--runtime onnxruntime`` exports the plan to ONNX (workbench.export.onnx_format) and runs the
 file in ONNX Runtime (CPU execution provider) instead of swapping dequantized weights into the
-transformers model (workbench.onnx_check); the figures are the same, against the float model.
+transformers model (workbench.export.onnx_check); the figures are the same, against the float model.
 ``--runtime llama.cpp`` exports the plan and an F16 GGUF of the float model and judges the
-plan's file with ``llama-perplexity --kl-divergence`` on the text (workbench.llama_kld): the
+plan's file with ``llama-perplexity --kl-divergence`` on the text (workbench.export.llama_kld): the
 "kld" figures (ppl_ratio, mean, median, p99, p999, same_top1, ...) as llama.cpp prints them."""
 
 from __future__ import annotations
 
 import sys
 
-from ..common import (add_method_args, add_model_arg, add_scheme_or_plan, drive, open_model_arg,
+from workbench.cli.common import (add_method_args, add_model_arg, add_scheme_or_plan, drive, open_model_arg,
                       plan_from_args, print_json)
 
 
@@ -35,7 +35,7 @@ def register(sub) -> None:
                         "calibrates on --calib)")
     add_method_args(p, calib=False)
     p.add_argument("--samples", type=int, default=None, help="use the first N samples")
-    from ...runtimes import RUNTIMES
+    from workbench.quant.runtimes import RUNTIMES
     p.add_argument("--target", default=None, choices=list(RUNTIMES),
                    help="the runtime whose rules decide each tensor's scheme (fallbacks, tensors "
                         "kept); default any (onnxruntime with --runtime onnxruntime)")
@@ -79,8 +79,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...api import check_plan, runtime_target
-    from ...errors import WorkbenchError
+    from workbench.api import check_plan, runtime_target
+    from workbench.core.errors import WorkbenchError
     plan = plan_from_args(args)
     model = open_model_arg(args)
     onnx = args.runtime == "onnxruntime"
@@ -126,7 +126,7 @@ def _drive_lines(job, quiet: bool):
     import sys
     if sys.stderr.isatty() and not quiet:
         return drive(job)
-    from ...progress import LineProgress, run as run_job
+    from workbench.core.progress import LineProgress, run as run_job
     return run_job(job, LineProgress(label="check"))
 
 

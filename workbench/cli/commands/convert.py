@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import sys
 
-from ..common import drive, fmt_bytes, print_json
+from workbench.cli.common import drive, fmt_bytes, print_json
 
 
 def register(sub) -> None:
-    from ...convert import DEFAULT_DTYPE, DTYPES, TARGETS
+    from workbench.export.convert import DEFAULT_DTYPE, DTYPES, TARGETS
     p = sub.add_parser("convert", help="a GGUF as a float Hugging Face folder or F16/BF16 GGUF")
     p.add_argument("source", help="the GGUF file to convert (any GGML type the workbench reads)")
     p.add_argument("--to", required=True, choices=TARGETS,
@@ -31,7 +31,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...api import convert_gguf
+    from workbench.api import convert_gguf
     info = convert_gguf(args.source, args.to, args.output, dtype=args.dtype,
                         off_grid=args.off_grid, driver=lambda job: drive(job, quiet=args.json))
     if args.json:

@@ -1,9 +1,9 @@
 """`quant-workbench diff A B [--source FLOAT] [--no-check] [--calib FILE] [--samples N] [--json]`:
-compare two quantizations (plans or quantized files) tensor by tensor (workbench.diff)."""
+compare two quantizations (plans or quantized files) tensor by tensor (workbench.planning.diff)."""
 
 from __future__ import annotations
 
-from ..common import drive, fmt_bytes, print_json
+from workbench.cli.common import drive, fmt_bytes, print_json
 
 
 def register(sub) -> None:
@@ -30,7 +30,7 @@ def _fmt(v, spec=".4g"):
 
 
 def run(args) -> int:
-    from ...api import diff_quantizations
+    from workbench.api import diff_quantizations
     res = diff_quantizations(args.a, args.b, source=args.source, check=not args.no_check,
                              calib=args.calib, samples=args.samples,
                              driver=lambda job: drive(job, quiet=args.json))

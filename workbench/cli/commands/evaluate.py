@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..common import (add_method_args, add_model_arg, add_runtime_args, add_scheme_or_plan,
+from workbench.cli.common import (add_method_args, add_model_arg, add_runtime_args, add_scheme_or_plan,
                       apply_convention, apply_methods, drive, fmt_bytes, open_model_arg,
                       plan_from_args, print_convention, print_fallback_summary, print_json)
 
@@ -13,19 +13,19 @@ def register(sub) -> None:
     add_scheme_or_plan(p)
     add_runtime_args(p)
     add_method_args(p)
-    from ...cluster import add_cluster_arg
+    from workbench.jobs.cluster import add_cluster_arg
     add_cluster_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ...evaluate import evaluate
+    from workbench.quant.evaluate import evaluate
     plan = plan_from_args(args)
     model = open_model_arg(args)
     plan, conv = apply_convention(args, model, plan, args.target, quiet=args.json)
     plan, model = apply_methods(args, model, plan, args.target, quiet=args.json)
-    from ..common import executor_of
+    from workbench.cli.common import executor_of
     ev = drive(evaluate(model, plan, runtime=args.target, strict=args.strict,
                         executor=executor_of(args)), quiet=args.json)
     print_convention(conv, args.json)

@@ -5,13 +5,13 @@
 
 from __future__ import annotations
 
-from ..common import (add_method_args, add_model_arg, add_runtime_args, add_scheme_or_plan,
+from workbench.cli.common import (add_method_args, add_model_arg, add_runtime_args, add_scheme_or_plan,
                       apply_convention, drive, executor_of, open_model_arg, plan_from_args,
                       print_convention, print_json)
 
 
 def register(sub) -> None:
-    from ...export import list_exporters
+    from workbench.export import list_exporters
     formats = [e.name for e in list_exporters()]
     help_lines = "; ".join(f"{e.name}: {e.description}" for e in list_exporters())
     p = sub.add_parser("export", help="write the plan or the quantized weights",
@@ -22,7 +22,7 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", help="output file (required unless --check)")
     p.add_argument("--check", action="store_true",
                    help="write nothing: say whether --format can write the plan, and why not")
-    from ...runtimes import RUNTIMES
+    from workbench.quant.runtimes import RUNTIMES
     p.add_argument("--target", default=None, choices=list(RUNTIMES),
                    help="the runtime whose rules apply (default: the format's: gguf llama.cpp, "
                         "compressed-tensors vllm, onnx onnxruntime, else any)")
@@ -44,7 +44,7 @@ def register(sub) -> None:
                    help="activation type: int, or float (fp8 e4m3)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="quantize on N threads (default: all cores)")
-    from ...cluster import add_cluster_arg
+    from workbench.jobs.cluster import add_cluster_arg
     add_cluster_arg(p)
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.add_argument("--verbose", action="store_true",
@@ -53,9 +53,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...api import export_plan, format_runtime
+    from workbench.api import export_plan, format_runtime
     if args.threads is not None:
-        from ...errors import WorkbenchError
+        from workbench.core.errors import WorkbenchError
         if args.threads < 1:
             raise WorkbenchError(f"--threads must be at least 1, got {args.threads}")
         import numba
@@ -69,7 +69,7 @@ def run(args) -> int:
         print_convention(conv, args.json)
         return rc
     if not args.output:
-        from ...errors import WorkbenchError
+        from workbench.core.errors import WorkbenchError
         raise WorkbenchError("-o/--output is required (or --check to write nothing)")
     import sys
     info = export_plan(model, plan, args.format, args.output, target=args.target,
@@ -102,7 +102,7 @@ def print_notes(notes: dict, verbose: bool = False) -> None:
     tensor's note)."""
     import sys
 
-    from ...runtimes import note_kinds
+    from workbench.quant.runtimes import note_kinds
     if verbose:
         for name, note in notes.items():
             print(f"note: {name}: {note}", file=sys.stderr)
@@ -119,7 +119,7 @@ def print_notes(notes: dict, verbose: bool = False) -> None:
 
 def run_check(args, model, plan) -> int:
     """Exit 0 when the format can write the plan, 1 when it cannot (the reason printed)."""
-    from ...export.preflight import check
+    from workbench.export.preflight import check
     p = check(model, plan, args.format)
     if args.json:
         print_json(p.to_dict())

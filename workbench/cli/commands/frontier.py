@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-from ..common import add_model_arg, open_model_arg, print_json
-from .sensitivity import AUTO, add_table_args, parse_schemes, say
+from workbench.cli.common import add_model_arg, open_model_arg, print_json
+from workbench.cli.commands.sensitivity import AUTO, add_table_args, parse_schemes, say
 
 
 def register(sub) -> None:
@@ -32,12 +32,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ... import api
-    from ..common import drive, executor_of
+    from workbench import api
+    from workbench.cli.common import drive, executor_of
     schemes = parse_schemes(args.schemes, args.target)
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     if recipes:
-        from ...frontier import recipe_types
+        from workbench.planning.frontier import recipe_types
         recipe_types(recipes)            # an unknown recipe is refused before the model opens
     model = open_model_arg(args)
     f = api.compute_frontier(model, from_bpw=args.from_bpw, to_bpw=args.to_bpw,
@@ -51,7 +51,7 @@ def run(args) -> int:
     if f.recipe_error is not None and not args.json:
         print(f"(no recipe points: {f.recipe_error})")
     points = f.points
-    from ...sensitivity import predicted_unit
+    from workbench.planning.sensitivity import predicted_unit
     unit = predicted_unit(model, table.measure)
     if args.json:
         print_json({"measure": table.measure, "measure_reason": table.measure_reason,

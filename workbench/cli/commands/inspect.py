@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..common import add_model_arg, drive, executor_of, fmt_bytes, open_model_arg, print_json
+from workbench.cli.common import add_model_arg, drive, executor_of, fmt_bytes, open_model_arg, print_json
 
 
 def register(sub) -> None:
@@ -16,15 +16,15 @@ def register(sub) -> None:
     p.add_argument("--experts", action="store_true",
                    help="per mixture-of-experts group ('layer N experts PROJ'): each expert's "
                         "|max|, std and kurtosis (the GUI's spread plot)")
-    from ...cluster import add_cluster_arg
+    from workbench.jobs.cluster import add_cluster_arg
     add_cluster_arg(p)
     p.set_defaults(func=run)
 
 
 def run_experts(args, model) -> int:
-    from ...errors import WorkbenchError
-    from ...moe import expert_groups, expert_spread
-    from ...progress import subjob
+    from workbench.core.errors import WorkbenchError
+    from workbench.running.moe import expert_groups, expert_spread
+    from workbench.core.progress import subjob
     groups = expert_groups(model)
     if not groups:
         raise WorkbenchError("no mixture-of-experts tensors in this model", path=model.path)
@@ -47,8 +47,8 @@ def run_experts(args, model) -> int:
 
 
 def run(args) -> int:
-    from ...api import statistics
-    from ...stats import empty_stats, empty_stats_dict
+    from workbench.api import statistics
+    from workbench.quant.stats import empty_stats, empty_stats_dict
     model = open_model_arg(args)
     if args.experts:
         return run_experts(args, model)
@@ -61,7 +61,7 @@ def run(args) -> int:
         return _print_table(model, stats, args.no_stats)
     empty = None if args.no_stats or args.arrays else empty_stats_dict()
     if empty is not None:
-        from ..common import json_safe
+        from workbench.cli.common import json_safe
         empty = json_safe(empty)   # NaN -> null once, so the fast encoder takes the document
     rows = []
     for info in model.tensors.values():
@@ -88,7 +88,7 @@ def _print_table(model, stats: dict, no_stats: bool) -> int:
     300,000 tensors prints in a fraction of a second; every empty tensor shares one
     statistics text)."""
     import sys
-    from ...stats import empty_stats_dict
+    from workbench.quant.stats import empty_stats_dict
     print(f"{model.path}  ({model.format}, {len(model.tensors)} tensors, "
           f"{model.total_params:,} params, {fmt_bytes(model.total_bytes)})")
     head = f"{'name':<52} {'shape':<14} {'dtype':<12} {'role'}"
@@ -96,7 +96,7 @@ def _print_table(model, stats: dict, no_stats: bool) -> int:
         head = (f"{head:<94} {'absmax':>9} {'std':>9} {'kurt':>7} {'outl%':>6} {'nan/inf':>7}")
     print(head)
     empty = "" if no_stats else _stats_text(empty_stats_dict())
-    from ...catalog import infer_roles
+    from workbench.formats.catalog import infer_roles
     infos = model.tensors.values()
     roles = infer_roles((info.name, len(info.shape)) for info in infos)
     tails: dict = {}   # (shape, dtype, role) -> the line's text after the name

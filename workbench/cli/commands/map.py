@@ -1,12 +1,12 @@
 """`quant-workbench map [MODEL] [--plan P | --scheme S] [--overlay O] [--json]`: the model map's
-numbers without the window (workbench.model_map): blocks, sections, per-block totals and each
+numbers without the window (workbench.planning.model_map): blocks, sections, per-block totals and each
 tensor's overlay value."""
 
 from __future__ import annotations
 
 import math
 
-from ..common import add_model_arg, drive, fmt_bytes, open_model_arg, print_json
+from workbench.cli.common import add_model_arg, drive, fmt_bytes, open_model_arg, print_json
 
 CLI_OVERLAYS = ("bits", "sqnr", "kurtosis", "outliers")
 
@@ -27,7 +27,7 @@ def register(sub) -> None:
 
 
 def _values(model, plan, overlay: str, quiet: bool):
-    from ...progress import Progress
+    from workbench.core.progress import Progress
     names = list(model.tensors)
 
     def job():
@@ -35,12 +35,12 @@ def _values(model, plan, overlay: str, quiet: bool):
         for i, n in enumerate(names):
             yield Progress(i, len(names), f"{overlay} of {n}")
             if overlay == "sqnr":
-                from ...evaluate import evaluate_tensor
-                from ...runtimes import plan_decisions
+                from workbench.quant.evaluate import evaluate_tensor
+                from workbench.quant.runtimes import plan_decisions
                 d = plan_decisions(model, plan, "any", [n])[n]
                 out[n] = evaluate_tensor(model, n, d.requested, decision=d).error.sqnr_db
             else:
-                from ...stats import tensor_stats
+                from workbench.quant.stats import tensor_stats
                 st = yield from tensor_stats(model, n)
                 out[n] = st.kurtosis if overlay == "kurtosis" else st.outlier_frac
         return out
@@ -48,18 +48,18 @@ def _values(model, plan, overlay: str, quiet: bool):
 
 
 def run(args) -> int:
-    from ...model_map import summary
-    from ...plan import Plan
+    from workbench.planning.model_map import summary
+    from workbench.quant.plan import Plan
     model = open_model_arg(args)
     if args.plan:
         plan = Plan.load(args.plan)
     elif args.scheme:
-        from ...schemes import get_scheme
+        from workbench.schemes import get_scheme
         plan = Plan(default=get_scheme(args.scheme).name)
     else:
         plan = Plan()
     res = summary(model, plan)
-    from ...model_map import plan_bytes_of
+    from workbench.planning.model_map import plan_bytes_of
     if args.overlay == "bits":
         bytes_of, _ = plan_bytes_of(model, plan)
         vals = {n: (8.0 * bytes_of(n) / i.numel if i.numel else None)

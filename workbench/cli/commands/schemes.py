@@ -2,11 +2,11 @@
 
 `quant-workbench schemes --tensor NAME [MODEL] [--json]`: every scheme that can take one tensor,
 grouped by family, with its bits per weight and error on that tensor, Pareto points marked
-(workbench.scheme_choice; the GUI's scheme picker and comparison tab show these numbers)."""
+(workbench.planning.scheme_choice; the GUI's scheme picker and comparison tab show these numbers)."""
 
 from __future__ import annotations
 
-from ..common import print_json
+from workbench.cli.common import print_json
 
 
 def register(sub) -> None:
@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 
 def describe(name: str) -> dict:
-    from ...schemes import get_scheme
+    from workbench.schemes import get_scheme
     s = get_scheme(name)
     return {"name": s.name, "nominal_bits": s.nominal_bits,
             "bits_per_weight": s.bits_per_weight((4096, 4096)),
@@ -30,9 +30,9 @@ def describe(name: str) -> dict:
 
 
 def run_tensor(args) -> int:
-    from ...errors import WorkbenchError
-    from ...scheme_choice import FAMILIES, tensor_points
-    from ..common import open_model_arg
+    from workbench.core.errors import WorkbenchError
+    from workbench.planning.scheme_choice import FAMILIES, tensor_points
+    from workbench.cli.common import open_model_arg
     model = open_model_arg(args)
     if args.tensor not in model.tensors:
         raise WorkbenchError("no such tensor", path=model.path, tensor=args.tensor)
@@ -54,7 +54,7 @@ def run_tensor(args) -> int:
 
 
 def run(args) -> int:
-    from ...schemes import list_schemes
+    from workbench.schemes import list_schemes
     if args.tensor:
         return run_tensor(args)
     rows = [describe(n) for n in list_schemes(variants=args.variants)]

@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
-from ..common import add_model_arg, drive, open_model_arg, print_json
+from workbench.cli.common import add_model_arg, drive, open_model_arg, print_json
 
-from ...api import AUTO, AUTO_FISHER_SAMPLES, DEFAULT_SCHEMES
+from workbench.api import AUTO, AUTO_FISHER_SAMPLES, DEFAULT_SCHEMES
 
 
 def add_table_args(p, schemes: str = DEFAULT_SCHEMES) -> None:
     """The flags every command that builds a SensitivityTable shares. `schemes` "auto": every
     scheme the --target runtime can run and export (allocate, frontier); the measure "auto"
     (their default): the best one the inputs allow."""
-    from ...runtimes import RUNTIMES
+    from workbench.quant.runtimes import RUNTIMES
     if schemes == AUTO:
         shelp = ("candidate schemes, comma-separated (default: every scheme the --target runtime "
                  "can run and export: llama.cpp's GGML types, vLLM's int4/int8 channel/group and "
@@ -40,14 +40,14 @@ def add_table_args(p, schemes: str = DEFAULT_SCHEMES) -> None:
     p.add_argument("--target", default="any", choices=list(RUNTIMES),
                    help="the runtime whose fallbacks and re-typed tensors apply, and whose "
                         "schemes are the default candidates (default: any)")
-    from ..common import add_device_arg
+    from workbench.cli.common import add_device_arg
     add_device_arg(p)
-    from ...cluster import add_cluster_arg
+    from workbench.jobs.cluster import add_cluster_arg
     add_cluster_arg(p)
 
 
 def parse_schemes(text: str, target: str = "any") -> list[str]:
-    from ...runtimes import parse_schemes as parse
+    from workbench.quant.runtimes import parse_schemes as parse
     return parse(text, target)
 
 
@@ -60,8 +60,8 @@ def say(line: str) -> None:
 def table_from_args(args, model, schemes, pins=None, quiet=False, extra=()):
     """The SensitivityTable the table flags ask for (workbench.api.measure_sensitivity); the
     measure an "auto" resolved to, its samples and reason are put back on `args`."""
-    from ...api import measure_sensitivity
-    from ..common import executor_of
+    from workbench.api import measure_sensitivity
+    from workbench.cli.common import executor_of
     table = measure_sensitivity(model, schemes, measure=args.measure, calib=args.calib,
                                 imatrix=args.imatrix, samples=args.samples, target=args.target,
                                 pins=pins, extra=extra, executor=executor_of(args),
@@ -86,11 +86,11 @@ def register(sub) -> None:
 
 def run_correlate(args, model, schemes) -> int:
     import time
-    from ...sensitivity import rank_agreement
+    from workbench.planning.sensitivity import rank_agreement
     tables, secs = {}, {}
     preds = ("weight", "activation") if args.imatrix else ("weight", "activation", "fisher")
     if args.imatrix:
-        from ...errors import WorkbenchError
+        from workbench.core.errors import WorkbenchError
         raise WorkbenchError("--correlate runs the calibration inputs: give --calib, "
                              "not --imatrix")
     for m in preds + ("output",):
@@ -146,7 +146,7 @@ def run(args) -> int:
 
 def _is_causal(model) -> bool:
     try:
-        from ...runner import model_kind, read_config
+        from workbench.running.runner import model_kind, read_config
         return model_kind(read_config(model)) == "causal-lm"
     except Exception:   # noqa: BLE001 - only a label
         return False

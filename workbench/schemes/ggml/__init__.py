@@ -20,14 +20,14 @@ bytes a GGUF file holds for the tensor. Importing this package registers the sch
 
 from __future__ import annotations
 
-from .common import GGMLScheme
-from .iq4_nl import IQ4_NL
-from .legacy import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
-from .q2_k import Q2_K
-from .q3_k import Q3_K
-from .q4_k import Q4_K
-from .q5_k import Q5_K
-from .q6_k import Q6_K
+from workbench.schemes.ggml.common import GGMLScheme
+from workbench.schemes.ggml.iq4_nl import IQ4_NL
+from workbench.schemes.ggml.legacy import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from workbench.schemes.ggml.q2_k import Q2_K
+from workbench.schemes.ggml.q3_k import Q3_K
+from workbench.schemes.ggml.q4_k import Q4_K
+from workbench.schemes.ggml.q5_k import Q5_K
+from workbench.schemes.ggml.q6_k import Q6_K
 
 GGML_SCHEMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
                 "iq4_nl")
@@ -38,6 +38,6 @@ __all__ = ["GGMLScheme", "GGML_SCHEMES", "IQ4_NL", "Q2_K", "Q3_K", "Q4_0", "Q4_1
 
 def ggml_scheme_for_type(type_name: str) -> GGMLScheme | None:
     """The scheme for a GGML type name such as 'Q4_K' (None if not implemented here)."""
-    from ..base import get_scheme
+    from workbench.schemes.base import get_scheme
     key = str(type_name).lower()
     return get_scheme(key) if key in GGML_SCHEMES else None

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .common import denormalize, pow2_normalize, renormalize, to_fp16
+from workbench.schemes.ggml.common import denormalize, pow2_normalize, renormalize, to_fp16
 
 F = np.float32
 INF = F(np.inf)

@@ -19,8 +19,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from ...errors import WorkbenchError
-from ..base import QuantizedTensor, Scheme, matrix_shape
+from workbench.core.errors import WorkbenchError
+from workbench.schemes.base import QuantizedTensor, Scheme, matrix_shape
 
 QK_K = 256            # weights per K-quant super-block
 FP16_MAX = 65504.0

@@ -18,9 +18,9 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
-from .common import (GGMLScheme, NearestIndex, block_dtype, denormalize, fp16_field, pack_nibbles,
+from workbench.schemes.ggml.common import (GGMLScheme, NearestIndex, block_dtype, denormalize, fp16_field, pack_nibbles,
                      pow2_normalize, renormalize, to_fp16, unpack_nibbles)
-from .search import _seqsum, codebook_search
+from workbench.schemes.ggml.search import _seqsum, codebook_search
 
 F = np.float32
 KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],

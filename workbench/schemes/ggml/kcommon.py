@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import QK_K
+from workbench.schemes.ggml.common import QK_K
 
 F = np.float32
 
@@ -62,12 +62,12 @@ def unpack_4bit_k(qs: np.ndarray) -> np.ndarray:
 
 def pack_high_bits(L: np.ndarray, bit: int) -> np.ndarray:
     """Bit `bit` of code e (of 256) -> bit e//32 of byte e%32 (32 bytes)."""
-    from .common import pack_bit_planes
+    from workbench.schemes.ggml.common import pack_bit_planes
     return pack_bit_planes(((L.astype(np.uint8) >> np.uint8(bit)) & np.uint8(1)).reshape(-1, 8, 32))
 
 
 def unpack_high_bits(qh: np.ndarray) -> np.ndarray:
-    from .common import unpack_bit_planes
+    from workbench.schemes.ggml.common import unpack_bit_planes
     return unpack_bit_planes(qh, 8).reshape(-1, QK_K)
 
 
@@ -110,7 +110,7 @@ def super_scale_codes(values: np.ndarray, e: np.ndarray, levels: int, signed: bo
     a super scale that float16 rounds coarsely (tiny weights) still gives the closest codes.
     Returns (d16 float16 (nb,), d_eff float32 normalized (nb,), codes int16 (nb, S)).
     """
-    from .common import denormalize, renormalize, to_fp16
+    from workbench.schemes.ggml.common import denormalize, renormalize, to_fp16
     if signed:
         idx = np.abs(values).argmax(axis=1)
         top = values[np.arange(values.shape[0]), idx]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
-from .common import (GGMLScheme, block_dtype, fp16_field, pack_bit_planes, pack_nibbles,
+from workbench.schemes.ggml.common import (GGMLScheme, block_dtype, fp16_field, pack_bit_planes, pack_nibbles,
                      safe_recip, to_fp16, unpack_bit_planes, unpack_nibbles)
 
 Q = gguf.GGMLQuantizationType

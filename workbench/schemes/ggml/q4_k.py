@@ -16,9 +16,9 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
-from . import kcommon as kc
-from .affine_k import Q4_K_PARAMS, encode_affine_k
-from .common import GGMLScheme, block_dtype, fp16_field
+from workbench.schemes.ggml import kcommon as kc
+from workbench.schemes.ggml.affine_k import Q4_K_PARAMS, encode_affine_k
+from workbench.schemes.ggml.common import GGMLScheme, block_dtype, fp16_field
 
 F = np.float32
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
-from . import kcommon as kc
-from .affine_k import Q5_K_PARAMS
-from .common import block_dtype
-from .q4_k import AffineK
+from workbench.schemes.ggml import kcommon as kc
+from workbench.schemes.ggml.affine_k import Q5_K_PARAMS
+from workbench.schemes.ggml.common import block_dtype
+from workbench.schemes.ggml.q4_k import AffineK
 
 
 class Q5_K(AffineK):

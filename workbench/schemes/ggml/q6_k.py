@@ -17,8 +17,8 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
-from .common import GGMLScheme, block_dtype, fp16_field
-from .sym_k import Q6_K_PARAMS, encode_sym_k
+from workbench.schemes.ggml.common import GGMLScheme, block_dtype, fp16_field
+from workbench.schemes.ggml.sym_k import Q6_K_PARAMS, encode_sym_k
 
 F = np.float32
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import GROUP_EPS
+from workbench.schemes.ggml.common import GROUP_EPS
 
 F = np.float32
 

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .common import pow2_normalize
-from .affine_k import fp16_scale
+from workbench.schemes.ggml.common import pow2_normalize
+from workbench.schemes.ggml.affine_k import fp16_scale
 
 F = np.float32
 INF = F(np.inf)

@@ -1,0 +1,121 @@
+"""`convert`: a (quantized) GGUF as a float model: a Hugging Face folder or an F16/BF16 GGUF.
+
+    job = convert("model.Q4_1.gguf", "hf", "out-folder", dtype="bf16", off_grid_seed=0)
+    info = progress.run(job)
+
+* ``to="hf"``: workbench.export.convert.hf (config and tokenizer from transformers' GGUF support,
+  weights from the project's dequantizer, one tensor at a time).
+* ``to="gguf"``: the project's GGUF exporter on a float32 view of the source: every
+  key/value (tokenizer included) copied, 2-D tensors in F16/BF16 (or F32), 1-D ones in F32 as
+  llama.cpp's converter writes them.
+* ``off_grid_seed`` (None: off): the exact reparametrisation of workbench.export.convert.off_grid.
+
+The result dict names the tensors still on the source's quantization grid
+(``on_source_grid``). Outputs are never replaced: an existing file, or a non-empty folder, is
+refused before anything is read. Docs: docs/real-models.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from workbench.core.errors import WorkbenchError
+from workbench.core.progress import Progress
+
+TARGETS = ("hf", "gguf")
+DTYPES = ("bf16", "f16", "f32")
+DEFAULT_DTYPE = "bf16"
+SCHEME_OF = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
+
+
+def check_output(to: str, out: Path) -> None:
+    if to == "hf":
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise WorkbenchError("exists and is not an empty folder: choose a new folder "
+                                 "(convert never replaces files)", path=str(out))
+    elif out.exists() or out.is_symlink():
+        raise WorkbenchError("exists: choose a new file name (convert never replaces files)",
+                             path=str(out))
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise WorkbenchError("the folder to write into does not exist", path=str(out))
+
+
+def open_source(src):
+    from workbench.formats.loaders import open_model
+    model = open_model(src)
+    if model.format != "gguf" or model.source is None:
+        raise WorkbenchError("convert reads a GGUF file (this is a "
+                             f"{model.format} checkpoint)", path=str(src))
+    return model
+
+
+def convert(src, to: str, output, dtype: str = DEFAULT_DTYPE, off_grid_seed: int | None = None):
+    """Job: convert the GGUF `src` into `output` (see the module doc). Returns a dict:
+    source, output, to, dtype, tensors, bytes, seconds, off_grid (or None), on_source_grid,
+    unused (GGUF tensors transformers computes itself, e.g. rope_freqs)."""
+    from workbench.export.convert.off_grid import off_grid, on_source_grid
+    from workbench.export.convert.source import FloatView
+    if to not in TARGETS:
+        raise WorkbenchError(f"--to {to!r}: choose hf or gguf")
+    if dtype not in DTYPES:
+        raise WorkbenchError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    out = Path(output)
+    check_output(to, out)
+    t0 = time.monotonic()
+    model = open_source(src)
+    og = None
+    if off_grid_seed is not None:
+        yield Progress(0, 1, "reading the norms (off-grid)")
+        og = off_grid(model, off_grid_seed)
+    view = FloatView(model, og.changes if og is not None else None)
+    if to == "hf":
+        from workbench.export.convert.hf import write_hf
+        info = yield from write_hf(view, out, dtype)
+    else:
+        info = yield from write_gguf(view, out, dtype)
+    return {"source": str(src), "output": str(out), "to": to, "dtype": dtype,
+            "tensors": info["tensors"], "bytes": info["bytes"],
+            "seconds": round(time.monotonic() - t0, 2),
+            "off_grid": og.to_dict() if og is not None else None,
+            "on_source_grid": {n: model.info(n).dtype
+                               for n in on_source_grid(model, view.changes)},
+            "unused": info.get("unused", [])}
+
+
+def write_gguf(view, out: Path, dtype: str):
+    """Job: the view's model as a GGUF through the project's exporter (metadata copied)."""
+    from workbench.export.gguf_file import export_gguf
+    from workbench.quant.plan import KEEP, Plan, Rule
+    from workbench.quant.runtimes import plan_decisions
+    model = view.as_model()
+    scheme = SCHEME_OF[dtype]
+    # every tensor named: norms and biases F32 (llama.cpp's converter writes them so), the
+    # rest in the chosen dtype; nothing is copied from the source's bytes
+    plan = Plan(default=scheme, rules=[Rule(n, "fp32" if i.ndim < 2 else scheme)
+                                       for n, i in model.tensors.items()])
+    kept = [n for n, d in plan_decisions(model, plan, "llama.cpp").items() if d.applied == KEEP]
+    if kept:
+        raise WorkbenchError(f"{kept[0]} would be copied unconverted ({len(kept)} such "
+                             "tensors): not written", path=model.path)
+    job = export_gguf(model, plan, out)
+    n = len(model.tensors)
+    i = 0
+    try:
+        while True:
+            try:
+                ev = next(job)
+            except StopIteration as stop:
+                res = stop.value
+                break
+            if ev.message.startswith("writing "):
+                i += 1
+                yield Progress(ev.done, ev.total, f"tensor {i}/{n} {ev.message[8:]}")
+            else:
+                yield ev
+    finally:
+        job.close()     # a cancelled run: the exporter removes its temporary file
+    return {"tensors": res["tensors"], "bytes": os.path.getsize(out), "unused": [],
+            "file_type": res.get("file_type")}

@@ -1,0 +1,117 @@
+"""A GGUF's tensors as float32, read row chunk by row chunk, each through an optional change.
+
+:class:`FloatView` decodes a GGUF model's tensors with the project's own dequantizer (the
+kernels through ``accel.dequantize`` for the GGML block types the scheme registry has, the
+loader's ``decode_rows`` otherwise) and applies a per-tensor :class:`Change` (row and column
+scales, or a constant fill: workbench.export.convert.off_grid). Nothing is held beyond the rows asked
+for. :meth:`FloatView.as_model` wraps the view as a float32 ``Model`` with the source's names,
+metadata and GGUF reader, so the runner (tensor-name mapping, rope un-permutation) and the GGUF
+exporter (metadata copied from the source) read the changed tensors as if they were stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from workbench.formats.dtypes import STORAGE, decode_rows
+from workbench.core.errors import WorkbenchError, context
+from workbench.formats.model import Model, TensorInfo
+
+CHUNK_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class Change:
+    """W' = diag(rows) · W · diag(cols) of a tensor's (rows x cols) matrix, or the constant
+    `fill` (an identity norm)."""
+    rows: np.ndarray | None = None
+    cols: np.ndarray | None = None
+    fill: float | None = None
+
+    def apply(self, w: np.ndarray, r0: int) -> np.ndarray:
+        if self.fill is not None:
+            return np.full(w.shape, self.fill, np.float32)
+        w = np.array(w, np.float32)            # a copy: the decoded rows may be a shared buffer
+        if self.cols is not None:
+            w *= self.cols[None, :]
+        if self.rows is not None:
+            w *= self.rows[r0:r0 + w.shape[0], None]
+        return w
+
+
+def decode(model: Model, name: str, r0: int, r1: int) -> np.ndarray:
+    """float32 rows r0:r1 of a loader's tensor (matrix form)."""
+    info = model.info(name)
+    raw = model.raw(name)[r0:r1]
+    if info.dtype not in STORAGE and np.size(raw):
+        try:
+            from workbench.quant.accel import dequantize
+            from workbench.schemes import get_scheme
+            from workbench.schemes.base import QuantizedTensor
+            scheme = get_scheme(info.dtype.lower())
+            qt = QuantizedTensor(scheme.name, (int(raw.shape[0]), info.cols),
+                                 {"blocks": np.ascontiguousarray(raw, np.uint8)})
+            with context(info.file or model.path, name):
+                return np.asarray(dequantize(qt, backend="cpu"), np.float32).reshape(
+                    raw.shape[0], info.cols)
+        except (WorkbenchError, ImportError, KeyError):
+            pass                                 # a type only the loader's decoder knows
+    with context(info.file or model.path, name):
+        return decode_rows(raw, info)
+
+
+class FloatView:
+    def __init__(self, model: Model, changes: dict | None = None):
+        self.model = model
+        self.changes = dict(changes or {})
+
+    def rows(self, name: str, r0: int, r1: int) -> np.ndarray:
+        w = decode(self.model, name, r0, r1)
+        ch = self.changes.get(name)
+        return w if ch is None else ch.apply(w, r0)
+
+    def read(self, name: str) -> np.ndarray:
+        """The whole (changed) tensor as a float32 matrix."""
+        return self.rows(name, 0, self.model.info(name).rows)
+
+    def iter_rows(self, name: str, max_elements: int = CHUNK_ELEMENTS):
+        info = self.model.info(name)
+        step = max(1, max_elements // max(info.cols, 1))
+        for r0 in range(0, info.rows, step):
+            yield r0, self.rows(name, r0, min(info.rows, r0 + step))
+
+    def as_model(self, path: str | None = None) -> Model:
+        """The view as a float32 Model (same names, metadata and GGUF reader as the source)
+        read at `path` (default the source's): the runner reads config.json beside it."""
+        src = self.model
+        tensors = {n: TensorInfo(n, i.shape, "F32", 4 * i.numel, i.file)
+                   for n, i in src.tensors.items()}
+        return Model(str(path or src.path), src.format, tensors, lambda n: _Rows(self, n),
+                     dict(src.metadata), source=src.source)
+
+
+class _Rows:
+    """A tensor of a FloatView as the loaders' raw storage: rows computed when sliced, the
+    whole matrix for anything else (np.asarray)."""
+
+    def __init__(self, view: FloatView, name: str):
+        self.view, self.name = view, name
+        info = view.model.info(name)
+        self.shape = (info.rows, info.cols)
+        self.dtype = np.dtype(np.float32)
+        self.ndim = 2
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        if isinstance(key, slice) and key.step in (None, 1):
+            r0, r1, _ = key.indices(self.shape[0])
+            return self.view.rows(self.name, r0, max(r0, r1))
+        return np.asarray(self)[key]
+
+    def __array__(self, dtype=None, copy=None):
+        w = self.view.read(self.name)
+        return w if dtype is None else w.astype(dtype, copy=False)

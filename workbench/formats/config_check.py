@@ -1,0 +1,573 @@
+"""config.json (or a GGUF's own metadata) against the tensors it describes.
+
+A model folder's ``config.json`` says how many layers, heads and experts the network has and how
+wide it is; the weights say what is really there. Every model-level command (check, calibrate,
+sensitivity / fisher, allocate, the GUI's runner, the GGUF, ONNX and compressed-tensors
+exports) reads the config through one of two doors (``runner.read_config``,
+``gguf_arch.hf_target`` / ``compressed_tensors``), and both call :func:`check_config` before any
+work. A GGUF→GGUF export calls :func:`check_gguf_metadata` for the copied key/values.
+
+What is checked (each refusal is one line naming config.json, the key and both values):
+
+* every count and size the workbench or transformers reads is an integer (not a bool, a float,
+  a string, NaN), within its range (heads ≥ 1, ...) and below 2^31; every float hyper-parameter
+  is a finite number in its range; rope settings are a JSON object of finite numbers;
+* counts agree with the tensors: ``num_hidden_layers`` with the layers the weights hold
+  (DeepSeek's ``num_nextn_predict_layers`` extra layers allowed), ``hidden_size`` with the
+  embedding's columns, ``vocab_size`` with the embedding's and the head's rows, head counts ×
+  head size with the q/k/v rows, ``intermediate_size`` with the MLP's rows, the expert count
+  with the experts (per-expert indices, fused 3-D tensors, router rows), experts-per-token with
+  the expert count; a layer holding both fused and per-expert tensors is refused.
+
+So no count from a config can drive work the weights do not bound (a ``num_hidden_layers`` of
+10^6 builds no network of 10^6 blocks, a ``vocab_size`` of 10^12 writes no vocabulary of that
+size), and no export writes metadata its tensors contradict.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workbench.core.errors import WorkbenchError
+
+#: the largest count or size a config may state (GGUF stores them as uint32; nothing real is
+#: near it)
+MAX_COUNT = (1 << 31) - 1
+
+#: the largest magnitude of a float hyper-parameter (softcapping, rope theta, ...)
+FLOAT_MAX = 1e30
+
+# key aliases: the first one present (not null) is the config's value
+LAYERS = ("num_hidden_layers", "n_layer")
+HIDDEN = ("hidden_size", "n_embd", "d_model")
+HEADS = ("num_attention_heads", "n_head")
+KV_HEADS = ("num_key_value_heads",)
+VOCAB = ("vocab_size",)
+EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
+TOPK = ("num_experts_per_tok", "num_experts_per_token")
+FF = ("intermediate_size", "n_inner")
+POSITIONS = ("max_position_embeddings", "n_positions")
+
+# integer keys: (key, smallest value allowed)
+INT_KEYS = {
+    **{k: 1 for k in ("num_hidden_layers", "n_layer", "hidden_size", "n_embd", "d_model",
+                      "num_attention_heads", "n_head", "num_key_value_heads", "head_dim",
+                      "vocab_size", "intermediate_size", "n_inner", "moe_intermediate_size",
+                      "shared_expert_intermediate_size", "max_position_embeddings",
+                      "n_positions", "n_ctx", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+                      "qk_nope_head_dim", "v_head_dim", "n_group", "topk_group",
+                      "original_max_position_embeddings", "sliding_window_pattern",
+                      "_sliding_window_pattern", "embedding_size")},
+    **{k: 0 for k in ("num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts",
+                      "first_k_dense_replace", "num_nextn_predict_layers", "decoder_sparse_step",
+                      "num_experts_per_tok", "num_experts_per_token", "type_vocab_size",
+                      "sliding_window")},
+}
+# float keys: (key, (low, low inclusive, high)); null is always allowed
+FLOAT_KEYS = {
+    "rope_theta": (0.0, False, math.inf), "rope_local_base_freq": (0.0, False, math.inf),
+    "local_rope_theta": (0.0, False, math.inf), "rms_norm_eps": (0.0, True, 1.0),
+    "layer_norm_eps": (0.0, True, 1.0), "layer_norm_epsilon": (0.0, True, 1.0),
+    "attn_logit_softcapping": (0.0, True, math.inf),
+    "final_logit_softcapping": (0.0, True, math.inf),
+    "query_pre_attn_scalar": (0.0, False, math.inf),
+    "routed_scaling_factor": (0.0, False, math.inf),
+    "partial_rotary_factor": (0.0, False, 1.0), "logit_scale": (0.0, False, math.inf),
+    "logits_scaling": (0.0, False, math.inf),
+}
+# rope settings (rope_scaling / rope_parameters, possibly one object per layer type)
+ROPE_INTS = ("original_max_position_embeddings",)
+ROPE_FLOATS = ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
+               "extrapolation_factor", "attention_factor", "attn_factor", "mscale",
+               "mscale_all_dim", "rope_theta", "partial_rotary_factor")
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e16:
+        return str(int(v))
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**6:
+        return f"{v:,}"
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+# ---- what the tensors hold -------------------------------------------------------------------
+_LAYER = re.compile(r"^(?P<pre>(?:.*\.)?(?:layers|layer|h|blk|blocks))\.(?P<i>\d{1,12})\."
+                    r"(?P<rest>.+)$")
+_PER_EXPERT = re.compile(r"^(?:mlp|block_sparse_moe)\.experts\.(?P<x>\d{1,12})\."
+                         r"(?P<w>gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+_FUSED = re.compile(r"^(?:mlp|block_sparse_moe)\.experts\.(?P<w>gate_up_proj|down_proj|gate_proj|"
+                    r"up_proj|w1|w2|w3)(?:\.weight)?$")
+_GGUF_EXPS = re.compile(r"^ffn_(?:gate|up|down|gate_up)_exps\.weight$")
+_EMBED = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "token_embd.weight",
+          "tok_embeddings.weight")
+_HEAD = ("lm_head.weight", "output.weight")
+_Q = {"self_attn.q_proj.weight", "attention.self.query.weight", "attn_q.weight"}
+_K = {"self_attn.k_proj.weight", "attention.self.key.weight", "attn_k.weight"}
+_V = {"self_attn.v_proj.weight", "attention.self.value.weight", "attn_v.weight"}
+_QKV = {"self_attn.qkv_proj.weight", "attn_qkv.weight"}
+_UP = {"mlp.up_proj.weight", "mlp.gate_proj.weight", "intermediate.dense.weight",
+       "ffn_up.weight", "ffn_gate.weight"}
+_ROUTER = {"mlp.gate.weight", "block_sparse_moe.gate.weight", "ffn_gate_inp.weight"}
+
+
+@dataclass
+class Facts:
+    """What the tensors say, from their names and shapes (one pass; cached on the model)."""
+    prefix: str | None = None          # the blocks' container ("model.layers", "blk", ...)
+    n_layers: int = 0                  # highest block index + 1 under `prefix`
+    last_layer: str | None = None      # a tensor of the highest block
+    embed: tuple | None = None         # (name, rows, cols) of the token embedding
+    head: tuple | None = None          # (name, rows, cols) of the output head
+    positions: tuple | None = None     # (name, rows) of a learnt position table
+    type_vocab: tuple | None = None    # (name, rows) of BERT's token types
+    q: list = field(default_factory=list)     # (name, rows)
+    k: list = field(default_factory=list)
+    v: list = field(default_factory=list)
+    qkv: list = field(default_factory=list)
+    c_attn: list = field(default_factory=list)   # GPT-2 (in, 3 x out)
+    mla_q: list = field(default_factory=list)    # DeepSeek q_b_proj / q_proj rows
+    mla_kv: list = field(default_factory=list)   # DeepSeek kv_b_proj rows
+    mla_kv_a: list = field(default_factory=list)  # kv_a_proj_with_mqa rows (kv_lora + rope)
+    mla_q_a: list = field(default_factory=list)   # q_a_proj rows (q_lora_rank)
+    up: list = field(default_factory=list)        # dense MLP input projections (name, rows)
+    gate_up: list = field(default_factory=list)   # Phi-3's fused gate/up (name, rows)
+    c_fc: list = field(default_factory=list)      # GPT-2's MLP input (name, columns)
+    expert_up: list = field(default_factory=list)  # one expert's up/gate rows (name, rows)
+    experts: dict = field(default_factory=dict)   # layer -> {expert indices} (per-expert)
+    fused: dict = field(default_factory=dict)     # layer -> [(name, n_expert)] (3-D tensors)
+    routers: list = field(default_factory=list)   # (name, rows, cols)
+    per_expert_name: dict = field(default_factory=dict)   # layer -> one per-expert tensor
+    mtp: set = field(default_factory=set)   # layers with multi-token-prediction tensors
+
+
+def _shape(info) -> tuple:
+    return tuple(int(s) for s in info.shape)
+
+
+# what only a DeepSeek multi-token-prediction layer holds (past num_hidden_layers)
+_MTP = ("eh_proj.", "enorm.", "hnorm.", "shared_head.")
+# role of a block tensor by the rest of its name (after "<blocks>.<i>.")
+_ROLE = {**{r: "q" for r in _Q}, **{r: "k" for r in _K}, **{r: "v" for r in _V},
+         **{r: "qkv" for r in _QKV}, **{r: "up" for r in _UP}, **{r: "router" for r in _ROUTER},
+         "attn.c_attn.weight": "c_attn", "self_attn.q_b_proj.weight": "mla_q",
+         "self_attn.kv_b_proj.weight": "mla_kv", "mlp.c_fc.weight": "c_fc",
+         "self_attn.kv_a_proj_with_mqa.weight": "mla_kv_a", "self_attn.q_a_proj.weight": "mla_q_a",
+         "mlp.gate_up_proj.weight": "gate_up"}
+
+
+def facts(model) -> Facts:
+    """The Facts of `model` (one pass over the names; only the tensors with a role are looked
+    at further), cached on the model object."""
+    cached = model.__dict__.get("_qw_config_facts")
+    if cached is not None:
+        return cached
+    f = Facts()
+    per_prefix: dict[str, int] = {}
+    layered = []
+    match = _LAYER.match
+    for name, info in model.tensors.items():
+        m = match(name)
+        if m is not None:
+            pre, i, rest = m.groups()
+            per_prefix[pre] = per_prefix.get(pre, 0) + 1
+            layered.append((pre, i, rest, name, info))
+            continue
+        shape = info.shape
+        if len(shape) == 2:
+            tail = ".".join(name.rsplit(".", 2)[-2:])
+            if f.embed is None and tail in _EMBED:
+                f.embed = (name, int(shape[0]), int(shape[1]))
+            elif f.head is None and (name in _HEAD or tail in _HEAD):
+                f.head = (name, int(shape[0]), int(shape[1]))
+            elif f.positions is None and tail in ("wpe.weight", "position_embeddings.weight"):
+                f.positions = (name, int(shape[0]))
+            elif f.type_vocab is None and tail == "token_type_embeddings.weight":
+                f.type_vocab = (name, int(shape[0]))
+    if per_prefix:
+        f.prefix = max(per_prefix, key=lambda p: (per_prefix[p], -len(p)))
+    top = -1
+    role_of = _ROLE.get
+    for pre, i, rest, name, info in layered:
+        if pre != f.prefix:
+            continue
+        role = role_of(rest)
+        i = int(i)
+        if i > top:
+            top, f.last_layer = i, name
+        if role is None and "experts." not in rest and "_exps." not in rest:
+            if rest.startswith(_MTP):
+                f.mtp.add(i)
+            continue
+        shape = _shape(info)
+        rows = shape[0] if shape else 0
+        if role in ("q", "k", "v", "qkv", "mla_q", "mla_kv", "mla_kv_a", "mla_q_a"):
+            getattr(f, role).append((name, rows))
+        elif role in ("c_attn", "c_fc"):
+            if len(shape) == 2:
+                getattr(f, role).append((name, shape[1]))    # GPT-2's Conv1D: (in, out)
+        elif role in ("up", "gate_up"):
+            if len(shape) == 2:
+                getattr(f, role).append((name, rows))
+        elif role == "router":
+            if len(shape) == 2:
+                f.routers.append((name, shape[0], shape[1]))
+        elif (pm := _PER_EXPERT.match(rest)) is not None:
+            f.experts.setdefault(i, set()).add(int(pm.group("x")))
+            f.per_expert_name.setdefault(i, name)
+            if pm.group("w") in ("up_proj", "gate_proj", "w1", "w3") and len(shape) == 2:
+                f.expert_up.append((name, rows))
+        elif len(shape) == 3 and (_FUSED.match(rest) or _GGUF_EXPS.match(rest)):
+            f.fused.setdefault(i, []).append((name, shape[0]))
+    f.n_layers = top + 1
+    model.__dict__["_qw_config_facts"] = f
+    return f
+
+
+# ---- the checks ------------------------------------------------------------------------------
+class _Checker:
+    def __init__(self, cfg: dict, path, label=None, what="config.json"):
+        self.cfg, self.path, self.what = cfg, str(path), what
+        self.label = label or (lambda k: k)
+
+    def fail(self, msg: str):
+        raise WorkbenchError(f"{msg}: {self.what} and the weights disagree; nothing was done",
+                             path=self.path)
+
+    def bad(self, key: str, value, why: str):
+        raise WorkbenchError(f"{self.label(key)} is {_fmt(value)}: {why}", path=self.path)
+
+    def get(self, keys) -> tuple[str | None, int | None]:
+        for k in keys:
+            v = self.cfg.get(k)
+            if v is not None:
+                return k, v
+        return None, None
+
+    # types and ranges
+    def types(self) -> None:
+        for key, low in INT_KEYS.items():
+            v = self.cfg.get(key)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int):
+                self.bad(key, v, "not an integer")
+            if v < low:
+                self.bad(key, v, f"must be at least {low}")
+            if v > MAX_COUNT:
+                self.bad(key, v, f"larger than the {MAX_COUNT:,} allowed")
+        for key, (low, incl, high) in FLOAT_KEYS.items():
+            v = self.cfg.get(key)
+            if v is None:
+                continue
+            self._float(key, v, low, incl, high)
+        for key in ("rope_scaling", "rope_parameters"):
+            r = self.cfg.get(key)
+            if r is None:
+                continue
+            if not isinstance(r, dict):
+                self.bad(key, r, "not a JSON object")
+            subs = [(f"{key}.{k}", v) for k, v in r.items() if isinstance(v, dict)]
+            for label, d in [(key, r)] + subs:
+                self._rope(label, d)
+        arch = self.cfg.get("architectures")
+        if arch is not None and (not isinstance(arch, list)
+                                 or not all(isinstance(x, str) for x in arch)):
+            self.bad("architectures", arch, "not a list of class names")
+        mt = self.cfg.get("model_type")
+        if mt is not None and not isinstance(mt, str):
+            self.bad("model_type", mt, "not a string")
+        lt = self.cfg.get("layer_types")
+        if lt is not None:
+            if not isinstance(lt, list) or not all(isinstance(x, str) for x in lt):
+                self.bad("layer_types", lt, "not a list of strings")
+
+    def _float(self, key, v, low, incl, high):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            self.bad(key, v, "not a number")
+        if not math.isfinite(float(v)):
+            self.bad(key, v, "not a finite number")
+        if abs(v) > FLOAT_MAX:
+            self.bad(key, v, f"beyond the {FLOAT_MAX:g} allowed (the network computes in "
+                     "float32, whose range ends at 3.4e38)")
+        if v < low or (v == low and not incl) or v > high:
+            rng = f"{'[' if incl else '('}{_fmt(low)}, {_fmt(high) if high < math.inf else '∞'}"
+            self.bad(key, v, f"outside {rng}{']' if high < math.inf else ')'}")
+
+    def _rope(self, label: str, r: dict) -> None:
+        t = r.get("rope_type", r.get("type"))
+        if t is not None and not isinstance(t, str):
+            self.bad(f"{label}.rope_type", t, "not a string")
+        for k in ROPE_INTS:
+            v = r.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                                  or not 1 <= v <= MAX_COUNT):
+                self.bad(f"{label}.{k}", v, f"not an integer in [1, {MAX_COUNT:,}]")
+        for k in ROPE_FLOATS:
+            v = r.get(k)
+            if v is not None:
+                lo = 0.0 if k in ("factor", "rope_theta", "partial_rotary_factor") else -math.inf
+                self._float(f"{label}.{k}", v, lo, k not in ("factor", "rope_theta"), math.inf)
+        if str(t).lower() == "llama3":
+            lo, hi = r.get("low_freq_factor", 1.0), r.get("high_freq_factor", 4.0)
+            if hi <= lo:
+                self.bad(f"{label}.high_freq_factor", hi,
+                         f"must be above low_freq_factor ({_fmt(lo)}) for llama3 rope")
+
+    # against the tensors
+    def tensors(self, f: Facts) -> None:
+        c = self.cfg
+        lk, layers = self.get(LAYERS)
+        if lk is not None:
+            extra = c.get("num_nextn_predict_layers") or 0
+            if f.n_layers == 0:
+                self.fail(f"{self.label(lk)} is {_fmt(layers)}, but the weights hold no layer")
+            # layers past the count only as DeepSeek's multi-token-prediction layers
+            mtp_ok = all(i in f.mtp for i in range(layers, f.n_layers))
+            if not layers <= f.n_layers <= layers + extra or not mtp_ok:
+                held = f"{f.n_layers} layers (up to {f.last_layer})"
+                self.fail(f"{self.label(lk)} is {_fmt(layers)}, but the weights hold {held}")
+        fk = c.get("first_k_dense_replace")
+        if fk is not None and lk is not None and fk > layers:
+            self.bad("first_k_dense_replace", fk, f"more dense layers than {self.label(lk)} "
+                     f"({_fmt(layers)})")
+        lt = c.get("layer_types")
+        if isinstance(lt, list) and lk is not None and len(lt) != layers:
+            raise WorkbenchError(f"layer_types lists {len(lt)} layers, but {self.label(lk)} is "
+                                 f"{_fmt(layers)}", path=self.path)
+        hk, hidden = self.get(HIDDEN)
+        vk, vocab = self.get(VOCAB)
+        emb_cols_key = "embedding_size" if c.get("embedding_size") is not None else hk
+        emb_cols = c.get("embedding_size") if c.get("embedding_size") is not None else hidden
+        if f.embed is not None:
+            name, rows, cols = f.embed
+            if emb_cols is not None and cols != emb_cols:
+                self.fail(f"{self.label(emb_cols_key)} is {_fmt(emb_cols)}, but {name} has "
+                          f"{cols:,} columns")
+            if vocab is not None and rows != vocab:
+                self.fail(f"{self.label(vk)} is {_fmt(vocab)}, but {name} has {rows:,} rows")
+        if f.head is not None and vocab is not None and f.head[1] != vocab:
+            self.fail(f"{self.label(vk)} is {_fmt(vocab)}, but {f.head[0]} has {f.head[1]:,} "
+                      "rows")
+        pk, pos = self.get(POSITIONS)
+        if f.positions is not None and pos is not None and f.positions[1] != pos:
+            self.fail(f"{self.label(pk)} is {_fmt(pos)}, but {f.positions[0]} has "
+                      f"{f.positions[1]:,} rows")
+        tv = c.get("type_vocab_size")
+        if f.type_vocab is not None and tv is not None and f.type_vocab[1] != tv:
+            self.fail(f"type_vocab_size is {_fmt(tv)}, but {f.type_vocab[0]} has "
+                      f"{f.type_vocab[1]:,} rows")
+        self._attention(f, hk, hidden)
+        self._mlp(f)
+        self._experts(f, hidden)
+
+    def _attention(self, f: Facts, hk, hidden) -> None:
+        c = self.cfg
+        nk, heads = self.get(HEADS)
+        if heads is None:
+            return
+        kk, kv = self.get(KV_HEADS)
+        if kv is None:
+            kk, kv = nk, heads
+        if kv > heads:
+            self.bad(self.label(kk), kv, f"more key/value heads than {self.label(nk)} ({heads})")
+        hd = c.get("head_dim")
+        hd_label = self.label("head_dim")
+        if hd is None and hidden is not None:
+            if hidden % heads:
+                self.bad(self.label(nk), heads, f"does not divide {self.label(hk)} "
+                         f"({_fmt(hidden)}) and {self.what} has no head_dim")
+            hd = hidden // heads
+            hd_label = f"{self.label(hk)} / {self.label(nk)}"
+        if hd is not None and not f.mla_kv:
+            # each check compares rows with heads × head size
+            for rows_list, n, key in ((f.q, heads, nk), (f.k, kv, kk), (f.v, kv, kk)):
+                for name, rows in rows_list:
+                    if rows != n * hd:
+                        self.fail(f"{self.label(key)} × {hd_label} is {_fmt(n)} × {_fmt(hd)} = "
+                                  f"{n * hd:,} rows, but {name} has {rows:,} rows")
+            for name, rows in f.qkv:
+                if rows != (heads + 2 * kv) * hd:
+                    self.fail(f"({self.label(nk)} + 2 × {self.label(kk)}) × {hd_label} is "
+                              f"({heads} + 2 × {kv}) × {_fmt(hd)} = {(heads + 2 * kv) * hd:,} "
+                              f"rows, but {name} has {rows:,} rows")
+        for name, cols in f.c_attn:
+            if hidden is not None and cols != 3 * hidden:
+                self.fail(f"{self.label(hk)} is {_fmt(hidden)} (q/k/v {3 * hidden:,} columns), "
+                          f"but {name} has {cols:,} columns")
+        nope, rope, vdim = c.get("qk_nope_head_dim"), c.get("qk_rope_head_dim"), \
+            c.get("v_head_dim")
+        if f.mla_kv and nope is not None and vdim is not None:
+            for name, rows in f.mla_kv:
+                if rows != heads * (nope + vdim):
+                    self.fail(f"{self.label(nk)} is {heads} (× (qk_nope_head_dim + v_head_dim) = "
+                              f"{heads * (nope + vdim):,} rows), but {name} has {rows:,} rows")
+            hd = c.get("head_dim")
+            if hd is not None and rope is not None and hd != rope:
+                self.bad("head_dim", hd, f"multi-head latent attention's head_dim is its "
+                         f"qk_rope_head_dim ({_fmt(rope)})")
+            lora, qlora = c.get("kv_lora_rank"), c.get("q_lora_rank")
+            if lora is not None and rope is not None:
+                for name, rows in f.mla_kv_a:
+                    if rows != lora + rope:
+                        self.fail(f"kv_lora_rank + qk_rope_head_dim is {_fmt(lora)} + "
+                                  f"{_fmt(rope)} = {lora + rope:,} rows, but {name} has "
+                                  f"{rows:,} rows")
+            if qlora is not None:
+                for name, rows in f.mla_q_a:
+                    if rows != qlora:
+                        self.fail(f"q_lora_rank is {_fmt(qlora)}, but {name} has {rows:,} rows")
+            if rope is not None:
+                for name, rows in f.q + f.mla_q:
+                    if rows != heads * (nope + rope):
+                        self.fail(f"{self.label(nk)} is {heads} (× (qk_nope_head_dim + "
+                                  f"qk_rope_head_dim) = {heads * (nope + rope):,} rows), but "
+                                  f"{name} has {rows:,} rows")
+
+    def _mlp(self, f: Facts) -> None:
+        fk, ff = self.get(FF)
+        if ff is not None:
+            for name, rows in f.up:
+                if rows != ff:
+                    self.fail(f"{self.label(fk)} is {_fmt(ff)}, but {name} has {rows:,} rows")
+            for name, rows in f.gate_up:
+                if rows != 2 * ff:
+                    self.fail(f"{self.label(fk)} is {_fmt(ff)} (gate and up: {2 * ff:,} rows), "
+                              f"but {name} has {rows:,} rows")
+        if f.c_fc:      # GPT-2: n_inner, or 4 x n_embd when null
+            hk, hidden = self.get(HIDDEN)
+            want, key = (ff, fk) if ff is not None else \
+                ((4 * hidden, f"4 × {self.label(hk)}") if hidden is not None else (None, None))
+            for name, cols in f.c_fc:
+                if want is not None and cols != want:
+                    self.fail(f"{key} is {_fmt(want)}, but {name} has {cols:,} columns")
+        mk = "moe_intermediate_size" if self.cfg.get("moe_intermediate_size") is not None else fk
+        mff = self.cfg.get(mk) if mk else None
+        if mff is not None:
+            for name, rows in f.expert_up:
+                if rows != mff:
+                    self.fail(f"{self.label(mk)} is {_fmt(mff)}, but expert tensor {name} has "
+                              f"{rows:,} rows")
+
+    def _experts(self, f: Facts, hidden) -> None:
+        for i in set(f.experts) & set(f.fused):
+            self.fail(f"layer {i} holds both fused expert tensors ({f.fused[i][0][0]}) and "
+                      f"per-expert ones ({f.per_expert_name[i]}): which are the model's is "
+                      "ambiguous")
+        ek, n = self.get(EXPERTS)
+        held = {}     # layer -> (count, a tensor naming it)
+        for i, idx in f.experts.items():
+            if sorted(idx) != list(range(len(idx))):
+                missing = sorted(set(range(max(idx) + 1)) - idx)[:4]
+                self.fail(f"layer {i}'s experts are numbered {min(idx)}..{max(idx)} with "
+                          f"{len(idx)} present (missing {missing})")
+            held[i] = (len(idx), f.per_expert_name[i])
+        for i, lst in f.fused.items():
+            for name, k in lst:
+                held.setdefault(i, (k, name))
+                if k != held[i][0]:
+                    self.fail(f"layer {i}'s expert tensors disagree on the expert count "
+                              f"({held[i][1]}: {held[i][0]}, {name}: {k})")
+        routers = list(f.routers)
+        if n is None:
+            if held:
+                i, (k, name) = next(iter(held.items()))
+                self.fail(f"the weights hold {k} experts per layer ({name}) but there is no "
+                          f"expert count ({self.label(EXPERTS[0])})")
+            return
+        for i, (k, name) in held.items():
+            if k != n:
+                self.fail(f"{self.label(ek)} is {_fmt(n)}, but layer {i} holds {k} experts "
+                          f"({name})")
+        for name, rows, cols in routers:
+            if rows != n:
+                self.fail(f"{self.label(ek)} is {_fmt(n)}, but the router {name} has {rows:,} "
+                          "rows")
+            if hidden is not None and cols != hidden:
+                self.fail(f"the router {name} has {cols:,} columns, but hidden size is "
+                          f"{_fmt(hidden)}")
+        if n > 1 and not held:
+            self.fail(f"{self.label(ek)} is {_fmt(n)}, but the weights hold no expert tensors")
+        tk, topk = self.get(TOPK)
+        if topk is not None and held and not 1 <= topk <= n:
+            self.bad(self.label(tk), topk, f"must be in [1, {self.label(ek)} = {_fmt(n)}]")
+
+
+def check_config(model, cfg: dict, path) -> None:
+    """Refuse (WorkbenchError naming `path`) a config whose values are malformed or contradict
+    the tensors of `model`."""
+    if not isinstance(cfg, dict):
+        return
+    ch = _Checker(cfg, path)
+    ch.types()
+    ch.tensors(facts(model))
+
+
+# ---- a GGUF's own metadata -------------------------------------------------------------------
+_GGUF_KEYS = {   # config key -> the GGUF key (after "<arch>.")
+    "num_hidden_layers": "block_count", "hidden_size": "embedding_length",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
+    "vocab_size": "vocab_size", "num_local_experts": "expert_count",
+    "num_experts_per_tok": "expert_used_count", "intermediate_size": "feed_forward_length",
+    "moe_intermediate_size": "expert_feed_forward_length",
+}
+
+
+def check_gguf_metadata(model) -> None:
+    """A GGUF's hyper-parameters (``<arch>.block_count``, ``expert_count`` ...) against its
+    tensors, before a GGUF→GGUF export copies them."""
+    md = model.metadata or {}
+    arch = md.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        return
+    cfg = {}
+    for ck, gk in _GGUF_KEYS.items():
+        v = md.get(f"{arch}.{gk}")
+        if isinstance(v, bool) or v is None:
+            continue
+        if hasattr(v, "dtype") and getattr(v, "ndim", 1) == 0 and v.dtype.kind in "iu":
+            v = int(v)                      # a numpy scalar from the reader
+        if not isinstance(v, int):          # per-layer arrays (some architectures): not checked
+            continue
+        cfg[ck] = v
+    if md.get(f"{arch}.attention.key_length_mla") is not None or \
+            md.get(f"{arch}.attention.value_length", cfg.get("head_dim")) != cfg.get("head_dim"):
+        cfg.pop("head_dim", None)           # MLA / different k and v sizes: not q/k/v rows
+        cfg.pop("num_attention_heads", None)
+        cfg.pop("num_key_value_heads", None)
+    # without attention.key_length the head size is llama.cpp's default, n_embd / n_head,
+    # which _Checker derives the same way
+    if md.get(f"{arch}.expert_count") is None:
+        cfg.pop("num_experts_per_tok", None)
+    if md.get(f"{arch}.expert_count") == 0 and not facts(model).fused:
+        cfg.pop("num_local_experts", None)      # llama.cpp writes 0 for a dense model
+    labels = {ck: f"{arch}.{gk}" for ck, gk in _GGUF_KEYS.items()}
+    ch = _Checker(cfg, model.path, lambda k: labels.get(k, k), what="the GGUF's metadata")
+    ch.types()
+    ch.tensors(facts(model))
+
+
+def config_path(model) -> Path:
+    """The config.json of `model`: beside its weights, or in the companion folder of a GGUF
+    read as a Hugging Face model (Model.folder)."""
+    if getattr(model, "folder", None):
+        return Path(model.folder) / "config.json"
+    p = Path(model.path)
+    return (p if p.is_dir() else p.parent) / "config.json"
+
+
+def check_model_config(model) -> None:
+    """check_config on the config.json beside `model`, where there is one that reads as a JSON
+    object (a command that also works without a runnable model, e.g. allocate falling back to
+    the weight measure, still refuses a config its weights contradict)."""
+    path = config_path(model)
+    if not path.is_file():
+        return        # absent: the commands that need it say so
+    from workbench.core.limits import load_sidecar_json
+    # too large, nested too deeply or malformed: refused here too (never read as "absent")
+    cfg = load_sidecar_json(path, "config.json")
+    check_config(model, cfg, path)

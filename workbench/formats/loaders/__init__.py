@@ -1,0 +1,80 @@
+"""`open_model(path)`: open any supported checkpoint lazily (headers only)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from workbench.core.errors import WorkbenchError
+from workbench.formats.model import Model
+
+SAFETENSORS_MAGIC_HINT = b"{"
+TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def detect_format(path: Path) -> str:
+    if path.is_dir():
+        if list(path.glob("*.safetensors")) or list(path.glob("*.safetensors.index.json")):
+            return "safetensors"
+        if list(path.glob("*.gguf")):
+            return "gguf"
+        bins = [p for p in path.iterdir() if p.suffix in TORCH_SUFFIXES]
+        if bins or list(path.glob("*.bin.index.json")) or list(path.glob("*.pt.index.json")):
+            return "pytorch"
+        raise WorkbenchError("folder has no model files (.safetensors, .gguf, .bin, .pt)",
+                             path=str(path))
+    name = path.name.lower()
+    if name.endswith((".bin.index.json", ".pt.index.json")):
+        return "pytorch"
+    if name.endswith(".safetensors") or name.endswith(".safetensors.index.json"):
+        return "safetensors"
+    if name.endswith(".gguf"):
+        return "gguf"
+    if name.endswith(TORCH_SUFFIXES):
+        return "pytorch"
+    # sniff the content
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read ({exc.strerror})", path=str(path)) from None
+    if head[:4] == b"GGUF":
+        return "gguf"
+    if head[:2] == b"PK" or head[:1] == b"\x80":
+        return "pytorch"
+    if len(head) >= 9 and head[8:9] == SAFETENSORS_MAGIC_HINT:
+        return "safetensors"
+    raise WorkbenchError("unrecognised model file (expected safetensors, GGUF or PyTorch)",
+                         path=str(path))
+
+
+def open_model(path: str | os.PathLike) -> Model:
+    """Open a checkpoint by path. Reads headers only; data is read on demand (loaders.region)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise WorkbenchError("file not found", path=str(p))
+    if not p.is_dir():
+        from workbench.core.limits import check_regular_file
+        check_regular_file(p)
+    fmt = detect_format(p)
+    if fmt == "safetensors":
+        from workbench.formats.loaders.safetensors_format import open_safetensors
+        return open_safetensors(p)
+    if fmt == "gguf":
+        from workbench.formats.loaders.gguf_format import open_gguf
+        target = p if p.is_file() else sorted(p.glob("*.gguf"))[0]
+        return open_gguf(target)
+    from workbench.formats.loaders.torch_format import open_torch, open_torch_shards
+    if p.is_dir():
+        index = sorted(p.glob("*.bin.index.json")) + sorted(p.glob("*.pt.index.json"))
+        if index:
+            return open_torch_shards(index[0])
+        files = sorted(q for q in p.iterdir() if q.suffix in TORCH_SUFFIXES)
+        if len(files) > 1:
+            raise WorkbenchError(f"folder has {len(files)} PyTorch files and no index JSON; "
+                                 "open one file, or add pytorch_model.bin.index.json",
+                                 path=str(p))
+        p = files[0]
+    elif p.name.endswith(".index.json"):
+        return open_torch_shards(p)
+    return open_torch(p)

@@ -1,0 +1,143 @@
+"""Importance-weighted encoders for the GGML block formats (llama.cpp's ``quant_weights`` path).
+
+Same byte layouts as workbench/schemes/ggml (the packing helpers are reused), only the
+per-weight importance in the scale/min searches changes: as llama.cpp's
+``quantize_row_*_impl`` does with an imatrix, weight j of a block gets
+
+    qw[j] * sqrt(sigma2 + x_j^2)
+
+with sigma2 = Σx²/32 for the 32-weight blocks (ggml-quants.c), and the searches are the
+project's (search.py): weighted least squares for each candidate scale. The K-quants instead
+minimise Σ qw_j (x_j − y_j)² itself (the figure ‖XW − XŴ‖² reduces to for uncorrelated
+inputs) with their own searches (Q2_K/Q4_K/Q5_K: schemes/ggml/affine_k.py, numba kernel
+kernels/kquant_affine.py; Q3_K/Q6_K: schemes/ggml/sym_k.py, kernels/kquant_sym.py). IQ4_NL
+weighs its codebook search as llama.cpp does, qw * sqrt(2 Σx²/32 + x²) (schemes/ggml/iq4_nl.py,
+kernel kernels/iq4nl_quant.py). Q8_0 has no weighted path and is refused; llama.cpp ignores
+the imatrix for Q8_0 too.
+
+``weighted_encode(scheme, x, qw)``: x float32 (n_blocks, QK), qw (n_blocks, QK) -> packed
+blocks uint8 (n_blocks, type_size).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.schemes.ggml.common import to_fp16
+from workbench.schemes.ggml.search import affine_search, symmetric_search
+
+F = np.float32
+SUPPORTED = ("q4_0", "q5_0", "q4_1", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl")
+
+
+def _llama_weights(x: np.ndarray, qw: np.ndarray, sub: int, factor: float) -> np.ndarray:
+    """qw * sqrt(sigma2 + x^2), sigma2 = factor * sum(x^2) / n over each block of `x`."""
+    sigma2 = F(factor) * np.einsum("ij,ij->i", x, x) / F(x.shape[1])
+    w = qw * np.sqrt(sigma2[:, None] + x * x)
+    return w.reshape(-1, sub)
+
+
+def _legacy_sym(scheme, x, qw, nmax):
+    from workbench.schemes.ggml.legacy import _high_bits, _nibbles
+    w = _llama_weights(x, qw, 32, 1.0)
+    scale, _ = symmetric_search(x, w, nmax, range(-9, 10), refine=1)
+    d16 = to_fp16(scale)
+    d = d16.astype(F)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        L = np.where(d[:, None] != 0, np.rint(x / np.where(d != 0, d, F(1))[:, None]), 0)
+    q = (np.clip(L, -nmax, nmax - 1) + nmax).astype(np.uint8)
+    out = np.empty(x.shape[0], scheme.block_dtype)
+    out["d"] = d16
+    out["qs"] = _nibbles(q)
+    if nmax == 16:
+        out["qh"] = _high_bits(q)
+    return out
+
+
+def _legacy_affine(scheme, x, qw, nmax):
+    from workbench.schemes.ggml.legacy import _high_bits, _nibbles
+    w = _llama_weights(x, qw, 32, 1.0)
+    scale, offset, _ = affine_search(x, w, nmax, -0.9, 0.05, 36, use_abs=False)
+    d16, m16 = to_fp16(scale), to_fp16(-offset)
+    d, m = d16.astype(F), m16.astype(F)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        L = np.where(d[:, None] != 0,
+                     np.rint((x - m[:, None]) / np.where(d != 0, d, F(1))[:, None]), 0)
+    q = np.clip(L, 0, nmax).astype(np.uint8)
+    out = np.empty(x.shape[0], scheme.block_dtype)
+    out["d"], out["m"] = d16, m16
+    out["qs"] = _nibbles(q)
+    if nmax == 31:
+        out["qh"] = _high_bits(q)
+    return out
+
+
+def _searched_k(scheme, x, qw, driver: str):
+    """Q2_K..Q6_K: the scheme's own search (schemes/ggml/affine_k.py, sym_k.py) minimising the
+    qw-weighted squared error directly (the diagonal layer-output error), run by the numba
+    kernel (`driver`, a kernels.cpu_ops function; bit-identical) when it can, else by the
+    numpy reference."""
+    from workbench.quant import accel
+    from kernels import backend
+    spec = accel.spec_for(scheme)
+    if spec is not None and spec.search and backend.resolve("auto") != "numpy":
+        from kernels import cpu_ops
+        try:
+            res = getattr(cpu_ops, driver)(spec, x, qw)
+        except cpu_ops.NonFinite:
+            res = None
+        if res is not None:
+            return res["blocks"].reshape(-1).view(scheme.block_dtype)
+    return scheme.encode(x, qw)
+
+
+def _iq4_nl(scheme, x, qw):
+    """IQ4_NL: the scheme's codebook search with llama.cpp's importance weights, by the numba
+    kernel (bit-identical) when it can, else by the numpy reference. The (n_blocks, 32) blocks
+    go to the kernel as rows of up to 64 blocks (it searches 4 blocks at a time)."""
+    from workbench.quant import accel
+    from kernels import backend
+    spec = accel.spec_for(scheme)
+    n = x.shape[0]
+    if spec is not None and spec.quant and n and backend.resolve("auto") != "numpy":
+        from kernels import cpu_ops
+        k = next(k for k in (64, 32, 16, 8, 4, 2, 1) if n % k == 0)
+        try:
+            res = cpu_ops.iq4nl_blocks(spec, x.reshape(n // k, 32 * k), qw.reshape(n // k, 32 * k))
+        except cpu_ops.NonFinite:
+            res = None
+        if res is not None:
+            return res["blocks"].reshape(-1).view(scheme.block_dtype)
+    return scheme.encode(x, qw)
+
+
+def _encode(scheme, x, qw):
+    n = scheme.name
+    if n == "q4_0":
+        return _legacy_sym(scheme, x, qw, 8)
+    if n == "q5_0":
+        return _legacy_sym(scheme, x, qw, 16)
+    if n == "q4_1":
+        return _legacy_affine(scheme, x, qw, 15)
+    if n == "q5_1":
+        return _legacy_affine(scheme, x, qw, 31)
+    if n in ("q2_k", "q4_k", "q5_k"):
+        return _searched_k(scheme, x, qw, "affine_k_blocks")
+    if n in ("q3_k", "q6_k"):
+        return _searched_k(scheme, x, qw, "sym_k_blocks")
+    if n == "iq4_nl":
+        return _iq4_nl(scheme, x, qw)
+    raise KeyError(n)
+
+
+def weighted_encode(scheme, x: np.ndarray, qw: np.ndarray) -> np.ndarray:
+    """Packed blocks (uint8 (n_blocks, type_size)) of x under `scheme` weighted by qw."""
+    x = np.ascontiguousarray(x, F).reshape(-1, scheme.block_size)
+    qw = np.ascontiguousarray(qw, F).reshape(x.shape)
+    qw = np.where(np.isfinite(qw) & (qw > 0), qw, F(0))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        enc = _encode(scheme, x, qw)
+    scheme._check_scales(enc, x)
+    if scheme.zero_when_worse:
+        scheme._zero_worse_blocks(enc, x)
+    return enc.view(np.uint8).reshape(x.shape[0], scheme.type_size)

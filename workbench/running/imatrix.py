@@ -1,0 +1,231 @@
+"""Activation statistics (llama.cpp's importance matrix): per 2-D weight read by a Linear, the
+sum over calibration tokens of x_j^2 per input column, collected with forward hooks in one pass.
+
+GGUF form (as llama.cpp's tools/imatrix writes it): general.type = "imatrix", imatrix.datasets,
+imatrix.chunk_count, imatrix.chunk_size; tensors `<name>.in_sum2` and `<name>.counts` (F32),
+names mapped to llama.cpp names as the tensor-type exporter maps them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.core.errors import WorkbenchError
+
+
+def collect(model, calib=None, samples: int | None = None, max_len: int = 128):
+    """Job: {workbench name: (in_sum2 float64[in], count tokens)} over the calibration inputs,
+    run block by block (workbench.running.runner.input_pass: an expert's statistics come from the
+    tokens routed to it)."""
+    from workbench.running.runner import input_pass
+    stats: dict[str, list] = {}
+
+    def observe(name, x):
+        s = stats.setdefault(name, [np.zeros(x.shape[-1]), 0])
+        s[0] += (x.double() ** 2).sum(0).cpu().numpy()
+        s[1] += int(x.shape[0])
+
+    data = yield from input_pass(model, calib, samples, max_len, observe=observe,
+                                 label="collecting activations")
+    return {n: (v[0], v[1]) for n, v in stats.items()}, len(data), max(len(s) for s in data)
+
+
+def write_imatrix_gguf(model, stats: dict, path, dataset: str, chunk_count: int, chunk_size: int):
+    import gguf
+    import os
+    from workbench.export.llama_tensor_types import detect_family, llama_cpp_name
+    family = detect_family(model)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        w = gguf.GGUFWriter(tmp, arch="")
+        w.add_type("imatrix")
+        w.add_array("imatrix.datasets", [dataset])
+        w.add_uint32("imatrix.chunk_count", int(chunk_count))
+        w.add_uint32("imatrix.chunk_size", int(chunk_size))
+        for g, (s2, cnt) in _llama_entries(model, stats, family, llama_cpp_name).items():
+            w.add_tensor(f"{g}.in_sum2", s2)
+            w.add_tensor(f"{g}.counts", cnt)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _llama_entries(model, stats: dict, family, llama_cpp_name) -> dict:
+    """{llama.cpp tensor name: (in_sum2 float32 (n_mat, cols), counts float32 (n_mat, 1))}.
+    A mixture of experts' per-expert tensors share one merged llama.cpp tensor
+    (blk.N.ffn_up_exps): one row per expert, in expert order, as llama-imatrix writes it (an
+    expert no calibration token reached: zero sums, count 0)."""
+    from workbench.formats.catalog import expert_index
+    by_g: dict[str, list[str]] = {}
+    for n in model.tensors:
+        if n in stats:
+            g = llama_cpp_name(n, family)
+            if g is not None:
+                by_g.setdefault(g, []).append(n)
+    out = {}
+    for g, names in by_g.items():
+        if len(names) == 1:
+            s2, cnt = stats[names[0]]
+            out[g] = (np.asarray(s2, dtype=np.float32).reshape(1, -1),
+                      np.asarray([cnt], dtype=np.float32).reshape(1, 1))
+            continue
+        idx = [expert_index(n) for n in names]
+        if None in idx:
+            raise WorkbenchError(f"tensors {names[0]} and {names[1]} are both llama.cpp's {g}",
+                                 path=str(model.path))
+        n_mat = max(idx) + 1
+        cols = len(stats[names[0]][0])
+        s2 = np.zeros((n_mat, cols), np.float32)
+        cnt = np.zeros((n_mat, 1), np.float32)
+        for i, n in zip(idx, names):
+            s2[i] = np.asarray(stats[n][0], dtype=np.float32).reshape(-1)
+            cnt[i, 0] = stats[n][1]
+        out[g] = (s2, cnt)
+    return out
+
+
+MAX_IMATRIX_ENTRIES = 1 << 20     # tensors in one imatrix (llama.cpp writes one per weight)
+MAX_IMATRIX_NAME = 4096           # bytes of a tensor name in a legacy .dat
+
+
+def read_imatrix(path) -> dict[str, np.ndarray]:
+    """{llama.cpp tensor name: E[x_j^2]} from an imatrix GGUF or legacy .dat.
+
+    Read with the model readers' bounds: every count and length is checked against the bytes
+    the file holds before anything is allocated, values must be finite and non-negative, and
+    every problem is a one-line WorkbenchError naming the imatrix file (and tensor)."""
+    import os
+    from workbench.core.limits import check_regular_file
+    p = str(path)
+    check_regular_file(p, "imatrix file")
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read imatrix file ({exc.strerror})", path=p) from None
+    if magic == b"GGUF":
+        return _read_imatrix_gguf(p)
+    try:
+        size = os.path.getsize(p)
+        with open(p, "rb") as f:
+            data = f.read(size)
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read imatrix file ({exc.strerror})", path=p) from None
+    return _read_imatrix_dat(p, data)
+
+
+def _read_imatrix_gguf(p: str) -> dict[str, np.ndarray]:
+    import struct
+    from workbench.core.limits import prescan_gguf
+    from workbench.formats.loaders.gguf_reader import GGUFFile
+    try:
+        prescan_gguf(p)
+        r = GGUFFile(p)
+    except WorkbenchError as exc:
+        raise exc.with_context(p) from None
+    except (ValueError, IndexError, KeyError, OSError, struct.error, TypeError,
+            OverflowError) as exc:
+        raise WorkbenchError(f"corrupt imatrix GGUF ({type(exc).__name__})", path=p) from None
+    try:
+        kind = r.fields.get("general.type")
+        if kind is not None and kind.contents() != "imatrix":
+            raise WorkbenchError(f"not an imatrix GGUF (general.type is "
+                                 f"{str(kind.contents())[:40]!r}; a model?)", path=p)
+        t = {}
+        for x in r.tensors:
+            if x.name.endswith((".in_sum2", ".counts")):
+                if x.tensor_type.name != "F32":
+                    raise WorkbenchError(f"imatrix tensor is {x.tensor_type.name}, expected F32",
+                                         path=p, tensor=x.name)
+                t[x.name] = np.array(x.data, dtype=np.float64).reshape(-1)
+        out = {}
+        for k, v in t.items():
+            if not k.endswith(".in_sum2"):
+                continue
+            n = k[:-len(".in_sum2")]
+            c = t.get(n + ".counts")
+            if c is None or c.size == 0:
+                c = np.ones(1)   # sums without counts: taken as already averaged
+            if c.size > 1 and v.size % c.size:
+                raise WorkbenchError(f"{c.size} counts do not divide {v.size} sums", path=p,
+                                     tensor=k)
+            if not (np.isfinite(c).all() and np.isfinite(v).all()) or (c < 0).any() \
+                    or (v < 0).any():
+                raise WorkbenchError("imatrix holds negative or non-finite values", path=p,
+                                     tensor=k)
+            cnt = np.maximum(c, 1.0)
+            out[n] = (v.reshape(c.size, -1) / cnt[:, None]).reshape(-1) if c.size > 1 \
+                else v / cnt[0]
+        if not out:
+            raise WorkbenchError("imatrix GGUF has no <name>.in_sum2 tensors", path=p)
+        return out
+    finally:
+        r.close()
+
+
+def _read_imatrix_dat(p: str, data: bytes) -> dict[str, np.ndarray]:
+    """llama.cpp's legacy format: i32 count, then per entry i32 name length, name, i32 ncall,
+    i32 nval, f32[nval] (a trailing dataset name after the entries is ignored)."""
+    size = len(data)
+    off = 0
+
+    def i32(what: str) -> int:
+        nonlocal off
+        if off + 4 > size:
+            raise WorkbenchError(f"imatrix .dat truncated (reading {what} at byte {off:,})",
+                                 path=p)
+        v = int.from_bytes(data[off:off + 4], "little", signed=True)
+        off += 4
+        return v
+
+    if size < 4:
+        raise WorkbenchError("not an imatrix GGUF or .dat file (too short)", path=p)
+    n_entries = i32("the entry count")
+    # each entry takes at least 12 bytes (3 i32) plus a one-byte name
+    if n_entries <= 0 or n_entries > MAX_IMATRIX_ENTRIES or n_entries * 13 > size - 4:
+        raise WorkbenchError(f"not an imatrix GGUF or .dat file (claims {n_entries:,} entries "
+                             f"in {size:,} bytes)", path=p)
+    out = {}
+    for _ in range(n_entries):
+        ln = i32("a name length")
+        if ln <= 0 or ln > MAX_IMATRIX_NAME or off + ln > size:
+            raise WorkbenchError(f"imatrix .dat entry name of {ln:,} bytes at byte {off - 4:,} "
+                                 "(corrupt or truncated)", path=p)
+        try:
+            name = data[off:off + ln].decode("utf-8")
+        except UnicodeDecodeError:
+            raise WorkbenchError(f"imatrix .dat entry name at byte {off:,} is not UTF-8",
+                                 path=p) from None
+        off += ln
+        ncall = i32("ncall")
+        nval = i32("nval")
+        if ncall < 0 or nval <= 0 or nval > (size - off) // 4:
+            raise WorkbenchError(f"entry claims ncall {ncall:,} and {nval:,} values with "
+                                 f"{size - off:,} bytes left", path=p, tensor=name)
+        if name in out:
+            raise WorkbenchError("entry appears twice", path=p, tensor=name)
+        vals = np.frombuffer(data, "<f4", nval, off).astype(np.float64)
+        off += 4 * nval
+        if not np.isfinite(vals).all() or (vals < 0).any():
+            raise WorkbenchError("imatrix holds negative or non-finite values", path=p,
+                                 tensor=name)
+        out[name] = vals / max(ncall, 1)
+    return out
+
+
+def check_imatrix_for(model, imatrix_path, name: str, values: np.ndarray) -> None:
+    """The imatrix vector for the model's tensor `name` must have one value per input column;
+    a WorkbenchError naming the imatrix file and the tensor otherwise."""
+    info = model.info(name)
+    if info.ndim == 2 and values.size != info.cols:
+        raise WorkbenchError(f"imatrix has {values.size:,} values for a tensor of "
+                             f"{info.cols:,} input columns (an imatrix of another model?)",
+                             path=str(imatrix_path), tensor=name)
+    if info.ndim > 2 and (values.size == 0 or values.size % info.shape[-1]):
+        raise WorkbenchError(f"imatrix has {values.size:,} values for a tensor of "
+                             f"{info.shape[-1]:,} input columns (an imatrix of another "
+                             "model?)", path=str(imatrix_path), tensor=name)

@@ -1,0 +1,25 @@
+"""Dequantize raw GGML block rows (from a GGUF file) to float32."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.core.errors import WorkbenchError
+
+
+def dequantize_ggml_rows(raw: np.ndarray, type_name: str) -> np.ndarray:
+    """raw: uint8 (rows x bytes-per-row) of GGML blocks of type `type_name`."""
+    try:
+        from workbench.schemes import get_scheme
+        scheme = get_scheme(type_name.lower())
+    except WorkbenchError:
+        scheme = None
+    if scheme is not None and hasattr(scheme, "dequantize_blocks"):
+        return scheme.dequantize_blocks(np.ascontiguousarray(raw))
+    import gguf
+    try:
+        qtype = gguf.GGMLQuantizationType[type_name]
+        return np.asarray(gguf.quants.dequantize(np.ascontiguousarray(raw), qtype), dtype=np.float32)
+    except (KeyError, NotImplementedError) as exc:
+        raise WorkbenchError(f"GGML type {type_name} cannot be dequantized (the workbench "
+                             "decodes F32/F16/BF16, Q4_0 ... Q8_0, the K-quants and IQ4_NL)") from exc
