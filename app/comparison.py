@@ -8,7 +8,7 @@ click a point, to assign that scheme (one undoable edit).
 
 Methods (issue 12): tick imatrix / gptq / awq and each scheme in scope (the RTN Pareto schemes
 plus the current one, only the current one, or every quantizing scheme) gets a row per method
-("q4_k · gptq"), computed off the GUI thread by ``workbench.quant.methods.compare`` with the app's
+("q4_k · gptq"), computed off the GUI thread by ``workbench.running.methods_compare`` with the app's
 calibration file (:mod:`app.method_compare`). Their layer output SQNR on the calibration inputs
 (and RTN's, for the same schemes) fills the "Out SQNR" column, and the plot then shows that
 figure with one series per method (its own colour and marker) and the Pareto front across all
@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QHBoxLay
                                QHeaderView, QLabel, QPushButton, QSplitter, QTableView,
                                QVBoxLayout, QWidget)
 
-from workbench.quant.methods.compare import applies
+from workbench.running.methods_compare import applies
 from workbench.quant.plan import KEEP
 from workbench.planning.scheme_choice import family_of, pareto_front, points_from_results
 
@@ -175,7 +175,7 @@ class ComparisonModel(QAbstractTableModel):
         return None
 
     def method_result(self, scheme: str, method: str):
-        """workbench.quant.methods.compare.MethodResult of a pair (None: not computed; an exception:
+        """workbench.running.methods_compare.MethodResult of a pair (None: not computed; an exception:
         the pair could not be made)."""
         if self.comparer is None or not self.name:
             return None

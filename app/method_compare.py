@@ -1,5 +1,5 @@
 """The comparison view's methods (issue 12): one tensor under (scheme, method) pairs, computed
-on the compute thread by ``workbench.quant.methods.compare`` with the calibration file the app's
+on the compute thread by ``workbench.running.methods_compare`` with the calibration file the app's
 end-to-end check uses (``PlanEffects.calib``; the shipped text by default).
 
 Two tasks per request: the calibration pass for the tensor (and its AWQ fold peers), run
@@ -18,7 +18,7 @@ from PySide6.QtCore import QObject, Signal
 
 from workbench.core.errors import WorkbenchError
 from workbench.quant.methods.base import METHOD_NAMES
-from workbench.quant.methods.compare import applies, evaluate_method, peers_of, tensor_stats
+from workbench.running.methods_compare import applies, evaluate_method, peers_of, tensor_stats
 from workbench.core.progress import Progress
 
 from .workers import FOREGROUND
@@ -131,7 +131,7 @@ class MethodComparer(QObject):
     # ---- computing -------------------------------------------------------------------------
     def request(self, name: str, pairs) -> None:
         """Compute the (scheme, method) pairs of `name` not cached yet (a new request cancels
-        the last). Methods are applied as :func:`workbench.quant.methods.compare.evaluate_method`."""
+        the last). Methods are applied as :func:`workbench.running.methods_compare.evaluate_method`."""
         self.cancel()
         model = self.doc.model
         if model is None or not name or self.unavailable() or self.tensor_unavailable(name):

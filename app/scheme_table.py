@@ -135,7 +135,7 @@ class RuleDialog(QDialog):
         if not text:
             return None
         if text.startswith("moe:"):   # workbench.running.moe selectors: experts / shared / router
-            from workbench.running.moe import parse_selector
+            from workbench.formats.moe_selectors import parse_selector
             try:
                 sel = parse_selector(text)
             except WorkbenchError:

@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench.formats.dtypes import f32_to_bf16  # noqa: E402
+from workbench.core.floatbits import f32_to_bf16  # noqa: E402
 from workbench.export.st_writer import StreamingSafetensorsWriter  # noqa: E402
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB = 256, 3, 4, 2, 64, 512, 512

@@ -150,7 +150,7 @@ def with_methods(model: "Model", plan: Plan, *, method: str | None = None, calib
         if imatrix:
             raise WorkbenchError("--imatrix needs a method that reads it: --method imatrix")
         return plan, model
-    from workbench.quant.methods.apply import prepare
+    from workbench.running.methods_apply import prepare
     mm = _driver(progress, cancel, driver)(prepare(model, plan, calib, imatrix, target))
     for note in getattr(mm, "notes", []) if say else ():
         say(f"note: {note}")
@@ -211,7 +211,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                                  f"causal LM, not a {kind}", path=model.path)
     plan, conv = _resolve_plan(model, plan, target, quantize_all, convention)
     if activations:
-        from workbench.quant.methods.apply import activation_ranges
+        from workbench.running.methods_apply import activation_ranges
         from workbench.quant.runtimes import plan_decisions
         quantized = {n for n, d in plan_decisions(model, plan, target).items()
                      if d.applied != "keep"}
@@ -236,7 +236,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     else:
         weights = None
         if mm is not model or method or target != "any":   # (method rtn: same fallbacks)
-            from workbench.quant.methods.apply import runner_weights
+            from workbench.running.methods_apply import runner_weights
             weights = runner_weights(mm, plan, target)
         from workbench.running.runner import check, model_kind, read_config
         if scoring == "chunks" and model_kind(read_config(model)) == "causal-lm":
@@ -296,7 +296,7 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
     if activations == "int8":
         activations, act_bits, act_type = act_method, 8, "int"
     if activations:
-        from workbench.quant.methods.apply import activation_ranges
+        from workbench.running.methods_apply import activation_ranges
         from workbench.quant.plan import KEEP
         from workbench.quant.runtimes import plan_decisions
         quantized = {n for n, d in plan_decisions(model, plan, runtime).items()

@@ -1,5 +1,5 @@
 """The comparison view compares methods as well as schemes (issue 12): ticking methods adds a
-row per (scheme, method) whose figures are workbench.quant.methods.compare's for that tensor, the
+row per (scheme, method) whose figures are workbench.running.methods_compare's for that tensor, the
 plot shows one series per method with the Pareto front across all, a click assigns scheme and
 method as one undoable edit, and without a runnable model the method boxes say why not."""
 
@@ -12,7 +12,7 @@ from app import commands
 from app.comparison import C_METHOD, C_OUT, C_SCHEME, C_SQNR
 from app.plots.scheme_points import METHOD_SYMBOLS
 from workbench.formats.loaders import open_model
-from workbench.quant.methods.compare import evaluate_method, tensor_stats
+from workbench.running.methods_compare import evaluate_method, tensor_stats
 from workbench.core.progress import run
 from workbench.planning.scheme_choice import pareto_front
 
@@ -142,7 +142,7 @@ def test_method_scope_is_the_pareto_front_of_every_result_in_hand(window, qtbot)
     evaluated scheme, not from the Pareto marks of the last plot refresh (at most every
     150 ms while results stream in): methods started right after the comparison had a
     scope of 30-49 instead of 49 schemes on MiniLM, varying from run to run."""
-    from workbench.quant.methods.compare import applies
+    from workbench.running.methods_compare import applies
     cmp = window.comparison
     window.select(Q)
     window.tabs.setCurrentIndex(2)

@@ -183,7 +183,7 @@ def pytorch(r: random.Random):
 
 def quantized(r: random.Random):
     """A real quantized-safetensors export with its metadata edited."""
-    from workbench.export.quantized_safetensors import META_KEY
+    from workbench.formats.loaders.quantized_format import META_KEY
     base = _QUANT_SEED(r)
     n = int.from_bytes(base[:8], "little")
     header = json.loads(base[8:8 + n])

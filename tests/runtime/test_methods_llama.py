@@ -10,7 +10,7 @@ import pytest
 
 from workbench.export import export
 from workbench.formats.loaders import open_model
-from workbench.quant.methods.apply import prepare
+from workbench.running.methods_apply import prepare
 from workbench.quant.plan import Plan
 from workbench.core.progress import run
 

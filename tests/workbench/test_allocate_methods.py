@@ -193,8 +193,8 @@ def test_allocate_pairs_pick_methods_and_export_applies_them(tiny_arch, calib_sm
     capsys.readouterr()
     name = next(n for n, r in by.items() if r.get("method", "rtn") != "rtn")
     from workbench.quant.evaluate import quantize
-    from workbench.export.llama_tensor_types import detect_family, llama_cpp_name
-    from workbench.quant.methods.apply import prepare
+    from workbench.formats.llama_names import detect_family, llama_cpp_name
+    from workbench.running.methods_apply import prepare
     from workbench.quant.plan import Plan
     p = Plan.load(str(tmp_path / "pairs.json"))
     mm = run(prepare(model, p, calib=str(calib_small), runtime="llama.cpp"))

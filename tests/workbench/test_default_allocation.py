@@ -36,7 +36,7 @@ def test_default_allocation_at_4_5_bpw_beats_every_uniform_plan_that_fits(
     held = tmp_path / "held-out.txt"                          # not the 64 calibration lines
     held.write_text("\n".join(lines[64:160]) + "\n")
     # the plan's methods applied as `check --plan` applies them (shipped calibration text)
-    from workbench.quant.methods.apply import prepare, runner_weights
+    from workbench.running.methods_apply import prepare, runner_weights
     plan = Plan.load(out)
     mm = run(prepare(minilm, plan))
     alloc = run(check(minilm, plan, held, weights=runner_weights(mm, plan)))["cosine_mean"]

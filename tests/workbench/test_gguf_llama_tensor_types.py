@@ -9,7 +9,7 @@ import pytest
 
 from workbench.core.errors import WorkbenchError
 from workbench.export import export
-from workbench.export.llama_tensor_types import detect_family, llama_cpp_name
+from workbench.formats.llama_names import detect_family, llama_cpp_name
 from workbench.formats.loaders import open_model
 from workbench.quant.plan import Plan
 from workbench.core.progress import run

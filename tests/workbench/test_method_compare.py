@@ -1,4 +1,4 @@
-"""workbench.quant.methods.compare (the comparison view's methods): one tensor under (scheme, method)
+"""workbench.running.methods_compare (the comparison view's methods): one tensor under (scheme, method)
 pairs gives the figures `evaluate --method` reports for a plan assigning that pair, plus the
 layer output error on the calibration inputs, from one calibration pass."""
 
@@ -13,8 +13,8 @@ import pytest
 from workbench.cli import main
 from workbench.core.errors import WorkbenchError
 from workbench.formats.loaders import open_model
-from workbench.quant.methods.apply import prepare
-from workbench.quant.methods.compare import (applies, compare_methods, context_plan, evaluate_method,
+from workbench.running.methods_apply import prepare
+from workbench.running.methods_compare import (applies, compare_methods, context_plan, evaluate_method,
                                        layer_output_error, peers_of, tensor_stats)
 from workbench.quant.methods.stats import LayerStats
 from workbench.quant.plan import KEEP

@@ -226,7 +226,7 @@ def test_fisher_equals_whole_model_autograd(tiny_arch, arch):
 @pytest.mark.parametrize("arch", ALL)
 def test_calibrate_fisher_allocate_cli(tiny_arch, arch, tmp_path, capsys):
     from workbench.core.errors import WorkbenchError
-    from workbench.export.llama_tensor_types import detect_family
+    from workbench.formats.llama_names import detect_family
     from workbench.running.imatrix import collect, read_imatrix
     folder = str(tiny_arch(arch))
     model = open_model(folder)
@@ -404,7 +404,7 @@ def test_moe_imatrix_round_trip(tiny_arch, tmp_path, capsys):
     Face expert tensor its own row back."""
     from workbench.running.imatrix import collect, read_imatrix
     from workbench.core.progress import run
-    from workbench.planning.sensitivity import second_moments
+    from workbench.running.imatrix import second_moments
     folder = str(tiny_arch("qwen3_moe"))
     im = tmp_path / "im.gguf"
     assert main(["calibrate", folder, "--samples", "3", "-o", str(im)]) == 0

@@ -305,7 +305,7 @@ def test_fp8_equals_torch_cast(name, tdt):
 
 
 def test_fp8_ties_to_even_on_every_grid_midpoint():
-    from workbench.formats.dtypes import FP8_E4M3_TABLE
+    from workbench.core.floatbits import FP8_E4M3_TABLE
     from workbench.schemes.floats import _positive_grid, round_to_fp8
     grid = _positive_grid(FP8_E4M3_TABLE)
     mids = ((grid[1:].astype(np.float64) + grid[:-1]) / 2).astype(np.float32)

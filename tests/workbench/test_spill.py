@@ -108,7 +108,7 @@ def test_gptq_statistics_spilled_block_by_block_and_chunked_rows_equal_whole(tin
     """GPTQ's Hessians go to mapped files as each block finishes (the collector holds one
     block's), and a tensor quantized by GPTQ in row chunks equals the whole-tensor result."""
     from workbench.quant.evaluate import evaluate
-    from workbench.quant.methods import apply
+    from workbench.running import methods_apply as apply
     model = open_model(str(tiny_arch("llama")))
     plan = Plan("q4_k", method="gptq")
     mm = run(apply.prepare(model, plan, samples=N))

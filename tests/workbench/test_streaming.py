@@ -96,7 +96,7 @@ def test_streamed_is_used_only_where_it_keeps_the_result():
 
 
 def test_activation_error_streamed_equals_whole(stream_all):
-    from workbench.planning.sensitivity import activation_error
+    from workbench.quant.streaming import activation_error
     model = open_model(DEMO)
     rng = np.random.default_rng(0)
     for n in ["model.layers.0.mlp.down_proj.weight", "model.embed_tokens.weight"]:

@@ -30,7 +30,7 @@ def layer_shapes() -> dict[str, tuple[int, int]]:
 
 def generate(path, layers: int, seed: int = 0) -> dict:
     """A bf16 safetensors file of `layers` llama-shaped blocks (7 matrices each)."""
-    from workbench.formats.dtypes import f32_to_bf16
+    from workbench.core.floatbits import f32_to_bf16
     from workbench.export.st_writer import StreamingSafetensorsWriter
     rng = np.random.default_rng(seed)
     pool = f32_to_bf16(rng.standard_normal(1 << 22).astype(np.float32) * 0.02)

@@ -47,7 +47,7 @@ def plan_tensors(params: float) -> list[tuple[str, tuple[int, ...]]]:
 
 def generate(folder, params: float = 1.0e9, seed: int = 0) -> dict:
     """Write the sharded checkpoint into `folder`; returns {params, bytes, shards}."""
-    from workbench.formats.dtypes import f32_to_bf16
+    from workbench.core.floatbits import f32_to_bf16
     from workbench.export.st_writer import StreamingSafetensorsWriter
 
     folder = Path(folder)

@@ -3,7 +3,7 @@
     python -m workbench.bench.minilm_figures [SCHEMES] [METHODS]
 
 On all-MiniLM-L6-v2: the even lines of resources/calibration.txt calibrate, the odd lines are
-held out. Everything goes through the same code as the CLI (``methods.apply.prepare`` →
+held out. Everything goes through the same code as the CLI (``running.methods_apply.prepare`` →
 MethodModel → ``runner_weights`` → ``runner.check``, runtime "any": K-quants fall back to
 q5_0/q4_0 on the 384-wide rows). Per scheme and method: the mean relative held-out layer
 output error ‖X(W − Ŵ)ᵀ‖²/‖XWᵀ‖² over the Linear weights (Ŵ the weight the folded model
@@ -34,7 +34,7 @@ def main(argv=None) -> None:
     from workbench.running.runner import check
     from workbench.quant.runtimes import plan_decisions
     from workbench.schemes import get_scheme
-    from workbench.quant.methods.apply import collect_stats, prepare, runner_weights
+    from workbench.running.methods_apply import collect_stats, prepare, runner_weights
     argv = list(sys.argv[1:] if argv is None else argv)
     schemes = argv[0].split(",") if argv else list(SCHEMES)
     methods = argv[1].split(",") if len(argv) > 1 else list(METHODS)

@@ -26,7 +26,6 @@ WorkbenchError naming the tensors, since the file would not reproduce the plan.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 
@@ -35,7 +34,8 @@ from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP
 from workbench.core.progress import Progress
 from workbench.schemes import get_scheme
-from workbench.formats.llama_names import CONV1D, DROPPED
+from workbench.formats.llama_names import (CONV1D, DROPPED, FAMILY_LABELS, _n_blocks_of,
+                                           detect_family, llama_cpp_name)
 from workbench.export import register_exporter
 
 # scheme -> ggml type name as llama.cpp spells it (ggml_type_name)
@@ -46,69 +46,6 @@ BLOCK = {"q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32, "iq4_nl": 3
          "q3_k": 256, "q4_k": 256, "q5_k": 256, "q6_k": 256}
 # source dtype kept unchanged -> ggml type
 KEEP_TYPE_NAMES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
-
-FAMILY_LABELS = {"llama": "Llama/Mistral/Qwen", "gpt2": "GPT-2", "bert": "BERT",
-                 "gguf": "GGUF", "qwen3": "Qwen3", "qwen3moe": "Qwen3-MoE", "gemma2": "Gemma 2",
-                 "gemma3": "Gemma 3", "phi3": "Phi-3", "deepseek2": "DeepSeek-V3"}
-# family -> the gguf package's architecture whose tensor-name map applies (Llama, Mistral and
-# Qwen2 share the names llama.cpp gives their tensors)
-FAMILY_ARCH = {"llama": "LLAMA", "gpt2": "GPT2", "bert": "BERT", "qwen3": "QWEN3",
-               "qwen3moe": "QWEN3MOE", "gemma2": "GEMMA2", "gemma3": "GEMMA3", "phi3": "PHI3",
-               "deepseek2": "DEEPSEEK2"}
-ARCH_FAMILY = {"LLAMA": "llama", "QWEN2": "llama", "GPT2": "gpt2", "BERT": "bert",
-               "QWEN3": "qwen3", "QWEN3MOE": "qwen3moe", "GEMMA2": "gemma2", "GEMMA3": "gemma3",
-               "PHI3": "phi3", "DEEPSEEK2": "deepseek2"}
-
-
-def detect_family(model) -> str:
-    """'gguf', 'llama', 'gpt2' or 'bert' (config.json's architecture, else the tensor names;
-    WorkbenchError if none fits)."""
-    from workbench.formats.llama_names import _guess_from_names, detect_arch
-    # llama.cpp names (a GGUF from convert_hf_to_gguf); a GGUF this workbench wrote from a
-    # checkpoint without config.json keeps Hugging Face names and is mapped like its source
-    if any(n.startswith("blk.") or n in ("token_embd.weight", "output.weight")
-           for n in model.tensors):
-        return "gguf"
-    arch = detect_arch(model) if model.format != "gguf" else None
-    if arch is not None and arch.gguf_arch == "UNSUPPORTED":
-        from workbench.formats.llama_names import SUPPORTED_LABEL
-        raise WorkbenchError(f"architecture {arch.hf_name} has no llama.cpp name map here "
-                             f"({SUPPORTED_LABEL}): convert it with llama.cpp's "
-                             "convert_hf_to_gguf.py and export from that GGUF", path=model.path)
-    guessed = arch.gguf_arch if arch is not None else _guess_from_names(model.tensors)
-    if guessed not in ARCH_FAMILY:
-        raise WorkbenchError("cannot map this model's tensor names to llama.cpp names (known "
-                             "families: Llama/Mistral/Qwen, GPT-2, BERT, or a GGUF source)",
-                             path=model.path)
-    return ARCH_FAMILY[guessed]
-
-
-@functools.lru_cache(maxsize=16)
-def _name_map(family: str, n_blocks: int):
-    import gguf
-    return gguf.get_tensor_name_map(gguf.MODEL_ARCH[FAMILY_ARCH[family]], n_blocks)
-
-
-def _n_blocks_of(names) -> int:
-    idx = [int(m.group(1)) for n in names
-           for m in [re.search(r"(?:layers|layer|h)\.(\d+)\.", n)] if m]
-    return max(idx) + 1 if idx else 1
-
-
-def llama_cpp_name(name: str, family: str, n_blocks: int | None = None) -> str | None:
-    """The GGUF name llama.cpp gives the tensor `name` of a model of `family` (None: unknown),
-    from the `gguf` package's tensor-name map (the one convert_hf_to_gguf.py uses)."""
-    if family == "gguf":
-        return name
-    if family == "bert" and name.startswith("bert."):
-        name = name[len("bert."):]           # convert_hf_to_gguf strips it too
-    from workbench.formats.llama_names import Arch, _hf_key
-    name = _hf_key(name, Arch(FAMILY_ARCH[family], "", 0))   # experts: the merged tensor
-    n = n_blocks if n_blocks is not None else _n_blocks_of([name])
-    # round up so models of similar depth share one (cached) map
-    n = max(8, 1 << (max(n, 1) - 1).bit_length())
-    return _name_map(family, n).get_name(name, try_suffixes=(".weight", ".bias"))
-
 
 def _row_length(name: str, shape: tuple, family: str) -> int:
     if family == "gpt2" and CONV1D.search(name) and len(shape) == 2:

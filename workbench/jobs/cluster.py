@@ -232,6 +232,25 @@ class ClusterExecutor:
         self.close()
 
     # ---- sweeps -----------------------------------------------------------------------------
+    # ---- what the lower packages call (they take an executor, they never import this) ----
+    def takes(self, model) -> bool:
+        """Whether this executor's workers can work on `model` (a loader's model, opened by
+        path: workbench.jobs.cluster.is_plain)."""
+        return is_plain(model)
+
+    def prefetch_evaluations(self, model, requests, cache, message: str = "measuring",
+                             per_scheme: bool = False):
+        """Job: workbench.quant.evaluate's results for `requests` put in `cache` from the
+        workers (prefetch_evaluations)."""
+        return prefetch_evaluations(self, model, requests, cache, message, per_scheme)
+
+    def tensor_stats(self, model, names, bins: int):
+        """Job: [workbench.quant.stats.TensorStats] of `names`, one task per tensor on the
+        workers, weighted by the tensors' bytes."""
+        sig = signature(model)
+        return (yield from self.sweep(stats_task, [(sig, n, bins) for n in names], "statistics",
+                                      [max(model.info(n).nbytes, 1) for n in names]))
+
     def sweep(self, fn, tasks, message: str = "", weights=None):
         """Job: fn(*task) for every task on the workers, results in task order. Progress counts
         finished tasks (weighted by `weights` when given); closing the job (Cancel) cancels
@@ -411,7 +430,7 @@ def quantize_task(sig, name: str, scheme: str):
 
 
 def activation_task(sig, name: str, applied: list, ex2, rows: bool) -> list:
-    from workbench.planning.sensitivity import activation_error
+    from workbench.quant.streaming import activation_error
     model = worker_model(sig)
     return [activation_error(model, name, a, ex2, rows=rows) for a in applied]
 

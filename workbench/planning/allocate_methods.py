@@ -5,7 +5,7 @@ imatrix, gptq), so the knapsack over (scheme, method) pairs is the knapsack over
 each scheme's value the least over its methods. Per Linear weight and scheme the allocator
 therefore needs each method's error on one scale, measured on text the method was not fitted
 to: the calibration samples are cut into two folds (even and odd samples), each method fits its
-statistics on the even fold (``methods.apply.collect_stats``: E[x²] for imatrix, GPTQ's
+statistics on the even fold (``running.methods_apply.collect_stats``: E[x²] for imatrix, GPTQ's
 H = 2 E[x xᵀ]) and one quantization per (tensor, applied scheme, method) is scored on the odd
 fold's C = E[x xᵀ], the layer input's second-moment matrix:
 
@@ -25,7 +25,7 @@ The table's value of a pair is the measure's own value of rtn times e_best / e_r
 rtn-only tables (``--methods rtn``) are exactly today's, and a method only lowers a value where
 it lowers the layer's estimated output error. ``SensitivityTable.methods`` records the chosen
 method per (tensor, scheme); `plan_with_methods` writes the chosen tensor's method into the
-plan's rules, and the exporters apply it (``methods.apply.prepare``, on the same calibration
+plan's rules, and the exporters apply it (``running.methods_apply.prepare``, on the same calibration
 text: give ``export`` the same ``--calib``).
 
 AWQ is not a candidate: its scale is folded into the op before the layer, shared by every
@@ -195,7 +195,7 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
     import time
 
     from workbench.running.calibration import calibration_samples
-    from workbench.quant.methods.apply import collect_stats
+    from workbench.running.methods_apply import collect_stats
     from workbench.core.progress import subjob
     if only is None or not hasattr(table, "methods"):
         table.methods = {}

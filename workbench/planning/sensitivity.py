@@ -42,43 +42,13 @@ import numpy as np
 from workbench.core.errors import WorkbenchError, one_line
 from workbench.quant.plan import KEEP
 from workbench.core.progress import Progress, run as run_job
+from workbench.quant.streaming import activation_error
+from workbench.running.imatrix import second_moments
 
 MEASURES = ("weight", "activation", "fisher", "output")
 
 
 # ---- activation statistics -------------------------------------------------------------------
-def second_moments(model, calib=None, imatrix=None, samples=None):
-    """Job: {workbench name: E[x_j^2]} from calibration inputs or an imatrix file."""
-    if imatrix:
-        from workbench.export.llama_tensor_types import detect_family, llama_cpp_name
-        from workbench.running.imatrix import check_imatrix_for, read_imatrix
-        im = read_imatrix(imatrix)
-        fam = detect_family(model)
-        out = {}
-        from workbench.formats.catalog import expert_index
-        for n in model.tensors:
-            g = llama_cpp_name(n, fam)
-            if g in im:
-                v = im[g]
-                e = expert_index(n)
-                info = model.info(n)
-                if e is not None and info.ndim == 2 and v.size > info.cols \
-                        and v.size % info.cols == 0:
-                    # a merged llama.cpp expert tensor (blk.N.ffn_up_exps): one row per expert
-                    if e >= v.size // info.cols:
-                        raise WorkbenchError(f"imatrix has {v.size // info.cols} experts for "
-                                             f"{g}, not expert {e}", path=str(imatrix),
-                                             tensor=n)
-                    v = v[e * info.cols:(e + 1) * info.cols]
-                check_imatrix_for(model, imatrix, n, v)
-                out[n] = v
-        yield Progress(1, 1, "imatrix read")
-        return out
-    from workbench.running.imatrix import collect
-    stats, _, _ = yield from collect(model, calib, samples)
-    return {n: s2 / max(c, 1) for n, (s2, c) in stats.items()}
-
-
 def embedding_usage(model, calib=None, samples=None, max_len: int = 128):
     """Job: {workbench name: p(row)} for the runnable model's embedding tables (token, position,
     token type) from the calibration samples: how often each row is looked up, per token."""
@@ -109,25 +79,6 @@ def embedding_usage(model, calib=None, samples=None, max_len: int = 128):
                 np.add.at(cnt, s[s < rows], 1.0)
         out[n] = cnt / max(n_tok, 1)
     return out
-
-
-def activation_error(model, name: str, scheme: str, ex2: np.ndarray, rows: bool = False) -> float:
-    """sum_j ex2[j] * ||dW[:, j]||^2 (columns: a Linear's inputs); `rows`: sum_t ex2[t] *
-    ||dW[t, :]||^2 (an embedding table's rows)."""
-    from workbench.quant.streaming import dequantized_rows
-    row_sq, col_sq = [], None
-    for _r0, w, wq in dequantized_rows(model, name, scheme):   # row chunks for big tensors
-        dw = (wq - w).astype(np.float64)
-        dw = dw.reshape(dw.shape[0], -1)
-        sq = dw ** 2
-        row_sq.append(sq.sum(1))
-        col_sq = sq.sum(0) if col_sq is None else col_sq + sq.sum(0)
-    row_sq = np.concatenate(row_sq)
-    if rows:
-        return float(row_sq @ ex2)
-    if len(col_sq) != len(ex2) and len(row_sq) == len(ex2):   # GPT-2 Conv1D stores (in, out)
-        return float(row_sq @ ex2)
-    return float(col_sq @ ex2)
 
 
 def activation_errors(model, schemes, moments: dict, usage: dict | None = None,

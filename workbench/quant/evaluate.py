@@ -227,7 +227,7 @@ def _evaluate_tensor(model, info, name, scheme_name, decision, matrix=None) -> T
                              np.zeros(info.rows))
         nbytes = info.nbytes
     elif method_model:
-        # a method (workbench.quant.methods.apply.MethodModel): the error of the weight the folded
+        # a method (workbench.running.methods_apply.MethodModel): the error of the weight the folded
         # model computes with, mapped back, against the original weights
         qt = model.quantize_tensor(name, w, applied)
         from workbench.quant.accel import dequantize
@@ -258,23 +258,17 @@ def evaluate(model, plan, names=None, cache: EvalCache | None = DEFAULT_EVAL_CAC
     decisions = plan_decisions(model, plan, runtime, names)
     if strict:
         check_strict(decisions.values(), path=model.path)
-    if executor is not None and _cluster_ready(model):
-        from workbench.jobs.cluster import prefetch_evaluations
+    if executor is not None and executor.takes(model):
         from workbench.core.progress import subjob
         cache = cache if cache is not None else EvalCache()
-        yield from subjob(prefetch_evaluations(
-            executor, model, [(n, decisions[n].requested, decisions[n]) for n in names],
+        yield from subjob(executor.prefetch_evaluations(
+            model, [(n, decisions[n].requested, decisions[n]) for n in names],
             cache, "evaluating"), 0, 95, 100)
         results, totals = yield from subjob(_evaluate_all(model, names, decisions, cache),
                                             95, 5, 100)
     else:
         results, totals = yield from _evaluate_all(model, names, decisions, cache)
     return Evaluation(results, totals, summarize(decisions.values()), runtime)
-
-
-def _cluster_ready(model) -> bool:
-    from workbench.jobs.cluster import is_plain
-    return is_plain(model)
 
 
 def _evaluate_all(model, names, decisions, cache):

@@ -131,7 +131,7 @@ def _canonical_rule(r: "Rule", path=None) -> "Rule":
     fb = _check_scheme(fallback, lambda: f"rule '{match}' fallback", path) if fallback else None
     meth = _check_method(method, f"rule '{match[:80]}'", path) if method else None
     if type(match) is str and match.startswith("moe:"):
-        from workbench.running.moe import parse_selector
+        from workbench.formats.moe_selectors import parse_selector
         try:
             parse_selector(match)
         except WorkbenchError as exc:
@@ -177,11 +177,11 @@ class Plan:
     # ---- resolution ---------------------------------------------------------------------
     def _index(self):
         if self._compiled is None:
-            from workbench.running.moe import parse_selector
+            from workbench.formats.moe_selectors import parse_selector
             from workbench.core.patterns import PatternSet
             exact = {}
             regex, regex_pos = [], []   # re: rules and their positions in the rule list
-            selectors = []              # (position, workbench.running.moe.Selector, rule)
+            selectors = []              # (position, workbench.formats.moe_selectors.Selector, rule)
             for i, r in enumerate(self.rules):
                 if r.is_selector:
                     selectors.append((i, parse_selector(r.match), r))

@@ -276,11 +276,11 @@ class _OnnxRuntime(Runtime):
         return None
 
     def unsupported(self, scheme):
-        from workbench.export.onnx_layout import unsupported_reason
+        from workbench.quant.onnx_capacity import unsupported_reason
         return unsupported_reason(scheme)
 
     def shape_unfit(self, scheme, shape):
-        from workbench.export.onnx_layout import unsupported_reason
+        from workbench.quant.onnx_capacity import unsupported_reason
         return unsupported_reason(scheme, tuple(shape))
 
     def shape_fallback(self, scheme):

@@ -411,20 +411,14 @@ def model_stats(model, names=None, cache: StatsCache | None = DEFAULT_CACHE, bin
     """Job: statistics of many tensors (default: all), using and filling the cache.
 
     Progress is measured in bytes so big tensors count for what they cost. `executor`
-    (workbench.jobs.cluster): the tensors not cached are computed on its workers, one task each.
+    (workbench.jobs.cluster.ClusterExecutor, passed in): the tensors not cached are computed on its workers, one task each.
     """
     names = list(model.tensors) if names is None else list(names)
-    if executor is not None:
-        from workbench.jobs.cluster import is_plain, stats_task, signature
-        if is_plain(model):
-            cache = cache if cache is not None else StatsCache()
-            todo = [n for n in names if model.info(n).numel and cache.get(model, n) is None]
-            sig = signature(model)
-            got = yield from executor.sweep(stats_task, [(sig, n, bins) for n in todo],
-                                            "statistics",
-                                            [max(model.info(n).nbytes, 1) for n in todo])
-            for st in got:
-                cache.put(model, st)
+    if executor is not None and executor.takes(model):
+        cache = cache if cache is not None else StatsCache()
+        todo = [n for n in names if model.info(n).numel and cache.get(model, n) is None]
+        for st in (yield from executor.tensor_stats(model, todo, bins)):
+            cache.put(model, st)
     infos = [model.info(n) for n in names]
     total = sum(max(i.nbytes, 1) for i in infos) or 1
     done = 0

@@ -79,7 +79,7 @@ def measure_rows(model, name: str, scheme_name: str):
 
 def method_streamed(model, info, name: str, scheme_name: str) -> bool:
     """Whether a tensor of a model seen through a plan's methods
-    (workbench.quant.methods.apply.MethodModel) is quantized in row chunks: big, the scheme
+    (workbench.running.methods_apply.MethodModel) is quantized in row chunks: big, the scheme
     row-local, not folded (AWQ's scales), and its method treating rows independently."""
     if scheme_name == KEEP or not streamed(info, scheme_name) \
             or name in getattr(model, "folded_names", ()):
@@ -158,3 +158,21 @@ def export_streamed(model, info, scheme_name: str) -> bool:
     number of bytes in every packing (cols a multiple of 8)."""
     return streamed(info, scheme_name) and scheme_name != KEEP and info.cols % 8 == 0 \
         and getattr(model, "quantize_tensor", None) is None
+
+
+def activation_error(model, name: str, scheme: str, ex2: np.ndarray, rows: bool = False) -> float:
+    """sum_j ex2[j] * ||dW[:, j]||^2 (columns: a Linear's inputs); `rows`: sum_t ex2[t] *
+    ||dW[t, :]||^2 (an embedding table's rows)."""
+    row_sq, col_sq = [], None
+    for _r0, w, wq in dequantized_rows(model, name, scheme):   # row chunks for big tensors
+        dw = (wq - w).astype(np.float64)
+        dw = dw.reshape(dw.shape[0], -1)
+        sq = dw ** 2
+        row_sq.append(sq.sum(1))
+        col_sq = sq.sum(0) if col_sq is None else col_sq + sq.sum(0)
+    row_sq = np.concatenate(row_sq)
+    if rows:
+        return float(row_sq @ ex2)
+    if len(col_sq) != len(ex2) and len(row_sq) == len(ex2):   # GPT-2 Conv1D stores (in, out)
+        return float(row_sq @ ex2)
+    return float(col_sq @ ex2)

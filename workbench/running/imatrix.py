@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.core.errors import WorkbenchError
+from workbench.core.progress import Progress
 
 
 def collect(model, calib=None, samples: int | None = None, max_len: int = 128):
@@ -32,7 +33,7 @@ def collect(model, calib=None, samples: int | None = None, max_len: int = 128):
 def write_imatrix_gguf(model, stats: dict, path, dataset: str, chunk_count: int, chunk_size: int):
     import gguf
     import os
-    from workbench.export.llama_tensor_types import detect_family, llama_cpp_name
+    from workbench.formats.llama_names import detect_family, llama_cpp_name
     family = detect_family(model)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
@@ -229,3 +230,33 @@ def check_imatrix_for(model, imatrix_path, name: str, values: np.ndarray) -> Non
         raise WorkbenchError(f"imatrix has {values.size:,} values for a tensor of "
                              f"{info.shape[-1]:,} input columns (an imatrix of another "
                              "model?)", path=str(imatrix_path), tensor=name)
+
+
+def second_moments(model, calib=None, imatrix=None, samples=None):
+    """Job: {workbench name: E[x_j^2]} from calibration inputs or an imatrix file."""
+    if imatrix:
+        from workbench.formats.llama_names import detect_family, llama_cpp_name
+        im = read_imatrix(imatrix)
+        fam = detect_family(model)
+        out = {}
+        from workbench.formats.catalog import expert_index
+        for n in model.tensors:
+            g = llama_cpp_name(n, fam)
+            if g in im:
+                v = im[g]
+                e = expert_index(n)
+                info = model.info(n)
+                if e is not None and info.ndim == 2 and v.size > info.cols \
+                        and v.size % info.cols == 0:
+                    # a merged llama.cpp expert tensor (blk.N.ffn_up_exps): one row per expert
+                    if e >= v.size // info.cols:
+                        raise WorkbenchError(f"imatrix has {v.size // info.cols} experts for "
+                                             f"{g}, not expert {e}", path=str(imatrix),
+                                             tensor=n)
+                    v = v[e * info.cols:(e + 1) * info.cols]
+                check_imatrix_for(model, imatrix, n, v)
+                out[n] = v
+        yield Progress(1, 1, "imatrix read")
+        return out
+    stats, _, _ = yield from collect(model, calib, samples)
+    return {n: s2 / max(c, 1) for n, (s2, c) in stats.items()}

@@ -83,7 +83,7 @@ def read_config(model) -> dict:
     cfg_path = model_folder(model) / "config.json"
     if not cfg_path.is_file():
         if getattr(model, "format", None) == "gguf":    # the CLI reads it through convert.live
-            from workbench.export.convert.live import unsupported_message
+            from workbench.formats.gguf_runnable import unsupported_message
             raise WorkbenchError(unsupported_message(model.metadata), path=str(model.path))
         raise WorkbenchError("not runnable: no config.json beside the weights (weight-only "
                              "features still work)", path=str(model.path))
@@ -516,7 +516,7 @@ class Runner:
         """llama.cpp names: the file's own `general.architecture` picks gguf-py's tensor-name
         map (else the model type's family in ARCH["gguf_family"])."""
         import gguf
-        from workbench.export.llama_tensor_types import llama_cpp_name
+        from workbench.formats.llama_names import llama_cpp_name
         have = set(names)
         arch = self.model.metadata.get("general.architecture")
         self.unpermute = arch in ARCH["gguf_rope_permuted"]

@@ -61,7 +61,7 @@ def check(model, plan, calib=None, samples: int | None = None, max_len: int = 12
     """Job: run the calibration inputs through the original and the plan-quantized model, block
     by block, float and quantized activations side by side (`weights`: {name: float array} or
     any mapping to load instead of the plan's own dequantized tensors — a method's output,
-    workbench.quant.methods.apply.runner_weights).
+    workbench.running.methods_apply.runner_weights).
     Returns {"model_kind", "samples", "tokens", ...figures}: encoders cosine_mean/cosine_min of
     mean-pooled final hidden states; causal LMs kl_mean/kl_p99/kl_max (nats), top1_agree,
     ppl_base, ppl — accumulated at the head in token chunks."""

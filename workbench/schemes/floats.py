@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.formats.dtypes import FP8_E4M3_TABLE, FP8_E5M2_TABLE, bf16_to_f32, f32_to_bf16
+from workbench.core.floatbits import FP8_E4M3_TABLE, FP8_E5M2_TABLE, bf16_to_f32, f32_to_bf16
 from workbench.core.errors import WorkbenchError
 from workbench.schemes.base import Scheme, matrix_shape
 

@@ -112,7 +112,7 @@ def _run_vs_ggml(args) -> int:
              else list(bench_ggml.DEFAULT_TYPES))
     importance = None
     if args.imatrix or args.calib:
-        from workbench.planning.sensitivity import second_moments
+        from workbench.running.imatrix import second_moments
         importance = run_job(second_moments(model, calib=args.calib, imatrix=args.imatrix))
     return _report(args, path, bench_ggml.format_table,
                    lambda repeats, say: bench_ggml.run_vs_ggml(

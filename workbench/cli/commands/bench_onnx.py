@@ -44,7 +44,7 @@ def run(args) -> int:
     model = open_model_arg(args)
     plan, _ = apply_convention(args, model, plan, "onnxruntime", quiet=args.json)
     if args.activations:
-        from workbench.quant.methods.apply import activation_ranges
+        from workbench.running.methods_apply import activation_ranges
         from workbench.quant.runtimes import plan_decisions
         quantized = {n for n, d in plan_decisions(model, plan, "onnxruntime").items()
                      if d.applied != "keep"}

@@ -180,7 +180,7 @@ def cast(w: np.ndarray, dtype: str, name: str) -> np.ndarray:
     if dtype == "f32":
         return np.ascontiguousarray(w, np.float32)
     if dtype == "bf16":
-        from workbench.formats.dtypes import f32_to_bf16
+        from workbench.core.floatbits import f32_to_bf16
         return f32_to_bf16(w)
     with np.errstate(over="ignore"):
         h = np.asarray(w, np.float32).astype(np.float16)

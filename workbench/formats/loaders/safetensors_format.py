@@ -368,7 +368,7 @@ def _open_safetensors(path: str | os.PathLike) -> Model:
 
     _check_index_listing(root, tensors)
     if QUANT_META_KEY in metadata:
-        from workbench.export.quantized_safetensors import open_quantized
+        from workbench.formats.loaders.quantized_format import open_quantized
         return open_quantized(str(root), files, tensors, owner, metadata)
 
     def raw(name: str) -> np.ndarray:

@@ -74,7 +74,7 @@ def collect_stats(model, calib=None, names=None, samples: int | None = None,
 
 def stats_from_imatrix(model, path):
     """Job: {workbench name: LayerStats(d only)} from a llama.cpp imatrix file."""
-    from workbench.planning.sensitivity import second_moments
+    from workbench.running.imatrix import second_moments
     d = yield from second_moments(model, imatrix=path)
     return {n: LayerStats.from_imatrix(v) for n, v in d.items()}
 

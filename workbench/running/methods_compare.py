@@ -6,7 +6,7 @@
     mr.out_rel         # ‖X(W − Ŵ)ᵀ‖² / ‖X Wᵀ‖² on the calibration inputs X (LayerStats.X)
     mr.out_sqnr_db     # −10·log10(out_rel): the layer output SQNR
 
-Everything goes through the CLI's code: ``methods.apply.prepare`` (given the statistics, so the
+Everything goes through the CLI's code: ``running.methods_apply.prepare`` (given the statistics, so the
 model runs once per tensor, not once per pair) builds the MethodModel of a plan that assigns
 (scheme, method) to `name`, ``evaluate.evaluate_tensor`` measures it, and Ŵ is the weight the
 folded model computes with, mapped back (``MethodModel.unfold``), as ``workbench.bench.minilm_figures`` does.
@@ -97,7 +97,7 @@ def context_plan(name: str, scheme: str, method: str, peers: dict | None = None)
 def tensor_stats(model, names, calib=None, samples: int | None = None):
     """Job: {name: LayerStats} of the Linear inputs among `names` (one pass over `calib`,
     default the shipped calibration text). Raises WorkbenchError when the model is not runnable."""
-    from workbench.quant.methods.apply import collect_stats
+    from workbench.running.methods_apply import collect_stats
     got = yield from collect_stats(model, calib, names=set(names), samples=samples, want_h=True)
     return got
 
@@ -118,7 +118,7 @@ def evaluate_method(model, name: str, scheme: str, method: str, stats: dict,
     ({name: LayerStats}, from :func:`tensor_stats`); `peers` as :func:`context_plan`."""
     from workbench.quant.evaluate import evaluate_tensor, quantize
     from workbench.quant.runtimes import decide
-    from workbench.quant.methods.apply import prepare
+    from workbench.running.methods_apply import prepare
     why = applies(method, scheme) if method != "rtn" else None
     if why:
         raise WorkbenchError(f"method {method} does not apply: {why}", tensor=name)
