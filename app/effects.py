@@ -308,7 +308,7 @@ class PlanEffects(QObject):
         model, plan = self.doc.model, self.doc.plan
         if model is None or not self.check_enabled:
             return
-        from workbench.running.runner import check
+        from workbench.running.runner_jobs import check
         self._check_gen += 1
         gen = self._check_gen
         calib, samples = self.calib, self.samples

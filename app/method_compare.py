@@ -63,7 +63,7 @@ class MethodComparer(QObject):
         if self._runnable is None or self._runnable[0] != model.path:
             why = None
             try:
-                from workbench.running.runner import model_kind, read_config
+                from workbench.running.runner_config import model_kind, read_config
                 model_kind(read_config(model))
             except WorkbenchError as exc:
                 why = exc.problem if hasattr(exc, "problem") else str(exc)

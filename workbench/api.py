@@ -79,7 +79,7 @@ def open_model(path: str | os.PathLike | None = None, *, device: str | None = No
     sees a GPU."""
     from workbench.formats.loaders import open_model as _open
     if device:
-        from workbench.running.runner import set_device
+        from workbench.running.runner_config import set_device
         set_device(device)
     return _open(str(path) if path is not None else str(demo_model_path()))
 
@@ -200,7 +200,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     text = held_out or calib
     if runtime == "llama.cpp":
         from workbench.export.llama_kld import DEFAULT_CTX
-        from workbench.running.runner import model_kind, read_config
+        from workbench.running.runner_config import model_kind, read_config
         ctx = ctx or DEFAULT_CTX
         chunks = chunks or samples
         if ctx < 4 or (chunks is not None and chunks < 1):
@@ -238,7 +238,8 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
         if mm is not model or method or target != "any":   # (method rtn: same fallbacks)
             from workbench.running.methods_apply import runner_weights
             weights = runner_weights(mm, plan, target)
-        from workbench.running.runner import check, model_kind, read_config
+        from workbench.running.runner_jobs import check
+        from workbench.running.runner_config import model_kind, read_config
         if scoring == "chunks" and model_kind(read_config(model)) == "causal-lm":
             from workbench.running.kld import kld_check
             for flag, v in (("--ctx", ctx), ("--chunks", chunks)):
@@ -459,7 +460,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     from workbench.quant.evaluate import evaluate
     from workbench.running.moe import expand_pins
     from workbench.core.progress import run as run_job
-    from workbench.planning.sensitivity import below_smallest_message, size_floor
+    from workbench.planning.sizes import below_smallest_message, size_floor
     drive = _driver(progress, cancel, driver)
     target = budgets.file_target(budget, target)
     if table is not None:

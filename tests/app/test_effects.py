@@ -21,7 +21,7 @@ def _linear(win):
 
 def _headless_check(win):
     from workbench.core.progress import run
-    from workbench.running.runner import check
+    from workbench.running.runner_jobs import check
     fx = win.effects
     return run(check(win.doc.model, win.doc.plan, fx.calib, fx.samples))
 

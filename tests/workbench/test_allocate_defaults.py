@@ -95,7 +95,8 @@ def test_budget_below_the_smallest_plan_names_it_and_what_reaches_it(demo_model_
     assert {"q4_0", "q4_k", "int4-g128"} <= set(named) and "q6_k" not in named
     assert not (tmp_path / "p.json").exists()
     # the same figures as the measured table's refusal
-    from workbench.planning.sensitivity import sensitivity_table, size_floor
+    from workbench.planning.sensitivity import sensitivity_table
+    from workbench.planning.sizes import size_floor
     m = open_model(bare)
     t = sensitivity_table(m, ["q8_0"], "weight")
     budget = t.budget_bytes(None, 5.0)

@@ -41,7 +41,7 @@ def test_every_tiny_architecture_passes_and_has_a_gguf_layout(tiny_arch, arch):
     folder = tiny_arch(arch)
     _check(folder)
     from workbench.export.gguf_arch import hf_target
-    from workbench.running.runner import read_config
+    from workbench.running.runner_config import read_config
     m = open_model(folder)
     read_config(m)                      # the runner's door
     t, why = hf_target(m)               # the GGUF writer's door: every tensor named

@@ -14,7 +14,7 @@ from workbench.cli import main
 from workbench.quant.evaluate import evaluate
 from workbench.quant.plan import Plan
 from workbench.core.progress import run
-from workbench.running.runner import check
+from workbench.running.runner_jobs import check
 from workbench.quant.runtimes import candidate_schemes
 
 pytestmark = pytest.mark.slow

@@ -5,6 +5,7 @@ sums; candidates a runtime maps to one scheme are measured once."""
 import numpy as np
 import pytest
 
+from workbench.planning import fisher as F
 from workbench.planning import sensitivity as S
 from workbench.formats.loaders import open_model
 from workbench.core.progress import run
@@ -32,8 +33,8 @@ def _model(tmp_path, rows=3000, cols=256, seed=0):
 
 def test_sampled_rows_track_the_exact_errors(tmp_path):
     model, diag = _model(tmp_path)
-    exact = run(S.fisher_errors(model, SCHEMES, diag, 10, rows_sampled=False))
-    sampled = run(S.fisher_errors(model, SCHEMES, diag, 10))
+    exact = run(F.fisher_errors(model, SCHEMES, diag, 10, rows_sampled=False))
+    sampled = run(F.fisher_errors(model, SCHEMES, diag, 10))
     for s in SCHEMES:
         # the small tensor (no more than ERROR_ROWS_MIN rows) is measured on every row
         assert sampled[("small.weight", s)] == exact[("small.weight", s)]
@@ -50,13 +51,13 @@ def test_sampled_rows_track_the_exact_errors(tmp_path):
 def test_sampling_draws_rows_by_their_error_share(tmp_path):
     model, diag = _model(tmp_path)
     wm = model.read_matrix("tall.weight")
-    idx, fs, ws = S._error_rows(diag["tall.weight"], wm)
-    assert len(idx) == wm.shape[0] // S.ERROR_ROW_FRACTION
+    idx, fs, ws = F._error_rows(diag["tall.weight"], wm)
+    assert len(idx) == wm.shape[0] // F.ERROR_ROW_FRACTION
     assert np.array_equal(ws, wm[idx])
     share = np.einsum("ij,ij,ij->i", diag["tall.weight"], wm, wm)
     top = np.argsort(share)[-20:]                   # the heaviest rows are always drawn
     assert set(top) <= set(idx.tolist())
-    assert S._error_rows(diag["small.weight"], model.read_matrix("small.weight")) is None
+    assert F._error_rows(diag["small.weight"], model.read_matrix("small.weight")) is None
 
 
 def test_a_runtimes_fallbacks_are_measured_once(tmp_path, monkeypatch):
@@ -64,13 +65,13 @@ def test_a_runtimes_fallbacks_are_measured_once(tmp_path, monkeypatch):
     fallback (q4_k -> q5_0, q6_k -> q8_0): those candidates share one measurement."""
     model, diag = _model(tmp_path, rows=512, cols=96)
     calls = []
-    real = S._fisher_error
+    real = F._fisher_error
 
     def counting(model, n, info, applied, *a):
         calls.append((n, applied))
         return real(model, n, info, applied, *a)
-    monkeypatch.setattr(S, "_fisher_error", counting)
-    out = run(S.fisher_errors(model, ["q4_k", "q5_0", "q6_k", "q8_0"], diag, 1,
+    monkeypatch.setattr(F, "_fisher_error", counting)
+    out = run(F.fisher_errors(model, ["q4_k", "q5_0", "q6_k", "q8_0"], diag, 1,
                               runtime="llama.cpp"))
     assert out[("tall.weight", "q4_k")] == out[("tall.weight", "q5_0")] > 0
     assert out[("tall.weight", "q6_k")] == out[("tall.weight", "q8_0")] > 0
@@ -86,17 +87,17 @@ def test_errors_measured_during_the_pass_equal_those_measured_after(tiny_arch, m
     folder = tiny_arch("llama")
     model = open_model(str(folder))
     schemes = ["q4_0", "q8_0", "int4-g32"]
-    early = S.EarlyFisherErrors(model, schemes)
+    early = F.EarlyFisherErrors(model, schemes)
     try:
-        diag, count = run(S.fisher_diagonals(model, samples=6, max_len=24, batch_size=4,
+        diag, count = run(F.fisher_diagonals(model, samples=6, max_len=24, batch_size=4,
                                              early=early))
-        during = run(S.fisher_errors(model, schemes, diag, count, early=early))
+        during = run(F.fisher_errors(model, schemes, diag, count, early=early))
     finally:
         early.close()
     measured_early = {n for n, _ in early.pending()}
     assert any(".layers.0." in n for n in measured_early)
     assert any(".layers.1." in n for n in measured_early)
-    after = run(S.fisher_errors(model, schemes, diag, count))
+    after = run(F.fisher_errors(model, schemes, diag, count))
     assert during == after
     assert sum(v > 0 for v in after.values()) >= len(measured_early) * len(schemes) // 2
 

@@ -83,7 +83,7 @@ def test_awq_fold_keeps_the_float_model_exact(calib_file, untrained_demo):
     """The folded float model (consumers' columns ×s, norms / producers' rows ÷s) gives the
     original outputs; the quantized fold changes them only by quantization error."""
     from workbench.running.methods_apply import prepare, runner_weights
-    from workbench.running.runner import check
+    from workbench.running.runner_jobs import check
     model = open_model(str(untrained_demo))
     plan = Plan("int4-g128", method="awq")
     mm = run(prepare(model, plan, calib=str(calib_file)))
@@ -113,7 +113,7 @@ def test_awq_fold_keeps_the_float_model_exact(calib_file, untrained_demo):
 def test_awq_fold_float_exact_on_minilm(minilm_path):
     """BERT (post-LN): only attention.output.dense <- value folds; the float outputs are equal."""
     from workbench.running.methods_apply import prepare
-    from workbench.running.runner import check
+    from workbench.running.runner_jobs import check
     model = open_model(minilm_path)
     plan = Plan("int4-g128", method="awq")
     mm = run(prepare(model, plan, samples=12))

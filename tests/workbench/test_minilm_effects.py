@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 from workbench.core.progress import run
-from workbench.running.runner import check
-from workbench.planning.sensitivity import rank_agreement, sensitivity_table
+from workbench.running.runner_jobs import check
+from workbench.planning.output_measure import rank_agreement
+from workbench.planning.sensitivity import sensitivity_table
 
 pytestmark = pytest.mark.slow
 

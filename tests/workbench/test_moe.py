@@ -409,7 +409,7 @@ def test_compressed_tensors_routers_ignored(tiny_arch, tmp_path):
 def test_runner_expert_usage_agrees(tiny_arch):
     """Where the runner provides expert_usage (branch runner), it counts what the router hooks
     here count."""
-    import workbench.running.runner as R
+    import workbench.running.runner_jobs as R
     if not hasattr(R, "expert_usage"):
         pytest.skip("workbench.running.runner has no expert_usage yet (workbench.running.moe's is used)")
     from workbench.formats.loaders import open_model

@@ -75,7 +75,7 @@ def test_llama_attention_int4_matches_the_workbench_check(tiny_arch, tmp_path, c
 
 def _quantized(model, names, scheme):
     """The runner's override: `names` dequantized under `scheme`, the rest float."""
-    from workbench.running.runner import dequantized
+    from workbench.quant.streaming import dequantized
     return lambda n: dequantized(model, n, scheme) if n in names else None
 
 

@@ -5,7 +5,7 @@ pytest.importorskip("transformers")
 from workbench.formats.loaders import open_model  # noqa: E402
 from workbench.quant.plan import KEEP, Plan  # noqa: E402
 from workbench.core.progress import run  # noqa: E402
-from workbench.running.runner import check  # noqa: E402
+from workbench.running.runner_jobs import check  # noqa: E402
 from workbench.cli.common import default_model_path  # noqa: E402
 
 

@@ -33,7 +33,7 @@ def _data(model):
 
 @pytest.mark.parametrize("arch", ALL)
 def test_layer_by_layer_equals_whole_model_forward(tiny_arch, arch):
-    from workbench.running.runner import get_runner, run_outputs
+    from workbench.running.runner_passes import get_runner, run_outputs
     folder = tiny_arch(arch)
     model = open_model(str(folder))
     r = get_runner(model, "cpu")
@@ -59,7 +59,7 @@ def test_layer_by_layer_equals_whole_model_forward(tiny_arch, arch):
 
 @pytest.mark.parametrize("arch", ALL)
 def test_check_figures(tiny_arch, arch):
-    from workbench.running.runner import check
+    from workbench.running.runner_jobs import check
     model = open_model(str(tiny_arch(arch)))
     keep = run(check(model, Plan(default=KEEP), samples=N, max_len=LEN))
     q8 = run(check(model, Plan(default="q8_0"), samples=N, max_len=LEN))
@@ -80,7 +80,9 @@ def test_check_figures(tiny_arch, arch):
 def test_check_matches_whole_model_kl(tiny_arch):
     """check's chunked KL equals KL computed from two whole-model forwards (original and the
     plan's dequantized weights loaded into a transformers model)."""
-    from workbench.running.runner import check, dequantized, get_runner
+    from workbench.running.runner_jobs import check
+    from workbench.quant.streaming import dequantized
+    from workbench.running.runner_passes import get_runner
     folder = tiny_arch("qwen3_moe")
     model = open_model(str(folder))
     plan = Plan(default=KEEP, rules=[Rule("re:.*experts\\.2\\..*", "q4_0"),
@@ -110,7 +112,7 @@ def test_check_matches_whole_model_kl(tiny_arch):
 
 
 def test_one_expert_swap_writes_exactly_its_slice(tiny_arch):
-    from workbench.running.runner import get_runner
+    from workbench.running.runner_passes import get_runner
     model = open_model(str(tiny_arch("qwen3_moe")))
     r = get_runner(model, "cpu")
     name = "model.layers.1.mlp.experts.2.up_proj.weight"
@@ -138,7 +140,8 @@ def test_expert_statistics_come_from_routed_tokens(tiny_arch, arch):
     """Each expert's E[x^2] is over the tokens routed to it: summed over experts it is top-k
     times the router's (whose input is every token), and expert_usage agrees with the counts."""
     from workbench.running.imatrix import collect
-    from workbench.running.runner import expert_usage, get_runner
+    from workbench.running.runner_jobs import expert_usage
+    from workbench.running.runner_passes import get_runner
     model = open_model(str(tiny_arch(arch)))
     r = get_runner(model, "cpu")
     k = int(r.config.num_experts_per_tok)
@@ -172,8 +175,8 @@ def test_fisher_equals_whole_model_autograd(tiny_arch, arch):
     """Block-level checkpointing gives the gradients of a whole-model backward: the same
     probes (same generator sequence) through a transformers model give the same F."""
     from workbench.running.calibration import batches
-    from workbench.running.runner import get_runner
-    from workbench.planning.sensitivity import fisher_diagonals
+    from workbench.running.runner_passes import get_runner
+    from workbench.planning.fisher import fisher_diagonals
     folder = tiny_arch(arch)
     model = open_model(str(folder))
     r = get_runner(model, "cpu")
@@ -286,7 +289,7 @@ def test_device_flag(capsys):
     assert main(["check", "--scheme", "q8_0", "--samples", "2", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert "--device cuda" in err and "no CUDA GPU" in err and "Traceback" not in err
-    from workbench.running.runner import set_device
+    from workbench.running.runner_config import set_device
     set_device(None)
 
 
@@ -306,7 +309,8 @@ def test_unknown_architecture_is_one_clear_error(tmp_path, capsys):
 
 
 def test_activations_spilled_to_disk_give_the_same_figures(tiny_arch, monkeypatch):
-    from workbench.running.runner import ActivationStore, check, new_budget
+    from workbench.running.runner_store import ActivationStore, new_budget
+    from workbench.running.runner_jobs import check
     model = open_model(str(tiny_arch("llama")))
     plan = Plan(default="q4_0")
     ram = run(check(model, plan, samples=N, max_len=LEN, batch_size=2))
@@ -334,7 +338,7 @@ def test_gguf_named_checkpoint_with_merged_experts_runs_the_same(tiny_arch, tmp_
     import gguf
     from safetensors.numpy import load_file
 
-    from workbench.running.runner import get_runner, run_outputs
+    from workbench.running.runner_passes import get_runner, run_outputs
     src = tiny_arch("qwen3_moe")
     for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(src / f, tmp_path / f)
@@ -372,7 +376,7 @@ def test_llama_gguf_with_permuted_qk_runs_the_same(tiny_arch, tmp_path):
     import gguf
     from safetensors.numpy import load_file
 
-    from workbench.running.runner import get_runner, run_outputs
+    from workbench.running.runner_passes import get_runner, run_outputs
     src = tiny_arch("llama")
     for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(src / f, tmp_path / f)
@@ -427,10 +431,10 @@ def test_fisher_head_kept_pairs_equal_the_buffer(tiny_arch, arch, monkeypatch):
     (dz, x) gives the F of the vocabulary x hidden buffer path (taken when the kept pairs
     would outgrow a quarter of it); each path is seen taken."""
     from workbench.running import runner_measures as rm
-    from workbench.planning import sensitivity
-    from workbench.planning.sensitivity import fisher_diagonals
+    from workbench.planning import fisher
+    from workbench.planning.fisher import fisher_diagonals
     model = open_model(str(tiny_arch(arch)))
-    monkeypatch.setattr(sensitivity, "_FISHER_CACHE", {})
+    monkeypatch.setattr(fisher, "_FISHER_CACHE", {})
     seen = []
     real_flush = rm.HeadGrads.flush
 
@@ -444,7 +448,7 @@ def test_fisher_head_kept_pairs_equal_the_buffer(tiny_arch, arch, monkeypatch):
     assert seen and set(seen) == {"pairs"}, seen
     seen.clear()
     monkeypatch.setattr(rm.HeadGrads, "KEEP_DIVISOR", 10 ** 12)
-    monkeypatch.setattr(sensitivity, "_FISHER_CACHE", {})
+    monkeypatch.setattr(fisher, "_FISHER_CACHE", {})
     buf, _ = run(fisher_diagonals(model, samples=N, max_len=LEN, probes=2, batch_size=3))
     assert seen and set(seen) == {"buffer"}, seen
     assert kept.keys() == buf.keys()

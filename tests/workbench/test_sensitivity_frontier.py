@@ -14,8 +14,8 @@ from workbench.planning.frontier import (frontier, recipe_assignment, recipe_poi
                                 _use_more_bits)
 from workbench.formats.loaders import open_model
 from workbench.core.progress import run
-from workbench.planning.sensitivity import (embedding_usage, output_errors, output_measure,
-                                   sensitivity_table)
+from workbench.planning.sensitivity import embedding_usage, sensitivity_table
+from workbench.planning.output_measure import output_errors, output_measure
 
 SCHEMES = ["q3_k", "q4_0", "q4_k", "q5_k", "q6_k", "q8_0"]
 
@@ -134,7 +134,7 @@ def test_output_errors_measure_and_cache(demo, tmp_path, monkeypatch):
     for n in names:
         assert got[(n, "q3_k")] > 10 * got[(n, "q8_0")] > 0
     assert list((tmp_path / "quant-workbench" / "output-sensitivity").glob("*.json"))
-    from workbench.running.runner import get_runner
+    from workbench.running.runner_passes import get_runner
     r = get_runner(demo)
 
     def boom(*a, **k):
@@ -191,7 +191,7 @@ def test_bench_allocate_cli(capsys):
 
 
 def test_spearman_and_rank_agreement(demo_table):
-    from workbench.planning.sensitivity import rank_agreement, spearman
+    from workbench.planning.output_measure import rank_agreement, spearman
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486833)   # ties: mid-ranks
@@ -204,7 +204,7 @@ def test_fisher_measure_estimates_the_measured_output_change(demo, tmp_path, mon
     trained demo model's next tokens are peaked, so the sampled-label Fisher needs more tokens
     than 8 samples give (measured: 8 samples rank agreement 0.88 and one tensor's estimate 0.05x
     the measured KL; 16 samples 0.95 and 0.38x-2.05x)."""
-    from workbench.planning.sensitivity import rank_agreement
+    from workbench.planning.output_measure import rank_agreement
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     fis = sensitivity_table(demo, ["q3_k"], "fisher", samples=16)
     out = sensitivity_table(demo, ["q3_k"], "output", samples=16)

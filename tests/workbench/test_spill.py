@@ -65,19 +65,19 @@ def _spill_mappings(skip=frozenset()):
 def test_fisher_on_disk_and_in_row_chunks_equals_in_memory(tiny_arch, arch, monkeypatch):
     """Every parameter's squared-gradient sum in a mapped file, every tensor's error in row
     chunks: the same diagonal and the same fisher errors."""
-    from workbench.planning import sensitivity
-    from workbench.planning.sensitivity import fisher_diagonals, fisher_errors
+    from workbench.planning import fisher
+    from workbench.planning.fisher import fisher_diagonals, fisher_errors
     model = open_model(str(tiny_arch(arch)))
     schemes = ["q4_0", "int4-g32"]
-    sensitivity._FISHER_CACHE.clear()
+    fisher._FISHER_CACHE.clear()
     ram, count = run(fisher_diagonals(model, samples=N, max_len=LEN, batch_size=3))
     want = run(fisher_errors(model, schemes, ram, count))
-    sensitivity._FISHER_CACHE.clear()
+    fisher._FISHER_CACHE.clear()
     monkeypatch.setattr(spill, "MIN_BYTES", 0)                    # every array on disk
     monkeypatch.setattr(spill, "CHUNK_ELEMENTS", 64 * 5)
     others = _spill_mappings()[2]
     disk, count2 = run(fisher_diagonals(model, samples=N, max_len=LEN, batch_size=3))
-    sensitivity._FISHER_CACHE.clear()
+    fisher._FISHER_CACHE.clear()
     # every mapped F's pages are let go once written and read, whole or in row chunks (a
     # large model's F never piles up in the resident set; before, nearly all of it stayed).
     # A read fault maps up to 64 kB of cached neighbours back in (the kernel's fault-around),
@@ -143,7 +143,7 @@ def test_gptq_statistics_spilled_block_by_block_and_chunked_rows_equal_whole(tin
 
 
 def test_input_pass_reports_each_block_done_before_the_next(tiny_arch):
-    from workbench.running.runner import get_runner
+    from workbench.running.runner_passes import get_runner
     from workbench.running.runner_jobs import input_pass
     model = open_model(str(tiny_arch("llama")))
     r = get_runner(model, "cpu")
@@ -163,7 +163,7 @@ def test_input_pass_reports_each_block_done_before_the_next(tiny_arch):
 def test_dequantized_in_row_chunks_equals_whole(scheme, monkeypatch, demo_model_path):
     """What `check` loads for a big tensor (the head, the embeddings) is quantized a row chunk
     at a time: the same values as the whole tensor quantized at once."""
-    from workbench.running.runner import dequantized
+    from workbench.quant.streaming import dequantized
     model = open_model(str(demo_model_path))
     names = [n for n in model.tensors if model.info(n).ndim == 2][:4]
     whole = {n: dequantized(model, n, scheme) for n in names}

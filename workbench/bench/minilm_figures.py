@@ -31,7 +31,7 @@ def main(argv=None) -> None:
     from workbench.formats.loaders import open_model
     from workbench.quant.plan import KEEP, Plan
     from workbench.core.progress import run
-    from workbench.running.runner import check
+    from workbench.running.runner_jobs import check
     from workbench.quant.runtimes import plan_decisions
     from workbench.schemes import get_scheme
     from workbench.running.methods_apply import collect_stats, prepare, runner_weights

@@ -408,7 +408,7 @@ def forward_rate(model_path: str, calib: str, samples: int, batch_size: int = 16
     from workbench.running.calibration import batches, calibration_samples
     from workbench.formats.loaders import open_model
     from workbench.core.progress import run
-    from workbench.running.runner import get_runner, run_outputs
+    from workbench.running.runner_passes import get_runner, run_outputs
     model = open_model(model_path)
     data = run(calibration_samples(model, calib, samples))
     tokens = int(sum(len(s) for s in data))

@@ -38,8 +38,8 @@ def measure(folder, scheme: str = "q2_k", samples: int = 8, out=sys.stdout) -> d
     from workbench.formats.loaders import open_model
     from workbench.running.moe import _net_with_weights, expert_usage
     from workbench.core.progress import run
-    from workbench.running.runner import dequantized
-    from workbench.planning.sensitivity import spearman
+    from workbench.quant.streaming import dequantized
+    from workbench.planning.output_measure import spearman
     model = open_model(folder)
     t0 = time.perf_counter()
     usage = run(expert_usage(model, samples=samples))

@@ -36,7 +36,7 @@ def bench_onnx(model, plan, batch: int = 1, seq: int = 128, repeats: int = 20,
     from workbench.export.onnx_check import session
     from workbench.running.onnx_graph import import_onnx
     from workbench.core.progress import subjob
-    from workbench.running.runner import read_config
+    from workbench.running.runner_config import read_config
     _, ort = import_onnx()
     level = DEFAULT_ACCURACY_LEVEL if accuracy_level is None else int(accuracy_level)
     base_model = model.base if type(model).__name__ == "MethodModel" else model

@@ -35,7 +35,7 @@ MUST_RUN_COMMANDS = frozenset({"check", "calibrate"})
 def open_model_arg(args):
     from workbench.formats.loaders import open_model
     if getattr(args, "device", None):
-        from workbench.running.runner import set_device
+        from workbench.running.runner_config import set_device
         set_device(args.device)
     path = model_path(args)
     command = getattr(args, "command", None)

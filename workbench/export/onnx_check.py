@@ -95,7 +95,8 @@ def check_onnx(model, plan, calib=None, samples: int | None = None, max_len: int
     from workbench.running.calibration import calibration_samples
     from workbench.export.onnx_format import DEFAULT_ACCURACY_LEVEL, build_onnx
     from workbench.core.progress import subjob
-    from workbench.running.runner import compare_outputs, get_runner, run_outputs
+    from workbench.running.runner_jobs import compare_outputs
+    from workbench.running.runner_passes import get_runner, run_outputs
     from workbench.running.onnx_graph import import_onnx
     import_onnx()
     level = DEFAULT_ACCURACY_LEVEL if accuracy_level is None else int(accuracy_level)

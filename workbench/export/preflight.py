@@ -124,7 +124,7 @@ def check(model, plan, fmt: str) -> Preflight:
             return p
         if fmt == "onnx":
             from workbench.running.onnx_graph import import_onnx
-            from workbench.running.runner import model_kind, read_config
+            from workbench.running.runner_config import model_kind, read_config
             model_kind(read_config(model))      # a network to trace: config.json, known type
             import_onnx()
             return _from_decisions(fmt, plan_decisions(model, plan, "onnxruntime"), total)

@@ -85,7 +85,7 @@ def default_methods(measure: str, runnable: bool, kind: str | None = None) -> li
 def _kind(model) -> str | None:
     """"causal-lm" / "encoder" from the model's config.json, None when it cannot be told."""
     try:
-        from workbench.running.runner import model_kind, read_config
+        from workbench.running.runner_config import model_kind, read_config
         return model_kind(read_config(model))
     except Exception:   # noqa: BLE001 - unknown kind: the general default
         return None
@@ -95,7 +95,7 @@ def row_weights_from_fisher(model, calib, samples) -> dict:
     """{name: a_i per output row}: the fisher diagonal summed over each row's inputs (the
     diagonals `fisher_diagonals` cached for the table are reused)."""
     from workbench.core.progress import run
-    from workbench.planning.sensitivity import fisher_diagonals
+    from workbench.planning.fisher import fisher_diagonals
     diag, _count = run(fisher_diagonals(model, calib, samples))
     out = {}
     for n, f in diag.items():
@@ -340,7 +340,7 @@ def method_counts(plan, table, model) -> dict:
 
 def _runnable(model) -> bool:
     try:
-        from workbench.running.runner import model_folder
+        from workbench.running.runner_config import model_folder
         return (model_folder(model) / "config.json").is_file()
     except Exception:   # noqa: BLE001 - not runnable is the answer
         return False

@@ -298,7 +298,7 @@ def diff(a_path: str, b_path: str, source_path: str | None = None, check: bool =
 
 def runnable(src) -> str | None:
     """None when the source can run (transformers and a config), else why not."""
-    from workbench.running.runner import read_config
+    from workbench.running.runner_config import read_config
     try:
         read_config(src)
     except WorkbenchError as exc:
@@ -335,7 +335,7 @@ def _check_both(src, a: Side, b: Side, target, calib, samples):
         return {"skipped": why}
     from workbench.quant.plan import Plan
     from workbench.core.progress import subjob
-    from workbench.running.runner import check
+    from workbench.running.runner_jobs import check
     out = {}
     for tag, side in (("a", a), ("b", b)):
         if side.kind == "plan":

@@ -257,7 +257,8 @@ def check_points(model, points, calib=None, samples=None, runtime: str = "any", 
     perplexity for causal LMs) with the scheme `runtime` applies to each tensor; fills
     `point.checked`."""
     from workbench.core.progress import run
-    from workbench.running.runner import check, dequantized
+    from workbench.running.runner_jobs import check
+    from workbench.quant.streaming import dequantized
     from workbench.quant.runtimes import plan_decisions
     for p in points:
         dec = plan_decisions(model, p.plan, runtime)

@@ -31,11 +31,7 @@ block does not divide a tensor's rows falls back), so values and bytes describe 
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -44,6 +40,9 @@ from workbench.quant.plan import KEEP
 from workbench.core.progress import Progress, run as run_job
 from workbench.quant.streaming import activation_error
 from workbench.running.imatrix import second_moments
+from workbench.planning.fisher import EarlyFisherErrors, fisher_diagonals, fisher_errors
+from workbench.planning.output_measure import output_errors_job
+from workbench.planning.sizes import _bytes_as, _sizes, below_smallest_message
 
 MEASURES = ("weight", "activation", "fisher", "output")
 
@@ -54,7 +53,7 @@ def embedding_usage(model, calib=None, samples=None, max_len: int = 128):
     token type) from the calibration samples: how often each row is looked up, per token."""
     import torch
     from workbench.running.calibration import calibration_samples
-    from workbench.running.runner import get_runner
+    from workbench.running.runner_passes import get_runner
     runner = get_runner(model)
     data = yield from calibration_samples(model, calib, samples, max_len)
     n_tok = sum(len(s) for s in data)
@@ -134,128 +133,6 @@ def _activation_errors_cluster(executor, model, schemes, moments, usage, runtime
     return out
 
 
-# ---- output-gradient-weighted (Fisher) error ----------------------------------------------------
-_FISHER_CACHE: dict[tuple, tuple] = {}
-
-
-def fisher_diagonals(model, calib=None, samples=None, probes: int = 1, max_len: int = 128,
-                     batch_size: int = 32, seed: int = 0, early=None):
-    """Job: ({workbench name: F (the tensor's shape, float32)}, count) with F_ij summed over
-    calibration samples (encoders) or next-token positions (causal LMs) and `probes` random
-    probes each, so that 1/2 * sum_ij F_ij dW_ij^2 / count estimates the ``output`` measure of a
-    weight change dW to second order:
-
-    * encoders (1 - cosine of the pooled embedding b): probe v = P z / |b|, z ~ N(0, I), P the
-      projection orthogonal to b; E[(v . db)^2] = |P db|^2 / |b|^2 = 2 (1 - cos) to second order;
-    * causal LMs (KL of next-token distributions): a probe of the logits with the covariance
-      of the score of a token drawn from the model's own distribution, diag(p) - p p^T (the
-      Fisher information of the logits; E[(probe . dz)^2] = 2 KL to second order), drawn
-      Gaussian (`runner_measures._logit_probe`) rather than as a sampled label: on a model
-      whose next tokens are peaked, rare labels made one probe's estimate noisy.
-
-    The gradients of one batch are summed before squaring: the probes of different samples
-    (positions) are independent with zero mean, so the cross terms vanish in expectation, and
-    the estimate stays unbiased whatever the batch; larger batches and fewer probes only add
-    noise, which the sums over a tensor's weights average out. The default, one probe of
-    batches of 32, costs 2.4x less than two probes of 8 on SmolLM2-135M and its plan scored
-    the same held-out KL divergence in llama.cpp (docs/methods.md)."""
-    from workbench.running.calibration import calibration_samples
-    from workbench.core.progress import subjob
-    from workbench.running.runner import get_runner
-    from workbench.running.runner_measures import by_tensor, fisher_pass
-    runner = get_runner(model)
-    data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 5, 100)
-    key = (str(model.path), tuple(map(id, data)), probes, seed, str(runner.device))
-    if key in _FISHER_CACHE:
-        return _FISHER_CACHE[key]
-    data = sorted(data, key=len)
-    on_final = None if early is None else (lambda pn, acc, c: early(runner, pn, acc, c))
-    acc, count = yield from subjob(fisher_pass(runner, data, probes, batch_size, seed,
-                                               on_final), 5, 100, 100)
-    res = (by_tensor(runner, model, acc), count)
-    _FISHER_CACHE.clear()
-    _FISHER_CACHE[key] = res
-    yield Progress(100, 100, "output gradients")
-    return res
-
-
-def _weighted_sq_err(f, w, dq) -> float:
-    """sum f (dq - w)^2 in float64: the kernel (one pass, no temporaries), else numpy."""
-    f = np.asarray(f)
-    if f.dtype == np.float32 and w.dtype == np.float32 and dq.dtype == np.float32:
-        try:
-            from kernels.stats_kernels import weighted_sq_err
-        except ImportError:
-            pass
-        else:
-            return weighted_sq_err(f, np.ascontiguousarray(w), np.ascontiguousarray(dq))
-    dw = (np.asarray(dq, np.float64) - np.asarray(w, np.float64))
-    return float(np.vdot(f.astype(np.float64, copy=False), dw * dw))
-
-
-#: rows of a tensor whose fisher errors are measured on every row; a taller tensor's errors
-#: under a scheme that quantizes each row on its own are estimated from a proportional sample
-#: of ERROR_ROW_FRACTION of its rows (`_error_rows`)
-ERROR_ROWS_MIN = 1024
-ERROR_ROW_FRACTION = 4
-
-
-def _error_rows(f, wm):
-    """(row indices, F of those rows times their Horvitz-Thompson weights, the rows' weights)
-    for a tensor taller than ERROR_ROWS_MIN, else None. Rows are drawn with probability
-    proportional to sum_j F_ij W_ij^2 (a row's share of the error: a scheme's step in a row
-    scales with the row's weights), the same rows for every scheme, so the ratio of two schemes'
-    errors, which decides the allocation, keeps the whole tensor's to a fraction of a percent
-    (docs/methods.md, "Fisher errors from sampled rows")."""
-    from workbench.planning.estimate import proportional_rows
-    if wm.ndim != 2 or wm.shape[0] <= ERROR_ROWS_MIN:
-        return None
-    fm = np.asarray(f, np.float32).reshape(wm.shape)
-    score = np.einsum("ij,ij,ij->i", fm, wm, wm, dtype=np.float64)
-    limit = max(ERROR_ROWS_MIN // 2, wm.shape[0] // ERROR_ROW_FRACTION)
-    idx, hw = proportional_rows(score, limit)
-    fs = np.ascontiguousarray(fm[idx] * hw[:, None].astype(np.float32))
-    ws = np.ascontiguousarray(wm[idx], np.float32)
-    return idx, fs, ws
-
-
-def _row_local(applied: str, shape) -> bool:
-    """Whether `applied` quantizes each row of a matrix of `shape` on its own and takes the
-    shape as it is (no fallback), so that a subset of the rows quantizes as inside the whole."""
-    from workbench.schemes import get_scheme
-    if applied == KEEP:
-        return False
-    sch = get_scheme(applied)
-    return bool(sch.row_local) and not sch.ineligible_reason(tuple(shape))
-
-
-def _dequantized_rows(ws, applied: str, name: str):
-    from workbench.quant.accel import dequantize
-    from workbench.quant.evaluate import quantize
-    return dequantize(quantize(ws, applied, tensor=name)).reshape(ws.shape)
-
-
-def _fisher_error(model, n, info, applied, f, w, wm, rows, count, dequantized) -> float:
-    """1/2 sum_ij F_ij dW_ij^2 / count of tensor `n` under `applied` (see `fisher_errors`)."""
-    from workbench.quant import streaming
-    from workbench.core.pages import release
-    if w is None:                    # streamed: a row chunk at a time, F read alongside
-        tot = 0.0
-        for r0, w0, dq in streaming.dequantized_rows(model, n, applied):
-            fc = f.reshape(-1, w0.shape[1])[r0:r0 + w0.shape[0]]
-            tot += _weighted_sq_err(fc, w0, dq)
-            release(fc)
-        release(f)
-        return 0.5 * tot / max(count, 1)
-    if rows is not None and _row_local(applied, wm.shape):
-        _idx, fs, ws = rows
-        return 0.5 * _weighted_sq_err(fs, ws, _dequantized_rows(ws, applied, n)) / max(count, 1)
-    dq = dequantized(model, n, applied, matrix=wm).reshape(info.shape)
-    val = 0.5 * _weighted_sq_err(f, w, dq) / max(count, 1)
-    release(f)      # a mapped F (a large model's): its pages leave the resident set
-    return val
-
-
 def predicted_unit(model, measure: str) -> str:
     """What a table's totals (the allocator's objective, frontier's "predicted") are in:
     ``kl`` (mean KL divergence of the next-token distributions, nats per token: the fisher and
@@ -265,267 +142,11 @@ def predicted_unit(model, measure: str) -> str:
     if measure not in ("fisher", "output"):
         return "sensitivity"
     try:
-        from workbench.running.runner import model_kind, read_config
+        from workbench.running.runner_config import model_kind, read_config
         kind = model_kind(read_config(model))
     except Exception:                                # not runnable: no output units
         return "sensitivity"
     return "1-cosine" if kind == "encoder" else "kl"
-
-
-def tensor_fisher_errors(model, n, schemes, f, count: int, runtime: str = "any",
-                         rows_sampled: bool = True) -> dict:
-    """{(n, scheme): 1/2 sum_ij F_ij dW_ij^2 / count} for tensor `n` and its F `f` (None: the
-    network does not read it; 0 for every scheme). See `fisher_errors`."""
-    from workbench.core import spill
-    from workbench.quant import streaming
-    from workbench.running.runner import dequantized
-    from workbench.quant.runtimes import decide
-    info = model.info(n)
-    live = f is not None and spill.any_nonzero(f)
-    out = {}
-    w = wm = rows = None
-    by_applied: dict = {}      # a runtime's fallbacks map several candidates to one scheme
-    for s in schemes:
-        applied = decide(info, s, runtime).applied
-        if applied == KEEP or not live:
-            out[(n, s)] = 0.0
-        elif applied in by_applied:
-            out[(n, s)] = by_applied[applied]
-        else:
-            if w is None and not streaming.streamed(info, applied):
-                wm = model.read_matrix(n)      # read (and widened) once for every scheme
-                w = np.ascontiguousarray(wm.reshape(info.shape), np.float32)
-                rows = _error_rows(f, wm) if rows_sampled else None
-            out[(n, s)] = by_applied[applied] = _fisher_error(
-                model, n, info, applied, f, w, wm, rows, count, dequantized)
-    return out
-
-
-def _fisher_items(model) -> list[str]:
-    return [n for n in model.tensors if model.info(n).ndim >= 2 and model.info(n).is_float]
-
-
-def fisher_errors(model, schemes, diag: dict, count: int, runtime: str = "any",
-                  rows_sampled: bool = True, early=None):
-    """Job: {(name, scheme): 1/2 sum_ij F_ij dW_ij^2 / count} (see `fisher_diagonals`); tensors
-    the network does not read (no gradient) get 0, like the ``output`` measure. A tensor the
-    streaming path chunks (`workbench.quant.streaming.streamed`) is quantized, and its F read (a
-    memory-mapped array for a large model), a row chunk at a time. With `rows_sampled`, a tall
-    tensor's errors under row-local schemes come from a proportional sample of its rows
-    (`_error_rows`). `early` (an `EarlyFisherErrors` fed during the pass): the tensors it
-    measured already are taken from it (all of them awaited first, so the kernels never run
-    on two threads at once)."""
-    items = _fisher_items(model)
-    done: dict = {}
-    for n, fut in (early.pending() if early is not None else []):
-        yield Progress(len(done), len(items), f"sensitivity {n} (measured during the pass)")
-        done[n] = fut.result()
-    out = {}
-    k = len(done)
-    for n in items:
-        if n in done:
-            out.update(done[n])
-            continue
-        yield Progress(k, len(items), f"sensitivity {n}")
-        k += 1
-        out.update(tensor_fisher_errors(model, n, schemes, diag.get(n), count, runtime,
-                                        rows_sampled))
-    yield Progress(len(items), len(items), "done")
-    return out
-
-
-class EarlyFisherErrors:
-    """Fisher errors measured on a worker thread while the output-gradient pass goes on: the
-    pass (`runner_measures.fisher_pass`'s `on_final`) hands over each block's parameters as
-    soon as their sums are final, and the tensors they alone make up are quantized and
-    measured at once, while torch runs the blocks below. Tensors made of several parameters
-    (a tied embedding / head table) wait for `fisher_errors`. The kernels release the GIL;
-    the pass is torch's. `close()` drops what has not started (Ctrl-C)."""
-
-    def __init__(self, model, schemes, runtime: str = "any", rows_sampled: bool = True):
-        from concurrent.futures import ThreadPoolExecutor
-        self.model, self.schemes, self.runtime = model, list(schemes), runtime
-        self.rows_sampled = rows_sampled
-        self.items = set(_fisher_items(model))
-        self.futures: dict = {}
-        self._sources: dict | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fisher-errors")
-
-    def __call__(self, runner, pnames, acc, count) -> None:
-        from workbench.running.runner_measures import by_tensor
-        if self._sources is None:                    # tensor -> the parameters it feeds
-            self._sources = {}
-            for pn in runner.all_params():
-                try:
-                    srcs = runner._source(pn)
-                except KeyError:
-                    continue
-                for n in srcs:
-                    self._sources.setdefault(n, set()).add(pn)
-        for pn in pnames:
-            if pn not in acc:
-                continue
-            ready = by_tensor(runner, self.model, {pn: acc[pn]})
-            for n, f in ready.items():
-                if n in self.futures or n not in self.items or self._sources.get(n) != {pn}:
-                    continue
-                self.futures[n] = self._pool.submit(
-                    tensor_fisher_errors, self.model, n, self.schemes, f, count,
-                    self.runtime, self.rows_sampled)
-
-    def pending(self) -> list:
-        return list(self.futures.items())
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-# ---- measured output change -------------------------------------------------------------------
-def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "quant-workbench" \
-        / "output-sensitivity"
-
-
-def model_signature(model) -> list:
-    from workbench.quant.stats import file_signature
-    files = sorted({getattr(model.info(n), "file", "") or str(model.path) for n in model.tensors})
-    return [str(Path(model.path).resolve())] + [[f, file_signature(f)] for f in files]
-
-
-def _cache_file(model, calib, samples, max_len) -> Path:
-    from workbench.running.calibration import DEFAULT_CALIB
-    from workbench.quant.stats import file_signature
-    c = str(Path(calib or DEFAULT_CALIB).resolve())
-    key = json.dumps([model_signature(model), c, file_signature(c), samples, max_len, 1])
-    return cache_dir() / (hashlib.sha1(key.encode()).hexdigest() + ".json")
-
-
-def _read_cache(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        return {k: float(v) for k, v in data.get("values", {}).items()}
-    except (OSError, ValueError, AttributeError, TypeError):
-        return {}
-
-
-def _write_cache(path: Path, values: dict) -> None:
-    from workbench.core.atomic import write_text_atomic
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps({"version": 1, "values": values}))
-    except OSError:
-        pass   # a cache that cannot be written only costs time
-
-
-def output_measure(kind: str, base, quant) -> float:
-    """Mean KL(base || quant) per token (causal LM) or mean 1 - cosine per sample (encoder)."""
-    if kind == "encoder":
-        b = np.asarray(base, dtype=np.float64)
-        q = np.asarray(quant, dtype=np.float64)
-        nb = np.linalg.norm(b, axis=1)
-        nq = np.linalg.norm(q, axis=1)
-        cos = (b * q).sum(1) / np.maximum(nb * nq, 1e-300)
-        return float(np.mean(1.0 - cos))
-    tot, cnt = 0.0, 0
-    for lb, lq in zip(base, quant):
-        if len(lb) == 0:
-            continue
-        pb = np.exp(lb.astype(np.float64))
-        tot += float((pb * (lb.astype(np.float64) - lq)).sum())
-        cnt += len(lb)
-    return tot / max(cnt, 1)
-
-
-def output_errors_job(model, schemes, calib=None, samples=None, names=None, runtime: str = "any",
-                      max_len: int = 128, batch_size: int = 32, use_cache: bool = True):
-    """Job: {(name, scheme): measured output change} (see the module doc)."""
-    from workbench.running.calibration import calibration_samples
-    from workbench.core.progress import subjob
-    from workbench.running.runner import dequantized, get_runner
-    from workbench.running.runner_measures import output_pass
-    from workbench.quant.runtimes import decide
-    runner = get_runner(model)
-    data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 2, 100)
-    names = [n for n in (names if names is not None else model.tensors)
-             if model.info(n).ndim >= 2 and model.info(n).is_float]
-    cpath = _cache_file(model, calib, samples, max_len)
-    cached = _read_cache(cpath) if use_cache else {}
-    todo = {}
-    out = {}
-    for n in names:
-        info = model.info(n)
-        for s in schemes:
-            applied = decide(info, s, runtime).applied
-            if applied == KEEP or runner.block_of(n) is None:
-                out[(n, s)] = 0.0    # unchanged, or not read by the network's forward pass
-                continue
-            k = f"{n}|{applied}"
-            if k in cached:
-                out[(n, s)] = cached[k]
-            else:
-                todo.setdefault(k, (n, applied, []))[2].append(s)
-    if not todo:
-        yield Progress(100, 100, "output sensitivity (cached)")
-        return out
-
-    def only(n, applied):
-        def ov(m):
-            return dequantized(model, n, applied) if m == n else None
-        ov.changes = lambda m: m == n
-        return ov
-
-    items = [(k, n, only(n, applied)) for k, (n, applied, _) in todo.items()]
-    data = sorted(data, key=len)          # less padding per batch; the means do not change
-    got = yield from subjob(output_pass(runner, data, items, batch_size), 2, 100, 100)
-    for k, (n, applied, ss) in todo.items():
-        cached[k] = got[k]
-        for s in ss:
-            out[(n, s)] = got[k]
-    if use_cache:
-        _write_cache(cpath, cached)
-    yield Progress(100, 100, "done")
-    return out
-
-
-def output_errors(model, schemes, calib=None, samples=None, names=None, progress=None,
-                  cancel=None, runtime: str = "any") -> dict:
-    """{(name, scheme): float}: mean KL (causal LM, nats per token) or 1 - cosine (encoders) of
-    the model's outputs with only that tensor quantized, over the calibration samples (default:
-    resources/calibration.txt). `progress(Progress)`, `cancel() -> bool`."""
-    return run_job(output_errors_job(model, schemes, calib, samples, names, runtime),
-                   progress, cancel)
-
-
-def spearman(a, b) -> float:
-    """Spearman rank correlation (average ranks for ties)."""
-    def ranks(x):
-        x = np.asarray(x, dtype=np.float64)
-        o = np.argsort(x, kind="stable")
-        r = np.empty(len(x))
-        r[o] = np.arange(len(x), dtype=np.float64)
-        for v in np.unique(x):
-            m = x == v
-            if m.sum() > 1:
-                r[m] = r[m].mean()
-        return r
-    ra, rb = ranks(a), ranks(b)
-    ra -= ra.mean()
-    rb -= rb.mean()
-    den = np.sqrt((ra ** 2).sum() * (rb ** 2).sum())
-    return float((ra * rb).sum() / den) if den > 0 else float("nan")
-
-
-def rank_agreement(table, reference, scheme: str, names=None) -> float:
-    """Spearman correlation over tensors of `table`'s values against `reference`'s (e.g. the
-    weight or activation measure against the measured output change) for one scheme; tensors
-    whose reference value is 0 up to rounding (not read by the network's forward pass, e.g.
-    BERT's pooler for mean-pooled embeddings) are left out."""
-    names = [n for n in (names or table.names) if (n, scheme) in reference.values
-             and (n, scheme) in table.values]
-    top = max([abs(reference.values[(n, scheme)]) for n in names] + [0.0])
-    names = [n for n in names if abs(reference.values[(n, scheme)]) > 1e-9 * top]
-    return spearman([table.values[(n, scheme)] for n in names],
-                    [reference.values[(n, scheme)] for n in names])
 
 
 def best_measure(model, calib=None, imatrix=None) -> tuple[str, str]:
@@ -537,97 +158,13 @@ def best_measure(model, calib=None, imatrix=None) -> tuple[str, str]:
         return "activation", "an imatrix was given"
     try:
         from workbench.running.calibration import calibration_samples
-        from workbench.running.runner import _import_transformers, model_kind, read_config
+        from workbench.running.runner_config import _import_transformers, model_kind, read_config
         model_kind(read_config(model))
         _import_transformers()
         run_job(calibration_samples(model, calib, 1))
     except WorkbenchError as exc:
         return "weight", f"the model is not runnable: {one_line(str(exc))}"
     return "fisher", "the model is runnable"
-
-
-def _sizes(model, runtime: str):
-    """(runtime, gguf names or None, decide) shared by the size-only helpers below."""
-    from workbench.quant.runtimes import get_runtime
-    rt = get_runtime(runtime)
-    gnames = None
-    if rt.name == "llama.cpp":
-        from workbench.formats.llama_names import gguf_names
-        try:
-            gnames = gguf_names(model)
-        except WorkbenchError:
-            gnames = None
-    return rt, gnames
-
-
-def _bytes_as(info, d) -> int:
-    from workbench.schemes import get_scheme
-    return int(info.nbytes if d.applied == KEEP else get_scheme(d.applied).nbytes(tuple(info.shape)))
-
-
-def size_floor(model, schemes, runtime: str = "any", pins: dict | None = None) -> tuple[int, int]:
-    """(bytes of the smallest plan the candidates allow, parameters), from shapes alone (nothing
-    is quantized or run), counted as `build_table` and `evaluate` count them: lets `allocate`
-    refuse an impossible budget before it measures anything."""
-    from workbench.quant.runtimes import decide
-    rt, gnames = _sizes(model, runtime)
-    pins = dict(pins or {})
-    total, params = 0, 0
-    for n in model.tensors:
-        info = model.info(n)
-        params += info.numel
-        keep = _bytes_as(info, decide(info, KEEP, rt))
-        if n in pins:
-            total += _bytes_as(info, decide(info, pins[n], rt, explicit=True,
-                                            gguf_name=gnames.get(n) if gnames else None))
-            continue
-        if not (info.ndim >= 2 and info.is_float):
-            total += keep
-            continue
-        best = keep
-        for sch in schemes:
-            d = decide(info, sch, rt, explicit=True, gguf_name=gnames.get(n) if gnames else None)
-            best = min(best, _bytes_as(info, d))
-        total += best
-    return total, params
-
-
-def uniform_sizes(model, runtime: str = "any", exclude=()) -> dict[str, int]:
-    """Bytes of the uniform plan (every float matrix at one scheme) of each scheme `runtime`
-    can run, except `exclude`, smallest first (sizes only)."""
-    from workbench.quant.runtimes import candidate_schemes, decide
-    rt, gnames = _sizes(model, runtime)
-    out = {}
-    for sch in candidate_schemes(rt.name):
-        if sch in exclude:
-            continue
-        total = 0
-        for n in model.tensors:
-            info = model.info(n)
-            if info.ndim >= 2 and info.is_float:
-                d = decide(info, sch, rt, explicit=True,
-                           gguf_name=gnames.get(n) if gnames else None)
-                total += min(_bytes_as(info, d), info.nbytes)
-            else:
-                total += _bytes_as(info, decide(info, KEEP, rt))
-        out[sch] = int(total)
-    return dict(sorted(out.items(), key=lambda kv: kv[1]))
-
-
-def below_smallest_message(model, budget_bytes: int, cheapest: int, params: int, schemes,
-                           runtime: str) -> str:
-    """The refusal of a budget below the smallest plan: that plan's size, and the schemes the
-    target runs (not among the candidates) whose uniform plan would fit the budget."""
-    p = max(params, 1)
-    msg = (f"budget {budget_bytes:,d} bytes ({8.0 * budget_bytes / p:.3f} bits/weight) is below "
-           f"the smallest plan the candidates allow, {cheapest:,d} bytes "
-           f"({8.0 * cheapest / p:.3f} bits/weight, every tensor at its cheapest of "
-           f"{', '.join(schemes)})")
-    sizes = uniform_sizes(model, runtime, exclude=schemes) if model is not None else {}
-    reach = [f"{s} ({8.0 * b / p:.3f})" for s, b in sizes.items() if b <= budget_bytes]
-    if reach:
-        return msg + "; candidates that reach the budget as a uniform plan: " + ", ".join(reach)
-    return msg + f"; no scheme {runtime} runs reaches it: raise the budget"
 
 
 # ---- the table --------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import numpy as np
 
 from workbench.quant.metrics import ErrorSums
 from workbench.quant.plan import KEEP
+from workbench.schemes import get_scheme
 
 STREAM_ELEMENTS = 1 << 26      # 64 M elements (256 MB float32): above this, row chunks
 CHUNK_ELEMENTS = 1 << 24       # elements per chunk (~64 MB float32)
@@ -176,3 +177,35 @@ def activation_error(model, name: str, scheme: str, ex2: np.ndarray, rows: bool 
     if len(col_sq) != len(ex2) and len(row_sq) == len(ex2):   # GPT-2 Conv1D stores (in, out)
         return float(row_sq @ ex2)
     return float(col_sq @ ex2)
+
+
+def dequantized(model, name: str, scheme_name: str, matrix: np.ndarray | None = None) -> np.ndarray:
+    """The tensor `name` as the scheme would store it, dequantized (float32, original shape).
+    A shape the scheme cannot take gets the scheme `evaluate` counts for it (the ``any``
+    runtime's fallback, workbench.quant.runtimes.decide); tensors kept come back unchanged.
+    `matrix`: the tensor as `model.read_matrix(name)` gives it, when the caller holds it
+    (read once for several schemes)."""
+    from workbench.quant import streaming
+    from workbench.quant.evaluate import quantize
+    from workbench.quant.runtimes import decide
+    info = model.info(name)
+    applied = KEEP
+    if scheme_name != KEEP and info.is_float:
+        applied = decide(info, scheme_name, "any").applied
+    scheme = None if applied == KEEP else get_scheme(applied)
+    if scheme is not None and scheme.ineligible_reason(
+            info.matrix_shape if info.merged_experts else info.shape):
+        scheme = None
+    if scheme is None:
+        return (model.read_matrix(name) if matrix is None else matrix).reshape(info.shape)
+    if matrix is None and streaming.streamed(info, applied):
+        # a big tensor (an 8 B model's 2.1 GB head): quantized a row chunk at a time into the
+        # output, so the float32 copy, the codes and the quantizer's temporaries of the whole
+        # tensor are never held at once
+        out = np.empty(info.shape, np.float32)
+        for r0, _w0, dq in streaming.dequantized_rows(model, name, applied):
+            out.reshape(-1, dq.shape[1])[r0:r0 + dq.shape[0]] = dq
+        return out
+    qt = quantize(model.read_matrix(name) if matrix is None else matrix, applied, tensor=name)
+    from workbench.quant.accel import dequantize
+    return dequantize(qt).reshape(info.shape)

@@ -145,12 +145,12 @@ def _read_ids(path, chunk: int) -> list[np.ndarray]:
 
 def vocab_size(model) -> int | None:
     """The model's vocabulary size (config.json's vocab_size), None when unknown."""
-    from workbench.running.runner import model_folder
+    from workbench.running.runner_config import model_folder
     cfg = model_folder(model) / "config.json"
     if not cfg.is_file():
         return None
     try:
-        from workbench.running.runner import read_config
+        from workbench.running.runner_config import read_config
         v = read_config(model).get("vocab_size")
     except WorkbenchError:
         return None
@@ -189,7 +189,7 @@ def load_tokenizer(folder):
 
 def calibration_samples(model, calib=None, samples: int | None = None, max_len: int = 128):
     """Job: list of int64 token-id arrays (one per sample, at most `max_len` tokens)."""
-    from workbench.running.runner import model_folder
+    from workbench.running.runner_config import model_folder
     calib = Path(calib) if calib else DEFAULT_CALIB
     folder = model_folder(model)
     tsig = file_signature(str(folder / "tokenizer.json")) if (folder / "tokenizer.json").is_file() else None

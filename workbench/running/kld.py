@@ -98,7 +98,7 @@ def text_stream(model, path, max_tokens: int | None = None) -> tuple[np.ndarray,
     tokenized)."""
     from workbench.running.calibration import (CHARS_PER_TOKEN, DEFAULT_CALIB, MAX_CALIB_BYTES, _check_size,
                               _npy_ids, _safetensors_ids, check_ids, read_texts, vocab_size)
-    from workbench.running.runner import model_folder
+    from workbench.running.runner_config import model_folder
     p = Path(path) if path else DEFAULT_CALIB
     folder = model_folder(model)
     bos = bos_of(folder)
@@ -242,7 +242,7 @@ def _file_identity(path: str) -> list:
 
 def model_identity(model) -> list:
     """The model's weight files and config.json: path, size, mtime, hash of each end."""
-    from workbench.running.runner import model_folder
+    from workbench.running.runner_config import model_folder
     files = sorted({getattr(model.info(n), "file", "") or str(model.path) for n in model.tensors})
     cfg = model_folder(model) / "config.json"
     if cfg.is_file():
@@ -347,7 +347,8 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
     import torch
 
     from workbench.core.progress import Progress
-    from workbench.running.runner import ActivationStore, get_runner, new_budget, plan_override
+    from workbench.running.runner_store import ActivationStore, new_budget
+    from workbench.running.runner_passes import get_runner, plan_override
     runner = get_runner(model, device)
     if runner.kind != "causal-lm":
         raise WorkbenchError("KL-divergence scoring needs a causal LM", path=str(model.path))

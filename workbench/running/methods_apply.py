@@ -46,7 +46,7 @@ def collect_stats(model, calib=None, names=None, samples: int | None = None,
     """Job: {workbench name: LayerStats} of every Linear input (or only `names`), experts'
     from the tokens routed to each (workbench.running.runner.input_pass, block by block); `subset`:
     of these calibration samples only (a fold)."""
-    from workbench.running.runner import input_pass
+    from workbench.running.runner_jobs import input_pass
     acc: dict[str, Accumulator] = {}
     out: dict = {}
 
@@ -330,7 +330,7 @@ def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples
     if not given and (calib or methods - {"imatrix"} or not imatrix):
         if calib is None:
             from workbench.running.calibration import DEFAULT_CALIB
-            from workbench.running.runner import model_folder
+            from workbench.running.runner_config import model_folder
             if not (model_folder(model) / "config.json").is_file():
                 raise WorkbenchError(f"method {sorted(methods)[0]} needs calibration data: give "
                                      "--calib FILE (text/JSONL/token ids; the model must be "

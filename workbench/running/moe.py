@@ -244,7 +244,7 @@ def _net_with_weights(model):
     per-expert tensors stacked into the fused expert parameters transformers keeps in memory.
     (Small models: the routing counts of `workbench.running.runner.expert_usage`, where the runner has
     it, come from its layer-by-layer pass instead.)"""
-    from workbench.running.runner import _import_transformers, read_config
+    from workbench.running.runner_config import _import_transformers, read_config
     import torch
     transformers = _import_transformers()
     cfg = read_config(model)
@@ -333,6 +333,7 @@ def expert_usage(model, calib=None, samples=None, max_len: int = 128):
 
 
 def find_expert_usage():
-    """The runner's expert_usage job when it provides one, else this module's."""
-    from workbench.running import runner
-    return getattr(runner, "expert_usage", None) or expert_usage
+    """The runner's expert_usage job (workbench.running.runner_jobs) when it provides one, else
+    this module's."""
+    from workbench.running import runner_jobs
+    return getattr(runner_jobs, "expert_usage", None) or expert_usage

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.running.runner import (ActivationStore, _head_rows, final_outputs, get_runner, block_pass,
-                     new_budget, plan_override)
+from workbench.running.runner_store import ActivationStore, new_budget
+from workbench.running.runner_passes import (_head_rows, final_outputs, get_runner, block_pass, plan_override)
 
 
 # -- end-to-end check ------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.core.progress import Progress
-from workbench.running.runner import ActivationStore, _encoder_pool, _head_rows, new_budget
+from workbench.running.runner_store import ActivationStore, new_budget
+from workbench.running.runner_passes import _encoder_pool, _head_rows
 
 
 def forward_inputs(runner, data, batch_size: int, budget, label: str):
@@ -280,7 +281,7 @@ def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 
     # the embeddings: their forward again, with gradients, up to the first block
     runner.materialize(runner.pre_params, grad=True)
     try:
-        from workbench.running.runner import Batch
+        from workbench.running.runner_store import Batch
         for bi, b in enumerate(batches):
             bb = Batch(b.ids, b.mask, [None] * L)
             bb.first = None

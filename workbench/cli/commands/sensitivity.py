@@ -86,7 +86,7 @@ def register(sub) -> None:
 
 def run_correlate(args, model, schemes) -> int:
     import time
-    from workbench.planning.sensitivity import rank_agreement
+    from workbench.planning.output_measure import rank_agreement
     tables, secs = {}, {}
     preds = ("weight", "activation") if args.imatrix else ("weight", "activation", "fisher")
     if args.imatrix:
@@ -146,7 +146,7 @@ def run(args) -> int:
 
 def _is_causal(model) -> bool:
     try:
-        from workbench.running.runner import model_kind, read_config
+        from workbench.running.runner_config import model_kind, read_config
         return model_kind(read_config(model)) == "causal-lm"
     except Exception:   # noqa: BLE001 - only a label
         return False
