@@ -267,10 +267,10 @@ def exercise_truncation(path: str) -> None:
                    d / "m.pt")
         src = d / "m.pt"
     if spec.get("large"):
-        from workbench.export import gguf_file, quantized_safetensors
+        from workbench.export import gguf_tensor_data, quantized_safetensors
         from workbench.formats.loaders import region
         _patch(region, "PREAD_LIMIT", 4096)
-        _patch(gguf_file, "KEPT_CHUNK_BYTES", 4096)
+        _patch(gguf_tensor_data, "KEPT_CHUNK_BYTES", 4096)
         _patch(quantized_safetensors, "KEPT_STREAM_BYTES", 4096)
         _patch(quantized_safetensors, "KEPT_CHUNK_BYTES", 4096)
     model = open_model(src)

@@ -7,7 +7,7 @@ import pytest
 
 from kernels import convert
 from workbench.quant import accel
-from workbench.export.gguf_file import FUSED_WIDENING
+from workbench.export.gguf_tensor_data import FUSED_WIDENING
 
 
 def _edge_f16(rng, rows, cols):

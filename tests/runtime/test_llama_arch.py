@@ -43,7 +43,7 @@ def test_llama_permutation_matches_qwen2(llama_bin, tmp_path, monkeypatch):
         ppl[arch] = perplexity(llama_bin, out, text)
     assert abs(ppl["llama"] - ppl["qwen2"]) / ppl["qwen2"] < 1e-4, ppl
     # the control: without the bias permutation (or any) llama.cpp computes another network
-    import workbench.export.gguf_arch as ga
+    import workbench.export.gguf_transform as ga
     orig = ga.needs_transform
     monkeypatch.setattr(ga, "needs_transform",
                         lambda t, n: False if n.endswith("_proj.bias") else orig(t, n))

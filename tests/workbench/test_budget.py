@@ -91,7 +91,7 @@ def test_gguf_file_budget_matches_a_real_export(minilm_path, tmp_path, capsys):
     """--budget-of a Q4_0 GGUF the project wrote (llama.cpp's convention: the tied word
     embeddings at Q8_0): the allocated plan's GGUF is no bigger, and the file size allocate
     predicts is the exported file's size to the byte."""
-    from workbench.export.gguf_file import layout_bytes
+    from workbench.export.gguf_size import layout_bytes
     from workbench.quant.plan import Plan, Rule
     q40 = tmp_path / "q4_0.gguf"
     assert main(["export", str(minilm_path), "--scheme", "q4_0", "--format", "gguf", "-o",

@@ -40,7 +40,7 @@ ARCHS = ["llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", 
 def test_every_tiny_architecture_passes_and_has_a_gguf_layout(tiny_arch, arch):
     folder = tiny_arch(arch)
     _check(folder)
-    from workbench.export.gguf_arch import hf_target
+    from workbench.export.gguf_target import hf_target
     from workbench.running.runner_config import read_config
     m = open_model(folder)
     read_config(m)                      # the runner's door
@@ -326,7 +326,7 @@ def test_deepseek_multi_token_prediction_layers_past_the_count_pass(tiny_arch, t
                                             ["add", "model.layers.2.hnorm.weight", [256]]],
                             tmp_path, tiny_arch("deepseek_v3"))
     _check(folder)
-    from workbench.export.gguf_arch import hf_target
+    from workbench.export.gguf_target import hf_target
     t, why = hf_target(open_model(folder))
     assert t is not None, why
     assert not any("eh_proj" in o.sources[0] for o in t.layout)

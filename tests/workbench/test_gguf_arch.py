@@ -379,7 +379,7 @@ def test_sentencepiece_style_detection():
     """Which BPE tokenizer.json files are written as llama.cpp's `llama` tokenizer, and with
     which add_space_prefix: Gemma (Replace), Llama 2 (Prepend + Replace), Metaspace without
     splitting; byte-level BPE (no byte fallback, or a ByteLevel pre-tokenizer) is not."""
-    from workbench.export.gguf_arch import _spm_style
+    from workbench.export.gguf_tokenizer import _spm_style
     rep = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
     pre = {"type": "Prepend", "prepend": "\u2581"}
     split = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
@@ -406,17 +406,18 @@ def test_tokenizer_key_values_are_written_once_and_replayed(tiny_arch, tmp_path,
     file is read again."""
     import shutil
 
-    from workbench.export import gguf_arch, gguf_file
+    from workbench.export import gguf_header, gguf_size, gguf_tokenizer
     folder = tmp_path / "m"
     shutil.copytree(tiny_arch("llama"), folder)
     calls = []
-    real = gguf_arch.write_tokenizer
-    monkeypatch.setattr(gguf_arch, "write_tokenizer", lambda w, t: calls.append(1) or real(w, t))
-    monkeypatch.setattr(gguf_file, "_TOKENIZER_KV", {})
+    real = gguf_tokenizer.write_tokenizer
+    monkeypatch.setattr(gguf_tokenizer, "write_tokenizer",
+                        lambda w, t: calls.append(1) or real(w, t))
+    monkeypatch.setattr(gguf_header, "_TOKENIZER_KV", {})
     model = open_model(folder)
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     run(export(model, Plan(default="q8_0"), "gguf", a))
-    lay = gguf_file.layout_bytes(model, Plan(default="q8_0"))
+    lay = gguf_size.layout_bytes(model, Plan(default="q8_0"))
     run(export(model, Plan(default="q8_0"), "gguf", b))
     assert len(calls) == 1
     assert a.read_bytes() == b.read_bytes() and lay["file"] == a.stat().st_size

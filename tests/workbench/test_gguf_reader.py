@@ -104,7 +104,7 @@ def test_hostile_headers_are_refused_with_the_problem(tmp_path, blob, message):
 
 
 def test_fast_metadata_writer_writes_the_packages_bytes(tmp_path):
-    from workbench.export.gguf_file import _fast_writer_class
+    from workbench.export.gguf_header import _fast_writer_class
     rng = np.random.default_rng(1)
     toks = [f"tok{i}" for i in range(300)] + ["", "ünï", "\x00x"]
     scores = rng.standard_normal(len(toks)).astype(np.float32).tolist()

@@ -91,13 +91,13 @@ def _source(tmp_path: Path) -> Path:
 
 
 def _export_all(model_path: Path, out: Path, small: bool, monkeypatch) -> dict:
-    from workbench.export import export, gguf_file, quantized_safetensors
+    from workbench.export import export, gguf_tensor_data, quantized_safetensors
     from workbench.formats.loaders import open_model
     from workbench.quant.plan import Plan
     from workbench.core.progress import run
     if small:   # every tensor a Region, every kept tensor in row slices
         monkeypatch.setattr(region, "PREAD_LIMIT", 0)
-        monkeypatch.setattr(gguf_file, "KEPT_CHUNK_BYTES", 256)
+        monkeypatch.setattr(gguf_tensor_data, "KEPT_CHUNK_BYTES", 256)
         monkeypatch.setattr(quantized_safetensors, "KEPT_STREAM_BYTES", 0)
         monkeypatch.setattr(quantized_safetensors, "KEPT_CHUNK_BYTES", 256)
     out.mkdir()

@@ -127,13 +127,13 @@ def test_activation_error_streamed_equals_whole(stream_all):
 ], ids=lambda v: v if isinstance(v, str) else v.default)
 def test_exports_streamed_write_the_same_bytes(tmp_path, monkeypatch, fmt, plan):
     from workbench.export import export
-    from workbench.export import gguf_file
+    from workbench.export import gguf_tensor_data
     model = open_model(DEMO)
     whole = tmp_path / ("whole" + ("" if fmt == "compressed-tensors" else "." + fmt))
     run(export(model, plan, fmt, whole))
     monkeypatch.setattr(streaming, "STREAM_ELEMENTS", 1)
     monkeypatch.setattr(streaming, "CHUNK_ELEMENTS", 256 * 37)
-    monkeypatch.setattr(gguf_file, "CHUNK_ELEMENTS", 256 * 37)
+    monkeypatch.setattr(gguf_tensor_data, "CHUNK_ELEMENTS", 256 * 37)
     calls = []
     real = streaming.quantized_row_blocks
     monkeypatch.setattr(streaming, "quantized_row_blocks",

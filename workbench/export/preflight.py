@@ -94,8 +94,8 @@ def check(model, plan, fmt: str) -> Preflight:
         if fmt == "safetensors":
             return _from_decisions(fmt, plan_decisions(model, plan, "any"), total)
         if fmt == "gguf":
-            from workbench.export.gguf_arch import hf_target, refuses
-            from workbench.export.gguf_file import _plan_items
+            from workbench.export.gguf_target import hf_target, refuses
+            from workbench.export.gguf_items import _plan_items
             decisions = plan_decisions(model, plan, "llama.cpp")
             from_gguf = model.format == "gguf" and model.source is not None
             hf, not_runnable = (None, None) if from_gguf else hf_target(model)

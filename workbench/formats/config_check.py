@@ -4,7 +4,7 @@ A model folder's ``config.json`` says how many layers, heads and experts the net
 wide it is; the weights say what is really there. Every model-level command (check, calibrate,
 sensitivity / fisher, allocate, the GUI's runner, the GGUF, ONNX and compressed-tensors
 exports) reads the config through one of two doors (``runner.read_config``,
-``gguf_arch.hf_target`` / ``compressed_tensors``), and both call :func:`check_config` before any
+``gguf_target.hf_target`` / ``compressed_tensors``), and both call :func:`check_config` before any
 work. A GGUF→GGUF export calls :func:`check_gguf_metadata` for the copied key/values.
 
 What is checked (each refusal is one line naming config.json, the key and both values):

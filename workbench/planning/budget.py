@@ -15,7 +15,7 @@ A budget is one number and an accounting:
 * ``file``: the size of the file the target's export writes (``gguf`` for llama.cpp: header,
   key/values with the tokenizer and the plan, tensor infos, every written tensor padded to the
   alignment, the tensors llama.cpp's converter drops left out), computed without quantizing
-  (`workbench.export.gguf_file.layout_bytes`) and checked after solving (the plan's own JSON is
+  (`workbench.export.gguf_size.layout_bytes`) and checked after solving (the plan's own JSON is
   in the header, so the budget for the tensors is tightened until the whole file fits).
 
 ``--budget-of FILE``: a ``.gguf`` file's size as a ``file`` budget (a GGUF export of the plan is
@@ -210,7 +210,7 @@ def _file_table(model, table, plan):
     """(table whose bytes are each tensor's padded bytes in the GGUF and whose fixed bytes are
     the rest of the file for `plan`, the layout). Tensors the file leaves out (llama.cpp's
     converter drops BERT's pooler, position_ids) cost nothing and are not a choice."""
-    from workbench.export.gguf_file import layout_bytes
+    from workbench.export.gguf_size import layout_bytes
     lay = layout_bytes(model, plan)
     align = lay["alignment"]
     per = lay["tensors"]
@@ -239,7 +239,7 @@ def solve(model, table, budget: Budget, pins: dict | None = None, finish=None):
         plan, sol = t.solve(cap, p)
         return finish(plan), sol, cap
     # a file: solve, measure the file the plan gives, tighten by the excess, again
-    from workbench.export.gguf_file import layout_bytes
+    from workbench.export.gguf_size import layout_bytes
     cap = int(budget.value)
     longest = max(table.schemes + [KEEP], key=len)
     guess = table.plan_for({n: pins.get(n, longest) for n in table.names})
@@ -271,7 +271,7 @@ def accounting(model, ev, runtime: str, plan=None) -> dict:
            "linear_bytes": int(lin_bytes), "linear_params": int(lin_params),
            "bits_per_weight_linear": 8.0 * lin_bytes / lin_params if lin_params else None}
     if plan is not None and runtime in FILE_FORMATS:
-        from workbench.export.gguf_file import layout_bytes
+        from workbench.export.gguf_size import layout_bytes
         try:
             out["file_bytes"] = {"format": FILE_FORMATS[runtime],
                                  "bytes": int(layout_bytes(model, plan)["file"])}

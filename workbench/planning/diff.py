@@ -126,7 +126,7 @@ def _layout(model):
 
 def _to_source_layout(w: np.ndarray, src_info, target, hf_name: str) -> np.ndarray:
     """A GGUF tensor's float values in the Hugging Face source's layout (shape src_info.shape)."""
-    from workbench.export.gguf_arch import needs_transform, transform
+    from workbench.export.gguf_transform import needs_transform, transform
     if target is not None and needs_transform(target, hf_name):
         shape = src_info.shape
         if target.arch.gguf_arch == "GPT2" and len(shape) == 2:
