@@ -195,12 +195,12 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     llama-perplexity against an F16 GGUF). The dict is `check --json`'s, with "convention"
     when the plan followed one. `kld_driver` runs the chunked KL-divergence job (default
     `driver`)."""
+    from workbench.running.runner_config import model_kind, read_config
     drive = _driver(progress, cancel, driver)
     target = runtime_target(runtime, target)
     text = held_out or calib
     if runtime == "llama.cpp":
         from workbench.export.llama_kld import DEFAULT_CTX
-        from workbench.running.runner_config import model_kind, read_config
         ctx = ctx or DEFAULT_CTX
         chunks = chunks or samples
         if ctx < 4 or (chunks is not None and chunks < 1):
@@ -239,7 +239,6 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
             from workbench.running.methods_apply import runner_weights
             weights = runner_weights(mm, plan, target)
         from workbench.running.runner_jobs import check
-        from workbench.running.runner_config import model_kind, read_config
         if scoring == "chunks" and model_kind(read_config(model)) == "causal-lm":
             from workbench.running.kld import kld_check
             for flag, v in (("--ctx", ctx), ("--chunks", chunks)):
