@@ -340,7 +340,7 @@ def method_counts(plan, table, model) -> dict:
 
 def _runnable(model) -> bool:
     try:
-        from workbench.running.runner_config import model_folder
+        from workbench.formats.llama_names import model_folder
         return (model_folder(model) / "config.json").is_file()
     except Exception:   # noqa: BLE001 - not runnable is the answer
         return False

@@ -37,12 +37,13 @@ import numpy as np
 
 from workbench.core.errors import WorkbenchError, one_line
 from workbench.quant.plan import KEEP
+from workbench.quant.runtimes import runtime_and_names
 from workbench.core.progress import Progress, run as run_job
 from workbench.quant.streaming import activation_error
 from workbench.running.imatrix import second_moments
 from workbench.planning.fisher import EarlyFisherErrors, fisher_diagonals, fisher_errors
 from workbench.planning.output_measure import output_errors_job
-from workbench.planning.sizes import _bytes_as, _sizes, below_smallest_message
+from workbench.planning.sizes import _bytes_as, below_smallest_message
 
 MEASURES = ("weight", "activation", "fisher", "output")
 
@@ -328,7 +329,7 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
     from workbench.quant.evaluate import DEFAULT_EVAL_CACHE, evaluate_tensor
     from workbench.core.progress import subjob
     from workbench.quant.runtimes import decide
-    rt, gnames = _sizes(model, runtime)
+    rt, gnames = runtime_and_names(model, runtime)
     pins = dict(pins or {})
     for p in pins:
         if p not in model.tensors:

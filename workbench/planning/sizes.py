@@ -5,22 +5,8 @@ uniform plans' sizes, and the message when a budget is below the smallest.
 from __future__ import annotations
 
 
-from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP
-
-
-def _sizes(model, runtime: str):
-    """(runtime, gguf names or None, decide) shared by the size-only helpers below."""
-    from workbench.quant.runtimes import get_runtime
-    rt = get_runtime(runtime)
-    gnames = None
-    if rt.name == "llama.cpp":
-        from workbench.formats.llama_names import gguf_names
-        try:
-            gnames = gguf_names(model)
-        except WorkbenchError:
-            gnames = None
-    return rt, gnames
+from workbench.quant.runtimes import runtime_and_names
 
 
 def _bytes_as(info, d) -> int:
@@ -33,7 +19,7 @@ def size_floor(model, schemes, runtime: str = "any", pins: dict | None = None) -
     is quantized or run), counted as `build_table` and `evaluate` count them: lets `allocate`
     refuse an impossible budget before it measures anything."""
     from workbench.quant.runtimes import decide
-    rt, gnames = _sizes(model, runtime)
+    rt, gnames = runtime_and_names(model, runtime)
     pins = dict(pins or {})
     total, params = 0, 0
     for n in model.tensors:
@@ -59,7 +45,7 @@ def uniform_sizes(model, runtime: str = "any", exclude=()) -> dict[str, int]:
     """Bytes of the uniform plan (every float matrix at one scheme) of each scheme `runtime`
     can run, except `exclude`, smallest first (sizes only)."""
     from workbench.quant.runtimes import candidate_schemes, decide
-    rt, gnames = _sizes(model, runtime)
+    rt, gnames = runtime_and_names(model, runtime)
     out = {}
     for sch in candidate_schemes(rt.name):
         if sch in exclude:

@@ -458,20 +458,28 @@ class Decider:
         return d
 
 
-def plan_decisions(model, plan, runtime: str = "any", names=None,
-                   shapes: dict | None = None) -> dict[str, Decision]:
-    """The decision for every tensor of `model` (or `names`) under `plan` for `runtime`
-    (`shapes`: stored shapes that differ from the source's, e.g. GPT-2's transposed Conv1D)."""
+def runtime_and_names(model, runtime: str):
+    """(the runtime, the model's llama.cpp tensor names when the runtime is llama.cpp and its
+    names are known, else None): what the decisions and the size helpers need."""
     rt = get_runtime(runtime)
     gnames = None
     if rt.name == "llama.cpp":
-        from workbench.formats.llama_names import detect_arch, gguf_names
+        from workbench.formats.llama_names import gguf_names
         try:
             gnames = gguf_names(model)
         except WorkbenchError:
             gnames = None
+    return rt, gnames
+
+
+def plan_decisions(model, plan, runtime: str = "any", names=None,
+                   shapes: dict | None = None) -> dict[str, Decision]:
+    """The decision for every tensor of `model` (or `names`) under `plan` for `runtime`
+    (`shapes`: stored shapes that differ from the source's, e.g. GPT-2's transposed Conv1D)."""
+    rt, gnames = runtime_and_names(model, runtime)
+    if rt.name == "llama.cpp":
         if shapes is None and model.format != "gguf":
-            from workbench.formats.llama_names import CONV1D
+            from workbench.formats.llama_names import CONV1D, detect_arch
             arch = detect_arch(model) if gnames is not None else None
             if arch is not None and arch.gguf_arch == "GPT2":
                 shapes = {n: tuple(model.info(n).shape)[::-1] for n in model.tensors

@@ -33,17 +33,21 @@ def _check_size(p: Path, limit: int, what: str) -> int:
     return size
 
 
+def read_utf8(p: Path, what: str = "calibration text") -> str:
+    """The UTF-8 text of the regular file `p` (at most MAX_CALIB_BYTES), or a one-line
+    WorkbenchError naming `what` it is."""
+    _check_size(p, MAX_CALIB_BYTES, f"{what} file")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise WorkbenchError(f"{what} is not UTF-8 (byte {exc.start:,})", path=str(p)) from None
+    except OSError as exc:
+        raise WorkbenchError(f"cannot read the {what} ({exc.strerror})", path=str(p)) from None
+
+
 def read_texts(path) -> list[str]:
     p = Path(path)
-    _check_size(p, MAX_CALIB_BYTES, "calibration file")
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise WorkbenchError(f"calibration text is not UTF-8 (byte {exc.start:,})",
-                             path=str(p)) from None
-    except OSError as exc:
-        raise WorkbenchError(f"cannot read calibration text ({exc.strerror})",
-                             path=str(p)) from None
+    raw = read_utf8(p)
     if p.suffix.lower() in (".jsonl", ".json"):
         from workbench.core.limits import loads
         out = []
@@ -145,7 +149,7 @@ def _read_ids(path, chunk: int) -> list[np.ndarray]:
 
 def vocab_size(model) -> int | None:
     """The model's vocabulary size (config.json's vocab_size), None when unknown."""
-    from workbench.running.runner_config import model_folder
+    from workbench.formats.llama_names import model_folder
     cfg = model_folder(model) / "config.json"
     if not cfg.is_file():
         return None
@@ -189,7 +193,7 @@ def load_tokenizer(folder):
 
 def calibration_samples(model, calib=None, samples: int | None = None, max_len: int = 128):
     """Job: list of int64 token-id arrays (one per sample, at most `max_len` tokens)."""
-    from workbench.running.runner_config import model_folder
+    from workbench.formats.llama_names import model_folder
     calib = Path(calib) if calib else DEFAULT_CALIB
     folder = model_folder(model)
     tsig = file_signature(str(folder / "tokenizer.json")) if (folder / "tokenizer.json").is_file() else None

@@ -96,9 +96,10 @@ def text_stream(model, path, max_tokens: int | None = None) -> tuple[np.ndarray,
     is; JSONL: the "text" fields joined by newlines; .npy / safetensors: the ids flattened.
     `max_tokens` bounds the work (the text beyond what that many tokens can reach is not
     tokenized)."""
-    from workbench.running.calibration import (CHARS_PER_TOKEN, DEFAULT_CALIB, MAX_CALIB_BYTES, _check_size,
-                              _npy_ids, _safetensors_ids, check_ids, read_texts, vocab_size)
-    from workbench.running.runner_config import model_folder
+    from workbench.running.calibration import (CHARS_PER_TOKEN, DEFAULT_CALIB, _npy_ids,
+                                               _safetensors_ids, check_ids, read_texts,
+                                               read_utf8, vocab_size)
+    from workbench.formats.llama_names import model_folder
     p = Path(path) if path else DEFAULT_CALIB
     folder = model_folder(model)
     bos = bos_of(folder)
@@ -111,15 +112,7 @@ def text_stream(model, path, max_tokens: int | None = None) -> tuple[np.ndarray,
         if p.suffix.lower() in (".jsonl", ".json"):
             text = "\n".join(read_texts(p))
         else:
-            _check_size(p, MAX_CALIB_BYTES, "text file")
-            try:
-                text = p.read_text(encoding="utf-8")
-            except UnicodeDecodeError as exc:
-                raise WorkbenchError(f"text is not UTF-8 (byte {exc.start:,})",
-                                     path=str(p)) from None
-            except OSError as exc:
-                raise WorkbenchError(f"cannot read the text ({exc.strerror})",
-                                     path=str(p)) from None
+            text = read_utf8(p, "text")
         if max_tokens:
             text = text[:max_tokens * CHARS_PER_TOKEN]
         tok = _tokenizer(folder)
@@ -242,7 +235,7 @@ def _file_identity(path: str) -> list:
 
 def model_identity(model) -> list:
     """The model's weight files and config.json: path, size, mtime, hash of each end."""
-    from workbench.running.runner_config import model_folder
+    from workbench.formats.llama_names import model_folder
     files = sorted({getattr(model.info(n), "file", "") or str(model.path) for n in model.tensors})
     cfg = model_folder(model) / "config.json"
     if cfg.is_file():
@@ -418,13 +411,7 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
                 finally:
                     runner.release(runner.layer_params[i])
         for st, ov in sides:                                  # final norms
-            runner.materialize(runner.norm_params, ov)
-            try:
-                for bi in range(len(batches)):
-                    with torch.no_grad():
-                        st.put(bi, runner.finish(st.get(bi)))
-            finally:
-                runner.release(runner.norm_params)
+            runner.finish_store(batches, st, ov)
         out = yield from _head(runner, batches, grid, fstore, qstore, quant, base, k, ns,
                                first, n_pos, exact, n_chunk)
     finally:

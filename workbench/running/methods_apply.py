@@ -330,7 +330,7 @@ def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples
     if not given and (calib or methods - {"imatrix"} or not imatrix):
         if calib is None:
             from workbench.running.calibration import DEFAULT_CALIB
-            from workbench.running.runner_config import model_folder
+            from workbench.formats.llama_names import model_folder
             if not (model_folder(model) / "config.json").is_file():
                 raise WorkbenchError(f"method {sorted(methods)[0]} needs calibration data: give "
                                      "--calib FILE (text/JSONL/token ids; the model must be "

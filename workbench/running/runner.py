@@ -351,6 +351,18 @@ class Runner(TensorMapping):
         """The final norm over the last block's output."""
         return self.final_norm(h) if self.final_norm is not None else h
 
+    def finish_store(self, batches, store, override=None) -> None:
+        """Replace each batch's last-block output in `store` by its final-normed state (the
+        norm's weights under `override`)."""
+        import torch
+        self.materialize(self.norm_params, override)
+        try:
+            for bi in range(len(batches)):
+                with torch.no_grad():
+                    store.put(bi, self.finish(store.get(bi)))
+        finally:
+            self.release(self.norm_params)
+
     def head_weights(self, override):
         """{head parameter attr: tensor} under `override`, or None when it changes nothing."""
         names = [n for p in self.head_params for n in self._source(p)]

@@ -5,10 +5,10 @@ runs on.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 
 from workbench.core.errors import WorkbenchError
+from workbench.formats.llama_names import model_folder
 
 
 # ---- architecture-specific facts: data, in one table -------------------------------------------
@@ -38,15 +38,6 @@ ARCH = {
 
 
 ENCODER_TYPES = ARCH["encoder_types"]
-
-
-def model_folder(model) -> Path:
-    """The folder of the model's config.json and tokenizer files: beside its weights, or the
-    companion folder of a GGUF read as a Hugging Face model (Model.folder)."""
-    if getattr(model, "folder", None):
-        return Path(model.folder)
-    p = Path(model.path)
-    return p if p.is_dir() else p.parent
 
 
 def read_config(model) -> dict:

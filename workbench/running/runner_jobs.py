@@ -99,13 +99,7 @@ def check(model, plan, calib=None, samples: int | None = None, max_len: int = 12
         else:
             acc = _KLAcc()
             for st, ov in ((fstore, None), (qstore, quant)):   # final norms, float / quantized
-                runner.materialize(runner.norm_params, ov)
-                try:
-                    for bi in range(len(batches)):
-                        with torch.no_grad():
-                            st.put(bi, runner.finish(st.get(bi)))
-                finally:
-                    runner.release(runner.norm_params)
+                runner.finish_store(batches, st, ov)
             qhead = runner.head_weights(quant)       # None: the plan keeps the head
             runner.materialize(runner.head_params)
             try:

@@ -190,7 +190,7 @@ def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 
                 on_final=None):
     """Job: ({param name: sum of squared probe gradients / probes (float32, the parameter's
     shape; a `SquareSums`, large ones memory-mapped files)}, count) — see
-    workbench.planning.sensitivity.fisher_diagonals for the probes. `on_final(param names, acc,
+    workbench.planning.fisher.fisher_diagonals for the probes. `on_final(param names, acc,
     count)`: called as soon as those parameters' sums are final (a block's once its backward
     is done, the rest at the end), so a caller can start on them while the pass goes on."""
     import torch
@@ -327,18 +327,6 @@ def by_tensor(runner, model, acc: dict) -> dict:
     return out
 
 
-def _final(runner, batches, store, override=None) -> None:
-    """Replace each batch's last-block output in `store` by its final-normed state."""
-    import torch
-    runner.materialize(runner.norm_params, override)
-    try:
-        for bi in range(len(batches)):
-            with torch.no_grad():
-                store.put(bi, runner.finish(store.get(bi)))
-    finally:
-        runner.release(runner.norm_params)
-
-
 def _measure(runner, batches, base, quant, qhead=None) -> float:
     """Mean KL(base || quant) per predicted token (causal LM; head materialized by the
     caller) or mean 1 - cosine of the pooled states (encoder), from final-normed stores."""
@@ -378,7 +366,7 @@ def output_pass(runner, data, items, batch_size: int = 16):
     base = ActivationStore(budget)
     for bi in range(len(batches)):
         base.put(bi, stores[L].get(bi))
-    _final(runner, batches, base)
+    runner.finish_store(batches, base)
     order = {"pre": -1, "norm": L, "head": L + 1}
     items = sorted(items, key=lambda it: order.get(runner.block_of(it[1]), runner.block_of(it[1])))
     out = {}
@@ -406,7 +394,7 @@ def output_pass(runner, data, items, batch_size: int = 16):
                         runner.run_block(i, batches, cur, cur)
                     finally:
                         runner.release(runner.layer_params[i])
-                _final(runner, batches, cur, ov if blk == "norm" else None)
+                runner.finish_store(batches, cur, ov if blk == "norm" else None)
                 if head_on:
                     qhead = runner.head_weights(ov)     # the head itself, or a tied table
                     runner.materialize(runner.head_params)

@@ -35,6 +35,7 @@ from workbench.core.errors import WorkbenchError
 from workbench.formats.model import Model, TensorInfo
 from workbench.core.progress import Progress
 from workbench.formats.gguf_runnable import gguf_metadata, live_problem, unsupported_message
+from workbench.export.convert.source import LazyRows
 
 
 FORMAT = "gguf-as-hf"
@@ -132,35 +133,13 @@ def _probe():
     return torch.zeros(0)
 
 
-class _LiveRows:
-    """A live parameter as the loaders' raw storage (rows x cols float32): rows dequantized
-    when sliced, the whole matrix for anything else (np.asarray)."""
-
-    def __init__(self, names: HFNames, p: str, info: TensorInfo):
-        self.names, self.p = names, p
-        self.shape = (info.rows, info.cols)
-        self.dtype = np.dtype(np.float32)
-        self.ndim = 2
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __getitem__(self, key):
-        if isinstance(key, slice) and key.step in (None, 1) and self.names.streamable(self.p):
-            r0, r1, _ = key.indices(self.shape[0])
-            return self.names.rows(self.p, r0, max(r0, r1))
-        # rows that need the whole tensor (un-permuted q/k): read once for this reader's
-        # slices (a row-chunk loop), dropped with it
-        if getattr(self, "_whole", None) is None:
-            self._whole = self._read()
-        return self._whole[key]
-
-    def _read(self) -> np.ndarray:
-        return np.ascontiguousarray(self.names.read(self.p), np.float32).reshape(self.shape)
-
-    def __array__(self, dtype=None, copy=None):
-        w = self._whole if getattr(self, "_whole", None) is not None else self._read()
-        return w if dtype is None else w.astype(dtype, copy=False)
+def _live_rows(names: HFNames, p: str, info: TensorInfo) -> LazyRows:
+    """A live parameter as the loaders' raw storage: rows dequantized when sliced; rows that
+    need the whole tensor (un-permuted q/k) read it once for this reader's slices."""
+    shape = (info.rows, info.cols)
+    return LazyRows(info.rows, info.cols, lambda r0, r1: names.rows(p, r0, r1),
+                    lambda: np.ascontiguousarray(names.read(p), np.float32).reshape(shape),
+                    sliceable=names.streamable(p))
 
 
 def clean_stale_dirs(parent: str | None = None) -> None:
@@ -225,7 +204,7 @@ def open_live(path):
     for q in names.params:
         shape = names.shapes[q]
         tensors[q] = TensorInfo(q, shape, "F32", 4 * math.prod(shape), str(p))
-    model = Model(str(p), FORMAT, tensors, lambda q: _LiveRows(names, q, tensors[q]),
+    model = Model(str(p), FORMAT, tensors, lambda q: _live_rows(names, q, tensors[q]),
                   {"quant_workbench.gguf_architecture": arch}, folder=str(tmp))
     _COMPANIONS[str(tmp)] = str(p)
     cleanup = weakref.finalize(model, _cleanup, src, str(tmp))

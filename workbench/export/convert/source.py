@@ -88,30 +88,40 @@ class FloatView:
         src = self.model
         tensors = {n: TensorInfo(n, i.shape, "F32", 4 * i.numel, i.file)
                    for n, i in src.tensors.items()}
-        return Model(str(path or src.path), src.format, tensors, lambda n: _Rows(self, n),
+        return Model(str(path or src.path), src.format, tensors, lambda n: _rows_of(self, n),
                      dict(src.metadata), source=src.source)
 
 
-class _Rows:
-    """A tensor of a FloatView as the loaders' raw storage: rows computed when sliced, the
-    whole matrix for anything else (np.asarray)."""
+class LazyRows:
+    """A computed tensor as the loaders' raw storage (rows x cols float32): `read_rows(r0, r1)`
+    when a row range is sliced (where `sliceable`), `read_whole()` for anything else
+    (np.asarray). The whole matrix, once read for a slice, is kept for this reader's next
+    slices (a row-chunk loop) and dropped with it."""
 
-    def __init__(self, view: FloatView, name: str):
-        self.view, self.name = view, name
-        info = view.model.info(name)
-        self.shape = (info.rows, info.cols)
+    def __init__(self, rows: int, cols: int, read_rows, read_whole, sliceable: bool = True):
+        self.shape = (rows, cols)
         self.dtype = np.dtype(np.float32)
         self.ndim = 2
+        self._read_rows, self._read_whole, self._sliceable = read_rows, read_whole, sliceable
+        self._whole = None
 
     def __len__(self) -> int:
         return self.shape[0]
 
     def __getitem__(self, key):
-        if isinstance(key, slice) and key.step in (None, 1):
+        if isinstance(key, slice) and key.step in (None, 1) and self._sliceable:
             r0, r1, _ = key.indices(self.shape[0])
-            return self.view.rows(self.name, r0, max(r0, r1))
-        return np.asarray(self)[key]
+            return self._read_rows(r0, max(r0, r1))
+        if self._whole is None:
+            self._whole = self._read_whole()
+        return self._whole[key]
 
     def __array__(self, dtype=None, copy=None):
-        w = self.view.read(self.name)
+        w = self._whole if self._whole is not None else self._read_whole()
         return w if dtype is None else w.astype(dtype, copy=False)
+
+
+def _rows_of(view: FloatView, name: str) -> LazyRows:
+    info = view.model.info(name)
+    return LazyRows(info.rows, info.cols, lambda r0, r1: view.rows(name, r0, r1),
+                    lambda: view.read(name))
