@@ -148,7 +148,10 @@ class Analyzer(QObject):
         self.runner.submit(throughput.backend_name, "kernel backend", BACKGROUND,
                            on_done=self.doc.set_backend, on_error=self._failed("Kernels"))
         if jit:
-            self.runner.submit(throughput.warmup, "warming up kernels", IDLE,
+            first = sorted(set(self.doc.assignment.values())) if self.doc.model is not None \
+                else []
+            self.runner.submit(lambda: throughput.warmup_job(first),
+                               "Compiling kernels (numba, first run)", IDLE,
                                on_error=self._failed("Kernels"))
 
     # ---- model --------------------------------------------------------------------------
@@ -255,8 +258,9 @@ class Analyzer(QObject):
                 return
             self._eval_running = True
         model, gen = self.doc.model, self._generation
+        # the totals' SQNR waits for it: ahead of the whole-model sensitivity and check
         self.runner.submit(lambda: self._evaluate_queue(model, gen), "Evaluating error",
-                           BACKGROUND, visible=True, on_error=self._eval_failed)
+                           FOREGROUND, visible=True, on_error=self._eval_failed)
 
     def _evaluate_queue(self, model, gen):
         done = 0
