@@ -177,14 +177,16 @@ class Analyzer(QObject):
 
     def _all_stats(self, model, gen):
         names = list(model.tensors)
-        total = sum(max(model.info(n).nbytes, 1) for n in names) or 1
-        done, batch = 0, {}
-        for n in names:
+        total = len(names)
+        batch = {}
+        from workbench.progress import subjob
+        for done, n in enumerate(names, 1):
             if gen != self._generation:
                 return None
-            st = yield from _stats_of(model, n)
+            # the tensor's own progress scaled into the whole model's: the work queue counts
+            # tensors ("12/272"), the bar moves within a large one
+            st = yield from subjob(_stats_of(model, n), done - 1, 1, total)
             batch[n] = st
-            done += max(model.info(n).nbytes, 1)
             yield Progress(done, total, f"statistics: {n}")
             if len(batch) >= 16 or done == total:
                 self.runner.post(self._deliver_stats, gen, batch)
@@ -316,7 +318,8 @@ class Analyzer(QObject):
             return
 
         def job():
-            st = yield from _stats_of(model, name)
+            from workbench.progress import subjob
+            st = yield from subjob(_stats_of(model, name), 0, 1, 3)   # steps: stats, error, plots
             if need_stats:
                 self.runner.post(self._deliver_stats, gen, {name: st})
             if need_eval:

@@ -389,7 +389,7 @@ class BudgetPanel(QWidget):
     def _show_waiting(self) -> None:
         head, detail, frac, offer = self.waiting_state()
         self.waiting.fill(head, detail, frac, offer)
-        self.result.setText(head)
+        self.result.setText("")          # the waiting page says it (once)
 
     def _set_waiting(self, on: bool) -> None:
         """No figures yet: the spin box shows "—", not a 0.000 budget; the plot gives way to

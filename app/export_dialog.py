@@ -121,6 +121,7 @@ class ExportDialog(QDialog):
     def _checking_text(self, done: int, total: int, message: str) -> None:
         if not self.checking():
             return
+        self.progress.setVisible(True)
         self.verdicts.setText(f"checking which formats can write this plan: {done}/{total}"
                               + (f" · {_esc(message)}" if message else ""))
         self.status.setText("Export is enabled when the check is done")
@@ -133,6 +134,7 @@ class ExportDialog(QDialog):
         from workbench.export.preflight import best_format
         self.checks = checks
         self.progress.setValue(0)
+        self.progress.setVisible(False)      # shown again while exporting
         model = self.format.model()
         for i, e in enumerate(self.exporters):
             c = checks.get(e.name)
@@ -178,6 +180,7 @@ class ExportDialog(QDialog):
         it cannot write with its own message."""
         self._check_error = message.split("\n")[0]
         self.progress.setValue(0)
+        self.progress.setVisible(False)
         self.verdicts.setText(f"could not check the formats: {_esc(self._check_error)}")
         self._format_changed()
 
@@ -253,6 +256,8 @@ class ExportDialog(QDialog):
                 self.status.setText("not exported: the existing file is kept")
                 return None
         self.export_button.setEnabled(False)
+        self.progress.setValue(0)
+        self.progress.setVisible(True)
         self.cancel_button.setText("Cancel")
         self.status.setText(f"exporting {name}…")
         def job():

@@ -109,8 +109,11 @@ def export_dialog_png(app, win, out_path) -> None:
     over = dlg.grab()
     painter = QPainter(pix)
     painter.fillRect(pix.rect(), QColor(0, 0, 0, 110))
-    painter.drawPixmap(QPoint((pix.width() - over.width()) // 2,
-                              max(40, (pix.height() - over.height()) // 3)), over)
+    at = QPoint((pix.width() - over.width()) // 2, max(40, (pix.height() - over.height()) // 3))
+    painter.drawPixmap(at, over)
+    from PySide6.QtGui import QPen
+    painter.setPen(QPen(QColor("#4c9aff"), 2))    # the dialog's frame (offscreen: no title bar)
+    painter.drawRect(at.x() - 1, at.y() - 1, over.width() + 1, over.height() + 1)
     painter.end()
     from PySide6.QtCore import QBuffer, QIODevice
     buf = QBuffer()
@@ -157,6 +160,12 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
             if dialog == "export":
                 export_dialog_png(app, win, out_path)
             else:
+                win.work_queue.refresh()      # the queue's figures as of the picture
+                for page in (win.budget_panel, win.sensitivity_view):
+                    if page.isVisible() and page.fx.table() is None:
+                        page._show_waiting()
+                win.tensor_sensitivity.refresh()
+                app.processEvents()
                 grab_png(win, out_path)
             return
         wait_idle(app, win)

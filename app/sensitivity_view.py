@@ -312,9 +312,8 @@ class SensitivityView(QWidget):
         return f"computing the {fx.measure} sensitivity table: {task_line(task, state, ahead)}"
 
     def _show_waiting(self) -> None:
-        text = self.waiting_text()
-        self.status.setText(text)
-        self.waiting.setText(text)
+        self.status.setText("")          # the page below says it (once)
+        self.waiting.setText(self.waiting_text())
 
     def _changed(self) -> None:
         if self.isVisible():
@@ -439,7 +438,7 @@ class TensorSensitivity(QWidget):
         from .work_queue import state_of, task_line
         state, ahead = state_of(self.fx.runner, task)
         return f"waiting for the {self.fx.measure} sensitivity table: " \
-               f"{task_line(task, state, ahead)}"
+               f"{task_line(task, state, ahead, stage=False)}"
 
     def _job_event(self, task) -> None:
         mine = self._table_task()

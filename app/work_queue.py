@@ -43,22 +43,21 @@ def fmt_eta(seconds: float | None) -> str:
     return f"~{seconds / 3600:.1f} h left"
 
 
-def task_line(task, state: str, ahead=None) -> str:
+def task_line(task, state: str, ahead=None, stage: bool = True) -> str:
     """One task's state in words: 'running 40/98 · stage · ~12 s left', 'queued behind X',
-    'paused for X' (X: the task running in its lane)."""
+    'paused for X' (X: the task running in its lane); `stage`: with the stage text."""
     if state == "running":
         parts = ["running"]
         if task.progress_text():
             parts[0] += f" {task.progress_text()}"
-        if task.message and task.message != task.name:
+        if stage and task.message and task.message != task.name:
             parts.append(task.message)
         if fmt_eta(task.eta_s()):
             parts.append(fmt_eta(task.eta_s()))
         return " · ".join(parts)
     who = f" {ahead.name}" if ahead is not None else " other work"
     if state == "paused":
-        done = f" at {task.progress_text()}" if task.progress_text() else ""
-        return f"paused{done} for{who}"
+        return f"paused for{who}"
     return f"queued behind{who}"
 
 

@@ -105,6 +105,7 @@ class Task:
         self.total = 0.0
         self.submitted_at = time.monotonic()
         self.started_at: float | None = None
+        self.progress_at: float | None = None     # when the last Progress event came
         self._cancel = threading.Event()
         self._last_post = 0.0
 
@@ -125,16 +126,17 @@ class Task:
         """'40/98' (counted steps), '37%' (a fraction) or '' (no progress reported yet)."""
         if self.total <= 0:
             return ""
-        if self.total > 1 and float(self.total).is_integer() and float(self.done).is_integer() \
-                and self.total != 100:
+        # counted steps (tensors, samples, formats); not bytes, not a percentage scale
+        if float(self.total).is_integer() and 1 < self.total <= 1_000_000 and self.total != 100:
             return f"{int(self.done)}/{int(self.total)}"
         return f"{100 * self.fraction:.0f}%"
 
     def eta_s(self) -> float | None:
         """Seconds left at the pace so far (None: too early to say)."""
-        if self.started_at is None or not 0.02 <= self.fraction < 1.0:
+        if self.started_at is None or self.progress_at is None or not 0.02 <= self.fraction < 1.0:
             return None
-        spent = time.monotonic() - self.started_at
+        # as of the last progress event: every panel showing it says the same
+        spent = self.progress_at - self.started_at
         return spent * (1.0 - self.fraction) / self.fraction
 
     @property
@@ -376,6 +378,7 @@ class Runner(QObject):
         def deliver():
             task.fraction, task.message = ev.fraction, ev.message or task.name
             task.done, task.total = float(ev.done), float(ev.total)
+            task.progress_at = now
             if task.on_progress is not None:
                 task.on_progress(ev)
             self.taskProgress.emit(task)
