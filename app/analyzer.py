@@ -148,7 +148,10 @@ class Analyzer(QObject):
         self.runner.submit(throughput.backend_name, "kernel backend", BACKGROUND,
                            on_done=self.doc.set_backend, on_error=self._failed("Kernels"))
         if jit:
-            self.runner.submit(throughput.warmup, "warming up kernels", IDLE,
+            first = sorted(set(self.doc.assignment.values())) if self.doc.model is not None \
+                else []
+            self.runner.submit(lambda: throughput.warmup_job(first),
+                               "Compiling kernels (numba, first run)", IDLE,
                                on_error=self._failed("Kernels"))
 
     # ---- model --------------------------------------------------------------------------
@@ -174,14 +177,16 @@ class Analyzer(QObject):
 
     def _all_stats(self, model, gen):
         names = list(model.tensors)
-        total = sum(max(model.info(n).nbytes, 1) for n in names) or 1
-        done, batch = 0, {}
-        for n in names:
+        total = len(names)
+        batch = {}
+        from workbench.progress import subjob
+        for done, n in enumerate(names, 1):
             if gen != self._generation:
                 return None
-            st = yield from _stats_of(model, n)
+            # the tensor's own progress scaled into the whole model's: the work queue counts
+            # tensors ("12/272"), the bar moves within a large one
+            st = yield from subjob(_stats_of(model, n), done - 1, 1, total)
             batch[n] = st
-            done += max(model.info(n).nbytes, 1)
             yield Progress(done, total, f"statistics: {n}")
             if len(batch) >= 16 or done == total:
                 self.runner.post(self._deliver_stats, gen, batch)
@@ -255,8 +260,9 @@ class Analyzer(QObject):
                 return
             self._eval_running = True
         model, gen = self.doc.model, self._generation
+        # the totals' SQNR waits for it: ahead of the whole-model sensitivity and check
         self.runner.submit(lambda: self._evaluate_queue(model, gen), "Evaluating error",
-                           BACKGROUND, visible=True, on_error=self._eval_failed)
+                           FOREGROUND, visible=True, on_error=self._eval_failed)
 
     def _evaluate_queue(self, model, gen):
         done = 0
@@ -312,7 +318,8 @@ class Analyzer(QObject):
             return
 
         def job():
-            st = yield from _stats_of(model, name)
+            from workbench.progress import subjob
+            st = yield from subjob(_stats_of(model, name), 0, 1, 3)   # steps: stats, error, plots
             if need_stats:
                 self.runner.post(self._deliver_stats, gen, {name: st})
             if need_eval:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, QTimer, Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton,
-                               QSizePolicy, QSlider, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QHBoxLayout, QLabel, QProgressBar,
+                               QPushButton, QSizePolicy, QSlider, QStackedWidget, QVBoxLayout,
+                               QWidget)
 
 from .commands import _short
 from .format import fmt_bytes, fmt_float
@@ -186,6 +187,11 @@ class BudgetPanel(QWidget):
         self.hover.setMinimumWidth(1)
         self.hover.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.plot = FrontierPlot()
+        self.waiting = WaitingPage()
+        self.waiting.compute.clicked.connect(lambda: effects.request_table())
+        self.stack = QStackedWidget()
+        self.stack.addWidget(self.plot)
+        self.stack.addWidget(self.waiting)
         row = QHBoxLayout()
         row.setSpacing(4)
         row.addWidget(QLabel("Budget"))
@@ -203,7 +209,7 @@ class BudgetPanel(QWidget):
         lay.setSpacing(3)
         lay.addLayout(row)
         lay.addLayout(row2)
-        lay.addWidget(self.plot, 1)
+        lay.addWidget(self.stack, 1)
         lay.addWidget(self.hover)
         self._range = (0.0, 0.0)   # bits/weight
         self._initialised = False
@@ -222,7 +228,22 @@ class BudgetPanel(QWidget):
         effects.tableChanged.connect(lambda _m: self.refresh())
         doc.currentChanged.connect(lambda _n: self._pins())
         doc.modelChanged.connect(self._model_changed)
+        runner = effects.runner
+        for sig in (runner.taskStarted, runner.taskProgress):
+            sig.connect(self._job_event)
         self.refresh()
+
+    def _job_event(self, task) -> None:
+        """The table's or the frontier's progress: the waiting page only (cheap)."""
+        if self.stack.currentIndex() != 1:
+            return
+        mine = self._table_task() if self.fx.table() is None else self.fx._frontier_task
+        if mine is not None and (task is mine or not mine.started):
+            self._show_waiting()
+
+    def _table_task(self):
+        fx = self.fx
+        return fx._table_tasks.get(fx._key(fx.measure)) if fx.doc.model is not None else None
 
     def _model_changed(self) -> None:
         """Another model: its own budget range and starting value, nothing of the last one's."""
@@ -331,17 +352,70 @@ class BudgetPanel(QWidget):
             self.result.setToolTip(mix)
         self.refresh()
 
+    # ---- waiting (issue 33: never empty axes nor a 0.000 budget) ----------------------------
+    def waiting_state(self) -> tuple[str, str, float | None, bool]:
+        """(headline, detail, fraction or None, offer Compute) while there is no frontier."""
+        from .work_queue import task_line
+        fx = self.fx
+        if fx.doc.model is None:
+            return "Open a model", "", None, False
+        table = fx.table()
+        if table is None:
+            err = fx.table_error()
+            if err:
+                return ("Cannot compute the sensitivity table", err, None, True)
+            task = self._table_task()
+            if task is None or task.finished:
+                return (f"The {fx.measure} sensitivity table is not computed",
+                        "it was cancelled or not asked for yet: Compute starts it (the work "
+                        "queue below shows its progress)", None, True)
+            what, ahead_of = f"the {fx.measure} sensitivity table", "the frontier follows"
+        else:
+            task = fx._frontier_task
+            if task is not None and task.state in ("cancelled", "failed"):
+                return (f"The frontier was {task.state}", "Compute runs it again", None, True)
+            if task is None or task.finished:
+                return ("Waiting for the plan's schemes in the sensitivity table",
+                        "the frontier is computed once every scheme the plan uses has a "
+                        "sensitivity", None, False)
+            what, ahead_of = "the frontier", "allocations over a range of budgets"
+        from .work_queue import state_of
+        state, ahead = state_of(fx.runner, task)
+        line = task_line(task, state, ahead)
+        frac = task.fraction if task.started else None
+        return (f"Computing {what} · {task.progress_text() or state}", f"{task.name}: {line} "
+                f"({ahead_of})", frac, False)
+
+    def _show_waiting(self) -> None:
+        head, detail, frac, offer = self.waiting_state()
+        self.waiting.fill(head, detail, frac, offer)
+        self.result.setText("")          # the waiting page says it (once)
+
+    def _set_waiting(self, on: bool) -> None:
+        """No figures yet: the spin box shows "—", not a 0.000 budget; the plot gives way to
+        what it waits for."""
+        self.stack.setCurrentIndex(1 if on else 0)
+        if on:
+            self.spin.blockSignals(True)
+            self.spin.setSpecialValueText("—")
+            self.spin.setRange(0.0, 0.0)
+            self.spin.setValue(0.0)
+            self.spin.blockSignals(False)
+            self._range = (0.0, 0.0)
+            self._initialised = False
+            self.hover.setText(" ")
+            self._show_waiting()
+        elif self.spin.specialValueText():
+            self.spin.setSpecialValueText("")
+
     def refresh(self) -> None:
         fx = self.fx
         table = fx.table()
         ready = table is not None and bool(fx.frontier)
         for w in (self.spin, self.slider, self.apply_button):
             w.setEnabled(ready)
-        if table is None:
-            err = fx.table_error()
-            self.result.setText(f"cannot compute the sensitivity table: {err}" if err
-                                else "waiting for the sensitivity table…")
-            self.plot.set_points([], None)
+        self._set_waiting(not ready)
+        if not ready:
             return
         uni = [p.bits_per_weight for p in fx.frontier if p.kind in ("uniform", "allocated")]
         if uni:
@@ -355,10 +429,50 @@ class BudgetPanel(QWidget):
                 self._initialised = self._initialised or cur is not None
         self.plot.set_points(fx.frontier, fx.current_point(),
                              self.budget_bpw() if ready else None)
-        if not fx.frontier:
-            self.result.setText("computing the frontier…")
-        elif fx.preview is None and not fx.allocation_error:
+        if fx.preview is None and not fx.allocation_error:
             count = {k: sum(1 for p in fx.frontier if p.kind == k)
                      for k in ("allocated", "uniform", "recipe")}
             self.result.setText(f"{count['allocated']} allocated, {count['uniform']} uniform, "
                                 f"{count['recipe']} recipe plans · set a budget or click a point")
+
+
+class WaitingPage(QWidget):
+    """In place of the frontier plot while it has nothing to show: what it waits for, that
+    job's progress, and Compute when nothing is running."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("BudgetWaiting")
+        self.headline = QLabel("")
+        self.headline.setObjectName("WaitingHeadline")
+        self.headline.setStyleSheet("font-size: 11pt; font-weight: bold; color: #c9ced8;")
+        self.headline.setWordWrap(True)
+        self.bar = QProgressBar()
+        self.bar.setObjectName("WaitingBar")
+        self.bar.setRange(0, 1000)
+        self.bar.setTextVisible(False)
+        self.bar.setMaximumWidth(420)
+        self.detail = QLabel("")
+        self.detail.setObjectName("Muted")
+        self.detail.setWordWrap(True)
+        self.compute = QPushButton("Compute")
+        self.compute.setObjectName("ComputeTable")
+        self.compute.setToolTip("Compute the sensitivity table (then the frontier)")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(24, 24, 24, 24)
+        lay.addStretch(1)
+        for w in (self.headline, self.bar, self.detail):
+            lay.addWidget(w)
+        row = QHBoxLayout()
+        row.addWidget(self.compute)
+        row.addStretch(1)
+        lay.addLayout(row)
+        lay.addStretch(2)
+
+    def fill(self, headline: str, detail: str, fraction: float | None, offer: bool) -> None:
+        self.headline.setText(headline)
+        self.detail.setText(detail)
+        self.bar.setVisible(fraction is not None)
+        if fraction is not None:
+            self.bar.setValue(int(1000 * fraction))
+        self.compute.setVisible(offer)

@@ -19,10 +19,13 @@ QLabel#CheckBadge[state="stale"] { background: #5a4a16; color: #f2cc60; }
 QLabel#CheckBadge[state="fresh"] { background: #1d3b26; color: #56d364; }
 QLabel#CheckBadge[state="error"] { background: #4a1d1f; color: #ff7b72; }
 QLabel#CheckBadge[state="off"] { background: #2e333d; color: #8a92a3; }
+QLabel#CheckBadge[state="cancelled"] { background: #2e333d; color: #f2cc60; }
 QPushButton#CalibButton { padding: 1px 6px; font-size: 8pt; }
 """
 
-BADGE = {"stale": "STALE · re-running", "fresh": "CURRENT", "error": "NOT RUN", "off": "OFF"}
+BADGE = {"stale": "STALE · re-running", "fresh": "CURRENT", "error": "NOT RUN", "off": "OFF",
+         "cancelled": "CANCELLED"}
+CHECK_TASK = "End-to-end check"
 
 
 def figures_text(fig: dict | None) -> str:
@@ -92,7 +95,29 @@ class CheckPanel(QFrame):
         self.calib_button.setMaximumWidth(170)
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
         effects.checkChanged.connect(self.refresh)
+        # while the check waits or runs, its progress (not a bare "running…"): only the
+        # check's own events refresh the panel
+        runner = effects.runner
+        for sig in (runner.taskStarted, runner.taskProgress):
+            sig.connect(self._job_event)
         self.refresh()
+
+    def _job_event(self, task) -> None:
+        mine = self.fx._check_task
+        # its own events, or another task starting ahead of it while it waits
+        if mine is not None and self.fx.check_state == "stale" and (
+                task is mine or not mine.started):
+            self.refresh()
+
+    def waiting(self) -> str:
+        """What the check is doing while its figures are not there yet."""
+        from .work_queue import waiting_text
+        t = self.fx._check_task
+        if t is not None and not t.finished:
+            text = waiting_text(self.fx.runner, CHECK_TASK, "the check")
+            if text:
+                return text.replace("waiting for the check: ", "", 1)
+        return "starting (the plan changed a moment ago)"
 
     def _fit(self) -> None:
         self.caption.set_forms(self._captions)
@@ -128,11 +153,11 @@ class CheckPanel(QFrame):
                               f"END-TO-END CHECK · {kind} · {fig['samples']} samples",
                               f"END-TO-END CHECK · {kind}", "END-TO-END CHECK", "CHECK"]
         self.caption.setToolTip(self._captions[0])
-        if state == "error":
+        if state in ("error", "cancelled"):
             self._values = None          # the message whole (selectable; also the tooltip)
             self.value.setText(fx.check_message)
             self.value.setToolTip(fx.check_message)
-            self.value.setStyleSheet(f'font-size: 9pt; color: {POOR};')
+            self.value.setStyleSheet(f'font-size: 9pt; color: {POOR if state == "error" else MUTED};')
             self.caption.set_forms(self._captions)
             return
         colour = MUTED if state in ("stale", "off") else "#e6e9ef"
@@ -141,11 +166,23 @@ class CheckPanel(QFrame):
         if state == "off":
             self._values = (["off (the check costs a forward pass per edit)", "off"]
                             if not fig else figures_variants(fig))
+        elif fig:
+            self._values = figures_variants(fig)
         else:
-            self._values = figures_variants(fig) if fig else ["running…"]
+            w = self.waiting()
+            self._values = [w, w.split(" · ")[0]]
+            self.value.setStyleSheet(f"font-size: 9pt; color: {MUTED};")
+        if state == "stale":
+            t = self.fx._check_task
+            started = t is not None and t.started
+            prog = f" {t.progress_text()}" if started and t.progress_text() else ""
+            if fig:
+                self.badge.setText(f"STALE · re-running{prog}")
+            else:
+                self.badge.setText(f"RUNNING{prog}" if started else "QUEUED")
         self._fit()
         self.value.setToolTip(
-            (self._values[0] + "\n\n" if fig else "") +
+            (self._values[0] + "\n\n" if fig or state == "stale" else "") +
             "Encoders: cosine of mean-pooled final hidden states, original vs planned model. "
             "Causal LMs: KL divergence of next-token distributions (nats, mean and 99th "
             "percentile), same top token (fraction), perplexity of the planned and the original "

@@ -316,7 +316,8 @@ class PlanEffects(QObject):
             lambda: check(model, plan, calib, samples), "End-to-end check", BACKGROUND,
             visible=True, exclusive=True, on_done=lambda r: self._check_done(gen, r),
             on_error=lambda msg: self._check_failed(gen, msg),
-            on_cancel=lambda: None)
+            on_cancel=lambda: self._check_cancelled(gen))
+        self.checkChanged.emit()    # the panel says where in the queue it is
 
     def _check_done(self, gen, result) -> None:
         if gen != self._check_gen:
@@ -337,6 +338,15 @@ class PlanEffects(QObject):
             self.unrunnable = first
         self.check_state = "error"
         self.check_message = first
+        self.checkChanged.emit()
+
+    def _check_cancelled(self, gen) -> None:
+        """Cancelled by the user (the work queue, Esc); not when an edit superseded it."""
+        if gen != self._check_gen:
+            return
+        self._check_task = None
+        self.check_state = "cancelled"
+        self.check_message = "cancelled · F5 (Effects ▸ Re-run Check Now) runs it again"
         self.checkChanged.emit()
 
     def check_now(self) -> None:
@@ -407,7 +417,9 @@ class PlanEffects(QObject):
             self.table_errors[key] = msg.split("\n")[0]
             self.tableChanged.emit(measure)
 
-        task = self.runner.submit(make, f"Sensitivity ({measure})", FOREGROUND, visible=True,
+        # a whole-model sweep: behind what the user waits for (a selected tensor, an export
+        # check, the totals' error evaluation); the work queue lists it with its progress
+        task = self.runner.submit(make, f"Sensitivity ({measure})", BACKGROUND, visible=True,
                                   exclusive=measure != "weight",
                                   on_done=done, on_error=failed,
                                   on_cancel=lambda: self.tableChanged.emit(measure))

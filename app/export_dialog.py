@@ -1,23 +1,26 @@
 """The Export dialog: every format in the exporter registry, run as the CLI runs it.
 
-Before anything is exported, each format is checked against the current plan on the compute
-thread (workbench.export.preflight, as `export --check`): the list says per format whether
-the plan can be written and why not, the format offered first is one that can write it
-(the user's last format when it can), and Export is disabled for a format that cannot."""
+Before anything is exported, each format is checked against the current plan
+(workbench.export.preflight, as `export --check`) on the runner's user lane, so the check
+answers in seconds even while a sensitivity table or the end-to-end check holds the compute
+thread (issue 33). Until it is done Export is disabled and the dialog says how far the check
+is; then the formats the plan cannot be written to are disabled in the list (the reason as
+their tooltip), the format offered first is one that can write it (the user's last format
+when it can), and Export stays disabled for a format that cannot."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QBrush, QColor
+from PySide6.QtGui import QBrush, QColor, QStandardItemModel
 from PySide6.QtWidgets import (QComboBox, QDialog, QFileDialog, QFormLayout, QHBoxLayout,
                                QLabel, QLineEdit, QProgressBar, QPushButton, QSizePolicy,
                                QVBoxLayout)
 
 from workbench.export import export, list_exporters
 
-from .workers import FOREGROUND
+from .workers import FOREGROUND, INTERACTIVE, USER
 
 
 class ExportDialog(QDialog):
@@ -40,7 +43,7 @@ class ExportDialog(QDialog):
         for e in self.exporters:
             self.format.addItem(self._item_text(e, None), e.name)
         self.format.activated.connect(lambda _i: setattr(self, "_user_chose", True))
-        self.verdicts = QLabel("checking which formats can write this plan…")
+        self.verdicts = QLabel("")
         self.verdicts.setObjectName("ExportVerdicts")
         self.verdicts.setWordWrap(True)
         self.verdicts.setTextFormat(Qt.TextFormat.RichText)
@@ -90,14 +93,20 @@ class ExportDialog(QDialog):
         lay.addStretch(1)
         lay.addLayout(buttons)
         self.format.currentIndexChanged.connect(self._format_changed)
-        self._format_changed()
         self.check_task = None
+        self._check_error = None
+        self._format_changed()
         if doc.model is not None:
             model, plan = doc.model, doc.plan
-            from workbench.export.preflight import check_all
-            self.check_task = runner.submit(lambda: check_all(model, plan),
-                                            "Checking export formats", FOREGROUND,
-                                            on_done=self._checked, on_error=self._check_failed)
+            names = [e.name for e in self.exporters]
+            # metadata only (no kernel, no network): the user lane, never behind other jobs
+            self.check_task = runner.submit(lambda: check_job(model, plan, names),
+                                            "Checking export formats", INTERACTIVE, lane=USER,
+                                            visible=True, on_done=self._checked,
+                                            on_error=self._check_failed,
+                                            on_progress=self._check_progress,
+                                            on_cancel=lambda: self._check_failed("cancelled"))
+        self._checking_text(0, len(self.exporters), "")
 
     # ---- what each format can write ---------------------------------------------------------
     @staticmethod
@@ -105,9 +114,28 @@ class ExportDialog(QDialog):
         mark = "" if check is None else ("  ✓" if check.ok else "  ✗ cannot write this plan")
         return f"{e.name}  ({e.suffix or 'folder'}){mark}"
 
+    def checking(self) -> bool:
+        """The format check has not answered yet."""
+        return self.checks is None and self._check_error is None and self.doc.model is not None
+
+    def _checking_text(self, done: int, total: int, message: str) -> None:
+        if not self.checking():
+            return
+        self.progress.setVisible(True)
+        self.verdicts.setText(f"checking which formats can write this plan: {done}/{total}"
+                              + (f" · {_esc(message)}" if message else ""))
+        self.status.setText("Export is enabled when the check is done")
+        self.progress.setValue(int(1000 * done / max(total, 1)))
+
+    def _check_progress(self, ev) -> None:
+        self._checking_text(int(ev.done), int(ev.total), ev.message)
+
     def _checked(self, checks) -> None:
         from workbench.export.preflight import best_format
         self.checks = checks
+        self.progress.setValue(0)
+        self.progress.setVisible(False)      # shown again while exporting
+        model = self.format.model()
         for i, e in enumerate(self.exporters):
             c = checks.get(e.name)
             self.format.setItemText(i, self._item_text(e, c))
@@ -116,6 +144,9 @@ class ExportDialog(QDialog):
                 if not c.ok:
                     self.format.setItemData(i, QBrush(QColor("#8a92a3")),
                                             Qt.ItemDataRole.ForegroundRole)
+                    # not offered: the list cannot choose it (the reason is its tooltip)
+                    if isinstance(model, QStandardItemModel):
+                        model.item(i).setEnabled(False)
         rows = []
         for e in self.exporters:
             c = checks.get(e.name)
@@ -127,12 +158,13 @@ class ExportDialog(QDialog):
                         f"<td>{_esc(_short(c.text()))}</td></tr>")
         self.verdicts.setText("<table cellspacing='2'>" + "".join(rows) + "</table>")
         self.verdicts.setToolTip("\n\n".join(f"{f}: {c.text()}" for f, c in checks.items()))
-        if not self._user_chose:
+        chosen = checks.get(self.exporter().name)
+        if not self._user_chose or (chosen is not None and not chosen.ok):
             preferred = self.settings.value("export_format", "") if self.settings is not None \
                 else ""
             best = best_format(checks, str(preferred or "") or None)
             names = [e.name for e in self.exporters]
-            if best in names:
+            if best in names and checks[best].ok:
                 self.format.setCurrentIndex(names.index(best))
         self._format_changed()
         self._fit()
@@ -144,7 +176,13 @@ class ExportDialog(QDialog):
                                       self.layout().totalHeightForWidth(self.width())))
 
     def _check_failed(self, message: str) -> None:
-        self.verdicts.setText(f"could not check the formats: {_esc(message)}")
+        """The check failed (or was cancelled): Export is offered; the exporter refuses a plan
+        it cannot write with its own message."""
+        self._check_error = message.split("\n")[0]
+        self.progress.setValue(0)
+        self.progress.setVisible(False)
+        self.verdicts.setText(f"could not check the formats: {_esc(self._check_error)}")
+        self._format_changed()
 
     def check(self, name: str | None = None):
         """The preflight of a format (default: the selected one); None while checking."""
@@ -161,9 +199,11 @@ class ExportDialog(QDialog):
         self._show_error(None)
         c = self.check(e.name)
         busy = self.task is not None and not self.task.finished
-        self.export_button.setEnabled(not busy and (c is None or c.ok))
+        self.export_button.setEnabled(not busy and not self.checking() and (c is None or c.ok))
         if c is not None and not c.ok:
             self.status.setText(f"{e.name} cannot write this plan (see Formats)")
+        elif self.checking():
+            self.status.setText("Export is enabled when the check is done")
         elif not busy:
             self.status.setText("")
         current = self.path.text().strip()
@@ -187,6 +227,9 @@ class ExportDialog(QDialog):
         target = self.path.text().strip()
         self.result_info = self.error = None
         self._show_error(None)
+        if self.checking():
+            self.status.setText("Export is enabled when the check is done")
+            return None
         c = self.check(name)
         if c is not None and not c.ok:
             self._failed(f"{name} cannot write this plan: {c.reason}")
@@ -213,6 +256,8 @@ class ExportDialog(QDialog):
                 self.status.setText("not exported: the existing file is kept")
                 return None
         self.export_button.setEnabled(False)
+        self.progress.setValue(0)
+        self.progress.setVisible(True)
         self.cancel_button.setText("Cancel")
         self.status.setText(f"exporting {name}…")
         def job():
@@ -256,7 +301,7 @@ class ExportDialog(QDialog):
 
     def _idle(self) -> None:
         c = self.check()
-        self.export_button.setEnabled(c is None or c.ok)
+        self.export_button.setEnabled(not self.checking() and (c is None or c.ok))
         self.cancel_button.setText("Close")
 
     def _cancel_or_close(self) -> None:
@@ -264,6 +309,24 @@ class ExportDialog(QDialog):
             self.task.cancel()
         else:
             self.accept()
+
+    def done(self, result: int) -> None:
+        """Closing the dialog drops its check if it still runs."""
+        if self.check_task is not None and not self.check_task.finished:
+            self.check_task.cancel()
+        super().done(result)
+
+
+def check_job(model, plan, names):
+    """Job: {format: Preflight} (workbench.export.preflight.check per format), with progress."""
+    from workbench.export.preflight import check
+    from workbench.progress import Progress
+    out = {}
+    for i, f in enumerate(names):
+        yield Progress(i, len(names), f"checking {f}")
+        out[f] = check(model, plan, f)
+    yield Progress(len(names), len(names), "checked")
+    return out
 
 
 def _short(text: str, limit: int = 170) -> str:

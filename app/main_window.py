@@ -26,6 +26,7 @@ from .session import Session, is_session_file
 from .tier_board import TierBoard
 from .totals_bar import TotalsBar
 from .undo import push
+from .work_queue import WorkQueuePanel
 from .workers import FOREGROUND, Runner
 
 MAX_RECENT = 8
@@ -81,6 +82,7 @@ class MainWindow(QMainWindow):
         self.tiers = TierBoard(self.doc, self.push, self.select, messages=self.messages)
         self.comparison = ComparisonView(self.doc, self.analyzer, self.push)
         self.totals = TotalsBar(self.doc)
+        self.totals.runner = self.runner
         self.tabs = QTabWidget()
         self.tabs.setObjectName("MainTabs")
         self.tabs.addTab(self.table, "Scheme table")
@@ -105,6 +107,9 @@ class MainWindow(QMainWindow):
         lay.setSpacing(6)
         lay.addWidget(self.totals)
         lay.addWidget(self.main_split, 1)
+        # issue 33: every job running or waiting, with its progress and a Cancel button
+        self.work_queue = WorkQueuePanel(self.runner)
+        lay.addWidget(self.work_queue)
         self.setCentralWidget(central)
 
         self.progress = ProgressPanel(self.runner)

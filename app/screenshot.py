@@ -70,11 +70,69 @@ def parse_size(text: str) -> tuple[int, int]:
     return w, h
 
 
+def wait_busy(app, win, tab: str, timeout: float = 180.0) -> None:
+    """--busy: wait until the work queue lists jobs and the one the tab waits for (the budget
+    tab: the sensitivity table; else any) has started and reported progress, or `timeout`."""
+    deadline = time.monotonic() + timeout
+    fx = win.effects
+    while time.monotonic() < deadline:
+        app.processEvents()
+        if tab == "budget":
+            t = fx._table_tasks.get(fx._key(fx.measure))
+            if fx.table() is not None and win.runner.idle():
+                return                      # it was quicker than the screenshot
+            ok = t is not None and t.started and t.fraction > 0.02
+        else:
+            ok = any(t.started and t.fraction > 0.02 for t in win.work_queue.shown)
+        if ok and win.work_queue.isVisible():
+            for _ in range(3):              # the queue redraws on its timer
+                app.processEvents()
+                time.sleep(0.05)
+            win.work_queue.refresh()
+            return
+        time.sleep(0.02)
+
+
+def export_dialog_png(app, win, out_path) -> None:
+    """The window with the Export dialog over it, once the dialog's format check is done."""
+    from PySide6.QtCore import QPoint
+    from PySide6.QtGui import QColor, QPainter
+    dlg = win.export_dialog()
+    deadline = time.monotonic() + 120.0
+    while dlg.checks is None and time.monotonic() < deadline:
+        app.processEvents()
+        time.sleep(0.02)
+    dlg._fit()
+    win.work_queue.refresh()
+    app.processEvents()
+    pix = win.grab()
+    over = dlg.grab()
+    painter = QPainter(pix)
+    painter.fillRect(pix.rect(), QColor(0, 0, 0, 110))
+    at = QPoint((pix.width() - over.width()) // 2, max(40, (pix.height() - over.height()) // 3))
+    painter.drawPixmap(at, over)
+    from PySide6.QtGui import QPen
+    painter.setPen(QPen(QColor("#4c9aff"), 2))    # the dialog's frame (offscreen: no title bar)
+    painter.drawRect(at.x() - 1, at.y() - 1, over.width() + 1, over.height() + 1)
+    painter.end()
+    from PySide6.QtCore import QBuffer, QIODevice
+    buf = QBuffer()
+    buf.open(QIODevice.OpenModeFlag.WriteOnly)
+    if not pix.save(buf, "PNG"):
+        raise WorkbenchError("could not encode the screenshot as PNG")
+    with atomic_write(out_path, "wb") as fh:
+        fh.write(bytes(buf.data()))
+    dlg.close()
+
+
 def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), tab="table",
-           compare: bool = False, methods=(), scope: str = "pareto") -> None:
+           compare: bool = False, methods=(), scope: str = "pareto", busy: bool = False,
+           dialog: str | None = None) -> None:
     """Open the window offscreen on a model (+ plan), select a layer, wait, save a PNG.
     `methods` (imatrix, gptq, awq): ticked in the comparison tab, rows per method in `scope`
-    (pareto | current | all)."""
+    (pareto | current | all). `busy`: the window while its jobs still run (the work queue,
+    the panels' waiting states) instead of once idle. `dialog="export"`: the Export dialog over
+    the window, once its format check is done."""
     from .main import create_app, build_window
     from .messages import RecordedMessages
     app = create_app(offscreen=True)
@@ -85,6 +143,31 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
     win.show()
     win.analyzer.warmup(jit=False)
     try:
+        if busy:
+            while win.doc.model is None and not msgs.errors:   # the model opened, no more
+                app.processEvents()
+                time.sleep(0.02)
+            if msgs.errors:
+                raise WorkbenchError(msgs.errors[0][1].split("\n")[0])
+            if layer and layer in win.doc.model.tensors:
+                win.select(layer)
+            win.tabs.setCurrentIndex(win.effects_tab_index if tab == "budget" else
+                                     win.map_tab_index if tab == "map" else TABS.get(tab, 0))
+            wait_busy(app, win, tab)
+            win.resize(*size)
+            win.fit_layout()
+            app.processEvents()
+            if dialog == "export":
+                export_dialog_png(app, win, out_path)
+            else:
+                win.work_queue.refresh()      # the queue's figures as of the picture
+                for page in (win.budget_panel, win.sensitivity_view):
+                    if page.isVisible() and page.fx.table() is None:
+                        page._show_waiting()
+                win.tensor_sensitivity.refresh()
+                app.processEvents()
+                grab_png(win, out_path)
+            return
         wait_idle(app, win)
         if msgs.errors:
             raise WorkbenchError(msgs.errors[0][1].split("\n")[0])
@@ -123,7 +206,10 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
         win.resize(*size)
         win.fit_layout()
         app.processEvents()
-        grab_png(win, out_path)
+        if dialog == "export":
+            export_dialog_png(app, win, out_path)
+        else:
+            grab_png(win, out_path)
     finally:
         win.autosave_enabled = False
         win.runner.shutdown()

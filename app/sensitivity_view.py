@@ -252,6 +252,13 @@ class SensitivityView(QWidget):
         self.stack = QStackedWidget()
         self.stack.addWidget(self.heat)
         self.stack.addWidget(self.bars)
+        # no table yet: what it waits for, in place of empty axes (issue 33)
+        self.waiting = QLabel("")
+        self.waiting.setObjectName("SensitivityWaiting")
+        self.waiting.setWordWrap(True)
+        self.waiting.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.waiting.setStyleSheet("color: #8a92a3; font-size: 10pt; padding: 16px;")
+        self.stack.addWidget(self.waiting)
         for w in (self.heat, self.bars):
             w.clicked.connect(doc.set_current)
             w.hovered.connect(self.hover.setText)
@@ -279,6 +286,34 @@ class SensitivityView(QWidget):
         effects.tableChanged.connect(lambda _m: self._changed())
         doc.stateChanged.connect(lambda _c: self._changed())
         doc.currentChanged.connect(self._current)
+        for sig in (effects.runner.taskStarted, effects.runner.taskProgress):
+            sig.connect(self._job_event)
+
+    def _job_event(self, task) -> None:
+        fx = self.fx
+        if fx.doc.model is None or self.stack.currentIndex() != 2 or not self.isVisible():
+            return
+        mine = fx._table_tasks.get(fx._key(fx.measure))
+        if mine is not None and (task is mine or not mine.started):
+            self._show_waiting()
+
+    def waiting_text(self) -> str:
+        """What the table view waits for (no table yet)."""
+        from .work_queue import state_of, task_line
+        fx = self.fx
+        err = fx.table_error()
+        if err:
+            return f"cannot compute the {fx.measure} sensitivity table: {err}"
+        task = fx._table_tasks.get(fx._key(fx.measure)) if fx.doc.model is not None else None
+        if task is None or task.finished:
+            return (f"the {fx.measure} sensitivity table is not computed (cancelled or not asked "
+                    "for yet): Compute in the budget panel starts it")
+        state, ahead = state_of(fx.runner, task)
+        return f"computing the {fx.measure} sensitivity table: {task_line(task, state, ahead)}"
+
+    def _show_waiting(self) -> None:
+        self.status.setText("")          # the page below says it (once)
+        self.waiting.setText(self.waiting_text())
 
     def _changed(self) -> None:
         if self.isVisible():
@@ -297,7 +332,6 @@ class SensitivityView(QWidget):
             self.fx.set_measure(m)
 
     def _view_chosen(self, i: int) -> None:
-        self.stack.setCurrentIndex(i)
         self.refresh()
 
     def _schemes_entered(self) -> None:
@@ -321,13 +355,12 @@ class SensitivityView(QWidget):
             self.measure_combo.blockSignals(False)
         table = fx.table()
         if table is None:
-            err = fx.table_error()
-            self.status.setText(f"cannot compute: {err}" if err else
-                                f"computing the {fx.measure} sensitivity table…"
-                                if fx.table_running() else "")
+            self.stack.setCurrentIndex(2)
+            self._show_waiting()
             self.heat.set_table([], [], np.zeros((0, 0)))
             self.bars.set_values([], [])
             return
+        self.stack.setCurrentIndex(self.view_combo.currentIndex())
         m = table.matrix()
         order = np.argsort(-row_order_key(m), kind="stable")
         names = [table.names[k] for k in order]
@@ -390,6 +423,28 @@ class TensorSensitivity(QWidget):
         doc.currentChanged.connect(lambda _n: self.refresh())
         doc.stateChanged.connect(lambda _c: self.refresh())
         effects.tableChanged.connect(lambda _m: self.refresh())
+        for sig in (effects.runner.taskStarted, effects.runner.taskProgress):
+            sig.connect(self._job_event)
+
+    def _table_task(self):
+        fx = self.fx
+        return fx._table_tasks.get(fx._key(fx.measure)) if fx.doc.model is not None else None
+
+    def _waiting(self) -> str:
+        task = self._table_task()
+        if task is None or task.finished:
+            # a label, not a tab title: one "&" (a doubled one showed as "&&")
+            return "open the Sensitivity & Budget tab (Ctrl+4) to compute"
+        from .work_queue import state_of, task_line
+        state, ahead = state_of(self.fx.runner, task)
+        return f"waiting for the {self.fx.measure} sensitivity table: " \
+               f"{task_line(task, state, ahead, stage=False)}"
+
+    def _job_event(self, task) -> None:
+        mine = self._table_task()
+        if self.fx.table() is None and mine is not None and self.isVisible() and (
+                task is mine or not mine.started):
+            self.summary.setText(self._waiting())
 
     def _show_plot(self, on: bool) -> None:
         if self.plot.isVisibleTo(self) != on or self.blank.isVisibleTo(self) == on:
@@ -411,8 +466,7 @@ class TensorSensitivity(QWidget):
                 self._show_plot(False)
                 self._empty = True
             if table is None:
-                # a label, not a tab title: one "&" (a doubled one showed as "&&")
-                self.summary.setText("open the Sensitivity & Budget tab (Ctrl+4) to compute")
+                self.summary.setText(self._waiting())
             else:
                 self.summary.setText("not allocatable (kept)" if name else "")
             return

@@ -36,6 +36,28 @@ def warmup() -> str:
         return "numpy"
 
 
+def warmup_job(first=()):
+    """Job: compile (or load from numba's cache) the kernels scheme by scheme, `first` (the
+    open plan's schemes) before the rest, so the work queue shows each kernel as it is ready
+    ("compiled q4_k", i/N) and a cancel stops between two schemes. Returns the backend name."""
+    from workbench.progress import Progress
+    try:
+        import kernels
+        from workbench import accel
+        from workbench.schemes import list_schemes
+    except (ImportError, AttributeError):
+        return "numpy"
+    names = list(dict.fromkeys([s for s in first if s != KEEP] + list(list_schemes())))
+    yield Progress(0, len(names), f"compiling {names[0]}" if names else "")
+    for i, name in enumerate(names):
+        try:
+            accel.warmup([name])
+        except Exception:  # noqa: BLE001 - a kernel that fails here fails where used, loudly
+            pass
+        yield Progress(i + 1, len(names), f"compiled {name}")
+    return str(kernels.backend_name())
+
+
 def _dequantize_fn():
     try:
         from workbench.quant import accel

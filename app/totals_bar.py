@@ -7,7 +7,7 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QVBoxLay
 
 from .fit_label import FitLabel
 from .format import fmt_bytes, fmt_db, fmt_gbs, plural
-from .theme import sqnr_colour
+from .theme import MUTED, sqnr_colour
 
 
 def _style(widget, css: str) -> None:
@@ -76,6 +76,7 @@ class TotalsBar(QFrame):
         side.addWidget(self.fallbacks)
         lay.addLayout(side, 1)
         self.last = None
+        self.runner = None     # app.workers.Runner (set by the window): what a figure waits for
         self._status: list[str] = [""]
         self._fallbacks: list[str] = [""]
         for sig in (doc.modelChanged, doc.backendChanged):
@@ -83,6 +84,10 @@ class TotalsBar(QFrame):
         for sig in (doc.stateChanged, doc.resultsChanged, doc.throughputChanged,
                     doc.estimatesChanged):
             sig.connect(lambda *_: self.refresh())
+
+    def _job(self, prefix: str, what: str) -> str | None:
+        from .work_queue import waiting_text
+        return waiting_text(self.runner, prefix, what)
 
     def _fit(self) -> None:
         """The longest form of the status and fallback lines that fits (a narrow window, or
@@ -110,11 +115,16 @@ class TotalsBar(QFrame):
                             f"evaluating error of {t.pending} tensor(s)…",
                             f"evaluating {t.pending}…", ""]
         elif t.sqnr_db is None:
-            _text(self.sqnr.value, "…")
-            _style(self.sqnr.value, "")
-            _tip(self.sqnr.value, "")
-            self._status = [f"evaluating error of {t.pending} tensor(s)…",
-                            f"evaluating {t.pending}…", ""]
+            # not a bare "…": how far the evaluation is and what it waits for (issue 33)
+            n = len(self.doc.model.tensors)
+            measured = f"{n - t.pending}/{n} measured"
+            _text(self.sqnr.value, measured)
+            _style(self.sqnr.value, f"color: {MUTED}; font-size: 10pt;")
+            job = self._job("Evaluating error", "the error evaluation") or \
+                self._job("Analysing ", "the selected tensor's analysis") or \
+                "the error evaluation starts"
+            _tip(self.sqnr.value, f"Model SQNR: {measured} tensors so far; {job}")
+            self._status = [f"error: {measured} · {job}", f"error: {measured}", ""]
         else:
             _text(self.sqnr.value, f"{fmt_db(t.sqnr_db)} dB")
             _tip(self.sqnr.value, "")
@@ -122,7 +132,15 @@ class TotalsBar(QFrame):
             _style(self.sqnr.value, f"color: {c.name()};" if c is not None else "")
             n = len(self.doc.model.tensors)
             self._status = [f"{self.doc.model.format} · {n} tensors", f"{n} tensors", ""]
-        _text(self.backend.value, f"{self.doc.backend.upper()} · {throughput_text(self.doc, t)}")
+        gbs = throughput_text(self.doc, t)
+        if gbs == "GB/s pending":   # say what measures it and whether it runs yet
+            from .work_queue import find
+            hit = find(self.runner, "Analysing ") if self.runner is not None else None
+            gbs = "GB/s: queued" if hit is not None and hit[1] != "running" else \
+                "GB/s: measuring"
+            _tip(self.backend, self._job("Analysing ", "the throughput measurement") or "")
+        backend = self.doc.backend.upper() if self.doc.backend != "…" else "finding backend"
+        _text(self.backend.value, f"{backend} · {gbs}")
         fs = self.doc.fallback_summary()
         self._fallbacks = [short_summary(fs), short_summary(fs, compact=True), ""]
         self._fit()

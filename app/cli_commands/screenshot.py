@@ -1,5 +1,5 @@
 """`quant-workbench screenshot [MODEL] [--plan PLAN.json] [--layer NAME] [--size WxH] [--tab T]
-[--methods imatrix,gptq,awq [--scope pareto|current|all]] -o out.png`.
+[--methods imatrix,gptq,awq [--scope pareto|current|all]] [--busy] [--dialog export] -o out.png`.
 
 Renders the real desktop window offscreen with that state and saves a PNG (needs PySide6;
 the app is imported lazily so the rest of the CLI works without Qt).
@@ -27,6 +27,12 @@ def register(sub) -> None:
     p.add_argument("--scope", choices=("pareto", "current", "all"), default="pareto",
                    help="with --methods: which schemes get a row per method (default: the RTN "
                         "Pareto schemes and the current one)")
+    p.add_argument("--busy", action="store_true",
+                   help="take the picture while the window's jobs still run (the work queue "
+                        "and the panels' waiting states; with --tab budget, once the "
+                        "sensitivity table reports progress), not once it is idle")
+    p.add_argument("--dialog", choices=("export",),
+                   help="export: the Export dialog over the window, once its check is done")
     p.add_argument("-o", "--output", required=True, help="PNG file to write")
     p.set_defaults(func=run)
 
@@ -46,6 +52,7 @@ def run(args) -> int:
     if methods and args.tab != "comparison":
         raise WorkbenchError("--methods needs --tab comparison")
     render(model_path(args), args.output, plan_path=args.plan, layer=args.layer, size=size,
-           tab=args.tab, methods=methods, scope=args.scope)
+           tab=args.tab, methods=methods, scope=args.scope, busy=args.busy,
+           dialog=args.dialog)
     print(f"wrote {args.output} ({size[0]}x{size[1]})")
     return 0

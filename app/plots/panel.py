@@ -236,8 +236,11 @@ class PlotsPanel(QWidget):
                       f"outliers {100 * st.outlier_frac:.3f}%"]
             if st.nan or st.inf:
                 parts.append(f"<span style='color:#f85149'>{st.nan} NaN, {st.inf} Inf</span>")
-        elif st is None:
-            parts.append("statistics…")
+        elif st is None:   # what the statistics wait for (issue 33), not a bare "…"
+            from ..work_queue import waiting_text
+            parts.append(waiting_text(self.runner, f"Analysing {name}", "statistics")
+                         or waiting_text(self.runner, "Computing statistics", "statistics")
+                         or "statistics: queued")
         if r is not None:
             c = sqnr_colour(r.error.sqnr_db)
             col = c.name() if c is not None else "#c9ced8"
@@ -250,7 +253,8 @@ class PlotsPanel(QWidget):
             self.histogram.set_data(st.hist_edges, st.hist_counts,
                                     det.deq_counts if det else None,
                                     det.grid if det else None, scheme)
-            self.grid_label.setText(self.histogram.grid_text() if det else "grid…")
+            self.grid_label.setText(self.histogram.grid_text() if det else
+                                    f"quantization grid of {scheme}: being computed")
             self.ranges.set_data(st.ch_min, st.ch_max, st.ch_absmax)
         else:
             self.histogram.clear_data()

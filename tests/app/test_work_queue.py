@@ -1,0 +1,258 @@
+"""Issue 33 (the app): the work queue is visible and cancellable, the user's action goes first,
+and no panel shows a placeholder ("…", "0.000", empty axes) while it waits: it says what it
+waits for and how far that is."""
+
+import re
+import threading
+import time
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QAbstractSpinBox, QLabel
+
+from app import commands
+from app.work_queue import WorkQueuePanel
+from app.workers import BACKGROUND, FOREGROUND, INTERACTIVE, Runner
+from workbench.export.preflight import check_all
+from workbench.progress import Progress
+
+from apphelpers import wait_idle
+
+Q = "model.layers.0.self_attn.q_proj.weight"
+
+
+def _long_job(state, steps=100000, step_s=0.01):
+    """A generator job standing in for a whole-model sweep: yields progress until stopped."""
+    def job():
+        state["started"] = True
+        try:
+            for i in range(steps):
+                if state.get("stop"):
+                    return i
+                time.sleep(step_s)
+                state["steps"] = i + 1
+                yield Progress(i + 1, steps, f"tensor {i}")
+            return steps
+        finally:
+            state["closed"] = True
+    return job
+
+
+def _blocker(runner, name="Blocking job", priority=INTERACTIVE):
+    """A plain (not a generator) job that holds its lane until released: nothing can park it."""
+    go = threading.Event()
+    started = threading.Event()
+
+    def job():
+        started.set()
+        go.wait(60)
+        return None
+    task = runner.submit(job, name, priority)
+    assert started.wait(10)
+    return task, go
+
+
+def _labels(widget):
+    return [w for w in widget.findChildren(QLabel) if w.isVisible()]
+
+
+PLACEHOLDER = re.compile(r"^(…|\.\.\.|0\.000|running…|pending|GB/s pending|statistics…|grid…)$")
+
+
+def _placeholders(win):
+    """Visible labels and spin boxes that show a bare placeholder value."""
+    bad = [w.text() for w in _labels(win) if PLACEHOLDER.match(w.text().strip())]
+    bad += [w.text() for w in win.findChildren(QAbstractSpinBox)
+            if w.isVisible() and PLACEHOLDER.match(w.text().strip())]
+    bad += [w.text() for w in _labels(win) if "…" in w.text() and ("pending" in w.text()
+                                                                   or "running…" in w.text())]
+    return bad
+
+
+def test_export_dialog_answers_first_while_a_long_sweep_holds_the_compute_thread(
+        window, qtbot):
+    state = {}
+    # a sweep driving the shared network (as an activation sensitivity table does): exclusive
+    sweep = window.runner.submit(_long_job(state), "Sensitivity (activation)", BACKGROUND,
+                                 visible=True, exclusive=True)
+    qtbot.waitUntil(lambda: state.get("steps", 0) > 2, timeout=10000)
+    t0 = time.monotonic()
+    dlg = window.export_dialog()
+    # until the check is done: Export is disabled and the dialog says how far the check is
+    assert dlg.checking() and not dlg.export_button.isEnabled()
+    assert dlg.verdicts.text().startswith("checking which formats can write this plan: ")
+    assert dlg.start() is None and dlg.task is None
+    qtbot.waitUntil(lambda: dlg.checks is not None, timeout=15000)
+    answered = time.monotonic() - t0
+    assert not sweep.finished and state["steps"] > 2, "the check waited for the sweep"
+    assert answered < 10.0
+    expected = check_all(window.doc.model, window.doc.plan)
+    assert {f: c.ok for f, c in dlg.checks.items()} == {f: c.ok for f, c in expected.items()}
+    # formats the plan cannot be written to are not offered: disabled, the reason as tooltip
+    model = dlg.format.model()
+    for i, e in enumerate(dlg.exporters):
+        c = dlg.checks[e.name]
+        assert model.item(i).isEnabled() == c.ok, e.name
+        if not c.ok:
+            assert c.reason in dlg.format.itemData(i, Qt.ItemDataRole.ToolTipRole)
+    assert not dlg.checks["gguf"].ok          # int8-channel: llama.cpp has no type for it
+    assert dlg.check().ok and dlg.export_button.isEnabled()
+    # selecting a tensor is answered while the exclusive sweep is still going
+    name = "model.layers.1.mlp.down_proj.weight"
+    window.select(name)
+    scheme = window.doc.scheme_of(name)
+    qtbot.waitUntil(lambda: (name, scheme) in window.doc.details, timeout=15000)
+    assert not sweep.finished
+    dlg.close()
+    sweep.cancel()
+    qtbot.waitUntil(lambda: sweep.state == "cancelled", timeout=5000)
+    assert state["closed"]
+
+
+def test_a_default_the_plan_cannot_be_written_to_is_never_kept(make_window, qtbot):
+    win = make_window()
+    # the user's last format was gguf, which cannot write int8-channel: not the default
+    win.settings.setValue("export_format", "gguf")
+    dlg = win.export_dialog()
+    qtbot.waitUntil(lambda: dlg.checks is not None, timeout=15000)
+    assert dlg.exporter().name != "gguf" and dlg.check().ok
+    dlg.close()
+
+
+def test_work_queue_lists_each_job_and_cancelling_a_queued_one_stops_it(qtbot):
+    runner = Runner()
+    panel = WorkQueuePanel(runner)
+    qtbot.addWidget(panel)
+    panel.show()
+    try:
+        state = {}
+        running = runner.submit(_long_job(state), "Computing statistics", BACKGROUND,
+                                visible=True)
+        qtbot.waitUntil(lambda: state.get("steps", 0) > 0, timeout=10000)
+        made = []
+        queued = runner.submit(lambda: made.append(1), "End-to-end check", BACKGROUND)
+        qtbot.waitUntil(lambda: len(panel.shown) == 2, timeout=5000)
+        rows = {r.task.name: r for r in panel.rows if r.task is not None and r.isVisible()}
+        assert set(rows) == {"Computing statistics", "End-to-end check"}
+        run_row, q_row = rows["Computing statistics"], rows["End-to-end check"]
+        assert run_row.state.text() == "running" and q_row.state.text() == "queued"
+        assert re.fullmatch(r"\d+/100000", run_row.count.text())       # i/N
+        assert "tensor" in run_row.detail.text()                          # its stage
+        assert q_row.detail.text() == "queued behind Computing statistics"
+        assert panel.header.text() == "WORK QUEUE · 1 running · 1 waiting"
+        # Cancel on the queued row: it leaves the queue at once and never runs
+        qtbot.mouseClick(q_row.cancel, Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: queued.state == "cancelled", timeout=2000)
+        assert made == [] and not running.finished
+        assert [t.name for t, _ in runner.snapshot()] == ["Computing statistics"]
+        qtbot.waitUntil(lambda: panel.shown == [running], timeout=2000)
+        # Cancel on the running row: its generator is closed at its next step
+        qtbot.mouseClick(run_row.cancel, Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: running.state == "cancelled", timeout=5000)
+        assert state["closed"]
+        qtbot.waitUntil(lambda: not panel.isVisible(), timeout=2000)
+    finally:
+        runner.shutdown()
+
+
+def test_cancelling_a_parked_job_closes_it(qtbot):
+    """A started job set aside for one of higher priority ('paused') is cancelled too: its
+    generator is closed on the compute thread, and it is never resumed."""
+    runner = Runner()
+    try:
+        state = {}
+        low = runner.submit(_long_job(state), "Sensitivity (weight)", BACKGROUND)
+        qtbot.waitUntil(lambda: state.get("steps", 0) > 0, timeout=10000)
+        high, go = _blocker(runner, "Analysing q_proj", INTERACTIVE)
+        snap = dict((t.name, st) for t, st in runner.snapshot())
+        assert snap == {"Analysing q_proj": "running", "Sensitivity (weight)": "paused"}
+        steps = state["steps"]
+        low.cancel()
+        # it leaves the queue at once; its generator is closed on the compute thread
+        qtbot.waitUntil(lambda: low.state == "cancelled", timeout=2000)
+        assert [t.name for t, _ in runner.snapshot()] == ["Analysing q_proj"]
+        go.set()
+        qtbot.waitUntil(lambda: high.state == "done" and runner.idle(), timeout=5000)
+        assert state["closed"] and state["steps"] == steps      # closed, never resumed
+    finally:
+        runner.shutdown()
+
+
+def test_waiting_panels_say_what_they_wait_for(make_window, qtbot):
+    win = make_window()            # the demo, statistics and errors done; the check off
+    fx = win.effects
+    blocker, go = _blocker(win.runner, "Blocking job")
+    try:
+        # an edit (errors to evaluate), the check switched on, the budget tab opened: all wait
+        names = [n for n, i in win.doc.model.tensors.items() if i.ndim >= 2][:3]
+        win.push(commands.assign(win.doc, names, "q4_0"))
+        fx.set_check_enabled(True)
+        win.tabs.setCurrentIndex(win.effects_tab_index)
+        qtbot.waitUntil(lambda: fx._check_task is not None and fx.table_running(), timeout=5000)
+        # totals: how far the error evaluation is and what it waits for
+        n = len(win.doc.model.tensors)
+        assert win.totals.sqnr.value.text() == f"{n - len(names)}/{n} measured"
+        assert "waiting for the error evaluation: queued behind Blocking job" in \
+            win.totals.sqnr.value.toolTip()
+        # the end-to-end check: queued, behind what
+        assert win.check_panel.badge.text() == "QUEUED"
+        assert win.check_panel.value.text().startswith("queued behind Blocking job")
+        # the budget tab: a waiting page in place of empty axes, "—" in place of 0.000
+        panel = win.budget_panel
+        assert panel.stack.currentWidget() is panel.waiting and not panel.plot.isVisible()
+        assert panel.waiting.headline.text() == "Computing the weight sensitivity table · queued"
+        assert "Sensitivity (weight): queued behind Blocking job" in panel.waiting.detail.text()
+        assert panel.spin.text() == "—" and not panel.spin.isEnabled()
+        view = win.sensitivity_view
+        assert not view.heat.isVisible() and view.waiting.isVisible()
+        assert view.waiting.text() == ("computing the weight sensitivity table: queued behind "
+                                       "Blocking job")
+        assert win.tensor_sensitivity.summary.text().startswith(
+            "waiting for the weight sensitivity table: queued behind Blocking job")
+        # the work queue lists every job, the blocker running first
+        qtbot.waitUntil(lambda: len(win.work_queue.shown) >= 4, timeout=5000)
+        listed = [t.name for t in win.work_queue.shown]
+        assert listed[0] == "Blocking job"
+        assert {"Evaluating error", "End-to-end check", "Sensitivity (weight)"} <= set(listed)
+        assert _placeholders(win) == []
+    finally:
+        go.set()
+    # once running, the table's page says "running" with its progress
+    qtbot.waitUntil(lambda: fx.table() is not None or "running" in
+                    panel.waiting.detail.text(), timeout=60000)
+    qtbot.waitUntil(lambda: bool(fx.frontier) and fx.check_state == "fresh", timeout=120000)
+    wait_idle(qtbot, win)
+    assert panel.stack.currentWidget() is panel.plot and panel.plot.isVisible()
+    assert re.fullmatch(r"\d+\.\d{3}", panel.spin.text()) and panel.spin.value() > 0
+    assert re.fullmatch(r"-?\d+(\.\d+)? dB", win.totals.sqnr.value.text())
+    assert win.check_panel.badge.text() == "CURRENT"
+    assert _placeholders(win) == []
+    assert not win.work_queue.isVisible()
+
+
+def test_a_cancelled_table_offers_compute_and_the_check_says_cancelled(make_window, qtbot):
+    win = make_window()
+    fx = win.effects
+    blocker, go = _blocker(win.runner, "Blocking job")
+    try:
+        fx.set_check_enabled(True)
+        win.tabs.setCurrentIndex(win.effects_tab_index)
+        qtbot.waitUntil(lambda: fx._check_task is not None and fx.table_running(), timeout=5000)
+        qtbot.waitUntil(lambda: len(win.work_queue.shown) >= 3, timeout=5000)
+        for name in ("Sensitivity (weight)", "End-to-end check"):
+            # the rows are re-filled after each cancel: look the row up each time
+            rows = {r.task.name: r for r in win.work_queue.rows if r.task is not None}
+            qtbot.mouseClick(rows[name].cancel, Qt.MouseButton.LeftButton)
+            assert name not in [t.name for t in win.work_queue.shown]
+        panel = win.budget_panel
+        qtbot.waitUntil(lambda: panel.waiting.compute.isVisible(), timeout=5000)
+        assert panel.waiting.headline.text() == "The weight sensitivity table is not computed"
+        qtbot.waitUntil(lambda: fx.check_state == "cancelled", timeout=5000)
+        assert win.check_panel.badge.text() == "CANCELLED"
+        assert win.check_panel.value.text().startswith("cancelled")
+    finally:
+        go.set()
+    wait_idle(qtbot, win)
+    assert fx.table() is None                          # cancelled: not computed behind it
+    qtbot.mouseClick(panel.waiting.compute, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: fx.table() is not None and bool(fx.frontier), timeout=120000)
+    assert panel.stack.currentWidget() is panel.plot
