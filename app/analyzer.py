@@ -179,7 +179,7 @@ class Analyzer(QObject):
         names = list(model.tensors)
         total = len(names)
         batch = {}
-        from workbench.progress import subjob
+        from workbench.core.progress import subjob
         for done, n in enumerate(names, 1):
             if gen != self._generation:
                 return None
@@ -318,7 +318,7 @@ class Analyzer(QObject):
             return
 
         def job():
-            from workbench.progress import subjob
+            from workbench.core.progress import subjob
             st = yield from subjob(_stats_of(model, name), 0, 1, 3)   # steps: stats, error, plots
             if need_stats:
                 self.runner.post(self._deliver_stats, gen, {name: st})

@@ -320,7 +320,7 @@ class ExportDialog(QDialog):
 def check_job(model, plan, names):
     """Job: {format: Preflight} (workbench.export.preflight.check per format), with progress."""
     from workbench.export.preflight import check
-    from workbench.progress import Progress
+    from workbench.core.progress import Progress
     out = {}
     for i, f in enumerate(names):
         yield Progress(i, len(names), f"checking {f}")

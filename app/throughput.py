@@ -40,10 +40,10 @@ def warmup_job(first=()):
     """Job: compile (or load from numba's cache) the kernels scheme by scheme, `first` (the
     open plan's schemes) before the rest, so the work queue shows each kernel as it is ready
     ("compiled q4_k", i/N) and a cancel stops between two schemes. Returns the backend name."""
-    from workbench.progress import Progress
+    from workbench.core.progress import Progress
     try:
         import kernels
-        from workbench import accel
+        from workbench.quant import accel
         from workbench.schemes import list_schemes
     except (ImportError, AttributeError):
         return "numpy"

@@ -13,7 +13,7 @@ from app import commands
 from app.work_queue import WorkQueuePanel
 from app.workers import BACKGROUND, FOREGROUND, INTERACTIVE, Runner
 from workbench.export.preflight import check_all
-from workbench.progress import Progress
+from workbench.core.progress import Progress
 
 from apphelpers import wait_idle
 
