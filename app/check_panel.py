@@ -1,4 +1,4 @@
-"""The end-to-end check figures beside the totals (workbench.running.runner.check, re-run after edits)."""
+"""The end-to-end check figures beside the totals (workbench.running.runner_jobs.check, re-run after edits)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What a plan does to the model (issue 11): the end-to-end check, the sensitivity table, the
 budget allocation and the size / predicted-error frontier, scheduled on the compute thread.
 
-Every number comes from a `workbench` function (``workbench.running.runner.check``,
+Every number comes from a `workbench` function (``workbench.running.runner_jobs.check``,
 ``workbench.planning.sensitivity``, ``workbench.planning.allocate``, ``workbench.planning.frontier`` where present); this
 module only schedules them, caches their results per model and hands them to the views in
 :mod:`app.check_panel`, :mod:`app.sensitivity_view` and :mod:`app.budget_view`.

@@ -1,5 +1,5 @@
 """Run an exported ONNX model in ONNX Runtime (CPU execution provider) and compare it with the
-float model: the figures of `check` (workbench.running.runner.compare_outputs), measured on what ONNX
+float model: the figures of `check` (workbench.running.runner_jobs.compare_outputs), measured on what ONNX
 Runtime computes from the exported file.
 
 ``check --runtime onnxruntime``: the plan is exported to a temporary file (the same writer as
@@ -73,7 +73,7 @@ def forward(sess, kind: str, ids: np.ndarray, mask: np.ndarray):
 
 
 def run_onnx_outputs(sess, kind: str, samples, batch_size: int = 16, label: str = "onnxruntime"):
-    """Job: ONNX Runtime's outputs for every sample (as workbench.running.runner.run_outputs)."""
+    """Job: ONNX Runtime's outputs for every sample (as workbench.running.runner_passes.run_outputs)."""
     from workbench.running.calibration import batches
     outs = []
     n = len(samples)

@@ -5,7 +5,7 @@ file: a GGUF (llama-quantize's Q4_K_M, or the workbench's own export), a quantiz
 file of the workbench, a compressed-tensors folder, or any float checkpoint. Per tensor: the
 type each one stores it as, its bits per weight and, with the float source, its relative RMS
 error against the source (‖w − ŵ‖ / ‖w‖). Totals per side. With a runnable source, the
-model-level figures of both (`workbench.running.runner.check`, the figures of `quant-workbench check`).
+model-level figures of both (`workbench.running.runner_jobs.check`, the figures of `quant-workbench check`).
 
 Names are matched across naming schemes: a GGUF's ``blk.N.*`` against the Hugging Face names
 of its source through llama.cpp's own name map (:func:`workbench.formats.llama_names.gguf_names`); the

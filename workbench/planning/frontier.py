@@ -253,7 +253,7 @@ def recipe_points(model, ftypes=("Q4_K_M", "Q5_K_M"), table=None,
 
 def check_points(model, points, calib=None, samples=None, runtime: str = "any", progress=None,
                  cancel=None) -> list[FrontierPoint]:
-    """Measure each point end to end (workbench.running.runner.check: cosine for encoders, KL / top-1 /
+    """Measure each point end to end (workbench.running.runner_jobs.check: cosine for encoders, KL / top-1 /
     perplexity for causal LMs) with the scheme `runtime` applies to each tensor; fills
     `point.checked`."""
     from workbench.core.progress import run

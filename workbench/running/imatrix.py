@@ -15,7 +15,7 @@ from workbench.core.progress import Progress
 
 def collect(model, calib=None, samples: int | None = None, max_len: int = 128):
     """Job: {workbench name: (in_sum2 float64[in], count tokens)} over the calibration inputs,
-    run block by block (workbench.running.runner.input_pass: an expert's statistics come from the
+    run block by block (workbench.running.runner_jobs.input_pass: an expert's statistics come from the
     tokens routed to it)."""
     from workbench.running.runner_jobs import input_pass
     stats: dict[str, list] = {}

@@ -44,7 +44,7 @@ def collect_stats(model, calib=None, names=None, samples: int | None = None,
                   max_len: int = 128, want_h: bool = True, keep_rows: int = 4096,
                   subset: slice | None = None):
     """Job: {workbench name: LayerStats} of every Linear input (or only `names`), experts'
-    from the tokens routed to each (workbench.running.runner.input_pass, block by block); `subset`:
+    from the tokens routed to each (workbench.running.runner_jobs.input_pass, block by block); `subset`:
     of these calibration samples only (a fold)."""
     from workbench.running.runner_jobs import input_pass
     acc: dict[str, Accumulator] = {}

@@ -242,7 +242,7 @@ def _net_with_weights(model):
     """A whole transformers network of the model's config with the file's weights, built from
     the config (``from_config``: nothing downloaded, no code from the folder executed), the
     per-expert tensors stacked into the fused expert parameters transformers keeps in memory.
-    (Small models: the routing counts of `workbench.running.runner.expert_usage`, where the runner has
+    (Small models: the routing counts of `workbench.running.runner_jobs.expert_usage`, where the runner has
     it, come from its layer-by-layer pass instead.)"""
     from workbench.running.runner_config import _import_transformers, read_config
     import torch
