@@ -2,8 +2,9 @@
 pyproject.toml hold for the sources, and an import that runs the wrong way breaks them.
 
 The contracts are checked by `lint-imports` as CI runs it. The second test copies the sources,
-adds one upward import (the core reaching into planning) or a Qt import in the domain, and shows
-that the same command then fails and names the import."""
+adds one import that runs the wrong way (the core reaching into planning, one export format
+into another, the cluster into the model runner) or a Qt import in the domain, and shows that
+the same command then fails and names the import."""
 
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ def test_the_layers_hold():
      "workbench.quant is not allowed to import workbench.jobs"),
     ("workbench/formats/model.py", "import PySide6  # Qt in the domain",
      "workbench.formats.model -> PySide6"),
+    ("workbench/export/onnx_format.py", "from workbench.export import gguf_file  # sideways",
+     "workbench.export.onnx_format is not allowed to import workbench.export.gguf_file"),
+    ("workbench/jobs/cluster.py", "from workbench.running import runner  # sideways",
+     "workbench.jobs is not allowed to import workbench.running"),
 ])
 def test_a_wrong_way_import_breaks_the_contract(tmp_path, file, line, message):
     copy_sources(tmp_path)
@@ -63,5 +68,5 @@ def test_a_wrong_way_import_breaks_the_contract(tmp_path, file, line, message):
     target.write_text(target.read_text() + "\n" + line + "\n")
     r = lint(tmp_path)
     assert r.returncode != 0
-    assert "1 broken" in r.stdout, r.stdout[-3000:]
+    assert " broken" in r.stdout and "0 broken" not in r.stdout, r.stdout[-3000:]
     assert message in " ".join(r.stdout.split()), r.stdout[-3000:]
