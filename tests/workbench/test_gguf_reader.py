@@ -119,6 +119,11 @@ def test_fast_metadata_writer_writes_the_packages_bytes(tmp_path):
         w.add_key_value("t.u64", list(range(40)), VT.ARRAY, sub_type=VT.UINT64)
         w.add_key_value("t.bool", [True, False] * 20, VT.ARRAY, sub_type=VT.BOOL)
         w.add_array("t.short", [1, 2, 3])
+        # arrays given without an item type (as add_token_list and friends give them): the
+        # type the package infers, packed in one go
+        w.add_array("t.ints", list(range(-50, 50)) + [2**31 - 1, -2**31])
+        w.add_array("t.floats", [1e30, -2.5, 0.1, float("inf")] * 10)
+        w.add_array("t.bytes2", [b"a", b"bc"] * 20)
         w.add_tensor("x", np.arange(8, dtype=np.float32))
         w.write_header_to_file()
         w.write_kv_data_to_file()

@@ -61,6 +61,8 @@ def _fast_writer_class():
 
     class FastKVWriter(gguf.GGUFWriter):
         def _pack_val(self, val, vtype, add_vtype, sub_type=None):
+            if vtype == VT.ARRAY and sub_type is None and len(val) > 16:
+                sub_type = _array_type(val)     # the type the package would infer, or None
             if (vtype == VT.ARRAY and sub_type is not None and len(val) > 16
                     and self.endianess == gguf.GGUFEndian.LITTLE
                     and (sub_type == VT.STRING or (sub_type in fmts and sub_type != VT.BOOL))):
@@ -79,7 +81,29 @@ def _fast_writer_class():
                 return head + b"".join(parts)
             return head + np.asarray(val).astype("<" + fmts[sub_type]).tobytes()
 
+    def _array_type(val):
+        """The item type gguf's writer infers for a metadata array given without one (the
+        tokenizer's vocabulary, scores and token types), where every item has it and packs the
+        same in one go; None leaves the array to the package."""
+        if isinstance(val, (bytes, bytearray, str)) or not isinstance(val, (list, tuple)):
+            return None
+        if all(isinstance(v, str) for v in val):
+            return VT.STRING
+        if all(type(v) is float for v in val):
+            a = np.asarray(val, np.float64)
+            return VT.FLOAT32 if np.all(np.abs(a[np.isfinite(a)]) <= FLOAT32_MAX) else None
+        if all(type(v) is int for v in val):
+            try:
+                a = np.asarray(val, np.int64)
+            except OverflowError:
+                return None
+            return VT.INT32 if a.min() >= -(1 << 31) and a.max() < (1 << 31) else None
+        return None
+
     return FastKVWriter
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class _Recorder:
