@@ -131,10 +131,17 @@ def test_off_grid_keeps_the_logits_and_leaves_the_q4_grid(ggufs, arch, tmp_path)
         assert "output_norm.weight" in o["not_folded"]
         assert {"blk.0.post_attention_norm.weight", "blk.0.post_ffw_norm.weight",
                 "blk.0.attn_q_norm.weight"} <= set(o["not_folded"])
-        # Gemma's identity norm is weight 0 in transformers' (1 + w) form
+        # Gemma's gains stay in its norms: each channel passed a factor r in exp(+-0.5) to the
+        # layers it feeds (the norm multiplier is 1 + w in transformers' form)
+        assert o["folded_norms"] == [] and {"blk.0.attn_norm.weight",
+                                            "blk.1.ffn_norm.weight"} <= set(o["factored_norms"])
         from safetensors.numpy import load_file
-        st = load_file(str(tmp_path / "og" / "model.safetensors"))
-        assert np.all(st["model.layers.0.input_layernorm.weight"] == 0)
+        key = "model.layers.0.input_layernorm.weight"
+        g0 = 1 + load_file(str(tmp_path / "plain" / "model.safetensors"))[key]
+        g1 = 1 + load_file(str(tmp_path / "og" / "model.safetensors"))[key]
+        r = g0[g0 != 0] / g1[g0 != 0]
+        assert np.all((r > np.exp(-0.5) * 0.999) & (r < np.exp(0.5) * 1.001)), r
+        assert r.std() > 0.1
     else:                         # untied head: the final norm folded into it
         assert "output_norm.weight" in o["folded_norms"]
     # another seed, other factors

@@ -42,8 +42,11 @@ def run(args) -> int:
           f"{fmt_bytes(info['bytes'])}, {info['seconds']:.1f} s")
     og = info["off_grid"]
     if og is not None:
-        print(f"off-grid (seed {og['seed']}): {len(og['changed'])} tensors changed, "
-              f"{len(og['folded_norms'])} norms folded into the layers they feed, "
+        norms = (f"{len(og['folded_norms'])} norms folded into the layers they feed"
+                 if og["folded_norms"] or not og["factored_norms"] else
+                 f"{len(og['factored_norms'])} norms passed a random factor per channel to the "
+                 "layers they feed")
+        print(f"off-grid (seed {og['seed']}): {len(og['changed'])} tensors changed, {norms}, "
               f"{len(og['scaled_pairs'])} pairs scaled by reciprocal factors")
         if og["not_folded"]:
             print(f"  not folded (not exact): {len(og['not_folded'])} norms, e.g. "
