@@ -19,10 +19,12 @@ an FMA without fastmath; only the float64 error sums use reassociation).
 Imported lazily by ``kernels.cpu_ops``: importing this module compiles (or loads) nothing until a
 kernel is first called.
 
-The kernels live in ``cpu_common`` (shared helpers), ``cpu_affine``, ``cpu_floats`` and
-``cpu_ggml``; this module gathers them under one name for ``cpu_ops``. A family's module is
-imported when one of its names is first asked for (``cpu.ggml_encode`` imports ``cpu_ggml``
-only), so a process that quantizes GGML blocks never defines the affine kernels.
+The kernels live in ``cpu_common`` (shared helpers), ``cpu_affine_dequant``,
+``cpu_affine_quant`` and ``cpu_affine_fused`` (the packed-code family: decode, quantize pass
+by pass, quantize in one pass), ``cpu_floats`` and ``cpu_ggml``; this module gathers them
+under one name for ``cpu_ops``. A kernel's module is imported when one of its names is first
+asked for (``cpu.ggml_encode`` imports ``cpu_ggml`` only), so a process that quantizes GGML
+blocks never defines the affine kernels.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from __future__ import annotations
 import importlib
 
 _FAMILIES = {
-    "cpu_affine": ("_f64_to_f16_bits", "affine_dequant", "affine_error", "block_stats", "encode",
-                   "int_qparams", "quant_error_fused", "quant_fused", "sym_qparams"),
+    "cpu_affine_dequant": ("affine_dequant", "affine_error"),
+    "cpu_affine_fused": ("_f64_to_f16_bits", "quant_error_fused", "quant_fused"),
+    "cpu_affine_quant": ("block_stats", "encode", "int_qparams", "sym_qparams"),
     "cpu_common": ("F0", "_J", "_P", "_acc_row", "_block_keys", "_encode_row", "_f32_to_f16_bits",
                    "_put_f16", "count_nonfinite"),
     "cpu_floats": ("f32_copy", "f32_error", "u16_dequant", "u16_error"),

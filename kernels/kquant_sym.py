@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .kquant_affine import U, _f16_to_f32, _frexp_e, _ldexp32, _pow2  # noqa: F401  (shared helpers)
+from .kquant_common import U, _f16_to_f32, _frexp_e, _ldexp32, _pow2  # noqa: F401  (shared helpers)
 
 
 _J = dict(cache=True, nogil=True, error_model="numpy")

@@ -57,15 +57,15 @@ def test_accel_warmup_loads_the_read_only_variants_the_app_evaluates_with():
     test has compiled the variant already."""
     code = (
         "import json\n"
-        "from kernels import cpu_affine\n"
+        "from kernels import cpu_affine_dequant, cpu_affine_fused\n"
         "from workbench.quant import accel\n"
         "accel.warmup(['int4-g128'], backend='cpu')\n"
         "def readonly(kernel):\n"
         "    return sorted({not next(t for t in sig if getattr(t, 'ndim', 0) == 2 and\n"
         "                            str(getattr(t, 'dtype', '')) == 'float32').mutable\n"
         "                   for sig in kernel.signatures})\n"
-        "print(json.dumps([readonly(k) for k in (cpu_affine.quant_error_fused,\n"
-        "                  cpu_affine.quant_fused, cpu_affine.affine_error)]))\n")
+        "print(json.dumps([readonly(k) for k in (cpu_affine_fused.quant_error_fused,\n"
+        "                  cpu_affine_fused.quant_fused, cpu_affine_dequant.affine_error)]))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -24,8 +24,8 @@ puts a negative extreme exactly on -2**(B-1). Larger d (clipping the extremes wh
 the block error) scored higher on MiniLM but lowered the demo causal LM's top-1 agreement below
 99 % (docs/methods.md), so they are left to @mse, which adds the clipping candidates
 amax * r / P for r in MSE_RATIOS (1.0 ... 0.5) to the same search.
-The CPU kernels run the same search (kernels/cpu_affine.py: the fused row kernel and
-sym_qparams); per-tensor scales, @p99.9, @mse and @pot take these numpy qparams, and so does
+The CPU kernels run the same search (kernels/cpu_affine_fused.py: the fused row kernel;
+kernels/cpu_affine_quant.py: sym_qparams); per-tensor scales, @p99.9, @mse and @pot take these numpy qparams, and so does
 the CUDA path, which then encodes on the device.
 
 Range (no Inf/NaN from finite input; a refusal names the tensor, never a silent clamp):
@@ -95,7 +95,7 @@ def _times_inv(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 def _sq_err(diff: np.ndarray) -> np.ndarray:
     """Per row of the float32 differences: the sum of their float64 squares in a fixed order
-    the kernels repeat (kernels/cpu_affine.py _sq_err8): element c into lane c % 8, each lane
+    the kernels repeat (kernels/cpu_affine_quant.py _sq_err8): element c into lane c % 8, each lane
     summed in element order (cumsum: sequential), then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))."""
     nb, n = diff.shape
     d = diff.astype(np.float64)
