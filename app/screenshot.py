@@ -154,19 +154,7 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
             win.tabs.setCurrentIndex(win.effects_tab_index if tab == "budget" else
                                      win.map_tab_index if tab == "map" else TABS.get(tab, 0))
             wait_busy(app, win, tab)
-            win.resize(*size)
-            win.fit_layout()
-            app.processEvents()
-            if dialog == "export":
-                export_dialog_png(app, win, out_path)
-            else:
-                win.work_queue.refresh()      # the queue's figures as of the picture
-                for page in (win.budget_panel, win.sensitivity_view):
-                    if page.isVisible() and page.fx.table() is None:
-                        page._show_waiting()
-                win.tensor_sensitivity.refresh()
-                app.processEvents()
-                grab_png(win, out_path)
+            _shoot(app, win, size, dialog, out_path, busy=True)
             return
         wait_idle(app, win)
         if msgs.errors:
@@ -203,15 +191,28 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
             # may still be waiting for that timer when the compute thread goes idle
             win.comparison._replot.stop()
             win.comparison.refresh_plot()
-        win.resize(*size)
-        win.fit_layout()
-        app.processEvents()
-        if dialog == "export":
-            export_dialog_png(app, win, out_path)
-        else:
-            grab_png(win, out_path)
+        _shoot(app, win, size, dialog, out_path)
     finally:
         win.autosave_enabled = False
         win.runner.shutdown()
         win.deleteLater()
         app.processEvents()
+
+
+def _shoot(app, win, size, dialog, out_path, busy: bool = False) -> None:
+    """The window at `size` (or the export dialog over it) as a PNG; `busy`: its waiting panels
+    and work queue drawn as of now, while jobs still run."""
+    win.resize(*size)
+    win.fit_layout()
+    app.processEvents()
+    if dialog == "export":
+        export_dialog_png(app, win, out_path)
+        return
+    if busy:
+        win.work_queue.refresh()      # the queue's figures as of the picture
+        for page in (win.budget_panel, win.sensitivity_view):
+            if page.isVisible() and page.fx.table() is None:
+                page._show_waiting()
+        win.tensor_sensitivity.refresh()
+        app.processEvents()
+    grab_png(win, out_path)
