@@ -497,7 +497,8 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     t2 = time.perf_counter()
     if output is not None:
         plan.save(str(output))
-    ev = run_job(evaluate(model, plan, runtime=target), None, cancel)
+    ev = (driver or (lambda job: run_job(job, None, cancel)))(evaluate(model, plan,
+                                                                       runtime=target))
     return Allocation(plan, table, budget, cap, sol, ev,
                       budgets.accounting(model, ev, target, plan), weighed, names, target,
                       {"sensitivity": t1 - t0, "solve": t2 - t1m}, model)

@@ -347,8 +347,8 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
     import torch
 
     from .progress import Progress
-    from .runner import ActivationStore, get_runner, new_budget, plan_override
-    runner = get_runner(model, device)
+    from .runner import ActivationStore, new_budget, plan_override, runner_job
+    runner = yield from runner_job(model, device)
     if runner.kind != "causal-lm":
         raise WorkbenchError("KL-divergence scoring needs a causal LM", path=str(model.path))
     limit = max_positions(runner.config)

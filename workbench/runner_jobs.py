@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .runner import (ActivationStore, _head_rows, final_outputs, get_runner, block_pass,
-                     new_budget, plan_override)
+                     new_budget, plan_override, runner_job)
 
 
 # -- end-to-end check ------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ def check(model, plan, calib=None, samples: int | None = None, max_len: int = 12
     import torch
     from .calibration import calibration_samples
     from .progress import Progress, subjob
-    runner = get_runner(model, device)
+    runner = yield from runner_job(model, device)
     data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 5, 100)
     quant = plan_override(model, plan, weights)
     budget = new_budget()
@@ -158,7 +158,7 @@ def input_pass(model, calib=None, samples: int | None = None, max_len: int = 128
     import torch
     from .calibration import calibration_samples
     from .progress import Progress, subjob
-    runner = get_runner(model, device)
+    runner = yield from runner_job(model, device)
     data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 5, 100)
     if subset is not None:
         data = data[subset]

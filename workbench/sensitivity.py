@@ -210,9 +210,9 @@ def fisher_diagonals(model, calib=None, samples=None, probes: int = 1, max_len: 
     the same held-out KL divergence in llama.cpp (docs/methods.md)."""
     from .calibration import calibration_samples
     from .progress import subjob
-    from .runner import get_runner
+    from .runner import runner_job
     from .runner_measures import by_tensor, fisher_pass
-    runner = get_runner(model)
+    runner = yield from runner_job(model)
     data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 5, 100)
     key = (str(model.path), tuple(map(id, data)), probes, seed, str(runner.device))
     if key in _FISHER_CACHE:
@@ -489,10 +489,10 @@ def output_errors_job(model, schemes, calib=None, samples=None, names=None, runt
     """Job: {(name, scheme): measured output change} (see the module doc)."""
     from .calibration import calibration_samples
     from .progress import subjob
-    from .runner import dequantized, get_runner
+    from .runner import dequantized, runner_job
     from .runner_measures import output_pass
     from .runtimes import decide
-    runner = get_runner(model)
+    runner = yield from runner_job(model)
     data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 2, 100)
     names = [n for n in (names if names is not None else model.tensors)
              if model.info(n).ndim >= 2 and model.info(n).is_float]
@@ -871,7 +871,8 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
             yield from subjob(prefetch_evaluations(executor, model, reqs, DEFAULT_EVAL_CACHE,
                                                    "measuring"), 0, span, 100)
     for i, (n, info, choosable, decs, dk) in enumerate(rows):
-        yield Progress(span + (100 - span) * i / max(len(rows), 1), 100, f"sizes {n}")
+        yield Progress(span + (100 - span) * i / max(len(rows), 1), 100,
+                       f"sizes {i + 1}/{len(rows)} {n}")
         params += info.numel
         if not choosable:
             fixed_bytes += _bytes_as(info, dk)

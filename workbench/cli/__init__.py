@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMA
         if not hasattr(args, "func"):
             parser.print_help()
             return 2
-        from .common import check_file_args
+        from .common import PROGRESS_LABEL, check_file_args
+        PROGRESS_LABEL["label"] = args.command or ""
         check_file_args(args, parser)
         return int(args.func(args) or 0)
     except WorkbenchError as exc:
