@@ -3,7 +3,9 @@ cut it.
 
 The estimate is the sum of its stages, each the model's weights times what the stage repeats
 (calibration samples, candidate schemes) times a rate measured on the shared 2-core machine
-when quiet (SmolLM2-135M: 134.5 M weights, 64 samples, 50 schemes; MiniLM for the methods):
+when quiet (SmolLM2-135M: 134.5 M weights, 64 samples, 50 schemes, 2 min 40 s measured; the
+methods from SmolLM2 on 16 samples and 3 schemes, 523 s CPU, and MiniLM's README tour, 508 s
+CPU, fitted together):
 
 - building the network (import transformers, the model's modules): BUILD seconds, when the
   measure or a method runs the model;
@@ -33,8 +35,11 @@ PASS_FORWARD = 3.0e-9
 ERRORS_SAMPLED = 1.0e-8
 #: seconds per weight and candidate scheme: every weight quantized and measured
 ERRORS_FULL = 3.3e-8
+#: seconds per Linear weight and calibration sample: the methods' statistics pass (inputs and
+#: Hessians of every Linear weight, on both halves of the samples)
+METHODS_PASS = 2.0e-7
 #: seconds per Linear weight and candidate scheme: imatrix's search and GPTQ's near pairs
-METHODS = 5.8e-7
+METHODS = 3.25e-7
 #: candidate schemes the `faster` line offers (those of them the target allows)
 FEW_SCHEMES = ("q3_k", "q4_0", "q4_k", "q5_0", "q5_k", "q6_k", "q8_0")
 #: calibration samples the `faster` line offers
@@ -73,7 +78,7 @@ def estimate(params: int, linear_params: int, tensors: int, schemes: int, measur
         c.stages[f"{schemes} schemes' errors"] = ERRORS_FULL * params * schemes
     if costly:
         c.stages[f"methods {','.join(costly)}"] = \
-            PASS_FORWARD * params * samples + METHODS * linear_params * schemes
+            METHODS_PASS * linear_params * samples + METHODS * linear_params * schemes
     return c
 
 

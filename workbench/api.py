@@ -537,7 +537,7 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
     point end to end (`check`, on `held_out` or the calibration inputs)."""
     import numpy as np
 
-    from .frontier import check_points, frontier, recipe_points, recipe_types, uniform_points
+    from .frontier import check_points_job, frontier, recipe_points, recipe_types, uniform_points
     recipes = [r.strip() for r in recipes if r.strip()]
     extra = recipe_types(recipes) if recipes else []
     t0 = time.perf_counter()
@@ -564,12 +564,13 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
         k = min(check, len(alloc))
         idx = sorted({int(round(i)) for i in np.linspace(0, len(alloc) - 1, k)}) if k else []
         targets = [alloc[i] for i in idx] + uni + rec
+        drive = _driver(progress, cancel, driver)
         if held_out:
-            check_points(model, targets, held_out, check_samples, runtime=table.runtime,
-                         progress=progress, cancel=cancel)
+            drive(check_points_job(model, targets, held_out, check_samples,
+                                   runtime=table.runtime))
         else:
-            check_points(model, targets, calib, check_samples or table.samples,
-                         runtime=table.runtime, progress=progress, cancel=cancel)
+            drive(check_points_job(model, targets, calib, check_samples or table.samples,
+                                   runtime=table.runtime))
     t4 = time.perf_counter()
     return Frontier(table, alloc, uni, rec, why,
                     {"sensitivity": t1 - t0, "allocate": t3 - t2, "check": t4 - t3})

@@ -58,6 +58,16 @@ def subjob(job: Job, start: float, span: float, total: float) -> Job:
         yield Progress(start + span * ev.fraction, total, ev.message)
 
 
+def prefixed(job: Job, prefix: str) -> Job:
+    """A nested job's events with `prefix` before their messages (which of several runs)."""
+    while True:
+        try:
+            ev = next(job)
+        except StopIteration as stop:
+            return stop.value
+        yield Progress(ev.done, ev.total, prefix + ev.message)
+
+
 class TextProgress:
     """A single-line progress bar on stderr (only drawn when stderr is a terminal or forced)."""
 
@@ -164,6 +174,11 @@ class LineProgress:
             self.stream.flush()
         except (OSError, ValueError):   # a closed pipe: progress is not worth failing for
             pass
+
+    @property
+    def last_line(self) -> float | None:
+        """When the last line was written (time.monotonic), None before any."""
+        return self._last
 
     def close(self) -> None:
         """Stop the heartbeat (idempotent)."""

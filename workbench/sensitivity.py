@@ -145,7 +145,7 @@ def activation_errors(model, schemes, moments: dict, usage: dict | None = None,
             return (yield from _activation_errors_cluster(executor, model, schemes, moments,
                                                           usage, runtime, items))
     for i, n in enumerate(items):
-        yield Progress(i, len(items), f"sensitivity {n}")
+        yield Progress(i, len(items), f"sensitivity {i + 1}/{len(items)} {n}")
         info = model.info(n)
         for s in schemes:
             applied = decide(info, s, runtime).applied
@@ -366,7 +366,8 @@ def fisher_errors(model, schemes, diag: dict, count: int, runtime: str = "any",
     items = _fisher_items(model)
     done: dict = {}
     for n, fut in (early.pending() if early is not None else []):
-        yield Progress(len(done), len(items), f"sensitivity {n} (measured during the pass)")
+        yield Progress(len(done), len(items), f"sensitivity {len(done) + 1}/{len(items)} {n} "
+                                              "(measured during the pass)")
         done[n] = fut.result()
     out = {}
     k = len(done)
@@ -374,7 +375,7 @@ def fisher_errors(model, schemes, diag: dict, count: int, runtime: str = "any",
         if n in done:
             out.update(done[n])
             continue
-        yield Progress(k, len(items), f"sensitivity {n}")
+        yield Progress(k, len(items), f"sensitivity {k + 1}/{len(items)} {n}")
         k += 1
         out.update(tensor_fisher_errors(model, n, schemes, diag.get(n), count, runtime,
                                         rows_sampled))

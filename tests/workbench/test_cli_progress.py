@@ -177,6 +177,18 @@ def test_frontier(capsys, slow_events):
     assert_progress(out, err, "sizes")
 
 
+def test_frontier_check(capsys, slow_events):
+    """--check measures points end to end: one progress over them, each line naming its
+    point ('check 2/3 ...')."""
+    rc, out, err = cli(capsys, "frontier", DEMO, "--points", "2", "--schemes", "q4_k,q8_0",
+                       "--measure", "weight", "--recipes", "", "--check", "1",
+                       "--check-samples", "4", "--json")
+    assert rc == 0 and json.loads(out)
+    lines = assert_progress(out, err, "check ")
+    assert {m["stage"].split(" ", 2)[1] for m in lines if m["stage"].startswith("check ")} \
+        >= {"1/3", "2/3", "3/3"}
+
+
 def test_export_gguf(capsys, slow_events, tmp_path):
     out_file = tmp_path / "demo.gguf"
     rc, out, err = cli(capsys, "export", DEMO, "--scheme", "q4_k", "--format", "gguf", "-o",
@@ -198,8 +210,10 @@ def test_diff(capsys, slow_events, tmp_path):
         assert main(["export", str(DEMO), "--scheme", s, "--format", "gguf", "-o", str(f)]) == 0
     capsys.readouterr()
     rc, out, err = cli(capsys, "diff", a, b, "--source", DEMO, "--samples", "4", "--json")
-    assert rc == 0 and json.loads(out)["totals"]["matched"] > 0
+    res = json.loads(out)
+    assert rc == 0 and res["totals"]["matched"] > 0 and set(res["check"]) == {"a", "b"}
     assert_progress(out, err, "comparing")
+    assert_progress(out, err, "check B: original and quantized: block")
 
 
 def test_convert(capsys, slow_events, tmp_path):
@@ -243,6 +257,45 @@ def test_a_long_step_is_repeated_at_the_interval(monkeypatch, capsys):
     repeated = [m for m in lines if m["stage"] == "1/4 gptq model.layers.0.mlp.up_proj"]
     assert len(repeated) >= 4, [m[0] for m in lines]
     assert lines[-1]["stage"] == "4/4 done"
+
+
+def test_ctrl_c_stops_the_heartbeat(monkeypatch, capsys):
+    import threading
+
+    from workbench.cli.common import drive
+    from workbench.progress import Progress
+    monkeypatch.setenv("QUANT_WORKBENCH_PROGRESS_EVERY", "0.05")
+
+    def job():
+        yield Progress(1, 4, "step")
+        time.sleep(0.3)
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        drive(job())
+    printed = capsys.readouterr().err
+    assert progress(printed)
+    time.sleep(0.3)
+    assert capsys.readouterr().err == ""
+    assert not any(t.name == "progress-heartbeat" for t in threading.enumerate())
+
+
+def test_one_cadence_across_the_jobs_of_a_command(monkeypatch, capsys):
+    """A command's second job does not wait another interval for its first line when the
+    command has been quiet for that long already (the cadence is the command's)."""
+    from workbench.cli import common
+    from workbench.progress import Progress
+    monkeypatch.setenv("QUANT_WORKBENCH_PROGRESS_EVERY", "0.2")
+
+    def job(msg):
+        yield Progress(0, 2, msg)
+        time.sleep(0.05)
+        yield Progress(2, 2, msg)
+    monkeypatch.setitem(common.PROGRESS_STATE, "last", time.monotonic() - 1.0)
+    common.drive(job("second job"))
+    assert [m["stage"] for m in progress(capsys.readouterr().err)][0] == "0/2 second job"
+    monkeypatch.setitem(common.PROGRESS_STATE, "last", None)     # outside a command: 0.2 s
+    common.drive(job("quick job"))
+    assert capsys.readouterr().err == ""
 
 
 def test_the_interval_comes_from_the_environment(monkeypatch):

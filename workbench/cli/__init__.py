@@ -88,8 +88,10 @@ def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMA
         if not hasattr(args, "func"):
             parser.print_help()
             return 2
-        from .common import PROGRESS_LABEL, check_file_args
-        PROGRESS_LABEL["label"] = args.command or ""
+        import time
+
+        from .common import PROGRESS_STATE, check_file_args
+        PROGRESS_STATE.update(label=args.command or "", last=time.monotonic())
         check_file_args(args, parser)
         return int(args.func(args) or 0)
     except WorkbenchError as exc:
@@ -124,6 +126,8 @@ def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMA
             raise
         return _crash(exc, "internal error")
     finally:
+        from .common import PROGRESS_STATE
+        PROGRESS_STATE.update(label="", last=None)
         ex = getattr(args, "_executor", None)
         if ex is not None:   # a --cluster the command opened (a local cluster is stopped)
             ex.close()

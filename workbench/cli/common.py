@@ -193,25 +193,38 @@ def progress_every() -> float:
     return v if 0 < v < float("inf") else PROGRESS_EVERY
 
 
-#: the progress lines' label: the running command's name (cli.main sets it)
-PROGRESS_LABEL = {"label": ""}
+#: the running command (cli.main sets it): its name, the progress lines' label, and when it
+#: started or last printed a progress line (time.monotonic), from which the next job's first
+#: line is due: one command, one cadence, however many jobs it drives one after another
+PROGRESS_STATE = {"label": "", "last": None}
 
 
 def progress_lines(label: str | None = None):
     """The driver's LineProgress on stderr, labelled with the command's name: the first line
-    after progress_every() seconds, then at least that often (a heartbeat repeats the latest
-    event); close() it when done."""
+    progress_every() seconds after the command started or last printed one, then at least that
+    often (a heartbeat repeats the latest event); close_lines() it when done."""
+    import time
+
     from ..progress import LineProgress
     every = progress_every()
-    return LineProgress(every=every, first_after=every, heartbeat=True,
-                        label=PROGRESS_LABEL["label"] if label is None else label)
+    last = PROGRESS_STATE["last"]
+    first = every if last is None else min(every, max(0.0, every - (time.monotonic() - last)))
+    return LineProgress(every=every, first_after=first, heartbeat=True,
+                        label=PROGRESS_STATE["label"] if label is None else label)
+
+
+def close_lines(lines) -> None:
+    """Stop a progress_lines' heartbeat and remember when it printed last."""
+    lines.close()
+    if lines.last_line is not None and PROGRESS_STATE["last"] is not None:
+        PROGRESS_STATE["last"] = max(PROGRESS_STATE["last"], lines.last_line)
 
 
 def drive(job, quiet: bool = False, label: str | None = None):
     """Run a progress job, its progress on stderr. A text bar redrawn in place when stdout and
     stderr are both terminals and not `quiet` (the --json commands pass quiet); otherwise plain
     lines (percent, i/N, the stage, elapsed and ETA; workbench.progress.LineProgress) once the
-    job has run progress_every() seconds (10 s), then at least that often, repeated by a
+    command has run progress_every() seconds (10 s), then at least that often, repeated by a
     heartbeat while one step runs long: a log or a pipe sees long work moving, and a quick
     command prints nothing more. stdout carries only the result."""
     if quiet or not (_isatty(sys.stderr) and _isatty(sys.stdout)):
@@ -219,7 +232,7 @@ def drive(job, quiet: bool = False, label: str | None = None):
         try:
             return run(job, lines)
         finally:
-            lines.close()
+            close_lines(lines)
     bar = TextProgress(enabled=True)
     try:
         return run(job, bar)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ...progress import Progress
-from ..common import print_json, progress_lines
+from ..common import close_lines, print_json, progress_lines
 
 
 def register(sub) -> None:
@@ -133,7 +133,7 @@ def run(args) -> int:
                 gen = generate(folder, args.params, seed=args.seed, progress=lambda i, n, name:
                                lines(Progress(i, n, f"generating tensor {i}/{n} {name}")))
             finally:
-                lines.close()
+                close_lines(lines)
             res["generate_s"] = round(time.perf_counter() - t0, 1)
             res["shards"] = gen["shards"]
 
@@ -161,7 +161,7 @@ def run(args) -> int:
             res["steps"] = run_steps(str(folder), folder, steps, args.samples, args.timeout,
                                      report, cap)
         finally:
-            lines.close()
+            close_lines(lines)
     finally:
         if not args.keep and not reused:
             _remove_generated(folder, created)
