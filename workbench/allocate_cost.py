@@ -15,7 +15,8 @@ CPU, fitted together):
   sample of rows weighed by the fisher diagonal (fisher); output runs the network again for
   every tensor and scheme;
 - the methods (imatrix, gptq): a statistics pass over every sample, imatrix's weighted
-  search on each Linear weight and candidate, GPTQ near the first allocation.
+  search on each Linear weight and candidate, GPTQ near the first allocation;
+- the allocated plan's evaluation (every weight quantized once more).
 
 Cached errors (workbench.evaluate's cache) make a second run faster; a busy machine slower.
 It is an order of magnitude, not a promise: the progress lines' ETA follows the real rate.
@@ -79,6 +80,7 @@ def estimate(params: int, linear_params: int, tensors: int, schemes: int, measur
     if costly:
         c.stages[f"methods {','.join(costly)}"] = \
             METHODS_PASS * linear_params * samples + METHODS * linear_params * schemes
+    c.stages["the plan's evaluation"] = ERRORS_FULL * params
     return c
 
 
