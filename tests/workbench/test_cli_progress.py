@@ -134,7 +134,7 @@ def test_allocate_says_its_cost_first(capsys, tmp_path):
                        "--schemes", "q4_k,q5_k,q8_0", "-o", tmp_path / "plan.json", "--json")
     assert rc == 0 and json.loads(out)
     first = err.splitlines()[0]
-    assert re.fullmatch(r"expected: about (\d+|<1) s on 2 quiet cores( \(3 schemes' errors "
+    assert re.fullmatch(r"allocate: expected: about (\d+|<1) s on 2 quiet cores( \(3 schemes' errors "
                         r"[^)]*\))?; a busy machine takes longer", first), first
     assert "faster:" not in err                     # seconds: nothing worth cutting
 

@@ -79,8 +79,8 @@ def run(args) -> int:
                                   args.calib, args.imatrix))
 
     def driver(job):
-        while cost:
-            say(cost.pop(0))
+        while cost:      # labelled as the progress lines are ("allocate: ")
+            say(f"allocate: {cost.pop(0)}")
         return drive(job, quiet=args.json)
     a = api.allocate_plan(model, budget, schemes=schemes, measure=args.measure, calib=args.calib,
                           imatrix=args.imatrix, samples=args.samples, target=args.target,
