@@ -69,7 +69,8 @@ def prefixed(job: Job, prefix: str) -> Job:
 
 
 class TextProgress:
-    """A single-line progress bar on stderr (only drawn when stderr is a terminal or forced)."""
+    """A single-line progress bar on stderr (only drawn when stderr is a terminal or forced):
+    percent, i/N and the stage (as LineProgress), and the ETA."""
 
     def __init__(self, stream=None, enabled: bool | None = None, width: int = 30):
         self.stream = stream or sys.stderr
@@ -77,24 +78,31 @@ class TextProgress:
         self.width = width
         self._last = 0.0
         self._drawn = False
+        self._t0 = None
+        self._ref = None
 
     def __call__(self, ev: Progress) -> None:
         if not self.enabled:
             return
         now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        if self._ref is None or ev.fraction <= self._ref[1]:
+            self._ref = (now, ev.fraction)
         if now - self._last < 0.1 and ev.fraction < 1.0:
             return
         self._last = now
         filled = int(self.width * ev.fraction)
         bar = "#" * filled + "-" * (self.width - filled)
-        msg = ev.message[:50]
-        self.stream.write(f"\r[{bar}] {100 * ev.fraction:5.1f}% {msg:<50}")
+        msg = (_count(ev) + ev.message)[:40]         # (as wide as the bar was without ETA)
+        eta = _eta(now - self._t0, self._ref, now, ev.fraction, 1.0)
+        self.stream.write(f"\r[{bar}] {100 * ev.fraction:5.1f}% {msg:<40} {eta:<11}")
         self.stream.flush()
         self._drawn = True
 
     def close(self) -> None:
         if self._drawn:
-            self.stream.write("\r" + " " * (self.width + 60) + "\r")
+            self.stream.write("\r" + " " * (self.width + 62) + "\r")
             self.stream.flush()
             self._drawn = False
 
@@ -163,11 +171,7 @@ class LineProgress:
         self._last = now
         spent = now - self._t0
         f = ev.fraction
-        eta = "ETA -"
-        if self._ref is not None and f < 1 and spent >= min(1.0, self.every):
-            t_ref, f_ref = self._ref           # the rate since the fraction started moving
-            if f - f_ref >= 0.01:
-                eta = f"ETA {_clock((now - t_ref) * (1 - f) / (f - f_ref))}"
+        eta = _eta(spent, self._ref, now, f, min(1.0, self.every))
         try:
             self.stream.write(f"{self.label}{100 * f:5.1f}% {_count(ev)}{ev.message} "
                               f"({_clock(spent)} elapsed, {eta})\n")
@@ -200,6 +204,15 @@ def _count(ev: Progress) -> str:
     if not 1 < t <= MAX_STEPS or t == 100 or t != int(t) or _COUNT.search(ev.message):
         return ""
     return f"{min(int(ev.done), int(t))}/{int(t)} "
+
+
+def _eta(spent: float, ref, now: float, f: float, settle: float) -> str:
+    """'ETA 1m22s' at the rate since the fraction started moving (`ref`: (time, fraction)
+    when it last stood at its first value), once the job has run `settle` seconds and moved
+    1 %; 'ETA -' before, and at the end."""
+    if ref is None or f >= 1 or spent < settle or f - ref[1] < 0.01:
+        return "ETA -"
+    return f"ETA {_clock((now - ref[0]) * (1 - f) / (f - ref[1]))}"
 
 
 def _clock(s: float) -> str:

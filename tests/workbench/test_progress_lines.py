@@ -77,3 +77,21 @@ def test_the_eta_counts_from_when_the_job_starts_moving(monkeypatch):
         clock[0] = float(t)
         lp(Progress(done, 100, "step"))
     assert out.getvalue().splitlines()[-1] == " 10.0% step (1m02s elapsed, ETA 0m18s)"
+
+
+def test_the_terminal_bar_shows_i_of_n_and_the_eta(monkeypatch):
+    """Stdout and stderr both terminals: one line redrawn in place ('\\r'), with the same i/N
+    and ETA as the lines."""
+    from workbench.progress import TextProgress
+    clock = [0.0]
+    monkeypatch.setattr("workbench.progress.time.monotonic", lambda: clock[0])
+    out = io.StringIO()
+    bar = TextProgress(out, enabled=True)
+    for t, done in ((0, 0), (10, 10), (20, 20)):
+        clock[0] = float(t)
+        bar(Progress(done, 40, "gptq model.layers.3"))
+    bar.close()
+    frames = out.getvalue().split("\r")
+    assert "25.0% 10/40 gptq model.layers.3" in frames[1] and "ETA 0m30s" in frames[1]
+    assert " 50.0% 20/40 " in frames[2] and "ETA 0m20s" in frames[2]
+    assert frames[-1] == "" and frames[-2].strip() == ""          # cleared at the end
