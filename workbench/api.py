@@ -497,7 +497,8 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     t2 = time.perf_counter()
     if output is not None:
         plan.save(str(output))
-    ev = run_job(evaluate(model, plan, runtime=target), None, cancel)
+    ev = (driver or (lambda job: run_job(job, None, cancel)))(evaluate(model, plan,
+                                                                       runtime=target))
     return Allocation(plan, table, budget, cap, sol, ev,
                       budgets.accounting(model, ev, target, plan), weighed, names, target,
                       {"sensitivity": t1 - t0, "solve": t2 - t1m}, model)
@@ -536,7 +537,7 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
     point end to end (`check`, on `held_out` or the calibration inputs)."""
     import numpy as np
 
-    from workbench.planning.frontier import check_points, frontier, recipe_points, recipe_types, uniform_points
+    from workbench.planning.frontier import check_points_job, frontier, recipe_points, recipe_types, uniform_points
     recipes = [r.strip() for r in recipes if r.strip()]
     extra = recipe_types(recipes) if recipes else []
     t0 = time.perf_counter()
@@ -563,12 +564,10 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
         k = min(check, len(alloc))
         idx = sorted({int(round(i)) for i in np.linspace(0, len(alloc) - 1, k)}) if k else []
         targets = [alloc[i] for i in idx] + uni + rec
-        if held_out:
-            check_points(model, targets, held_out, check_samples, runtime=table.runtime,
-                         progress=progress, cancel=cancel)
-        else:
-            check_points(model, targets, calib, check_samples or table.samples,
-                         runtime=table.runtime, progress=progress, cancel=cancel)
+        text, n = (held_out, check_samples) if held_out else (calib,
+                                                              check_samples or table.samples)
+        _driver(progress, cancel, driver)(check_points_job(model, targets, text, n,
+                                                           runtime=table.runtime))
     t4 = time.perf_counter()
     return Frontier(table, alloc, uni, rec, why,
                     {"sensitivity": t1 - t0, "allocate": t3 - t2, "check": t4 - t3})

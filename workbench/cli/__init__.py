@@ -88,7 +88,10 @@ def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMA
         if not hasattr(args, "func"):
             parser.print_help()
             return 2
-        from workbench.cli.common import check_file_args
+        import time
+
+        from workbench.cli.common import PROGRESS_STATE, check_file_args
+        PROGRESS_STATE.update(label=args.command or "", last=time.monotonic())
         check_file_args(args, parser)
         return int(args.func(args) or 0)
     except WorkbenchError as exc:
@@ -123,6 +126,8 @@ def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMA
             raise
         return _crash(exc, "internal error")
     finally:
+        from workbench.cli.common import PROGRESS_STATE
+        PROGRESS_STATE.update(label="", last=None)
         ex = getattr(args, "_executor", None)
         if ex is not None:   # a --cluster the command opened (a local cluster is stopped)
             ex.close()

@@ -177,20 +177,74 @@ def executor_of(args):
     return args._executor
 
 
-def drive(job, quiet: bool = False):
-    """Run a progress job with a text bar on stderr when it is a terminal, else plain progress
-    lines there once the job has run 10 s (percent, the stage, elapsed and ETA, then at least
-    every 10 s: a log or a pipe sees long work moving, a quick command prints nothing more);
-    nothing when `quiet`."""
-    import sys
-    if not quiet and not sys.stderr.isatty():
-        from workbench.core.progress import LineProgress
-        return run(job, LineProgress(first_after=10.0))
-    bar = TextProgress(enabled=None if not quiet else False)
+#: seconds between progress lines off a terminal (and before the first), unless
+#: $QUANT_WORKBENCH_PROGRESS_EVERY says otherwise (tests lower it)
+PROGRESS_EVERY = 10.0
+
+
+def progress_every() -> float:
+    """The progress-line interval: $QUANT_WORKBENCH_PROGRESS_EVERY seconds (a positive number),
+    else PROGRESS_EVERY."""
+    import os
+    try:
+        v = float(os.environ.get("QUANT_WORKBENCH_PROGRESS_EVERY", ""))
+    except ValueError:
+        return PROGRESS_EVERY
+    return v if 0 < v < float("inf") else PROGRESS_EVERY
+
+
+#: the running command (cli.main sets it): its name, the progress lines' label, and when it
+#: started or last printed a progress line (time.monotonic), from which the next job's first
+#: line is due: one command, one cadence, however many jobs it drives one after another
+PROGRESS_STATE = {"label": "", "last": None}
+
+
+def progress_lines(label: str | None = None):
+    """The driver's LineProgress on stderr, labelled with the command's name: the first line
+    progress_every() seconds after the command started or last printed one, then at least that
+    often (a heartbeat repeats the latest event); close_lines() it when done."""
+    import time
+
+    from workbench.core.progress import LineProgress
+    every = progress_every()
+    last = PROGRESS_STATE["last"]
+    first = every if last is None else min(every, max(0.0, every - (time.monotonic() - last)))
+    return LineProgress(every=every, first_after=first, heartbeat=True,
+                        label=PROGRESS_STATE["label"] if label is None else label)
+
+
+def close_lines(lines) -> None:
+    """Stop a progress_lines' heartbeat and remember when it printed last."""
+    lines.close()
+    if lines.last_line is not None and PROGRESS_STATE["last"] is not None:
+        PROGRESS_STATE["last"] = max(PROGRESS_STATE["last"], lines.last_line)
+
+
+def drive(job, quiet: bool = False, label: str | None = None):
+    """Run a progress job, its progress on stderr. A text bar redrawn in place when stdout and
+    stderr are both terminals and not `quiet` (the --json commands pass quiet); otherwise plain
+    lines (percent, i/N, the stage, elapsed and ETA; workbench.core.progress.LineProgress) once the
+    command has run progress_every() seconds (10 s), then at least that often, repeated by a
+    heartbeat while one step runs long: a log or a pipe sees long work moving, and a quick
+    command prints nothing more. stdout carries only the result."""
+    if quiet or not (_isatty(sys.stderr) and _isatty(sys.stdout)):
+        lines = progress_lines(label)
+        try:
+            return run(job, lines)
+        finally:
+            close_lines(lines)
+    bar = TextProgress(enabled=True)
     try:
         return run(job, bar)
     finally:
         bar.close()
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def add_scheme_or_plan(p) -> None:

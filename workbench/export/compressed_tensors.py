@@ -236,9 +236,9 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False, execu
         done = 0
         ahead = _cluster_quantized(executor, model, names, decisions)
         try:
-            for n in names:
+            for k, n in enumerate(names, 1):
                 info = model.info(n)
-                yield Progress(done, total, f"exporting {n}")
+                yield Progress(done, total, f"exporting {k}/{len(names)} {n}")
                 d = decisions[n]
                 if d.applied == KEEP:
                     writer.add(n, *_st_array(_source_tensor(model, n)))

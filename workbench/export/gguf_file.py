@@ -140,7 +140,8 @@ def export_gguf(model, plan, out_path, strict: bool = False, executor=None):
                 i, first, last, fut = pending.popleft()
                 it = items[i]
                 if first:
-                    yield Progress(done, total, f"writing {it.out} ({it.gtype})")
+                    yield Progress(done, total,
+                                   f"writing {i + 1}/{len(items)} {it.out} ({it.gtype})")
                     pos += _write_all(fd, b"\0" * (-pos % align))
                     written = 0
                 parts = fut.result()

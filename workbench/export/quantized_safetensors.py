@@ -47,9 +47,9 @@ def export_quantized_safetensors(model, plan, out_path, strict: bool = False):
     index = {}
     writer = StreamingSafetensorsWriter(out_path)
     try:
-        for n in names:
+        for k, n in enumerate(names, 1):
             info = model.info(n)
-            yield Progress(done, total, f"exporting {n}")
+            yield Progress(done, total, f"exporting {k}/{len(names)} {n}")
             scheme = decisions[n].applied
             if scheme == KEEP:
                 raw = model.raw(n)

@@ -239,7 +239,7 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
     pairs = 0
     won: dict[str, int] = {}
     for i, n in enumerate(todo):
-        yield Progress(30 + 70 * i // max(len(todo), 1), 100, f"methods {n}")
+        yield Progress(30 + 70 * i // max(len(todo), 1), 100, f"methods {i + 1}/{len(todo)} {n}")
         w = np.ascontiguousarray(model.read_matrix(n), np.float32).reshape(
             model.info(n).matrix_shape)
         a = None

@@ -334,7 +334,7 @@ def _check_both(src, a: Side, b: Side, target, calib, samples):
     if why is not None:
         return {"skipped": why}
     from workbench.quant.plan import Plan
-    from workbench.core.progress import subjob
+    from workbench.core.progress import prefixed, subjob
     from workbench.running.runner_jobs import check
     out = {}
     for tag, side in (("a", a), ("b", b)):
@@ -343,7 +343,7 @@ def _check_both(src, a: Side, b: Side, target, calib, samples):
         else:
             job = check(src, Plan(), calib, samples, weights=_side_weights(side, src, target))
         try:
-            out[tag] = yield from subjob(job, 0, 1, 1)
+            out[tag] = yield from prefixed(subjob(job, 0, 1, 1), f"check {tag.upper()}: ")
         except WorkbenchError as exc:
             return {"skipped": str(exc)}
         except ImportError as exc:

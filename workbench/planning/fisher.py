@@ -40,9 +40,9 @@ def fisher_diagonals(model, calib=None, samples=None, probes: int = 1, max_len: 
     the same held-out KL divergence in llama.cpp (docs/methods.md)."""
     from workbench.running.calibration import calibration_samples
     from workbench.core.progress import subjob
-    from workbench.running.runner_passes import get_runner
+    from workbench.running.runner_passes import runner_job
     from workbench.running.runner_measures import by_tensor, fisher_pass
-    runner = get_runner(model)
+    runner = yield from runner_job(model)
     data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 5, 100)
     key = (str(model.path), tuple(map(id, data)), probes, seed, str(runner.device))
     if key in _FISHER_CACHE:
@@ -183,7 +183,8 @@ def fisher_errors(model, schemes, diag: dict, count: int, runtime: str = "any",
     items = _fisher_items(model)
     done: dict = {}
     for n, fut in (early.pending() if early is not None else []):
-        yield Progress(len(done), len(items), f"sensitivity {n} (measured during the pass)")
+        yield Progress(len(done), len(items), f"sensitivity {len(done) + 1}/{len(items)} {n} "
+                                              "(measured during the pass)")
         done[n] = fut.result()
     out = {}
     k = len(done)
@@ -191,7 +192,7 @@ def fisher_errors(model, schemes, diag: dict, count: int, runtime: str = "any",
         if n in done:
             out.update(done[n])
             continue
-        yield Progress(k, len(items), f"sensitivity {n}")
+        yield Progress(k, len(items), f"sensitivity {k + 1}/{len(items)} {n}")
         k += 1
         out.update(tensor_fisher_errors(model, n, schemes, diag.get(n), count, runtime,
                                         rows_sampled))

@@ -257,12 +257,21 @@ def check_points(model, points, calib=None, samples=None, runtime: str = "any", 
     perplexity for causal LMs) with the scheme `runtime` applies to each tensor; fills
     `point.checked`."""
     from workbench.core.progress import run
+    return run(check_points_job(model, points, calib, samples, runtime), progress, cancel)
+
+
+def check_points_job(model, points, calib=None, samples=None, runtime: str = "any"):
+    """Job: :func:`check_points`, one progress over every point ('check 2/17 q4_k: ...')."""
+    from workbench.core.progress import Progress, prefixed, subjob
     from workbench.running.runner_jobs import check
     from workbench.quant.streaming import dequantized
     from workbench.quant.runtimes import plan_decisions
-    for p in points:
+    for k, p in enumerate(points):
+        what = f"check {k + 1}/{len(points)} {p.label}: "
+        yield Progress(k, len(points), what + "quantizing")
         dec = plan_decisions(model, p.plan, runtime)
         weights = {n: dequantized(model, n, d.applied) for n, d in dec.items()
                    if d.applied != KEEP}
-        p.checked = run(check(model, p.plan, calib, samples, weights=weights), progress, cancel)
+        job = subjob(check(model, p.plan, calib, samples, weights=weights), k, 1, len(points))
+        p.checked = yield from prefixed(job, what)
     return points

@@ -77,10 +77,10 @@ def output_errors_job(model, schemes, calib=None, samples=None, names=None, runt
     from workbench.running.calibration import calibration_samples
     from workbench.core.progress import subjob
     from workbench.quant.streaming import dequantized
-    from workbench.running.runner_passes import get_runner
+    from workbench.running.runner_passes import runner_job
     from workbench.running.runner_measures import output_pass
     from workbench.quant.runtimes import decide
-    runner = get_runner(model)
+    runner = yield from runner_job(model)
     data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 2, 100)
     names = [n for n in (names if names is not None else model.tensors)
              if model.info(n).ndim >= 2 and model.info(n).is_float]

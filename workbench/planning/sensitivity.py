@@ -96,7 +96,7 @@ def activation_errors(model, schemes, moments: dict, usage: dict | None = None,
             return (yield from _activation_errors_cluster(executor, model, schemes, moments,
                                                           usage, runtime, items))
     for i, n in enumerate(items):
-        yield Progress(i, len(items), f"sensitivity {n}")
+        yield Progress(i, len(items), f"sensitivity {i + 1}/{len(items)} {n}")
         info = model.info(n)
         for s in schemes:
             applied = decide(info, s, runtime).applied
@@ -361,7 +361,8 @@ def build_table(model, schemes, errors: dict | None = None, runtime: str = "any"
             yield from subjob(prefetch_evaluations(executor, model, reqs, DEFAULT_EVAL_CACHE,
                                                    "measuring"), 0, span, 100)
     for i, (n, info, choosable, decs, dk) in enumerate(rows):
-        yield Progress(span + (100 - span) * i / max(len(rows), 1), 100, f"sizes {n}")
+        yield Progress(span + (100 - span) * i / max(len(rows), 1), 100,
+                       f"sizes {i + 1}/{len(rows)} {n}")
         params += info.numel
         if not choosable:
             fixed_bytes += _bytes_as(info, dk)

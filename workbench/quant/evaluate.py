@@ -276,8 +276,8 @@ def _evaluate_all(model, names, decisions, cache):
     done = 0
     results: dict[str, TensorResult] = {}
     totals = ModelTotals()
-    for n in names:
-        yield Progress(done, total, f"evaluating {n}")
+    for k, n in enumerate(names, 1):
+        yield Progress(done, total, f"evaluating {k}/{len(names)} {n}")
         d = decisions[n]
         r = evaluate_tensor(model, n, d.requested, cache, decision=d)
         results[n] = r

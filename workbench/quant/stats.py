@@ -423,14 +423,15 @@ def model_stats(model, names=None, cache: StatsCache | None = DEFAULT_CACHE, bin
     total = sum(max(i.nbytes, 1) for i in infos) or 1
     done = 0
     out: dict[str, TensorStats] = {}
-    for n, info in zip(names, infos):
+    for k, (n, info) in enumerate(zip(names, infos), 1):
         size = max(info.nbytes, 1)
         if info.numel == 0:   # nothing to read or cache: linear in the header, small constant
             out[n] = _empty_stats(n, info.rows, 0, 0, bins)
             done += size
             if len(out) % 4096 == 0:
-                yield Progress(done, total, f"statistics: {n}")
+                yield Progress(done, total, f"statistics {k}/{len(names)}: {n}")
             continue
+        what = f"statistics {k}/{len(names)}: {n}"
         st = cache.get(model, n) if cache is not None else None
         if st is None:
             job = tensor_stats(model, n, bins)
@@ -441,10 +442,10 @@ def model_stats(model, names=None, cache: StatsCache | None = DEFAULT_CACHE, bin
                 except StopIteration as stop:
                     st = stop.value
                     break
-                yield Progress(done + size * ev.fraction, total, f"statistics: {n}")
+                yield Progress(done + size * ev.fraction, total, what)
             if cache is not None:
                 cache.put(model, st)
         out[n] = st
         done += size
-        yield Progress(done, total, f"statistics: {n}")
+        yield Progress(done, total, what)
     return out

@@ -341,8 +341,8 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
 
     from workbench.core.progress import Progress
     from workbench.running.runner_store import ActivationStore, new_budget
-    from workbench.running.runner_passes import get_runner, plan_override
-    runner = get_runner(model, device)
+    from workbench.running.runner_passes import plan_override, runner_job
+    runner = yield from runner_job(model, device)
     if runner.kind != "causal-lm":
         raise WorkbenchError("KL-divergence scoring needs a causal LM", path=str(model.path))
     limit = max_positions(runner.config)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.running.runner_store import ActivationStore, new_budget
-from workbench.running.runner_passes import (_head_rows, final_outputs, get_runner, block_pass, plan_override)
+from workbench.running.runner_passes import (_head_rows, block_pass, final_outputs, get_runner,
+                                             plan_override, runner_job)
 
 
 # -- end-to-end check ------------------------------------------------------------------------------
@@ -68,7 +69,7 @@ def check(model, plan, calib=None, samples: int | None = None, max_len: int = 12
     import torch
     from workbench.running.calibration import calibration_samples
     from workbench.core.progress import Progress, subjob
-    runner = get_runner(model, device)
+    runner = yield from runner_job(model, device)
     data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 5, 100)
     quant = plan_override(model, plan, weights)
     budget = new_budget()
@@ -152,7 +153,7 @@ def input_pass(model, calib=None, samples: int | None = None, max_len: int = 128
     import torch
     from workbench.running.calibration import calibration_samples
     from workbench.core.progress import Progress, subjob
-    runner = get_runner(model, device)
+    runner = yield from runner_job(model, device)
     data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 5, 100)
     if subset is not None:
         data = data[subset]

@@ -373,7 +373,7 @@ def output_pass(runner, data, items, batch_size: int = 16):
     head_on = runner.kind != "encoder"
     try:
         for j, (key, name, ov) in enumerate(items):
-            yield Progress(j, len(items), f"output change {name}")
+            yield Progress(j, len(items), f"output change {j + 1}/{len(items)} {name}")
             blk = runner.block_of(name)
             cur = ActivationStore(budget)
             try:

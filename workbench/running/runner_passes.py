@@ -16,6 +16,14 @@ from workbench.running.runner_store import ActivationStore, Batch, new_budget
 _RUNNERS: dict[tuple, Runner] = {}
 
 
+def runner_job(model, device: str | None = None):
+    """Job: :func:`get_runner`'s Runner, saying first that the network is being built (the
+    import of transformers and the model's construction take seconds)."""
+    from workbench.core.progress import Progress
+    yield Progress(0, 1, "building the network (transformers)")
+    return get_runner(model, device)
+
+
 def get_runner(model, device: str | None = None) -> Runner:
     """One cached Runner per (model path, file signature, device)."""
     from workbench.quant.stats import file_signature

@@ -71,11 +71,22 @@ def run(args) -> int:
     check_model_config(model)   # a config.json its weights contradict: refused, not worked around
     if os.path.exists(args.output) and os.path.abspath(args.output) == os.path.abspath(model.path):
         raise WorkbenchError("refusing to write over the model", path=args.output)
+    # what it will cost, and the options that cut it, said as the long work starts (after the
+    # measure's line, before the first job: a refused budget stays a one-line error)
+    from workbench.planning.allocate_cost import allocation_cost, lines
+    choice = api.resolve_measure(model, args.measure, args.calib, args.imatrix, args.samples)
+    cost = lines(*allocation_cost(model, schemes, choice.measure, choice.samples, args.methods,
+                                  args.calib, args.imatrix))
+
+    def driver(job):
+        while cost:      # labelled as the progress lines are ("allocate: ")
+            say(f"allocate: {cost.pop(0)}")
+        return drive(job, quiet=args.json)
     a = api.allocate_plan(model, budget, schemes=schemes, measure=args.measure, calib=args.calib,
                           imatrix=args.imatrix, samples=args.samples, target=args.target,
                           pins=pins, methods=args.methods, output=args.output,
                           executor=executor_of(args),
-                          driver=lambda job: drive(job, quiet=args.json), say=say,
+                          driver=driver, say=say,
                           notes=not args.json)
     out = a.to_dict(args.output)
     if args.json:

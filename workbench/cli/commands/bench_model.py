@@ -15,7 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from workbench.cli.common import print_json
+from workbench.cli.common import close_lines, print_json, progress_lines
+from workbench.core.progress import Progress
 
 
 def register(sub) -> None:
@@ -127,26 +128,40 @@ def run(args) -> int:
             say(f"generating {shape.params:,} parameters ({shape.params * 2 / 1e9:.1f} GB bf16) "
                 f"in {folder} ...")
             t0 = time.perf_counter()
-            last = [0.0]
-
-            def progress(i, n, name):
-                if time.perf_counter() - last[0] > 10 or i == n:
-                    last[0] = time.perf_counter()
-                    say(f"  {i}/{n} tensors ({name})")
-            gen = generate(folder, args.params, seed=args.seed, progress=progress)
+            lines = progress_lines()
+            try:
+                gen = generate(folder, args.params, seed=args.seed, progress=lambda i, n, name:
+                               lines(Progress(i, n, f"generating tensor {i}/{n} {name}")))
+            finally:
+                close_lines(lines)
             res["generate_s"] = round(time.perf_counter() - t0, 1)
             res["shards"] = gen["shards"]
+
+        # a step runs in a child process: the heartbeat's lines say which, at least every
+        # progress_every() seconds, while the parent waits
+        lines = progress_lines()
+        reported = [0]
+
+        def step_event(k):
+            if k < len(steps):
+                lines(Progress(k, len(steps), f"step {k + 1}/{len(steps)} {steps[k]}"))
 
         def report(r):
             state = "ok" if r["ok"] else f"FAILED: {r.get('error')}"
             say(f"  {r['step']:<24} {r['wall_s']:>9.1f} s  {r['peak_rss_mb']:>8.0f} MB  {state}")
+            reported[0] += 1
+            step_event(reported[0])
         say(f"running {len(steps)} steps, each in its own process ...")
+        step_event(0)
         import os
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         cap = 0.75 * ram if args.max_memory is None else args.max_memory * 1e9
         res["max_memory_gb"] = round(cap / 1e9, 1) if cap > 0 else None
-        res["steps"] = run_steps(str(folder), folder, steps, args.samples, args.timeout, report,
-                                 cap)
+        try:
+            res["steps"] = run_steps(str(folder), folder, steps, args.samples, args.timeout,
+                                     report, cap)
+        finally:
+            close_lines(lines)
     finally:
         if not args.keep and not reused:
             _remove_generated(folder, created)

@@ -100,7 +100,6 @@ def run(args) -> int:
                      save_onnx=args.save_onnx, save_gguf=args.save_gguf,
                      kld_exact=args.kld_exact, use_cache=not args.no_cache,
                      driver=lambda job: drive(job, quiet=args.json),
-                     kld_driver=lambda job: _drive_lines(job, args.json),
                      say=lambda line: print(line, file=sys.stderr))
     conv = res.pop("convention", None)
     if args.json:
@@ -118,16 +117,6 @@ def print_convention(conv) -> None:
     """The convention's one line on stderr (its --json dict), where it changed a tensor."""
     if conv is not None and conv["rules"]:
         print(f"convention: {conv['line']}", file=sys.stderr)
-
-
-def _drive_lines(job, quiet: bool):
-    """The bar on a terminal; otherwise (or with --json) a progress line on stderr at least
-    every 10 s (stage, chunks i/N, ETA)."""
-    import sys
-    if sys.stderr.isatty() and not quiet:
-        return drive(job)
-    from workbench.core.progress import LineProgress, run as run_job
-    return run_job(job, LineProgress(label="check"))
 
 
 def _print_kld(res) -> int:

@@ -1,0 +1,167 @@
+"""What `allocate` is about to cost, said before it starts (issue 33), and the options that
+cut it.
+
+The estimate is the sum of its stages, each the model's weights times what the stage repeats
+(calibration samples, candidate schemes) times a rate measured on the shared 2-core machine
+when quiet (SmolLM2-135M: 134.5 M weights, 64 samples, 50 schemes, 2 min 40 s measured; the
+methods from SmolLM2 on 16 samples and 3 schemes, 523 s CPU, and MiniLM's README tour, 508 s
+CPU, fitted together):
+
+- building the network (import transformers, the model's modules): BUILD seconds, when the
+  measure or a method runs the model;
+- the measure's pass over the calibration samples: fisher (forward and backward) or the
+  inputs of every weight (activation, --calib);
+- the per-scheme errors: every weight quantized and measured (weight, activation) or a
+  sample of rows weighed by the fisher diagonal (fisher); output runs the network again for
+  every tensor and scheme;
+- the methods (imatrix, gptq): a statistics pass over every sample, imatrix's weighted
+  search on each Linear weight and candidate, GPTQ near the first allocation;
+- the allocated plan's evaluation (every weight quantized once more).
+
+Cached errors (workbench.quant.evaluate's cache) make a second run faster; a busy machine slower.
+It is an order of magnitude, not a promise: the progress lines' ETA follows the real rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: seconds to import transformers and build the network (a model-level measure or method)
+BUILD = 8.0
+#: seconds per weight and calibration sample: fisher's forward and backward pass
+PASS_FISHER = 8.7e-9
+#: seconds per weight and calibration sample: a forward pass collecting the weights' inputs
+PASS_FORWARD = 3.0e-9
+#: seconds per weight and candidate scheme: fisher's errors (rows sampled)
+ERRORS_SAMPLED = 1.0e-8
+#: seconds per weight and candidate scheme: every weight quantized and measured
+ERRORS_FULL = 3.3e-8
+#: seconds per Linear weight and calibration sample: the methods' statistics pass (inputs and
+#: Hessians of every Linear weight, on both halves of the samples)
+METHODS_PASS = 2.0e-7
+#: seconds per Linear weight and candidate scheme: imatrix's search and GPTQ's near pairs
+METHODS = 3.25e-7
+#: candidate schemes the `faster` line offers (those of them the target allows)
+FEW_SCHEMES = ("q3_k", "q4_0", "q4_k", "q5_0", "q5_k", "q6_k", "q8_0")
+#: calibration samples the `faster` line offers
+FEW_SAMPLES = 16
+
+
+@dataclass
+class Cost:
+    stages: dict = field(default_factory=dict)     # {stage text: seconds}
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.stages.values())
+
+
+def estimate(params: int, linear_params: int, tensors: int, schemes: int, measure: str,
+             samples: int, methods) -> Cost:
+    """The stages of an allocation of a model of `params` weights (`linear_params` of them in
+    Linear weights, `tensors` tensors measured) over `schemes` candidates, measured by
+    `measure` on `samples` calibration samples, weighing `methods`."""
+    c = Cost()
+    costly = [m for m in methods if m != "rtn"]
+    if measure in ("fisher", "activation", "output") or costly:
+        c.stages["building the network"] = BUILD
+    if measure == "fisher":
+        c.stages[f"fisher pass over {samples} samples"] = PASS_FISHER * params * samples
+        c.stages[f"{schemes} schemes' errors"] = ERRORS_SAMPLED * params * schemes
+    elif measure == "activation":
+        if samples:
+            c.stages[f"activation pass over {samples} samples"] = PASS_FORWARD * params * samples
+        c.stages[f"{schemes} schemes' errors"] = ERRORS_FULL * params * schemes
+    elif measure == "output":
+        c.stages[f"output change of {tensors} tensors x {schemes} schemes"] = \
+            PASS_FORWARD * params * samples * tensors * schemes / 2
+    else:
+        c.stages[f"{schemes} schemes' errors"] = ERRORS_FULL * params * schemes
+    if costly:
+        c.stages[f"methods {','.join(costly)}"] = \
+            METHODS_PASS * linear_params * samples + METHODS * linear_params * schemes
+    c.stages["the plan's evaluation"] = ERRORS_FULL * params
+    return c
+
+
+def clock(s: float) -> str:
+    """'40 s', '2 min 30 s', '1 h 05 min'."""
+    if s < 0.5:
+        return "<1 s"
+    s = int(round(s))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s" if s < 600 else f"{round(s / 60)} min"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def count_samples(calib=None) -> int | None:
+    """The calibration samples in `calib` (text or JSONL; the default text when None), None
+    when they cannot be counted cheaply (token-id files, an unreadable file)."""
+    from pathlib import Path
+
+    from workbench.running.calibration import DEFAULT_CALIB, read_texts
+    path = Path(calib) if calib else DEFAULT_CALIB
+    if path.suffix.lower() in (".npy", ".safetensors"):
+        return None
+    try:
+        return len(read_texts(path))
+    except Exception:   # noqa: BLE001 - the command itself says what is wrong with the file
+        return None
+
+
+def allocation_cost(model, schemes: list[str], measure: str, samples: int | None,
+                    methods_text: str, calib=None, imatrix=None) -> tuple[Cost, list]:
+    """(Cost, [(options, Cost)]) of an allocation, and of the faster ones the options make:
+    `measure` and `samples` as resolved (workbench.api.resolve_measure), `methods_text` the
+    --methods value."""
+    from workbench.planning.allocate_methods import _kind, _runnable, default_methods, parse_methods
+    from workbench.planning.budget import is_linear
+    infos = [model.info(n) for n in model.tensors]
+    measured = [i for i in infos if i.ndim >= 2 and i.is_float]
+    params = sum(i.numel for i in measured)
+    linear = sum(i.numel for i in measured if is_linear(i))
+    methods = parse_methods(methods_text)
+    if methods is None:
+        methods = default_methods(measure, not imatrix and _runnable(model), _kind(model))
+    total = count_samples(calib) or 64
+    n = min(samples, total) if samples else total
+    if measure == "activation" and imatrix:
+        n = 0                                   # the imatrix replaces the pass
+
+    def cost(schemes_n, samples_n, meths):
+        return estimate(params, linear, len(measured), schemes_n, measure, samples_n, meths)
+    now = cost(len(schemes), n, methods)
+    few = [s for s in FEW_SCHEMES if s in schemes]
+    cut = {}           # option -> (schemes, samples, methods) it changes
+    if any(m != "rtn" for m in methods):
+        cut["methods"] = (["--methods", "rtn"], {"meths": ["rtn"]})
+    if measure in ("fisher", "activation", "output") and n > FEW_SAMPLES:
+        cut["samples"] = (["--samples", str(FEW_SAMPLES)], {"samples_n": FEW_SAMPLES})
+    if few and len(few) < len(schemes):
+        cut["schemes"] = (["--schemes", ",".join(few)], {"schemes_n": len(few)})
+    base = {"schemes_n": len(schemes), "samples_n": n, "meths": methods}
+    options, useful = [], {}
+    for key, (argv, change) in cut.items():
+        c = cost(**{**base, **change})
+        if c.seconds < 0.8 * now.seconds:       # worth saying: a fifth or more saved
+            options.append((argv, c))
+            useful[key] = (argv, change)
+    if len(useful) > 1:
+        argv = [a for a_, _ in useful.values() for a in a_]
+        change = {k: v for _, ch in useful.values() for k, v in ch.items()}
+        options.append((argv, cost(**{**base, **change})))
+    return now, options
+
+
+def lines(now: Cost, options) -> list[str]:
+    """The two lines allocate prints: the expected cost, and the faster options (when it is
+    worth a minute)."""
+    parts = ", ".join(f"{k} {clock(v)}" for k, v in now.stages.items() if v >= 0.5)
+    out = [f"expected: about {clock(now.seconds)} on 2 quiet cores"
+           + (f" ({parts})" if parts else "") + "; a busy machine takes longer"]
+    if options and now.seconds >= 60:
+        out.append("faster: " + "; ".join(f"{' '.join(o)} (about {clock(c.seconds)})"
+                                          for o, c in options))
+    return out
