@@ -23,7 +23,7 @@ PICK_PX = 14
 class FrontierPlot(pg.PlotWidget):
     """x: bits per weight (as evaluate counts them); y: predicted error (log)."""
 
-    pointClicked = Signal(object)     # an app.effects.Point
+    pointClicked = Signal(object)     # an app.effects_jobs.Point
     hovered = Signal(str)
 
     def __init__(self, parent=None):

@@ -1,6 +1,6 @@
 """Sensitivity views: tensors × schemes heat map or sorted bars for the chosen measure, and the
 selected tensor's size / sensitivity curve beside its plots. The numbers are the table of
-:func:`app.effects.table_job` (workbench.planning.sensitivity; `quant-workbench sensitivity` prints them)."""
+:func:`app.effects_jobs.table_job` (workbench.planning.sensitivity; `quant-workbench sensitivity` prints them)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 scheme coloured by family, the Pareto front drawn as a step line with its points ringed,
 the current scheme highlighted. Clicking a point emits `picked(scheme)`.
 
-Given points that carry a ``method`` (app.comparison.MethodPoint: the comparison view with
+Given points that carry a ``method`` (app.comparison_model.MethodPoint: the comparison view with
 methods ticked), the plot shows layer output SQNR, one series per method (its own colour and
 marker, named in the legend line), the Pareto front across all of them, and a click emits
 `pickedMethod(scheme, method)`."""

@@ -12,7 +12,7 @@ from workbench.quant.evaluate import evaluate_tensor, totals_of
 from workbench.formats.loaders import open_model
 
 from app.table_model import C_BYTES, C_SCHEME, C_SQNR
-from app.tier_board import MIME, members
+from app.tier_placement import MIME, members
 
 from apphelpers import DEMO, wait_idle
 
@@ -140,7 +140,7 @@ def test_rule_commands_and_comparison(window, qtbot):
     assert cm.name == name and len(cm.schemes) > 20
     r = evaluate_tensor(open_model(DEMO), name, "int4-g32")
     row = cm.schemes.index("int4-g32")
-    from app.comparison import C_SQNR
+    from app.comparison_model import C_SQNR
     assert cm.value("int4-g32", C_SQNR) == pytest.approx(r.error.sqnr_db)
     window.comparison._assign(window.comparison.proxy.mapFromSource(cm.index(row, 0)))
     assert window.doc.scheme_of(name) == "int4-g32"

@@ -16,8 +16,8 @@ from workbench.quant.runtimes import plan_decisions, summarize
 
 from app import commands
 from app.bench_catalog import make_catalog
-from app.layer_browser import GROUP_ROLE, NAME_ROLE
-from app.tier_board import members
+from app.layer_tree import GROUP_ROLE, NAME_ROLE
+from app.tier_placement import members
 
 from apphelpers import wait_idle
 

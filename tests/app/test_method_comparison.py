@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app import commands
-from app.comparison import C_METHOD, C_OUT, C_SCHEME, C_SQNR
+from app.comparison_model import C_METHOD, C_OUT, C_SCHEME, C_SQNR
 from app.plots.scheme_points import METHOD_SYMBOLS
 from workbench.formats.loaders import open_model
 from workbench.running.methods_compare import evaluate_method, tensor_stats

@@ -6,7 +6,7 @@ import pytest
 
 from workbench.formats.loaders import open_model
 
-from app.layer_browser import GROUP_ROLE, NAME_ROLE
+from app.layer_tree import GROUP_ROLE, NAME_ROLE
 
 from apphelpers import wait_idle
 

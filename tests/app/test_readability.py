@@ -182,7 +182,7 @@ def test_comparison_current_label_clears_points_and_labels(qtbot):
     (its own ring included) or another label, for every scheme of a real tensor as the current
     one, and with methods (four markers per scheme, near-equal figures)."""
     import math
-    from app.comparison import MethodPoint
+    from app.comparison_model import MethodPoint
     from app.plots.scheme_points import SchemePointsPlot
     from workbench.formats.loaders import open_model
     from workbench.planning.scheme_choice import tensor_points
@@ -236,7 +236,7 @@ def test_comparison_at_1280_shows_key_columns_and_the_whole_plot(window, qtbot):
     showed Scheme, Bits/w and a sliver of SQNR), the header text clears the sort arrow, and
     the plot beside it is no wider than its pane (its unwrapped legend had widened the plot
     item past the pane: the right end of the axis, 24 and 32 bits, was cut off)."""
-    from app.comparison import C_BITS, C_REL, C_SCHEME, C_SQNR, COLUMNS
+    from app.comparison_model import C_BITS, C_REL, C_SCHEME, C_SQNR, COLUMNS
     window.resize(1280, 800)
     window.fit_layout()
     window.select(Q)

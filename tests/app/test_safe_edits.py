@@ -6,7 +6,7 @@ from PySide6.QtWidgets import QComboBox
 
 from app import commands
 from app.table_model import C_SCHEME
-from app.tier_board import MIME, members
+from app.tier_placement import MIME, members
 from app.tiers import DEFAULT_TIERS, tier_index, tier_mix
 
 from apphelpers import wait_idle

@@ -33,7 +33,7 @@ def test_scheme_picker_list_opens_on_double_click(window, qtbot):
 
 def test_dragged_cards_stay_selected_after_the_drop(window):
     from PySide6.QtCore import QModelIndex
-    from app.tier_board import NAME_ROLE
+    from app.tier_placement import NAME_ROLE
     doc, board = window.doc, window.tiers
     src, dst = board.columns[1], board.columns[2]
     moved = [Q, "lm_head.weight"]
@@ -76,7 +76,7 @@ def test_table_last_column_fits_at_1600x1000(window, qtbot):
 def test_tier_box_and_summary_agree(window):
     from PySide6.QtCore import QModelIndex
     from app import commands
-    from app.tier_board import members
+    from app.tier_placement import members
     doc, board = window.doc, window.tiers
     col = board.columns[3]                       # "3-bit and less", int3-g128, empty
     assert members(doc, 3) == [] and col.scheme.currentText() == "int3-g128"

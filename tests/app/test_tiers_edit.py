@@ -5,7 +5,8 @@ import json
 from PySide6.QtWidgets import QDialog, QDialogButtonBox
 
 from app import commands
-from app.tier_board import TierDialog, members
+from app.tier_board import TierDialog
+from app.tier_placement import members
 from app.tiers import DEFAULT_TIERS, Tier
 
 Q = "model.layers.0.self_attn.q_proj.weight"

@@ -8,7 +8,7 @@ from workbench.core.progress import run
 from workbench.quant.stats import reference_stats, tensor_stats
 
 from app import analysis
-from app.layer_browser import NAME_ROLE
+from app.layer_tree import NAME_ROLE
 
 from apphelpers import DEMO, minilm_path, wait_idle
 

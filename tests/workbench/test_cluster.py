@@ -339,7 +339,7 @@ def test_app_setting_runs_the_sensitivity_table_on_the_cluster(cluster, checkpoi
     from types import SimpleNamespace
 
     from app.cluster_setting import KEY, ClusterSetting
-    from app.effects import table_job
+    from app.effects_jobs import table_job
     from workbench.core.errors import WorkbenchError
     from workbench.core.progress import run
     address, _ = cluster
