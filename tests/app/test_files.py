@@ -91,6 +91,7 @@ def test_export_dialog_asks_before_overwriting_and_remembers_folder(make_window,
                                                                    tmp_path):
     win = make_window()
     dlg = win.export_dialog()
+    qtbot.waitUntil(lambda: not dlg.checking(), timeout=60000)   # Export waits for its check
     # never defaults into the installation (the bundled demo model's folder)
     assert "resources" not in dlg.path.text()
     out = tmp_path / "plan.json"
@@ -112,6 +113,7 @@ def test_export_dialog_lists_registry_and_writes_reopenable_files(window, qtbot,
     from workbench.export import list_exporters
     window.push(commands.assign(window.doc, [Q], "int4-g128"))
     dlg = window.export_dialog()
+    qtbot.waitUntil(lambda: not dlg.checking(), timeout=60000)   # Export waits for its check
     names = [dlg.format.itemData(i) for i in range(dlg.format.count())]
     assert names == [e.name for e in list_exporters()]
     assert {"plan", "safetensors"} <= set(names)
@@ -215,6 +217,7 @@ def test_save_dialogs_refuse_the_inputs_by_any_link(make_window, qtbot, tmp_path
     (tmp_path / "model-link.safetensors").symlink_to(DEMO)
     os.link(session, tmp_path / "session-hard.json")
     dlg = win.export_dialog()
+    qtbot.waitUntil(lambda: not dlg.checking(), timeout=60000)   # Export waits for its check
     win.messages.answer = True
     assert dlg.start("safetensors", str(tmp_path / "model-link.safetensors")) is None
     assert "input of the open model" in dlg.error
