@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, QTimer, Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QHBoxLayout, QLabel, QProgressBar,
-                               QPushButton, QSizePolicy, QSlider, QStackedWidget, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton,
+                               QSlider, QStackedWidget, QVBoxLayout, QWidget)
 
 from .commands import _short
 from .format import fmt_bytes, fmt_float
+from .fit_label import never_widens, thin_bar
 
 STYLE = {"allocated": ("o", "#4c9aff", 8), "uniform": ("s", "#ffb454", 9),
          "recipe": ("t", "#9ece6a", 11), "current": ("star", "#ff5370", 18)}
@@ -180,12 +180,10 @@ class BudgetPanel(QWidget):
         self.pins_label.setObjectName("Muted")
         self.result = QLabel("")
         self.result.setObjectName("BudgetResult")
-        self.result.setMinimumWidth(1)
-        self.result.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        never_widens(self.result)
         self.hover = QLabel(" ")
         self.hover.setObjectName("HoverReadout")
-        self.hover.setMinimumWidth(1)
-        self.hover.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        never_widens(self.hover)
         self.plot = FrontierPlot()
         self.waiting = WaitingPage()
         self.waiting.compute.clicked.connect(lambda: effects.request_table())
@@ -447,11 +445,7 @@ class WaitingPage(QWidget):
         self.headline.setObjectName("WaitingHeadline")
         self.headline.setStyleSheet("font-size: 11pt; font-weight: bold; color: #c9ced8;")
         self.headline.setWordWrap(True)
-        self.bar = QProgressBar()
-        self.bar.setObjectName("WaitingBar")
-        self.bar.setRange(0, 1000)
-        self.bar.setTextVisible(False)
-        self.bar.setMaximumWidth(420)
+        self.bar = thin_bar("WaitingBar", maximum=420)
         self.detail = QLabel("")
         self.detail.setObjectName("Muted")
         self.detail.setWordWrap(True)

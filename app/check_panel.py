@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QCheckBox, QFileDialog, QFrame, QHBoxLayout, QLabel, QPushButton,
                                QSizePolicy, QVBoxLayout)
 
-from .fit_label import FitLabel
+from .fit_label import FitLabel, never_widens
 from .theme import MUTED, POOR
 
 STYLE = """
@@ -58,14 +58,12 @@ class CheckPanel(QFrame):
         self.setStyleSheet(STYLE)
         self.caption = FitLabel("END-TO-END CHECK")
         self.caption.setProperty("role", "caption")
-        self.caption.setMinimumWidth(1)
-        self.caption.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        never_widens(self.caption)
         self.value = FitLabel("—")
         self.value.setObjectName("CheckFigures")
         self.value.setStyleSheet('font-family: "DejaVu Sans Mono"; font-size: 10pt; '
                                  'font-weight: bold; color: #e6e9ef;')
-        self.value.setMinimumWidth(1)
-        self.value.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        never_widens(self.value)
         self.value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.badge = QLabel("OFF")
         self.badge.setObjectName("CheckBadge")

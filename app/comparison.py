@@ -34,6 +34,7 @@ from .comparison_model import (C_BITS, C_BYTES, C_FAMILY, C_GBS, C_MAX, C_METHOD
                                C_SCHEME, C_SQNR, COLUMNS, SCOPES, SORT_ROLE, ComparisonModel,
                                ScopeProxy)
 from .theme import mono_font
+from .fit_label import FitLabel, never_widens
 
 
 class ComparisonView(QWidget):
@@ -82,16 +83,13 @@ class ComparisonView(QWidget):
         self.plot = SchemePointsPlot()
         self.plot.picked.connect(self.assign_scheme)
         self.plot.pickedMethod.connect(self.assign_pair)
-        from .fit_label import FitLabel     # a shorter form when narrow, never cut mid-word
-        self.label = FitLabel("Select a tensor to compare every scheme that can take it.")
+        # a shorter form when narrow, never cut mid-word
+        self.label = never_widens(FitLabel("Select a tensor to compare every scheme that can "
+                                           "take it."))
         self.label.setObjectName("Muted")
-        self.label.setMinimumWidth(1)
-        from PySide6.QtWidgets import QSizePolicy
-        self.label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.hover = QLabel(" ")
         self.hover.setObjectName("HoverReadout")
-        self.hover.setMinimumWidth(1)
-        self.hover.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        never_widens(self.hover)
         self.plot.hovered.connect(self.hover.setText)
         self.run_button = QPushButton("Compare all schemes")
         self.run_button.clicked.connect(self.run)

@@ -15,12 +15,12 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor, QStandardItemModel
 from PySide6.QtWidgets import (QComboBox, QDialog, QFileDialog, QFormLayout, QHBoxLayout,
-                               QLabel, QLineEdit, QProgressBar, QPushButton, QSizePolicy,
-                               QVBoxLayout)
+                               QLabel, QLineEdit, QProgressBar, QPushButton, QVBoxLayout)
 
 from workbench.export import export, list_exporters
 
 from .workers import FOREGROUND, INTERACTIVE, USER
+from .fit_label import never_widens
 
 
 class ExportDialog(QDialog):
@@ -63,8 +63,7 @@ class ExportDialog(QDialog):
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.status = QLabel("")
-        self.status.setMinimumWidth(1)
-        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        never_widens(self.status)
         # an export's error, whole (word-wrapped, selectable); cleared when the format changes
         self.error_label = QLabel("")
         self.error_label.setObjectName("ExportError")

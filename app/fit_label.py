@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QPainter
-from PySide6.QtWidgets import QLabel, QStyle, QStyleOption
+from PySide6.QtWidgets import QLabel, QProgressBar, QSizePolicy, QStyle, QStyleOption
 
 
 class FitLabel(QLabel):
@@ -53,3 +53,26 @@ class FitLabel(QLabel):
         self.style().drawItemText(p, self.contentsRect(), int(self.alignment()), self.palette(),
                                   self.isEnabled(), shown, self.foregroundRole())
         p.end()
+
+
+def never_widens(widget):
+    """`widget` (a label) never widens its row: no minimum width, its width given by the
+    layout (a long message is cut or elided, not the window stretched). Returns it."""
+    widget.setMinimumWidth(1)
+    widget.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+    return widget
+
+
+def thin_bar(name: str | None = None, fixed: int | None = None,
+             maximum: int | None = None) -> QProgressBar:
+    """A progress bar in thousandths with no text on it (the figures sit beside it)."""
+    bar = QProgressBar()
+    if name:
+        bar.setObjectName(name)
+    bar.setRange(0, 1000)
+    bar.setTextVisible(False)
+    if fixed is not None:
+        bar.setFixedWidth(fixed)
+    if maximum is not None:
+        bar.setMaximumWidth(maximum)
+    return bar

@@ -8,7 +8,9 @@ compute thread was finishing the figure the totals wait for."""
 from __future__ import annotations
 
 from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QWidget
+
+from .fit_label import thin_bar
 
 
 SHOW_AFTER_MS = 250
@@ -23,10 +25,7 @@ class ProgressPanel(QWidget):
         self._delay.timeout.connect(self._delayed)
         self.label = QLabel("")
         self.label.setObjectName("Muted")
-        self.bar = QProgressBar()
-        self.bar.setRange(0, 1000)
-        self.bar.setFixedWidth(180)
-        self.bar.setTextVisible(False)
+        self.bar = thin_bar(fixed=180)
         self.cancel = QPushButton("Cancel")
         self.cancel.setObjectName("CancelButton")
         self.cancel.clicked.connect(self._cancel)

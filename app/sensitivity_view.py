@@ -8,7 +8,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QLineEdit, QPushButton,
-                               QSizePolicy, QStackedWidget, QVBoxLayout, QWidget)
+                               QStackedWidget, QVBoxLayout, QWidget)
 
 from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP
@@ -16,6 +16,7 @@ from workbench.quant.plan import KEEP
 from .commands import _short
 from .effects import MEASURES
 from .format import fmt_float
+from .fit_label import never_widens
 
 MEASURE_TEXT = {"weight": "weight error (Σ squared reconstruction error)",
                 "activation": "activation-weighted error Σ_j E[x_j²]·‖ΔW[:,j]‖²",
@@ -241,12 +242,10 @@ class SensitivityView(QWidget):
         from .fit_label import FitLabel
         self.status = FitLabel("")
         self.status.setObjectName("Muted")
-        self.status.setMinimumWidth(1)
-        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        never_widens(self.status)
         self.hover = QLabel(" ")
         self.hover.setObjectName("HoverReadout")
-        self.hover.setMinimumWidth(1)
-        self.hover.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        never_widens(self.hover)
         self.heat = HeatMap()
         self.bars = SortedBars()
         self.stack = QStackedWidget()

@@ -14,8 +14,9 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton,
-                               QSizePolicy, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from .fit_label import never_widens, thin_bar
 
 SHOW_AFTER_MS = 250
 REFRESH_MS = 200
@@ -112,19 +113,14 @@ class _Row(QWidget):
         self.name.setObjectName("QueueName")
         self.name.setStyleSheet("font-weight: bold;")
         self.name.setFixedWidth(260)
-        self.bar = QProgressBar()
-        self.bar.setObjectName("QueueBar")
-        self.bar.setRange(0, 1000)
-        self.bar.setTextVisible(False)
-        self.bar.setFixedWidth(140)
+        self.bar = thin_bar("QueueBar", fixed=140)
         self.count = QLabel("")
         self.count.setObjectName("QueueProgress")
         self.count.setFixedWidth(80)
         self.count.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.detail = QLabel("")
         self.detail.setObjectName("Muted")
-        self.detail.setMinimumWidth(1)
-        self.detail.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        never_widens(self.detail)
         self.cancel = QPushButton("Cancel")
         self.cancel.setObjectName("QueueCancel")
         self.cancel.clicked.connect(lambda: self.cancelled.emit(self.task))

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QSizePolicy, QSplitter,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
 from PySide6.QtCore import Qt
 
 from ..format import fmt_count, fmt_db, fmt_float, fmt_shape
@@ -12,6 +11,7 @@ from .channel_error import ChannelErrorPlot
 from .channels import ChannelRangePlot
 from .expert_spread import ExpertSpreadPlot
 from .histogram import HistogramPlot
+from ..fit_label import never_widens
 
 
 class PlotsPanel(QWidget):
@@ -35,8 +35,7 @@ class PlotsPanel(QWidget):
         self.hover = QLabel(" ")
         self.hover.setObjectName("HoverReadout")
         for label in (self.title, self.summary, self.grid_label, self.hover):
-            label.setMinimumWidth(1)
-            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+            never_widens(label)
         self.histogram = HistogramPlot()
         self.ranges = ChannelRangePlot()
         self.errors = ChannelErrorPlot()
