@@ -166,7 +166,10 @@ def test_to_gguf_keeps_metadata_and_values(ggufs, tmp_path):
     types = {n: i.dtype for n, i in m.tensors.items()}
     assert types["blk.0.attn_q.weight"] == "BF16" and types["token_embd.weight"] == "BF16"
     assert types["blk.0.attn_norm.weight"] == "F32"
-    assert np.all(m.read("blk.0.attn_norm.weight") == 1.0)     # identity, llama.cpp's form
+    # Gemma's norm multiplier (1 + w, llama.cpp's form) passed a factor r in exp(+-0.5) per
+    # channel to the layers it feeds: the norm is g / r
+    r = src.read("blk.0.attn_norm.weight") / m.read("blk.0.attn_norm.weight")
+    assert np.all((r > np.exp(-0.5) * 0.999) & (r < np.exp(0.5) * 1.001)) and r.std() > 0.1, r
     assert info["on_source_grid"] == {"token_embd.weight": "Q4_0"}
     run(convert(out, "hf", tmp_path / "back", dtype="f32"))
     run(convert(q4, "hf", tmp_path / "og", dtype="f32", off_grid_seed=0))
