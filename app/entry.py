@@ -11,3 +11,8 @@ COMMAND_PACKAGES = ("workbench.cli.commands", "app.cli_commands")
 def main(argv: list[str] | None = None) -> int:
     from workbench.cli import main as cli_main
     return cli_main(argv, packages=COMMAND_PACKAGES)
+
+
+if __name__ == "__main__":      # python -m app.entry ... (the same as quant-workbench ...)
+    import sys
+    sys.exit(main())
