@@ -4,8 +4,7 @@ cut it.
 The estimate is the sum of its stages, each the model's weights times what the stage repeats
 (calibration samples, candidate schemes) times a rate measured on the shared 2-core machine
 when quiet (SmolLM2-135M: 134.5 M weights, 64 samples, 50 schemes, 2 min 40 s measured; the
-methods from SmolLM2 on 16 samples and 3 schemes, 523 s CPU, and MiniLM's README tour, 508 s
-CPU, fitted together):
+methods from MiniLM's README tour and SmolLM2 with --methods rtn,imatrix,gptq, 27 Nov 2026):
 
 - building the network (import transformers, the model's modules): BUILD seconds, when the
   measure or a method runs the model;
@@ -14,8 +13,8 @@ CPU, fitted together):
 - the per-scheme errors: every weight quantized and measured (weight, activation) or a
   sample of rows weighed by the fisher diagonal (fisher); output runs the network again for
   every tensor and scheme;
-- the methods (imatrix, gptq): a statistics pass over every sample, imatrix's weighted
-  search on each Linear weight and candidate, GPTQ near the first allocation;
+- the methods (imatrix, gptq): a statistics pass over every sample, then both weighed on the
+  pairs near the allocation (a few schemes a tensor, whatever the candidates);
 - the allocated plan's evaluation (every weight quantized once more).
 
 Cached errors (workbench.quant.evaluate's cache) make a second run faster; a busy machine slower.
@@ -37,10 +36,12 @@ ERRORS_SAMPLED = 1.0e-8
 #: seconds per weight and candidate scheme: every weight quantized and measured
 ERRORS_FULL = 3.3e-8
 #: seconds per Linear weight and calibration sample: the methods' statistics pass (inputs and
-#: Hessians of every Linear weight, on both halves of the samples)
-METHODS_PASS = 2.0e-7
-#: seconds per Linear weight and candidate scheme: imatrix's search and GPTQ's near pairs
-METHODS = 3.25e-7
+#: Hessians of every Linear weight, on both halves of the samples). Quiet, 27 Nov 2026, 64
+#: samples: MiniLM (10.6 M Linear weights) 14.6 s, SmolLM2 (106 M) 80 s
+METHODS_PASS = 1.6e-8
+#: seconds per Linear weight: imatrix and GPTQ on the pairs near the allocation (a few schemes
+#: a tensor whatever the candidates): MiniLM 12 s, SmolLM2 35 s
+METHODS = 6.0e-7
 #: candidate schemes the `faster` line offers (those of them the target allows)
 FEW_SCHEMES = ("q3_k", "q4_0", "q4_k", "q5_0", "q5_k", "q6_k", "q8_0")
 #: calibration samples the `faster` line offers
@@ -79,7 +80,7 @@ def estimate(params: int, linear_params: int, tensors: int, schemes: int, measur
         c.stages[f"{schemes} schemes' errors"] = ERRORS_FULL * params * schemes
     if costly:
         c.stages[f"methods {','.join(costly)}"] = \
-            METHODS_PASS * linear_params * samples + METHODS * linear_params * schemes
+            METHODS_PASS * linear_params * samples + METHODS * linear_params
     c.stages["the plan's evaluation"] = ERRORS_FULL * params
     return c
 

@@ -41,12 +41,14 @@ from workbench.quant.plan import KEEP
 from workbench.core.progress import Progress
 
 #: the methods `allocate` weighs by default when calibration statistics can be collected.
-#: Every one is judged on the held-out fold; GPTQ, the costly one, only on the pairs near the
-#: solution of the rtn/imatrix table (`near_choices`; `weigh_methods`)
+#: Every one is judged on the held-out fold, on the pairs near the solution of the rtn table
+#: (`near_choices`; `weigh_methods`)
 DEFAULT_METHODS = ("rtn", "imatrix", "gptq")
-#: methods weighed on every (tensor, scheme) pair; the others only near the first solution
-CHEAP_METHODS = ("rtn", "imatrix")
+#: methods the first solve uses (on every pair); the others are weighed only near the solution
+CHEAP_METHODS = ("rtn",)
 PAIR_METHODS = ("rtn", "imatrix", "gptq")
+#: rounds of weighing the costly methods around the solution of the table so far
+NEAR_ROUNDS = 4
 
 
 def parse_methods(text: str | None) -> list[str] | None:
@@ -106,25 +108,34 @@ def row_weights_from_fisher(model, calib, samples) -> dict:
 
 
 def output_error(dw: np.ndarray, C: np.ndarray, a: np.ndarray | None) -> float:
-    """Σ_i a_i ΔW_i C ΔW_iᵀ (a None: all ones)."""
-    dw = np.asarray(dw, np.float64)
-    q = ((dw @ C) * dw).sum(1)
+    """Σ_i a_i ΔW_i C ΔW_iᵀ (a None: all ones). The product ΔW C runs in C's dtype (the
+    allocator passes a float32 C: half the time of float64, about 1e-7 relative), the rest
+    in float64."""
+    dw = np.asarray(dw)
+    q = (np.asarray(dw @ C, np.float64) * dw).sum(1)
     return float(q.sum() if a is None else q @ a)
 
 
+def held_c(stats) -> np.ndarray:
+    """C = H / 2 of `stats` as float32, for `output_error`."""
+    return (np.asarray(stats.H, np.float64) / 2.0).astype(np.float32)
+
+
 def pair_errors(w: np.ndarray, scheme: str, stats, methods, a=None, tensor=None,
-                factor=None, held=None) -> dict:
+                factor=None, held=None, C=None) -> dict:
     """{method: e_m} for one weight matrix and applied scheme (methods that do not support the
     scheme are left out; rtn is always there). The methods fit on `stats`; the error is
     measured on `held` (the held-out fold's statistics: C = H/2 of samples the methods never
     saw), or on `stats` itself when `held` is None. `factor`: GPTQ's `hessian_factor` of
-    this weight from `stats`, computed once for all its schemes."""
+    this weight from `stats`, computed once for all its schemes; `C`: `held_c` of the
+    statistics the error is measured on, computed once (default: here)."""
     from workbench.quant.accel import dequantize
     from workbench.quant.evaluate import quantize
     from workbench.quant.methods.base import get_method
     from workbench.schemes import get_scheme
     sch = get_scheme(scheme)
-    C = np.asarray((held if held is not None else stats).H, np.float64) / 2.0
+    if C is None:
+        C = held_c(held if held is not None else stats)
     out = {}
     for m in methods:
         if m == "rtn":
@@ -199,9 +210,14 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
     from workbench.core.progress import subjob
     if only is None or not hasattr(table, "methods"):
         table.methods = {}
+    # {(tensor, applied scheme): {method: error}} of this table's earlier calls (same rows,
+    # same statistics): a later stage computes only the methods it adds
+    known = getattr(table, "method_errors", None)
+    if known is None or only is None:
+        known = table.method_errors = {}
     if not hasattr(table, "rtn_values"):
         table.rtn_values = dict(table.values)
-    if not [m for m in methods if m != "rtn"]:
+    if not [m for m in methods if m != "rtn"] and not want_h:
         return {"tensors": 0, "pairs": 0}
     t0 = time.perf_counter()
     data = yield from subjob(calibration_samples(model, calib), 0, 1, 100)
@@ -221,11 +237,13 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
         names = [n for n in names if n in only]
     if stats is None:
         want_h = "gptq" in methods if want_h is None else want_h
+        half = 49 if methods == ["rtn"] else 14     # statistics only: they are the whole job
         fit = yield from subjob(collect_stats(model, calib, names=names, want_h=want_h,
-                                              keep_rows=0, subset=slice(0, None, 2)), 1, 15, 100)
+                                              keep_rows=0, subset=slice(0, None, 2)), 1,
+                                half + 1, 100)
         held = yield from subjob(collect_stats(model, calib, names=names, want_h=True,
-                                               keep_rows=0, subset=slice(1, None, 2)), 16, 14,
-                                 100)
+                                               keep_rows=0, subset=slice(1, None, 2)),
+                                 half + 2, half, 100)
     else:
         fit, held = stats
     t1 = time.perf_counter()
@@ -238,6 +256,8 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
     todo = [n for n in names if usable(n)]
     pairs = 0
     won: dict[str, int] = {}
+    if methods == ["rtn"]:          # the statistics only (a later stage weighs the methods)
+        todo = []
     for i, n in enumerate(todo):
         yield Progress(30 + 70 * i // max(len(todo), 1), 100, f"methods {i + 1}/{len(todo)} {n}")
         w = np.ascontiguousarray(model.read_matrix(n), np.float32).reshape(
@@ -248,6 +268,7 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
             if a is None or len(a) != w.shape[0] or not np.any(a > 0):
                 continue       # the network does not read it: its value is 0 under every pair
         by_applied: dict[str, dict] = {}
+        C = held_c(held[n])
         factor = None
         if "gptq" in methods and getattr(fit[n], "H", None) is not None:
             from workbench.quant.methods.gptq import hessian_factor
@@ -267,9 +288,13 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
                 f = factor
                 if sub and factor is not None:    # the factor's W: the same rows
                     f = (np.ascontiguousarray(factor[0][rows]),) + tuple(factor[1:])
-                by_applied[applied] = pair_errors(ws if sub else w, applied, fit[n], methods,
-                                                  as_ if sub else a, tensor=n, factor=f,
-                                                  held=held[n])
+                done = known.setdefault((n, applied), {})
+                todo_m = [m for m in methods if m not in done]
+                if todo_m:      # an earlier stage's errors are the same numbers: reuse them
+                    done.update(pair_errors(ws if sub else w, applied, fit[n], todo_m,
+                                            as_ if sub else a, tensor=n, factor=f,
+                                            held=held[n], C=C))
+                by_applied[applied] = {m: e for m, e in done.items() if m in methods}
                 pairs += len(by_applied[applied])
             errs = by_applied[applied]
             e_rtn = errs.get("rtn", 0.0)
@@ -353,8 +378,9 @@ def weigh_methods(model, table, methods: str | None = "auto", measure: str = "we
     --methods text: "auto" or a comma-separated list) and fold the methods into `table` (see
     `method_pairs`). `measure`, `calib`, `imatrix`, `samples`: those the table was measured
     with. `solve(table) -> {tensor: scheme}`: the allocation of a table; given, the costly
-    methods (gptq) are weighed in a second stage only on the pairs `near_choices` finds around
-    the rtn/imatrix table's solution, on the same statistics. `drive(job)` runs each stage's
+    methods (imatrix, gptq) are weighed only on the pairs `near_choices` finds around the rtn
+    table's solution, on the same statistics, and again around each new solution
+    (NEAR_ROUNDS). `drive(job)` runs each stage's
     progress job (default: workbench.core.progress.run); `say(line)` gets the notes (default:
     none). Returns {"methods": weighed, "pairs", "tensors", "seconds", "won"}."""
     import time
@@ -385,7 +411,7 @@ def weigh_methods(model, table, methods: str | None = "auto", measure: str = "we
     if not quiet:
         say(f"methods: weighing {', '.join(methods)} per tensor and scheme"
             + (" (--methods auto)" if auto else "")
-            + (f"; {', '.join(costly)} near the first allocation" if staged else "")
+            + (f"; {', '.join(costly)} near the allocation" if staged else "")
             + ", each fitted on half the calibration samples and judged on the other half")
     rw = row_weights_from_fisher(model, calib, samples) if measure == "fisher" else None
     first = [m for m in methods if m in CHEAP_METHODS] if staged else methods
@@ -394,11 +420,21 @@ def weigh_methods(model, table, methods: str | None = "auto", measure: str = "we
     if res.get("note") and not quiet:
         say(f"methods: {res['note']}")
     if staged and "stats" in res:
-        near = near_choices(table, solve(table))
-        more = drive(method_pairs(model, table, methods, calib, rw, target, only=near,
-                                  stats=res["stats"]))
-        res["pairs"] += more.get("pairs", 0)
-        res["near_pairs"] = sum(len(v) for v in near.values())
+        # weigh the costly methods around the solution; a method that lowers a value can move
+        # the solution to pairs not weighed yet: weigh those too, until it stays (NEAR_ROUNDS)
+        weighed: dict[str, set] = {}
+        for _ in range(NEAR_ROUNDS):
+            near = {n: v - weighed.get(n, set())
+                    for n, v in near_choices(table, solve(table)).items()}
+            near = {n: v for n, v in near.items() if v}
+            if not near:
+                break
+            more = drive(method_pairs(model, table, methods, calib, rw, target, only=near,
+                                      stats=res["stats"]))
+            res["pairs"] += more.get("pairs", 0)
+            for n, v in near.items():
+                weighed.setdefault(n, set()).update(v)
+        res["near_pairs"] = sum(len(v) for v in weighed.values())
         res["won"] = {}
         for m in table.methods.values():
             res["won"][m] = res["won"].get(m, 0) + 1

@@ -20,6 +20,9 @@ F = np.float32
 RATIOS = np.linspace(1.0, 0.40, 31)
 #: asymmetric search: the low and high ends shrink independently over this coarser grid
 ASYM_RATIOS = np.linspace(1.0, 0.55, 10)
+#: blocks scored per kernel call by the weighted search (its (candidates, blocks) float64
+#: arrays: 100 x 8192 x 8 bytes, 6.6 MB each)
+SEARCH_BLOCKS = 8192
 
 
 def is_int(scheme) -> bool:
@@ -75,6 +78,48 @@ def qparams_from_range(scheme: IntAffine, lo, hi):
     return scale, zero
 
 
+def _seq_sum(p: np.ndarray) -> np.ndarray:
+    """Per row of float64 `p`: the sum in element order (the kernel's order)."""
+    if not p.shape[1]:
+        return np.zeros(p.shape[0])
+    return np.cumsum(p, axis=1)[:, -1]
+
+
+def candidate_errors_ref(scheme: IntAffine, blocks, imp, scales, zeros, lsq: bool = False):
+    """numpy reference of kernels.weighted_search.candidate_errors: (err, num, den), each
+    (blocks, K) float64, of K candidate stored `scales` (blocks, K) and `zeros` (blocks, K, or
+    None: symmetric) on `blocks` weighted by `imp` (both (blocks, g) float32). err[:, k] =
+    sum_j imp_j (deq_j - x_j)^2 under the scheme's own rounding; with `lsq`, num[:, k] =
+    sum_j (imp_j q_j) x_j and den[:, k] = sum_j (imp_j q_j) q_j for the symmetric refit."""
+    blocks = np.asarray(blocks, F)
+    imp = np.asarray(imp, F)
+    scales = np.asarray(scales)
+    err = np.zeros(scales.shape)
+    num = np.zeros_like(err)
+    den = np.zeros_like(err)
+    for k in range(scales.shape[1]):
+        zero = None if zeros is None else np.asarray(zeros)[:, k]
+        q = scheme._codes(blocks, scales[:, k], zero)
+        d = fake(scheme, blocks, scales[:, k], zero) - blocks
+        err[:, k] = _seq_sum(imp.astype(np.float64) * (d * d).astype(np.float64))
+        if lsq:
+            wq = (imp * q).astype(np.float64)
+            num[:, k] = _seq_sum(wq * blocks.astype(np.float64))
+            den[:, k] = _seq_sum(wq * q.astype(np.float64))
+    return err, num, den
+
+
+def _candidate_errors(scheme, blocks, imp, scales, zeros, lsq=False):
+    """The kernel (kernels/weighted_search.py) where it can run, else the numpy reference."""
+    try:
+        from kernels.weighted_search import candidate_errors
+    except ImportError:
+        return candidate_errors_ref(scheme, blocks, imp, scales, zeros, lsq)
+    st = np.asarray(scales).astype(F)
+    zt = np.zeros_like(st) if zeros is None else np.asarray(zeros).astype(F)
+    return candidate_errors(blocks, imp, st, zt, scheme.qmin, scheme.qmax, lsq)
+
+
 def weighted_qparams(scheme: IntAffine, blocks: np.ndarray, imp: np.ndarray,
                      out_err=None):
     """Per block, the stored (scale, zero) minimising sum_j imp_j (w_j - Q(w_j))^2.
@@ -82,49 +127,56 @@ def weighted_qparams(scheme: IntAffine, blocks: np.ndarray, imp: np.ndarray,
     Candidates: the scheme's own range (so never worse than its RTN in this measure) shrunk by
     RATIOS (symmetric) or by ASYM_RATIOS at each end (asymmetric), each also refitted by
     weighted least squares for its codes (symmetric: s = sum imp w q / sum imp q^2); symmetric
-    schemes try their own (divisor-searched) RTN scale first."""
+    schemes try their own (divisor-searched) RTN scale first. Per block the first candidate
+    with the least error wins (in the order: own scale, then per ratio the shrunk scale and
+    its refit; asymmetric: low ratio outer, high ratio inner). All candidates of a block are
+    scored by one kernel call (`_candidate_errors`), SEARCH_BLOCKS blocks at a time."""
     blocks = np.asarray(blocks, F)
     imp = np.asarray(imp, F)
     nb = blocks.shape[0]
-    best_err = np.full(nb, np.inf)
-    best_scale = None
-    best_zero = None
-    lo0, hi0 = (None, None)
+    if nb > SEARCH_BLOCKS:        # every step is per block: chunks bound the (blocks, K) arrays
+        errs = np.empty(nb) if out_err is None else out_err
+        parts = [weighted_qparams(scheme, blocks[i:i + SEARCH_BLOCKS],
+                                  imp[i:i + SEARCH_BLOCKS], errs[i:i + SEARCH_BLOCKS])
+                 for i in range(0, nb, SEARCH_BLOCKS)]
+        return (np.concatenate([p[0] for p in parts]),
+                np.concatenate([p[1] for p in parts]) if scheme.asym else None)
     if scheme.asym:
         lo0, hi0 = scheme._range_asym(blocks)
+        r = ASYM_RATIOS.astype(F)
+        n = len(r)
+        lo = np.broadcast_to(lo0[:, None, None] * r[None, :, None], (nb, n, n))
+        hi = np.broadcast_to(hi0[:, None, None] * r[None, None, :], (nb, n, n))
+        scales, zeros = qparams_from_range(scheme, lo.reshape(nb, -1), hi.reshape(nb, -1))
+        err = _candidate_errors(scheme, blocks, imp, scales, zeros)[0]
     else:
         hi0 = scheme._range_sym(blocks)
-
-    def consider(scale, zero):
-        nonlocal best_err, best_scale, best_zero
-        deq = fake(scheme, blocks, scale, zero)
-        err = np.einsum("ij,ij->i", imp, (deq - blocks) ** 2, dtype=np.float64)
-        better = err < best_err
-        if best_scale is None:
-            best_scale, best_zero = scale.copy(), (None if zero is None else zero.copy())
-        best_err = np.where(better, err, best_err)
-        best_scale = np.where(better, scale, best_scale)
-        if zero is not None:
-            best_zero = np.where(better, zero, best_zero)
-
-    if scheme.asym:
-        for r1 in ASYM_RATIOS:
-            for r2 in ASYM_RATIOS:
-                consider(*qparams_from_range(scheme, lo0 * F(r1), hi0 * F(r2)))
-    else:
-        consider(scheme.choose_qparams(blocks)[0], None)
-        for r in RATIOS:
-            scale, _ = qparams_from_range(scheme, None, hi0 * F(r))
-            consider(scale, None)
-            q = codes_for(scheme, blocks, scale, None)
-            num = np.einsum("ij,ij->i", imp * q, blocks, dtype=np.float64)
-            den = np.einsum("ij,ij->i", imp * q, q, dtype=np.float64)
-            ok = den > 0
-            s2 = np.where(ok, num / np.where(ok, den, 1), scale.astype(np.float64))
-            consider(scheme._store_scale(np.abs(s2).astype(F)), None)
+        own = scheme.choose_qparams(blocks)[0]
+        shrunk, _ = qparams_from_range(scheme, None, hi0[:, None] * RATIOS.astype(F)[None, :])
+        first = np.concatenate([own[:, None].astype(shrunk.dtype), shrunk], axis=1)
+        err1, num, den = _candidate_errors(scheme, blocks, imp, first, None, lsq=True)
+        ok = den[:, 1:] > 0
+        s2 = np.where(ok, num[:, 1:] / np.where(ok, den[:, 1:], 1), shrunk.astype(np.float64))
+        refit = scheme._store_scale(np.abs(s2).astype(F))
+        err2 = _candidate_errors(scheme, blocks, imp, refit, None)[0]
+        # the order the candidates are tried in: own, then (shrunk r, its refit) per ratio
+        K = len(RATIOS)
+        err = np.empty((nb, 1 + 2 * K))
+        err[:, 0] = err1[:, 0]
+        err[:, 1::2] = err1[:, 1:]
+        err[:, 2::2] = err2
+        scales = np.empty((nb, 1 + 2 * K), refit.dtype)
+        scales[:, 0] = first[:, 0]
+        scales[:, 1::2] = shrunk
+        scales[:, 2::2] = refit
+        zeros = None
+    err = np.where(np.isnan(err), np.inf, err)
+    pick = np.argmin(err, axis=1) if nb else np.zeros(0, np.int64)
+    rows = np.arange(nb)
     if out_err is not None:
-        out_err[:] = best_err
-    return best_scale.astype(scheme.scale_dtype), best_zero
+        out_err[:] = err[rows, pick]
+    best_zero = None if zeros is None else zeros[rows, pick]
+    return scales[rows, pick].astype(scheme.scale_dtype), best_zero
 
 
 #: weighted symmetric search: amax / (P + k/4) for k = 0..12 (P = 2**(B-1) - 1; int4 7 ... 10):
