@@ -15,12 +15,21 @@ def test_warm_names_compiles_the_searched_k_quant_kernels_plain_and_weighted():
     assert len(kquant_sym.sym_k_encode.signatures) >= 1
 
 
-def test_heavy_kernels_go_to_different_processes_first():
-    names = ["int8-channel", "q4_0", "q3_k", "fp16", "q4_k", "iq4_nl"]
+def test_each_process_starts_quick_then_heavy():
+    """A float cast first in each process (its "ready" line within seconds), then the heavy
+    kernels spread over the processes."""
+    names = ["int8-channel", "q4_0", "q3_k", "fp16", "q4_k", "iq4_nl", "bf16"]
     order = warm._order(names)
-    assert order[:3] == ["q4_k", "q3_k", "iq4_nl"] and sorted(order) == sorted(names)
+    assert order[:5] == ["fp16", "bf16", "q4_k", "q3_k", "iq4_nl"]
+    assert sorted(order) == sorted(names)
     shares = [order[i::2] for i in range(2)]
-    assert "q4_k" in shares[0] and "q3_k" in shares[1]
+    assert shares[0][:2] == ["fp16", "q4_k"] and shares[1][:2] == ["bf16", "q3_k"]
+
+
+def test_warm_methods_compiles_the_weighted_search():
+    from kernels import weighted_search
+    warm.warm_methods()
+    assert len(weighted_search._candidate_errors.signatures) >= 1
 
 
 def test_warm_command_runs_its_workers_and_reports(tmp_path):

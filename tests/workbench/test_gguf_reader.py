@@ -109,6 +109,7 @@ def test_fast_metadata_writer_writes_the_packages_bytes(tmp_path):
     toks = [f"tok{i}" for i in range(300)] + ["", "ünï", "\x00x"]
     scores = rng.standard_normal(len(toks)).astype(np.float32).tolist()
     blobs = []
+    tup = tuple(toks)
     for i, cls in enumerate((gguf.GGUFWriter, _fast_writer_class())):
         p = tmp_path / f"w{i}.gguf"
         w = cls(str(p), "bert")
@@ -124,6 +125,12 @@ def test_fast_metadata_writer_writes_the_packages_bytes(tmp_path):
         w.add_array("t.ints", list(range(-50, 50)) + [2**31 - 1, -2**31])
         w.add_array("t.floats", [1e30, -2.5, 0.1, float("inf")] * 10)
         w.add_array("t.bytes2", [b"a", b"bc"] * 20)
+        # token types as gguf's enum (an int subclass), not left to the package item by item
+        w.add_array("t.enums", [gguf.TokenType.NORMAL, gguf.TokenType.CONTROL] * 20)
+        w.add_array("t.flags", [True, False] * 20)            # bools stay the package's
+        # a tokenizer's replayed arrays are tuples, packed once and reused: same bytes twice
+        w.add_array("t.tup1", tup)
+        w.add_array("t.tup2", tup)
         w.add_tensor("x", np.arange(8, dtype=np.float32))
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -131,3 +138,5 @@ def test_fast_metadata_writer_writes_the_packages_bytes(tmp_path):
         w.close()
         blobs.append(p.read_bytes())
     assert blobs[0] == blobs[1]
+    from workbench.export.gguf_header import _PACKED
+    assert any(v[0] is tup for v in _PACKED.values())

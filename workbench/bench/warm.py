@@ -22,13 +22,17 @@ import subprocess
 import sys
 import time
 
-# compiled first and in different processes: each takes most of a minute on its own
+# compiled first in every process: a few seconds each, so the first "ready" line comes at once
+QUICK = ("fp16", "bf16")
+# compiled next and in different processes: each takes most of a minute on its own
 HEAVY = ("q4_k", "q3_k", "iq4_nl", "q5_0", "q4_0", "int4-g128")
 
 
 def _order(names: list[str]) -> list[str]:
-    heavy = [n for n in HEAVY if n in names]
-    return heavy + [n for n in names if n not in heavy]
+    """The quick float casts, then the heavy kernels, then the rest (shares are taken every
+    n-th name, so each process starts with a quick one and then a heavy one)."""
+    first = [n for n in QUICK + HEAVY if n in names]
+    return first + [n for n in names if n not in first]
 
 
 def warm_names(names: list[str]) -> list[str]:
@@ -62,6 +66,17 @@ def warm_convert() -> None:
         raw.setflags(write=not ro)
         convert.f16_to_f32(raw)
         convert.bf16_to_f32(raw.view(np.uint16))
+
+
+def warm_methods() -> None:
+    """The importance-weighted scale search of the integer schemes (imatrix on int4/int8:
+    kernels/weighted_search.py), with and without the least-squares sums."""
+    import numpy as np
+    from kernels.weighted_search import candidate_errors
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
+    s = np.full((2, 3), 0.1, np.float32)
+    for lsq in (False, True):
+        candidate_errors(x, np.ones_like(x), s, np.zeros_like(s), -8, 7, lsq)
 
 
 def warm_stats() -> None:
@@ -111,8 +126,9 @@ def main(argv=None) -> int:
         if args.stats:
             warm_stats()
             warm_convert()
-            _say(f"  kernels: statistics and F16/BF16 widening ready ({args.tag or 'worker'}, "
-                 f"{time.perf_counter() - t0:.0f} s)")
+            warm_methods()
+            _say(f"  kernels: statistics, F16/BF16 widening and the weighted scale search "
+                 f"ready ({args.tag or 'worker'}, {time.perf_counter() - t0:.0f} s)")
         return 0
     t0 = time.perf_counter()
     names = _order(list(list_schemes()))

@@ -72,6 +72,13 @@ def _fast_writer_class():
             return super()._pack_val(val, vtype, add_vtype, sub_type=sub_type)
 
         def _pack_array(self, val, sub_type, head):
+            if isinstance(val, tuple):      # a replayed tokenizer array: packed once
+                hit = _PACKED.get(id(val))
+                if hit is not None and hit[0] is val and hit[1] == sub_type:
+                    return head + hit[2]
+                body = self._pack_array(list(val), sub_type, b"")
+                _PACKED[id(val)] = (val, sub_type, body)
+                return head + body
             if sub_type == VT.STRING:
                 items = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in val]
                 lens = np.fromiter((len(b) for b in items), np.uint64, len(items))
@@ -84,7 +91,8 @@ def _fast_writer_class():
     def _array_type(val):
         """The item type gguf's writer infers for a metadata array given without one (the
         tokenizer's vocabulary, scores and token types), where every item has it and packs the
-        same in one go; None leaves the array to the package."""
+        same in one go (an int subclass such as gguf.TokenType packs as its int, as the
+        package's own INT32 does); None leaves the array to the package."""
         if isinstance(val, (bytes, bytearray, str)) or not isinstance(val, (list, tuple)):
             return None
         if all(isinstance(v, str) for v in val):
@@ -92,7 +100,7 @@ def _fast_writer_class():
         if all(type(v) is float for v in val):
             a = np.asarray(val, np.float64)
             return VT.FLOAT32 if np.all(np.abs(a[np.isfinite(a)]) <= FLOAT32_MAX) else None
-        if all(type(v) is int for v in val):
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in val):   # TokenType too
             try:
                 a = np.asarray(val, np.int64)
             except OverflowError:
@@ -119,6 +127,9 @@ class _Recorder:
             return attr
 
         def call(*args, **kwargs):
+            # lists become tuples: the same immutable objects on every replay, so the writer
+            # packs each once (_PACKED)
+            args = tuple(tuple(a) if isinstance(a, list) else a for a in args)
             self.calls.append((name, args, kwargs))
             return attr(*args, **kwargs)
         return call
@@ -126,6 +137,9 @@ class _Recorder:
 
 #: {(folder, its sidecar files' signatures): (vocabulary size, tokens, recorded calls)}
 _TOKENIZER_KV: dict = {}
+#: {id(tuple): (the tuple, item type, its packed items)}: the recorded calls' arrays, packed
+#: once (the tuple is held here, so its id is not reused while the entry lives)
+_PACKED: dict = {}
 
 
 def _write_tokenizer_once(writer, hf) -> int:
@@ -147,6 +161,7 @@ def _write_tokenizer_once(writer, hf) -> int:
         rec = _Recorder(writer)
         n = write_tokenizer(rec, hf)
         _TOKENIZER_KV.clear()
+        _PACKED.clear()
         _TOKENIZER_KV[key] = (n, hf.tokens, rec.calls)
         return n
     n, tokens, calls = hit
