@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 
 #: the public API's names (workbench.api.__all__), none of them a submodule's name
 _API = frozenset({
-    "AUTO", "AUTO_FISHER_SAMPLES", "Allocation", "Budget", "Cancelled", "DEFAULT_SCHEMES",
-    "Frontier", "MeasureChoice", "Plan", "Progress", "Rule", "WorkbenchError",
+    "AUTO", "AUTO_FISHER_SAMPLES", "AUTO_FISHER_SAMPLES_LM", "Allocation", "Budget",
+    "Cancelled", "DEFAULT_SCHEMES", "Frontier", "MeasureChoice", "Plan", "Progress", "Rule", "WorkbenchError",
     "allocate_plan", "check_plan", "compute_frontier", "convert_gguf", "demo_model_path",
     "diff_quantizations", "evaluate_plan", "export_formats", "export_plan", "make_plan",
     "measure_sensitivity", "open_model", "parse_schemes", "resolve_measure", "statistics",

@@ -50,9 +50,9 @@ PlanLike = Union[Plan, str]
 AUTO = "auto"
 #: the `sensitivity` command's candidate schemes
 DEFAULT_SCHEMES = "q3_k,q4_0,q4_k,q5_0,q5_k,q6_k,q8_0"
-#: samples the automatic fisher measure reads unless `samples` says otherwise (MiniLM: its
-#: rank correlation with the measured output change is 0.99 on 64 samples)
-AUTO_FISHER_SAMPLES = 64
+#: samples the automatic fisher measure reads unless `samples` says otherwise: an encoder 64
+#: (MiniLM: rank correlation 0.99 with the output change), a causal LM 32 (docs/vs-llama.md)
+AUTO_FISHER_SAMPLES, AUTO_FISHER_SAMPLES_LM = 64, 32
 
 
 def _driver(progress: ProgressCallback | None, cancel: CancelCheck | None,
@@ -349,8 +349,9 @@ def resolve_measure(model: "Model", measure: str = AUTO, calib=None, imatrix=Non
     from workbench.planning.sensitivity import best_measure
     m, why = best_measure(model, calib, imatrix)
     if m == "fisher" and samples is None:
-        samples = AUTO_FISHER_SAMPLES
-        why += f"; the first {AUTO_FISHER_SAMPLES} calibration samples (--samples)"
+        from workbench.planning.allocate_methods import _kind
+        samples = AUTO_FISHER_SAMPLES_LM if _kind(model) == "causal-lm" else AUTO_FISHER_SAMPLES
+        why += f"; the first {samples} calibration samples (--samples)"
     return MeasureChoice(m, samples, why, auto=True)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from workbench.cli.common import add_model_arg, drive, open_model_arg, print_json
 
-from workbench.api import AUTO, AUTO_FISHER_SAMPLES, DEFAULT_SCHEMES
+from workbench.api import AUTO, AUTO_FISHER_SAMPLES, AUTO_FISHER_SAMPLES_LM, DEFAULT_SCHEMES
 
 
 def add_table_args(p, schemes: str = DEFAULT_SCHEMES) -> None:
@@ -29,7 +29,8 @@ def add_table_args(p, schemes: str = DEFAULT_SCHEMES) -> None:
     p.add_argument("--measure", default=AUTO if auto else "weight",
                    choices=([AUTO] if auto else []) + ["weight", "activation", "fisher", "output"],
                    help=("auto (the default): fisher when the model is runnable (config.json, "
-                         f"tokenizer and the [model] extra; on {AUTO_FISHER_SAMPLES} samples "
+                         f"tokenizer and the [model] extra; on {AUTO_FISHER_SAMPLES} samples, "
+                         f"{AUTO_FISHER_SAMPLES_LM} for a causal LM, "
                          "unless --samples), activation with --imatrix, weight otherwise; "
                          if auto else "default weight; ")
                    + "weight: squared weight error; activation: imatrix-weighted error; "
