@@ -92,6 +92,9 @@ def test_bench_model_runs_every_step(tmp_path):
     assert fwd["baseline_tokens_per_s"] > 0
     export = next(s for s in res["steps"] if s["step"] == "export-gguf")
     assert export["output_bytes"] > 0
+    alloc = next(s for s in res["steps"] if s["step"] == "allocate")
+    assert alloc["command"].startswith("quant-workbench allocate ") and "--budget-bpw 4.5" in \
+        alloc["command"]
     assert not folder.exists()                                # removed after (no --keep)
 
 

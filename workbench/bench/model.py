@@ -270,7 +270,7 @@ def generate(folder, params: float, seed: int = 0, progress=None) -> dict:
 
 WEIGHT_STEPS = ("open", "statistics", "evaluate-q4_k", "sensitivity-weight", "export-gguf")
 MODEL_STEPS = ("calibrate", "sensitivity-activation", "check", "sensitivity-fisher", "gptq",
-               "forward")
+               "allocate", "forward")
 STEPS = WEIGHT_STEPS + MODEL_STEPS
 
 
@@ -294,6 +294,8 @@ def step_argv(step: str, model: str, work: Path, calib: Path, samples: int) -> l
                                *cal, "--json"],
         "gptq": ["evaluate", model, "--scheme", "q4_k", "--method", "gptq", "--calib", str(calib),
                  "--json"],
+        "allocate": ["allocate", model, "--budget-bpw", "4.5", *cal,
+                     "-o", str(work / "bench-plan.json"), "--json"],
     }[step]
 
 
