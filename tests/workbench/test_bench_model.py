@@ -124,3 +124,20 @@ def test_step_peak_is_the_childs_own(tmp_path):
     argv = [sys.executable, "-m", "workbench.bench.model", "--version-never-a-command"]
     res = bench_model.run_measured(argv, tmp_path / "y.log")
     assert not res["ok"] and res["peak_rss_mb"] < 300 and res["error"]
+
+
+def test_a_running_step_reports_its_childs_latest_line(tmp_path):
+    """While a step runs, bench-model's progress carries the child's own latest line (its
+    stage, i/N and ETA), read from the step's log about once a second."""
+    log = tmp_path / "bench-x.log"
+    code = ("import sys, time\n"
+            "print('first line', flush=True)\n"
+            "sys.stderr.write('allocate:  40.0% block 3/7\\rallocate:  55.0% block 4/7\\n')\n"
+            "sys.stderr.flush(); time.sleep(2.5)\n")
+    seen = []
+    res = bench_model.run_measured([sys.executable, "-c", code], log, timeout=60,
+                                   watch=seen.append)
+    assert res["ok"] and res["wall_s"] >= 2.5
+    assert "allocate:  55.0% block 4/7" in seen and len(seen) >= 2
+    assert bench_model.last_line(log) == "allocate:  55.0% block 4/7"
+    assert bench_model.last_line(tmp_path / "missing.log") == ""

@@ -319,9 +319,23 @@ def _peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def run_measured(argv: list[str], log: Path, timeout: float | None = None) -> dict:
+def last_line(log: Path, limit: int = 160) -> str:
+    """The last non-empty line of a child's log (its own progress line, with its ETA), or ''."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - 4096))
+            tail = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    parts = [p.strip() for p in tail.replace("\r", "\n").split("\n") if p.strip()]
+    return parts[-1][:limit] if parts else ""
+
+
+def run_measured(argv: list[str], log: Path, timeout: float | None = None,
+                 watch=None) -> dict:
     """Run a step as a child; its wall time, peak RSS (MB), exit status and last line.
-    The child (``python -m workbench.bench.model ...``) writes its own peak to a side file."""
+    The child (``python -m workbench.bench.model ...``) writes its own peak to a side file.
+    `watch(last line of the log)` is called about once a second while it runs."""
     t0 = time.perf_counter()
     peak_file = log.with_suffix(".peak")
     peak_file.unlink(missing_ok=True)
@@ -330,10 +344,14 @@ def run_measured(argv: list[str], log: Path, timeout: float | None = None) -> di
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 cwd=str(ROOT))
         timed_out = False
+        seen = t0
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
+            if watch is not None and time.perf_counter() - seen >= 1.0:
+                seen = time.perf_counter()
+                watch(last_line(log))
             if timeout and time.perf_counter() - t0 > timeout:
                 proc.kill()
                 timed_out = True
@@ -366,16 +384,17 @@ def write_calibration(path: Path, samples: int) -> None:
 
 
 def run_steps(model: str, work: Path, steps, samples: int, timeout: float | None = None,
-              report=None, max_memory: float | None = None) -> list[dict]:
+              report=None, max_memory: float | None = None, watch=None) -> list[dict]:
     """Each step in its own subprocess; a list of {step, command, wall_s, peak_rss_mb, ok}.
-    `max_memory` (bytes): each step's cap on private memory (see `_child`)."""
+    `max_memory` (bytes): each step's cap on private memory (see `_child`); `watch(i, step,
+    line)`: the running step's latest log line, about once a second."""
     work.mkdir(parents=True, exist_ok=True)
     if max_memory:
         os.environ["QWB_BENCH_MAX_DATA"] = str(int(max_memory))
     calib = work / "bench-calibration.txt"
     write_calibration(calib, samples)
     out = []
-    for step in steps:
+    for i, step in enumerate(steps):
         if step == "forward":
             args = ["--forward", model, str(calib), str(samples)]
             shown = f"forward_rate({samples} samples)"
@@ -384,7 +403,8 @@ def run_steps(model: str, work: Path, steps, samples: int, timeout: float | None
             shown = "quant-workbench " + " ".join(args)
         argv = [sys.executable, "-m", "workbench.bench.model", *args]
         log = work / f"bench-{step}.log"
-        res = {"step": step, "command": shown, **run_measured(argv, log, timeout)}
+        seen = None if watch is None else (lambda line, i=i, step=step: watch(i, step, line))
+        res = {"step": step, "command": shown, **run_measured(argv, log, timeout, seen)}
         if step == "forward" and res["ok"]:
             last = [ln for ln in log.read_text().splitlines() if ln.startswith("{")]
             res.update(json.loads(last[-1]))

@@ -142,9 +142,13 @@ def run(args) -> int:
         lines = progress_lines()
         reported = [0]
 
-        def step_event(k):
+        def step_event(k, line=""):
             if k < len(steps):
-                lines(Progress(k, len(steps), f"step {k + 1}/{len(steps)} {steps[k]}"))
+                lines(Progress(k, len(steps), f"step {k + 1}/{len(steps)} {steps[k]}"
+                               + (f": {line}" if line else "")))
+
+        def watch(k, step, line):        # the child's own latest line: its stage, i/N, ETA
+            step_event(k, line)
 
         def report(r):
             state = "ok" if r["ok"] else f"FAILED: {r.get('error')}"
@@ -159,7 +163,7 @@ def run(args) -> int:
         res["max_memory_gb"] = round(cap / 1e9, 1) if cap > 0 else None
         try:
             res["steps"] = run_steps(str(folder), folder, steps, args.samples, args.timeout,
-                                     report, cap)
+                                     report, cap, watch)
         finally:
             close_lines(lines)
     finally:
