@@ -107,7 +107,6 @@ def llama_shape(params: float) -> Shape:
     hidden = min(range(512, 65537, 512),
                  key=lambda h: abs(build(h, h // HEAD_DIM).params - params))
     return build(hidden, None)
-    return Shape(hidden, layers, inter, heads, kv, vocab, HEAD_DIM)
 
 
 class _Synth:
