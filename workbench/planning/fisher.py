@@ -97,6 +97,8 @@ def _error_rows(f, wm):
     idx, hw = proportional_rows(score, limit)
     fs = np.ascontiguousarray(fm[idx] * hw[:, None].astype(np.float32))
     ws = np.ascontiguousarray(wm[idx], np.float32)
+    from workbench.core.pages import release
+    release(f)      # a mapped F was read whole for the scores: its pages leave the resident set
     return idx, fs, ws
 
 
