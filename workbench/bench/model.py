@@ -318,16 +318,10 @@ def _peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def last_line(log: Path, limit: int = 160) -> str:
+def last_line(log: Path) -> str:
     """The last non-empty line of a child's log (its own progress line, with its ETA), or ''."""
-    try:
-        with open(log, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, 2) - 4096))
-            tail = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    parts = [p.strip() for p in tail.replace("\r", "\n").split("\n") if p.strip()]
-    return parts[-1][:limit] if parts else ""
+    from workbench.export.llama_kld import last_line as log_last_line
+    return log_last_line(log)
 
 
 def run_measured(argv: list[str], log: Path, timeout: float | None = None,
@@ -350,7 +344,7 @@ def run_measured(argv: list[str], log: Path, timeout: float | None = None,
                 break
             if watch is not None and time.perf_counter() - seen >= 1.0:
                 seen = time.perf_counter()
-                watch(last_line(log))
+                watch(last_line(log)[:160])
             if timeout and time.perf_counter() - t0 > timeout:
                 proc.kill()
                 timed_out = True

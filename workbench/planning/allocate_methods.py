@@ -217,7 +217,9 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
         known = table.method_errors = {}
     if not hasattr(table, "rtn_values"):
         table.rtn_values = dict(table.values)
-    if not [m for m in methods if m != "rtn"] and not want_h:
+    # rtn alone with want_h: only the fold statistics, for a later call to weigh methods on
+    stats_only = methods == ["rtn"] and bool(want_h)
+    if not [m for m in methods if m != "rtn"] and not stats_only:
         return {"tensors": 0, "pairs": 0}
     t0 = time.perf_counter()
     data = yield from subjob(calibration_samples(model, calib), 0, 1, 100)
@@ -237,7 +239,7 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
         names = [n for n in names if n in only]
     if stats is None:
         want_h = "gptq" in methods if want_h is None else want_h
-        half = 49 if methods == ["rtn"] else 14     # statistics only: they are the whole job
+        half = 49 if stats_only else 14     # statistics only: they are the whole job
         fit = yield from subjob(collect_stats(model, calib, names=names, want_h=want_h,
                                               keep_rows=0, subset=slice(0, None, 2)), 1,
                                 half + 1, 100)
@@ -253,11 +255,9 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
         return all(n in st and getattr(st[n], f, None) is not None
                    and np.asarray(getattr(st[n], f)).shape[-1] == cols
                    for st, f in ((fit, "d"), (held, "H")))
-    todo = [n for n in names if usable(n)]
+    todo = [] if stats_only else [n for n in names if usable(n)]
     pairs = 0
     won: dict[str, int] = {}
-    if methods == ["rtn"]:          # the statistics only (a later stage weighs the methods)
-        todo = []
     for i, n in enumerate(todo):
         yield Progress(30 + 70 * i // max(len(todo), 1), 100, f"methods {i + 1}/{len(todo)} {n}")
         w = np.ascontiguousarray(model.read_matrix(n), np.float32).reshape(
@@ -268,7 +268,7 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
             if a is None or len(a) != w.shape[0] or not np.any(a > 0):
                 continue       # the network does not read it: its value is 0 under every pair
         by_applied: dict[str, dict] = {}
-        C = held_c(held[n])
+        C = None            # held_c(held[n]), made when a pair is not known yet
         factor = None
         if "gptq" in methods and getattr(fit[n], "H", None) is not None:
             from workbench.quant.methods.gptq import hessian_factor
@@ -291,6 +291,8 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
                 done = known.setdefault((n, applied), {})
                 todo_m = [m for m in methods if m not in done]
                 if todo_m:      # an earlier stage's errors are the same numbers: reuse them
+                    if C is None:
+                        C = held_c(held[n])
                     done.update(pair_errors(ws if sub else w, applied, fit[n], todo_m,
                                             as_ if sub else a, tensor=n, factor=f,
                                             held=held[n], C=C))
