@@ -120,3 +120,27 @@ def test_the_objective_says_its_unit(tiny_arch, tmp_path, capsys):
     assert main(["frontier", str(llama), "--points", "2", "--samples", "4", "--recipes", "",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["predicted_unit"] == "kl"
+
+
+def test_a_tensor_read_in_chunks_draws_the_same_rows(tmp_path, monkeypatch):
+    """Above the streaming size the rows are scored and gathered a chunk at a time: the same
+    rows, weights and F as from the whole tensor, so the same errors for every scheme,
+    per-tensor scales (found from the chunks) included."""
+    from workbench.quant import streaming
+    model, diag = _model(tmp_path)
+    f = diag["tall.weight"]
+    idx, fs, ws = F._error_rows(f, model.read_matrix("tall.weight"))
+    monkeypatch.setattr(streaming, "CHUNK_ELEMENTS", 256 * 37)
+    idx2, fs2, ws2 = F._error_rows_chunked(model, "tall.weight", f)
+    assert np.array_equal(idx, idx2) and np.array_equal(fs, fs2) and np.array_equal(ws, ws2)
+    schemes = SCHEMES + ["int4-tensor", "int8-tensor-asym"]
+    whole = run(F.fisher_errors(model, schemes, diag, 10))
+    monkeypatch.setattr(streaming, "STREAM_ELEMENTS", 1)
+    read = []
+    real = model.read_matrix
+    monkeypatch.setattr(model, "read_matrix", lambda n: read.append(n) or real(n))
+    chunked = run(F.fisher_errors(model, schemes, diag, 10))
+    assert "tall.weight" not in read                     # never read whole
+    for s in schemes:
+        assert chunked[("tall.weight", s)] > 0
+        assert chunked[("tall.weight", s)] == pytest.approx(whole[("tall.weight", s)], rel=1e-9), s

@@ -5,15 +5,13 @@ demo model takes the streamed paths (big models take them for real)."""
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from workbench.quant import streaming
-from workbench.quant.evaluate import EvalCache, evaluate_tensor, quantize
+from workbench.quant.evaluate import evaluate_tensor, quantize
 from workbench.formats.loaders import open_model
 from workbench.quant.plan import KEEP, Plan
 from workbench.core.progress import run
@@ -178,3 +176,32 @@ def test_iter_rows_unchanged_by_release():
     n = "model.embed_tokens.weight"
     got = np.concatenate([c for _r, c in model.iter_rows(n, max_elements=256 * 10)])
     assert np.array_equal(got, model.read_matrix(n))
+
+
+@pytest.mark.parametrize("scheme", ["int4-tensor", "int2-tensor", "int8-tensor", "int4-tensor-asym",
+                                    "int8-tensor-asym", "int4-tensor@mse", "int3-tensor@pot"])
+def test_one_scale_per_tensor_found_from_chunks_equals_whole(stream_all, scheme):
+    """A per-tensor scale is found from row chunks (range, then candidate errors) and each
+    chunk quantized with it: the whole tensor's dequantized values, bit for bit."""
+    model = open_model(DEMO)
+    n = "model.embed_tokens.weight"
+    info = model.info(n)
+    assert not get_scheme(scheme).row_local and streaming.tensor_scale_chunked(info, scheme)
+    parts = list(streaming.dequantized_rows(model, n, scheme))
+    assert len(parts) > 2                                    # it did chunk
+    assert [r0 for r0, _w, _d in parts] == sorted({r0 for r0, _w, _d in parts})
+    got = np.concatenate([d for _r0, _w, d in parts])
+    whole = model.read_matrix(n)
+    want = quantize(whole, scheme, tensor=n)
+    from workbench.quant.accel import dequantize
+    assert np.array_equal(got, dequantize(want).reshape(whole.shape))
+    assert not np.array_equal(got, whole)
+
+
+def test_percentile_tensor_scales_stay_whole(stream_all):
+    model = open_model(DEMO)
+    info = model.info("model.embed_tokens.weight")
+    assert not streaming.tensor_scale_chunked(info, "int4-tensor@p99.9")
+    assert not streaming.tensor_scale_chunked(info, "int4-tensor-asym@mse")
+    assert not streaming.tensor_scale_chunked(info, "q4_k")          # row-local: `streamed`
+    assert streaming.dequantized_in_chunks(info, "q4_k")

@@ -102,6 +102,33 @@ def _error_rows(f, wm):
     return idx, fs, ws
 
 
+def _error_rows_chunked(model, n, f):
+    """`_error_rows` for a tensor read a row chunk at a time, never whole (above
+    `streaming.STREAM_ELEMENTS`): the rows' scores in one pass over the chunks (F read
+    alongside), the drawn rows gathered in a second."""
+    from workbench.planning.estimate import proportional_rows
+    from workbench.quant import streaming
+    from workbench.core.pages import release
+    rows, cols = model.info(n).matrix_shape
+    if rows <= ERROR_ROWS_MIN:
+        return None
+    fm = f.reshape(rows, cols)
+    score = np.empty(rows)
+    for r0, w in streaming.chunks(model, n):
+        fc = fm[r0:r0 + len(w)]
+        score[r0:r0 + len(w)] = np.einsum("ij,ij,ij->i", np.asarray(fc, np.float32), w, w,
+                                          dtype=np.float64)
+        release(fc)
+    idx, hw = proportional_rows(score, max(ERROR_ROWS_MIN // 2, rows // ERROR_ROW_FRACTION))
+    ws = np.empty((len(idx), cols), np.float32)
+    for r0, w in streaming.chunks(model, n):
+        sel = np.flatnonzero((idx >= r0) & (idx < r0 + len(w)))
+        ws[sel] = w[idx[sel] - r0]
+    fs = np.ascontiguousarray(np.asarray(fm[idx], np.float32) * hw[:, None].astype(np.float32))
+    release(f)
+    return idx, fs, ws
+
+
 def _row_local(applied: str, shape) -> bool:
     """Whether `applied` quantizes each row of a matrix of `shape` on its own and takes the
     shape as it is (no fallback), so that a subset of the rows quantizes as inside the whole."""
@@ -122,6 +149,9 @@ def _fisher_error(model, n, info, applied, f, w, wm, rows, count, dequantized) -
     """1/2 sum_ij F_ij dW_ij^2 / count of tensor `n` under `applied` (see `fisher_errors`)."""
     from workbench.quant import streaming
     from workbench.core.pages import release
+    if rows is not None and _row_local(applied, info.matrix_shape if wm is None else wm.shape):
+        _idx, fs, ws = rows
+        return 0.5 * _weighted_sq_err(fs, ws, _dequantized_rows(ws, applied, n)) / max(count, 1)
     if w is None:                    # streamed: a row chunk at a time, F read alongside
         tot = 0.0
         for r0, w0, dq in streaming.dequantized_rows(model, n, applied):
@@ -130,9 +160,6 @@ def _fisher_error(model, n, info, applied, f, w, wm, rows, count, dequantized) -
             release(fc)
         release(f)
         return 0.5 * tot / max(count, 1)
-    if rows is not None and _row_local(applied, wm.shape):
-        _idx, fs, ws = rows
-        return 0.5 * _weighted_sq_err(fs, ws, _dequantized_rows(ws, applied, n)) / max(count, 1)
     dq = dequantized(model, n, applied, matrix=wm).reshape(info.shape)
     val = 0.5 * _weighted_sq_err(f, w, dq) / max(count, 1)
     release(f)      # a mapped F (a large model's): its pages leave the resident set
@@ -151,6 +178,7 @@ def tensor_fisher_errors(model, n, schemes, f, count: int, runtime: str = "any",
     live = f is not None and spill.any_nonzero(f)
     out = {}
     w = wm = rows = None
+    sampled = not rows_sampled         # rows drawn (or not to be drawn) already
     by_applied: dict = {}      # a runtime's fallbacks map several candidates to one scheme
     for s in schemes:
         applied = decide(info, s, runtime).applied
@@ -159,10 +187,13 @@ def tensor_fisher_errors(model, n, schemes, f, count: int, runtime: str = "any",
         elif applied in by_applied:
             out[(n, s)] = by_applied[applied]
         else:
-            if w is None and not streaming.streamed(info, applied):
+            if w is None and not streaming.dequantized_in_chunks(info, applied):
                 wm = model.read_matrix(n)      # read (and widened) once for every scheme
                 w = np.ascontiguousarray(wm.reshape(info.shape), np.float32)
-                rows = _error_rows(f, wm) if rows_sampled else None
+                if not sampled:
+                    rows, sampled = _error_rows(f, wm), True
+            elif w is None and not sampled and _row_local(applied, info.matrix_shape):
+                rows, sampled = _error_rows_chunked(model, n, f), True   # never whole
             out[(n, s)] = by_applied[applied] = _fisher_error(
                 model, n, info, applied, f, w, wm, rows, count, dequantized)
     return out

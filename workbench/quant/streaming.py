@@ -34,6 +34,22 @@ def streamed(info, scheme_name: str) -> bool:
     return bool(get_scheme(scheme_name).row_local)
 
 
+def tensor_scale_chunked(info, scheme_name: str) -> bool:
+    """Whether `dequantized_rows` gives a big tensor under a scheme with one scale for the
+    whole tensor in row chunks too: the scale found from the chunks first
+    (``IntAffine.tensor_qparams``: two passes), then each chunk quantized with it."""
+    if scheme_name == KEEP or info.numel <= STREAM_ELEMENTS or info.rows < 2:
+        return False
+    scheme = get_scheme(scheme_name)
+    return not scheme.row_local and bool(getattr(scheme, "chunked_qparams", False)) \
+        and not scheme.ineligible_reason(info.shape)
+
+
+def dequantized_in_chunks(info, scheme_name: str) -> bool:
+    """Whether `dequantized_rows` never holds the whole tensor under `scheme_name`."""
+    return streamed(info, scheme_name) or tensor_scale_chunked(info, scheme_name)
+
+
 def chunks(model, name: str):
     """(row_start, float32 rows) of a tensor in chunks of about CHUNK_ELEMENTS."""
     yield from model.iter_rows(name, CHUNK_ELEMENTS)
@@ -120,6 +136,11 @@ def dequantized_rows(model, name: str, scheme_name: str):
     if scheme.ineligible_reason(info.shape):
         for r0, w in chunks(model, name):
             yield r0, w, w
+        return
+    if tensor_scale_chunked(info, scheme_name):        # one scale: found first, then applied
+        qp = scheme.tensor_qparams(lambda: (w for _r0, w in chunks(model, name)))
+        for r0, w in chunks(model, name):
+            yield r0, w, scheme.fake_quantize(w, qp)
         return
     it = chunks(model, name) if streamed(info, scheme_name) else [(0, model.read_matrix(name))]
     for r0, w in it:

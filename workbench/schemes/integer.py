@@ -44,7 +44,6 @@ Range (no Inf/NaN from finite input; a refusal names the tensor, never a silent 
 
 from __future__ import annotations
 
-import math
 import re
 
 import numpy as np
@@ -209,21 +208,72 @@ class IntAffine(Scheme):
 
     def _search_sym(self, blocks: np.ndarray, amax: np.ndarray) -> np.ndarray:
         """Per block, the stored candidate scale with the least squared error (module doc)."""
-        nb = blocks.shape[0]
+        scales = self._sym_scales(amax)
+        return self._pick_sym(scales, [_sq_err(self._fake(blocks, s, None) - blocks)
+                                       for s, _over in scales])
+
+    def _sym_scales(self, amax: np.ndarray) -> list:
+        """[(stored scale, mask of blocks the storage cannot hold)] per candidate, in order; the
+        first (amax / P, the one that holds the extremes) must fit, else the scheme refuses."""
+        out = []
+        for i, cand in enumerate(self.sym_candidates(amax)):
+            scale, over = self._store_scale_soft(cand)
+            if i == 0 and over.any():
+                self._refuse(amax[over])
+            out.append((scale, over))
+        return out
+
+    def _pick_sym(self, scales: list, errs: list) -> np.ndarray:
+        """Per block, the first candidate of least error among those the storage holds."""
+        nb = scales[0][0].shape[0]
         best_err = np.full(nb, np.inf, dtype=np.float64)
         best = np.zeros(nb, dtype=self.scale_dtype)
         held = np.zeros(nb, dtype=bool)
-        for i, cand in enumerate(self.sym_candidates(amax)):
-            scale, over = self._store_scale_soft(cand)
-            if i == 0 and over.any():       # amax / P: the candidate that holds the extremes
-                self._refuse(amax[over])
-            err = _sq_err(self._fake(blocks, scale, None) - blocks)
-            err[over] = np.inf
+        for (scale, over), err in zip(scales, errs):
+            err = np.where(over, np.inf, err)
             better = (err < best_err) | (~held & ~over)
             best_err[better] = err[better]
             best[better] = scale[better]
             held |= ~over
         return best
+
+    # ---- one scale for a tensor met a row chunk at a time (workbench.quant.streaming) ---------
+    @property
+    def chunked_qparams(self) -> bool:
+        """Whether `tensor_qparams` can find this per-tensor scheme's scale from row chunks:
+        a range (max |w|, or min and max) and candidate errors are sums over chunks; a
+        percentile (@p99.9) and the asymmetric @mse search are not offered."""
+        return not self.row_local and self.clip != "p99.9" and not (self.asym and self.clip == "mse")
+
+    def tensor_qparams(self, chunks) -> tuple:
+        """(scale, zero) of the whole tensor, as `choose_qparams` gives them, from
+        `chunks()`, a callable giving a fresh iterator of its float32 row chunks: one pass for
+        the range, a second for the symmetric search's candidate errors (their float64 sums
+        merged chunk by chunk: the same candidate unless two errors agree to rounding)."""
+        lo = hi = np.float32(0)
+        amax = np.float32(0)
+        for w in chunks():
+            if w.size:
+                lo, hi = min(lo, np.float32(w.min())), max(hi, np.float32(w.max()))
+                amax = max(amax, np.float32(np.abs(w).max()))
+        if self.asym:
+            scale = self._store_scale(np.array([(hi - lo) / np.float32(self.qmax)], np.float32))
+            zero = np.clip(np.rint(_times_inv(-np.array([lo], np.float32), scale)), 0,
+                           self.qmax).astype(np.uint8)
+            return scale, zero
+        scales = self._sym_scales(np.array([amax], np.float32))
+        errs = [np.zeros(1) for _ in scales]
+        for w in chunks():
+            flat = w.reshape(1, -1)
+            for e, (s, _over) in zip(errs, scales):
+                e += _sq_err(self._fake(flat, s, None) - flat)
+        return self._pick_sym(scales, errs), None
+
+    def fake_quantize(self, w: np.ndarray, qparams: tuple) -> np.ndarray:
+        """`w` (any rows of the tensor) quantized and dequantized with the tensor's
+        `tensor_qparams`: the values the whole tensor's quantize and dequantize give them."""
+        scale, zero = qparams
+        return self._fake(w.reshape(1, -1), scale, zero).reshape(w.shape)
 
     def _store_scale_soft(self, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(scale as stored, mask of blocks whose scale the float16 storage cannot hold)."""
