@@ -172,3 +172,36 @@ def test_dequantized_in_row_chunks_equals_whole(scheme, monkeypatch, demo_model_
     for n in names:
         got = dequantized(model, n, scheme)
         assert got.dtype == np.float32 and np.array_equal(got, whole[n]), n
+
+
+def test_an_embeddings_fisher_comes_from_the_rows_of_the_tokens_seen(tiny_arch, monkeypatch):
+    """The embedding table's gradient in the pass is sparse (the rows of the batch's tokens),
+    never a dense table-sized array: its squares are added row by row, rows no token used
+    stay 0, and the module's own flag is back afterwards."""
+    import torch
+    from workbench.planning import fisher
+    from workbench.running.runner_passes import get_runner
+    model = open_model(str(tiny_arch("llama")))
+    calls = []
+    real = spill.add_row_squares
+
+    def spy(dst, rows, grad, scale=1.0):
+        calls.append(len(rows))
+        return real(dst, rows, grad, scale)
+    monkeypatch.setattr(spill, "add_row_squares", spy)
+    fisher._FISHER_CACHE.clear()
+    diag, _count = run(fisher.fisher_diagonals(model, samples=N, max_len=LEN, batch_size=3))
+    fisher._FISHER_CACHE.clear()
+    emb = np.asarray(diag["model.embed_tokens.weight"])
+    seen = np.flatnonzero(emb.any(axis=1))
+    assert calls and max(calls) <= len(seen) < emb.shape[0]
+    assert (emb[seen] > 0).any(axis=1).all()
+    r = get_runner(model, "cpu")
+    mods = [m for m in r.net.modules() if isinstance(m, torch.nn.Embedding)]
+    assert mods and not any(m.sparse for m in mods)
+    dense = np.zeros((10, 4), np.float32)
+    g = torch.randn(3, 4)
+    spill.add_row_squares(dense, [7, 2, 5], g, 0.5)
+    want = np.zeros((10, 4), np.float32)
+    want[[7, 2, 5]] = 0.5 * g.numpy() ** 2
+    assert np.array_equal(dense, want)

@@ -116,6 +116,26 @@ def add_squares(dst: np.ndarray, grad, scale: float = 1.0) -> None:
     release(dst)        # the kernel's fault-around re-maps neighbours of later chunks
 
 
+def add_row_squares(dst: np.ndarray, rows, grad, scale: float = 1.0) -> None:
+    """dst[rows] += scale * grad**2 for distinct `rows` (a sparse gradient's: an embedding's
+    rows seen in a batch; `grad` a torch tensor or an array, one row per index), a row chunk
+    at a time, squared as `add_squares` squares them."""
+    d2 = _rows(dst)
+    rows = np.asarray(rows, np.int64).reshape(-1)
+    is_torch = not isinstance(grad, np.ndarray)
+    g2 = grad.reshape(len(rows), -1) if is_torch else np.asarray(grad).reshape(len(rows), -1)
+    step = _step(d2.shape[1])
+    for r0 in range(0, len(rows), step):
+        g = g2[r0:r0 + step]
+        if is_torch:
+            g = g.detach().float().cpu().numpy()
+        sq = np.square(g, dtype=np.float32)
+        if scale != 1.0:
+            sq *= np.float32(scale)
+        d2[rows[r0:r0 + step]] += sq
+    release(dst)
+
+
 def contiguous(a: np.ndarray) -> np.ndarray:
     """A C-contiguous float32 array with `a`'s values: `a` itself when it already is one, else
     a copy made a row chunk at a time (into a mapped file when large)."""

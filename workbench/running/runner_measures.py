@@ -66,7 +66,12 @@ class SquareSums(dict):
             p = mod._parameters[attr]
             if p is None or p.grad is None:
                 continue
-            spill.add_squares(self.slot(pn, p.grad.shape), p.grad, self.scale)
+            if p.grad.is_sparse:        # an embedding's: only the rows of the tokens seen
+                g = p.grad.coalesce()
+                spill.add_row_squares(self.slot(pn, g.shape), g.indices()[0].cpu().numpy(),
+                                      g.values(), self.scale)
+            else:
+                spill.add_squares(self.slot(pn, p.grad.shape), p.grad, self.scale)
             p.grad = None
 
     def add_tensor(self, pn: str, g) -> None:
@@ -278,8 +283,10 @@ def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 
         if on_final is not None:         # (a parameter that blocks share waits for the last)
             later = {p for j in range(i) for p in runner.layer_params[j]} | set(runner.pre_params)
             on_final([p for p in pn if p not in later], acc, count)
-    # the embeddings: their forward again, with gradients, up to the first block
+    # the embeddings: their forward again, with gradients, up to the first block; a lookup
+    # table's gradient is sparse (the rows of the tokens seen), never a dense table's size
     runner.materialize(runner.pre_params, grad=True)
+    sparse = _sparse_lookups(runner, runner.pre_params)
     try:
         from workbench.running.runner_store import Batch
         for bi, b in enumerate(batches):
@@ -292,12 +299,27 @@ def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 
                                       retain_graph=k < probes - 1)
                     acc.add(runner, runner.pre_params)
     finally:
+        for mod, was in sparse:
+            mod.sparse = was
         runner.release(runner.pre_params)
         stores[0].close()
         grads.close()
     if on_final is not None:
         on_final(list(acc), acc, count)     # the rest (the callee skips what it has had)
     return acc, count
+
+
+def _sparse_lookups(runner, pnames) -> list:
+    """Make the `torch.nn.Embedding` modules owning `pnames` give sparse weight gradients (a
+    dense one is the whole table again: 2.1 GB for Llama-3-8B's); [(module, its old flag)]."""
+    import torch
+    out = []
+    for pn in pnames:
+        mod, attr = runner._owner[pn]
+        if isinstance(mod, torch.nn.Embedding) and attr == "weight" and not mod.sparse:
+            out.append((mod, mod.sparse))
+            mod.sparse = True
+    return out
 
 
 def by_tensor(runner, model, acc: dict) -> dict:
