@@ -15,7 +15,7 @@ from app.workers import BACKGROUND, FOREGROUND, INTERACTIVE, Runner
 from workbench.export.preflight import check_all
 from workbench.core.progress import Progress
 
-from apphelpers import wait_idle
+from apphelpers import DEMO as DEMO_PATH, wait_idle
 
 Q = "model.layers.0.self_attn.q_proj.weight"
 
@@ -256,3 +256,62 @@ def test_a_cancelled_table_offers_compute_and_the_check_says_cancelled(make_wind
     qtbot.mouseClick(panel.waiting.compute, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: fx.table() is not None and bool(fx.frontier), timeout=120000)
     assert panel.stack.currentWidget() is panel.plot
+
+
+def test_the_last_progress_event_of_a_burst_is_shown_while_a_long_step_runs(qtbot):
+    """Events closer together than the GUI's 50 ms refresh are one delivery, and the last one
+    shows: the export check read "checking llama-tensor-types" through the 40 s of its onnx
+    step on a busy machine (that step's event came within 50 ms of the one before)."""
+    runner = Runner()
+    go = threading.Event()
+    try:
+        def job():
+            yield Progress(2, 6, "checking llama-tensor-types")
+            yield Progress(3, 6, "checking onnx")       # at once: inside the 50 ms window
+            go.wait(30)                                  # a long step
+            yield Progress(6, 6, "checked")
+            return "ok"
+        task = runner.submit(job, "Checking export formats", FOREGROUND, visible=True)
+        qtbot.waitUntil(lambda: task.message == "checking onnx", timeout=5000)
+        assert not task.finished and (task.done, task.total) == (3.0, 6.0)
+        assert task.progress_text() == "3/6"
+        go.set()
+        qtbot.waitUntil(lambda: task.state == "done" and runner.idle(), timeout=5000)
+    finally:
+        go.set()
+        runner.shutdown()
+
+
+def test_whether_the_model_can_run_is_decided_off_the_gui_thread(make_window, qtbot,
+                                                                  monkeypatch):
+    """The comparison's method boxes ask whether transformers can run the model; that imports
+    transformers and torch (25 s under load, during which the window did not repaint). It is
+    a job on the compute thread, listed in the work queue; the boxes say they wait for it."""
+    import app.method_compare as mc
+    go = threading.Event()
+    threads = []
+    real = mc._kind_verdict
+
+    def verdict(model):
+        threads.append(threading.current_thread().name)
+        go.wait(30)
+        return real(model)
+    monkeypatch.setattr(mc, "_kind_is_cheap", lambda: False)   # as before transformers loads
+    monkeypatch.setattr(mc, "_kind_verdict", verdict)
+    win = make_window(path=None)
+    try:
+        win.open_model(str(DEMO_PATH))
+        qtbot.waitUntil(lambda: bool(threads), timeout=20000)
+        assert threads == ["workbench-compute"]
+        boxes = win.comparison.method_boxes.values()
+        qtbot.waitUntil(lambda: win.doc.model is not None, timeout=10000)
+        assert not any(b.isEnabled() for b in boxes)
+        tip = win.comparison.methods_label.toolTip()
+        assert "waiting for the check that the model can run: " in tip, tip
+        qtbot.waitUntil(lambda: mc.RUNNABLE_JOB in {t.name for t in win.work_queue.shown},
+                        timeout=5000)
+    finally:
+        go.set()
+    wait_idle(qtbot, win)
+    assert all(b.isEnabled() for b in boxes)            # the demo runs: the verdict arrived
+    assert threads == ["workbench-compute"]             # asked once, never on the GUI thread
