@@ -43,7 +43,7 @@ def _quick_verdict(model) -> str | None:
     return None
 
 
-def _kind_is_cheap() -> bool:
+def transformers_ready() -> bool:
     """transformers' model mappings are imported already, and not still being imported on
     another thread (model_kind costs no import and waits for no import lock)."""
     import sys
@@ -101,7 +101,7 @@ class MethodComparer(QObject):
             return "no model open"
         if self._runnable is None or self._runnable[0] != model.path:
             why = _quick_verdict(model)
-            if why is None and not _kind_is_cheap():
+            if why is None and not transformers_ready():
                 self._check_runnable(model)
                 from .work_queue import waiting_text
                 return waiting_text(self.runner, RUNNABLE_JOB, "the check that the model can "

@@ -85,6 +85,7 @@ def test_export_dialog_answers_first_while_a_long_sweep_holds_the_compute_thread
     answered = time.monotonic() - t0
     assert not sweep.finished and state["steps"] > 2, "the check waited for the sweep"
     assert answered < 10.0
+    qtbot.waitUntil(lambda: not dlg.pending, timeout=60000)     # onnx, when checked behind
     expected = check_all(window.doc.model, window.doc.plan)
     assert {f: c.ok for f, c in dlg.checks.items()} == {f: c.ok for f, c in expected.items()}
     # formats the plan cannot be written to are not offered: disabled, the reason as tooltip
@@ -296,7 +297,7 @@ def test_whether_the_model_can_run_is_decided_off_the_gui_thread(make_window, qt
         threads.append(threading.current_thread().name)
         go.wait(30)
         return real(model)
-    monkeypatch.setattr(mc, "_kind_is_cheap", lambda: False)   # as before transformers loads
+    monkeypatch.setattr(mc, "transformers_ready", lambda: False)   # as before transformers loads
     monkeypatch.setattr(mc, "_kind_verdict", verdict)
     win = make_window(path=None)
     try:
@@ -315,3 +316,43 @@ def test_whether_the_model_can_run_is_decided_off_the_gui_thread(make_window, qt
     wait_idle(qtbot, win)
     assert all(b.isEnabled() for b in boxes)            # the demo runs: the verdict arrived
     assert threads == ["workbench-compute"]             # asked once, never on the GUI thread
+
+
+def test_the_export_dialog_answers_before_the_onnx_check_loads_transformers(
+        window, qtbot, monkeypatch):
+    """Until transformers is loaded, onnx (whose check imports it with torch: 40 s on a busy
+    machine) is checked behind the other formats: the dialog answers for those first, lists
+    onnx as still being checked and does not offer it until its verdict is in."""
+    import app.method_compare as mc
+    import workbench.export.preflight as pf
+    monkeypatch.setattr(mc, "transformers_ready", lambda: False)
+    go = threading.Event()
+    real = pf.check
+
+    def check(model, plan, fmt):
+        if fmt == "onnx":
+            go.wait(30)                     # transformers loading
+        return real(model, plan, fmt)
+    monkeypatch.setattr(pf, "check", check)
+    dlg = window.export_dialog()
+    try:
+        qtbot.waitUntil(lambda: dlg.checks is not None, timeout=15000)
+        assert dlg.pending == {"onnx"} and "onnx" not in dlg.checks
+        assert dlg.check().ok and dlg.export_button.isEnabled()       # the default is writable
+        assert dlg.exporter().name != "onnx"
+        i = [e.name for e in dlg.exporters].index("onnx")
+        assert not dlg.format.model().item(i).isEnabled()
+        assert "still checking" in dlg.format.itemText(i)
+        assert "still checking" in dlg.verdicts.text()
+        listed = {t.name for t in window.runner.tasks()}
+        assert "Checking export formats: onnx (loads transformers)" in listed
+        chosen = dlg.exporter().name
+    finally:
+        go.set()
+    qtbot.waitUntil(lambda: not dlg.pending, timeout=60000)
+    expected = check_all(window.doc.model, window.doc.plan)
+    assert {f: c.ok for f, c in dlg.checks.items()} == {f: c.ok for f, c in expected.items()}
+    assert dlg.format.model().item(i).isEnabled() == expected["onnx"].ok
+    assert dlg.exporter().name == chosen          # the offered format is kept
+    assert "still checking" not in dlg.verdicts.text()
+    dlg.close()
