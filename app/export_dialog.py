@@ -158,9 +158,9 @@ class ExportDialog(QDialog):
             checks = {**checks, **getattr(self, "_slow_results", {})}
         self.checks = dict(checks) if self.checks is None else {**self.checks, **checks}
         checks = self.checks
-        if not self.pending:
-            self.progress.setValue(0)
-            self.progress.setVisible(False)      # shown again while exporting
+        self.progress.setValue(0)
+        self.progress.setVisible(False)      # shown again while exporting (a format still
+        #                                      checked says so in its own line)
         model = self.format.model()
         for i, e in enumerate(self.exporters):
             c = checks.get(e.name)

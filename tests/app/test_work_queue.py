@@ -356,3 +356,32 @@ def test_the_export_dialog_answers_before_the_onnx_check_loads_transformers(
     assert dlg.exporter().name == chosen          # the offered format is kept
     assert "still checking" not in dlg.verdicts.text()
     dlg.close()
+
+
+def test_a_plot_waiting_for_its_data_says_so_instead_of_empty_axes(window, qtbot):
+    """The per-channel error plot of a tensor just re-assigned, while its evaluation waits
+    behind another job: a label over the whole plot names the job and where it is (the axes
+    were drawn empty, 0..1, under a busy window); it goes when the error is drawn."""
+    window.select(Q)
+    wait_idle(qtbot, window)
+    plots = window.plots
+    over = plots.waiting[plots.errors].label
+    assert not over.isVisible() and plots.errors.err.size > 0
+    blocker, go = _blocker(window.runner, "Blocking job")
+    try:
+        window.push(commands.assign(window.doc, [Q], "q4_0"))
+        qtbot.waitUntil(lambda: window.doc.result(Q) is None or over.isVisible(), timeout=5000)
+        assert window.doc.result(Q) is None
+        assert over.isVisible() and over.geometry() == plots.errors.rect()
+        assert "queued behind Blocking job" in over.text(), over.text()
+        assert over.text().startswith("waiting for the error")
+        # the statistics are known: those plots show their data, no label over them
+        assert not plots.waiting[plots.histogram].label.isVisible()
+        assert not plots.waiting[plots.ranges].label.isVisible()
+        assert _placeholders(window) == []
+    finally:
+        go.set()
+    qtbot.waitUntil(lambda: window.doc.result(Q) is not None, timeout=30000)
+    wait_idle(qtbot, window)
+    assert not over.isVisible()
+    assert plots.errors.scheme == "q4_0" and plots.errors.err.size > 0
