@@ -322,11 +322,13 @@ class Analyzer(QObject):
             st = yield from subjob(_stats_of(model, name), 0, 1, 3)   # steps: stats, error, plots
             if need_stats:
                 self.runner.post(self._deliver_stats, gen, {name: st})
+            # each step named in the work queue's row (issue 33: "throughput" was not listed)
             if need_eval:
+                yield Progress(1, 3, f"error: {name}")
                 r = evaluate_tensor(model, name, scheme, matrix=self._matrix(model, name, scheme))
                 self.runner.post(self._deliver_result, gen, r)
-                yield Progress(1, 3, name)
             if need_detail:
+                yield Progress(1, 3, f"histogram overlay and grid: {name}")
                 grid = counts = None
                 if scheme != KEEP and st.count:
                     counts = analysis.dequantized_histogram(model, name, scheme, st.hist_edges)
@@ -334,8 +336,8 @@ class Analyzer(QObject):
                         grid = analysis.grid_levels(scheme, st.min, st.max)
                 self.runner.post(self._deliver_detail, gen, name, scheme,
                                  Detail(scheme, counts, grid))
-                yield Progress(2, 3, name)
             if need_gbs:
+                yield Progress(2, 3, f"throughput (dequantize GB/s): {name}")
                 g = throughput.dequant_gbs(model, name, scheme)
                 self.runner.post(self._deliver_gbs, gen, name, scheme, g)
             return None

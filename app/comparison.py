@@ -148,6 +148,7 @@ class ComparisonView(QWidget):
         self.comparer.resultAdded.connect(lambda n, _s, _m: self._result(n, _s))
         self.comparer.statsFailed.connect(self._stats_failed)
         self.comparer.nonLinear.connect(lambda _n: self._refresh_methods_ui())
+        self.comparer.runnableKnown.connect(self.update_method_boxes)
         analyzer.runner.taskFinished.connect(self._task_finished)
         self._show_method_columns()
         self.update_method_boxes()

@@ -6,7 +6,12 @@ answers in seconds even while a sensitivity table or the end-to-end check holds 
 thread (issue 33). Until it is done Export is disabled and the dialog says how far the check
 is; then the formats the plan cannot be written to are disabled in the list (the reason as
 their tooltip), the format offered first is one that can write it (the user's last format
-when it can), and Export stays disabled for a format that cannot."""
+when it can), and Export stays disabled for a format that cannot.
+
+The onnx check asks transformers whether it knows the model's type: its first import (with
+torch) takes 10 s quiet and 40 s on a busy machine. Until transformers is loaded, that format
+is checked in a second task behind the others: the dialog answers for the rest first, and
+lists onnx as still being checked (not offered until it is)."""
 
 from __future__ import annotations
 
@@ -20,6 +25,10 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QFileDialog, QFormLayout, QHB
 from workbench.export import export, list_exporters
 
 from .workers import FOREGROUND, INTERACTIVE, USER
+
+#: formats whose check imports transformers (and torch): checked behind the others until
+#: transformers is loaded
+SLOW = ("onnx",)
 from .fit_label import never_widens
 
 
@@ -38,6 +47,8 @@ class ExportDialog(QDialog):
         self.error = None
         self.exporters = list_exporters()
         self.checks: dict | None = None       # format -> workbench.export.preflight.Preflight
+        self.pending: set[str] = set()        # formats checked behind the others (SLOW)
+        self.slow_task = None
         self._user_chose = False
         self.format = QComboBox()
         for e in self.exporters:
@@ -98,19 +109,31 @@ class ExportDialog(QDialog):
         if doc.model is not None:
             model, plan = doc.model, doc.plan
             names = [e.name for e in self.exporters]
+            from .method_compare import transformers_ready
+            slow = [] if transformers_ready() else [n for n in names if n in SLOW]
+            fast = [n for n in names if n not in slow]
             # metadata only (no kernel, no network): the user lane, never behind other jobs
-            self.check_task = runner.submit(lambda: check_job(model, plan, names),
+            self.check_task = runner.submit(lambda: check_job(model, plan, fast),
                                             "Checking export formats", INTERACTIVE, lane=USER,
                                             visible=True, on_done=self._checked,
                                             on_error=self._check_failed,
                                             on_progress=self._check_progress,
                                             on_cancel=lambda: self._check_failed("cancelled"))
+            if slow:
+                self.pending = set(slow)
+                self.slow_task = runner.submit(
+                    lambda: check_job(model, plan, slow),
+                    f"Checking export formats: {', '.join(slow)} (loads transformers)",
+                    INTERACTIVE, lane=USER, visible=True, on_done=self._checked_slow,
+                    on_error=lambda m: self._slow_failed(slow, m.split("\n")[0]),
+                    on_cancel=lambda: self._slow_failed(slow, "cancelled"))
         self._checking_text(0, len(self.exporters), "")
 
     # ---- what each format can write ---------------------------------------------------------
     @staticmethod
-    def _item_text(e, check) -> str:
-        mark = "" if check is None else ("  ✓" if check.ok else "  ✗ cannot write this plan")
+    def _item_text(e, check, pending: bool = False) -> str:
+        mark = "  … still checking" if pending else "" if check is None else (
+            "  ✓" if check.ok else "  ✗ cannot write this plan")
         return f"{e.name}  ({e.suffix or 'folder'}){mark}"
 
     def checking(self) -> bool:
@@ -129,26 +152,41 @@ class ExportDialog(QDialog):
     def _check_progress(self, ev) -> None:
         self._checking_text(int(ev.done), int(ev.total), ev.message)
 
-    def _checked(self, checks) -> None:
+    def _checked(self, checks, choose: bool = True) -> None:
         from workbench.export.preflight import best_format
-        self.checks = checks
+        if self.checks is None:
+            checks = {**checks, **getattr(self, "_slow_results", {})}
+        self.checks = dict(checks) if self.checks is None else {**self.checks, **checks}
+        checks = self.checks
         self.progress.setValue(0)
-        self.progress.setVisible(False)      # shown again while exporting
+        self.progress.setVisible(False)      # shown again while exporting (a format still
+        #                                      checked says so in its own line)
         model = self.format.model()
         for i, e in enumerate(self.exporters):
             c = checks.get(e.name)
-            self.format.setItemText(i, self._item_text(e, c))
+            pending = e.name in self.pending
+            self.format.setItemText(i, self._item_text(e, c, pending))
+            if pending and isinstance(model, QStandardItemModel):
+                model.item(i).setEnabled(False)   # offered once its check says it can write
+                self.format.setItemData(i, "still being checked (transformers loading)",
+                                        Qt.ItemDataRole.ToolTipRole)
             if c is not None:
                 self.format.setItemData(i, c.text(), Qt.ItemDataRole.ToolTipRole)
+                if isinstance(model, QStandardItemModel):
+                    model.item(i).setEnabled(c.ok)
                 if not c.ok:
                     self.format.setItemData(i, QBrush(QColor("#8a92a3")),
                                             Qt.ItemDataRole.ForegroundRole)
-                    # not offered: the list cannot choose it (the reason is its tooltip)
-                    if isinstance(model, QStandardItemModel):
-                        model.item(i).setEnabled(False)
         rows = []
         for e in self.exporters:
             c = checks.get(e.name)
+            if e.name in self.pending:
+                task = self.slow_task
+                how = f" {task.progress_text()}" if task is not None and task.started else ""
+                rows.append(f"<tr><td style='color:#8a92a3; padding-right:6px'>…</td>"
+                            f"<td style='padding-right:8px'><b>{e.name}</b></td>"
+                            f"<td>still checking{how} (transformers loads: seconds)</td></tr>")
+                continue
             if c is None:
                 continue
             colour, mark = ("#3fb950", "✓") if c.ok else ("#f85149", "✗")
@@ -158,7 +196,8 @@ class ExportDialog(QDialog):
         self.verdicts.setText("<table cellspacing='2'>" + "".join(rows) + "</table>")
         self.verdicts.setToolTip("\n\n".join(f"{f}: {c.text()}" for f, c in checks.items()))
         chosen = checks.get(self.exporter().name)
-        if not self._user_chose or (chosen is not None and not chosen.ok):
+        if (choose and not self._user_chose) or (chosen is not None and not chosen.ok) or \
+                self.exporter().name in self.pending:
             preferred = self.settings.value("export_format", "") if self.settings is not None \
                 else ""
             best = best_format(checks, str(preferred or "") or None)
@@ -167,6 +206,20 @@ class ExportDialog(QDialog):
                 self.format.setCurrentIndex(names.index(best))
         self._format_changed()
         self._fit()
+
+    def _checked_slow(self, checks) -> None:
+        """The formats checked behind the others: their verdicts join the list (the format
+        offered is kept unless it cannot write the plan)."""
+        self.pending -= set(checks)
+        if self.checks is None:          # the first check failed or is still out: keep them
+            self._slow_results = {**getattr(self, "_slow_results", {}), **checks}
+            return
+        self._checked(checks, choose=False)
+
+    def _slow_failed(self, names, message: str) -> None:
+        from workbench.export.preflight import Preflight
+        self._checked_slow({n: Preflight(n, False, f"could not check: {message}", None)
+                            for n in names})
 
     def _fit(self) -> None:
         """Grow to show every line (labels wrap; nothing clipped)."""
@@ -198,8 +251,12 @@ class ExportDialog(QDialog):
         self._show_error(None)
         c = self.check(e.name)
         busy = self.task is not None and not self.task.finished
-        self.export_button.setEnabled(not busy and not self.checking() and (c is None or c.ok))
-        if c is not None and not c.ok:
+        pending = e.name in self.pending
+        self.export_button.setEnabled(not busy and not self.checking() and not pending
+                                      and (c is None or c.ok))
+        if pending:
+            self.status.setText(f"{e.name} is still being checked")
+        elif c is not None and not c.ok:
             self.status.setText(f"{e.name} cannot write this plan (see Formats)")
         elif self.checking():
             self.status.setText("Export is enabled when the check is done")
@@ -226,7 +283,7 @@ class ExportDialog(QDialog):
         target = self.path.text().strip()
         self.result_info = self.error = None
         self._show_error(None)
-        if self.checking():
+        if self.checking() or name in self.pending:
             self.status.setText("Export is enabled when the check is done")
             return None
         c = self.check(name)
@@ -300,7 +357,8 @@ class ExportDialog(QDialog):
 
     def _idle(self) -> None:
         c = self.check()
-        self.export_button.setEnabled(not self.checking() and (c is None or c.ok))
+        self.export_button.setEnabled(not self.checking() and self.exporter().name not in
+                                      self.pending and (c is None or c.ok))
         self.cancel_button.setText("Close")
 
     def _cancel_or_close(self) -> None:
@@ -311,8 +369,9 @@ class ExportDialog(QDialog):
 
     def done(self, result: int) -> None:
         """Closing the dialog drops its check if it still runs."""
-        if self.check_task is not None and not self.check_task.finished:
-            self.check_task.cancel()
+        for t in (self.check_task, self.slow_task):
+            if t is not None and not t.finished:
+                t.cancel()
         super().done(result)
 
 

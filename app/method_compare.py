@@ -21,17 +21,52 @@ from workbench.quant.methods.base import METHOD_NAMES
 from workbench.running.methods_compare import applies, evaluate_method, peers_of, tensor_stats
 from workbench.core.progress import Progress
 
-from .workers import FOREGROUND
+from .workers import BACKGROUND, FOREGROUND
 
 #: the methods the view offers beside rtn (all read calibration statistics)
 CALIBRATED = tuple(m for m in METHOD_NAMES if m != "rtn")
 STATS_KEEP = 24   # tensors whose statistics stay cached (H is in² float64 each)
+RUNNABLE_JOB = "Checking that the model can run"
+
+
+def _quick_verdict(model) -> str | None:
+    """The reasons the methods cannot run that need no transformers import: no readable
+    config.json, torch or transformers not installed (None: none of these)."""
+    try:
+        from workbench.running.runner_config import read_config
+        read_config(model)
+    except WorkbenchError as exc:
+        return exc.problem if hasattr(exc, "problem") else str(exc)
+    for mod in ("torch", "transformers"):
+        if importlib.util.find_spec(mod) is None:
+            return f"not runnable: {mod} is not installed (pip install -e \".[model]\")"
+    return None
+
+
+def transformers_ready() -> bool:
+    """transformers' model mappings are imported already, and not still being imported on
+    another thread (model_kind costs no import and waits for no import lock)."""
+    import sys
+    mods = [sys.modules.get(m) for m in ("transformers", "transformers.models.auto.modeling_auto")]
+    return all(m is not None and not getattr(getattr(m, "__spec__", None), "_initializing", False)
+               for m in mods)
+
+
+def _kind_verdict(model) -> str | None:
+    """Why transformers cannot run the model's config (None: it can). Imports transformers."""
+    try:
+        from workbench.running.runner_config import model_kind, read_config
+        model_kind(read_config(model))
+    except WorkbenchError as exc:
+        return exc.problem if hasattr(exc, "problem") else str(exc)
+    return None
 
 
 class MethodComparer(QObject):
     resultAdded = Signal(str, str, str)     # name, scheme, method
     statsFailed = Signal(str, str)          # name, message
     nonLinear = Signal(str)                 # name: not the input of a Linear layer
+    runnableKnown = Signal()                # the model-can-run verdict arrived
 
     def __init__(self, doc, runner, parent=None):
         super().__init__(parent)
@@ -45,6 +80,7 @@ class MethodComparer(QObject):
         self.task = None
         self._stats_task = None
         self._runnable: tuple | None = None  # (model path, why-not or None)
+        self._runnable_task = None
         doc.modelChanged.connect(self._model_changed)
 
     # ---- what can run ----------------------------------------------------------------------
@@ -56,23 +92,22 @@ class MethodComparer(QObject):
         return str(path)
 
     def unavailable(self) -> str | None:
-        """Why the methods that need calibration cannot run here (None: they can)."""
+        """Why the methods that need calibration cannot run here (None: they can). Whether
+        transformers has a model class for the config is decided on the compute thread (it
+        imports transformers and torch: 3-5 s quiet, 25 s on a busy machine, which froze the
+        window as a model opened); until then the reason says it is being checked."""
         model = self.doc.model
         if model is None:
             return "no model open"
         if self._runnable is None or self._runnable[0] != model.path:
-            why = None
-            try:
-                from workbench.running.runner_config import model_kind, read_config
-                model_kind(read_config(model))
-            except WorkbenchError as exc:
-                why = exc.problem if hasattr(exc, "problem") else str(exc)
+            why = _quick_verdict(model)
+            if why is None and not transformers_ready():
+                self._check_runnable(model)
+                from .work_queue import waiting_text
+                return waiting_text(self.runner, RUNNABLE_JOB, "the check that the model can "
+                                    "run") or "checking that the model can run"
             if why is None:
-                for mod in ("torch", "transformers"):
-                    if importlib.util.find_spec(mod) is None:
-                        why = (f"not runnable: {mod} is not installed (pip install -e "
-                               "\".[model]\")")
-                        break
+                why = _kind_verdict(model)
             self._runnable = (model.path, why)
         why = self._runnable[1]
         if why:
@@ -84,6 +119,22 @@ class MethodComparer(QObject):
         if failed:
             return f"the calibration pass failed: {failed}"
         return None
+
+    def _check_runnable(self, model) -> None:
+        """model_kind (the transformers import) as a compute-thread job, once per model; the
+        verdict is kept and `runnableKnown` tells the view to re-read it."""
+        if self._runnable_task is not None and not self._runnable_task.finished:
+            return
+        path = model.path
+
+        def done(why) -> None:
+            if self.doc.model is model:
+                self._runnable = (path, why)
+                self.runnableKnown.emit()
+
+        self._runnable_task = self.runner.submit(lambda: _kind_verdict(model), RUNNABLE_JOB,
+                                                 BACKGROUND, on_done=done,
+                                                 on_error=lambda m: done(m.split("\n")[0]))
 
     def tensor_unavailable(self, name: str | None) -> str | None:
         """Why `name` takes no method (None: it does, as far as is known before its pass)."""
@@ -207,3 +258,6 @@ class MethodComparer(QObject):
         self.not_linear.clear()
         self.failed.clear()
         self._runnable = None
+        if self._runnable_task is not None and not self._runnable_task.finished:
+            self._runnable_task.cancel()
+        self._runnable_task = None

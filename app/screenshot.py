@@ -141,7 +141,8 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
     win.resize(*size)
     win.fit_layout()
     win.show()
-    win.analyzer.warmup(jit=False)
+    # --busy shows the window as `gui` starts it: the kernel compilation queued too (IDLE)
+    win.analyzer.warmup(jit=busy)
     try:
         if busy:
             while win.doc.model is None and not msgs.errors:   # the model opened, no more

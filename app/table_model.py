@@ -231,6 +231,10 @@ class SchemeTableModel(QAbstractTableModel):
             note = self.note(name)
             if note:
                 return f"{self.doc.scheme_of(name)} not applied as asked — {note}"
+            if col in (C_REL, C_SQNR, C_MAX) and self.doc.result(name) is None:
+                # "…" says what it waits for (issue 33)
+                return (f"not measured yet under {self.doc.scheme_of(name)}: the error "
+                        "evaluation is queued or running (the work queue below shows how far)")
             return name if col == C_NAME else None
         return None
 

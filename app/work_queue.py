@@ -168,6 +168,7 @@ class WorkQueuePanel(QFrame):
         self.header.setProperty("role", "caption")
         self.more = QLabel("")
         self.more.setObjectName("Muted")
+        never_widens(self.more)
         self.cancel_all = QPushButton("Cancel all")
         self.cancel_all.setObjectName("QueueCancel")
         self.cancel_all.setToolTip("Cancel every job listed here (Esc)")
@@ -245,7 +246,11 @@ class WorkQueuePanel(QFrame):
                 row.task = None
                 row.hide()
         extra = len(items) - len(self.rows)
-        self.more.setText(f"+ {extra} more waiting" if extra > 0 else "")
+        # named, so every pending job is listed (the end-to-end check and the compilation
+        # were "+ 2 more waiting" on SmolLM2)
+        rest = ", ".join(t.name for t, _, _ in items[len(self.rows):])
+        self.more.setText(f"+ {extra} more waiting: {rest}" if extra > 0 else "")
+        self.more.setToolTip(rest)
         self.more.setVisible(extra > 0)
         if not self.isVisible():
             self.setVisible(True)

@@ -26,7 +26,7 @@ import time
 import traceback
 from typing import Callable
 
-from PySide6.QtCore import QObject, Qt, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from workbench.core.errors import Cancelled, WorkbenchError
 from workbench.core.progress import Progress
@@ -36,6 +36,8 @@ INTERACTIVE = 30   # what the user is looking at (selected tensor)
 FOREGROUND = 20    # an action the user started (export, comparison)
 BACKGROUND = 10    # whole-model statistics and evaluation
 IDLE = 0           # kernel JIT warm-up: only when nothing else waits
+
+PROGRESS_EVERY_S = 0.05   # a task's progress is shown at most this often (GUI thread work)
 
 COMPUTE = "compute"   # the numeric lane (numba, the network): one thread
 USER = "user"         # light checks the user waits for (never numba, never the network)
@@ -107,7 +109,9 @@ class Task:
         self.started_at: float | None = None
         self.progress_at: float | None = None     # when the last Progress event came
         self._cancel = threading.Event()
-        self._last_post = 0.0
+        self._last_post = 0.0          # when the GUI last showed a Progress event
+        self._latest = None            # (Progress, time) last reported by the job
+        self._post_pending = False     # a delivery of _latest is posted or deferred
 
     def cancel(self) -> None:
         """Stop the task: a queued one leaves the queue now; a running (or parked) one stops at
@@ -370,16 +374,40 @@ class Runner(QObject):
         self.taskStarted.emit(task)
 
     def _progress(self, task: Task, ev: Progress) -> None:
-        now = time.monotonic()
-        if now - task._last_post < 0.05 and ev.fraction < 1.0:
+        """Called on the lane's thread: keep the event as the task's latest and post one
+        delivery unless one is on its way already (it reads the latest event when it runs)."""
+        task._latest = (ev, time.monotonic())
+        if task._post_pending:
             return
-        task._last_post = now
+        task._post_pending = True
+        self.post(self._show_progress, task)
 
-        def deliver():
-            task.fraction, task.message = ev.fraction, ev.message or task.name
-            task.done, task.total = float(ev.done), float(ev.total)
-            task.progress_at = now
-            if task.on_progress is not None:
-                task.on_progress(ev)
-            self.taskProgress.emit(task)
-        self.post(deliver)
+    def _show_progress(self, task: Task) -> None:
+        """GUI thread: the task's latest Progress event, at most every PROGRESS_EVERY_S. A
+        burst of events is one delivery, and the last event of a burst is shown, not dropped
+        (the last was dropped before: the export check read "checking llama-tensor-types" for
+        the 40 s its onnx step took on a busy machine)."""
+        if task.finished or self._dispatch.closed:
+            task._post_pending = False
+            return
+        wait = task._last_post + PROGRESS_EVERY_S - time.monotonic()
+        if wait > 0 and task._latest[0].fraction < 1.0:
+            with self._dispatch._lock:           # idle() waits for it as for a posted call
+                self._dispatch.pending += 1
+            QTimer.singleShot(max(1, int(1000 * wait)), self._dispatch,
+                              lambda: self._deferred_progress(task))
+            return
+        task._post_pending = False               # before reading: a newer event posts again
+        ev, at = task._latest
+        task._last_post = time.monotonic()
+        task.fraction, task.message = ev.fraction, ev.message or task.name
+        task.done, task.total = float(ev.done), float(ev.total)
+        task.progress_at = at
+        if task.on_progress is not None:
+            task.on_progress(ev)
+        self.taskProgress.emit(task)
+
+    def _deferred_progress(self, task: Task) -> None:
+        with self._dispatch._lock:
+            self._dispatch.pending -= 1
+        self._show_progress(task)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, QObject, Qt
 
 from ..format import fmt_count, fmt_db, fmt_float, fmt_shape
 from ..theme import sqnr_colour
@@ -12,6 +12,40 @@ from .channels import ChannelRangePlot
 from .expert_spread import ExpertSpreadPlot
 from .histogram import HistogramPlot
 from ..fit_label import never_widens
+
+
+class _Waiting(QObject):
+    """A label over a plot while it has no data: what the plot waits for and how far that is
+    (issue 33: empty axes read as a stalled window). It covers the whole plot, so no empty
+    axes show; hidden as soon as the data is drawn."""
+
+    def __init__(self, plot):
+        super().__init__(plot)
+        self.plot = plot
+        self.label = QLabel(plot)
+        self.label.setObjectName("PlotWaiting")
+        self.label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.label.setWordWrap(True)
+        self.label.setStyleSheet("background: #171a20; color: #8a92a3; padding: 12px;")
+        self.label.hide()
+        plot.installEventFilter(self)
+
+    def eventFilter(self, obj, ev) -> bool:
+        if ev.type() == QEvent.Type.Resize and self.label.isVisible():
+            self.label.setGeometry(self.plot.rect())
+        return False
+
+    def show(self, text: str | None) -> None:
+        if not text:
+            if self.label.isVisible():
+                self.label.hide()
+            return
+        if self.label.text() != text:
+            self.label.setText(text)
+        if not self.label.isVisible():
+            self.label.setGeometry(self.plot.rect())
+            self.label.show()
+            self.label.raise_()
 
 
 class PlotsPanel(QWidget):
@@ -42,12 +76,14 @@ class PlotsPanel(QWidget):
         self.spread = ExpertSpreadPlot()
         self.spread.hide()
         #: set by the main window: the compute thread's runner (spreads are computed there)
-        self.runner = None
+        self._runner = None
         self.group: str | None = None          # the expert group shown (None: a tensor)
         self._spreads: dict = {}               # group key -> workbench.running.moe.ExpertSpread
         self._spread_pending: set = set()
         for p in (self.histogram, self.ranges, self.errors, self.spread):
             p.hovered.connect(self.hover.setText)
+        # what an empty plot waits for (the statistics, the error), in place of empty axes
+        self.waiting = {p: _Waiting(p) for p in (self.histogram, self.ranges, self.errors)}
 
         head = QHBoxLayout()
         head.addWidget(self.title, 1)
@@ -83,6 +119,18 @@ class PlotsPanel(QWidget):
         doc.stateChanged.connect(self._maybe)
         doc.detailChanged.connect(lambda n: self._maybe([n]))
         doc.modelChanged.connect(self._model_changed)
+
+    @property
+    def runner(self):
+        return self._runner
+
+    @runner.setter
+    def runner(self, runner) -> None:
+        """The compute thread's runner: its jobs' moves update what the waiting plots say."""
+        self._runner = runner
+        if runner is not None:
+            for sig in (runner.taskStarted, runner.taskProgress, runner.taskFinished):
+                sig.connect(self.waiting_changed)
 
     def _model_changed(self) -> None:
         self._spreads.clear()
@@ -210,6 +258,8 @@ class PlotsPanel(QWidget):
             self.histogram.clear_data()
             self.ranges.set_data([], [], [])
             self.errors.set_data(None)
+            for w in self.waiting.values():
+                w.show("select a tensor" if doc.model is not None else "no model open")
             return
         info = doc.model.info(name)
         scheme = doc.scheme_of(name)
@@ -236,10 +286,7 @@ class PlotsPanel(QWidget):
             if st.nan or st.inf:
                 parts.append(f"<span style='color:#f85149'>{st.nan} NaN, {st.inf} Inf</span>")
         elif st is None:   # what the statistics wait for (issue 33), not a bare "…"
-            from ..work_queue import waiting_text
-            parts.append(waiting_text(self.runner, f"Analysing {name}", "statistics")
-                         or waiting_text(self.runner, "Computing statistics", "statistics")
-                         or "statistics: queued")
+            parts.append(self._stats_wait(name))
         if r is not None:
             c = sqnr_colour(r.error.sqnr_db)
             col = c.name() if c is not None else "#c9ced8"
@@ -255,10 +302,15 @@ class PlotsPanel(QWidget):
             self.grid_label.setText(self.histogram.grid_text() if det else
                                     f"quantization grid of {scheme}: being computed")
             self.ranges.set_data(st.ch_min, st.ch_max, st.ch_absmax)
+            for p in (self.histogram, self.ranges):
+                self.waiting[p].show(None if st.count else "no finite values in this tensor")
         else:
             self.histogram.clear_data()
             self.ranges.set_data([], [], [])
             self.grid_label.setText("")
+            text = self._stats_wait(name)
+            for p in (self.histogram, self.ranges):
+                self.waiting[p].show(text)
         self._draw_error()
         self._flush_scenes()
 
@@ -273,11 +325,39 @@ class PlotsPanel(QWidget):
         for p in (self.histogram, self.ranges, self.errors):
             QCoreApplication.sendPostedEvents(p.scene(), QEvent.Type.MetaCall)
 
+    def _stats_wait(self, name: str) -> str:
+        from ..work_queue import waiting_text
+        return (waiting_text(self.runner, f"Analysing {name}", "statistics")
+                or waiting_text(self.runner, "Computing statistics", "statistics")
+                or "statistics: queued")
+
+    def _error_wait(self, name: str) -> str:
+        from ..work_queue import waiting_text
+        return (waiting_text(self.runner, f"Analysing {name}", "the error under "
+                             f"{self.doc.scheme_of(name)}")
+                or waiting_text(self.runner, "Evaluating error", "the error evaluation")
+                or f"the error under {self.doc.scheme_of(name)}: queued")
+
+    def waiting_changed(self, _task=None) -> None:
+        """A job started, moved or finished: the waiting plots say so (cheap: only when one
+        shows its label)."""
+        if not self.name or self.doc.model is None or self.group is not None:
+            return
+        if self.waiting[self.histogram].label.isVisible() and self.name not in self.doc.stats:
+            text = self._stats_wait(self.name)
+            for p in (self.histogram, self.ranges):
+                self.waiting[p].show(text)
+        if self.waiting[self.errors].label.isVisible() and self.doc.result(self.name) is None:
+            self.waiting[self.errors].show(self._error_wait(self.name))
+
     def _draw_error(self) -> None:
         r = self.doc.result(self.name) if self.name else None
         if r is None:
             self.errors.set_data(None)
+            if self.name:
+                self.waiting[self.errors].show(self._error_wait(self.name))
             return
+        self.waiting[self.errors].show(None)
         self.errors.set_data(r.error.channel_rel_err,
                              self.ranges.order if self.ranges.sort_by_range else None, r.scheme)
 

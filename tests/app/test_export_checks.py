@@ -13,7 +13,8 @@ Q = "model.layers.0.self_attn.q_proj.weight"
 
 def _dialog(window, qtbot):
     dlg = window.export_dialog()
-    qtbot.waitUntil(lambda: dlg.checks is not None, timeout=60000)
+    # every format: the onnx check may follow the others (while transformers loads)
+    qtbot.waitUntil(lambda: dlg.checks is not None and not dlg.pending, timeout=60000)
     return dlg
 
 

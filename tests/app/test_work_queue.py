@@ -15,7 +15,7 @@ from app.workers import BACKGROUND, FOREGROUND, INTERACTIVE, Runner
 from workbench.export.preflight import check_all
 from workbench.core.progress import Progress
 
-from apphelpers import wait_idle
+from apphelpers import DEMO as DEMO_PATH, wait_idle
 
 Q = "model.layers.0.self_attn.q_proj.weight"
 
@@ -85,6 +85,7 @@ def test_export_dialog_answers_first_while_a_long_sweep_holds_the_compute_thread
     answered = time.monotonic() - t0
     assert not sweep.finished and state["steps"] > 2, "the check waited for the sweep"
     assert answered < 10.0
+    qtbot.waitUntil(lambda: not dlg.pending, timeout=60000)     # onnx, when checked behind
     expected = check_all(window.doc.model, window.doc.plan)
     assert {f: c.ok for f, c in dlg.checks.items()} == {f: c.ok for f, c in expected.items()}
     # formats the plan cannot be written to are not offered: disabled, the reason as tooltip
@@ -256,3 +257,131 @@ def test_a_cancelled_table_offers_compute_and_the_check_says_cancelled(make_wind
     qtbot.mouseClick(panel.waiting.compute, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: fx.table() is not None and bool(fx.frontier), timeout=120000)
     assert panel.stack.currentWidget() is panel.plot
+
+
+def test_the_last_progress_event_of_a_burst_is_shown_while_a_long_step_runs(qtbot):
+    """Events closer together than the GUI's 50 ms refresh are one delivery, and the last one
+    shows: the export check read "checking llama-tensor-types" through the 40 s of its onnx
+    step on a busy machine (that step's event came within 50 ms of the one before)."""
+    runner = Runner()
+    go = threading.Event()
+    try:
+        def job():
+            yield Progress(2, 6, "checking llama-tensor-types")
+            yield Progress(3, 6, "checking onnx")       # at once: inside the 50 ms window
+            go.wait(30)                                  # a long step
+            yield Progress(6, 6, "checked")
+            return "ok"
+        task = runner.submit(job, "Checking export formats", FOREGROUND, visible=True)
+        qtbot.waitUntil(lambda: task.message == "checking onnx", timeout=5000)
+        assert not task.finished and (task.done, task.total) == (3.0, 6.0)
+        assert task.progress_text() == "3/6"
+        go.set()
+        qtbot.waitUntil(lambda: task.state == "done" and runner.idle(), timeout=5000)
+    finally:
+        go.set()
+        runner.shutdown()
+
+
+def test_whether_the_model_can_run_is_decided_off_the_gui_thread(make_window, qtbot,
+                                                                  monkeypatch):
+    """The comparison's method boxes ask whether transformers can run the model; that imports
+    transformers and torch (25 s under load, during which the window did not repaint). It is
+    a job on the compute thread, listed in the work queue; the boxes say they wait for it."""
+    import app.method_compare as mc
+    go = threading.Event()
+    threads = []
+    real = mc._kind_verdict
+
+    def verdict(model):
+        threads.append(threading.current_thread().name)
+        go.wait(30)
+        return real(model)
+    monkeypatch.setattr(mc, "transformers_ready", lambda: False)   # as before transformers loads
+    monkeypatch.setattr(mc, "_kind_verdict", verdict)
+    win = make_window(path=None)
+    try:
+        win.open_model(str(DEMO_PATH))
+        qtbot.waitUntil(lambda: bool(threads), timeout=20000)
+        assert threads == ["workbench-compute"]
+        boxes = win.comparison.method_boxes.values()
+        qtbot.waitUntil(lambda: win.doc.model is not None, timeout=10000)
+        assert not any(b.isEnabled() for b in boxes)
+        tip = win.comparison.methods_label.toolTip()
+        assert "waiting for the check that the model can run: " in tip, tip
+        qtbot.waitUntil(lambda: mc.RUNNABLE_JOB in {t.name for t in win.work_queue.shown},
+                        timeout=5000)
+    finally:
+        go.set()
+    wait_idle(qtbot, win)
+    assert all(b.isEnabled() for b in boxes)            # the demo runs: the verdict arrived
+    assert threads == ["workbench-compute"]             # asked once, never on the GUI thread
+
+
+def test_the_export_dialog_answers_before_the_onnx_check_loads_transformers(
+        window, qtbot, monkeypatch):
+    """Until transformers is loaded, onnx (whose check imports it with torch: 40 s on a busy
+    machine) is checked behind the other formats: the dialog answers for those first, lists
+    onnx as still being checked and does not offer it until its verdict is in."""
+    import app.method_compare as mc
+    import workbench.export.preflight as pf
+    monkeypatch.setattr(mc, "transformers_ready", lambda: False)
+    go = threading.Event()
+    real = pf.check
+
+    def check(model, plan, fmt):
+        if fmt == "onnx":
+            go.wait(30)                     # transformers loading
+        return real(model, plan, fmt)
+    monkeypatch.setattr(pf, "check", check)
+    dlg = window.export_dialog()
+    try:
+        qtbot.waitUntil(lambda: dlg.checks is not None, timeout=15000)
+        assert dlg.pending == {"onnx"} and "onnx" not in dlg.checks
+        assert dlg.check().ok and dlg.export_button.isEnabled()       # the default is writable
+        assert dlg.exporter().name != "onnx"
+        i = [e.name for e in dlg.exporters].index("onnx")
+        assert not dlg.format.model().item(i).isEnabled()
+        assert "still checking" in dlg.format.itemText(i)
+        assert "still checking" in dlg.verdicts.text()
+        listed = {t.name for t in window.runner.tasks()}
+        assert "Checking export formats: onnx (loads transformers)" in listed
+        chosen = dlg.exporter().name
+    finally:
+        go.set()
+    qtbot.waitUntil(lambda: not dlg.pending, timeout=60000)
+    expected = check_all(window.doc.model, window.doc.plan)
+    assert {f: c.ok for f, c in dlg.checks.items()} == {f: c.ok for f, c in expected.items()}
+    assert dlg.format.model().item(i).isEnabled() == expected["onnx"].ok
+    assert dlg.exporter().name == chosen          # the offered format is kept
+    assert "still checking" not in dlg.verdicts.text()
+    dlg.close()
+
+
+def test_a_plot_waiting_for_its_data_says_so_instead_of_empty_axes(window, qtbot):
+    """The per-channel error plot of a tensor just re-assigned, while its evaluation waits
+    behind another job: a label over the whole plot names the job and where it is (the axes
+    were drawn empty, 0..1, under a busy window); it goes when the error is drawn."""
+    window.select(Q)
+    wait_idle(qtbot, window)
+    plots = window.plots
+    over = plots.waiting[plots.errors].label
+    assert not over.isVisible() and plots.errors.err.size > 0
+    blocker, go = _blocker(window.runner, "Blocking job")
+    try:
+        window.push(commands.assign(window.doc, [Q], "q4_0"))
+        qtbot.waitUntil(lambda: window.doc.result(Q) is None or over.isVisible(), timeout=5000)
+        assert window.doc.result(Q) is None
+        assert over.isVisible() and over.geometry() == plots.errors.rect()
+        assert "queued behind Blocking job" in over.text(), over.text()
+        assert over.text().startswith("waiting for the error")
+        # the statistics are known: those plots show their data, no label over them
+        assert not plots.waiting[plots.histogram].label.isVisible()
+        assert not plots.waiting[plots.ranges].label.isVisible()
+        assert _placeholders(window) == []
+    finally:
+        go.set()
+    qtbot.waitUntil(lambda: window.doc.result(Q) is not None, timeout=30000)
+    wait_idle(qtbot, window)
+    assert not over.isVisible()
+    assert plots.errors.scheme == "q4_0" and plots.errors.err.size > 0
