@@ -38,8 +38,8 @@ def _shift16(src, dst):
 
 
 def _flat_u16(a: np.ndarray) -> np.ndarray:
-    a = np.ascontiguousarray(a)
-    return a.reshape(-1).view(np.uint16)
+    from .host import readonly
+    return readonly(np.ascontiguousarray(a).reshape(-1).view(np.uint16))
 
 
 def _out(a: np.ndarray, out: np.ndarray | None) -> np.ndarray:

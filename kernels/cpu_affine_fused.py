@@ -143,11 +143,13 @@ def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
         cb = np.empty(cols if rowwise else 1, np.uint8)
         tk = np.empty((2, bpr), np.int32)
         tq = np.empty(2 * bpr, np.float32)
+        c32 = np.empty(3 * divs.shape[0], np.float32)
+        lanes = np.empty(8 * divs.shape[0], np.float64)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             orow = out[r * rb:(r + 1) * rb]
             _quant_row(w[r], wu[r], r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16,
                        f16_table, scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq,
-                       divs)
+                       divs, c32, lanes)
             if rowwise:
                 _pack_row(cb, bits, orow)
 
@@ -172,9 +174,12 @@ def quant_error_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_
         tk = np.empty((2, bpr), np.int32)
         tq = np.empty(2 * bpr, np.float32)
         buf = np.empty(cols, np.float32)
+        c32 = np.empty(3 * divs.shape[0], np.float32)
+        lanes = np.empty(8 * divs.shape[0], np.float64)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             _quant_row(w[r], wu[r], r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16,
-                       f16_table, scale32, scale16, zero, cb, 0, t, bad, True, cb, tk, tq, divs)
+                       f16_table, scale32, scale16, zero, cb, 0, t, bad, True, cb, tk, tq, divs,
+                       c32, lanes)
             if bad[r]:
                 continue
             k0 = r * bpr
@@ -195,7 +200,7 @@ def _deq_int(codes, offset, z, s, dst):
 
 @njit(**_J)
 def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, f16_table,
-               scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq, divs):
+               scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq, divs, c32, lanes):
     """Qparams and codes of each block of one row (rowwise: one code per byte into cb), in
     three loops over the row's blocks: ranges (tk[0] min, tk[1] max keys), qparams (tq:
     1/scale, zero), codes."""
@@ -216,7 +221,7 @@ def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, 
             lo = abs(_key_f32(tlo[b]))
             hi = abs(_key_f32(thi[b]))
             s, sb, iv, ok = _sym_qp(row[b * gs:(b + 1) * gs], lo if lo > hi else hi, divs,
-                                    fqmin, fq, f16, f16_table)
+                                    fqmin, fq, f16, f16_table, c32, lanes)
             if not ok:
                 bad[r] = 1
                 return

@@ -254,59 +254,49 @@ def _sq1(x, iv, s, fqmin, fq):
 
 
 @njit(**_J)
-def _sq_err8(x, iv, s, fqmin, fq):
-    """Squared error of block x under scale s (inverse iv), codes clipped to fqmin..fq: float64
-    squares of the float32 differences summed in eight lanes (element c into lane c % 8, each
-    lane in element order) then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) -- the reference's order
-    (IntAffine._sq_err), eight independent chains instead of one."""
+def _sq_errs(x, ivs, ss, nc, fqmin, fq, lanes):
+    """The squared errors of block x under nc candidate scales (scale ss[i], inverse ivs[i],
+    codes clipped to fqmin..fq) in one pass over x, in the reference's order
+    (IntAffine._sq_err): float64 squares of the float32 differences, element c into lane
+    c % 8, each lane in element order: lanes[8 i + l] = lane l of candidate i (the caller
+    adds ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))). The lane loop's length is read off the buffer (lanes.shape[0] //
+    nc = 8), a value LLVM cannot see: a loop of unknown length over consecutive addresses
+    vectorizes, a constant 8 is unrolled and stays scalar. 2.7-3x faster than a pass per
+    candidate (int4, 5 candidates, blocks of 128 and rows of 4096)."""
     n = x.shape[0]
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    nl = lanes.shape[0] // nc
+    for k in range(nc * 8):
+        lanes[k] = 0.0
     for g in range(n >> 3):
         c = 8 * g
-        a0 += _sq1(x[c], iv, s, fqmin, fq)
-        a1 += _sq1(x[c + 1], iv, s, fqmin, fq)
-        a2 += _sq1(x[c + 2], iv, s, fqmin, fq)
-        a3 += _sq1(x[c + 3], iv, s, fqmin, fq)
-        a4 += _sq1(x[c + 4], iv, s, fqmin, fq)
-        a5 += _sq1(x[c + 5], iv, s, fqmin, fq)
-        a6 += _sq1(x[c + 6], iv, s, fqmin, fq)
-        a7 += _sq1(x[c + 7], iv, s, fqmin, fq)
+        for i in range(nc):
+            iv = ivs[i]
+            s = ss[i]
+            o = i * 8
+            for l in range(nl):
+                lanes[o + l] += _sq1(x[c + l], iv, s, fqmin, fq)
     c0 = n & ~7
     for c in range(c0, n):
-        v = _sq1(x[c], iv, s, fqmin, fq)
-        k = c - c0
-        if k == 0:
-            a0 += v
-        elif k == 1:
-            a1 += v
-        elif k == 2:
-            a2 += v
-        elif k == 3:
-            a3 += v
-        elif k == 4:
-            a4 += v
-        elif k == 5:
-            a5 += v
-        else:
-            a6 += v
-    return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+        for i in range(nc):
+            lanes[i * 8 + c - c0] += _sq1(x[c], ivs[i], ss[i], fqmin, fq)
 
 
 @njit(**_J)
-def _sym_qp(x, amax, divs, fqmin, fq, f16, f16_table):
+def _sym_qp(x, amax, divs, fqmin, fq, f16, f16_table, c32, lanes):
     """The symmetric divisor search of one block x (IntAffine._search_sym, min/max clipping, no
     @pot): each candidate scale amax / divs[i] (divs ascending), stored (float16: RNE), its
-    codes clip(rint(x * (1/scale))) and the squared error (_sq_err8); the first least error
-    wins. Returns (stored scale as
-    float32, its float16 bits, 1/scale or 0, ok); ok False: a float32 scale whose inverse
-    overflows (the reference divides: it decides). A float16 scale above 65504 gives 65504,
-    which the caller's reference check (reference_needed) hands to the reference to refuse."""
-    best_e = np.inf
-    best_s = F0
-    best_b = np.int64(0x7BFF)
-    best_iv = F0
-    held = False
-    for i in range(divs.shape[0]):
+    codes clip(rint(x * (1/scale))) and the squared error (all candidates in one pass:
+    _sq_errs); the first least error wins. Returns (stored scale as float32, its
+    float16 bits, 1/scale or 0, ok); ok False: a float32 scale whose inverse overflows (the
+    reference divides: it decides). A float16 scale above 65504 gives 65504, which the
+    caller's reference check (reference_needed) hands to the reference to refuse. c32 (3 *
+    len(divs) float32: scales, inverses, float16 bits) and lanes (8 * len(divs) float64):
+    the caller's scratch."""
+    nc = divs.shape[0]
+    ss = c32[:nc]
+    ivs = c32[nc:2 * nc]
+    bs = c32[2 * nc:3 * nc]
+    for i in range(nc):                   # the scales first, checked in the search's order
         s = amax / divs[i]
         bits = np.int64(0)
         if f16:
@@ -317,15 +307,21 @@ def _sym_qp(x, amax, divs, fqmin, fq, f16, f16_table):
             s = f16_table[bits]
         iv = F0 if s == F0 else np.float32(1.0) / s
         if np.isinf(iv):
-            return s, bits, iv, False
-        e = _sq_err8(x, iv, s, fqmin, fq)
-        if not held or e < best_e:
+            return s, np.int64(bits), iv, False
+        ss[i] = s
+        ivs[i] = iv
+        bs[i] = np.float32(bits)              # < 2^15: exact
+    _sq_errs(x, ivs, ss, nc, fqmin, fq, lanes)
+    best = 0
+    best_e = np.inf
+    for i in range(nc):
+        o = 8 * i
+        e = (((lanes[o] + lanes[o + 1]) + (lanes[o + 2] + lanes[o + 3]))
+             + ((lanes[o + 4] + lanes[o + 5]) + (lanes[o + 6] + lanes[o + 7])))
+        if i == 0 or e < best_e:
             best_e = e
-            best_s = s
-            best_b = bits
-            best_iv = iv
-            held = True
-    return best_s, best_b, best_iv, True
+            best = i
+    return ss[best], np.int64(bs[best]), ivs[best], True
 
 
 @njit(**_P)
@@ -335,25 +331,30 @@ def sym_qparams(w, gs, bpr, divs, qmin, qmax, f16, f16_table, scale32, scale16, 
     the reference decides (the caller declines)."""
     fq = np.float32(qmax)
     fqmin = np.float32(qmin)
-    for k in prange(w.shape[0] * bpr):
-        r = k // bpr
-        b = k - r * bpr
-        x = w[r, b * gs:(b + 1) * gs]
-        amax = F0
-        fin = True
-        for c in range(x.shape[0]):
-            a = abs(x[c])
-            if not np.isfinite(a):
-                fin = False
-            amax = a if a > amax else amax
-        flags[k] = 0
-        if not fin:
-            flags[k] = 1
-            continue
-        s, sb, iv, ok = _sym_qp(x, amax, divs, fqmin, fq, f16, f16_table)
-        if not ok:
-            flags[k] = 1
-        if f16:
-            scale16[k] = np.uint16(sb)
-        scale32[k] = s
-        inv[k] = iv
+    nb = w.shape[0] * bpr
+    nch = min(nb, 256)                       # chunks of blocks: one scratch buffer each
+    for ch in prange(nch):
+        c32 = np.empty(3 * divs.shape[0], np.float32)
+        lanes = np.empty(8 * divs.shape[0], np.float64)
+        for k in range(ch * nb // nch, (ch + 1) * nb // nch):
+            r = k // bpr
+            b = k - r * bpr
+            x = w[r, b * gs:(b + 1) * gs]
+            amax = F0
+            fin = True
+            for c in range(x.shape[0]):
+                a = abs(x[c])
+                if not np.isfinite(a):
+                    fin = False
+                amax = a if a > amax else amax
+            flags[k] = 0
+            if not fin:
+                flags[k] = 1
+                continue
+            s, sb, iv, ok = _sym_qp(x, amax, divs, fqmin, fq, f16, f16_table, c32, lanes)
+            if not ok:
+                flags[k] = 1
+            if f16:
+                scale16[k] = np.uint16(sb)
+            scale32[k] = s
+            inv[k] = iv

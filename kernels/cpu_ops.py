@@ -48,7 +48,7 @@ def _dequantize(spec: Spec, arrays, out2d: np.ndarray) -> None:
     elif spec.family == "u16":
         k.u16_dequant(*host.u16_args(spec, arrays, rows, cols), out2d)
     elif spec.family == "f32":
-        k.f32_copy(np.ascontiguousarray(arrays["data"], dtype=np.float32).reshape(rows, cols), out2d)
+        k.f32_copy(_f32_data(arrays, rows, cols), out2d)
     elif spec.family == "ggml":
         k.ggml_dequant(host.ggml_blocks(spec, arrays, rows, cols), spec.ggml_id, spec.qk, spec.bpb,
                        tables.f16_table(), tables.IQ4NL_VALUES, out2d)
@@ -56,8 +56,13 @@ def _dequantize(spec: Spec, arrays, out2d: np.ndarray) -> None:
         raise ValueError(spec.family)
 
 
+def _f32_data(arrays, rows: int, cols: int) -> np.ndarray:
+    return host.readonly(np.ascontiguousarray(arrays["data"], dtype=np.float32).reshape(rows, cols))
+
+
 def error_sums(spec: Spec, arrays, w2d: np.ndarray) -> np.ndarray:
     """(rows, 5) float64: per row sse, sig, deq, dot, max|err|."""
+    w2d = host.readonly(w2d)
     acc = np.zeros((w2d.shape[0], 5), np.float64)
     with _threads(w2d.size):
         _error_sums(spec, arrays, w2d, acc)
@@ -72,7 +77,7 @@ def _error_sums(spec: Spec, arrays, w2d: np.ndarray, acc: np.ndarray) -> None:
     elif spec.family == "u16":
         k.u16_error(*host.u16_args(spec, arrays, rows, cols), w2d, acc)
     elif spec.family == "f32":
-        k.f32_error(np.ascontiguousarray(arrays["data"], dtype=np.float32).reshape(rows, cols), w2d, acc)
+        k.f32_error(_f32_data(arrays, rows, cols), w2d, acc)
     elif spec.family == "ggml":
         k.ggml_error(host.ggml_blocks(spec, arrays, rows, cols), spec.ggml_id, spec.qk, spec.bpb,
                      tables.f16_table(), tables.IQ4NL_VALUES, w2d, acc)
@@ -114,6 +119,7 @@ class NonFinite(Exception):
 
 
 def count_nonfinite(w2d) -> int:
+    w2d = host.readonly(w2d)
     with _threads(w2d.size):
         return int(_k().count_nonfinite(w2d))
 
@@ -124,6 +130,7 @@ def quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
     check_finite: raise NonFinite(count) when w2d holds NaN/Inf (tested inside the fused
     kernels, else by a separate pass first). choose_qparams: the scheme's reference qparams,
     for the integer schemes the kernels do not size themselves (see host.int_qparams)."""
+    w2d = host.readonly(w2d)
     with _threads(w2d.size):
         if spec.quant == "ggml":
             return _quantize(spec, w2d, check_finite)
@@ -201,6 +208,7 @@ def quantize_error(spec: Spec, w2d: np.ndarray):
     gives them) in one pass over w2d, for the schemes quant_fused quantizes; None when that
     kernel does not apply or w2d holds NaN/Inf (the caller takes the two-pass path, which
     decides what those mean). The arrays are quantize()'s: the caller checks their range."""
+    w2d = host.readonly(w2d)
     rows, cols = w2d.shape
     mode = _fused_mode(spec, rows, cols)
     if mode < 0:
@@ -336,7 +344,7 @@ def quantize_ggml_f16(spec: Spec, h2d: np.ndarray, bf16: bool) -> dict | None:
     if cols % spec.qk:
         return None
     from . import ggml_f16_quant
-    h2d = np.ascontiguousarray(h2d).view(np.uint16)
+    h2d = host.readonly(np.ascontiguousarray(h2d).view(np.uint16))
     blocks = np.empty((rows, cols // spec.qk * spec.bpb), np.uint8)
     flags = np.empty(rows, np.uint8)
     with _threads(h2d.size):
@@ -362,14 +370,14 @@ def _searched_k_blocks(encode, kinds, spec: Spec, w2d, qw, check_finite) -> dict
     """Blocks of w2d (rows, cols % 256 == 0) by a searched K-quant kernel `encode`; qw: optional
     importance (rows or 1, cols), finite and >= 0. None: the kernel declines (the reference
     decides); NonFinite when w2d holds NaN/Inf and check_finite."""
-    w2d = np.ascontiguousarray(w2d, np.float32)
+    w2d = host.readonly(np.ascontiguousarray(w2d, np.float32))
     rows, cols = w2d.shape
     cands, divs, iters, rounds = spec.search
     blocks = np.empty((rows, (cols // 256) * spec.bpb), np.uint8)
     flags = np.empty(rows, np.uint8)
     weighted = qw is not None
-    q = (np.ascontiguousarray(qw, np.float32).reshape(-1, cols) if weighted
-         else np.ones((1, 1), np.float32))
+    q = host.readonly(np.ascontiguousarray(qw, np.float32).reshape(-1, cols) if weighted
+                      else np.ones((1, 1), np.float32))
     with _threads(w2d.size):
         encode(w2d, q, weighted, kinds[spec.ggml_name], np.array(cands, np.float32),
                np.array(divs, np.float32), iters, rounds, blocks, flags)
@@ -396,7 +404,7 @@ def iq4nl_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
     finite and >= 0. None: the kernel declines (the reference decides); NonFinite when w2d
     holds NaN/Inf and check_finite."""
     from . import iq4nl_quant
-    w2d = np.ascontiguousarray(w2d, np.float32)
+    w2d = host.readonly(np.ascontiguousarray(w2d, np.float32))
     rows, cols = w2d.shape
     blocks = np.empty((rows, (cols // 32) * spec.bpb), np.uint8)
     flags = np.empty(rows, np.uint8)

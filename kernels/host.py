@@ -19,6 +19,17 @@ DUMMY_U8 = np.zeros(1, np.uint8)
 DUMMY_F32 = np.zeros(1, np.float32)
 
 
+def readonly(a):
+    """`a` as every kernel takes its inputs: read-only (a view, no copy). numba types a
+    read-only array apart from a writable one and compiles each kernel once per type; weights
+    read from a file are read-only maps and those made in memory writable, so before, most
+    kernels were compiled twice (a K-quant encoder for minutes each time)."""
+    if isinstance(a, np.ndarray) and a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
 def affine_args(spec: Spec, arrays, rows: int, cols: int):
     a = arrays
     codes = np.ascontiguousarray(a[spec.code_key], dtype=np.uint8).reshape(-1)
@@ -28,18 +39,20 @@ def affine_args(spec: Spec, arrays, rows: int, cols: int):
     else:
         zeros = DUMMY_U8
     gs, bpr = spec.geometry(rows, cols)
-    return codes, int(spec.bits), spec.lut, scales, zeros, spec.zero_key is not None, gs, bpr
+    return (readonly(codes), int(spec.bits), readonly(spec.lut), readonly(scales), readonly(zeros),
+            spec.zero_key is not None, gs, bpr)
 
 
 def u16_args(spec: Spec, arrays, rows: int, cols: int):
     from . import tables
     data = np.ascontiguousarray(arrays["data"]).view(np.uint16).reshape(rows, cols)
     table = tables.f16_table() if spec.table == "f16" else tables.bf16_table()
-    return data, table
+    return readonly(data), readonly(table)
 
 
 def ggml_blocks(spec: Spec, arrays, rows: int, cols: int) -> np.ndarray:
-    return np.ascontiguousarray(arrays["blocks"], dtype=np.uint8).reshape(rows, cols // spec.qk * spec.bpb)
+    return readonly(np.ascontiguousarray(arrays["blocks"], dtype=np.uint8).reshape(
+        rows, cols // spec.qk * spec.bpb))
 
 
 def safe_inv(scale: np.ndarray) -> np.ndarray:

@@ -28,6 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import tables
+from .host import readonly
 from .cpu_common import _f32_to_f16_bits
 
 _J = dict(cache=True, nogil=True)
@@ -251,6 +252,6 @@ def encode_blocks(w2d: np.ndarray, blocks: np.ndarray, flags: np.ndarray,
     """Fill blocks (rows, cols/32*18 uint8) and flags (rows uint8) from float32 w2d; qw:
     optional importance (rows or 1, cols), finite and >= 0."""
     weighted = qw is not None
-    q = (np.ascontiguousarray(qw, np.float32).reshape(-1, w2d.shape[1]) if weighted
-         else np.ones((1, 1), np.float32))
-    iq4nl_encode(w2d, q, weighted, KVALUES, MIDS, CAND_NUM, tables.f16_table(), blocks, flags)
+    q = readonly(np.ascontiguousarray(qw, np.float32).reshape(-1, w2d.shape[1]) if weighted
+                 else np.ones((1, 1), np.float32))
+    iq4nl_encode(readonly(w2d), q, weighted, KVALUES, MIDS, CAND_NUM, tables.f16_table(), blocks, flags)

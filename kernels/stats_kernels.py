@@ -197,5 +197,6 @@ def weighted_sq_err(f, a, b) -> float:
     b2 = b.reshape(a2.shape)
     f2 = f.reshape(a2.shape)
     out = np.empty(a2.shape[0], np.float64)
-    _weighted_sq_err_rows(f2, a2, b2, out)
+    from .host import readonly
+    _weighted_sq_err_rows(readonly(f2), readonly(a2), readonly(b2), out)
     return float(out.sum())

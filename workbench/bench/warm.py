@@ -8,8 +8,8 @@ cold start. ``.ci/setup`` runs this once after installing, like a build step.
 
 The schemes are split over ``--jobs`` processes (default: the CPU count), each running
 ``accel.warmup`` (quantize, dequantize, the fused error kernel and the one-pass
-quantize-and-measure kernel per kernel family) on its share, on writable and on read-only
-(memory-mapped) weights, plus the importance-weighted GGML encoders, the one-pass
+quantize-and-measure kernel per kernel family) on its share (every kernel takes its inputs
+read-only, so one specialisation serves a file's maps and in-memory arrays alike), plus the importance-weighted GGML encoders, the one-pass
 F16 → Q4_0/Q8_0 path and the statistics kernels.
 numba writes each cache file atomically, so processes compiling shared helpers do not clash.
 """
@@ -22,6 +22,9 @@ import subprocess
 import sys
 import time
 
+#: CPU seconds of a whole warm-up on the project's 2-core machine (27 Nov 2026: 352 s; 777 s
+#: while each kernel was compiled for writable and read-only weights): the header's estimate
+WARM_CPU_S = 350
 # compiled first in every process: a few seconds each, so the first "ready" line comes at once
 QUICK = ("fp16", "bf16")
 # compiled next and in different processes: each takes most of a minute on its own
@@ -50,22 +53,18 @@ def warm_names(names: list[str]) -> list[str]:
             weighted_encode(s, x, np.abs(x) + np.float32(0.5))
         if n in ("q4_0", "q8_0"):
             raw = rng.standard_normal((2, 256)).astype(np.float16)
-            for ro in (False, True):
-                raw.setflags(write=not ro)
-                accel.quantize_widening(s, raw, "F16")
-                accel.quantize_widening(s, raw.view(np.uint16), "BF16")
+            accel.quantize_widening(s, raw, "F16")
+            accel.quantize_widening(s, raw.view(np.uint16), "BF16")
     return done
 
 
 def warm_convert() -> None:
-    """The F16/BF16 → float32 widening kernels (writable and read-only storage)."""
+    """The F16/BF16 → float32 widening kernels."""
     import numpy as np
     from kernels import convert
     raw = np.arange(512, dtype=np.uint16).view(np.float16).reshape(2, 256)
-    for ro in (False, True):
-        raw.setflags(write=not ro)
-        convert.f16_to_f32(raw)
-        convert.bf16_to_f32(raw.view(np.uint16))
+    convert.f16_to_f32(raw)
+    convert.bf16_to_f32(raw.view(np.uint16))
 
 
 def warm_methods() -> None:
@@ -134,8 +133,10 @@ def main(argv=None) -> int:
     names = _order(list(list_schemes()))
     jobs = max(1, min(args.jobs, len(names)))
     shares = [names[i::jobs] for i in range(jobs)]
+    minutes = max(1, round(WARM_CPU_S / min(jobs, os.cpu_count() or 1) / 60))
     _say(f"compiling the numba kernels of {len(names)} schemes in {jobs} processes (once; "
-         "loaded from the on-disk cache afterwards); one line per scheme:")
+         f"loaded from the on-disk cache afterwards): about {minutes} min on an idle machine "
+         "of this size, longer on a busy one; one line per scheme:")
     procs = [subprocess.Popen([sys.executable, "-m", "workbench.bench.warm", "--only", ",".join(s),
                                "--tag", f"process {i + 1}/{jobs}"]
                               + (["--stats"] if i == len(shares) - 1 else []))

@@ -277,16 +277,12 @@ def warmup(schemes=None, backend: str = "auto") -> list[str]:
         cols = max(cols, 256) if spec.family == "ggml" else cols
         w = rng.standard_normal((2, cols)).astype(np.float32)
         if key not in seen:
+            # the kernels take every input read-only (kernels.host.readonly), so one call
+            # each compiles what both a file's read-only maps and in-memory arrays use
             qt = quantize(scheme, w, backend=b)
             dequantize(qt, backend=b)
             dequant_error(w, qt, backend=b)
             quantize_error(scheme, w, backend=b)     # the one-pass error (where it applies)
-            # weights read from a file are read-only memory maps, for which numba has
-            # separate machine code: load that too (a model's first edit waited ~90 ms)
-            w.setflags(write=False)
-            quantize(scheme, w, backend=b)
-            dequant_error(w, qt, backend=b)
-            quantize_error(scheme, w, backend=b)
             seen.add(key)
         done.append(scheme.name if hasattr(scheme, "name") else str(name))
     return done

@@ -94,7 +94,7 @@ def _times_inv(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 def _sq_err(diff: np.ndarray) -> np.ndarray:
     """Per row of the float32 differences: the sum of their float64 squares in a fixed order
-    the kernels repeat (kernels/cpu_affine_quant.py _sq_err8): element c into lane c % 8, each lane
+    the kernels repeat (kernels/cpu_affine_quant.py _sq_errs): element c into lane c % 8, each lane
     summed in element order (cumsum: sequential), then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))."""
     nb, n = diff.shape
     d = diff.astype(np.float64)
