@@ -110,6 +110,24 @@ def _iq4_nl(src, f16, kv, dst):         # d f16 | qs[16] indices into kvalues
             dst[o + j + 16] = d * kv[b >> 4]
 
 
+#: ggml kvalues_mxfp4 (E2M1 doubled) and ggml_e8m0_to_fp32_half of every byte, 2^(e-128):
+#: global arrays, compiled in as constants
+_FP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+_E8H = np.ldexp(np.float32(1), np.arange(256, dtype=np.int32) - 128).astype(np.float32)
+
+
+@njit(**_J)
+def _mxfp4(src, dst):                   # e (E8M0) | qs[16] indices into kvalues_mxfp4
+    for b in range(dst.shape[0] // 32):
+        p = b * 17
+        o = b * 32
+        d = _E8H[src[p]]
+        for j in range(16):
+            v = np.int64(src[p + 1 + j])
+            dst[o + j] = _FP4[v & 15] * d
+            dst[o + j + 16] = _FP4[v >> 4] * d
+
+
 @njit(**_J)
 def _q2_k(src, f16, kv, dst):           # scales[16] | qs[64] | d | dmin
     for b in range(dst.shape[0] // 256):
@@ -266,8 +284,10 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
         _q5_k(src, f16, kv, dst)
     elif tid == 9:
         _q6_k(src, f16, kv, dst)
-    else:
+    elif tid == 10:
         _iq4_nl(src, f16, kv, dst)
+    elif tid == 11:
+        _mxfp4(src, dst)
 
 
 @njit(**_P)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import host, tables
-from .spec import Spec
+from .spec import GGML_QUANT_RTN, Spec
 
 
 SERIAL_BELOW = 1 << 16          # elements: smaller tensors run on the calling thread only
@@ -312,6 +312,9 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
             _k().ggml_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb, blocks, flags)
         elif spec.ggml_name == "IQ4_NL":
             return iq4nl_blocks(spec, w2d, None, check_finite)
+        elif spec.ggml_name in GGML_QUANT_RTN:
+            from . import ggml_rtn_quant
+            ggml_rtn_quant.encode_blocks(spec.ggml_name, w2d, blocks, flags)
         elif spec.search and spec.ggml_name in ("Q3_K", "Q6_K"):
             return sym_k_blocks(spec, w2d, None, check_finite)
         elif spec.search:
