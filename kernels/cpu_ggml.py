@@ -129,6 +129,41 @@ def _mxfp4(src, dst):                   # e (E8M0) | qs[16] indices into kvalues
 
 
 @njit(**_J)
+def _tq2_0(src, f16, dst):              # qs[64] (2-bit t at bits 2n of byte 32h+m) | d
+    for b in range(dst.shape[0] // 256):
+        p = b * 66
+        o = b * 256
+        d = _h(src, p + 64, f16)
+        for h in range(2):
+            for n in range(4):
+                for m in range(32):
+                    t = (np.int64(src[p + 32 * h + m]) >> (2 * n)) & 3
+                    dst[o + 128 * h + 32 * n + m] = np.float32(t - 1) * d
+
+
+@njit(inline="always", **_J)
+def _trit(byte, k):
+    """Trit k of a TQ1_0 byte: ((byte * 3^k mod 256) * 3) >> 8."""
+    return (((np.int64(byte) * (3 ** k)) & 255) * 3) >> 8
+
+
+@njit(**_J)
+def _tq1_0(src, f16, dst):              # qs[48] (5 trits/byte) | qh[4] (4 trits/byte) | d
+    for b in range(dst.shape[0] // 256):
+        p = b * 54
+        o = b * 256
+        d = _h(src, p + 52, f16)
+        for k in range(5):
+            for m in range(32):
+                dst[o + 32 * k + m] = np.float32(_trit(src[p + m], k) - 1) * d
+            for m in range(16):
+                dst[o + 160 + 16 * k + m] = np.float32(_trit(src[p + 32 + m], k) - 1) * d
+        for k in range(4):
+            for j in range(4):
+                dst[o + 240 + 4 * k + j] = np.float32(_trit(src[p + 48 + j], k) - 1) * d
+
+
+@njit(**_J)
 def _q2_k(src, f16, kv, dst):           # scales[16] | qs[64] | d | dmin
     for b in range(dst.shape[0] // 256):
         p = b * 84
@@ -288,6 +323,10 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
         _iq4_nl(src, f16, kv, dst)
     elif tid == 11:
         _mxfp4(src, dst)
+    elif tid == 12:
+        _tq1_0(src, f16, dst)
+    elif tid == 13:
+        _tq2_0(src, f16, dst)
 
 
 @njit(**_P)

@@ -150,6 +150,31 @@ def d_mxfp4(q, s, z, lut, prm, r, c, cols):
 
 
 @cuda.jit(device=True)
+def d_tq2_0(q, s, z, lut, prm, r, c, cols):
+    p = r * prm[0] + (c // 256) * 66
+    e = c % 256
+    t = (_u8(q, p + 32 * (e // 128) + e % 32) >> (2 * ((e % 128) // 32))) & 3
+    return np.float32(t - 1) * _f16(q, p + 64, lut)
+
+
+@cuda.jit(device=True)
+def d_tq1_0(q, s, z, lut, prm, r, c, cols):
+    p = r * prm[0] + (c // 256) * 54
+    e = c % 256
+    if e < 160:
+        byte, k = _u8(q, p + e % 32), e // 32
+    elif e < 240:
+        byte, k = _u8(q, p + 32 + (e - 160) % 16), (e - 160) // 16
+    else:
+        byte, k = _u8(q, p + 48 + (e - 240) % 4), (e - 240) // 4
+    pw = 1
+    for _ in range(k):
+        pw *= 3
+    t = (((byte * pw) & 255) * 3) >> 8
+    return np.float32(t - 1) * _f16(q, p + 52, lut)
+
+
+@cuda.jit(device=True)
 def d_q2_k(q, s, z, lut, prm, r, c, cols):
     p = r * prm[0] + (c // 256) * 84
     e = c % 256
@@ -237,7 +262,7 @@ def d_q6_k(q, s, z, lut, prm, r, c, cols):
 
 GGML_DEVICE = {"Q4_0": d_q4_0, "Q4_1": d_q4_1, "Q5_0": d_q5_0, "Q5_1": d_q5_1, "Q8_0": d_q8_0,
                "Q2_K": d_q2_k, "Q3_K": d_q3_k, "Q4_K": d_q4_k, "Q5_K": d_q5_k, "Q6_K": d_q6_k,
-               "IQ4_NL": d_iq4_nl, "MXFP4": d_mxfp4}
+               "IQ4_NL": d_iq4_nl, "MXFP4": d_mxfp4, "TQ1_0": d_tq1_0, "TQ2_0": d_tq2_0}
 
 
 # ------------------------------------------------------------------ generic launchers

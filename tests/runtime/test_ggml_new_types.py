@@ -1,4 +1,4 @@
-"""The GGML types whose llama.cpp quantizer is deterministic (MXFP4): the workbench's bytes
+"""The GGML types whose llama.cpp quantizer is deterministic (MXFP4, TQ1_0, TQ2_0): the workbench's bytes
 are llama.cpp's own, from ggml's C quantizer (kernels.ggml_ref) and from `llama-quantize` on
 the same F32 GGUF, and the workbench's export runs in llama.cpp."""
 
@@ -22,7 +22,7 @@ from .conftest import ROOT, perplexity, run_tool
 pytestmark = pytest.mark.runtime
 
 # workbench scheme -> llama-quantize file type that, with --pure, types every weight so
-LLAMA_FTYPE = {"mxfp4": "MXFP4_MOE"}
+LLAMA_FTYPE = {"mxfp4": "MXFP4_MOE", "tq1_0": "TQ1_0", "tq2_0": "TQ2_0"}
 
 
 @pytest.fixture(scope="module")
