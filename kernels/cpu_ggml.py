@@ -164,6 +164,23 @@ def _tq1_0(src, f16, dst):              # qs[48] (5 trits/byte) | qh[4] (4 trits
 
 
 @njit(**_J)
+def _iq4_xs(src, f16, kv, dst):         # d | scales_h u16 | scales_l[4] | qs[128]
+    for b in range(dst.shape[0] // 256):
+        p = b * 136
+        o = b * 256
+        d = _h(src, p, f16)
+        sh = np.int64(src[p + 2]) | (np.int64(src[p + 3]) << 8)
+        for ib in range(8):
+            ls = ((np.int64(src[p + 4 + ib // 2]) >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4)
+            dl = d * np.float32(ls - 32)
+            q = p + 8 + 16 * ib
+            for j in range(16):
+                v = np.int64(src[q + j])
+                dst[o + 32 * ib + j] = dl * kv[v & 15]
+                dst[o + 32 * ib + j + 16] = dl * kv[v >> 4]
+
+
+@njit(**_J)
 def _q2_k(src, f16, kv, dst):           # scales[16] | qs[64] | d | dmin
     for b in range(dst.shape[0] // 256):
         p = b * 84
@@ -327,6 +344,8 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
         _tq1_0(src, f16, dst)
     elif tid == 13:
         _tq2_0(src, f16, dst)
+    elif tid == 14:
+        _iq4_xs(src, f16, kv, dst)
 
 
 @njit(**_P)

@@ -150,6 +150,17 @@ def d_mxfp4(q, s, z, lut, prm, r, c, cols):
 
 
 @cuda.jit(device=True)
+def d_iq4_xs(q, s, z, lut, prm, r, c, cols):
+    p = r * prm[0] + (c // 256) * 136
+    e = c % 256
+    ib = e // 32
+    ls = ((_u8(q, p + 4 + ib // 2) >> (4 * (ib % 2))) & 15) \
+        | (((_u8(q, p + 2 + ib // 4) >> (2 * (ib % 4))) & 3) << 4)
+    dl = _f16(q, p, lut) * np.float32(ls - 32)
+    return dl * lut[F16_LEN + _nib(q, p + 8 + 16 * ib, e % 32)]
+
+
+@cuda.jit(device=True)
 def d_tq2_0(q, s, z, lut, prm, r, c, cols):
     p = r * prm[0] + (c // 256) * 66
     e = c % 256
@@ -262,7 +273,8 @@ def d_q6_k(q, s, z, lut, prm, r, c, cols):
 
 GGML_DEVICE = {"Q4_0": d_q4_0, "Q4_1": d_q4_1, "Q5_0": d_q5_0, "Q5_1": d_q5_1, "Q8_0": d_q8_0,
                "Q2_K": d_q2_k, "Q3_K": d_q3_k, "Q4_K": d_q4_k, "Q5_K": d_q5_k, "Q6_K": d_q6_k,
-               "IQ4_NL": d_iq4_nl, "MXFP4": d_mxfp4, "TQ1_0": d_tq1_0, "TQ2_0": d_tq2_0}
+               "IQ4_NL": d_iq4_nl, "MXFP4": d_mxfp4, "TQ1_0": d_tq1_0, "TQ2_0": d_tq2_0,
+               "IQ4_XS": d_iq4_xs}
 
 
 # ------------------------------------------------------------------ generic launchers

@@ -22,7 +22,7 @@ from .conftest import ROOT, perplexity, run_tool
 pytestmark = pytest.mark.runtime
 
 # workbench scheme -> llama-quantize file type that, with --pure, types every weight so
-LLAMA_FTYPE = {"mxfp4": "MXFP4_MOE", "tq1_0": "TQ1_0", "tq2_0": "TQ2_0"}
+LLAMA_FTYPE = {"mxfp4": "MXFP4_MOE", "tq1_0": "TQ1_0", "tq2_0": "TQ2_0", "iq4_xs": "IQ4_XS"}
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +100,37 @@ def test_llama_quantize_bytes_equal_and_export_runs(llama_bin, demo_f32, tmp_pat
     ppl = perplexity(llama_bin, ours, ROOT / "resources" / "calibration.txt")
     print(f"\n{name}: {len(both)} tensors byte-equal to llama-quantize; perplexity {ppl:.2f}")
     assert np.isfinite(ppl) and ppl > 1
+
+
+def test_iq4_xs_bytes_equal_with_the_same_imatrix(llama_bin, ggml, demo_f32, tmp_path):
+    """llama-imatrix on the F32 GGUF, then llama-quantize --pure --imatrix ... IQ4_XS: the
+    workbench's importance-weighted IQ4_XS (methods.ggml_weighted) given the same imatrix
+    (E[x^2] = in_sum2 / counts, read by workbench.running.imatrix) has the same bytes for every
+    tensor; a tensor the imatrix lacks is quantized plain by both."""
+    from workbench.quant.methods.ggml_weighted import weighted_encode
+    from workbench.running.imatrix import read_imatrix
+    from workbench.schemes import get_scheme
+    imat = tmp_path / "imatrix.gguf"
+    run_tool(llama_bin, "llama-imatrix", "-m", demo_f32, "-f",
+             ROOT / "resources" / "calibration.txt", "-o", imat, "-c", "128", "--chunks", "8",
+             "-t", "2")
+    theirs = tmp_path / "lq-iq4_xs-imatrix.gguf"
+    run_tool(llama_bin, "llama-quantize", "--pure", "--imatrix", imat, demo_f32, theirs,
+             "IQ4_XS", "2")
+    e = read_imatrix(imat)
+    src, out = _tensors(demo_f32), _tensors(theirs)
+    s = get_scheme("iq4_xs")
+    n_weighted = 0
+    for n, t in out.items():
+        if t.tensor_type != gguf.GGMLQuantizationType.IQ4_XS:
+            continue
+        w = np.ascontiguousarray(src[n].data, np.float32)
+        if n in e:
+            qv = np.asarray(e[n], np.float32)
+            ours = weighted_encode(s, w, np.broadcast_to(qv, w.shape)).reshape(w.shape[0], -1)
+            assert np.array_equal(ours, ggml.quantize("iq4_xs", w, imatrix=qv)), n
+            n_weighted += 1
+        else:
+            ours = quantize(w, "iq4_xs").arrays["blocks"]
+        assert np.array_equal(ours, np.asarray(t.data).view(np.uint8).reshape(ours.shape)), n
+    assert n_weighted >= 21
