@@ -129,38 +129,47 @@ def _mxfp4(src, dst):                   # e (E8M0) | qs[16] indices into kvalues
 
 
 @njit(**_J)
-def _tq2_0(src, f16, dst):              # qs[64] (2-bit t at bits 2n of byte 32h+m) | d
+def _tq2_0(src, f16, dst, qk):          # qs[64] (2-bit t at bits 2n of byte 32h+m) | d
+    # 8/32-bit lanes (see _u8f); qk (== 256) keeps the inner trip count a run-time value
+    n32 = qk >> 3
     for b in range(dst.shape[0] // 256):
         p = b * 66
         o = b * 256
         d = _h(src, p + 64, f16)
         for h in range(2):
             for n in range(4):
-                for m in range(32):
-                    t = (np.int64(src[p + 32 * h + m]) >> (2 * n)) & 3
-                    dst[o + 128 * h + 32 * n + m] = np.float32(t - 1) * d
+                sh = np.uint8(2 * n)
+                for m in range(n32):
+                    t = np.uint8(src[p + 32 * h + m] >> sh) & np.uint8(3)
+                    dst[o + 128 * h + 32 * n + m] = np.float32(np.int32(t) - np.int32(1)) * d
 
 
 @njit(inline="always", **_J)
-def _trit(byte, k):
-    """Trit k of a TQ1_0 byte: ((byte * 3^k mod 256) * 3) >> 8."""
-    return (((np.int64(byte) * (3 ** k)) & 255) * 3) >> 8
+def _trit(byte, pw):
+    """The trit of a TQ1_0 byte that pw = 3^k selects: ((byte * pw mod 256) * 3) >> 8, in
+    32-bit lanes, as float32 t - 1."""
+    q = np.uint8(np.uint32(byte) * np.uint32(pw))
+    return np.float32(((np.int32(q) * np.int32(3)) >> np.int32(8)) - np.int32(1))
 
 
 @njit(**_J)
-def _tq1_0(src, f16, dst):              # qs[48] (5 trits/byte) | qh[4] (4 trits/byte) | d
+def _tq1_0(src, f16, dst, qk):          # qs[48] (5 trits/byte) | qh[4] (4 trits/byte) | d
+    n32 = qk >> 3                       # run-time trip counts (see _q8_0)
+    n16 = qk >> 4
     for b in range(dst.shape[0] // 256):
         p = b * 54
         o = b * 256
         d = _h(src, p + 52, f16)
+        pw = 1
         for k in range(5):
-            for m in range(32):
-                dst[o + 32 * k + m] = np.float32(_trit(src[p + m], k) - 1) * d
-            for m in range(16):
-                dst[o + 160 + 16 * k + m] = np.float32(_trit(src[p + 32 + m], k) - 1) * d
-        for k in range(4):
-            for j in range(4):
-                dst[o + 240 + 4 * k + j] = np.float32(_trit(src[p + 48 + j], k) - 1) * d
+            for m in range(n32):
+                dst[o + 32 * k + m] = _trit(src[p + m], pw) * d
+            for m in range(n16):
+                dst[o + 160 + 16 * k + m] = _trit(src[p + 32 + m], pw) * d
+            if k < 4:
+                for j in range(4):
+                    dst[o + 240 + 4 * k + j] = _trit(src[p + 48 + j], pw) * d
+            pw *= 3
 
 
 @njit(**_J)
@@ -341,9 +350,9 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
     elif tid == 11:
         _mxfp4(src, dst)
     elif tid == 12:
-        _tq1_0(src, f16, dst)
+        _tq1_0(src, f16, dst, qk)
     elif tid == 13:
-        _tq2_0(src, f16, dst)
+        _tq2_0(src, f16, dst, qk)
     elif tid == 14:
         _iq4_xs(src, f16, kv, dst)
 
