@@ -110,6 +110,85 @@ def _iq4_nl(src, f16, kv, dst):         # d f16 | qs[16] indices into kvalues
             dst[o + j + 16] = d * kv[b >> 4]
 
 
+#: ggml kvalues_mxfp4 (E2M1 doubled) and ggml_e8m0_to_fp32_half of every byte, 2^(e-128):
+#: global arrays, compiled in as constants
+_FP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+_E8H = np.ldexp(np.float32(1), np.arange(256, dtype=np.int32) - 128).astype(np.float32)
+
+
+@njit(**_J)
+def _mxfp4(src, dst):                   # e (E8M0) | qs[16] indices into kvalues_mxfp4
+    for b in range(dst.shape[0] // 32):
+        p = b * 17
+        o = b * 32
+        d = _E8H[src[p]]
+        for j in range(16):
+            v = np.int64(src[p + 1 + j])
+            dst[o + j] = _FP4[v & 15] * d
+            dst[o + j + 16] = _FP4[v >> 4] * d
+
+
+@njit(**_J)
+def _tq2_0(src, f16, dst, qk):          # qs[64] (2-bit t at bits 2n of byte 32h+m) | d
+    # 8/32-bit lanes (see _u8f); qk (== 256) keeps the inner trip count a run-time value
+    n32 = qk >> 3
+    for b in range(dst.shape[0] // 256):
+        p = b * 66
+        o = b * 256
+        d = _h(src, p + 64, f16)
+        for h in range(2):
+            for n in range(4):
+                sh = np.uint8(2 * n)
+                for m in range(n32):
+                    t = np.uint8(src[p + 32 * h + m] >> sh) & np.uint8(3)
+                    dst[o + 128 * h + 32 * n + m] = np.float32(np.int32(t) - np.int32(1)) * d
+
+
+@njit(inline="always", **_J)
+def _trit(byte, pw):
+    """The trit of a TQ1_0 byte that pw = 3^k selects: ((byte * pw mod 256) * 3) >> 8, in
+    32-bit lanes, as float32 t - 1."""
+    q = np.uint8(np.uint32(byte) * np.uint32(pw))
+    return np.float32(((np.int32(q) * np.int32(3)) >> np.int32(8)) - np.int32(1))
+
+
+@njit(**_J)
+def _tq1_0(src, f16, dst, qk):          # qs[48] (5 trits/byte) | qh[4] (4 trits/byte) | d
+    n32 = qk >> 3                       # run-time trip counts (see _q8_0)
+    n16 = qk >> 4
+    for b in range(dst.shape[0] // 256):
+        p = b * 54
+        o = b * 256
+        d = _h(src, p + 52, f16)
+        pw = 1
+        for k in range(5):
+            for m in range(n32):
+                dst[o + 32 * k + m] = _trit(src[p + m], pw) * d
+            for m in range(n16):
+                dst[o + 160 + 16 * k + m] = _trit(src[p + 32 + m], pw) * d
+            if k < 4:
+                for j in range(4):
+                    dst[o + 240 + 4 * k + j] = _trit(src[p + 48 + j], pw) * d
+            pw *= 3
+
+
+@njit(**_J)
+def _iq4_xs(src, f16, kv, dst):         # d | scales_h u16 | scales_l[4] | qs[128]
+    for b in range(dst.shape[0] // 256):
+        p = b * 136
+        o = b * 256
+        d = _h(src, p, f16)
+        sh = np.int64(src[p + 2]) | (np.int64(src[p + 3]) << 8)
+        for ib in range(8):
+            ls = ((np.int64(src[p + 4 + ib // 2]) >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4)
+            dl = d * np.float32(ls - 32)
+            q = p + 8 + 16 * ib
+            for j in range(16):
+                v = np.int64(src[q + j])
+                dst[o + 32 * ib + j] = dl * kv[v & 15]
+                dst[o + 32 * ib + j + 16] = dl * kv[v >> 4]
+
+
 @njit(**_J)
 def _q2_k(src, f16, kv, dst):           # scales[16] | qs[64] | d | dmin
     for b in range(dst.shape[0] // 256):
@@ -266,8 +345,16 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
         _q5_k(src, f16, kv, dst)
     elif tid == 9:
         _q6_k(src, f16, kv, dst)
-    else:
+    elif tid == 10:
         _iq4_nl(src, f16, kv, dst)
+    elif tid == 11:
+        _mxfp4(src, dst)
+    elif tid == 12:
+        _tq1_0(src, f16, dst, qk)
+    elif tid == 13:
+        _tq2_0(src, f16, dst, qk)
+    elif tid == 14:
+        _iq4_xs(src, f16, kv, dst)
 
 
 @njit(**_P)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import host, tables
-from .spec import Spec
+from .spec import GGML_QUANT_RTN, Spec
 
 
 SERIAL_BELOW = 1 << 16          # elements: smaller tensors run on the calling thread only
@@ -320,6 +320,11 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
             _k().ggml_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb, blocks, flags)
         elif spec.ggml_name == "IQ4_NL":
             return iq4nl_blocks(spec, w2d, None, check_finite)
+        elif spec.ggml_name == "IQ4_XS":
+            return iq4xs_blocks(spec, w2d, None, check_finite)
+        elif spec.ggml_name in GGML_QUANT_RTN:
+            from . import ggml_rtn_quant
+            ggml_rtn_quant.encode_blocks(spec.ggml_name, w2d, blocks, flags)
         elif spec.search and spec.ggml_name in ("Q3_K", "Q6_K"):
             return sym_k_blocks(spec, w2d, None, check_finite)
         elif spec.search:
@@ -410,4 +415,17 @@ def iq4nl_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
     flags = np.empty(rows, np.uint8)
     with _threads(w2d.size):
         iq4nl_quant.encode_blocks(w2d, blocks, flags, qw)
+    return _blocks_or_decline(blocks, flags, w2d, check_finite)
+
+
+def iq4xs_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
+                 check_finite: bool = True) -> dict | None:
+    """IQ4_XS blocks by kernels/iq4xs_quant.py (see iq4nl_blocks)."""
+    from . import iq4xs_quant
+    w2d = np.ascontiguousarray(w2d, np.float32)
+    rows, cols = w2d.shape
+    blocks = np.empty((rows, (cols // 256) * spec.bpb), np.uint8)
+    flags = np.empty(rows, np.uint8)
+    with _threads(w2d.size):
+        iq4xs_quant.encode_blocks(w2d, blocks, flags, qw)
     return _blocks_or_decline(blocks, flags, w2d, check_finite)

@@ -7,7 +7,8 @@ Common signature of a format's device function (returns the float32 weight at (r
         q    uint8   packed codes / GGML block bytes / 16-bit floats as bytes (flat)
         s    float32 block scales (or the fp32 data itself)
         z    uint8   zero points (affine asym)
-        lut  float32 decode table (codes -> values; for GGML: the f16 table + IQ4_NL levels)
+        lut  float32 decode table (codes -> values; for GGML: tables.ggml_lut(), the f16
+             table, the IQ4_NL levels, the MXFP4 levels, the E8M0 half scales)
         prm  int64   format parameters
 
 ``dequant_kernel(dev)`` / ``error_kernel(dev)`` build (once per format) the generic
@@ -30,6 +31,8 @@ from numba import cuda
 from numba.core import config
 
 F16_LEN = 65536          # lut offset of the IQ4_NL levels for GGML formats
+FP4_AT = F16_LEN + 16    # then kvalues_mxfp4 (16)
+E8H_AT = F16_LEN + 32    # then 2^(e-128) of every E8M0 byte (256): tables.ggml_lut()
 ROW_THREADS = 128        # threads per row in the fused error kernel
 
 if config.ENABLE_CUDASIM:
@@ -141,6 +144,48 @@ def d_iq4_nl(q, s, z, lut, prm, r, c, cols):
 
 
 @cuda.jit(device=True)
+def d_mxfp4(q, s, z, lut, prm, r, c, cols):
+    p = r * prm[0] + (c // 32) * 17
+    return lut[FP4_AT + _nib(q, p + 1, c % 32)] * lut[E8H_AT + _u8(q, p)]
+
+
+@cuda.jit(device=True)
+def d_iq4_xs(q, s, z, lut, prm, r, c, cols):
+    p = r * prm[0] + (c // 256) * 136
+    e = c % 256
+    ib = e // 32
+    ls = ((_u8(q, p + 4 + ib // 2) >> (4 * (ib % 2))) & 15) \
+        | (((_u8(q, p + 2 + ib // 4) >> (2 * (ib % 4))) & 3) << 4)
+    dl = _f16(q, p, lut) * np.float32(ls - 32)
+    return dl * lut[F16_LEN + _nib(q, p + 8 + 16 * ib, e % 32)]
+
+
+@cuda.jit(device=True)
+def d_tq2_0(q, s, z, lut, prm, r, c, cols):
+    p = r * prm[0] + (c // 256) * 66
+    e = c % 256
+    t = (_u8(q, p + 32 * (e // 128) + e % 32) >> (2 * ((e % 128) // 32))) & 3
+    return np.float32(t - 1) * _f16(q, p + 64, lut)
+
+
+@cuda.jit(device=True)
+def d_tq1_0(q, s, z, lut, prm, r, c, cols):
+    p = r * prm[0] + (c // 256) * 54
+    e = c % 256
+    if e < 160:
+        byte, k = _u8(q, p + e % 32), e // 32
+    elif e < 240:
+        byte, k = _u8(q, p + 32 + (e - 160) % 16), (e - 160) // 16
+    else:
+        byte, k = _u8(q, p + 48 + (e - 240) % 4), (e - 240) // 4
+    pw = 1
+    for _ in range(k):
+        pw *= 3
+    t = (((byte * pw) & 255) * 3) >> 8
+    return np.float32(t - 1) * _f16(q, p + 52, lut)
+
+
+@cuda.jit(device=True)
 def d_q2_k(q, s, z, lut, prm, r, c, cols):
     p = r * prm[0] + (c // 256) * 84
     e = c % 256
@@ -228,7 +273,8 @@ def d_q6_k(q, s, z, lut, prm, r, c, cols):
 
 GGML_DEVICE = {"Q4_0": d_q4_0, "Q4_1": d_q4_1, "Q5_0": d_q5_0, "Q5_1": d_q5_1, "Q8_0": d_q8_0,
                "Q2_K": d_q2_k, "Q3_K": d_q3_k, "Q4_K": d_q4_k, "Q5_K": d_q5_k, "Q6_K": d_q6_k,
-               "IQ4_NL": d_iq4_nl}
+               "IQ4_NL": d_iq4_nl, "MXFP4": d_mxfp4, "TQ1_0": d_tq1_0, "TQ2_0": d_tq2_0,
+               "IQ4_XS": d_iq4_xs}
 
 
 # ------------------------------------------------------------------ generic launchers

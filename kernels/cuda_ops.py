@@ -35,7 +35,7 @@ def _dev_table(name: str):
     if name == "bf16":
         return cuda.to_device(tables.bf16_table())
     if name == "ggml":
-        return cuda.to_device(np.concatenate([tables.f16_table(), tables.IQ4NL_VALUES]))
+        return cuda.to_device(tables.ggml_lut())
     raise KeyError(name)
 
 

@@ -30,6 +30,8 @@ GGML_TYPES = {
     "Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q5_0": (2, 32, 22), "Q5_1": (3, 32, 24),
     "Q8_0": (4, 32, 34), "Q2_K": (5, 256, 84), "Q3_K": (6, 256, 110), "Q4_K": (7, 256, 144),
     "Q5_K": (8, 256, 176), "Q6_K": (9, 256, 210), "IQ4_NL": (10, 32, 18),
+    "MXFP4": (11, 32, 17), "TQ1_0": (12, 256, 54), "TQ2_0": (13, 256, 66),
+    "IQ4_XS": (14, 256, 136),
 }
 #: GGML types with a quantize kernel (bit-identical to gguf-py / llama.cpp reference)
 GGML_QUANT = ("Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1")
@@ -41,8 +43,12 @@ GGML_QUANT_SYM_K = ("Q3_K", "Q6_K")
 #: to its numpy reference (kernels/kquant_affine.py; the layout carries the search parameters)
 GGML_QUANT_AFFINE_K = ("Q2_K", "Q4_K", "Q5_K")
 #: GGML types whose quantize kernel runs the project's own codebook search, bit-identical to
-#: its numpy reference (kernels/iq4nl_quant.py)
-GGML_QUANT_IQ4NL = ("IQ4_NL",)
+#: its numpy reference (kernels/iq4nl_quant.py), and IQ4_XS's, llama.cpp's own search
+#: (kernels/iq4xs_quant.py)
+GGML_QUANT_IQ4NL = ("IQ4_NL", "IQ4_XS")
+#: GGML types whose quantize kernel applies llama.cpp's fixed rounding rule, bit-identical to
+#: its numpy reference and to llama.cpp (kernels/ggml_rtn_quant.py)
+GGML_QUANT_RTN = ("MXFP4", "TQ1_0", "TQ2_0")
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,7 +116,7 @@ def make_spec(layout: dict | None) -> Spec | None:
         if g not in GGML_TYPES:
             return None
         tid, qk, bpb = GGML_TYPES[g]
-        quant = "ggml" if g in GGML_QUANT + GGML_QUANT_IQ4NL else None
+        quant = "ggml" if g in GGML_QUANT + GGML_QUANT_IQ4NL + GGML_QUANT_RTN else None
         search = ()
         if g in GGML_QUANT_AFFINE_K + GGML_QUANT_SYM_K and layout.get("search"):
             se = layout["search"]

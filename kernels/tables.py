@@ -8,6 +8,9 @@ code up is bit-identical to the reference by construction:
 * ``bf16_table()`` 65536 float32: each code's bits shifted into the high half of a float32.
 * ``int_lut(offset)`` 256 float32: ``float32(code - offset)`` for integer codes.
 * ``IQ4NL_VALUES``: the 16 IQ4_NL levels (llama.cpp ``kvalues_iq4nl``).
+* ``MXFP4_VALUES``: the 16 MXFP4 levels (``kvalues_mxfp4``, E2M1 doubled).
+* ``ggml_lut()``: what the CUDA GGML decoders look up: the f16 table, IQ4NL_VALUES,
+  MXFP4_VALUES, then 2^(e-128) for every E8M0 byte e (ggml_e8m0_to_fp32_half).
 """
 
 from __future__ import annotations
@@ -18,6 +21,17 @@ import numpy as np
 
 IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10,
                          1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32)
+
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12],
+                        dtype=np.float32)
+
+
+@lru_cache(maxsize=None)
+def ggml_lut() -> np.ndarray:
+    e8h = np.ldexp(np.float32(1), np.arange(256, dtype=np.int32) - 128).astype(np.float32)
+    t = np.concatenate([f16_table(), IQ4NL_VALUES, MXFP4_VALUES, e8h])
+    t.setflags(write=False)
+    return t
 
 
 @lru_cache(maxsize=None)

@@ -12,8 +12,10 @@ minimise Σ qw_j (x_j − y_j)² itself (the figure ‖XW − XŴ‖² reduces t
 inputs) with their own searches (Q2_K/Q4_K/Q5_K: schemes/ggml/affine_k.py, numba kernel
 kernels/kquant_affine.py; Q3_K/Q6_K: schemes/ggml/sym_k.py, kernels/kquant_sym.py). IQ4_NL
 weighs its codebook search as llama.cpp does, qw * sqrt(2 Σx²/32 + x²) (schemes/ggml/iq4_nl.py,
-kernel kernels/iq4nl_quant.py). Q8_0 has no weighted path and is refused; llama.cpp ignores
-the imatrix for Q8_0 too.
+kernel kernels/iq4nl_quant.py). IQ4_XS is llama.cpp's own quantize_row_iq4_nl_impl with the
+same weights, sigma2 over the 256-weight super-block (schemes/ggml/iq4_xs.py, kernel
+kernels/iq4xs_quant.py): given the same importance its bytes are llama.cpp's. Q8_0 has no
+weighted path and is refused; llama.cpp ignores the imatrix for Q8_0 too.
 
 ``weighted_encode(scheme, x, qw)``: x float32 (n_blocks, QK), qw (n_blocks, QK) -> packed
 blocks uint8 (n_blocks, type_size).
@@ -27,7 +29,8 @@ from workbench.schemes.ggml.common import to_fp16
 from workbench.schemes.ggml.search import affine_search, symmetric_search
 
 F = np.float32
-SUPPORTED = ("q4_0", "q5_0", "q4_1", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl")
+SUPPORTED = ("q4_0", "q5_0", "q4_1", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl",
+             "iq4_xs")
 
 
 def _llama_weights(x: np.ndarray, qw: np.ndarray, sub: int, factor: float) -> np.ndarray:
@@ -111,6 +114,26 @@ def _iq4_nl(scheme, x, qw):
     return scheme.encode(x, qw)
 
 
+def _iq4_xs(scheme, x, qw):
+    """IQ4_XS: llama.cpp's search with its importance weights, by the numba kernel
+    (bit-identical) when it can, else by the numpy reference; blocks go as rows of up to 16."""
+    from workbench.quant import accel
+    from kernels import backend
+    spec = accel.spec_for(scheme)
+    n = x.shape[0]
+    if spec is not None and spec.quant and n and backend.resolve("auto") != "numpy":
+        from kernels import cpu_ops
+        k = next(k for k in (16, 8, 4, 2, 1) if n % k == 0)
+        try:
+            res = cpu_ops.iq4xs_blocks(spec, x.reshape(n // k, 256 * k),
+                                       qw.reshape(n // k, 256 * k))
+        except cpu_ops.NonFinite:
+            res = None
+        if res is not None:
+            return res["blocks"].reshape(-1).view(scheme.block_dtype)
+    return scheme.encode(x, qw)
+
+
 def _encode(scheme, x, qw):
     n = scheme.name
     if n == "q4_0":
@@ -127,6 +150,8 @@ def _encode(scheme, x, qw):
         return _searched_k(scheme, x, qw, "sym_k_blocks")
     if n == "iq4_nl":
         return _iq4_nl(scheme, x, qw)
+    if n == "iq4_xs":
+        return _iq4_xs(scheme, x, qw)
     raise KeyError(n)
 
 
