@@ -132,3 +132,21 @@ def test_export_prints_one_line_per_kind_of_note(minilm_path, tmp_path, capsys):
                  "-o", str(out), "--verbose"]) == 0
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("note:")]
     assert len(err) == 30
+
+
+def test_the_solution_does_not_depend_on_the_machines_speed(monkeypatch):
+    """The exact merge is bounded by counts, not wall time: a clock that jumps a minute at every
+    reading (a machine that is busy) gives the same choice, exact."""
+    import itertools
+    import numpy as np
+    from workbench.planning import allocate as A
+    rng = np.random.default_rng(3)
+    costs = [sorted(rng.integers(10, 200, 6).tolist()) for _ in range(60)]
+    errors = [sorted(rng.random(6).tolist(), reverse=True) for _ in range(60)]
+    budget = int(sum(c[2] for c in costs))
+    quiet = A.solve_detailed(costs, errors, budget)
+    ticks = itertools.count()
+    monkeypatch.setattr(A.time, "perf_counter", lambda: 60.0 * next(ticks))
+    busy = A.solve_detailed(costs, errors, budget)
+    assert busy.choice == quiet.choice and busy.exact == quiet.exact
+    assert quiet.exact

@@ -93,8 +93,12 @@ def solve(costs: list[list[int]], errors: list[list[float]], budget: int) -> lis
 
 
 def solve_detailed(costs, errors, budget: int, state_limit: int = 200_000,
-                   work_limit: int = 5_000_000, time_limit: float | None = 0.3) -> Solution:
-    """`solve` with the figures: cost, error, exactness, multiplier, bound, core size."""
+                   work_limit: int = 5_000_000, time_limit: float | None = None) -> Solution:
+    """`solve` with the figures: cost, error, exactness, multiplier, bound, core size. The
+    exact merge stops at `state_limit` states or `work_limit` steps, counts that give the same
+    answer on any machine; `time_limit` (seconds of wall time, off by default) made the plan
+    depend on the machine's load: MiniLM's default allocation, whose merge takes 0.02 s, was
+    cut at 0.3 s on a busy machine and its plan's held-out cosine fell from 0.9954 to 0.9765."""
     n = len(costs)
     if n == 0:
         return Solution([], 0, 0.0, True, 0.0, 0.0, 0, 0)
