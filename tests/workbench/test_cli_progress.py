@@ -168,7 +168,8 @@ def test_allocate_fast_options_from_the_model(capsys, tmp_path, monkeypatch):
     # schemes or samples save a second or two of about 13: not offered
     assert argv == ["--methods rtn"]
     assert options[0][1].seconds < 0.8 * now.seconds
-    assert now.stages["methods imatrix,gptq"] > 2 * now.stages["50 schemes' errors"]
+    n = len(parse_schemes("auto", "any"))
+    assert now.stages["methods imatrix,gptq"] > 2 * now.stages[f"{n} schemes' errors"]
     # a model whose schemes' errors cost more than a fifth: --schemes is offered too
     import workbench.planning.allocate_cost as cost
     monkeypatch.setattr(cost, "ERRORS_SAMPLED", cost.ERRORS_SAMPLED * 20)

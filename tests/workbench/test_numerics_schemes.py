@@ -14,7 +14,8 @@ from workbench.quant.metrics import from_sums
 from workbench.schemes import get_scheme, list_schemes
 
 FMAX = float(np.finfo(np.float32).max)
-NON_GGML = [s for s in list_schemes(variants=True) if not s.startswith(("q", "iq"))
+NON_GGML = [s for s in list_schemes(variants=True)
+            if getattr(get_scheme(s), "ggml_type", None) is None
             and (not s.startswith("int") or s.split("-")[1] in ("tensor", "channel", "g32"))]
 
 
