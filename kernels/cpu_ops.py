@@ -403,29 +403,28 @@ def affine_k_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
     return _searched_k_blocks(kq.affine_k_encode, kq.KINDS, spec, w2d, qw, check_finite)
 
 
+def _codebook_blocks(module, qk: int, spec: Spec, w2d, qw, check_finite) -> dict | None:
+    """Blocks of `qk` weights by `module.encode_blocks` (an IQ4 kernel); see iq4nl_blocks."""
+    w2d = host.readonly(np.ascontiguousarray(w2d, np.float32))
+    rows, cols = w2d.shape
+    blocks = np.empty((rows, (cols // qk) * spec.bpb), np.uint8)
+    flags = np.empty(rows, np.uint8)
+    with _threads(w2d.size):
+        module.encode_blocks(w2d, blocks, flags, qw)
+    return _blocks_or_decline(blocks, flags, w2d, check_finite)
+
+
 def iq4nl_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
                  check_finite: bool = True) -> dict | None:
     """IQ4_NL blocks by kernels/iq4nl_quant.py; qw: optional importance (rows or 1, cols),
     finite and >= 0. None: the kernel declines (the reference decides); NonFinite when w2d
     holds NaN/Inf and check_finite."""
     from . import iq4nl_quant
-    w2d = host.readonly(np.ascontiguousarray(w2d, np.float32))
-    rows, cols = w2d.shape
-    blocks = np.empty((rows, (cols // 32) * spec.bpb), np.uint8)
-    flags = np.empty(rows, np.uint8)
-    with _threads(w2d.size):
-        iq4nl_quant.encode_blocks(w2d, blocks, flags, qw)
-    return _blocks_or_decline(blocks, flags, w2d, check_finite)
+    return _codebook_blocks(iq4nl_quant, 32, spec, w2d, qw, check_finite)
 
 
 def iq4xs_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
                  check_finite: bool = True) -> dict | None:
     """IQ4_XS blocks by kernels/iq4xs_quant.py (see iq4nl_blocks)."""
     from . import iq4xs_quant
-    w2d = np.ascontiguousarray(w2d, np.float32)
-    rows, cols = w2d.shape
-    blocks = np.empty((rows, (cols // 256) * spec.bpb), np.uint8)
-    flags = np.empty(rows, np.uint8)
-    with _threads(w2d.size):
-        iq4xs_quant.encode_blocks(w2d, blocks, flags, qw)
-    return _blocks_or_decline(blocks, flags, w2d, check_finite)
+    return _codebook_blocks(iq4xs_quant, 256, spec, w2d, qw, check_finite)

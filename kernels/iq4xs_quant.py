@@ -23,6 +23,7 @@ import numpy as np
 from numba import njit, prange
 
 from .cpu_common import _f32_to_f16_bits
+from .host import readonly
 from .iq4nl_quant import KVALUES, MIDS, _nearest, _nearest_value
 
 _J = dict(cache=True, nogil=True)
@@ -170,6 +171,6 @@ def encode_blocks(w2d: np.ndarray, blocks: np.ndarray, flags: np.ndarray,
     """Fill blocks (rows, cols/256*136 uint8) and flags (rows uint8) from float32 w2d; qw:
     optional importance (rows or 1, cols), finite and >= 0."""
     weighted = qw is not None
-    q = (np.ascontiguousarray(qw, np.float32).reshape(-1, w2d.shape[1]) if weighted
-         else np.ones((1, 1), np.float32))
-    iq4xs_encode(w2d, q, weighted, KVALUES, MIDS, blocks, flags)
+    q = readonly(np.ascontiguousarray(qw, np.float32).reshape(-1, w2d.shape[1]) if weighted
+                 else np.ones((1, 1), np.float32))
+    iq4xs_encode(readonly(w2d), q, weighted, KVALUES, MIDS, blocks, flags)
