@@ -1,15 +1,15 @@
 """The workbench as a Python library: ``import workbench as qw`` (docs/api.md).
 
-The same work as the command line, as functions with plain typed parameters: open a model,
-its statistics, evaluate / check / export a plan, the sensitivity table, allocate a plan to a
-:class:`Budget`, the frontier, diff two quantizations, convert a GGUF. The CLI commands call
-these functions (or the domain functions they name) with their flags translated.
+The same work as the command line, as functions with plain typed parameters: open a model, its
+statistics, evaluate / check / export a plan, the sensitivity table, allocate a plan to a
+:class:`Budget`, the frontier, diff two quantizations, convert a GGUF. The CLI commands call these
+functions (or the domain functions they name) with their flags translated.
 
 Long work runs the project's progress jobs (workbench.core.progress): every long function takes
 ``progress`` (a callable given each :class:`Progress`: ``done``, ``total``, ``message``,
-``fraction``) and ``cancel`` (a callable; once it returns True the work stops between two
-progress events and :class:`Cancelled` is raised). ``driver`` (advanced) replaces both: a
-callable that runs each stage's job and returns its result, as the CLI's text bar does.
+``fraction``) and ``cancel`` (a callable; once it returns True the work stops between two progress
+events and :class:`Cancelled` is raised). ``driver`` (advanced) replaces both: a callable that runs
+each stage's job and returns its result, as the CLI's text bar does.
 
 A plan argument is a :class:`Plan` or a scheme name; a scheme name is the uniform plan of
 ``--scheme``, following the target runtime's convention for the embeddings and the output head
@@ -326,9 +326,7 @@ def parse_schemes(text: str | Sequence[str], target: str = "any") -> list[str]:
     """Scheme names (a list, or comma-separated text; aliases resolved, repeats dropped), or
     "auto": every scheme `target` runs and exports (workbench.quant.runtimes.candidate_schemes)."""
     from workbench.quant.runtimes import parse_schemes as _parse
-    if not isinstance(text, str):
-        text = ",".join(text)
-    return _parse(text, target)
+    return _parse(text if isinstance(text, str) else ",".join(text), target)
 
 
 @dataclass(frozen=True)
@@ -460,7 +458,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     from workbench.quant.evaluate import evaluate
     from workbench.running.moe import expand_pins
     from workbench.core.progress import run as run_job
-    from workbench.planning.sizes import below_smallest_message, size_floor
+    from workbench.planning.sizes import below_smallest_message, budget_candidates, size_floor
     drive = _driver(progress, cancel, driver)
     target = budgets.file_target(budget, target)
     if table is not None:
@@ -477,15 +475,15 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
             and cheapest > want:
         raise WorkbenchError(below_smallest_message(model, want, cheapest, params, names,
                                                     target), path=model.path)
+    if table is None and schemes == AUTO:      # schemes far below the budget: never chosen
+        names = budget_candidates(model, names, budget, target, pins, say)
     t0 = time.perf_counter()
     if table is None:
         table = measure_sensitivity(model, names, measure=measure, calib=calib,
                                     imatrix=imatrix, samples=samples, target=target, pins=pins,
                                     executor=executor, driver=drive, say=say)
     else:                         # weighing the methods rescales values: on a copy
-        import copy
-        table = copy.copy(table)
-        table.values, table.methods = dict(table.values), dict(table.methods)
+        table = table.copy()
     t1 = time.perf_counter()
     weighed = weigh_methods(model, table, methods, table.measure, calib, imatrix,
                             getattr(table, "samples", samples),

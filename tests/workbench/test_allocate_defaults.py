@@ -150,3 +150,39 @@ def test_the_solution_does_not_depend_on_the_machines_speed(monkeypatch):
     busy = A.solve_detailed(costs, errors, budget)
     assert busy.choice == quiet.choice and busy.exact == quiet.exact
     assert quiet.exact
+
+
+def test_default_candidates_leave_out_schemes_far_below_the_budget(demo_model_path, tmp_path,
+                                                                   capsys):
+    import workbench as qw
+    from workbench.planning.sizes import GAP_BITS, budget_candidates
+    from workbench.quant.runtimes import candidate_schemes
+    model = qw.open_model(demo_model_path)
+    every = candidate_schemes("llama.cpp")
+    said = []
+    kept = budget_candidates(model, every, qw.Budget.bits_per_weight(6.0), "llama.cpp", None,
+                             said.append)
+    from workbench.schemes import get_scheme
+    low = [s for s in every if get_scheme(s).bits_per_weight() < 6.0 - GAP_BITS]
+    assert GAP_BITS == 2.0 and {"q2_k", "q3_k", "tq1_0", "tq2_0"} <= set(low)   # 3.44 and under
+    assert kept == [s for s in every if s not in low] and "q4_k" in kept and "iq4_xs" in kept
+    assert len(said) == 1 and f"{len(low)} schemes" in said[0] and "tq1_0" in said[0]
+    # a low budget keeps every one; so does a cut that would leave the budget out of reach
+    assert budget_candidates(model, every, qw.Budget.bits_per_weight(3.0), "llama.cpp") == every
+    assert budget_candidates(model, ["tq1_0", "q8_0"], qw.Budget.bits_per_weight(4.5),
+                             "llama.cpp") == ["tq1_0", "q8_0"]
+    # allocate: the default candidates are cut, a list the user names is not
+    lines = []
+    a = qw.allocate_plan(model, qw.Budget.bits_per_weight(6.0), measure="weight", methods="rtn",
+                         target="llama.cpp", say=lines.append)
+    assert "tq1_0" not in a.candidates and "q4_k" in a.candidates
+    assert any(x.startswith(f"candidates: {len(low)} schemes") for x in lines)
+    b = qw.allocate_plan(model, qw.Budget.bits_per_weight(6.0), measure="weight", methods="rtn",
+                         target="llama.cpp", schemes="tq1_0,q4_k,q8_0")
+    assert b.candidates == ["tq1_0", "q4_k", "q8_0"]
+    assert main(["allocate", str(demo_model_path), "--budget-bpw", "6", "--target", "llama.cpp",
+                 "--measure", "weight", "--methods", "rtn", "-o", str(tmp_path / "p.json"),
+                 "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["candidates"] == a.candidates
+    assert f"candidates: {len(low)} schemes" in out.err

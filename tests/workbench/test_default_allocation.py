@@ -30,7 +30,10 @@ def test_default_allocation_at_4_5_bpw_beats_every_uniform_plan_that_fits(
     res = json.loads(cap.out)
     assert res["measure"] == "fisher" and "runnable" in res["measure_reason"]
     assert "measure: fisher" in cap.err                       # said on stderr too
-    assert res["candidates"] == candidate_schemes("any") and len(res["candidates"]) > 20
+    from workbench.schemes import get_scheme
+    kept = [s for s in candidate_schemes("any") if get_scheme(s).bits_per_weight() >= 2.5]
+    assert res["candidates"] == kept and len(kept) > 20       # 2 bits under 4.5 and less: out
+    assert f"candidates: {len(candidate_schemes('any')) - len(kept)} schemes" in cap.err
     assert res["bits_per_weight"] <= 4.5
     lines = DEFAULT_CALIB.read_text().splitlines()
     held = tmp_path / "held-out.txt"                          # not the 64 calibration lines
@@ -41,7 +44,7 @@ def test_default_allocation_at_4_5_bpw_beats_every_uniform_plan_that_fits(
     mm = run(prepare(minilm, plan))
     alloc = run(check(minilm, plan, held, weights=runner_weights(mm, plan)))["cosine_mean"]
     uniform = {}
-    for s in res["candidates"]:
+    for s in candidate_schemes("any"):
         bpw = run(evaluate(minilm, Plan(default=s))).totals.bits_per_weight
         if bpw <= 4.5:
             uniform[s] = run(check(minilm, Plan(default=s), held))["cosine_mean"]

@@ -191,6 +191,13 @@ class SensitivityTable:
     #: (workbench.planning.allocate_methods; absent pairs are rtn)
     methods: dict = field(default_factory=dict)
 
+    def copy(self) -> "SensitivityTable":
+        """A shallow copy whose values and methods can change without touching this one's."""
+        import copy
+        out = copy.copy(self)
+        out.values, out.methods = dict(self.values), dict(self.methods)
+        return out
+
     def value(self, name: str, scheme: str) -> float:
         return self.values[(name, scheme)]
 

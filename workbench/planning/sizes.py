@@ -77,3 +77,32 @@ def below_smallest_message(model, budget_bytes: int, cheapest: int, params: int,
     if reach:
         return msg + "; candidates that reach the budget as a uniform plan: " + ", ".join(reach)
     return msg + f"; no scheme {runtime} runs reaches it: raise the budget"
+
+
+#: allocate's default candidates leave out schemes more than this many bits per weight below the
+#: budget's mean: the optimal plan never used one on the real LMs and MiniLM (the lowest scheme
+#: chosen sat 1.1-1.7 bits below the mean), and each candidate costs a pass over every tensor.
+GAP_BITS = 2.0
+
+
+def budget_candidates(model, names, budget, runtime: str = "any", pins: dict | None = None,
+                      say=None) -> list[str]:
+    """The candidates among `names` for `budget` (a workbench.planning.budget.Budget): those of
+    nominal bits per weight below the budget's mean minus GAP_BITS are left out, unless that
+    would make the budget unreachable (then none is); `say(line)` is told which."""
+    from workbench.schemes import get_scheme
+    params = sum(model.info(n).numel for n in model.tensors)
+    want = budget.value * params / 8.0 if budget.kind == "bpw" else float(budget.value)
+    if params <= 0 or want <= 0:
+        return list(names)
+    low = (budget.value if budget.kind == "bpw" else 8.0 * want / params) - GAP_BITS
+    keep = [s for s in names if get_scheme(s).bits_per_weight() >= low]
+    out = [s for s in names if s not in keep]
+    if not out or not keep or (budget.over != "linear"
+                               and size_floor(model, keep, runtime, pins)[0] > want):
+        return list(names)
+    if say is not None:
+        say(f"candidates: {len(out)} schemes more than {GAP_BITS:g} bits/weight under the "
+            f"budget's mean of {low + GAP_BITS:.2f} left out ({', '.join(out)}); --schemes "
+            "naming them weighs them too")
+    return keep
