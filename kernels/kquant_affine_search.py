@@ -111,7 +111,10 @@ def _sub_err(S, n, fnmax):
             S[E2 + j] += S[WT + i * LANES + j] * (r * r)
 
 
-@njit(inline="always", **_J)
+# Not inline="always": numba's own IR inlining of this body into _group16 and _group32 cost
+# 2/3 of affine_k_encode's compile (153 -> 87 CPU s without it); LLVM still inlines and
+# specializes it at the two call sites (same bytes, same speed: docs/kernels.md).
+@njit(**_J)
 def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, iters, rounds,
            gi, gf, codes, QMH, nl):
     """Search G super-blocks (xa, xb: 256 float32 each; qa/qb their importance) together.
