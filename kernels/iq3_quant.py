@@ -150,8 +150,8 @@ def _enc_super(x, qrow, o, weighted, is_xxs, kmap, nbr, vals, f16, xv, w, neg, g
         bb = F32(0.0)
         for g in range(8):
             gi[ib * 8 + g] = 0
-        for t in range(-15, 16):
-            isc = (F32(15.0) + F32(t) * F32(0.2)) / mxs
+        for t in range(-15, 17):
+            isc = (F32(15.0) + F32(t) * F32(0.2)) / mxs if t <= 15 else F32(1.0) / mxs
             _assign(xv, w, ob, isc, F32(1.0) / isc, kmap, nbr, vals, gtmp)
             aa, bt = _sums(xv, w, ob, gtmp, vals)
             if bt > 0 and aa > 0 and aa * aa > best * bt:

@@ -469,6 +469,9 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
                                  f"{table.runtime}, not {target}")
         schemes = table.schemes
     names = parse_schemes(schemes, target)
+    if table is None and isinstance(schemes, str) and schemes == AUTO:
+        from workbench.planning.sizes import budget_candidates
+        names = budget_candidates(model, names, budget)
     parse_methods(methods)          # a bad methods text is refused before anything is measured
     pins = expand_pins(model, pins or {})   # moe: selectors, names checked
     cheapest, params = size_floor(model, names, target, pins)

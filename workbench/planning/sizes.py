@@ -41,6 +41,21 @@ def size_floor(model, schemes, runtime: str = "any", pins: dict | None = None) -
     return total, params
 
 
+def budget_candidates(model, names, budget) -> list[str]:
+    """The default candidates `names` less the low-bit-only lattice types a `budget` (a
+    planning.budget.Budget) is too large for (runtimes.for_budget; bytes as bits per weight over
+    the parameters)."""
+    from workbench.quant.runtimes import LOW_BIT_ONLY, for_budget
+    if not any(s in LOW_BIT_ONLY for s in names):
+        return list(names)
+    if budget.kind == "bpw":
+        bpw = float(budget.value)
+    else:
+        params = sum(model.info(n).numel for n in model.tensors)
+        bpw = 8.0 * float(budget.value) / max(params, 1)
+    return for_budget(list(names), bpw)
+
+
 def uniform_sizes(model, runtime: str = "any", exclude=()) -> dict[str, int]:
     """Bytes of the uniform plan (every float matrix at one scheme) of each scheme `runtime`
     can run, except `exclude`, smallest first (sizes only)."""

@@ -74,6 +74,9 @@ def run(args) -> int:
     # what it will cost, and the options that cut it, said as the long work starts (after the
     # measure's line, before the first job: a refused budget stays a one-line error)
     from workbench.planning.allocate_cost import allocation_cost, lines
+    if args.schemes == AUTO:             # lattice types only at low budgets
+        from workbench.planning.sizes import budget_candidates
+        schemes = budget_candidates(model, schemes, budget)
     choice = api.resolve_measure(model, args.measure, args.calib, args.imatrix, args.samples)
     cost = lines(*allocation_cost(model, schemes, choice.measure, choice.samples, args.methods,
                                   args.calib, args.imatrix))

@@ -27,7 +27,8 @@ Quantize: the workbench's own search, built on ggml's (``quantize_row_iq3_xxs_im
 * signs: x < 0; IQ3_XXS's parity (an odd count of negatives in 8 weights) flips the sign of
   the weight of least w x^2 (ggml's rule); magnitudes then xv = |x| (that one -|x|);
 * per sub-block (largest xv below 1e-8: scale 0), 31 trial inverse scales
-  id = (15 + 0.2 t) / max xv, t = -15..15: each xv rounded to level clamp(rint((id xv - 1)/2),
+  id = (15 + 0.2 t) / max xv, t = -15..15, and a 32nd, 1 / max xv (ggml's miss constant
+  groups, whose level-7 diagonal is off the IQ3_XXS grid): each xv rounded to level clamp(rint((id xv - 1)/2),
   0, 7); a group whose four levels are a grid point takes it, else the grid point among its
   neighbours (``iq3_grids.neighbours``, ggml's sets) of least sum w (v/id - xv)^2 (ggml weighs
   this by sqrt(w); the first of equal ones); least-squares scale sum w xv v / sum w v^2, the
@@ -157,8 +158,9 @@ def sub_block_search(xv: np.ndarray, w: np.ndarray, which: str):
     a_best = np.zeros(m, F)
     b_best = np.zeros(m, F)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for t in range(-NTRIAL, NTRIAL + 1):
-            iscale = (F(15) + F(t) * F(0.2)) / mxs
+        for t in range(-NTRIAL, NTRIAL + 2):
+            # the last trial: every level 0 (v = 1: constants, which ggml's trials miss)
+            iscale = (F(15) + F(t) * F(0.2)) / mxs if t <= NTRIAL else F(1) / mxs
             g = assign(xv, w, iscale, F(1) / iscale, which)
             a, b = group_sums(xv, w, g, which)
             better = (b > 0) & (a > 0) & (a * a > best * b)
