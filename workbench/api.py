@@ -460,7 +460,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     from workbench.quant.evaluate import evaluate
     from workbench.running.moe import expand_pins
     from workbench.core.progress import run as run_job
-    from workbench.planning.sizes import below_smallest_message, size_floor
+    from workbench.planning.sizes import below_smallest_message, budget_candidates, size_floor
     drive = _driver(progress, cancel, driver)
     target = budgets.file_target(budget, target)
     if table is not None:
@@ -468,10 +468,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
             raise WorkbenchError(f"the sensitivity table was measured for target "
                                  f"{table.runtime}, not {target}")
         schemes = table.schemes
-    names = parse_schemes(schemes, target)
-    if table is None and isinstance(schemes, str) and schemes == AUTO:
-        from workbench.planning.sizes import budget_candidates
-        names = budget_candidates(model, names, budget)
+    names = budget_candidates(model, parse_schemes(schemes, target), budget, schemes == AUTO)
     parse_methods(methods)          # a bad methods text is refused before anything is measured
     pins = expand_pins(model, pins or {})   # moe: selectors, names checked
     cheapest, params = size_floor(model, names, target, pins)

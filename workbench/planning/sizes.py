@@ -41,12 +41,12 @@ def size_floor(model, schemes, runtime: str = "any", pins: dict | None = None) -
     return total, params
 
 
-def budget_candidates(model, names, budget) -> list[str]:
+def budget_candidates(model, names, budget, auto: bool = True) -> list[str]:
     """The default candidates `names` less the low-bit-only lattice types a `budget` (a
     planning.budget.Budget) is too large for (runtimes.for_budget; bytes as bits per weight over
-    the parameters)."""
+    the parameters); `names` as given unless `auto` (the list is the default one)."""
     from workbench.quant.runtimes import LOW_BIT_ONLY, for_budget
-    if not any(s in LOW_BIT_ONLY for s in names):
+    if not auto or not any(s in LOW_BIT_ONLY for s in names):
         return list(names)
     if budget.kind == "bpw":
         bpw = float(budget.value)
