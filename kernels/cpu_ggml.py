@@ -7,6 +7,11 @@ import numpy as np
 from numba import njit, prange
 
 from .cpu_common import F0, _J, _P, _acc_row, _encode_row, _key_f32, _put_f16
+from .iq3_grids import IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
+
+_G3XXS = IQ3XXS_GRID.astype(np.float32)      # grid magnitudes (constants of the decoders)
+_G3S = IQ3S_GRID.astype(np.float32)
+_KS = KSIGNS_IQ2XS.astype(np.int64)
 
 # ---------------------------------------------------------------- GGML block decoders
 # Common signature: (src row bytes, f16 table, IQ4_NL levels, dst row); each decodes every
@@ -190,6 +195,42 @@ def _iq4_xs(src, f16, kv, dst):         # d | scales_h u16 | scales_l[4] | qs[12
 
 
 @njit(**_J)
+def _iq3_xxs(src, f16, dst):            # d | qs[64] grid indices | u32[8]: 4x7 sign bits, l << 28
+    for b in range(dst.shape[0] // 256):
+        p = b * 98
+        o = b * 256
+        d = _h(src, p, f16)
+        for ib in range(8):
+            aux = _u32(src, p + 66 + 4 * ib)
+            db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)
+            for l in range(4):
+                sg = _KS[(aux >> (7 * l)) & 127]
+                for h in range(2):
+                    gi = np.int64(src[p + 2 + 8 * ib + 2 * l + h])
+                    for j in range(4):
+                        v = db * _G3XXS[gi, j]
+                        dst[o + 32 * ib + 8 * l + 4 * h + j] = -v if (sg >> (4 * h + j)) & 1 else v
+
+
+@njit(**_J)
+def _iq3_s(src, f16, dst):              # d | qs[64] | qh[8] | signs[32] | scales[4]
+    for b in range(dst.shape[0] // 256):
+        p = b * 110
+        o = b * 256
+        d = _h(src, p, f16)
+        for ib in range(8):
+            ls = (np.int64(src[p + 106 + ib // 2]) >> (4 * (ib % 2))) & 15
+            db = d * np.float32(1 + 2 * ls)
+            qh = np.int64(src[p + 66 + ib])
+            for g in range(8):
+                gi = np.int64(src[p + 2 + 8 * ib + g]) | (((qh >> g) & 1) << 8)
+                sg = np.int64(src[p + 74 + 4 * ib + g // 2])
+                for j in range(4):
+                    v = db * _G3S[gi, j]
+                    dst[o + 32 * ib + 4 * g + j] = -v if (sg >> (4 * (g % 2) + j)) & 1 else v
+
+
+@njit(**_J)
 def _q2_k(src, f16, kv, dst):           # scales[16] | qs[64] | d | dmin
     for b in range(dst.shape[0] // 256):
         p = b * 84
@@ -355,6 +396,10 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
         _tq2_0(src, f16, dst, qk)
     elif tid == 14:
         _iq4_xs(src, f16, kv, dst)
+    elif tid == 18:
+        _iq3_xxs(src, f16, dst)
+    elif tid == 21:
+        _iq3_s(src, f16, dst)
 
 
 @njit(**_P)

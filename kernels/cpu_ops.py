@@ -322,6 +322,8 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
             return iq4nl_blocks(spec, w2d, None, check_finite)
         elif spec.ggml_name == "IQ4_XS":
             return iq4xs_blocks(spec, w2d, None, check_finite)
+        elif spec.ggml_name in ("IQ3_XXS", "IQ3_S"):
+            return iq3_blocks(spec, w2d, None, check_finite)
         elif spec.ggml_name in GGML_QUANT_RTN:
             from . import ggml_rtn_quant
             ggml_rtn_quant.encode_blocks(spec.ggml_name, w2d, blocks, flags)
@@ -428,3 +430,16 @@ def iq4xs_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
     """IQ4_XS blocks by kernels/iq4xs_quant.py (see iq4nl_blocks)."""
     from . import iq4xs_quant
     return _codebook_blocks(iq4xs_quant, 256, spec, w2d, qw, check_finite)
+
+
+def iq3_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
+               check_finite: bool = True) -> dict | None:
+    """IQ3_XXS / IQ3_S blocks by kernels/iq3_quant.py (see iq4nl_blocks)."""
+    from . import iq3_quant
+    w2d = host.readonly(np.ascontiguousarray(w2d, np.float32))
+    rows, cols = w2d.shape
+    blocks = np.empty((rows, (cols // 256) * spec.bpb), np.uint8)
+    flags = np.empty(rows, np.uint8)
+    with _threads(w2d.size):
+        iq3_quant.encode_blocks(spec.ggml_name, w2d, blocks, flags, qw)
+    return _blocks_or_decline(blocks, flags, w2d, check_finite)

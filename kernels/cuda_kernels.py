@@ -30,6 +30,8 @@ import numpy as np
 from numba import cuda
 from numba.core import config
 
+from .iq3_grids import IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
+
 F16_LEN = 65536          # lut offset of the IQ4_NL levels for GGML formats
 FP4_AT = F16_LEN + 16    # then kvalues_mxfp4 (16)
 E8H_AT = F16_LEN + 32    # then 2^(e-128) of every E8M0 byte (256): tables.ggml_lut()
@@ -160,6 +162,43 @@ def d_iq4_xs(q, s, z, lut, prm, r, c, cols):
     return dl * lut[F16_LEN + _nib(q, p + 8 + 16 * ib, e % 32)]
 
 
+# the IQ3 grid magnitudes and ksigns: global arrays, constant memory on the device
+_G3XXS_F = IQ3XXS_GRID.astype(np.float32)
+_G3S_F = IQ3S_GRID.astype(np.float32)
+_KS = KSIGNS_IQ2XS.astype(np.int32)
+
+
+@cuda.jit(device=True)
+def _u32(q, p):
+    return (np.int64(q[p]) | (np.int64(q[p + 1]) << 8) | (np.int64(q[p + 2]) << 16)
+            | (np.int64(q[p + 3]) << 24))
+
+
+@cuda.jit(device=True)
+def d_iq3_xxs(q, s, z, lut, prm, r, c, cols):
+    p = r * prm[0] + (c // 256) * 98
+    e = c % 256
+    ib = e // 32
+    aux = _u32(q, p + 66 + 4 * ib)
+    db = _f16(q, p, lut) * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)
+    sg = _KS[(aux >> (7 * ((e % 32) // 8))) & 127]
+    v = db * _G3XXS_F[_u8(q, p + 2 + 8 * ib + (e % 32) // 4), e % 4]
+    return -v if (sg >> (e % 8)) & 1 else v
+
+
+@cuda.jit(device=True)
+def d_iq3_s(q, s, z, lut, prm, r, c, cols):
+    p = r * prm[0] + (c // 256) * 110
+    e = c % 256
+    ib = e // 32
+    g = (e % 32) // 4
+    ls = (_u8(q, p + 106 + ib // 2) >> (4 * (ib % 2))) & 15
+    db = _f16(q, p, lut) * np.float32(1 + 2 * ls)
+    gi = _u8(q, p + 2 + 8 * ib + g) | (((_u8(q, p + 66 + ib) >> g) & 1) << 8)
+    v = db * _G3S_F[gi, e % 4]
+    return -v if (_u8(q, p + 74 + 4 * ib + g // 2) >> (e % 8)) & 1 else v
+
+
 @cuda.jit(device=True)
 def d_tq2_0(q, s, z, lut, prm, r, c, cols):
     p = r * prm[0] + (c // 256) * 66
@@ -274,7 +313,7 @@ def d_q6_k(q, s, z, lut, prm, r, c, cols):
 GGML_DEVICE = {"Q4_0": d_q4_0, "Q4_1": d_q4_1, "Q5_0": d_q5_0, "Q5_1": d_q5_1, "Q8_0": d_q8_0,
                "Q2_K": d_q2_k, "Q3_K": d_q3_k, "Q4_K": d_q4_k, "Q5_K": d_q5_k, "Q6_K": d_q6_k,
                "IQ4_NL": d_iq4_nl, "MXFP4": d_mxfp4, "TQ1_0": d_tq1_0, "TQ2_0": d_tq2_0,
-               "IQ4_XS": d_iq4_xs}
+               "IQ4_XS": d_iq4_xs, "IQ3_XXS": d_iq3_xxs, "IQ3_S": d_iq3_s}
 
 
 # ------------------------------------------------------------------ generic launchers

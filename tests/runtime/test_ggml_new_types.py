@@ -134,3 +134,55 @@ def test_iq4_xs_bytes_equal_with_the_same_imatrix(llama_bin, ggml, demo_f32, tmp
             ours = quantize(w, "iq4_xs").arrays["blocks"]
         assert np.array_equal(ours, np.asarray(t.data).view(np.uint8).reshape(ours.shape)), n
     assert n_weighted >= 21
+
+
+@pytest.mark.parametrize("name", ["iq3_xxs", "iq3_s"])
+def test_lattice_export_runs_and_reads_back(llama_bin, ggml, demo_f32, tmp_path, name):
+    """IQ3_XXS / IQ3_S (the workbench's own search, not llama.cpp's bytes): the export of the
+    F32 GGUF types every weight llama.cpp would, reads back (gguf-py and ggml's to_float) equal
+    to what the workbench wrote, generates text and has a finite perplexity in llama.cpp; and
+    with llama-imatrix's imatrix, each weight's importance-weighted error is at most
+    llama-quantize --pure --imatrix's (summed over the tensors: below it)."""
+    from workbench.quant.methods.ggml_weighted import weighted_encode
+    from workbench.running.imatrix import read_imatrix
+    from workbench.schemes import get_scheme
+    s = get_scheme(name)
+    ours = tmp_path / f"wb-{name}.gguf"
+    info = run(export(open_model(demo_f32), Plan(default=name), "gguf", ours))
+    assert info["runnable_by_llama_cpp"]
+    src, b = _tensors(demo_f32), _tensors(ours)
+    gtype = gguf.GGMLQuantizationType[name.upper()]
+    typed = [n for n in b if b[n].tensor_type == gtype]
+    assert len(typed) >= 21, typed
+    for n in typed:
+        w = np.ascontiguousarray(src[n].data, np.float32)
+        raw = np.asarray(b[n].data).view(np.uint8).reshape(w.shape[0], -1)
+        assert np.array_equal(raw, quantize(w, name).arrays["blocks"]), n
+        assert np.array_equal(ggml.dequantize(name, raw, w.shape[1]).view(np.uint32),
+                              get_back(name, raw, w.shape).view(np.uint32)), n
+    r = run_tool(llama_bin, "llama-simple", "-m", ours, "-n", "16", "The engineer measured")
+    m = re.search(r"decoded (\d+) tokens", r.stdout + r.stderr)
+    assert m and int(m.group(1)) == 16, (r.stdout + r.stderr)[-1500:]
+    ppl = perplexity(llama_bin, ours, ROOT / "resources" / "calibration.txt")
+    assert np.isfinite(ppl) and ppl > 1
+    imat = tmp_path / "imatrix.gguf"
+    run_tool(llama_bin, "llama-imatrix", "-m", demo_f32, "-f",
+             ROOT / "resources" / "calibration.txt", "-o", imat, "-c", "128", "--chunks", "8",
+             "-t", "2")
+    theirs = tmp_path / f"lq-{name}-imatrix.gguf"
+    run_tool(llama_bin, "llama-quantize", "--pure", "--imatrix", imat, demo_f32, theirs,
+             name.upper(), "2")
+    e, t = read_imatrix(imat), _tensors(theirs)
+    e_o = e_g = 0.0
+    for n in typed:
+        if n not in e or t[n].tensor_type != gtype:
+            continue
+        w = np.ascontiguousarray(src[n].data, np.float32)
+        qv = np.broadcast_to(np.asarray(e[n], np.float32), w.shape)
+        yo = s.decode(weighted_encode(s, w, qv).reshape(-1).view(s.block_dtype)).reshape(w.shape)
+        yg = get_back(name, np.asarray(t[n].data).view(np.uint8), w.shape)
+        e_o += float((qv * (w.astype(np.float64) - yo) ** 2).sum())
+        e_g += float((qv * (w.astype(np.float64) - yg) ** 2).sum())
+    print(f"\n{name}: perplexity {ppl:.2f}; imatrix-weighted error ours/llama-quantize "
+          f"{e_o / e_g:.4f}")
+    assert 0 < e_o < e_g

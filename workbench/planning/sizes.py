@@ -88,21 +88,26 @@ GAP_BITS = 2.0
 def budget_candidates(model, names, budget, runtime: str = "any", pins: dict | None = None,
                       say=None) -> list[str]:
     """The candidates among `names` for `budget` (a workbench.planning.budget.Budget): those of
-    nominal bits per weight below the budget's mean minus GAP_BITS are left out, unless that
-    would make the budget unreachable (then none is); `say(line)` is told which."""
+    nominal bits per weight below the budget's mean minus GAP_BITS are left out, and so are the
+    slow lattice types (runtimes.LOW_BIT_ONLY) when the mean is their bits per weight + 1 or
+    more; unless that would make the budget unreachable (then none is). `say(line)` is told
+    which."""
+    from workbench.quant.runtimes import LOW_BIT_ONLY
     from workbench.schemes import get_scheme
     params = sum(model.info(n).numel for n in model.tensors)
     want = budget.value * params / 8.0 if budget.kind == "bpw" else float(budget.value)
     if params <= 0 or want <= 0:
         return list(names)
-    low = (budget.value if budget.kind == "bpw" else 8.0 * want / params) - GAP_BITS
-    keep = [s for s in names if get_scheme(s).bits_per_weight() >= low]
+    mean = budget.value if budget.kind == "bpw" else 8.0 * want / params
+    low = mean - GAP_BITS
+    keep = [s for s in names if get_scheme(s).bits_per_weight() >= low
+            and (s not in LOW_BIT_ONLY or mean < LOW_BIT_ONLY[s] + 1)]
     out = [s for s in names if s not in keep]
     if not out or not keep or (budget.over != "linear"
                                and size_floor(model, keep, runtime, pins)[0] > want):
         return list(names)
     if say is not None:
-        say(f"candidates: {len(out)} schemes more than {GAP_BITS:g} bits/weight under the "
-            f"budget's mean of {low + GAP_BITS:.2f} left out ({', '.join(out)}); --schemes "
-            "naming them weighs them too")
+        say(f"candidates: {len(out)} schemes left out at the budget's mean of {mean:.2f} "
+            f"bits/weight ({', '.join(out)}: more than {GAP_BITS:g} under it, or a lattice "
+            "type it is over by 1 or more); --schemes naming them weighs them too")
     return keep

@@ -74,7 +74,7 @@ def run(args) -> int:
     # what it will cost, and the options that cut it, said as the long work starts (after the
     # measure's line, before the first job: a refused budget stays a one-line error)
     from workbench.planning.allocate_cost import allocation_cost, lines
-    if args.schemes == AUTO:     # schemes far below the budget are left out (said, as allocate_plan)
+    if args.schemes == AUTO:     # schemes the budget never uses left out (said, as allocate_plan)
         from workbench.planning.sizes import budget_candidates
         from workbench.running.moe import expand_pins
         schemes = budget_candidates(model, schemes, budget, args.target,

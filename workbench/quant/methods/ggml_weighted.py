@@ -15,7 +15,9 @@ weighs its codebook search as llama.cpp does, qw * sqrt(2 Σx²/32 + x²) (schem
 kernel kernels/iq4nl_quant.py). IQ4_XS is llama.cpp's own quantize_row_iq4_nl_impl with the
 same weights, sigma2 over the 256-weight super-block (schemes/ggml/iq4_xs.py, kernel
 kernels/iq4xs_quant.py): given the same importance its bytes are llama.cpp's. Q8_0 has no
-weighted path and is refused; llama.cpp ignores the imatrix for Q8_0 too.
+weighted path and is refused; llama.cpp ignores the imatrix for Q8_0 too. IQ3_XXS/IQ3_S weigh
+their grid search as llama.cpp does (qw * sqrt(2 sum x^2/256 + x^2)) with the workbench's own
+search (schemes/ggml/iq3.py, kernel kernels/iq3_quant.py).
 
 ``weighted_encode(scheme, x, qw)``: x float32 (n_blocks, QK), qw (n_blocks, QK) -> packed
 blocks uint8 (n_blocks, type_size).
@@ -30,7 +32,7 @@ from workbench.schemes.ggml.search import affine_search, symmetric_search
 
 F = np.float32
 SUPPORTED = ("q4_0", "q5_0", "q4_1", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl",
-             "iq4_xs")
+             "iq4_xs", "iq3_xxs", "iq3_s")
 
 
 def _llama_weights(x: np.ndarray, qw: np.ndarray, sub: int, factor: float) -> np.ndarray:
@@ -134,6 +136,26 @@ def _iq4_xs(scheme, x, qw):
     return scheme.encode(x, qw)
 
 
+def _iq3(scheme, x, qw):
+    """IQ3_XXS / IQ3_S: the workbench's grid search with these weights, by the numba kernel
+    (bit-identical) when it can, else by the numpy reference; blocks go as rows of up to 16."""
+    from workbench.quant import accel
+    from kernels import backend
+    spec = accel.spec_for(scheme)
+    n = x.shape[0]
+    if spec is not None and spec.quant and n and backend.resolve("auto") != "numpy":
+        from kernels import cpu_ops
+        k = next(k for k in (16, 8, 4, 2, 1) if n % k == 0)
+        try:
+            res = cpu_ops.iq3_blocks(spec, x.reshape(n // k, 256 * k),
+                                     qw.reshape(n // k, 256 * k))
+        except cpu_ops.NonFinite:
+            res = None
+        if res is not None:
+            return res["blocks"].reshape(-1).view(scheme.block_dtype)
+    return scheme.encode(x, qw)
+
+
 def _encode(scheme, x, qw):
     n = scheme.name
     if n == "q4_0":
@@ -152,6 +174,8 @@ def _encode(scheme, x, qw):
         return _iq4_nl(scheme, x, qw)
     if n == "iq4_xs":
         return _iq4_xs(scheme, x, qw)
+    if n in ("iq3_xxs", "iq3_s"):
+        return _iq3(scheme, x, qw)
     raise KeyError(n)
 
 
