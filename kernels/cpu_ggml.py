@@ -7,6 +7,9 @@ import numpy as np
 from numba import njit, prange
 
 from .cpu_common import F0, _J, _P, _acc_row, _encode_row, _key_f32, _put_f16
+from .iq_lattice import KSIGNS, grid_values
+
+_IQ2XXS_GRID = grid_values("iq2_xxs")        # numba freezes these global tables as constants
 
 # ---------------------------------------------------------------- GGML block decoders
 # Common signature: (src row bytes, f16 table, IQ4_NL levels, dst row); each decodes every
@@ -190,6 +193,25 @@ def _iq4_xs(src, f16, kv, dst):         # d | scales_h u16 | scales_l[4] | qs[12
 
 
 @njit(**_J)
+def _iq2_xxs(src, f16, dst):            # d | per 32: u32 4 grid bytes | u32 4x7 signs, 4-bit s
+    for b in range(dst.shape[0] // 256):
+        p = b * 66
+        o = b * 256
+        d = _h(src, p, f16)
+        for ib in range(8):
+            q = p + 2 + 8 * ib
+            aux = (np.int64(src[q + 4]) | (np.int64(src[q + 5]) << 8)
+                   | (np.int64(src[q + 6]) << 16) | (np.int64(src[q + 7]) << 24))
+            db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
+            for k in range(4):
+                g = np.int64(src[q + k])
+                sg = np.int64(KSIGNS[(aux >> (7 * k)) & 127])
+                for j in range(8):
+                    v = db * np.float32(_IQ2XXS_GRID[g, j])
+                    dst[o + 32 * ib + 8 * k + j] = -v if (sg >> j) & 1 else v
+
+
+@njit(**_J)
 def _q2_k(src, f16, kv, dst):           # scales[16] | qs[64] | d | dmin
     for b in range(dst.shape[0] // 256):
         p = b * 84
@@ -355,6 +377,8 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
         _tq2_0(src, f16, dst, qk)
     elif tid == 14:
         _iq4_xs(src, f16, kv, dst)
+    elif tid == 16:
+        _iq2_xxs(src, f16, dst)
 
 
 @njit(**_P)

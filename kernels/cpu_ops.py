@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import host, tables
-from .spec import GGML_QUANT_RTN, Spec
+from .spec import GGML_QUANT_IQ2, GGML_QUANT_RTN, Spec
 
 
 SERIAL_BELOW = 1 << 16          # elements: smaller tensors run on the calling thread only
@@ -322,6 +322,8 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
             return iq4nl_blocks(spec, w2d, None, check_finite)
         elif spec.ggml_name == "IQ4_XS":
             return iq4xs_blocks(spec, w2d, None, check_finite)
+        elif spec.ggml_name in GGML_QUANT_IQ2:
+            return iq2_blocks(spec, w2d, None, check_finite)
         elif spec.ggml_name in GGML_QUANT_RTN:
             from . import ggml_rtn_quant
             ggml_rtn_quant.encode_blocks(spec.ggml_name, w2d, blocks, flags)
@@ -428,3 +430,10 @@ def iq4xs_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
     """IQ4_XS blocks by kernels/iq4xs_quant.py (see iq4nl_blocks)."""
     from . import iq4xs_quant
     return _codebook_blocks(iq4xs_quant, 256, spec, w2d, qw, check_finite)
+
+
+def iq2_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
+               check_finite: bool = True) -> dict | None:
+    """IQ2_XXS blocks by kernels/iq2_quant.py (see iq4nl_blocks)."""
+    from . import iq2_quant
+    return _codebook_blocks(iq2_quant, 256, spec, w2d, qw, check_finite)

@@ -48,11 +48,15 @@ KINDS = ("ok", "fallback", "kept", "skipped")
 
 # llama-quant.cpp tensor_type_fallback
 GGML_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1",
-                 "q6_k": "q8_0", "tq1_0": "q4_0", "tq2_0": "q4_0", "iq4_xs": "iq4_nl"}
+                 "q6_k": "q8_0", "tq1_0": "q4_0", "tq2_0": "q4_0", "iq4_xs": "iq4_nl",
+                 "iq2_xxs": "iq4_nl"}
 LAST_RESORT = "fp16"
+#: lattice i-quants: runnable and exportable, but not default candidates (a 4+ bits/weight
+#: allocation keeps its candidate count and time); name them in --schemes to use them
+LOW_BIT_ONLY = ("iq2_xxs",)
 LLAMA_TYPES = {"fp32", "fp16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k",
                "q4_k", "q5_k", "q6_k", "iq4_nl", "mxfp4", "tq1_0", "tq2_0",
-               "iq4_xs"}
+               "iq4_xs", "iq2_xxs"}
 # llama-quant.cpp tensor_allows_quantization: substrings of GGUF names never re-typed
 LLAMA_NEVER = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup",
                "laurel", "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight",
@@ -230,7 +234,7 @@ class _LlamaCpp(Runtime):
         if base not in LLAMA_TYPES:
             return (f"llama.cpp has no tensor type for {base} (types: f32 f16 bf16 q4_0 q4_1 "
                     "q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs mxfp4 tq1_0 "
-                    "tq2_0)")
+                    "tq2_0 iq2_xxs)")
         return None
 
     def shape_fallback(self, scheme):
@@ -320,7 +324,8 @@ def candidate_schemes(runtime: str = "any") -> list[str]:
             if other.name != "any":
                 out.extend(s for s in candidate_schemes(other.name) if s not in out)
         return out
-    return [s for s in list_schemes() if s != "fp32" and rt.unsupported(s) is None]
+    return [s for s in list_schemes()
+            if s != "fp32" and s not in LOW_BIT_ONLY and rt.unsupported(s) is None]
 
 
 def parse_schemes(text: str, target: str = "any") -> list[str]:

@@ -14,7 +14,9 @@ kernels/kquant_affine.py; Q3_K/Q6_K: schemes/ggml/sym_k.py, kernels/kquant_sym.p
 weighs its codebook search as llama.cpp does, qw * sqrt(2 Σx²/32 + x²) (schemes/ggml/iq4_nl.py,
 kernel kernels/iq4nl_quant.py). IQ4_XS is llama.cpp's own quantize_row_iq4_nl_impl with the
 same weights, sigma2 over the 256-weight super-block (schemes/ggml/iq4_xs.py, kernel
-kernels/iq4xs_quant.py): given the same importance its bytes are llama.cpp's. Q8_0 has no
+kernels/iq4xs_quant.py): given the same importance its bytes are llama.cpp's. IQ2_XXS runs
+llama.cpp's lattice search with the same weights, then picks d and the sub-block scales by
+sum qw (x - y)^2 (schemes/ggml/iq2.py, kernel kernels/iq2_quant.py). Q8_0 has no
 weighted path and is refused; llama.cpp ignores the imatrix for Q8_0 too.
 
 ``weighted_encode(scheme, x, qw)``: x float32 (n_blocks, QK), qw (n_blocks, QK) -> packed
@@ -30,7 +32,7 @@ from workbench.schemes.ggml.search import affine_search, symmetric_search
 
 F = np.float32
 SUPPORTED = ("q4_0", "q5_0", "q4_1", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl",
-             "iq4_xs")
+             "iq4_xs", "iq2_xxs")
 
 
 def _llama_weights(x: np.ndarray, qw: np.ndarray, sub: int, factor: float) -> np.ndarray:
@@ -114,9 +116,10 @@ def _iq4_nl(scheme, x, qw):
     return scheme.encode(x, qw)
 
 
-def _iq4_xs(scheme, x, qw):
-    """IQ4_XS: llama.cpp's search with its importance weights, by the numba kernel
-    (bit-identical) when it can, else by the numpy reference; blocks go as rows of up to 16."""
+def _iq4_xs(scheme, x, qw, kernel="iq4xs_blocks"):
+    """IQ4_XS (and IQ2_XXS, kernel iq2_blocks): llama.cpp's search with its importance
+    weights, by the numba kernel (bit-identical) when it can, else by the numpy reference;
+    blocks go as rows of up to 16."""
     from workbench.quant import accel
     from kernels import backend
     spec = accel.spec_for(scheme)
@@ -125,8 +128,8 @@ def _iq4_xs(scheme, x, qw):
         from kernels import cpu_ops
         k = next(k for k in (16, 8, 4, 2, 1) if n % k == 0)
         try:
-            res = cpu_ops.iq4xs_blocks(spec, x.reshape(n // k, 256 * k),
-                                       qw.reshape(n // k, 256 * k))
+            res = getattr(cpu_ops, kernel)(spec, x.reshape(n // k, 256 * k),
+                                           qw.reshape(n // k, 256 * k))
         except cpu_ops.NonFinite:
             res = None
         if res is not None:
@@ -152,6 +155,8 @@ def _encode(scheme, x, qw):
         return _iq4_nl(scheme, x, qw)
     if n == "iq4_xs":
         return _iq4_xs(scheme, x, qw)
+    if n == "iq2_xxs":
+        return _iq4_xs(scheme, x, qw, "iq2_blocks")
     raise KeyError(n)
 
 
