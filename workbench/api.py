@@ -473,6 +473,14 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     pins = expand_pins(model, pins or {})   # moe: selectors, names checked
     cheapest, params = size_floor(model, names, target, pins)
     want = int(budget.value) if budget.kind == "bytes" else int(budget.value * params / 8.0 + 1e-9)
+    if table is None and isinstance(schemes, str) and schemes == AUTO:
+        # the lattice i-quants only when the budget is low enough to use them
+        from workbench.quant.runtimes import low_bit_candidates
+        low = [s for s in low_bit_candidates(target, want * 8.0 / max(params, 1))
+               if s not in names]
+        if low:
+            names = names + low
+            cheapest, params = size_floor(model, names, target, pins)
     if (budget.kind == "bytes" or (budget.kind == "bpw" and budget.over == "all")) \
             and cheapest > want:
         raise WorkbenchError(below_smallest_message(model, want, cheapest, params, names,

@@ -54,6 +54,20 @@ LAST_RESORT = "fp16"
 #: lattice i-quants: runnable and exportable, but not default candidates (a 4+ bits/weight
 #: allocation keeps its candidate count and time); name them in --schemes to use them
 LOW_BIT_ONLY = ("iq2_xxs",)
+
+
+def low_bit_candidates(runtime: str, mean_bpw: float) -> list[str]:
+    """The LOW_BIT_ONLY schemes `runtime` runs that an allocation of `mean_bpw` bits per weight
+    on average could use: those below mean_bpw - 1 bits/weight (``allocate`` adds them to its
+    "auto" candidates, so that a 4-bit budget keeps its candidate count and time)."""
+    from workbench.schemes import get_scheme
+    rt = get_runtime(runtime)
+    out = []
+    for s in LOW_BIT_ONLY:
+        if get_scheme(s).bits_per_weight() + 1.0 > mean_bpw:
+            if rt.name == "any" or rt.unsupported(s) is None:
+                out.append(s)
+    return out
 LLAMA_TYPES = {"fp32", "fp16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k",
                "q4_k", "q5_k", "q6_k", "iq4_nl", "mxfp4", "tq1_0", "tq2_0",
                "iq4_xs", "iq2_xxs"}

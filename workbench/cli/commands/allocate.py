@@ -82,7 +82,8 @@ def run(args) -> int:
         while cost:      # labelled as the progress lines are ("allocate: ")
             say(f"allocate: {cost.pop(0)}")
         return drive(job, quiet=args.json)
-    a = api.allocate_plan(model, budget, schemes=schemes, measure=args.measure, calib=args.calib,
+    a = api.allocate_plan(model, budget, schemes=args.schemes if args.schemes == api.AUTO
+                          else schemes, measure=args.measure, calib=args.calib,
                           imatrix=args.imatrix, samples=args.samples, target=args.target,
                           pins=pins, methods=args.methods, output=args.output,
                           executor=executor_of(args),
