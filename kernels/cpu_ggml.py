@@ -10,6 +10,7 @@ from .cpu_common import F0, _J, _P, _acc_row, _encode_row, _key_f32, _put_f16
 from .iq_lattice import KSIGNS, grid_values
 
 _IQ2XXS_GRID = grid_values("iq2_xxs")        # numba freezes these global tables as constants
+_IQ2XS_GRID = grid_values("iq2_xs")
 
 # ---------------------------------------------------------------- GGML block decoders
 # Common signature: (src row bytes, f16 table, IQ4_NL levels, dst row); each decodes every
@@ -212,6 +213,25 @@ def _iq2_xxs(src, f16, dst):            # d | per 32: u32 4 grid bytes | u32 4x7
 
 
 @njit(**_J)
+def _iq2_xs(src, f16, dst):             # d | qs u16[32]: 9-bit grid index, 7 signs | scales[8]
+    for b in range(dst.shape[0] // 256):
+        p = b * 74
+        o = b * 256
+        d = _h(src, p, f16)
+        for ib in range(16):
+            s = (np.int64(src[p + 66 + ib // 2]) >> (4 * (ib % 2))) & 15
+            db = d * (np.float32(0.5) + np.float32(s)) * np.float32(0.25)
+            for k in range(2):
+                q = p + 2 + 4 * ib + 2 * k
+                v16 = np.int64(src[q]) | (np.int64(src[q + 1]) << 8)
+                g = v16 & 511
+                sg = np.int64(KSIGNS[v16 >> 9])
+                for j in range(8):
+                    v = db * np.float32(_IQ2XS_GRID[g, j])
+                    dst[o + 16 * ib + 8 * k + j] = -v if (sg >> j) & 1 else v
+
+
+@njit(**_J)
 def _q2_k(src, f16, kv, dst):           # scales[16] | qs[64] | d | dmin
     for b in range(dst.shape[0] // 256):
         p = b * 84
@@ -379,6 +399,8 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
         _iq4_xs(src, f16, kv, dst)
     elif tid == 16:
         _iq2_xxs(src, f16, dst)
+    elif tid == 17:
+        _iq2_xs(src, f16, dst)
 
 
 @njit(**_P)

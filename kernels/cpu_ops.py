@@ -434,6 +434,12 @@ def iq4xs_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
 
 def iq2_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
                check_finite: bool = True) -> dict | None:
-    """IQ2_XXS blocks by kernels/iq2_quant.py (see iq4nl_blocks)."""
+    """IQ2_XXS / IQ2_XS blocks by kernels/iq2_quant.py (see iq4nl_blocks)."""
     from . import iq2_quant
-    return _codebook_blocks(iq2_quant, 256, spec, w2d, qw, check_finite)
+    w2d = host.readonly(np.ascontiguousarray(w2d, np.float32))
+    rows, cols = w2d.shape
+    blocks = np.empty((rows, (cols // 256) * spec.bpb), np.uint8)
+    flags = np.empty(rows, np.uint8)
+    with _threads(w2d.size):
+        iq2_quant.encode_blocks(w2d, blocks, flags, qw, spec.ggml_name)
+    return _blocks_or_decline(blocks, flags, w2d, check_finite)

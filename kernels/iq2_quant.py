@@ -101,10 +101,10 @@ def _make_qp(x, w, nmax, L):
 
 
 @njit(**_J)
-def _codes(xv, waux, iscale, scale, points, kmap, nbrs, lv, g):
-    """Levels (lv[32]) and grid indices (g[4]) at iscale; off the grid the best neighbour
-    at scale (ggml's iq2_find_best_neighbour)."""
-    for k in range(4):
+def _codes(xv, waux, iscale, scale, points, kmap, nbrs, lv, g, on, ng):
+    """Levels (lv[8 ng]) and grid indices (g[ng]) at iscale; off the grid (on[k] = False)
+    the best neighbour at scale (ggml's iq2_find_best_neighbour)."""
+    for k in range(ng):
         u = 0
         for i in range(8):
             l = _ni(np.float32(0.5) * (iscale * xv[8 * k + i] - F1))
@@ -112,6 +112,7 @@ def _codes(xv, waux, iscale, scale, points, kmap, nbrs, lv, g):
             lv[8 * k + i] = l
             u |= l << (2 * i)
         gi = kmap[u]
+        on[k] = gi >= 0
         if gi < 0:
             row = -gi - 1
             best = np.float32(np.inf)
@@ -133,10 +134,10 @@ def _codes(xv, waux, iscale, scale, points, kmap, nbrs, lv, g):
 
 
 @njit(inline="always", **_J)
-def _qsums(w, xv, lv):
+def _qsums(w, xv, lv, n):
     sqx = F0
     sq2 = F0
-    for i in range(32):
+    for i in range(n):
         q = np.float32(2 * lv[i] + 1)
         sqx = sqx + w[i] * xv[i] * q
         sq2 = sq2 + w[i] * q * q
@@ -144,10 +145,9 @@ def _qsums(w, xv, lv):
 
 
 @njit(**_J)
-def _sub_block(x, w, xv, waux, L, lv, g, ga, sg, points, kmap, nbrs):
-    """One sub-block of 32: signs into sg[4], grid indices into g[4]; returns the scale (0:
-    skipped; ggml's `continue`, grid and signs left 0)."""
-    for k in range(4):
+def _signs(x, w, xv, sg, ng):
+    """ggml's sign groups: xv = |x| with one weight of an odd group negated, sg[k] 7 bits."""
+    for k in range(ng):
         nflip = 0
         s = 0
         for i in range(8):
@@ -169,6 +169,13 @@ def _sub_block(x, w, xv, waux, L, lv, g, ga, sg, points, kmap, nbrs):
             xv[8 * k + imin] = -xv[8 * k + imin]
             s ^= 1 << imin
         sg[k] = s & 127
+
+
+@njit(**_J)
+def _sub_block(x, w, xv, waux, L, lv, g, ga, on, sg, points, kmap, nbrs):
+    """One IQ2_XXS sub-block of 32: signs into sg[4], grid indices into g[4]; returns the
+    scale (0: skipped; ggml's `continue`, grid and signs left 0)."""
+    _signs(x, w, xv, sg, 4)
     for i in range(32):
         waux[i] = np.sqrt(w[i])
     mx = xv[0]
@@ -189,16 +196,16 @@ def _sub_block(x, w, xv, waux, L, lv, g, ga, sg, points, kmap, nbrs):
     best = F0
     for is_ in range(-6, 7):
         iscale = (np.float32(2 * KMAXQ - 1) + np.float32(is_) * np.float32(0.1)) / eff
-        _codes(xv, waux, iscale, F1 / iscale, points, kmap, nbrs, lv, ga)
-        sqx, sq2 = _qsums(w, xv, lv)
+        _codes(xv, waux, iscale, F1 / iscale, points, kmap, nbrs, lv, ga, on, 4)
+        sqx, sq2 = _qsums(w, xv, lv, 32)
         if sq2 > 0 and sqx * sqx > best * sq2:
             scale = sqx / sq2
             best = scale * sqx
             for k in range(4):
                 g[k] = ga[k]
     if scale > 0:
-        _codes(xv, waux, F1 / scale, scale, points, kmap, nbrs, lv, ga)
-        sqx, sq2 = _qsums(w, xv, lv)
+        _codes(xv, waux, F1 / scale, scale, points, kmap, nbrs, lv, ga, on, 4)
+        sqx, sq2 = _qsums(w, xv, lv, 32)
         if sq2 > 0:
             scale = sqx / sq2
         for k in range(4):
@@ -211,46 +218,106 @@ def _sub_block(x, w, xv, waux, L, lv, g, ga, sg, points, kmap, nbrs):
 
 
 @njit(**_J)
-def _enc_super(row, qrow, o, weighted, points, values, kmap, nbrs, ksigns, f16, dfac,
-               w, xv, waux, L, lv, ga, gs, sgs, scales, a, b, out, p):
-    """One IQ2_XXS super-block row[o:o+256] -> out[p:p+66]; returns 1 if d overflows."""
+def _sub_block_xs(x, w, xv, waux, lv, la, g, ga, on, ona, sg, points, kmap, nbrs):
+    """One IQ2_XS sub-block of 16 (ggml's quantize_row_iq2_xs_impl): signs into sg[2], grid
+    indices into g[2]; returns the scale (0: skipped)."""
+    _signs(x, w, xv, sg, 2)
+    for i in range(16):
+        waux[i] = np.sqrt(w[i])
+    mx = xv[0]
+    for i in range(1, 16):
+        mx = max(mx, xv[i])
+    for k in range(2):
+        g[k] = 0
+        on[k] = True
+    for i in range(16):
+        lv[i] = 0
+    if not (mx >= EPS):
+        for k in range(2):
+            sg[k] = 0
+        return F0
+    five = np.float32(2 * KMAXQ - 1)
+    scale = mx / five
+    best = F0
+    for is_ in range(-9, 10):
+        iscale = (five + np.float32(is_) * np.float32(0.1)) / mx
+        _codes(xv, waux, iscale, F1 / iscale, points, kmap, nbrs, la, ga, ona, 2)
+        sqx, sq2 = _qsums(w, xv, la, 16)
+        if sq2 > 0 and sqx * sqx > best * sq2:
+            scale = sqx / sq2
+            best = scale * sqx
+            for i in range(16):
+                lv[i] = la[i]
+            for k in range(2):
+                g[k] = ga[k]
+                on[k] = ona[k]
+    if (not on[0] or not on[1]) and scale > 0:
+        _codes(xv, waux, F1 / scale, scale, points, kmap, nbrs, la, ga, ona, 2)
+        for k in range(2):
+            if not on[k]:
+                g[k] = ga[k]
+                for i in range(8):
+                    lv[8 * k + i] = la[8 * k + i]
+        sqx, sq2 = _qsums(w, xv, lv, 16)
+        if sq2 > 0:
+            scale = sqx / sq2
+    if scale < 0:
+        scale = -scale
+        for k in range(2):
+            sg[k] = (~sg[k]) & 127
+    return scale
+
+
+@njit(**_J)
+def _enc_super(kind, row, qrow, o, weighted, points, values, kmap, nbrs, ksigns, f16, dfac,
+               w, xv, waux, L, lv, la, ga, on, ona, gs, sgs, a, b, out, p):
+    """One super-block row[o:o+256] -> out[p:p+bytes]: IQ2_XXS (kind 0: 8 sub-blocks of 32,
+    66 bytes) or IQ2_XS (kind 1: 16 of 16, 74 bytes); returns 1 if d overflows."""
+    ns = 8 if kind == 0 else 16
+    sz = 256 // ns
+    ng = sz // 8
+    nbytes = 66 if kind == 0 else 74
     sumx2 = F0
     for i in range(256):
         sumx2 = sumx2 + row[o + i] * row[o + i]
     sigma2 = sumx2 / np.float32(256)
+    for j in range(nbytes):
+        out[p + j] = 0
     if not (sigma2 < np.inf):           # squares overflow float32: refused, as the reference
-        out[p] = np.uint8(0)
         out[p + 1] = np.uint8(0x7C)
         return 1
     for i in range(256):
         qv = qrow[o + i] if weighted else F1
         w[i] = qv * np.sqrt(sigma2 + row[o + i] * row[o + i])
     max_scale = F0
-    for ib in range(8):
-        sc = _sub_block(row[o + 32 * ib:o + 32 * ib + 32], w[32 * ib:32 * ib + 32], xv, waux,
-                        L, lv, gs[ib], ga, sgs[ib], points, kmap, nbrs)
+    for ib in range(ns):
+        xb = row[o + sz * ib:o + sz * ib + sz]
+        wb = w[sz * ib:sz * ib + sz]
+        if kind == 0:
+            sc = _sub_block(xb, wb, xv, waux, L, lv, gs[ib], ga, ona, sgs[ib], points, kmap,
+                            nbrs)
+        else:
+            sc = _sub_block_xs(xb, wb, xv, waux, lv, la, gs[ib], ga, on, ona, sgs[ib], points,
+                               kmap, nbrs)
         if not (sc > 0):
-            for k in range(4):
+            for k in range(ng):
                 gs[ib, k] = 0
                 sgs[ib, k] = 0
-        scales[ib] = sc
         max_scale = max(max_scale, sc)
         # the last step's sums: importance times x and the signed decoder value
         sa = F0
         sb = F0
-        for k in range(4):
+        for k in range(ng):
             sbits = ksigns[sgs[ib, k]]
             for i in range(8):
                 v = np.float32(values[gs[ib, k], i])
                 if (sbits >> i) & 1:
                     v = -v
-                qv = qrow[o + 32 * ib + 8 * k + i] if weighted else F1
-                sa = sa + qv * row[o + 32 * ib + 8 * k + i] * v
+                qv = qrow[o + sz * ib + 8 * k + i] if weighted else F1
+                sa = sa + qv * row[o + sz * ib + 8 * k + i] * v
                 sb = sb + qv * v * v
         a[ib] = sa
         b[ib] = sb
-    for j in range(66):
-        out[p + j] = 0
     if max_scale == 0:
         return 0
     best_e = np.float32(np.inf)
@@ -265,7 +332,7 @@ def _enc_super(row, qrow, o, weighted, points, values, kmap, nbrs, ksigns, f16, 
         if not (abs(d) < np.inf):
             continue
         tot = F0
-        for ib in range(8):
+        for ib in range(ns):
             e_min = np.float32(np.inf)
             for s in range(16):
                 db = d * (np.float32(0.5) + np.float32(s)) * np.float32(0.25)
@@ -279,7 +346,7 @@ def _enc_super(row, qrow, o, weighted, points, values, kmap, nbrs, ksigns, f16, 
     d = f16[best_h]
     out[p] = np.uint8(best_h & 255)
     out[p + 1] = np.uint8(best_h >> 8)
-    for ib in range(8):
+    for ib in range(ns):
         e_min = np.float32(np.inf)
         s_min = 0
         for s in range(16):
@@ -288,22 +355,32 @@ def _enc_super(row, qrow, o, weighted, points, values, kmap, nbrs, ksigns, f16, 
             if e < e_min:
                 e_min = e
                 s_min = s
-        q = p + 2 + 8 * ib
-        for k in range(4):
-            out[q + k] = np.uint8(gs[ib, k])
-        w1 = (np.int64(sgs[ib, 0]) | (np.int64(sgs[ib, 1]) << 7) | (np.int64(sgs[ib, 2]) << 14)
-              | (np.int64(sgs[ib, 3]) << 21) | (np.int64(s_min) << 28))
-        for k in range(4):
-            out[q + 4 + k] = np.uint8((w1 >> (8 * k)) & 255)
+        if kind == 0:
+            q = p + 2 + 8 * ib
+            for k in range(4):
+                out[q + k] = np.uint8(gs[ib, k])
+            w1 = (np.int64(sgs[ib, 0]) | (np.int64(sgs[ib, 1]) << 7)
+                  | (np.int64(sgs[ib, 2]) << 14) | (np.int64(sgs[ib, 3]) << 21)
+                  | (np.int64(s_min) << 28))
+            for k in range(4):
+                out[q + 4 + k] = np.uint8((w1 >> (8 * k)) & 255)
+        else:
+            for k in range(2):
+                v16 = np.int64(gs[ib, k]) | (np.int64(sgs[ib, k]) << 9)
+                out[p + 2 + 4 * ib + 2 * k] = np.uint8(v16 & 255)
+                out[p + 3 + 4 * ib + 2 * k] = np.uint8(v16 >> 8)
+            out[p + 66 + ib // 2] |= np.uint8(s_min << (4 * (ib % 2)))
     return 0
 
 
 @njit(**_P)
-def iq2_encode(w, qw, weighted, points, values, kmap, nbrs, ksigns, f16, dfac, blocks, flags):
-    """IQ2_XXS blocks of w (rows, cols % 256 == 0) into blocks (rows, cols/256*66); with
-    `weighted`, qw (rows or 1, cols) is the importance (finite, >= 0)."""
+def iq2_encode(kind, w, qw, weighted, points, values, kmap, nbrs, ksigns, f16, dfac, blocks,
+               flags):
+    """IQ2 blocks (kind 0: IQ2_XXS, 1: IQ2_XS) of w (rows, cols % 256 == 0) into blocks;
+    with `weighted`, qw (rows or 1, cols) is the importance (finite, >= 0)."""
     rows, cols = w.shape
     nb = cols // 256
+    bpb = 66 if kind == 0 else 74
     nch = min(rows, 256)
     for ch in prange(nch):
         ws = np.empty(256, np.float32)
@@ -311,12 +388,14 @@ def iq2_encode(w, qw, weighted, points, values, kmap, nbrs, ksigns, f16, dfac, b
         waux = np.empty(32, np.float32)
         L = np.empty(32, np.int64)
         lv = np.empty(32, np.int64)
+        la = np.empty(32, np.int64)
         ga = np.empty(4, np.int64)
-        gs = np.empty((8, 4), np.int64)
-        sgs = np.empty((8, 4), np.int64)
-        scales = np.empty(8, np.float32)
-        a = np.empty(8, np.float32)
-        b = np.empty(8, np.float32)
+        on = np.empty(4, np.bool_)
+        ona = np.empty(4, np.bool_)
+        gs = np.empty((16, 4), np.int64)
+        sgs = np.empty((16, 4), np.int64)
+        a = np.empty(16, np.float32)
+        b = np.empty(16, np.float32)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             row = w[r]
             qrow = qw[r if qw.shape[0] > 1 else 0]
@@ -328,20 +407,23 @@ def iq2_encode(w, qw, weighted, points, values, kmap, nbrs, ksigns, f16, dfac, b
                     break
             if f == 0:
                 for bi in range(nb):
-                    f |= _enc_super(row, qrow, bi * 256, weighted, points, values, kmap, nbrs,
-                                    ksigns, f16, dfac, ws, xv, waux, L, lv, ga, gs, sgs,
-                                    scales, a, b, out, bi * 66)
+                    f |= _enc_super(kind, row, qrow, bi * 256, weighted, points, values, kmap,
+                                    nbrs, ksigns, f16, dfac, ws, xv, waux, L, lv, la, ga, on,
+                                    ona, gs, sgs, a, b, out, bi * bpb)
             flags[r] = f
 
 
+KINDS = {"IQ2_XXS": 0, "IQ2_XS": 1}
+
+
 def encode_blocks(w2d: np.ndarray, blocks: np.ndarray, flags: np.ndarray,
-                  qw: np.ndarray | None = None, name: str = "iq2_xxs") -> None:
-    """Fill blocks (rows, cols/256*66 uint8) and flags (rows uint8) from float32 w2d; qw:
-    optional importance (rows or 1, cols), finite and >= 0."""
+                  qw: np.ndarray | None = None, name: str = "IQ2_XXS") -> None:
+    """Fill blocks (rows, cols/256*bytes uint8) and flags (rows uint8) from float32 w2d; qw:
+    optional importance (rows or 1, cols), finite and >= 0; name: IQ2_XXS or IQ2_XS."""
     from .tables import f16_table
-    lat = lattice(name)
+    lat = lattice(name.lower())
     weighted = qw is not None
     q = readonly(np.ascontiguousarray(qw, np.float32).reshape(-1, w2d.shape[1]) if weighted
                  else np.ones((1, 1), np.float32))
-    iq2_encode(readonly(w2d), q, weighted, lat.points, lat.values, lat.kmap, lat.neighbours,
-               KSIGNS, f16_table(), readonly(D_FACTORS), blocks, flags)
+    iq2_encode(KINDS[name.upper()], readonly(w2d), q, weighted, lat.points, lat.values,
+               lat.kmap, lat.neighbours, KSIGNS, f16_table(), readonly(D_FACTORS), blocks, flags)

@@ -16,16 +16,17 @@ from workbench.schemes import get_scheme
 
 from kernel_testutil import same_bits, same_qt, weights
 
-S = get_scheme("iq2_xxs")
+TYPES = ["iq2_xxs", "iq2_xs"]
 GGML_SRC = os.path.expanduser("~/.cache/quant-workbench/llama-cpp-python-0.3.36/src/ggml/src")
 
 
-def _kernel_bytes(w, qw=None):
+def _kernel_bytes(S, w, qw=None):
     from kernels import iq2_quant
     w = np.ascontiguousarray(w, np.float32)
-    blocks = np.empty((w.shape[0], w.shape[1] // 256 * 66), np.uint8)
+    blocks = np.empty((w.shape[0], w.shape[1] // 256 * S.type_size), np.uint8)
     flags = np.empty(w.shape[0], np.uint8)
-    iq2_quant.encode_blocks(w, blocks, flags, None if qw is None else np.ascontiguousarray(qw))
+    iq2_quant.encode_blocks(w, blocks, flags, None if qw is None else np.ascontiguousarray(qw),
+                            S.ggml_name)
     return blocks, flags
 
 
@@ -47,13 +48,16 @@ def _hostile(seed=3):
 
 
 def test_tables_are_ggmls():
-    """The grids decode to ggml-common.h's iq2xxs_grid bytes and KSIGNS is ksigns_iq2xs (read
-    from the llama.cpp source when present); the neighbour lists are non-empty and sorted."""
+    """The grids decode to ggml-common.h's iq2xxs_grid / iq2xs_grid / iq2s_grid bytes and
+    KSIGNS is ksigns_iq2xs (read from the llama.cpp source when present); every grid point
+    has a key and every other key of {0,1,2}^8 a neighbour list."""
     from kernels.iq_lattice import KSIGNS, grid_values, lattice
-    lat = lattice("iq2_xxs")
-    assert lat.points.shape == (256, 8) and set(np.unique(lat.points)) == {1, 3, 5}
-    assert (lat.neighbours[:, 0] >= 0).all() and (lat.kmap[lat.kmap >= 0] < 256).all()
-    assert sorted(lat.kmap[lat.kmap >= 0].tolist()) == list(range(256))
+    for name, n in (("iq2_xxs", 256), ("iq2_xs", 512)):
+        lat = lattice(name)
+        assert lat.points.shape == (n, 8) and set(np.unique(lat.points)) == {1, 3, 5}
+        assert (lat.neighbours[:, 0] >= 0).all()
+        assert sorted(lat.kmap[lat.kmap >= 0].tolist()) == list(range(n))
+        assert (lat.kmap > -43692).sum() == 3 ** 8
     hdr = os.path.join(GGML_SRC, "ggml-common.h")
     if not os.path.exists(hdr):
         pytest.skip("llama.cpp source not present")
@@ -65,19 +69,24 @@ def test_tables_are_ggmls():
                        else "GGML_TABLE_BEGIN(uint8_t, ksigns_iq2xs,")
         body = text[text.index(")", i) + 1:text.index("GGML_TABLE_END", i)]
         return np.array([int(t, 0) for t in re.findall(r"0x[0-9a-fA-F]+|\d+", body)], np.uint64)
-    g = table("iq2xxs_grid").astype("<u8").view(np.uint8).reshape(-1, 8)
-    assert np.array_equal(g, grid_values("iq2_xxs"))
+    for tab, name in (("iq2xxs_grid", "iq2_xxs"), ("iq2xs_grid", "iq2_xs"),
+                      ("iq2s_grid", "iq2_s")):
+        g = table(tab).astype("<u8").view(np.uint8).reshape(-1, 8)
+        assert np.array_equal(g, grid_values(name)), tab
     assert np.array_equal(table("ksigns_iq2xs").astype(np.uint8), KSIGNS)
 
 
-def test_iq2_xxs_has_kernels():
-    assert accel.has_kernel("iq2_xxs", "quantize", "cpu")
-    assert accel.has_kernel("iq2_xxs", "dequantize", "cpu")
+@pytest.mark.parametrize("name", TYPES)
+def test_has_kernels(name):
+    assert accel.has_kernel(name, "quantize", "cpu")
+    assert accel.has_kernel(name, "dequantize", "cpu")
 
 
-def test_same_bytes_as_reference_plain():
+@pytest.mark.parametrize("name", TYPES)
+def test_same_bytes_as_reference_plain(name):
+    S = get_scheme(name)
     w = _hostile()
-    blocks, flags = _kernel_bytes(w)
+    blocks, flags = _kernel_bytes(S, w)
     assert not flags.any()
     ref = S.quantize(w).arrays["blocks"]
     assert np.array_equal(blocks, ref), np.argwhere((blocks != ref).any(axis=1)).ravel()
@@ -91,8 +100,10 @@ def test_same_bytes_as_reference_plain():
     assert np.sqrt(((y[4] - x) ** 2).sum() / (x * x).sum()) < 0.4
 
 
-def test_weighted_same_bytes_as_reference():
+@pytest.mark.parametrize("name", TYPES)
+def test_weighted_same_bytes_as_reference(name):
     """Per-column importance with dead columns and a dead sub-block, per-row importance."""
+    S = get_scheme(name)
     rng = np.random.default_rng(21)
     w = _hostile(5)
     qcol = rng.lognormal(0.0, 1.5, 512).astype(np.float32)
@@ -100,17 +111,19 @@ def test_weighted_same_bytes_as_reference():
     qcol[64:96] = 0.0
     qrow = rng.lognormal(0.0, 1.0, w.shape).astype(np.float32)
     for qw in (np.broadcast_to(qcol, w.shape), qrow):
-        blocks, flags = _kernel_bytes(w, qw)
+        blocks, flags = _kernel_bytes(S, w, qw)
         assert not flags.any()
         ref = S.encode(w.reshape(-1, 256), np.ascontiguousarray(qw, np.float32).reshape(-1, 256))
         assert np.array_equal(blocks, ref.view(np.uint8).reshape(w.shape[0], -1))
-    assert not np.array_equal(_kernel_bytes(w, qrow)[0], _kernel_bytes(w)[0])
+    assert not np.array_equal(_kernel_bytes(S, w, qrow)[0], _kernel_bytes(S, w)[0])
 
 
-def test_scale_overflow_refused_like_the_reference():
+@pytest.mark.parametrize("name", TYPES)
+def test_scale_overflow_refused_like_the_reference(name):
+    S = get_scheme(name)
     w = weights((3, 256), seed=2)
     w[1, 7] = np.float32(3e8)
-    blocks, flags = _kernel_bytes(w)
+    blocks, flags = _kernel_bytes(S, w)
     assert flags[1] & 1 and not flags[0] and not flags[2]
     with pytest.raises(WorkbenchError) as ref:
         S.quantize(w)
@@ -120,11 +133,13 @@ def test_scale_overflow_refused_like_the_reference():
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_nonfinite_refused_with_the_reference_count(bad):
+@pytest.mark.parametrize("name", TYPES)
+def test_nonfinite_refused_with_the_reference_count(name, bad):
+    S = get_scheme(name)
     w = weights((4, 256), seed=4)
     w[2, 40] = bad
     w[3, 95] = bad
-    assert list(_kernel_bytes(w)[1] & 2) == [0, 0, 2, 2]
+    assert list(_kernel_bytes(S, w)[1] & 2) == [0, 0, 2, 2]
     with pytest.raises(WorkbenchError) as ref:
         S.quantize(w)
     with pytest.raises(WorkbenchError) as got:
@@ -132,11 +147,12 @@ def test_nonfinite_refused_with_the_reference_count(bad):
     assert str(got.value) == str(ref.value) and "2 NaN/Inf" in str(got.value)
 
 
-def test_evaluate_and_weighted_encode_use_the_kernel(monkeypatch):
+@pytest.mark.parametrize("name", TYPES)
+def test_evaluate_and_weighted_encode_use_the_kernel(monkeypatch, name):
     from workbench.quant.evaluate import quantize
     from workbench.quant.methods.ggml_weighted import SUPPORTED, weighted_encode
-    from workbench.schemes.ggml.iq2 import IQ2_XXS
-    assert "iq2_xxs" in SUPPORTED
+    S = get_scheme(name)
+    assert name in SUPPORTED
     rng = np.random.default_rng(22)
     w = (rng.standard_normal((6, 512)) * 0.1).astype(np.float32)
     qw = np.broadcast_to(rng.lognormal(0, 1, 512).astype(np.float32), w.shape)
@@ -144,8 +160,8 @@ def test_evaluate_and_weighted_encode_use_the_kernel(monkeypatch):
     wref = S.encode(w.reshape(-1, 256), np.ascontiguousarray(qw).reshape(-1, 256))
 
     def boom(self, x, qw=None):
-        raise AssertionError("the numpy IQ2_XXS encoder ran")
-    monkeypatch.setattr(IQ2_XXS, "encode", boom)
-    assert same_qt(quantize(w, "iq2_xxs"), ref)
+        raise AssertionError("the numpy IQ2 encoder ran")
+    monkeypatch.setattr(type(S), "encode", boom)
+    assert same_qt(quantize(w, name), ref)
     assert np.array_equal(weighted_encode(S, w, qw).reshape(w.shape[0], -1),
                           wref.view(np.uint8).reshape(w.shape[0], -1))

@@ -23,7 +23,7 @@ from .conftest import ROOT, perplexity, run_tool
 
 pytestmark = pytest.mark.runtime
 
-TYPES = ["iq2_xxs"]
+TYPES = ["iq2_xxs", "iq2_xs"]
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +33,13 @@ def ggml(llama_bin):
     return ggml_ref
 
 
-def _words(raw, bpb):
-    """(blocks, 8 sub-blocks, 2) uint32 words of IQ2_XXS blocks."""
-    return raw.reshape(-1, bpb)[:, 2:].copy().view("<u4").reshape(-1, 8, 2)
+def _search_bits(name, raw, bpb):
+    """What ggml's search decides, without d and the 4-bit scales: IQ2_XXS the grid words and
+    the sign bits of the other word; IQ2_XS every uint16 of qs (9-bit index, 7 signs)."""
+    if name == "iq2_xs":
+        return raw.reshape(-1, bpb)[:, 2:66].copy().view("<u2")
+    q = raw.reshape(-1, bpb)[:, 2:].copy().view("<u4").reshape(-1, 8, 2)
+    return np.stack([q[:, :, 0], q[:, :, 1] & 0x0FFFFFFF], axis=2)
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -52,9 +56,8 @@ def test_search_is_ggmls_and_weighted_error_lower(ggml, minilm, name):
         qv = rng.lognormal(0.0, 1.5, w.shape[1]).astype(np.float32)
         ours = weighted_encode(s, w, np.broadcast_to(qv, w.shape)).reshape(w.shape[0], -1)
         theirs = ggml.quantize(name, w, imatrix=qv)
-        a, b = _words(ours, s.type_size), _words(theirs, s.type_size)
-        assert np.array_equal(a[:, :, 0], b[:, :, 0])                  # grid points
-        assert np.array_equal(a[:, :, 1] & 0x0FFFFFFF, b[:, :, 1] & 0x0FFFFFFF)   # signs
+        assert np.array_equal(_search_bits(name, ours, s.type_size),
+                              _search_bits(name, theirs, s.type_size))     # grid points, signs
         yo = ggml.dequantize(name, ours, w.shape[1])
         mine = s.decode(ours.reshape(-1).view(s.block_dtype)).reshape(w.shape)
         assert np.array_equal(yo.view(np.uint32), mine.view(np.uint32))

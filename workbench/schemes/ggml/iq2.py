@@ -29,7 +29,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
-from kernels.iq_lattice import KSIGNS, find_best_neighbour, lattice
+from kernels.iq_lattice import KSIGNS, find_best_neighbour, grid_values, lattice
 from workbench.schemes.ggml.common import GGMLScheme, block_dtype, fp16_field, to_fp16
 from workbench.schemes.ggml.search import _seqsum
 
@@ -48,20 +48,20 @@ def weights_of(x: np.ndarray, qw: np.ndarray | None) -> np.ndarray:
 
 
 def take_signs(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x, w (m, 32) -> xval (m, 32) (|x|, one weight of an odd group negated) and the 7-bit
-    sign groups (m, 4) uint8 (ggml: the least important weight w x^2 of a group with an odd
+    """x, w (m, 8G) -> xval (m, 8G) (|x|, one weight of an odd group negated) and the 7-bit
+    sign groups (m, G) uint8 (ggml: the least important weight w x^2 of a group with an odd
     count of negatives takes the flip)."""
-    m = x.shape[0]
+    m, ng = x.shape[0], x.shape[1] // 8
     neg = ~(x >= 0)
-    xval = np.where(neg, -x, x).reshape(m * 4, 8)
-    negg = neg.reshape(m * 4, 8).copy()
+    xval = np.where(neg, -x, x).reshape(m * ng, 8)
+    negg = neg.reshape(m * ng, 8).copy()
     odd = (negg.sum(axis=1) & 1).astype(bool)
-    imin = np.argmin((w * x * x).reshape(m * 4, 8), axis=1)
+    imin = np.argmin((w * x * x).reshape(m * ng, 8), axis=1)
     r = np.nonzero(odd)[0]
     xval[r, imin[r]] = -xval[r, imin[r]]
     negg[r, imin[r]] ^= True
     s = (negg[:, :7].astype(np.uint8) << np.arange(7, dtype=np.uint8)).sum(axis=1)
-    return xval.reshape(m, 32), s.astype(np.uint8).reshape(m, 4)
+    return xval.reshape(m, 8 * ng), s.astype(np.uint8).reshape(m, ng)
 
 
 def _ni(v: np.ndarray) -> np.ndarray:
@@ -137,19 +137,21 @@ def make_qp_quants(x: np.ndarray, w: np.ndarray, nmax: int) -> np.ndarray:
 
 def grid_codes(lat, xval, waux, iscale, scale):
     """Levels 0..2 of rint(0.5 (iscale x - 1)); an off-grid group of 8 takes the best
-    neighbour at `scale`. -> (levels (m, 32) int64, grid indices (m, 4) int64)."""
-    m = xval.shape[0]
+    neighbour at `scale`. -> (levels (m, 8G) int64, grid indices (m, G) int64, on the grid
+    before the neighbour search (m, G) bool)."""
+    m, ng = xval.shape[0], xval.shape[1] // 8
     with np.errstate(over="ignore", invalid="ignore"):
         lv = _rint_clamp(F(0.5) * (iscale[:, None] * xval - F(1)), 0, KMAXQ - 1)
-    lv = lv.reshape(m * 4, 8)
+    lv = lv.reshape(m * ng, 8)
     g = lat.kmap[(lv << (2 * np.arange(8))).sum(axis=1)].astype(np.int64)
-    off = np.nonzero(g < 0)[0]
+    on = g >= 0
+    off = np.nonzero(~on)[0]
     if off.size:
-        sc = np.repeat(scale, 4)[off]
-        g[off] = find_best_neighbour(lat, -g[off] - 1, xval.reshape(m * 4, 8)[off],
-                                     waux.reshape(m * 4, 8)[off], sc)
+        sc = np.repeat(scale, ng)[off]
+        g[off] = find_best_neighbour(lat, -g[off] - 1, xval.reshape(m * ng, 8)[off],
+                                     waux.reshape(m * ng, 8)[off], sc)
     lv = (lat.points[g].astype(np.int64) - 1) // 2
-    return lv.reshape(m, 32), g.reshape(m, 4)
+    return lv.reshape(m, 8 * ng), g.reshape(m, ng), on.reshape(m, ng)
 
 
 def _qsums(w, xval, lv):
@@ -177,7 +179,7 @@ def search(lat, xval: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray
         g = np.zeros((m, 4), np.int64)
         for is_ in range(-6, 7):
             iscale = (F(2 * KMAXQ - 1) + F(is_) * F(0.1)) / effs
-            lv, ga = grid_codes(lat, xval, waux, iscale, F(1) / iscale)
+            lv, ga, _ = grid_codes(lat, xval, waux, iscale, F(1) / iscale)
             sqx, sq2 = _qsums(w, xval, lv)
             ok = live & (sq2 > 0) & (sqx * sqx > best * sq2)
             sn = sqx / np.where(ok, sq2, F(1))
@@ -186,7 +188,7 @@ def search(lat, xval: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray
             g = np.where(ok[:, None], ga, g)
         pos = live & (scale > 0)
         iscale = F(1) / np.where(pos, scale, F(1))
-        lv, ga = grid_codes(lat, xval, waux, iscale, scale)
+        lv, ga, _ = grid_codes(lat, xval, waux, iscale, scale)
         sqx, sq2 = _qsums(w, xval, lv)
         scale = np.where(pos & (sq2 > 0), sqx / np.where(sq2 > 0, sq2, F(1)), scale)
         g = np.where(pos[:, None], ga, g)
@@ -195,31 +197,32 @@ def search(lat, xval: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return np.where(live, scale, F(0)).astype(F), np.where(live[:, None], g, 0), flip
 
 
-def signed_values(lat, g: np.ndarray, signs: np.ndarray) -> np.ndarray:
-    """The decoder's grid byte times its sign, float32 (m, 32), for grid indices (m, 4) and
-    7-bit sign groups (m, 4)."""
-    m = g.shape[0]
-    v = lat.values[g].astype(F).reshape(m, 32)
-    sb = KSIGNS[signs].reshape(m * 4, 1) >> np.arange(8, dtype=np.uint8)
-    neg = (sb & 1).astype(bool).reshape(m, 32)
+def signed_values(values, g: np.ndarray, signs: np.ndarray) -> np.ndarray:
+    """The decoder's grid byte times its sign, float32 (m, 8G), for grid indices (m, G) and
+    7-bit sign groups (m, G)."""
+    m, ng = g.shape
+    v = values[g].astype(F).reshape(m, 8 * ng)
+    sb = KSIGNS[signs].reshape(m * ng, 1) >> np.arange(8, dtype=np.uint8)
+    neg = (sb & 1).astype(bool).reshape(m, 8 * ng)
     return np.where(neg, -v, v)
 
 
 def pick_scales(x, qw, gv, max_scale):
-    """The last step: per super-block (n rows of 8 sub-blocks) the float16 d among
+    """The last step: per super-block (n rows of S sub-blocks) the float16 d among
     D_FACTORS * max_scale / 31 and per sub-block the 4-bit s of least sum qw (x - y)^2,
-    y = d (0.5 + s) 0.25 gv. x, qw, gv (n*8, 32); max_scale (n,). -> (d16 (n,), s (n, 8))."""
+    y = d (0.5 + s) 0.25 gv. x, qw, gv (n*S, 256/S); max_scale (n,). -> (d16 (n,), s (n, S))."""
     n = max_scale.shape[0]
-    a = _seqsum(qw * x, gv).reshape(n, 8)
-    b = _seqsum(qw * gv, gv).reshape(n, 8)
+    ns = x.shape[0] // n
+    a = _seqsum(qw * x, gv).reshape(n, ns)
+    b = _seqsum(qw * gv, gv).reshape(n, ns)
     best_e = np.full(n, np.inf, F)
     best_d = to_fp16(max_scale / F(31) * D_FACTORS[0])
-    best_s = np.zeros((n, 8), np.int64)
+    best_s = np.zeros((n, ns), np.int64)
     for f in D_FACTORS:
         d16 = to_fp16(max_scale / F(31) * f)
         d = d16.astype(F)
-        e_min = np.full((n, 8), np.inf, F)
-        s_min = np.zeros((n, 8), np.int64)
+        e_min = np.full((n, ns), np.inf, F)
+        s_min = np.zeros((n, ns), np.int64)
         for s in range(16):
             db = d[:, None] * (F(0.5) + F(s)) * F(0.25)
             e = db * db * b - F(2) * db * a
@@ -227,7 +230,7 @@ def pick_scales(x, qw, gv, max_scale):
             e_min = np.where(better, e, e_min)
             s_min = np.where(better, s, s_min)
         tot = np.zeros(n, F)
-        for ib in range(8):
+        for ib in range(ns):
             tot = tot + e_min[:, ib]
         better = (tot < best_e) & np.isfinite(d)
         best_e = np.where(better, tot, best_e)
@@ -252,7 +255,8 @@ def encode_iq2_xxs(x: np.ndarray, qw: np.ndarray | None, dtype: np.dtype) -> np.
     signs = np.where(live[:, None], signs, 0).astype(np.uint32)
     max_scale = scale.reshape(n, 8).max(axis=1)
     q = np.ones_like(xs) if qw is None else np.asarray(qw, F).reshape(n * 8, 32)
-    d16, s = pick_scales(xs, q, signed_values(lat, g, signs.astype(np.uint8)), max_scale)
+    d16, s = pick_scales(xs, q, signed_values(lat.values, g, signs.astype(np.uint8)),
+                         max_scale)
     zero = max_scale == 0
     d16 = np.where(zero, np.float16(0), d16)
     # weights whose squares overflow float32: refused (as a float16 d that overflows)
@@ -269,7 +273,6 @@ def encode_iq2_xxs(x: np.ndarray, qw: np.ndarray | None, dtype: np.dtype) -> np.
 
 
 def decode_iq2_xxs(b: np.ndarray) -> np.ndarray:
-    lat = lattice("iq2_xxs")
     n = b.shape[0]
     qs = b["qs"].reshape(n, 8, 2)
     d = fp16_field(b["d"])
@@ -277,7 +280,8 @@ def decode_iq2_xxs(b: np.ndarray) -> np.ndarray:
     k = np.arange(4, dtype=np.uint32)
     g = (qs[:, :, 0:1] >> (8 * k)) & np.uint32(255)                    # (n, 8, 4)
     sg = (qs[:, :, 1:2] >> (7 * k)) & np.uint32(127)
-    gv = signed_values(lat, g.reshape(n * 8, 4), sg.reshape(n * 8, 4).astype(np.uint8))
+    gv = signed_values(grid_values("iq2_xxs"), g.reshape(n * 8, 4),
+                       sg.reshape(n * 8, 4).astype(np.uint8))
     return (db.reshape(n * 8, 1) * np.abs(gv) * np.where(gv < 0, F(-1), F(1))).reshape(n, 256)
 
 
@@ -294,3 +298,96 @@ class IQ2_XXS(GGMLScheme):
 
     def decode(self, b):
         return decode_iq2_xxs(b)
+
+
+def search_xs(lat, xval: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ggml's IQ2_XS sub-block search (16 weights, kMaxQ 3): first scale max/5, 19 trial
+    scales (5 + 0.1 is)/max, and at the end only the groups that were off the grid re-rounded
+    at the final scale. xval, w (m, 16) -> (scale (m,), grid indices (m, 2), flip (m,))."""
+    m = xval.shape[0]
+    waux = np.sqrt(w).astype(F)
+    mx = xval.max(axis=1)
+    live = mx >= EPS
+    mxs = np.where(live, mx, F(1))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        scale = mxs / F(2 * KMAXQ - 1)
+        best = np.zeros(m, F)
+        lv = np.zeros((m, 16), np.int64)
+        g = np.zeros((m, 2), np.int64)
+        on = np.ones((m, 2), bool)
+        for is_ in range(-9, 10):
+            iscale = (F(2 * KMAXQ - 1) + F(is_) * F(0.1)) / mxs
+            la, ga, oa = grid_codes(lat, xval, waux, iscale, F(1) / iscale)
+            sqx, sq2 = _qsums(w, xval, la)
+            ok = live & (sq2 > 0) & (sqx * sqx > best * sq2)
+            sn = sqx / np.where(ok, sq2, F(1))
+            scale = np.where(ok, sn, scale)
+            best = np.where(ok, sn * sqx, best)
+            lv = np.where(ok[:, None], la, lv)
+            g = np.where(ok[:, None], ga, g)
+            on = np.where(ok[:, None], oa, on)
+        redo = live & (~on).any(axis=1) & (scale > 0)
+        iscale = F(1) / np.where(redo, scale, F(1))
+        la, ga, _ = grid_codes(lat, xval, waux, iscale, scale)
+        grp = redo[:, None] & ~on
+        lv = np.where(np.repeat(grp, 8, axis=1), la, lv)
+        g = np.where(grp, ga, g)
+        sqx, sq2 = _qsums(w, xval, lv)
+        scale = np.where(redo & (sq2 > 0), sqx / np.where(sq2 > 0, sq2, F(1)), scale)
+    flip = live & (scale < 0)
+    scale = np.where(flip, -scale, scale)
+    return np.where(live, scale, F(0)).astype(F), np.where(live[:, None], g, 0), flip
+
+
+def encode_iq2_xs(x: np.ndarray, qw: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
+    lat = lattice("iq2_xs")
+    n = x.shape[0]
+    w = weights_of(x, qw)
+    xs = x.reshape(n * 16, 16)
+    ws = w.reshape(n * 16, 16)
+    xval, signs = take_signs(xs, ws)
+    scale, g, flip = search_xs(lat, xval, ws)
+    signs = np.where(flip[:, None], (~signs) & np.uint8(127), signs)
+    live = scale > 0
+    g = np.where(live[:, None], g, 0)
+    signs = np.where(live[:, None], signs, 0).astype(np.uint8)
+    max_scale = scale.reshape(n, 16).max(axis=1)
+    q = np.ones_like(xs) if qw is None else np.asarray(qw, F).reshape(n * 16, 16)
+    d16, s = pick_scales(xs, q, signed_values(lat.values, g, signs), max_scale)
+    zero = max_scale == 0
+    d16 = np.where(zero, np.float16(0), d16)
+    d16 = np.where(np.isfinite(_seqsum(x, x)), d16, np.float16(np.inf))
+    out = np.zeros(n, dtype)
+    out["d"] = d16
+    qs = (g.astype(np.uint16) | (signs.astype(np.uint16) << np.uint16(9))).reshape(n, 32)
+    out["qs"] = np.where(zero[:, None], np.uint16(0), qs)
+    s = s.astype(np.uint8)
+    out["scales"] = np.where(zero[:, None], np.uint8(0), s[:, 0::2] | (s[:, 1::2] << np.uint8(4)))
+    return out
+
+
+def decode_iq2_xs(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    d = fp16_field(b["d"])
+    sc = b["scales"].astype(np.int64)
+    s = np.stack([sc & 15, sc >> 4], axis=2).reshape(n, 16)
+    db = d[:, None] * (F(0.5) + s.astype(F)) * F(0.25)
+    qs = b["qs"].reshape(n * 16, 2)
+    gv = signed_values(grid_values("iq2_xs"), (qs & np.uint16(511)).astype(np.int64),
+                       (qs >> np.uint16(9)).astype(np.uint8))
+    return (db.reshape(n * 16, 1) * np.abs(gv) * np.where(gv < 0, F(-1), F(1))).reshape(n, 256)
+
+
+class IQ2_XS(GGMLScheme):
+    name = "iq2_xs"
+    nominal_bits = 2
+    block_size = 256
+    ggml_type = gguf.GGMLQuantizationType.IQ2_XS
+    block_dtype = block_dtype([("d", "<f2"), ("qs", "<u2", (32,)), ("scales", "u1", (8,))], 74)
+
+    def encode(self, x, qw=None):
+        """qw: optional importance (n_blocks, 256), finite and >= 0 (llama.cpp's imatrix)."""
+        return encode_iq2_xs(np.asarray(x, F), qw, self.block_dtype)
+
+    def decode(self, b):
+        return decode_iq2_xs(b)
