@@ -11,6 +11,7 @@ from .iq_lattice import KSIGNS, grid_values
 
 _IQ2XXS_GRID = grid_values("iq2_xxs")        # numba freezes these global tables as constants
 _IQ2XS_GRID = grid_values("iq2_xs")
+_IQ2S_GRID = grid_values("iq2_s")
 
 # ---------------------------------------------------------------- GGML block decoders
 # Common signature: (src row bytes, f16 table, IQ4_NL levels, dst row); each decodes every
@@ -232,6 +233,24 @@ def _iq2_xs(src, f16, dst):             # d | qs u16[32]: 9-bit grid index, 7 si
 
 
 @njit(**_J)
+def _iq2_s(src, f16, dst):              # d | qs[32] | signs[32] | qh[8] | scales[8]
+    for b in range(dst.shape[0] // 256):
+        p = b * 82
+        o = b * 256
+        d = _h(src, p, f16)
+        for ib in range(16):
+            s = (np.int64(src[p + 74 + ib // 2]) >> (4 * (ib % 2))) & 15
+            db = d * (np.float32(0.5) + np.float32(s)) * np.float32(0.25)
+            for k in range(2):
+                i8 = 2 * ib + k
+                g = np.int64(src[p + 2 + i8]) | (((np.int64(src[p + 66 + i8 // 4]) >> (2 * (i8 % 4))) & 3) << 8)
+                sg = np.int64(src[p + 34 + i8])
+                for j in range(8):
+                    v = db * np.float32(_IQ2S_GRID[g, j])
+                    dst[o + 16 * ib + 8 * k + j] = -v if (sg >> j) & 1 else v
+
+
+@njit(**_J)
 def _q2_k(src, f16, kv, dst):           # scales[16] | qs[64] | d | dmin
     for b in range(dst.shape[0] // 256):
         p = b * 84
@@ -401,6 +420,8 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
         _iq2_xxs(src, f16, dst)
     elif tid == 17:
         _iq2_xs(src, f16, dst)
+    elif tid == 22:
+        _iq2_s(src, f16, dst)
 
 
 @njit(**_P)

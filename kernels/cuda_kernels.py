@@ -164,6 +164,7 @@ from .iq_lattice import KSIGNS as _IQ2_KSIGNS, grid_values as _grid_values  # no
 
 _IQ2XXS_GRID = _grid_values("iq2_xxs")   # numpy globals: constant arrays on the device
 _IQ2XS_GRID = _grid_values("iq2_xs")
+_IQ2S_GRID = _grid_values("iq2_s")
 
 
 @cuda.jit(device=True)
@@ -191,6 +192,19 @@ def d_iq2_xs(q, s, z, lut, prm, r, c, cols):
     sg = _IQ2_KSIGNS[v16 >> 9]
     v = db * np.float32(_IQ2XS_GRID[v16 & 511, e % 8])
     return -v if (sg >> (e % 8)) & 1 else v
+
+
+@cuda.jit(device=True)
+def d_iq2_s(q, s, z, lut, prm, r, c, cols):
+    p = r * prm[0] + (c // 256) * 82
+    e = c % 256
+    ib = e // 16
+    i8 = e // 8
+    sc = (_u8(q, p + 74 + ib // 2) >> (4 * (ib % 2))) & 15
+    db = _f16(q, p, lut) * (np.float32(0.5) + np.float32(sc)) * np.float32(0.25)
+    g = _u8(q, p + 2 + i8) | (((_u8(q, p + 66 + i8 // 4) >> (2 * (i8 % 4))) & 3) << 8)
+    v = db * np.float32(_IQ2S_GRID[g, e % 8])
+    return -v if (_u8(q, p + 34 + i8) >> (e % 8)) & 1 else v
 
 
 @cuda.jit(device=True)
@@ -308,7 +322,7 @@ GGML_DEVICE = {"Q4_0": d_q4_0, "Q4_1": d_q4_1, "Q5_0": d_q5_0, "Q5_1": d_q5_1, "
                "Q2_K": d_q2_k, "Q3_K": d_q3_k, "Q4_K": d_q4_k, "Q5_K": d_q5_k, "Q6_K": d_q6_k,
                "IQ4_NL": d_iq4_nl, "MXFP4": d_mxfp4, "TQ1_0": d_tq1_0, "TQ2_0": d_tq2_0,
                "IQ4_XS": d_iq4_xs, "IQ2_XXS": d_iq2_xxs,
-               "IQ2_XS": d_iq2_xs}
+               "IQ2_XS": d_iq2_xs, "IQ2_S": d_iq2_s}
 
 
 # ------------------------------------------------------------------ generic launchers

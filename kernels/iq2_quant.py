@@ -28,6 +28,9 @@ EPS = np.float32(1e-15)
 KMAXQ = 3
 #: the reference's D_FACTORS (workbench/schemes/ggml/iq2.py), in the same order
 D_FACTORS = np.array([1.0 + 0.02 * c for c in (0, -1, 1, -2, 2, -3, -4)], np.float32)
+#: IQ2_S's (ggml stores max scale / 31 * 0.9875): 0.9875 times those, in float32
+D_FACTORS_S = (np.float32(0.9875) * D_FACTORS).astype(np.float32)
+EPS_S = np.float32(1e-8)
 
 
 @njit(inline="always", **_J)
@@ -145,8 +148,9 @@ def _qsums(w, xv, lv, n):
 
 
 @njit(**_J)
-def _signs(x, w, xv, sg, ng):
-    """ggml's sign groups: xv = |x| with one weight of an odd group negated, sg[k] 7 bits."""
+def _signs(x, w, xv, sg, ng, parity):
+    """ggml's sign groups: xv = |x| with one weight of an odd group negated, sg[k] 7 bits
+    (parity False, IQ2_S: xv = |x|, sg[k] all 8 sign bits)."""
     for k in range(ng):
         nflip = 0
         s = 0
@@ -158,6 +162,9 @@ def _signs(x, w, xv, sg, ng):
                 xv[8 * k + i] = -v
                 nflip += 1
                 s |= 1 << i
+        if not parity:
+            sg[k] = s
+            continue
         if nflip % 2:
             imin = 0
             mn = w[8 * k] * x[8 * k] * x[8 * k]
@@ -175,7 +182,7 @@ def _signs(x, w, xv, sg, ng):
 def _sub_block(x, w, xv, waux, L, lv, g, ga, on, sg, points, kmap, nbrs):
     """One IQ2_XXS sub-block of 32: signs into sg[4], grid indices into g[4]; returns the
     scale (0: skipped; ggml's `continue`, grid and signs left 0)."""
-    _signs(x, w, xv, sg, 4)
+    _signs(x, w, xv, sg, 4, True)
     for i in range(32):
         waux[i] = np.sqrt(w[i])
     mx = xv[0]
@@ -218,10 +225,11 @@ def _sub_block(x, w, xv, waux, L, lv, g, ga, on, sg, points, kmap, nbrs):
 
 
 @njit(**_J)
-def _sub_block_xs(x, w, xv, waux, lv, la, g, ga, on, ona, sg, points, kmap, nbrs):
-    """One IQ2_XS sub-block of 16 (ggml's quantize_row_iq2_xs_impl): signs into sg[2], grid
-    indices into g[2]; returns the scale (0: skipped)."""
-    _signs(x, w, xv, sg, 2)
+def _sub_block_xs(x, w, xv, waux, lv, la, g, ga, on, ona, sg, points, kmap, nbrs, parity, eps):
+    """One IQ2_XS sub-block of 16 (ggml's quantize_row_iq2_xs_impl; IQ2_S's with parity
+    False, eps 1e-8): signs into sg[2], grid indices into g[2]; returns the scale (0:
+    skipped)."""
+    _signs(x, w, xv, sg, 2, parity)
     for i in range(16):
         waux[i] = np.sqrt(w[i])
     mx = xv[0]
@@ -232,7 +240,7 @@ def _sub_block_xs(x, w, xv, waux, lv, la, g, ga, on, ona, sg, points, kmap, nbrs
         on[k] = True
     for i in range(16):
         lv[i] = 0
-    if not (mx >= EPS):
+    if not (mx >= eps):
         for k in range(2):
             sg[k] = 0
         return F0
@@ -264,7 +272,7 @@ def _sub_block_xs(x, w, xv, waux, lv, la, g, ga, on, ona, sg, points, kmap, nbrs
     if scale < 0:
         scale = -scale
         for k in range(2):
-            sg[k] = (~sg[k]) & 127
+            sg[k] = (~sg[k]) & (127 if parity else 255)
     return scale
 
 
@@ -272,23 +280,30 @@ def _sub_block_xs(x, w, xv, waux, lv, la, g, ga, on, ona, sg, points, kmap, nbrs
 def _enc_super(kind, row, qrow, o, weighted, points, values, kmap, nbrs, ksigns, f16, dfac,
                w, xv, waux, L, lv, la, ga, on, ona, gs, sgs, a, b, out, p):
     """One super-block row[o:o+256] -> out[p:p+bytes]: IQ2_XXS (kind 0: 8 sub-blocks of 32,
-    66 bytes) or IQ2_XS (kind 1: 16 of 16, 74 bytes); returns 1 if d overflows."""
+    66 bytes), IQ2_XS (kind 1: 16 of 16, 74 bytes) or IQ2_S (kind 2: 16 of 16, 82 bytes);
+    returns 1 if d overflows."""
     ns = 8 if kind == 0 else 16
     sz = 256 // ns
     ng = sz // 8
-    nbytes = 66 if kind == 0 else 74
+    nbytes = 66 if kind == 0 else (74 if kind == 1 else 82)
     sumx2 = F0
     for i in range(256):
         sumx2 = sumx2 + row[o + i] * row[o + i]
-    sigma2 = sumx2 / np.float32(256)
+    if kind == 2:
+        sigma2 = np.float32(2) * sumx2 / np.float32(256)
+    else:
+        sigma2 = sumx2 / np.float32(256)
     for j in range(nbytes):
         out[p + j] = 0
     if not (sigma2 < np.inf):           # squares overflow float32: refused, as the reference
         out[p + 1] = np.uint8(0x7C)
         return 1
     for i in range(256):
-        qv = qrow[o + i] if weighted else F1
-        w[i] = qv * np.sqrt(sigma2 + row[o + i] * row[o + i])
+        if kind == 2 and not weighted:
+            w[i] = np.float32(0.25) * sigma2 + row[o + i] * row[o + i]
+        else:
+            qv = qrow[o + i] if weighted else F1
+            w[i] = qv * np.sqrt(sigma2 + row[o + i] * row[o + i])
     max_scale = F0
     for ib in range(ns):
         xb = row[o + sz * ib:o + sz * ib + sz]
@@ -298,7 +313,7 @@ def _enc_super(kind, row, qrow, o, weighted, points, values, kmap, nbrs, ksigns,
                             nbrs)
         else:
             sc = _sub_block_xs(xb, wb, xv, waux, lv, la, gs[ib], ga, on, ona, sgs[ib], points,
-                               kmap, nbrs)
+                               kmap, nbrs, kind == 1, EPS if kind == 1 else EPS_S)
         if not (sc > 0):
             for k in range(ng):
                 gs[ib, k] = 0
@@ -308,7 +323,7 @@ def _enc_super(kind, row, qrow, o, weighted, points, values, kmap, nbrs, ksigns,
         sa = F0
         sb = F0
         for k in range(ng):
-            sbits = ksigns[sgs[ib, k]]
+            sbits = ksigns[sgs[ib, k]] if kind < 2 else sgs[ib, k]
             for i in range(8):
                 v = np.float32(values[gs[ib, k], i])
                 if (sbits >> i) & 1:
@@ -364,12 +379,19 @@ def _enc_super(kind, row, qrow, o, weighted, points, values, kmap, nbrs, ksigns,
                   | (np.int64(s_min) << 28))
             for k in range(4):
                 out[q + 4 + k] = np.uint8((w1 >> (8 * k)) & 255)
-        else:
+        elif kind == 1:
             for k in range(2):
                 v16 = np.int64(gs[ib, k]) | (np.int64(sgs[ib, k]) << 9)
                 out[p + 2 + 4 * ib + 2 * k] = np.uint8(v16 & 255)
                 out[p + 3 + 4 * ib + 2 * k] = np.uint8(v16 >> 8)
             out[p + 66 + ib // 2] |= np.uint8(s_min << (4 * (ib % 2)))
+        else:                            # qs[32] | signs[32] | qh[8] | scales[8]
+            for k in range(2):
+                i8 = 2 * ib + k
+                out[p + 2 + i8] = np.uint8(gs[ib, k] & 255)
+                out[p + 34 + i8] = np.uint8(sgs[ib, k])
+                out[p + 66 + i8 // 4] |= np.uint8((gs[ib, k] >> 8) << (2 * (i8 % 4)))
+            out[p + 74 + ib // 2] |= np.uint8(s_min << (4 * (ib % 2)))
     return 0
 
 
@@ -380,7 +402,7 @@ def iq2_encode(kind, w, qw, weighted, points, values, kmap, nbrs, ksigns, f16, d
     with `weighted`, qw (rows or 1, cols) is the importance (finite, >= 0)."""
     rows, cols = w.shape
     nb = cols // 256
-    bpb = 66 if kind == 0 else 74
+    bpb = 66 if kind == 0 else (74 if kind == 1 else 82)
     nch = min(rows, 256)
     for ch in prange(nch):
         ws = np.empty(256, np.float32)
@@ -413,7 +435,7 @@ def iq2_encode(kind, w, qw, weighted, points, values, kmap, nbrs, ksigns, f16, d
             flags[r] = f
 
 
-KINDS = {"IQ2_XXS": 0, "IQ2_XS": 1}
+KINDS = {"IQ2_XXS": 0, "IQ2_XS": 1, "IQ2_S": 2}
 
 
 def encode_blocks(w2d: np.ndarray, blocks: np.ndarray, flags: np.ndarray,
@@ -426,4 +448,5 @@ def encode_blocks(w2d: np.ndarray, blocks: np.ndarray, flags: np.ndarray,
     q = readonly(np.ascontiguousarray(qw, np.float32).reshape(-1, w2d.shape[1]) if weighted
                  else np.ones((1, 1), np.float32))
     iq2_encode(KINDS[name.upper()], readonly(w2d), q, weighted, lat.points, lat.values,
-               lat.kmap, lat.neighbours, KSIGNS, f16_table(), readonly(D_FACTORS), blocks, flags)
+               lat.kmap, lat.neighbours, KSIGNS, f16_table(),
+               readonly(D_FACTORS_S if name.upper() == "IQ2_S" else D_FACTORS), blocks, flags)

@@ -33,7 +33,7 @@ GGML_TYPES = {
     "MXFP4": (11, 32, 17), "TQ1_0": (12, 256, 54), "TQ2_0": (13, 256, 66),
     "IQ4_XS": (14, 256, 136),
     "IQ2_XXS": (16, 256, 66),        # id = its GGML type number (helpers add types in parallel)
-    "IQ2_XS": (17, 256, 74),
+    "IQ2_XS": (17, 256, 74), "IQ2_S": (22, 256, 82),
 }
 #: GGML types with a quantize kernel (bit-identical to gguf-py / llama.cpp reference)
 GGML_QUANT = ("Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1")
@@ -53,7 +53,7 @@ GGML_QUANT_IQ4NL = ("IQ4_NL", "IQ4_XS")
 GGML_QUANT_RTN = ("MXFP4", "TQ1_0", "TQ2_0")
 #: GGML lattice i-quants: ggml's search (kernels/iq2_quant.py), bit-identical to the numpy
 #: reference workbench/schemes/ggml/iq2.py
-GGML_QUANT_IQ2 = ("IQ2_XXS", "IQ2_XS")
+GGML_QUANT_IQ2 = ("IQ2_XXS", "IQ2_XS", "IQ2_S")
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,7 +16,7 @@ from workbench.schemes import get_scheme
 
 from kernel_testutil import same_bits, same_qt, weights
 
-TYPES = ["iq2_xxs", "iq2_xs"]
+TYPES = ["iq2_xxs", "iq2_xs", "iq2_s"]
 GGML_SRC = os.path.expanduser("~/.cache/quant-workbench/llama-cpp-python-0.3.36/src/ggml/src")
 
 
@@ -52,7 +52,7 @@ def test_tables_are_ggmls():
     KSIGNS is ksigns_iq2xs (read from the llama.cpp source when present); every grid point
     has a key and every other key of {0,1,2}^8 a neighbour list."""
     from kernels.iq_lattice import KSIGNS, grid_values, lattice
-    for name, n in (("iq2_xxs", 256), ("iq2_xs", 512)):
+    for name, n in (("iq2_xxs", 256), ("iq2_xs", 512), ("iq2_s", 1024)):
         lat = lattice(name)
         assert lat.points.shape == (n, 8) and set(np.unique(lat.points)) == {1, 3, 5}
         assert (lat.neighbours[:, 0] >= 0).all()

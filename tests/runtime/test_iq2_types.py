@@ -23,7 +23,7 @@ from .conftest import ROOT, perplexity, run_tool
 
 pytestmark = pytest.mark.runtime
 
-TYPES = ["iq2_xxs", "iq2_xs"]
+TYPES = ["iq2_xxs", "iq2_xs", "iq2_s"]
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +38,8 @@ def _search_bits(name, raw, bpb):
     the sign bits of the other word; IQ2_XS every uint16 of qs (9-bit index, 7 signs)."""
     if name == "iq2_xs":
         return raw.reshape(-1, bpb)[:, 2:66].copy().view("<u2")
+    if name == "iq2_s":                                   # qs, signs, qh
+        return raw.reshape(-1, bpb)[:, 2:74]
     q = raw.reshape(-1, bpb)[:, 2:].copy().view("<u4").reshape(-1, 8, 2)
     return np.stack([q[:, :, 0], q[:, :, 1] & 0x0FFFFFFF], axis=2)
 
@@ -63,12 +65,16 @@ def test_search_is_ggmls_and_weighted_error_lower(ggml, minilm, name):
         assert np.array_equal(yo.view(np.uint32), mine.view(np.uint32))
         yt = ggml.dequantize(name, theirs, w.shape[1])
         errs.append(np.sqrt((qv * (x - yo) ** 2).sum() / (qv * (x - yt) ** 2).sum()))
-        # plain (unit importance: what llama.cpp would need an imatrix of ones for)
+        # plain (unit importance: what llama.cpp would need an imatrix of ones for; IQ2_S:
+        # ggml's own plain quantization, the same search)
         plain = quantize(w, name).arrays["blocks"]
         yp = ggml.dequantize(name, plain, w.shape[1])
-        yu = ggml.dequantize(name, ggml.quantize(name, w, imatrix=np.ones(w.shape[1],
-                                                                          np.float32)),
-                             w.shape[1])
+        ones = None if name == "iq2_s" else np.ones(w.shape[1], np.float32)
+        theirs_plain = ggml.quantize(name, w, imatrix=ones)
+        yu = ggml.dequantize(name, theirs_plain, w.shape[1])
+        if name == "iq2_s":
+            assert np.array_equal(_search_bits(name, plain, s.type_size),
+                                  _search_bits(name, theirs_plain, s.type_size))
         assert ((x - yp) ** 2).sum() <= ((x - yu) ** 2).sum()
     print(f"\n{name}: importance-weighted RMSE ours/ggml {errs}")
     assert max(errs) <= 0.97, errs

@@ -16,9 +16,10 @@ def test_low_bit_candidates_follow_the_budget():
     assert "iq2_xxs" in LOW_BIT_ONLY and "iq2_xs" in LOW_BIT_ONLY
     for rt in ("any", "llama.cpp"):
         assert "iq2_xxs" not in candidate_schemes(rt) and "iq2_xs" not in candidate_schemes(rt)
-        assert low_bit_candidates(rt, 2.5) == ["iq2_xxs", "iq2_xs"]
-        assert low_bit_candidates(rt, 3.1) == ["iq2_xs"]        # 2.0625 + 1 < 3.1 < 2.3125 + 1
-        assert low_bit_candidates(rt, 3.4) == [] and low_bit_candidates(rt, 4.5) == []
+        assert low_bit_candidates(rt, 2.5) == ["iq2_xxs", "iq2_xs", "iq2_s"]
+        assert low_bit_candidates(rt, 3.1) == ["iq2_xs", "iq2_s"]   # 2.0625 + 1 < 3.1
+        assert low_bit_candidates(rt, 3.4) == ["iq2_s"]             # < 2.5625 + 1
+        assert low_bit_candidates(rt, 3.6) == [] and low_bit_candidates(rt, 4.5) == []
     assert low_bit_candidates("vllm", 2.5) == []                # vLLM cannot run it
 
 
@@ -39,6 +40,7 @@ def _candidates(monkeypatch, model, bpw, schemes=api.AUTO):
 def test_allocate_adds_them_only_for_a_low_budget(demo_model_path, monkeypatch):
     m = open_model(demo_model_path)
     assert _candidates(monkeypatch, m, 4.5) == candidate_schemes("llama.cpp")
-    assert _candidates(monkeypatch, m, 2.6) == candidate_schemes("llama.cpp") + ["iq2_xxs", "iq2_xs"]
+    assert _candidates(monkeypatch, m, 2.6) == candidate_schemes("llama.cpp") + ["iq2_xxs", "iq2_xs",
+                                                                        "iq2_s"]
     # named explicitly, a scheme is a candidate whatever the budget
     assert _candidates(monkeypatch, m, 4.5, "q4_0,iq2_xxs") == ["q4_0", "iq2_xxs"]

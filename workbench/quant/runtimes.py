@@ -49,11 +49,12 @@ KINDS = ("ok", "fallback", "kept", "skipped")
 # llama-quant.cpp tensor_type_fallback
 GGML_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1",
                  "q6_k": "q8_0", "tq1_0": "q4_0", "tq2_0": "q4_0", "iq4_xs": "iq4_nl",
-                 "iq2_xxs": "iq4_nl", "iq2_xs": "iq4_nl"}
+                 "iq2_xxs": "iq4_nl", "iq2_xs": "iq4_nl",
+                 "iq2_s": "iq4_nl"}
 LAST_RESORT = "fp16"
 #: lattice i-quants: runnable and exportable, but not default candidates (a 4+ bits/weight
 #: allocation keeps its candidate count and time); name them in --schemes to use them
-LOW_BIT_ONLY = ("iq2_xxs", "iq2_xs")
+LOW_BIT_ONLY = ("iq2_xxs", "iq2_xs", "iq2_s")
 
 
 def low_bit_candidates(runtime: str, mean_bpw: float) -> list[str]:
@@ -70,7 +71,7 @@ def low_bit_candidates(runtime: str, mean_bpw: float) -> list[str]:
     return out
 LLAMA_TYPES = {"fp32", "fp16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k",
                "q4_k", "q5_k", "q6_k", "iq4_nl", "mxfp4", "tq1_0", "tq2_0",
-               "iq4_xs", "iq2_xxs", "iq2_xs"}
+               "iq4_xs", "iq2_xxs", "iq2_xs", "iq2_s"}
 # llama-quant.cpp tensor_allows_quantization: substrings of GGUF names never re-typed
 LLAMA_NEVER = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup",
                "laurel", "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight",
@@ -248,7 +249,7 @@ class _LlamaCpp(Runtime):
         if base not in LLAMA_TYPES:
             return (f"llama.cpp has no tensor type for {base} (types: f32 f16 bf16 q4_0 q4_1 "
                     "q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs mxfp4 tq1_0 "
-                    "tq2_0 iq2_xxs iq2_xs)")
+                    "tq2_0 iq2_xxs iq2_xs iq2_s)")
         return None
 
     def shape_fallback(self, scheme):

@@ -14,7 +14,7 @@ kernels/kquant_affine.py; Q3_K/Q6_K: schemes/ggml/sym_k.py, kernels/kquant_sym.p
 weighs its codebook search as llama.cpp does, qw * sqrt(2 Σx²/32 + x²) (schemes/ggml/iq4_nl.py,
 kernel kernels/iq4nl_quant.py). IQ4_XS is llama.cpp's own quantize_row_iq4_nl_impl with the
 same weights, sigma2 over the 256-weight super-block (schemes/ggml/iq4_xs.py, kernel
-kernels/iq4xs_quant.py): given the same importance its bytes are llama.cpp's. IQ2_XXS/IQ2_XS run
+kernels/iq4xs_quant.py): given the same importance its bytes are llama.cpp's. IQ2_XXS/IQ2_XS/IQ2_S run
 llama.cpp's lattice search with the same weights, then picks d and the sub-block scales by
 sum qw (x - y)^2 (schemes/ggml/iq2.py, kernel kernels/iq2_quant.py). Q8_0 has no
 weighted path and is refused; llama.cpp ignores the imatrix for Q8_0 too.
@@ -32,7 +32,7 @@ from workbench.schemes.ggml.search import affine_search, symmetric_search
 
 F = np.float32
 SUPPORTED = ("q4_0", "q5_0", "q4_1", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl",
-             "iq4_xs", "iq2_xxs", "iq2_xs")
+             "iq4_xs", "iq2_xxs", "iq2_xs", "iq2_s")
 
 
 def _llama_weights(x: np.ndarray, qw: np.ndarray, sub: int, factor: float) -> np.ndarray:
@@ -155,7 +155,7 @@ def _encode(scheme, x, qw):
         return _iq4_nl(scheme, x, qw)
     if n == "iq4_xs":
         return _iq4_xs(scheme, x, qw)
-    if n in ("iq2_xxs", "iq2_xs"):
+    if n in ("iq2_xxs", "iq2_xs", "iq2_s"):
         return _iq4_xs(scheme, x, qw, "iq2_blocks")
     raise KeyError(n)
 

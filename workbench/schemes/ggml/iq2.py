@@ -47,12 +47,16 @@ def weights_of(x: np.ndarray, qw: np.ndarray | None) -> np.ndarray:
     return (q * np.sqrt(sigma2[:, None] + x * x)).astype(F)
 
 
-def take_signs(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def take_signs(x: np.ndarray, w: np.ndarray, parity: bool = True
+               ) -> tuple[np.ndarray, np.ndarray]:
     """x, w (m, 8G) -> xval (m, 8G) (|x|, one weight of an odd group negated) and the 7-bit
     sign groups (m, G) uint8 (ggml: the least important weight w x^2 of a group with an odd
-    count of negatives takes the flip)."""
+    count of negatives takes the flip). parity False (IQ2_S): xval = |x|, 8 sign bits."""
     m, ng = x.shape[0], x.shape[1] // 8
     neg = ~(x >= 0)
+    if not parity:
+        s = (neg.reshape(m * ng, 8).astype(np.uint16) << np.arange(8, dtype=np.uint16)).sum(1)
+        return np.where(neg, -x, x), s.astype(np.uint8).reshape(m, ng)
     xval = np.where(neg, -x, x).reshape(m * ng, 8)
     negg = neg.reshape(m * ng, 8).copy()
     odd = (negg.sum(axis=1) & 1).astype(bool)
@@ -197,17 +201,17 @@ def search(lat, xval: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return np.where(live, scale, F(0)).astype(F), np.where(live[:, None], g, 0), flip
 
 
-def signed_values(values, g: np.ndarray, signs: np.ndarray) -> np.ndarray:
+def signed_values(values, g: np.ndarray, signs: np.ndarray, parity: bool = True) -> np.ndarray:
     """The decoder's grid byte times its sign, float32 (m, 8G), for grid indices (m, G) and
     7-bit sign groups (m, G)."""
     m, ng = g.shape
     v = values[g].astype(F).reshape(m, 8 * ng)
-    sb = KSIGNS[signs].reshape(m * ng, 1) >> np.arange(8, dtype=np.uint8)
+    sb = (KSIGNS[signs] if parity else signs).reshape(m * ng, 1) >> np.arange(8, dtype=np.uint8)
     neg = (sb & 1).astype(bool).reshape(m, 8 * ng)
     return np.where(neg, -v, v)
 
 
-def pick_scales(x, qw, gv, max_scale):
+def pick_scales(x, qw, gv, max_scale, factors=None):
     """The last step: per super-block (n rows of S sub-blocks) the float16 d among
     D_FACTORS * max_scale / 31 and per sub-block the 4-bit s of least sum qw (x - y)^2,
     y = d (0.5 + s) 0.25 gv. x, qw, gv (n*S, 256/S); max_scale (n,). -> (d16 (n,), s (n, S))."""
@@ -216,9 +220,10 @@ def pick_scales(x, qw, gv, max_scale):
     a = _seqsum(qw * x, gv).reshape(n, ns)
     b = _seqsum(qw * gv, gv).reshape(n, ns)
     best_e = np.full(n, np.inf, F)
-    best_d = to_fp16(max_scale / F(31) * D_FACTORS[0])
+    factors = D_FACTORS if factors is None else factors
+    best_d = to_fp16(max_scale / F(31) * factors[0])
     best_s = np.zeros((n, ns), np.int64)
-    for f in D_FACTORS:
+    for f in factors:
         d16 = to_fp16(max_scale / F(31) * f)
         d = d16.astype(F)
         e_min = np.full((n, ns), np.inf, F)
@@ -236,7 +241,7 @@ def pick_scales(x, qw, gv, max_scale):
         best_e = np.where(better, tot, best_e)
         best_d = np.where(better, d16, best_d)
         best_s = np.where(better[:, None], s_min, best_s)
-    first = to_fp16(max_scale / F(31) * D_FACTORS[0])
+    first = to_fp16(max_scale / F(31) * factors[0])
     best_d = np.where(np.isfinite(first.astype(F)), best_d, first)   # overflow: refused later
     return best_d, best_s
 
@@ -300,14 +305,15 @@ class IQ2_XXS(GGMLScheme):
         return decode_iq2_xxs(b)
 
 
-def search_xs(lat, xval: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def search_xs(lat, xval: np.ndarray, w: np.ndarray, eps=EPS
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ggml's IQ2_XS sub-block search (16 weights, kMaxQ 3): first scale max/5, 19 trial
     scales (5 + 0.1 is)/max, and at the end only the groups that were off the grid re-rounded
     at the final scale. xval, w (m, 16) -> (scale (m,), grid indices (m, 2), flip (m,))."""
     m = xval.shape[0]
     waux = np.sqrt(w).astype(F)
     mx = xval.max(axis=1)
-    live = mx >= EPS
+    live = mx >= eps
     mxs = np.where(live, mx, F(1))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         scale = mxs / F(2 * KMAXQ - 1)
@@ -391,3 +397,77 @@ class IQ2_XS(GGMLScheme):
 
     def decode(self, b):
         return decode_iq2_xs(b)
+
+
+#: IQ2_S stores d = max scale / 31 * 0.9875 (ggml); the candidates start there
+D_FACTORS_S = tuple(F(F(0.9875) * f) for f in D_FACTORS)
+EPS_S = F(1e-8)
+
+
+def encode_iq2_s(x: np.ndarray, qw: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
+    """ggml's quantize_row_iq2_s_impl search (sigma2 = 2 sum x^2 / 256; without importance the
+    weights 0.25 sigma2 + x^2, as ggml, which quantizes IQ2_S without an imatrix too), then
+    the workbench's d and 4-bit scales."""
+    lat = lattice("iq2_s")
+    n = x.shape[0]
+    sigma2 = F(2) * _seqsum(x, x) / F(256)
+    if qw is None:
+        w = (F(0.25) * sigma2[:, None] + x * x).astype(F)
+    else:
+        w = (np.asarray(qw, F) * np.sqrt(sigma2[:, None] + x * x)).astype(F)
+    xs = x.reshape(n * 16, 16)
+    ws = w.reshape(n * 16, 16)
+    xval, signs = take_signs(xs, ws, parity=False)
+    scale, g, flip = search_xs(lat, xval, ws, EPS_S)
+    signs = np.where(flip[:, None], ~signs, signs)
+    live = scale > 0
+    g = np.where(live[:, None], g, 0)
+    signs = np.where(live[:, None], signs, 0).astype(np.uint8)
+    max_scale = scale.reshape(n, 16).max(axis=1)
+    q = np.ones_like(xs) if qw is None else np.asarray(qw, F).reshape(n * 16, 16)
+    d16, s = pick_scales(xs, q, signed_values(lat.values, g, signs, parity=False), max_scale,
+                         D_FACTORS_S)
+    zero = max_scale == 0
+    d16 = np.where(zero, np.float16(0), d16)
+    d16 = np.where(np.isfinite(_seqsum(x, x)), d16, np.float16(np.inf))
+    out = np.zeros(n, dtype)
+    out["d"] = d16
+    g = g.reshape(n, 32)
+    out["qs"] = np.concatenate([(g & 255).astype(np.uint8), signs.reshape(n, 32)], axis=1)
+    hi = (g >> 8).astype(np.uint8).reshape(n, 8, 4) << (2 * np.arange(4, dtype=np.uint8))
+    out["qh"] = hi.sum(axis=2).astype(np.uint8)
+    s = s.astype(np.uint8)
+    out["scales"] = s[:, 0::2] | (s[:, 1::2] << np.uint8(4))
+    for f in ("qs", "qh", "scales"):
+        out[f] = np.where(zero[:, None], np.uint8(0), out[f])
+    return out
+
+
+def decode_iq2_s(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    d = fp16_field(b["d"])
+    sc = b["scales"].astype(np.int64)
+    s = np.stack([sc & 15, sc >> 4], axis=2).reshape(n, 16)
+    db = d[:, None] * (F(0.5) + s.astype(F)) * F(0.25)
+    qs = b["qs"].astype(np.int64)
+    hi = (b["qh"].astype(np.int64)[:, :, None] >> (2 * np.arange(4))) & 3
+    g = qs[:, :32] | (hi.reshape(n, 32) << 8)
+    gv = signed_values(grid_values("iq2_s"), g.reshape(n * 16, 2),
+                       b["qs"][:, 32:].reshape(n * 16, 2), parity=False)
+    return (db.reshape(n * 16, 1) * np.abs(gv) * np.where(gv < 0, F(-1), F(1))).reshape(n, 256)
+
+
+class IQ2_S(GGMLScheme):
+    name = "iq2_s"
+    nominal_bits = 2
+    block_size = 256
+    ggml_type = gguf.GGMLQuantizationType.IQ2_S
+    block_dtype = block_dtype([("d", "<f2"), ("qs", "u1", (64,)), ("qh", "u1", (8,)),
+                               ("scales", "u1", (8,))], 82)
+
+    def encode(self, x, qw=None):
+        """qw: optional importance (n_blocks, 256), finite and >= 0 (llama.cpp's imatrix)."""
+        return encode_iq2_s(np.asarray(x, F), qw, self.block_dtype)
+
+    def decode(self, b):
+        return decode_iq2_s(b)
