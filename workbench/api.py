@@ -460,7 +460,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     from workbench.quant.evaluate import evaluate
     from workbench.running.moe import expand_pins
     from workbench.core.progress import run as run_job
-    from workbench.planning.sizes import below_smallest_message, size_floor
+    from workbench.planning.sizes import below_smallest_message, sized_candidates
     drive = _driver(progress, cancel, driver)
     target = budgets.file_target(budget, target)
     if table is not None:
@@ -471,16 +471,8 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     names = parse_schemes(schemes, target)
     parse_methods(methods)          # a bad methods text is refused before anything is measured
     pins = expand_pins(model, pins or {})   # moe: selectors, names checked
-    cheapest, params = size_floor(model, names, target, pins)
-    want = int(budget.value) if budget.kind == "bytes" else int(budget.value * params / 8.0 + 1e-9)
-    if table is None and isinstance(schemes, str) and schemes == AUTO:
-        # the lattice i-quants only when the budget is low enough to use them
-        from workbench.quant.runtimes import low_bit_candidates
-        low = [s for s in low_bit_candidates(target, want * 8.0 / max(params, 1))
-               if s not in names]
-        if low:
-            names = names + low
-            cheapest, params = size_floor(model, names, target, pins)
+    names, cheapest, params, want = sized_candidates(model, names, target, pins, budget,
+                                                     table is None and schemes == AUTO)
     if (budget.kind == "bytes" or (budget.kind == "bpw" and budget.over == "all")) \
             and cheapest > want:
         raise WorkbenchError(below_smallest_message(model, want, cheapest, params, names,

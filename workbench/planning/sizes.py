@@ -77,3 +77,17 @@ def below_smallest_message(model, budget_bytes: int, cheapest: int, params: int,
     if reach:
         return msg + "; candidates that reach the budget as a uniform plan: " + ", ".join(reach)
     return msg + f"; no scheme {runtime} runs reaches it: raise the budget"
+
+
+def sized_candidates(model, names, runtime, pins, budget, auto: bool):
+    """(candidates, bytes of the smallest plan, parameters, the budget in bytes) for
+    `allocate`; with `auto` (the "auto" candidate list) the lattice i-quants join when the
+    budget's mean bits/weight is low enough to use them (runtimes.low_bit_candidates)."""
+    from workbench.quant.runtimes import low_bit_candidates
+    cheapest, params = size_floor(model, names, runtime, pins)
+    want = int(budget.value) if budget.kind == "bytes" else int(budget.value * params / 8.0 + 1e-9)
+    low = [s for s in low_bit_candidates(runtime, want * 8.0 / max(params, 1)) if s not in names]
+    if auto and low:
+        names = list(names) + low
+        cheapest, params = size_floor(model, names, runtime, pins)
+    return names, cheapest, params, want
