@@ -1,5 +1,5 @@
-"""numba quantize kernel of llama.cpp's 2-bit lattice i-quants, bit-identical to the numpy
-reference ``workbench.schemes.ggml.iq2`` (ggml's quantize_row_iq2_xxs_impl search in float32,
+"""numba quantize kernel of llama.cpp's 2-bit lattice i-quants (IQ2_XXS, IQ2_XS, IQ2_S),
+bit-identical to the numpy reference ``workbench.schemes.ggml.iq2`` (ggml's search in float32,
 operation for operation, then the workbench's choice of d and the 4-bit sub-block scales).
 
 One super-block at a time (rows in parallel): ggml's search weights, the signs, ggml's

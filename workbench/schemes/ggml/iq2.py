@@ -1,4 +1,6 @@
-"""IQ2_XXS (GGML type 16): llama.cpp's 2-bit lattice i-quant, 2.0625 bits/weight.
+"""llama.cpp's 2-bit lattice i-quants: IQ2_XXS (GGML type 16, 2.0625 bits/weight), IQ2_XS
+(17, 2.3125) and IQ2_S (22, 2.5625). IQ2_XXS is described here; IQ2_XS and IQ2_S (16-weight
+sub-blocks, ggml's quantize_row_iq2_xs_impl / _s_impl searches) at search_xs / encode_iq2_s.
 
 Layout (66 bytes, ggml ``block_iq2_xxs``): d (fp16), then per 32-weight sub-block ib two
 little-endian uint32 words: qs[2ib] = four grid indices (byte k: the 8 weights 8k..8k+7, an
