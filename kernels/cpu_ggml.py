@@ -243,7 +243,8 @@ def _iq2_s(src, f16, dst):              # d | qs[32] | signs[32] | qh[8] | scale
             db = d * (np.float32(0.5) + np.float32(s)) * np.float32(0.25)
             for k in range(2):
                 i8 = 2 * ib + k
-                g = np.int64(src[p + 2 + i8]) | (((np.int64(src[p + 66 + i8 // 4]) >> (2 * (i8 % 4))) & 3) << 8)
+                hi = (np.int64(src[p + 66 + i8 // 4]) >> (2 * (i8 % 4))) & 3
+                g = np.int64(src[p + 2 + i8]) | (hi << 8)
                 sg = np.int64(src[p + 34 + i8])
                 for j in range(8):
                     v = db * np.float32(_IQ2S_GRID[g, j])
