@@ -12,6 +12,11 @@ from .iq3_grids import IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
 _G3XXS = IQ3XXS_GRID.astype(np.float32)      # grid magnitudes (constants of the decoders)
 _G3S = IQ3S_GRID.astype(np.float32)
 _KS = KSIGNS_IQ2XS.astype(np.int64)
+from .iq_lattice import KSIGNS, grid_values
+
+_IQ2XXS_GRID = grid_values("iq2_xxs")        # numba freezes these global tables as constants
+_IQ2XS_GRID = grid_values("iq2_xs")
+_IQ2S_GRID = grid_values("iq2_s")
 
 # ---------------------------------------------------------------- GGML block decoders
 # Common signature: (src row bytes, f16 table, IQ4_NL levels, dst row); each decodes every
@@ -231,6 +236,63 @@ def _iq3_s(src, f16, dst):              # d | qs[64] | qh[8] | signs[32] | scale
 
 
 @njit(**_J)
+def _iq2_xxs(src, f16, dst):            # d | per 32: u32 4 grid bytes | u32 4x7 signs, 4-bit s
+    for b in range(dst.shape[0] // 256):
+        p = b * 66
+        o = b * 256
+        d = _h(src, p, f16)
+        for ib in range(8):
+            q = p + 2 + 8 * ib
+            aux = (np.int64(src[q + 4]) | (np.int64(src[q + 5]) << 8)
+                   | (np.int64(src[q + 6]) << 16) | (np.int64(src[q + 7]) << 24))
+            db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
+            for k in range(4):
+                g = np.int64(src[q + k])
+                sg = np.int64(KSIGNS[(aux >> (7 * k)) & 127])
+                for j in range(8):
+                    v = db * np.float32(_IQ2XXS_GRID[g, j])
+                    dst[o + 32 * ib + 8 * k + j] = -v if (sg >> j) & 1 else v
+
+
+@njit(**_J)
+def _iq2_xs(src, f16, dst):             # d | qs u16[32]: 9-bit grid index, 7 signs | scales[8]
+    for b in range(dst.shape[0] // 256):
+        p = b * 74
+        o = b * 256
+        d = _h(src, p, f16)
+        for ib in range(16):
+            s = (np.int64(src[p + 66 + ib // 2]) >> (4 * (ib % 2))) & 15
+            db = d * (np.float32(0.5) + np.float32(s)) * np.float32(0.25)
+            for k in range(2):
+                q = p + 2 + 4 * ib + 2 * k
+                v16 = np.int64(src[q]) | (np.int64(src[q + 1]) << 8)
+                g = v16 & 511
+                sg = np.int64(KSIGNS[v16 >> 9])
+                for j in range(8):
+                    v = db * np.float32(_IQ2XS_GRID[g, j])
+                    dst[o + 16 * ib + 8 * k + j] = -v if (sg >> j) & 1 else v
+
+
+@njit(**_J)
+def _iq2_s(src, f16, dst):              # d | qs[32] | signs[32] | qh[8] | scales[8]
+    for b in range(dst.shape[0] // 256):
+        p = b * 82
+        o = b * 256
+        d = _h(src, p, f16)
+        for ib in range(16):
+            s = (np.int64(src[p + 74 + ib // 2]) >> (4 * (ib % 2))) & 15
+            db = d * (np.float32(0.5) + np.float32(s)) * np.float32(0.25)
+            for k in range(2):
+                i8 = 2 * ib + k
+                hi = (np.int64(src[p + 66 + i8 // 4]) >> (2 * (i8 % 4))) & 3
+                g = np.int64(src[p + 2 + i8]) | (hi << 8)
+                sg = np.int64(src[p + 34 + i8])
+                for j in range(8):
+                    v = db * np.float32(_IQ2S_GRID[g, j])
+                    dst[o + 16 * ib + 8 * k + j] = -v if (sg >> j) & 1 else v
+
+
+@njit(**_J)
 def _q2_k(src, f16, kv, dst):           # scales[16] | qs[64] | d | dmin
     for b in range(dst.shape[0] // 256):
         p = b * 84
@@ -400,6 +462,12 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
         _iq3_xxs(src, f16, dst)
     elif tid == 21:
         _iq3_s(src, f16, dst)
+    elif tid == 16:
+        _iq2_xxs(src, f16, dst)
+    elif tid == 17:
+        _iq2_xs(src, f16, dst)
+    elif tid == 22:
+        _iq2_s(src, f16, dst)
 
 
 @njit(**_P)

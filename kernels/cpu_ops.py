@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import host, tables
-from .spec import GGML_QUANT_RTN, Spec
+from .spec import GGML_QUANT_IQ2, GGML_QUANT_RTN, Spec
 
 
 SERIAL_BELOW = 1 << 16          # elements: smaller tensors run on the calling thread only
@@ -324,6 +324,8 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
             return iq4xs_blocks(spec, w2d, None, check_finite)
         elif spec.ggml_name in ("IQ3_XXS", "IQ3_S"):
             return iq3_blocks(spec, w2d, None, check_finite)
+        elif spec.ggml_name in GGML_QUANT_IQ2:
+            return iq2_blocks(spec, w2d, None, check_finite)
         elif spec.ggml_name in GGML_QUANT_RTN:
             from . import ggml_rtn_quant
             ggml_rtn_quant.encode_blocks(spec.ggml_name, w2d, blocks, flags)
@@ -432,14 +434,28 @@ def iq4xs_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
     return _codebook_blocks(iq4xs_quant, 256, spec, w2d, qw, check_finite)
 
 
-def iq3_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
-               check_finite: bool = True) -> dict | None:
-    """IQ3_XXS / IQ3_S blocks by kernels/iq3_quant.py (see iq4nl_blocks)."""
-    from . import iq3_quant
+def _lattice_blocks(encode, spec: Spec, w2d, qw, check_finite) -> dict | None:
+    """Blocks of 256 weights by a lattice i-quant kernel, `encode(w2d, blocks, flags, qw)`."""
     w2d = host.readonly(np.ascontiguousarray(w2d, np.float32))
     rows, cols = w2d.shape
     blocks = np.empty((rows, (cols // 256) * spec.bpb), np.uint8)
     flags = np.empty(rows, np.uint8)
     with _threads(w2d.size):
-        iq3_quant.encode_blocks(spec.ggml_name, w2d, blocks, flags, qw)
+        encode(w2d, blocks, flags, qw)
     return _blocks_or_decline(blocks, flags, w2d, check_finite)
+
+
+def iq3_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
+               check_finite: bool = True) -> dict | None:
+    """IQ3_XXS / IQ3_S blocks by kernels/iq3_quant.py (see iq4nl_blocks)."""
+    from . import iq3_quant
+    return _lattice_blocks(lambda w, b, f, q: iq3_quant.encode_blocks(spec.ggml_name, w, b, f, q),
+                           spec, w2d, qw, check_finite)
+
+
+def iq2_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
+               check_finite: bool = True) -> dict | None:
+    """IQ2_XXS / IQ2_XS / IQ2_S blocks by kernels/iq2_quant.py (see iq4nl_blocks)."""
+    from . import iq2_quant
+    return _lattice_blocks(lambda w, b, f, q: iq2_quant.encode_blocks(w, b, f, q, spec.ggml_name),
+                           spec, w2d, qw, check_finite)

@@ -186,6 +186,26 @@ def d_iq3_xxs(q, s, z, lut, prm, r, c, cols):
     return -v if (sg >> (e % 8)) & 1 else v
 
 
+from .iq_lattice import KSIGNS as _IQ2_KSIGNS, grid_values as _grid_values  # noqa: E402
+
+_IQ2XXS_GRID = _grid_values("iq2_xxs")   # numpy globals: constant arrays on the device
+_IQ2XS_GRID = _grid_values("iq2_xs")
+_IQ2S_GRID = _grid_values("iq2_s")
+
+
+@cuda.jit(device=True)
+def d_iq2_xxs(q, s, z, lut, prm, r, c, cols):
+    p = r * prm[0] + (c // 256) * 66 + 2 + 8 * ((c % 256) // 32)
+    e = c % 32
+    aux = (np.int64(_u8(q, p + 4)) | (np.int64(_u8(q, p + 5)) << 8)
+           | (np.int64(_u8(q, p + 6)) << 16) | (np.int64(_u8(q, p + 7)) << 24))
+    db = _f16(q, p - 2 - 8 * ((c % 256) // 32), lut) * (np.float32(0.5) + np.float32(aux >> 28)) \
+        * np.float32(0.25)
+    sg = _IQ2_KSIGNS[(aux >> (7 * (e // 8))) & 127]
+    v = db * np.float32(_IQ2XXS_GRID[_u8(q, p + e // 8), e % 8])
+    return -v if (sg >> (e % 8)) & 1 else v
+
+
 @cuda.jit(device=True)
 def d_iq3_s(q, s, z, lut, prm, r, c, cols):
     p = r * prm[0] + (c // 256) * 110
@@ -197,6 +217,33 @@ def d_iq3_s(q, s, z, lut, prm, r, c, cols):
     gi = _u8(q, p + 2 + 8 * ib + g) | (((_u8(q, p + 66 + ib) >> g) & 1) << 8)
     v = db * _G3S_F[gi, e % 4]
     return -v if (_u8(q, p + 74 + 4 * ib + g // 2) >> (e % 8)) & 1 else v
+
+
+@cuda.jit(device=True)
+def d_iq2_xs(q, s, z, lut, prm, r, c, cols):
+    p = r * prm[0] + (c // 256) * 74
+    e = c % 256
+    ib = e // 16
+    sc = (_u8(q, p + 66 + ib // 2) >> (4 * (ib % 2))) & 15
+    db = _f16(q, p, lut) * (np.float32(0.5) + np.float32(sc)) * np.float32(0.25)
+    qq = p + 2 + 2 * (e // 8)
+    v16 = _u8(q, qq) | (_u8(q, qq + 1) << 8)
+    sg = _IQ2_KSIGNS[v16 >> 9]
+    v = db * np.float32(_IQ2XS_GRID[v16 & 511, e % 8])
+    return -v if (sg >> (e % 8)) & 1 else v
+
+
+@cuda.jit(device=True)
+def d_iq2_s(q, s, z, lut, prm, r, c, cols):
+    p = r * prm[0] + (c // 256) * 82
+    e = c % 256
+    ib = e // 16
+    i8 = e // 8
+    sc = (_u8(q, p + 74 + ib // 2) >> (4 * (ib % 2))) & 15
+    db = _f16(q, p, lut) * (np.float32(0.5) + np.float32(sc)) * np.float32(0.25)
+    g = _u8(q, p + 2 + i8) | (((_u8(q, p + 66 + i8 // 4) >> (2 * (i8 % 4))) & 3) << 8)
+    v = db * np.float32(_IQ2S_GRID[g, e % 8])
+    return -v if (_u8(q, p + 34 + i8) >> (e % 8)) & 1 else v
 
 
 @cuda.jit(device=True)
@@ -313,7 +360,8 @@ def d_q6_k(q, s, z, lut, prm, r, c, cols):
 GGML_DEVICE = {"Q4_0": d_q4_0, "Q4_1": d_q4_1, "Q5_0": d_q5_0, "Q5_1": d_q5_1, "Q8_0": d_q8_0,
                "Q2_K": d_q2_k, "Q3_K": d_q3_k, "Q4_K": d_q4_k, "Q5_K": d_q5_k, "Q6_K": d_q6_k,
                "IQ4_NL": d_iq4_nl, "MXFP4": d_mxfp4, "TQ1_0": d_tq1_0, "TQ2_0": d_tq2_0,
-               "IQ4_XS": d_iq4_xs, "IQ3_XXS": d_iq3_xxs, "IQ3_S": d_iq3_s}
+               "IQ4_XS": d_iq4_xs, "IQ3_XXS": d_iq3_xxs, "IQ3_S": d_iq3_s,
+               "IQ2_XXS": d_iq2_xxs, "IQ2_XS": d_iq2_xs, "IQ2_S": d_iq2_s}
 
 
 # ------------------------------------------------------------------ generic launchers

@@ -33,6 +33,8 @@ GGML_TYPES = {
     "MXFP4": (11, 32, 17), "TQ1_0": (12, 256, 54), "TQ2_0": (13, 256, 66),
     "IQ4_XS": (14, 256, 136),
     "IQ3_XXS": (18, 256, 98), "IQ3_S": (21, 256, 110),
+    "IQ2_XXS": (16, 256, 66),        # id = its GGML type number (helpers add types in parallel)
+    "IQ2_XS": (17, 256, 74), "IQ2_S": (22, 256, 82),
 }
 #: GGML types with a quantize kernel (bit-identical to gguf-py / llama.cpp reference)
 GGML_QUANT = ("Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1")
@@ -53,6 +55,9 @@ GGML_QUANT_RTN = ("MXFP4", "TQ1_0", "TQ2_0")
 #: GGML lattice types whose quantize kernel runs the project's own grid search, bit-identical
 #: to its numpy reference (kernels/iq3_quant.py)
 GGML_QUANT_IQ3 = ("IQ3_XXS", "IQ3_S")
+#: GGML lattice i-quants: ggml's search (kernels/iq2_quant.py), bit-identical to the numpy
+#: reference workbench/schemes/ggml/iq2.py
+GGML_QUANT_IQ2 = ("IQ2_XXS", "IQ2_XS", "IQ2_S")
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,7 +125,8 @@ def make_spec(layout: dict | None) -> Spec | None:
         if g not in GGML_TYPES:
             return None
         tid, qk, bpb = GGML_TYPES[g]
-        quant = "ggml" if g in GGML_QUANT + GGML_QUANT_IQ4NL + GGML_QUANT_RTN + GGML_QUANT_IQ3 else None
+        quant = ("ggml" if g in GGML_QUANT + GGML_QUANT_IQ4NL + GGML_QUANT_RTN + GGML_QUANT_IQ2
+                 + GGML_QUANT_IQ3 else None)
         search = ()
         if g in GGML_QUANT_AFFINE_K + GGML_QUANT_SYM_K and layout.get("search"):
             se = layout["search"]

@@ -14,7 +14,7 @@ def test_for_budget_thresholds():
     assert {"iq3_xxs", "iq3_s"} <= set(names) <= set(candidate_schemes("any"))
     high = for_budget(names, 4.5)
     assert high == [s for s in names if s not in LOW_BIT_ONLY]
-    assert for_budget(names, 4.2) == [s for s in names if s != "iq3_xxs"]   # 3.4375 + 1 > 4.2
+    assert [s for s in for_budget(names, 4.2) if s in LOW_BIT_ONLY] == ["iq3_s"]  # 3.4375 + 1 > 4.2
     assert for_budget(names, 3.0) == names
 
 

@@ -30,7 +30,8 @@ import time
 import numpy as np
 
 DEFAULT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k",
-                 "q6_k", "iq4_nl", "iq4_xs", "mxfp4", "tq1_0", "tq2_0", "iq3_xxs", "iq3_s")
+                 "q6_k", "iq4_nl", "iq4_xs", "mxfp4", "tq1_0", "tq2_0", "iq3_xxs", "iq3_s", "iq2_xxs",
+                 "iq2_xs", "iq2_s")
 
 
 def _best(fn, repeats: int) -> float:
@@ -57,6 +58,14 @@ def _err(w: np.ndarray, y: np.ndarray, qw: np.ndarray | None):
     if qw is not None:
         return float((d * qw).sum()), float((s * qw).sum())
     return float(d.sum()), float(s.sum())
+
+
+def _unit(ty: str, w: np.ndarray):
+    """Ones for a type ggml refuses to quantize without an imatrix, else None."""
+    from kernels import ggml_ref
+    if ggml_ref._load().ggml_quantize_requires_imatrix(ggml_ref.type_id(ty)):
+        return np.ones(w.shape[1], np.float32)
+    return None
 
 
 def _weighted_types() -> set[str]:
@@ -98,7 +107,9 @@ def run_vs_ggml(model, types=DEFAULT_TYPES, importance: dict | None = None, thre
             e_g = e_o = tot = 0.0
             raw_g, qts = {}, {}
             for n, w in todo.items():
-                raw_g[n] = ggml_ref.quantize(ty, w)
+                # a type ggml quantizes only with an imatrix (the lattice i-quants): unit
+                # importance, as the workbench's plain encoding
+                raw_g[n] = ggml_ref.quantize(ty, w, imatrix=_unit(ty, w))
                 qts[n] = quantize(w, scheme.name, tensor=n)
                 yg = ggml_ref.dequantize(ty, raw_g[n], w.shape[1])
                 yo = accel.dequantize(qts[n], backend="cpu").reshape(w.shape)
@@ -131,7 +142,8 @@ def run_vs_ggml(model, types=DEFAULT_TYPES, importance: dict | None = None, thre
             for n, w in todo.items():                       # warm (JIT / cache load)
                 quantize(w[:1], scheme.name)
                 break
-            tg, cg = _best2(lambda: [ggml_ref.quantize(ty, w) for w in todo.values()], repeats)
+            tg, cg = _best2(lambda: [ggml_ref.quantize(ty, w, imatrix=_unit(ty, w))
+                                     for w in todo.values()], repeats)
             to, co = _best2(lambda: [quantize(w, scheme.name) for w in todo.values()], repeats)
             row.update(quant_mbps_ggml=nbytes / tg / 1e6, quant_mbps_ours_1t=nbytes / to / 1e6,
                        quant_ratio_1t=tg / to, quant_ratio_1t_cpu=cg / co)

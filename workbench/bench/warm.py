@@ -32,10 +32,14 @@ HEAVY = ("q4_k", "q3_k", "iq4_nl", "q5_0", "q4_0", "int4-g128")
 
 
 def _order(names: list[str]) -> list[str]:
-    """The quick float casts, then the heavy kernels, then the rest (shares are taken every
-    n-th name, so each process starts with a quick one and then a heavy one)."""
+    """The quick float casts, then the heavy kernels, then the rest, the lattice i-quants last
+    (shares are taken every n-th name, so each process starts with a quick one and then a
+    heavy one)."""
+    from workbench.quant.runtimes import LOW_BIT_ONLY      # the lattice i-quants: last
     first = [n for n in QUICK + HEAVY if n in names]
-    return first + [n for n in names if n not in first]
+    rest = [n for n in names if n not in first]
+    return (first + [n for n in rest if n not in LOW_BIT_ONLY]
+            + [n for n in rest if n in LOW_BIT_ONLY])
 
 
 def warm_names(names: list[str]) -> list[str]:

@@ -17,7 +17,9 @@ same weights, sigma2 over the 256-weight super-block (schemes/ggml/iq4_xs.py, ke
 kernels/iq4xs_quant.py): given the same importance its bytes are llama.cpp's. Q8_0 has no
 weighted path and is refused; llama.cpp ignores the imatrix for Q8_0 too. IQ3_XXS/IQ3_S weigh
 their grid search as llama.cpp does (qw * sqrt(2 sum x^2/256 + x^2)) with the workbench's own
-search (schemes/ggml/iq3.py, kernel kernels/iq3_quant.py).
+search (schemes/ggml/iq3.py, kernel kernels/iq3_quant.py). IQ2_XXS/IQ2_XS/IQ2_S run
+llama.cpp's lattice search with the same weights, then pick d and the sub-block scales by
+sum qw (x - y)^2 (schemes/ggml/iq2.py, kernel kernels/iq2_quant.py).
 
 ``weighted_encode(scheme, x, qw)``: x float32 (n_blocks, QK), qw (n_blocks, QK) -> packed
 blocks uint8 (n_blocks, type_size).
@@ -32,7 +34,7 @@ from workbench.schemes.ggml.search import affine_search, symmetric_search
 
 F = np.float32
 SUPPORTED = ("q4_0", "q5_0", "q4_1", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl",
-             "iq4_xs", "iq3_xxs", "iq3_s")
+             "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s")
 
 
 def _llama_weights(x: np.ndarray, qw: np.ndarray, sub: int, factor: float) -> np.ndarray:
@@ -116,9 +118,10 @@ def _iq4_nl(scheme, x, qw):
     return scheme.encode(x, qw)
 
 
-def _iq4_xs(scheme, x, qw):
-    """IQ4_XS: llama.cpp's search with its importance weights, by the numba kernel
-    (bit-identical) when it can, else by the numpy reference; blocks go as rows of up to 16."""
+def _iq4_xs(scheme, x, qw, kernel="iq4xs_blocks"):
+    """IQ4_XS (and IQ2_XXS, kernel iq2_blocks): llama.cpp's search with its importance
+    weights, by the numba kernel (bit-identical) when it can, else by the numpy reference;
+    blocks go as rows of up to 16."""
     from workbench.quant import accel
     from kernels import backend
     spec = accel.spec_for(scheme)
@@ -127,8 +130,8 @@ def _iq4_xs(scheme, x, qw):
         from kernels import cpu_ops
         k = next(k for k in (16, 8, 4, 2, 1) if n % k == 0)
         try:
-            res = cpu_ops.iq4xs_blocks(spec, x.reshape(n // k, 256 * k),
-                                       qw.reshape(n // k, 256 * k))
+            res = getattr(cpu_ops, kernel)(spec, x.reshape(n // k, 256 * k),
+                                           qw.reshape(n // k, 256 * k))
         except cpu_ops.NonFinite:
             res = None
         if res is not None:
@@ -176,6 +179,8 @@ def _encode(scheme, x, qw):
         return _iq4_xs(scheme, x, qw)
     if n in ("iq3_xxs", "iq3_s"):
         return _iq3(scheme, x, qw)
+    if n in ("iq2_xxs", "iq2_xs", "iq2_s"):
+        return _iq4_xs(scheme, x, qw, "iq2_blocks")
     raise KeyError(n)
 
 
