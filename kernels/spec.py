@@ -32,6 +32,7 @@ GGML_TYPES = {
     "Q5_K": (8, 256, 176), "Q6_K": (9, 256, 210), "IQ4_NL": (10, 32, 18),
     "MXFP4": (11, 32, 17), "TQ1_0": (12, 256, 54), "TQ2_0": (13, 256, 66),
     "IQ4_XS": (14, 256, 136),
+    "NVFP4": (40, 64, 36),            # id = its GGML type number (helpers add types in parallel)
 }
 #: GGML types with a quantize kernel (bit-identical to gguf-py / llama.cpp reference)
 GGML_QUANT = ("Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1")
@@ -48,7 +49,7 @@ GGML_QUANT_AFFINE_K = ("Q2_K", "Q4_K", "Q5_K")
 GGML_QUANT_IQ4NL = ("IQ4_NL", "IQ4_XS")
 #: GGML types whose quantize kernel applies llama.cpp's fixed rounding rule, bit-identical to
 #: its numpy reference and to llama.cpp (kernels/ggml_rtn_quant.py)
-GGML_QUANT_RTN = ("MXFP4", "TQ1_0", "TQ2_0")
+GGML_QUANT_RTN = ("MXFP4", "TQ1_0", "TQ2_0", "NVFP4")
 
 
 @dataclass(frozen=True, eq=False)

@@ -20,7 +20,7 @@ def random_blocks(name, rows, nblocks, seed):
     raw = rng.integers(0, 256, (rows, nblocks, bpb), dtype=np.uint8)
     fields = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
               "IQ4_NL": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2],
-              "Q6_K": [208], "TQ1_0": [52], "TQ2_0": [64], "IQ4_XS": [0], "MXFP4": []}[name]
+              "Q6_K": [208], "TQ1_0": [52], "TQ2_0": [64], "IQ4_XS": [0], "MXFP4": [], "NVFP4": []}[name]
     for off in fields:
         d = (rng.standard_normal((rows, nblocks)) * 0.5).astype(np.float16)
         raw[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, nblocks, 2)

@@ -48,11 +48,12 @@ KINDS = ("ok", "fallback", "kept", "skipped")
 
 # llama-quant.cpp tensor_type_fallback
 GGML_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1",
-                 "q6_k": "q8_0", "tq1_0": "q4_0", "tq2_0": "q4_0", "iq4_xs": "iq4_nl"}
+                 "q6_k": "q8_0", "tq1_0": "q4_0", "tq2_0": "q4_0", "iq4_xs": "iq4_nl",
+                 "nvfp4": "mxfp4"}     # nvfp4: llama.cpp defines none (it cannot write it)
 LAST_RESORT = "fp16"
 LLAMA_TYPES = {"fp32", "fp16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k",
                "q4_k", "q5_k", "q6_k", "iq4_nl", "mxfp4", "tq1_0", "tq2_0",
-               "iq4_xs"}
+               "iq4_xs", "nvfp4"}
 # llama-quant.cpp tensor_allows_quantization: substrings of GGUF names never re-typed
 LLAMA_NEVER = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup",
                "laurel", "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight",
@@ -230,7 +231,7 @@ class _LlamaCpp(Runtime):
         if base not in LLAMA_TYPES:
             return (f"llama.cpp has no tensor type for {base} (types: f32 f16 bf16 q4_0 q4_1 "
                     "q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs mxfp4 tq1_0 "
-                    "tq2_0)")
+                    "tq2_0 nvfp4)")
         return None
 
     def shape_fallback(self, scheme):

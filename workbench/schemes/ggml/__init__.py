@@ -17,6 +17,7 @@
 | tq1_0  | 256 | 54  | 1.6875 |
 | tq2_0  | 256 | 66  | 2.0625 |
 | iq4_xs | 256 | 136 | 4.25   |
+| nvfp4  | 64  | 36  | 4.5    |
 
 Every scheme stores ``{"blocks": uint8 (rows, cols/QK * bytes_per_block)}``: exactly the
 bytes a GGUF file holds for the tensor. Importing this package registers the schemes.
@@ -28,6 +29,7 @@ from workbench.schemes.ggml.common import GGMLScheme
 from workbench.schemes.ggml.iq4_nl import IQ4_NL
 from workbench.schemes.ggml.iq4_xs import IQ4_XS
 from workbench.schemes.ggml.mxfp4 import MXFP4
+from workbench.schemes.ggml.nvfp4 import NVFP4
 from workbench.schemes.ggml.legacy import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from workbench.schemes.ggml.q2_k import Q2_K
 from workbench.schemes.ggml.q3_k import Q3_K
@@ -37,9 +39,10 @@ from workbench.schemes.ggml.q6_k import Q6_K
 from workbench.schemes.ggml.tq import TQ1_0, TQ2_0
 
 GGML_SCHEMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
-                "iq4_nl", "mxfp4", "tq1_0", "tq2_0", "iq4_xs")
+                "iq4_nl", "mxfp4", "tq1_0", "tq2_0", "iq4_xs",
+                "nvfp4")
 
-__all__ = ["GGMLScheme", "GGML_SCHEMES", "IQ4_NL", "IQ4_XS", "MXFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K",
+__all__ = ["GGMLScheme", "GGML_SCHEMES", "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K",
            "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "TQ1_0", "TQ2_0", "ggml_scheme_for_type"]
 
 
