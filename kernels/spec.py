@@ -85,6 +85,12 @@ class Spec:
     mids: np.ndarray | None = None
     # ggml searching quantizers: (candidate steps, super-scale divisors, iters, rounds)
     search: tuple = ()
+    # affine codes whose stored scales are decoded on the host (host.affine_args): "" (float
+    # scales), "e8m0" (2^(e-127) bytes), "e4m3g" (FP8 E4M3 bytes / a float32 "global_scale"),
+    # "block128" (float32 per 128x128 block, expanded to groups of each row: 128 wide, or the
+    # largest power of two dividing the row length when 128 does not)
+    scale_decode: str = ""
+    scale_table: np.ndarray | None = None
 
     def geometry(self, rows: int, cols: int) -> tuple[int, int]:
         """(group length along a row, blocks per row); block of (r, c) = r*bpr + c//gs."""
@@ -107,6 +113,10 @@ def make_spec(layout: dict | None) -> Spec | None:
     * ``{"family": "affine", "quant": "fp8", "values": <256-code decode table>, "fmax"}``
     * ``{"family": "affine", "quant": "nf4", "values": <16 levels>, "mids", "gran"}``
     * ``{"family": "affine", "quant": "ternary", "gran"}``
+    * ``{"family": "affine", "quant": "fp4", "values": <16 code values>, "gran", "scale_decode":
+      "e8m0" | "e4m3g", "scale_values": <256-code E4M3 table, for e4m3g>}`` (dequantize only)
+    * ``{"family": "affine", "quant": "fp8-block", "values": <256-code decode table>}``
+      (dequantize only; float32 scales per 128x128 block)
     * ``{"family": "f32"}``, ``{"family": "u16", "table": "f16" | "bf16"}``
     """
     if not layout:
@@ -148,6 +158,15 @@ def make_spec(layout: dict | None) -> Spec | None:
         return Spec("affine", "nf4", bits=4, lut=tables.padded_lut(layout["values"]),
                     scale_key="absmax", gran=int(layout["gran"]), name=name,
                     mids=np.asarray(layout["mids"], np.float32))
+    if q == "fp4":
+        st = layout.get("scale_values")
+        return Spec("affine", None, bits=4, lut=tables.padded_lut(layout["values"]),
+                    code_key="packed", scale_key="scales", gran=int(layout["gran"]), name=name,
+                    scale_decode=str(layout["scale_decode"]),
+                    scale_table=None if st is None else np.asarray(st, np.float32))
+    if q == "fp8-block":
+        return Spec("affine", None, bits=8, lut=tables.padded_lut(layout["values"]),
+                    gran=128, name=name, scale_decode="block128")
     if q == "ternary":
         return Spec("affine", "ternary", bits=2, lut=tables.int_lut(1), gran=int(layout["gran"]),
                     name=name, qmin=-1, qmax=1, offset=1)

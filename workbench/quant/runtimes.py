@@ -70,7 +70,8 @@ VLLM_EXTRA_LINEAR = re.compile(r"\.(?:q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_
                                r"|\.experts\.\d+\.(?:gate_proj|up_proj|down_proj|w1|w2|w3)"
                                r"\.weight$")
 VLLM_MOE_ROLES = ("expert", "shared_expert")
-_VLLM_SCHEME = re.compile(r"^(int4|int8)-(channel|g\d+)(-asym)?(@[a-z0-9.]+)*$|^fp8-e4m3$")
+_VLLM_SCHEME = re.compile(r"^(int4|int8)-(channel|g\d+)(-asym)?(@[a-z0-9.]+)*$|^fp8-e4m3$"
+                          r"|^fp8-e4m3-b128$|^nvfp4-g16$|^mxfp4-g32$")
 _INT_GROUP = re.compile(r"^(int\d+)-g\d+(-asym)?(@.*)?$")
 
 # mixture-of-experts projections (catalog roles) are Linear layers to vLLM too; routers are not
@@ -256,7 +257,8 @@ class _Vllm(Runtime):
         base = get_scheme(scheme).name
         if not _VLLM_SCHEME.match(base):
             return (f"compressed-tensors cannot express {base} (vLLM takes int4/int8 "
-                    "per-channel or group-wise, symmetric or asymmetric, and fp8-e4m3)")
+                    "per-channel or group-wise, symmetric or asymmetric, fp8-e4m3 (channel, "
+                    "fp8-e4m3-b128), nvfp4-g16 and mxfp4-g32)")
         return None
 
     def shape_fallback(self, scheme):
