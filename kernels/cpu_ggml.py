@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from . import tables
 from .cpu_common import F0, _J, _P, _acc_row, _encode_row, _key_f32, _put_f16
 from .iq3_grids import IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
 
@@ -136,6 +137,22 @@ def _mxfp4(src, dst):                   # e (E8M0) | qs[16] indices into kvalues
             v = np.int64(src[p + 1 + j])
             dst[o + j] = _FP4[v & 15] * d
             dst[o + j + 16] = _FP4[v >> 4] * d
+
+
+_UE4H = tables.ue4m3_half_table()
+
+
+@njit(**_J)
+def _nvfp4(src, dst):                   # d[4] (UE4M3, one per 16) | qs[32] (8 bytes per 16)
+    for b in range(dst.shape[0] // 64):
+        p = b * 36
+        o = b * 64
+        for s in range(4):
+            d = _UE4H[src[p + s]]
+            for j in range(8):
+                v = np.int64(src[p + 4 + 8 * s + j])
+                dst[o + 16 * s + j] = _FP4[v & 15] * d
+                dst[o + 16 * s + j + 8] = _FP4[v >> 4] * d
 
 
 @njit(**_J)
@@ -468,6 +485,8 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
         _iq2_xs(src, f16, dst)
     elif tid == 22:
         _iq2_s(src, f16, dst)
+    elif tid == 40:
+        _nvfp4(src, dst)
 
 
 @njit(**_P)

@@ -8,7 +8,8 @@ Common signature of a format's device function (returns the float32 weight at (r
         s    float32 block scales (or the fp32 data itself)
         z    uint8   zero points (affine asym)
         lut  float32 decode table (codes -> values; for GGML: tables.ggml_lut(), the f16
-             table, the IQ4_NL levels, the MXFP4 levels, the E8M0 half scales)
+             table, the IQ4_NL levels, the MXFP4 levels, the E8M0 half scales, the UE4M3
+             half scales)
         prm  int64   format parameters
 
 ``dequant_kernel(dev)`` / ``error_kernel(dev)`` build (once per format) the generic
@@ -35,6 +36,7 @@ from .iq3_grids import IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
 F16_LEN = 65536          # lut offset of the IQ4_NL levels for GGML formats
 FP4_AT = F16_LEN + 16    # then kvalues_mxfp4 (16)
 E8H_AT = F16_LEN + 32    # then 2^(e-128) of every E8M0 byte (256): tables.ggml_lut()
+UE4H_AT = E8H_AT + 256   # then half of every UE4M3 byte (256, NVFP4's scales)
 ROW_THREADS = 128        # threads per row in the fused error kernel
 
 if config.ENABLE_CUDASIM:
@@ -149,6 +151,18 @@ def d_iq4_nl(q, s, z, lut, prm, r, c, cols):
 def d_mxfp4(q, s, z, lut, prm, r, c, cols):
     p = r * prm[0] + (c // 32) * 17
     return lut[FP4_AT + _nib(q, p + 1, c % 32)] * lut[E8H_AT + _u8(q, p)]
+
+
+@cuda.jit(device=True)
+def d_nvfp4(q, s, z, lut, prm, r, c, cols):
+    e = c % 64
+    p = r * prm[0] + (c // 64) * 36
+    j = e % 16
+    if j < 8:                          # sub-block e // 16: 8 bytes, codes j | j+8 << 4
+        v = _u8(q, p + 4 + 8 * (e // 16) + j) & 15
+    else:
+        v = _u8(q, p + 4 + 8 * (e // 16) + j - 8) >> 4
+    return lut[FP4_AT + v] * lut[UE4H_AT + _u8(q, p + e // 16)]
 
 
 @cuda.jit(device=True)
@@ -361,7 +375,7 @@ GGML_DEVICE = {"Q4_0": d_q4_0, "Q4_1": d_q4_1, "Q5_0": d_q5_0, "Q5_1": d_q5_1, "
                "Q2_K": d_q2_k, "Q3_K": d_q3_k, "Q4_K": d_q4_k, "Q5_K": d_q5_k, "Q6_K": d_q6_k,
                "IQ4_NL": d_iq4_nl, "MXFP4": d_mxfp4, "TQ1_0": d_tq1_0, "TQ2_0": d_tq2_0,
                "IQ4_XS": d_iq4_xs, "IQ3_XXS": d_iq3_xxs, "IQ3_S": d_iq3_s,
-               "IQ2_XXS": d_iq2_xxs, "IQ2_XS": d_iq2_xs, "IQ2_S": d_iq2_s}
+               "IQ2_XXS": d_iq2_xxs, "IQ2_XS": d_iq2_xs, "IQ2_S": d_iq2_s, "NVFP4": d_nvfp4}
 
 
 # ------------------------------------------------------------------ generic launchers

@@ -1,10 +1,10 @@
 """numba quantize kernels of the GGML types whose llama.cpp quantizer is a fixed rounding rule
 (no search, no importance): MXFP4 (``quantize_row_mxfp4_ref``), TQ1_0 and TQ2_0
-(``quantize_row_tq{1,2}_0_ref``), bit-identical to the numpy
+(``quantize_row_tq{1,2}_0_ref``), NVFP4 (``quantize_row_nvfp4_ref``), bit-identical to the numpy
 references in ``workbench/schemes/ggml`` and so to llama.cpp's bytes (float32 operation for
 operation, no FMA contraction).
 
-``rtn_encode`` flags per row: 1 a float16 scale overflows, 2 NaN/Inf in the row (the
+``rtn_encode`` flags per row: 1 a float16 scale overflows (NVFP4: a UE4M3 scale above 448), 2 NaN/Inf in the row (the
 reference decides: it refuses). Parallel over rows. Imports nothing from ``workbench``.
 """
 
@@ -27,7 +27,7 @@ FP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12],
 #: ggml_e8m0_to_fp32_half of every byte: 2^(e - 128)
 E8M0_HALF = np.ldexp(np.float32(1), np.arange(256, dtype=np.int32) - 128).astype(np.float32)
 #: internal ids of the types this module encodes (kernels/spec.py GGML_TYPES)
-KINDS = {"MXFP4": 0, "TQ1_0": 1, "TQ2_0": 2}
+KINDS = {"MXFP4": 0, "TQ1_0": 1, "TQ2_0": 2, "NVFP4": 40}
 
 
 @njit(inline="always", **_J)
@@ -63,6 +63,75 @@ def _mxfp4_row(row, nb, kv, e8, out):
             i0 = _best_fp4(row[o + j], d, kv)
             i1 = _best_fp4(row[o + 16 + j], d, kv)
             out[p + 1 + j] = np.uint8(i0 | (i1 << 4))
+    return 0
+
+
+@njit(inline="always", **_J)
+def _fp32_to_ue4m3(x):
+    """ggml_fp32_to_ue4m3 of a float32 x (its bit fields from frexp, exact)."""
+    if not (x > 0):
+        return 0
+    if x > F32(448.0):
+        x = F32(448.0)
+    m, e2 = math.frexp(np.float64(x))         # x = m * 2^e2, m in [0.5, 1)
+    ue = e2 - 1 + 7
+    if ue <= 0:
+        man = np.int64(F32(x * F32(512.0)) + F32(0.5))
+        if man > 7:
+            man = 7
+        return 0 if man < 1 else man
+    if ue >= 15:
+        return 0x7E
+    f16 = np.int64(math.floor((2.0 * m - 1.0) * 16.0))   # top 4 mantissa bits
+    man = (f16 >> 1) + (f16 & 1)
+    if man > 7:
+        man = 0
+        ue += 1
+        if ue >= 15:
+            return 0x7E
+    return (ue << 3) | man
+
+
+@njit(inline="always", **_J)
+def _fp4_mid(x, m0, m1, m2, m3, m4, m5, m6):
+    """_best_fp4 without the search: the index of |x| among 0 1 2 3 4 6 8 12 (times d) is the
+    count of midpoints m_k = h[k]*d strictly below |x| (every product exact: 3 significant
+    bits times UE4M3's 4; wherever two neighbours compete, both float32 errors |v*d - |x||
+    are exact by Sterbenz, so the first-least rule is the exact nearest with ties to the
+    lower index); x < 0 takes 8 + that index (|-v*d - x| = |v*d - |x||). d == 0 (all errors
+    equal, index 0) is the caller's: every m_k is then 0 and it masks the codes."""
+    a = abs(x)
+    i = ((a > m0) + (a > m1) + (a > m2) + (a > m3) + (a > m4) + (a > m5) + (a > m6))
+    return i + 8 * ((x < 0) & (i > 0))
+
+
+#: the midpoints of neighbouring kvalues_fp4 magnitudes
+FP4_MIDS = np.array([0.5, 1.5, 2.5, 3.5, 5, 7, 10], np.float32)
+
+
+@njit(**_J)
+def _nvfp4_row(row, nb, h, ue4h, out):
+    for b in range(nb * 4):
+        o = b * 16
+        amax = F32(0.0)
+        for j in range(16):
+            a = abs(row[o + j])
+            if amax < a:
+                amax = a
+        if F32(amax / F32(6.0)) > F32(448.0):
+            return 1                   # the reference refuses (ggml would clip)
+        ue = _fp32_to_ue4m3(F32(amax / F32(6.0)))
+        d = ue4h[ue]
+        keep = 0 if d == 0 else 255
+        m0, m1, m2, m3 = h[0] * d, h[1] * d, h[2] * d, h[3] * d
+        m4, m5, m6 = h[4] * d, h[5] * d, h[6] * d
+        p = (b // 4) * 36
+        s = b % 4
+        out[p + s] = np.uint8(ue)
+        for j in range(8):
+            i0 = _fp4_mid(row[o + j], m0, m1, m2, m3, m4, m5, m6)
+            i1 = _fp4_mid(row[o + 8 + j], m0, m1, m2, m3, m4, m5, m6)
+            out[p + 4 + 8 * s + j] = np.uint8((i0 | (i1 << 4)) & keep)
     return 0
 
 
@@ -141,7 +210,7 @@ def _tq1_0_row(row, nb, f16, out):
 
 
 @njit(**_P)
-def rtn_encode(w, kind, kv, e8, f16, blocks, flags):
+def rtn_encode(w, kind, kv, e8, f16, ue4h, mids, blocks, flags):
     """Blocks of w (rows, cols) for type `kind` (KINDS) into blocks (rows, bytes per row)."""
     rows, cols = w.shape
     for r in prange(rows):
@@ -154,6 +223,8 @@ def rtn_encode(w, kind, kv, e8, f16, blocks, flags):
         if f == 0:
             if kind == 0:
                 f = _mxfp4_row(row, cols // 32, kv, e8, blocks[r])
+            elif kind == 40:
+                f = _nvfp4_row(row, cols // 64, mids, ue4h, blocks[r])
             elif kind == 1:
                 f = _tq1_0_row(row, cols // 256, f16, blocks[r])
             else:
@@ -164,5 +235,6 @@ def rtn_encode(w, kind, kv, e8, f16, blocks, flags):
 def encode_blocks(name: str, w2d: np.ndarray, blocks: np.ndarray, flags: np.ndarray) -> None:
     """Fill blocks (rows, bytes per row) and flags (rows,) from float32 w2d for GGML type
     `name` (a KINDS key)."""
-    from .tables import f16_table
-    rtn_encode(w2d, KINDS[name], FP4_VALUES, E8M0_HALF, f16_table(), blocks, flags)
+    from .tables import f16_table, ue4m3_half_table
+    rtn_encode(w2d, KINDS[name], FP4_VALUES, E8M0_HALF, f16_table(), ue4m3_half_table(),
+               FP4_MIDS, blocks, flags)

@@ -33,14 +33,42 @@ def readonly(a):
 def affine_args(spec: Spec, arrays, rows: int, cols: int):
     a = arrays
     codes = np.ascontiguousarray(a[spec.code_key], dtype=np.uint8).reshape(-1)
-    scales = np.ascontiguousarray(a[spec.scale_key]).reshape(-1).astype(np.float32, copy=False)
+    gs, bpr = spec.geometry(rows, cols)
+    if spec.scale_decode == "block128":
+        gs = 128
+        while cols % gs:
+            gs //= 2
+        bpr = cols // gs
+    if spec.scale_decode:
+        scales = decoded_scales(spec, a, rows, cols, gs)
+    else:
+        scales = np.ascontiguousarray(a[spec.scale_key]).reshape(-1).astype(np.float32, copy=False)
     if spec.zero_key:
         zeros = np.ascontiguousarray(a[spec.zero_key], dtype=np.uint8).reshape(-1)
     else:
         zeros = DUMMY_U8
-    gs, bpr = spec.geometry(rows, cols)
     return (readonly(codes), int(spec.bits), readonly(spec.lut), readonly(scales), readonly(zeros),
             spec.zero_key is not None, gs, bpr)
+
+
+def decoded_scales(spec: Spec, arrays, rows: int, cols: int, gs: int = 0) -> np.ndarray:
+    """float32 scales per group of a spec whose stored scales need decoding (Spec.scale_decode),
+    with the numpy operations of the scheme's reference decoder (so the products match it)."""
+    s = np.asarray(arrays[spec.scale_key])
+    if spec.scale_decode == "e8m0":
+        e = s.reshape(-1).astype(np.int32)
+        with np.errstate(over="ignore"):
+            return np.where(e == 255, np.float32(np.inf),
+                            np.ldexp(np.float32(1), e - 127)).astype(np.float32)
+    if spec.scale_decode == "e4m3g":
+        g = np.asarray(arrays["global_scale"], np.float32).reshape(-1)[0]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return (spec.scale_table[s.reshape(-1).astype(np.uint8)] / g).astype(np.float32)
+    if spec.scale_decode == "block128":
+        s2 = np.asarray(s, np.float32).reshape(-(-rows // 128), -(-cols // 128))
+        s2 = np.repeat(np.repeat(s2, 128, axis=0)[:rows], 128 // gs, axis=1)[:, :cols // gs]
+        return np.ascontiguousarray(s2).reshape(-1)
+    raise ValueError(spec.scale_decode)
 
 
 def u16_args(spec: Spec, arrays, rows: int, cols: int):

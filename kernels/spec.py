@@ -35,6 +35,7 @@ GGML_TYPES = {
     "IQ3_XXS": (18, 256, 98), "IQ3_S": (21, 256, 110),
     "IQ2_XXS": (16, 256, 66),        # id = its GGML type number (helpers add types in parallel)
     "IQ2_XS": (17, 256, 74), "IQ2_S": (22, 256, 82),
+    "NVFP4": (40, 64, 36),
 }
 #: GGML types with a quantize kernel (bit-identical to gguf-py / llama.cpp reference)
 GGML_QUANT = ("Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1")
@@ -51,7 +52,7 @@ GGML_QUANT_AFFINE_K = ("Q2_K", "Q4_K", "Q5_K")
 GGML_QUANT_IQ4NL = ("IQ4_NL", "IQ4_XS")
 #: GGML types whose quantize kernel applies llama.cpp's fixed rounding rule, bit-identical to
 #: its numpy reference and to llama.cpp (kernels/ggml_rtn_quant.py)
-GGML_QUANT_RTN = ("MXFP4", "TQ1_0", "TQ2_0")
+GGML_QUANT_RTN = ("MXFP4", "TQ1_0", "TQ2_0", "NVFP4")
 #: GGML lattice types whose quantize kernel runs the project's own grid search, bit-identical
 #: to its numpy reference (kernels/iq3_quant.py)
 GGML_QUANT_IQ3 = ("IQ3_XXS", "IQ3_S")
@@ -93,6 +94,12 @@ class Spec:
     mids: np.ndarray | None = None
     # ggml searching quantizers: (candidate steps, super-scale divisors, iters, rounds)
     search: tuple = ()
+    # affine codes whose stored scales are decoded on the host (host.affine_args): "" (float
+    # scales), "e8m0" (2^(e-127) bytes), "e4m3g" (FP8 E4M3 bytes / a float32 "global_scale"),
+    # "block128" (float32 per 128x128 block, expanded to groups of each row: 128 wide, or the
+    # largest power of two dividing the row length when 128 does not)
+    scale_decode: str = ""
+    scale_table: np.ndarray | None = None
 
     def geometry(self, rows: int, cols: int) -> tuple[int, int]:
         """(group length along a row, blocks per row); block of (r, c) = r*bpr + c//gs."""
@@ -115,6 +122,10 @@ def make_spec(layout: dict | None) -> Spec | None:
     * ``{"family": "affine", "quant": "fp8", "values": <256-code decode table>, "fmax"}``
     * ``{"family": "affine", "quant": "nf4", "values": <16 levels>, "mids", "gran"}``
     * ``{"family": "affine", "quant": "ternary", "gran"}``
+    * ``{"family": "affine", "quant": "fp4", "values": <16 code values>, "gran", "scale_decode":
+      "e8m0" | "e4m3g", "scale_values": <256-code E4M3 table, for e4m3g>}`` (dequantize only)
+    * ``{"family": "affine", "quant": "fp8-block", "values": <256-code decode table>}``
+      (dequantize only; float32 scales per 128x128 block)
     * ``{"family": "f32"}``, ``{"family": "u16", "table": "f16" | "bf16"}``
     """
     if not layout:
@@ -157,6 +168,15 @@ def make_spec(layout: dict | None) -> Spec | None:
         return Spec("affine", "nf4", bits=4, lut=tables.padded_lut(layout["values"]),
                     scale_key="absmax", gran=int(layout["gran"]), name=name,
                     mids=np.asarray(layout["mids"], np.float32))
+    if q == "fp4":
+        st = layout.get("scale_values")
+        return Spec("affine", None, bits=4, lut=tables.padded_lut(layout["values"]),
+                    code_key="packed", scale_key="scales", gran=int(layout["gran"]), name=name,
+                    scale_decode=str(layout["scale_decode"]),
+                    scale_table=None if st is None else np.asarray(st, np.float32))
+    if q == "fp8-block":
+        return Spec("affine", None, bits=8, lut=tables.padded_lut(layout["values"]),
+                    gran=128, name=name, scale_decode="block128")
     if q == "ternary":
         return Spec("affine", "ternary", bits=2, lut=tables.int_lut(1), gran=int(layout["gran"]),
                     name=name, qmin=-1, qmax=1, offset=1)

@@ -10,7 +10,10 @@ code up is bit-identical to the reference by construction:
 * ``IQ4NL_VALUES``: the 16 IQ4_NL levels (llama.cpp ``kvalues_iq4nl``).
 * ``MXFP4_VALUES``: the 16 MXFP4 levels (``kvalues_mxfp4``, E2M1 doubled).
 * ``ggml_lut()``: what the CUDA GGML decoders look up: the f16 table, IQ4NL_VALUES,
-  MXFP4_VALUES, then 2^(e-128) for every E8M0 byte e (ggml_e8m0_to_fp32_half).
+  MXFP4_VALUES, then 2^(e-128) for every E8M0 byte e (ggml_e8m0_to_fp32_half), then
+  ``ue4m3_half_table()``.
+* ``ue4m3_half_table()`` 256 float32: half the value of every UE4M3 byte (NVFP4's scales,
+  ggml_ue4m3_to_fp32: the top bit ignored, 0 for 0x00 and 0x7F).
 """
 
 from __future__ import annotations
@@ -29,7 +32,19 @@ MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
 @lru_cache(maxsize=None)
 def ggml_lut() -> np.ndarray:
     e8h = np.ldexp(np.float32(1), np.arange(256, dtype=np.int32) - 128).astype(np.float32)
-    t = np.concatenate([f16_table(), IQ4NL_VALUES, MXFP4_VALUES, e8h])
+    t = np.concatenate([f16_table(), IQ4NL_VALUES, MXFP4_VALUES, e8h, ue4m3_half_table()])
+    t.setflags(write=False)
+    return t
+
+
+@lru_cache(maxsize=None)
+def ue4m3_half_table() -> np.ndarray:
+    b = np.arange(256, dtype=np.int32)
+    e, m = (b >> 3) & 15, (b & 7).astype(np.float32)
+    raw = np.where(e == 0, np.ldexp(m, -9),
+                   np.ldexp((np.float32(1) + m / np.float32(8)).astype(np.float32), e - 7))
+    t = np.where((b == 0) | (b == 0x7F), np.float32(0),
+                 raw.astype(np.float32) * np.float32(0.5)).astype(np.float32)
     t.setflags(write=False)
     return t
 

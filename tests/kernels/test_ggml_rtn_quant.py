@@ -1,5 +1,5 @@
 """The quantize kernels of the GGML types llama.cpp quantizes by a fixed rule
-(kernels/ggml_rtn_quant.py: MXFP4, TQ1_0, TQ2_0) against their numpy references: the same bytes on
+(kernels/ggml_rtn_quant.py: MXFP4, TQ1_0, TQ2_0, NVFP4) against their numpy references: the same bytes on
 ordinary, edge and hostile weights, the same refusals, and the dequantize kernel decodes them
 as the reference does."""
 
@@ -14,7 +14,7 @@ from workbench.schemes import get_scheme
 
 from kernel_testutil import same_bits, same_qt
 
-TYPES = ["mxfp4", "tq1_0", "tq2_0"]
+TYPES = ["mxfp4", "tq1_0", "tq2_0", "nvfp4"]
 
 
 def _kernel_bytes(name, w):
@@ -59,6 +59,8 @@ def test_has_a_quantize_kernel(name):
 def test_same_bytes_as_reference_on_hostile_weights(name):
     s = get_scheme(name)
     w = _hostile(s.block_size, 1)
+    if name == "nvfp4":                               # rows past its 2688 limit: refused below
+        w = w[np.abs(w).max(axis=1) <= 2688]
     blocks, flags = _kernel_bytes(name, w)
     assert not flags.any()
     ref = s.quantize(w).arrays["blocks"]
@@ -109,6 +111,48 @@ def test_mxfp4_exponent_edges():
     back = s.dequantize(s.quantize(w))
     assert not back[5:7].any()                        # the wrapped exponents decode to 0
     assert back[1, 3] == 1.0 and back[8, 3] == 6.0
+
+
+def test_nvfp4_scale_edges():
+    """UE4M3 sub-block scales of max|w|/6 at and around every UE4M3 value and midpoint, the
+    subnormal range (capped at 7), the 448 clamp and exponents >= 15 (0x7E): kernel = reference,
+    and the values ggml documents."""
+    s = get_scheme("nvfp4")
+    from workbench.schemes.ggml.nvfp4 import ue4m3_half
+    v = 2 * ue4m3_half(np.arange(127, dtype=np.uint8)).astype(np.float64)
+    mids = np.concatenate([v, (v[1:] + v[:-1]) / 2])
+    x = np.concatenate([mids, np.nextafter(mids, 0), np.nextafter(mids, 1e9), [0.5 / 512, 7.5 / 512,
+                        7.49 / 512, 255.9, 256.0, 448.0, 1e-45]]).astype(np.float32)
+    x = x[(x > 0) & (x * np.float32(6) / np.float32(6) <= 448)]
+    x = np.resize(x, (-(-x.size // 4)) * 4)
+    w = np.zeros((x.size // 4, 64), np.float32)
+    w[:, ::16] = (x.reshape(-1, 4) * np.float32(6)).astype(np.float32)
+    w[:, 5::16] = -w[:, ::16] / 3
+    blocks, flags = _kernel_bytes("nvfp4", w)
+    assert not flags.any()
+    assert np.array_equal(blocks, s.quantize(w).arrays["blocks"])
+    one = np.zeros((1, 64), np.float32)
+    one[0, ::16] = [6.0, 6 * 7.6 / 512, 6 * 300.0, 6 * 2.0 ** -9]
+    d = s.quantize(one).arrays["blocks"][0, :4]
+    assert list(d) == [0x38, 7, 0x7E, 1]              # 1.0, capped subnormal, 448, 2^-9
+    assert list(ue4m3_half(np.array([0x38, 0x7F, 0x01, 0xFF, 0x80], np.uint8))) == \
+        [0.5, 0.0, 2.0 ** -10, 240.0, 0.0]
+
+
+def test_nvfp4_weights_past_the_scale_limit_refused_like_the_reference():
+    """max|w|/6 above 448 (UE4M3's largest): ggml would clip, the workbench refuses, kernel and
+    reference alike; 2688 itself is fine."""
+    s = get_scheme("nvfp4")
+    w = np.random.default_rng(6).standard_normal((3, 128)).astype(np.float32)
+    w[0, 70] = np.float32(2688.0)
+    w[1, 100] = np.float32(2689.0)
+    assert list(_kernel_bytes("nvfp4", w)[1]) == [0, 1, 0]
+    with pytest.raises(WorkbenchError) as ref:
+        s.quantize(w)
+    with pytest.raises(WorkbenchError) as got:
+        accel.quantize(s, w, backend="cpu")
+    assert str(got.value) == str(ref.value) and "exceeds 448" in str(got.value)
+    assert s.dequantize(s.quantize(w[[0, 2]]))[0, 70] == 2688.0
 
 
 @pytest.mark.parametrize("name", ["tq1_0", "tq2_0"])

@@ -1,4 +1,4 @@
-"""The GGML types whose llama.cpp quantizer is deterministic (MXFP4, TQ1_0, TQ2_0): the workbench's bytes
+"""The GGML types whose llama.cpp quantizer is deterministic (MXFP4, TQ1_0, TQ2_0, NVFP4): the workbench's bytes
 are llama.cpp's own, from ggml's C quantizer (kernels.ggml_ref) and from `llama-quantize` on
 the same F32 GGUF, and the workbench's export runs in llama.cpp."""
 
@@ -22,7 +22,10 @@ from .conftest import ROOT, perplexity, run_tool
 pytestmark = pytest.mark.runtime
 
 # workbench scheme -> llama-quantize file type that, with --pure, types every weight so
-LLAMA_FTYPE = {"mxfp4": "MXFP4_MOE", "tq1_0": "TQ1_0", "tq2_0": "TQ2_0", "iq4_xs": "IQ4_XS"}
+LLAMA_FTYPE = {"mxfp4": "MXFP4_MOE", "tq1_0": "TQ1_0", "tq2_0": "TQ2_0", "iq4_xs": "IQ4_XS",
+               "nvfp4": "Q8_0"}
+# llama-quantize has no NVFP4 file type; --tensor-type gives every weight matrix NVFP4
+LLAMA_ARGS = {"nvfp4": ("--tensor-type", "weight=nvfp4")}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,10 @@ def test_bytes_equal_ggmls_quantizer(ggml, minilm, name):
     ones, and ggml decodes them as the workbench does."""
     w_real = np.ascontiguousarray(minilm.read_matrix("encoder.layer.0.output.dense.weight"),
                                   np.float32)
-    for w in (w_real, _hostile(1536, 1)):
+    hostile = _hostile(1536, 1)
+    if name == "nvfp4":
+        hostile[5, 7] = 2e3                             # within its 2688 limit
+    for w in (w_real, hostile):
         ours = quantize(w, name).arrays["blocks"]
         assert np.array_equal(ours, ggml.quantize(name, w))
         back = get_back(name, ours, w.shape)
@@ -83,7 +89,8 @@ def test_llama_quantize_bytes_equal_and_export_runs(llama_bin, demo_f32, tmp_pat
     every tensor both give the type has the same bytes; the export generates text and has a
     finite perplexity in llama.cpp."""
     theirs = tmp_path / f"lq-{name}.gguf"
-    run_tool(llama_bin, "llama-quantize", "--pure", demo_f32, theirs, LLAMA_FTYPE[name], "2")
+    run_tool(llama_bin, "llama-quantize", "--pure", *LLAMA_ARGS.get(name, ()), demo_f32, theirs,
+             LLAMA_FTYPE[name], "2")
     ours = tmp_path / f"wb-{name}.gguf"
     info = run(export(open_model(demo_f32), Plan(default=name), "gguf", ours))
     assert info["runnable_by_llama_cpp"]
@@ -100,6 +107,10 @@ def test_llama_quantize_bytes_equal_and_export_runs(llama_bin, demo_f32, tmp_pat
     ppl = perplexity(llama_bin, ours, ROOT / "resources" / "calibration.txt")
     print(f"\n{name}: {len(both)} tensors byte-equal to llama-quantize; perplexity {ppl:.2f}")
     assert np.isfinite(ppl) and ppl > 1
+    if name == "nvfp4":                                # close to the float model's
+        ppl32 = perplexity(llama_bin, demo_f32, ROOT / "resources" / "calibration.txt")
+        print(f"F32 perplexity {ppl32:.2f}")
+        assert ppl < 1.25 * ppl32
 
 
 def test_iq4_xs_bytes_equal_with_the_same_imatrix(llama_bin, ggml, demo_f32, tmp_path):

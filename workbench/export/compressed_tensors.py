@@ -19,7 +19,18 @@ Per quantized layer ``L`` (the tensor ``L.weight``):
   q = code - 2^(b-1) and zero point z - 2^(b-1), so (q - z) * scale is the workbench's own
   dequantized value, bit for bit.
 * fp8-e4m3 (``float-quantized``): ``L.weight`` float8_e4m3fn [out, in] and ``L.weight_scale``
-  float32 [out, 1].
+  float32 [out, 1] (strategy ``channel``).
+* fp8-e4m3-b128 (``float-quantized``, strategy ``block``, block_structure [128, 128], the
+  package's FP8_BLOCK preset): ``L.weight`` float8_e4m3fn [out, in], ``L.weight_scale`` float32
+  [ceil(out/128), ceil(in/128)].
+* nvfp4-g16 (``nvfp4-pack-quantized``, strategy ``tensor_group``, group 16, the NVFP4A16
+  preset): ``L.weight_packed`` uint8 [out, in/2] (two E2M1 codes per byte, weight 2k low),
+  ``L.weight_scale`` float8_e4m3fn [out, in/16], ``L.weight_global_scale`` float32 [1]
+  (w = e2m1 * scale / global_scale).
+* mxfp4-g32 (``mxfp4-pack-quantized``, strategy ``group``, group 32, scale dtype uint8, the
+  MXFP4A16 preset): ``L.weight_packed`` as NVFP4, ``L.weight_scale`` uint8 E8M0 [out, in/32]
+  (w = e2m1 * 2^(e-127)).
+The arrays are the workbench schemes' own (workbench/schemes/microscaling.py), written as they are.
 
 Scales are float32 holding the workbench's scale values exactly (group scales are float16
 values). vLLM casts scales to the model's activation dtype when it loads them; with a bfloat16
@@ -65,6 +76,19 @@ def _args_for(scheme):
     if scheme.name == "fp8-e4m3":
         return QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy="channel",
                                 scale_dtype=torch.float32), "float-quantized"
+    if scheme.name == "fp8-e4m3-b128":
+        return QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy="block",
+                                block_structure=[128, 128], dynamic=False,
+                                scale_dtype=torch.float32), "float-quantized"
+    if scheme.name == "nvfp4-g16":
+        return QuantizationArgs(num_bits=4, type="float", symmetric=True, dynamic=False,
+                                strategy="tensor_group", group_size=16,
+                                scale_dtype=torch.float8_e4m3fn,
+                                zp_dtype=torch.float8_e4m3fn), "nvfp4-pack-quantized"
+    if scheme.name == "mxfp4-g32":
+        return QuantizationArgs(num_bits=4, type="float", symmetric=True, dynamic=False,
+                                strategy="group", group_size=32, scale_dtype=torch.uint8,
+                                zp_dtype=torch.uint8), "mxfp4-pack-quantized"
     group = scheme.gran.size if isinstance(scheme.gran, PerGroup) else None
     return QuantizationArgs(num_bits=scheme.bits, type="int", symmetric=not scheme.asym,
                             strategy="group" if group else "channel", group_size=group,
@@ -79,6 +103,20 @@ def _layer_tensors(scheme, qt, shape) -> dict:
                             "vllm").pack_to_int32
     from workbench.schemes.packing import unpack_bits
     rows, cols = shape
+    if scheme.name in ("nvfp4-g16", "mxfp4-g32"):
+        out = {"weight_packed": torch.from_numpy(
+                   np.ascontiguousarray(qt.arrays["packed"]).reshape(rows, cols // 2).copy())}
+        sc = torch.from_numpy(np.ascontiguousarray(qt.arrays["scales"]).reshape(
+            rows, cols // scheme.group).copy())
+        out["weight_scale"] = sc.view(torch.float8_e4m3fn) if scheme.name == "nvfp4-g16" else sc
+        if scheme.name == "nvfp4-g16":
+            out["weight_global_scale"] = torch.from_numpy(
+                np.asarray(qt.arrays["global_scale"], np.float32).reshape(1).copy())
+        return out
+    if scheme.name == "fp8-e4m3-b128":
+        codes = np.ascontiguousarray(qt.arrays["codes"]).reshape(rows, cols)
+        return {"weight": torch.from_numpy(codes.copy()).view(torch.float8_e4m3fn),
+                "weight_scale": torch.from_numpy(np.asarray(qt.arrays["scales"], np.float32).copy())}
     if scheme.name == "fp8-e4m3":
         # the workbench's FP8 codes are E4M3FN bit patterns: the same bytes, viewed
         codes = np.ascontiguousarray(qt.arrays["codes"]).reshape(rows, cols)
@@ -162,7 +200,8 @@ def _moe_conflicts(decisions: dict) -> list[str]:
 
 @register_exporter("compressed-tensors", "",
                    "a Hugging Face folder for vLLM (compressed-tensors: int4/int8 channel or "
-                   "group, symmetric or asymmetric, fp8-e4m3)")
+                   "group, symmetric or asymmetric, fp8-e4m3 channel or 128x128 block, "
+                   "nvfp4-g16, mxfp4-g32)")
 def export_compressed_tensors(model, plan, out_path, strict: bool = False, executor=None):
     _ctq = require("compressed_tensors.quantization", "vllm")
     QuantizationConfig, QuantizationScheme = _ctq.QuantizationConfig, _ctq.QuantizationScheme

@@ -27,7 +27,8 @@ FTYPE_OF = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q4_0"
             "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1",
             "Q8_0": "MOSTLY_Q8_0", "Q2_K": "MOSTLY_Q2_K", "Q3_K": "MOSTLY_Q3_K_M",
             "Q4_K": "MOSTLY_Q4_K_M", "Q5_K": "MOSTLY_Q5_K_M", "Q6_K": "MOSTLY_Q6_K",
-            "IQ4_NL": "MOSTLY_IQ4_NL", "MXFP4": "MOSTLY_MXFP4_MOE"}
+            "IQ4_NL": "MOSTLY_IQ4_NL", "MXFP4": "MOSTLY_MXFP4_MOE",
+            "NVFP4": "MOSTLY_NVFP4"}
 
 
 def _file_type(items: list[_Item], source_ftype=None) -> int:

@@ -18,11 +18,11 @@ FAMILY_NOTES = {
     "Integer": "affine integers: bits x granularity (tensor / channel / group), sym or asym",
     "GGML legacy": "llama.cpp's 32-weight block types",
     "K-quants": "llama.cpp's 256-weight super-block types",
-    "Codebooks": "non-uniform value tables (NF4, IQ4_NL, IQ4_XS, MXFP4, ternary, TQ1_0/TQ2_0, "
+    "Codebooks": "non-uniform value tables (NF4, IQ4_NL, IQ4_XS, MXFP4, NVFP4, ternary, TQ1_0/TQ2_0, "
                  "IQ3 and IQ2 lattices)",
 }
 _LEGACY = {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0"}
-_CODEBOOK_PREFIX = ("nf4", "iq4_nl", "iq4_xs", "mxfp4", "ternary", "tq1_0", "tq2_0", "iq3_xxs", "iq3_s",
+_CODEBOOK_PREFIX = ("nf4", "iq4_nl", "iq4_xs", "mxfp4", "nvfp4", "ternary", "tq1_0", "tq2_0", "iq3_xxs", "iq3_s",
                     "iq2_xxs", "iq2_xs", "iq2_s")
 
 

@@ -50,11 +50,12 @@ KINDS = ("ok", "fallback", "kept", "skipped")
 GGML_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1",
                  "q6_k": "q8_0", "tq1_0": "q4_0", "tq2_0": "q4_0", "iq4_xs": "iq4_nl",
                  "iq3_xxs": "iq4_nl", "iq3_s": "iq4_nl", "iq2_xxs": "iq4_nl", "iq2_xs": "iq4_nl",
-                 "iq2_s": "iq4_nl"}
+                 "iq2_s": "iq4_nl",
+                 "nvfp4": "mxfp4"}     # nvfp4: llama.cpp defines none (it cannot write it)
 LAST_RESORT = "fp16"
 LLAMA_TYPES = {"fp32", "fp16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k",
                "q4_k", "q5_k", "q6_k", "iq4_nl", "mxfp4", "tq1_0", "tq2_0",
-               "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s"}
+               "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "nvfp4"}
 # llama-quant.cpp tensor_allows_quantization: substrings of GGUF names never re-typed
 LLAMA_NEVER = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup",
                "laurel", "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight",
@@ -71,7 +72,8 @@ VLLM_EXTRA_LINEAR = re.compile(r"\.(?:q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_
                                r"|\.experts\.\d+\.(?:gate_proj|up_proj|down_proj|w1|w2|w3)"
                                r"\.weight$")
 VLLM_MOE_ROLES = ("expert", "shared_expert")
-_VLLM_SCHEME = re.compile(r"^(int4|int8)-(channel|g\d+)(-asym)?(@[a-z0-9.]+)*$|^fp8-e4m3$")
+_VLLM_SCHEME = re.compile(r"^(int4|int8)-(channel|g\d+)(-asym)?(@[a-z0-9.]+)*$|^fp8-e4m3$"
+                          r"|^fp8-e4m3-b128$|^nvfp4-g16$|^mxfp4-g32$")
 _INT_GROUP = re.compile(r"^(int\d+)-g\d+(-asym)?(@.*)?$")
 
 # mixture-of-experts projections (catalog roles) are Linear layers to vLLM too; routers are not
@@ -232,7 +234,7 @@ class _LlamaCpp(Runtime):
         if base not in LLAMA_TYPES:
             return (f"llama.cpp has no tensor type for {base} (types: f32 f16 bf16 q4_0 q4_1 "
                     "q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs iq3_xxs iq3_s iq2_xxs "
-                    "iq2_xs iq2_s mxfp4 tq1_0 tq2_0)")
+                    "iq2_xs iq2_s mxfp4 tq1_0 tq2_0 nvfp4)")
         return None
 
     def shape_fallback(self, scheme):
@@ -257,7 +259,8 @@ class _Vllm(Runtime):
         base = get_scheme(scheme).name
         if not _VLLM_SCHEME.match(base):
             return (f"compressed-tensors cannot express {base} (vLLM takes int4/int8 "
-                    "per-channel or group-wise, symmetric or asymmetric, and fp8-e4m3)")
+                    "per-channel or group-wise, symmetric or asymmetric, fp8-e4m3 (channel, "
+                    "fp8-e4m3-b128), nvfp4-g16 and mxfp4-g32)")
         return None
 
     def shape_fallback(self, scheme):

@@ -180,6 +180,7 @@ class Scheme:
 def _import_all() -> None:
     # importing the modules registers their classes
     from workbench.schemes import floats, integer, codebook  # noqa: F401
+    from workbench.schemes import microscaling  # noqa: F401  (vLLM's NVFP4/MXFP4/FP8 block)
     try:
         from workbench.schemes import ggml  # noqa: F401  (GGML block formats)
     except ImportError:

@@ -58,6 +58,17 @@ def open_model(path: str | os.PathLike) -> Model:
         check_regular_file(p)
     fmt = detect_format(p)
     if fmt == "safetensors":
+        from workbench.formats.loaders.block_fp_sources import source_kind
+        kind = source_kind(p)           # a quantized checkpoint: opened dequantized, exactly
+        if kind == "compressed-tensors":
+            from workbench.formats.loaders.compressed_tensors_format import open_compressed_tensors
+            return open_compressed_tensors(p)
+        if kind == "fp8-block":
+            from workbench.formats.loaders.block_fp_sources import open_fp8_block
+            return open_fp8_block(p)
+        if kind == "mxfp4-blocks":
+            from workbench.formats.loaders.block_fp_sources import open_mxfp4_blocks
+            return open_mxfp4_blocks(p)
         from workbench.formats.loaders.safetensors_format import open_safetensors
         return open_safetensors(p)
     if fmt == "gguf":

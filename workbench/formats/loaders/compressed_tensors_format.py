@@ -6,7 +6,13 @@ Format facts (compressed-tensors, as vLLM reads it): per quantized linear layer
 little-endian words; ``<layer>.weight_scale`` [out, in/group] (one column: per channel);
 ``<layer>.weight_shape`` [out, in]; ``<layer>.weight_zero_point`` (asymmetric) packed the same
 way along dim 0. ``float-quantized`` FP8 layers keep ``<layer>.weight`` as float8_e4m3fn with a
-per-channel ``weight_scale``. Values: (q − zp) · scale. Every other tensor is read as stored.
+``weight_scale`` per tensor ([1]), per channel ([out, 1]) or per block ([⌈out/bh⌉, ⌈in/bw⌉],
+``block_structure`` [bh, bw], default 128×128). Values: (q − zp) · scale.
+``nvfp4-pack-quantized`` / ``mxfp4-pack-quantized``: ``<layer>.weight_packed`` uint8 [out, in/2]
+(two E2M1 codes per byte, weight 2k low), ``weight_scale`` float8_e4m3fn [out, in/16] with
+``weight_global_scale`` [1] (w = e2m1·scale/global) or uint8 E8M0 [out, in/32] (w =
+e2m1·2^(e−127)), decoded as workbench/schemes/microscaling.py does (float32, exact).
+Every other tensor is read as stored.
 """
 
 from __future__ import annotations
@@ -88,6 +94,73 @@ def _target(pattern: str, path):
                              path=str(path)) from None
 
 
+def block_dequant(w: np.ndarray, s: np.ndarray, block) -> np.ndarray:
+    """float32 w * s of its (bh, bw) block (s: [ceil(rows/bh), ceil(cols/bw)])."""
+    bh, bw = block
+    rows, cols = w.shape
+    full = np.repeat(np.repeat(np.asarray(s, np.float32), bh, 0)[:rows], bw, 1)[:, :cols]
+    return (w * full).astype(np.float32)
+
+
+def _fp8_block(base, name, args, path):
+    """None for a per-tensor / per-channel FP8 scale, else the (bh, bw) of a block scale whose
+    shape matches the weight's (checked here: a hostile header is one clear error)."""
+    rows, cols = base.info(name).matrix_shape
+    sshape = tuple(base.info(f"{name}_scale").shape)
+    n = int(np.prod(sshape)) if sshape else 1
+    if n == 1 or n == rows and (len(sshape) == 1 or sshape[-1] == 1):
+        return None
+    bs = args.get("block_structure") or [128, 128]
+    if not (isinstance(bs, list) and len(bs) == 2 and all(isinstance(b, int) and 0 < b <= 1 << 20
+                                                          for b in bs)):
+        raise WorkbenchError(f"block_structure {str(bs)[:40]} is not two positive integers",
+                             path=str(path), tensor=name)
+    want = (-(-rows // bs[0]), -(-cols // bs[1]))
+    if sshape != want:
+        raise WorkbenchError(f"weight_scale shape {sshape} does not fit {bs[0]}x{bs[1]} blocks "
+                             f"of a {rows}x{cols} weight (expected {want})", path=str(path),
+                             tensor=f"{name}_scale")
+    return tuple(bs)
+
+
+def _fp4_part(base, layer, args, path):
+    """(part, member tensors) of an NVFP4 / MXFP4 layer, its header checked."""
+    name = f"{layer}.weight_packed"
+    scale, gname = f"{layer}.weight_scale", f"{layer}.weight_global_scale"
+    info = base.info(name)
+    if len(info.shape) != 2 or scale not in base.tensors:
+        raise WorkbenchError("uint8 weight_packed must be 2-D with a weight_scale",
+                             path=str(path), tensor=name)
+    rows, cols = int(info.shape[0]), 2 * int(info.shape[1])
+    sdt = base.info(scale).dtype
+    nv = sdt.startswith("F8")
+    group = 16 if nv else 32
+    if args.get("type", "float") != "float" or int(args.get("num_bits") or 4) != 4 or             int(args.get("group_size") or group) != group or sdt not in ("F8_E4M3", "U8"):
+        raise WorkbenchError(f"unsupported FP4 layout (scale dtype {sdt}, args "
+                             f"{str(args)[:80]})", path=str(path), tensor=name)
+    if tuple(base.info(scale).shape) != (rows, cols // group) or cols % group:
+        raise WorkbenchError(f"weight_scale shape {tuple(base.info(scale).shape)} does not fit "
+                             f"groups of {group} of a {rows}x{cols} weight", path=str(path),
+                             tensor=scale)
+    members = [name, scale]
+    if nv:
+        if gname not in base.tensors or base.info(gname).numel != 1:
+            raise WorkbenchError("NVFP4 weight without a one-element weight_global_scale",
+                                 path=str(path), tensor=name)
+        members.append(gname)
+    return ({"fp4": name, "scale": scale, "global": gname if nv else None, "group": group,
+             "shape": (rows, cols), "label": "nvfp4-g16" if nv else "mxfp4-g32"}, members)
+
+
+def _fp4_values(base, part, rows, cols) -> np.ndarray:
+    from workbench.schemes import get_scheme
+    arrays = {"packed": np.asarray(base.raw(part["fp4"])).view(np.uint8).reshape(rows, cols // 2),
+              "scales": np.asarray(base.raw(part["scale"])).view(np.uint8).reshape(rows, -1)}
+    if part["global"] is not None:
+        arrays["global_scale"] = np.asarray(base.read(part["global"]), np.float32).reshape(1)
+    return get_scheme(part["label"])._dequantize(arrays, rows, cols)
+
+
 def open_compressed_tensors(path) -> Model:
     from workbench.formats.loaders.safetensors_format import open_safetensors
     p = Path(path)
@@ -110,6 +183,16 @@ def open_compressed_tensors(path) -> Model:
         layer = name[:-len(PACKED)]
         scale = f"{layer}.weight_scale"
         shape_t = f"{layer}.weight_shape"
+        if base.info(name).dtype == "U8":                    # NVFP4 / MXFP4
+            args = _args_for(layer, groups, folder / "config.json") or {}
+            part, members = _fp4_part(base, layer, args, p)
+            wname = f"{layer}.weight"
+            infos[wname] = TensorInfo(wname, part["shape"], "F32",
+                                      sum(base.info(m).nbytes for m in members),
+                                      base.info(name).file, quant=part["label"])
+            parts[wname] = part
+            claimed.update(members)
+            continue
         if scale not in base.tensors or shape_t not in base.tensors:
             raise WorkbenchError("packed weight without its weight_scale / weight_shape",
                                  path=str(p), tensor=name)
@@ -142,7 +225,8 @@ def open_compressed_tensors(path) -> Model:
             nbytes = info.nbytes + base.info(f"{name}_scale").nbytes
             infos[name] = TensorInfo(name, info.shape, "F32", nbytes, info.file,
                                      quant=_scheme_label(args))
-            parts[name] = {"fp8": name, "scale": f"{name}_scale"}
+            parts[name] = {"fp8": name, "scale": f"{name}_scale",
+                           "block": _fp8_block(base, name, args, p)}
             continue
         infos[name] = info
 
@@ -152,10 +236,16 @@ def open_compressed_tensors(path) -> Model:
         if part is None:
             return base.raw(name)
         rows, cols = info.matrix_shape
-        scale = base.read_matrix(part["scale"]).reshape(rows, -1).astype(np.float32)
+        if "fp4" in part:
+            return _fp4_values(base, part, rows, cols)
         if "fp8" in part:
             w = base.read_matrix(part["fp8"]).reshape(rows, cols)
-            return (w * scale[:, :1]).astype(np.float32)
+            s = np.asarray(base.read(part["scale"]), np.float32)
+            if part["block"] is None:                       # per tensor or per channel
+                s = s.reshape(-1)[:1].reshape(1, 1) if s.size == 1 else s.reshape(rows, 1)
+                return (w * s).astype(np.float32)
+            return block_dequant(w, s, part["block"])
+        scale = base.read_matrix(part["scale"]).reshape(rows, -1).astype(np.float32)
         bits = part["bits"]
         half = 1 << (bits - 1)
         words = np.asarray(base.raw(part["packed"])).reshape(rows, -1)

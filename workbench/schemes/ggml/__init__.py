@@ -22,6 +22,7 @@
 | iq2_xxs | 256 | 66 | 2.0625 |
 | iq2_xs | 256 | 74 | 2.3125 |
 | iq2_s  | 256 | 82 | 2.5625 |
+| nvfp4  | 64  | 36  | 4.5    |
 
 Every scheme stores ``{"blocks": uint8 (rows, cols/QK * bytes_per_block)}``: exactly the
 bytes a GGUF file holds for the tensor. Importing this package registers the schemes.
@@ -35,6 +36,7 @@ from workbench.schemes.ggml.iq2 import IQ2_S, IQ2_XS, IQ2_XXS
 from workbench.schemes.ggml.iq4_nl import IQ4_NL
 from workbench.schemes.ggml.iq4_xs import IQ4_XS
 from workbench.schemes.ggml.mxfp4 import MXFP4
+from workbench.schemes.ggml.nvfp4 import NVFP4
 from workbench.schemes.ggml.legacy import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from workbench.schemes.ggml.q2_k import Q2_K
 from workbench.schemes.ggml.q3_k import Q3_K
@@ -45,9 +47,9 @@ from workbench.schemes.ggml.tq import TQ1_0, TQ2_0
 
 GGML_SCHEMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
                 "iq4_nl", "mxfp4", "tq1_0", "tq2_0", "iq4_xs",
-                "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s")
+                "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "nvfp4")
 
-__all__ = ["GGMLScheme", "GGML_SCHEMES", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_NL", "IQ4_XS", "MXFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K",
+__all__ = ["GGMLScheme", "GGML_SCHEMES", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K",
            "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "TQ1_0", "TQ2_0", "ggml_scheme_for_type"]
 
 
