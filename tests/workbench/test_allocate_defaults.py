@@ -11,13 +11,13 @@ import pytest
 
 from workbench.cli import main
 from workbench.formats.loaders import open_model
-from workbench.quant.runtimes import (LLAMA_TYPES, LOW_BIT_ONLY, RUNTIMES, candidate_schemes, fused_groups,
+from workbench.quant.runtimes import (LLAMA_TYPES, RUNTIMES, candidate_schemes, fused_groups,
                                 get_runtime, note_kinds)
 from workbench.planning.sensitivity import best_measure
 
 
 def test_candidates_are_what_each_runtime_runs():
-    assert set(candidate_schemes("llama.cpp")) == LLAMA_TYPES - {"fp32"} - set(LOW_BIT_ONLY)
+    assert set(candidate_schemes("llama.cpp")) == LLAMA_TYPES - {"fp32"}   # lattices cut per budget
     vllm = candidate_schemes("vllm")
     assert "fp8-e4m3" in vllm and "int4-g128-asym" in vllm and "int8-channel" in vllm
     assert not [s for s in vllm if s.startswith(("q", "int2", "int3", "int5", "nf4", "fp16"))]
