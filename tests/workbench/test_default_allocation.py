@@ -31,7 +31,9 @@ def test_default_allocation_at_4_5_bpw_beats_every_uniform_plan_that_fits(
     assert res["measure"] == "fisher" and "runnable" in res["measure_reason"]
     assert "measure: fisher" in cap.err                       # said on stderr too
     from workbench.schemes import get_scheme
-    kept = [s for s in candidate_schemes("any") if get_scheme(s).bits_per_weight() >= 2.5]
+    from workbench.quant.runtimes import for_budget          # and the lattices (3.44 + 1 < 4.5)
+    kept = [s for s in for_budget(candidate_schemes("any"), 4.5)
+            if get_scheme(s).bits_per_weight() >= 2.5]
     assert res["candidates"] == kept and len(kept) > 20       # 2 bits under 4.5 and less: out
     assert f"candidates: {len(candidate_schemes('any')) - len(kept)} schemes" in cap.err
     assert res["bits_per_weight"] <= 4.5
