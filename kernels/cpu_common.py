@@ -133,3 +133,12 @@ def count_nonfinite(w):
             if x != x or x == np.inf or x == -np.inf:
                 n += 1
     return n
+
+
+@njit(inline="always", **_J)
+def _row_flag(row):
+    """2 when `row` holds a NaN or an infinity (the GGML encoders' row flag: not searched), else 0."""
+    for c in range(row.shape[0]):
+        if not (abs(row[c]) < np.inf):
+            return 2
+    return 0

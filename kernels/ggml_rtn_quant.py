@@ -16,7 +16,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .cpu_common import _f32_to_f16_bits
+from .cpu_common import _f32_to_f16_bits, _row_flag
 
 _J = dict(cache=True, nogil=True)
 _P = dict(cache=True, nogil=True, parallel=True)
@@ -215,11 +215,7 @@ def rtn_encode(w, kind, kv, e8, f16, ue4h, mids, blocks, flags):
     rows, cols = w.shape
     for r in prange(rows):
         row = w[r]
-        f = 0
-        for c in range(cols):
-            if not (abs(row[c]) < np.inf):
-                f = 2
-                break
+        f = _row_flag(row)
         if f == 0:
             if kind == 0:
                 f = _mxfp4_row(row, cols // 32, kv, e8, blocks[r])

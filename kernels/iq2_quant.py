@@ -16,7 +16,7 @@ from . import _numba_prelude  # noqa: F401  (before numba: cheaper start)
 import numpy as np
 from numba import njit, prange
 
-from .cpu_common import _f32_to_f16_bits
+from .cpu_common import _f32_to_f16_bits, _row_flag
 from .host import readonly
 from .iq_lattice import KSIGNS, lattice
 
@@ -422,11 +422,7 @@ def iq2_encode(kind, w, qw, weighted, points, values, kmap, nbrs, ksigns, f16, d
             row = w[r]
             qrow = qw[r if qw.shape[0] > 1 else 0]
             out = blocks[r]
-            f = 0
-            for c in range(cols):
-                if not (abs(row[c]) < np.inf):
-                    f = 2
-                    break
+            f = _row_flag(row)
             if f == 0:
                 for bi in range(nb):
                     f |= _enc_super(kind, row, qrow, bi * 256, weighted, points, values, kmap,

@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import iq3_grids, tables
-from .cpu_common import _f32_to_f16_bits
+from .cpu_common import _f32_to_f16_bits, _row_flag
 
 _J = dict(cache=True, nogil=True)
 _P = dict(cache=True, nogil=True, parallel=True)
@@ -270,11 +270,7 @@ def iq3_encode(wt, qw, weighted, is_xxs, bpb, kmap, nbr, vals, f16, blocks, flag
             row = wt[r]
             qrow = qw[r if qw.shape[0] > 1 else 0]
             out = blocks[r]
-            f = 0
-            for c in range(cols):
-                if not (abs(row[c]) < np.inf):
-                    f = 2
-                    break
+            f = _row_flag(row)
             if f == 0:
                 for bi in range(nb):
                     f |= _enc_super(row, qrow, bi * 256, weighted, is_xxs, kmap, nbr, vals,

@@ -29,7 +29,7 @@ from numba import njit, prange
 
 from . import tables
 from .host import readonly
-from .cpu_common import _f32_to_f16_bits
+from .cpu_common import _f32_to_f16_bits, _row_flag
 
 _J = dict(cache=True, nogil=True)
 _P = dict(cache=True, nogil=True, parallel=True)
@@ -235,11 +235,7 @@ def iq4nl_encode(w, qw, weighted, kv, mids, num, f16, blocks, flags):
             row = w[r]
             qrow = qw[r if qw.shape[0] > 1 else 0]
             out = blocks[r]
-            f = 0
-            for c in range(cols):
-                if not (abs(row[c]) < np.inf):
-                    f = 2
-                    break
+            f = _row_flag(row)
             if f == 0:
                 for b0 in range(0, nb, GROUP):
                     f |= _enc_group(row, qrow, weighted, b0, nb, kv, mids, num, f16, xn, xr,

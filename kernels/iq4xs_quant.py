@@ -22,7 +22,7 @@ from . import _numba_prelude  # noqa: F401  (before numba: cheaper start)
 import numpy as np
 from numba import njit, prange
 
-from .cpu_common import _f32_to_f16_bits
+from .cpu_common import _f32_to_f16_bits, _row_flag
 from .host import readonly
 from .iq4nl_quant import KVALUES, MIDS, _nearest, _nearest_value
 
@@ -154,11 +154,7 @@ def iq4xs_encode(w, qw, weighted, kv, mids, blocks, flags):
             row = w[r]
             qrow = qw[r if qw.shape[0] > 1 else 0]
             out = blocks[r]
-            f = 0
-            for c in range(cols):
-                if not (abs(row[c]) < np.inf):
-                    f = 2
-                    break
+            f = _row_flag(row)
             if f == 0:
                 for b in range(nb):
                     f |= _enc_super(row, qrow, b * 256, weighted, kv, mids, xr, wr, iscale,
