@@ -199,3 +199,24 @@ def test_existing_folder_with_other_files_is_never_replaced(demo_model_path, tmp
     run(export(src, Plan(default="int4-g64"), "compressed-tensors", out))       # our own: replaced
     cfg = json.loads((out / "config.json").read_text())["quantization_config"]
     assert cfg["config_groups"]["group_0"]["weights"]["group_size"] == 64
+
+
+@pytest.mark.parametrize("shape", [(0, 32), (4, 0)])
+@pytest.mark.parametrize("scheme", ["int4-g32", "int4-g32-asym"])
+def test_an_empty_tensor_exports_and_reads_back_empty(tmp_path, shape, scheme):
+    # the fuzz suite's roundtrip class found this: a 0-row group-quantized tensor wrote fine,
+    # then reading the folder back raised a reshape error (and 0 columns a division by zero)
+    from workbench.export.st_writer import StreamingSafetensorsWriter
+    src = tmp_path / "src.safetensors"
+    w = StreamingSafetensorsWriter(str(src))
+    w.add("model.layers.0.mlp.up_proj.weight", np.zeros(shape, np.float32))
+    w.add("model.layers.0.mlp.down_proj.weight",
+          np.random.default_rng(0).standard_normal((8, 32)).astype(np.float32))
+    w.finish()
+    out = tmp_path / "out"
+    run(export(open_model(src), Plan(default=scheme), "compressed-tensors", str(out)))
+    back = open_model(out)
+    assert back.read("model.layers.0.mlp.up_proj.weight").shape == shape
+    full = back.read("model.layers.0.mlp.down_proj.weight")
+    ref = open_model(src).read("model.layers.0.mlp.down_proj.weight")
+    assert full.shape == (8, 32) and np.abs(full - ref).max() < 0.5 * np.abs(ref).max()
