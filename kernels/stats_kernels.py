@@ -200,3 +200,60 @@ def weighted_sq_err(f, a, b) -> float:
     from .host import readonly
     _weighted_sq_err_rows(readonly(f2), readonly(a2), readonly(b2), out)
     return float(out.sum())
+
+
+@nb.njit(parallel=True, cache=True)
+def _cast_sq_err_rows(f, a, ab, kind, out, bad):
+    """Per row: sum f (cast(a) - a)^2 in float64, cast = float16 (kind 0) or bfloat16 (1), the
+    rounding done on the bits `ab` (a viewed as uint32: round to nearest even, as numpy's
+    astype and f32_to_bf16); bad[i] = 1 where row i holds a non-finite weight or one the cast
+    overflows."""
+    rows, cols = a.shape
+    for i in nb.prange(rows):
+        buf = np.empty(cols, np.uint32)
+        fb = buf.view(np.float32)
+        flag = 0
+        for j in range(cols):
+            x = a[i, j]
+            u = ab[i, j] & np.uint32(0x7FFFFFFF)
+            if u >= np.uint32(0x7F800000):
+                flag = 1
+            if kind == 0:
+                if u >= np.uint32(0x477FF000):           # rounds past 65504 (or not finite)
+                    flag = 1
+                    buf[j] = np.uint32(0)
+                elif u >= np.uint32(0x38800000):         # float16 normal: 10 mantissa bits
+                    buf[j] = (ab[i, j] + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))
+                              ) & np.uint32(0xFFFFE000)
+                else:                                    # subnormal: a multiple of 2**-24
+                    buf[j] = np.uint32(0)
+                    fb[j] = np.float32(np.rint(np.float64(x) * 16777216.0) / 16777216.0)
+            else:
+                r = (ab[i, j] + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) \
+                    & np.uint32(0xFFFF0000)
+                if (r & np.uint32(0x7F800000)) == np.uint32(0x7F800000):
+                    flag = 1
+                buf[j] = r
+        s = 0.0
+        if flag == 0:
+            for j in range(cols):
+                d = np.float64(fb[j]) - np.float64(a[i, j])
+                s += np.float64(f[i, j]) * d * d
+        out[i] = s
+        bad[i] = flag
+
+
+def cast_sq_err(f, a, kind: str) -> float | None:
+    """sum_ij f_ij (cast(a_ij) - a_ij)^2 in float64 for the float16 ("fp16") or bfloat16
+    ("bf16") cast of float32 weights `a`, without the cast array (the fisher measure's error
+    of the float schemes, `weighted_sq_err` of the cast and back). None when a weight is not
+    finite or overflows the type: the caller takes the scheme's own path (and its refusal)."""
+    a2 = np.ascontiguousarray(a.reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(1, -1),
+                              np.float32)
+    f2 = f.reshape(a2.shape)
+    out = np.empty(a2.shape[0], np.float64)
+    bad = np.zeros(a2.shape[0], np.uint8)
+    from .host import readonly
+    _cast_sq_err_rows(readonly(f2), readonly(a2), readonly(a2.view(np.uint32)),
+                      0 if kind == "fp16" else 1, out, bad)
+    return None if bad.any() else float(out.sum())

@@ -144,3 +144,43 @@ def test_a_tensor_read_in_chunks_draws_the_same_rows(tmp_path, monkeypatch):
     for s in schemes:
         assert chunked[("tall.weight", s)] > 0
         assert chunked[("tall.weight", s)] == pytest.approx(whole[("tall.weight", s)], rel=1e-9), s
+
+
+def test_float_cast_errors_equal_casting_and_weighing(tmp_path, monkeypatch):
+    # fp16 / bf16 errors come from one fused pass (kernels.stats_kernels.cast_sq_err): the
+    # float64 sums of casting, widening back and weighing, and the scheme's own path
+    # (with its overflow refusal) where a weight does not fit
+    model, diag = _model(tmp_path)
+    fused = run(F.fisher_errors(model, ["fp16", "bf16", "q8_0"], diag, 10, rows_sampled=False))
+    monkeypatch.setattr(F, "_cast_error", lambda *a: None)
+    plain = run(F.fisher_errors(model, ["fp16", "bf16", "q8_0"], diag, 10, rows_sampled=False))
+    assert fused.keys() == plain.keys()
+    for k, v in plain.items():        # (the sums' order differs: float64 rounding apart)
+        assert fused[k] == pytest.approx(v, rel=1e-12, abs=0)
+    assert 0 < fused[("tall.weight", "fp16")] < fused[("tall.weight", "bf16")] \
+        < fused[("tall.weight", "q8_0")]
+
+
+def test_cast_error_kernel_rounds_as_numpy_does():
+    from kernels.stats_kernels import cast_sq_err
+    from workbench.core.floatbits import bf16_to_f32, f32_to_bf16
+    rng = np.random.default_rng(3)
+    # float16's subnormals, its normal boundary, ties at both precisions, the overflow edge
+    edge = np.array([0.0, -0.0, 1e-8, 2.9802322e-08, 5.96e-8, 6.09e-5, 6.103515625e-05,
+                     1.00048828125, 1.000244140625, 1.0009765625, 2 ** -24 * 2.5,
+                     -2 ** -24 * 2.5, 2 ** -25, 65504.0, 65519.99, -65519.99], np.float32)
+    vals = np.concatenate([edge, (rng.standard_normal(20000)
+                                  * np.exp(rng.uniform(-25, 11, 20000))).astype(np.float32)])
+    vals = vals[np.abs(vals) < 65519.99].reshape(-1, 1)
+    f = np.ones_like(vals)
+    for kind, cast in (("fp16", vals.astype(np.float16).astype(np.float32)),
+                       ("bf16", bf16_to_f32(f32_to_bf16(vals)))):
+        for i in range(0, len(vals), 997):          # element by element on a sample
+            ref = float((np.float64(cast[i, 0]) - np.float64(vals[i, 0])) ** 2)
+            assert cast_sq_err(f[i:i + 1], vals[i:i + 1], kind) == ref
+        want = float(np.sum((cast.astype(np.float64) - vals) ** 2))
+        assert cast_sq_err(f, vals, kind) == pytest.approx(want, rel=1e-12)
+    one = np.ones((1, 2), np.float32)
+    assert cast_sq_err(one, np.array([[1.0, 65520.0]], np.float32), "fp16") is None
+    assert cast_sq_err(one, np.array([[1.0, 3.4e38]], np.float32), "bf16") is None
+    assert cast_sq_err(one, np.array([[1.0, np.nan]], np.float32), "fp16") is None

@@ -72,6 +72,21 @@ def _weighted_sq_err(f, w, dq) -> float:
     return float(np.vdot(f.astype(np.float64, copy=False), dw * dw))
 
 
+def _cast_error(f, w, applied: str) -> float | None:
+    """sum f (cast(w) - w)^2 of the fp16 / bf16 casts in one pass over the float32 weights
+    (kernels.stats_kernels.cast_sq_err: 10x faster than casting, widening and weighing, which
+    cost more than Q4_0's error); None for other schemes, non-finite weights or an overflow
+    (the scheme's own path then gives its result, or its refusal)."""
+    if applied not in ("fp16", "bf16") or np.asarray(f).dtype != np.float32 \
+            or w.dtype != np.float32:
+        return None
+    try:
+        from kernels.stats_kernels import cast_sq_err
+    except ImportError:
+        return None
+    return cast_sq_err(np.asarray(f), w, applied)
+
+
 #: rows of a tensor whose fisher errors are measured on every row; a taller tensor's errors
 #: under a scheme that quantizes each row on its own are estimated from a proportional sample
 #: of ERROR_ROW_FRACTION of its rows (`_error_rows`)
@@ -151,6 +166,8 @@ def _fisher_error(model, n, info, applied, f, w, wm, rows, count, dequantized) -
     from workbench.core.pages import release
     if rows is not None and _row_local(applied, info.matrix_shape if wm is None else wm.shape):
         _idx, fs, ws = rows
+        if (val := _cast_error(fs, ws, applied)) is not None:
+            return 0.5 * val / max(count, 1)
         return 0.5 * _weighted_sq_err(fs, ws, _dequantized_rows(ws, applied, n)) / max(count, 1)
     if w is None:                    # streamed: a row chunk at a time, F read alongside
         tot = 0.0
@@ -160,6 +177,9 @@ def _fisher_error(model, n, info, applied, f, w, wm, rows, count, dequantized) -
             release(fc)
         release(f)
         return 0.5 * tot / max(count, 1)
+    if (val := _cast_error(f, w, applied)) is not None:
+        release(f)
+        return 0.5 * val / max(count, 1)
     dq = dequantized(model, n, applied, matrix=wm).reshape(info.shape)
     val = 0.5 * _weighted_sq_err(f, w, dq) / max(count, 1)
     release(f)      # a mapped F (a large model's): its pages leave the resident set
