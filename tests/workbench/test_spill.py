@@ -75,6 +75,8 @@ def test_fisher_on_disk_and_in_row_chunks_equals_in_memory(tiny_arch, arch, monk
     fisher._FISHER_CACHE.clear()
     monkeypatch.setattr(spill, "MIN_BYTES", 0)                    # every array on disk
     monkeypatch.setattr(spill, "CHUNK_ELEMENTS", 64 * 5)
+    from workbench.running import runner_measures     # (a small model's sums stay in RAM)
+    monkeypatch.setattr(runner_measures, "RESIDENT_BYTES", 0)
     others = _spill_mappings()[2]
     disk, count2 = run(fisher_diagonals(model, samples=N, max_len=LEN, batch_size=3))
     fisher._FISHER_CACHE.clear()
@@ -205,3 +207,30 @@ def test_an_embeddings_fisher_comes_from_the_rows_of_the_tokens_seen(tiny_arch, 
     want = np.zeros((10, 4), np.float32)
     want[[7, 2, 5]] = 0.5 * g.numpy() ** 2
     assert np.array_equal(dense, want)
+
+
+def test_a_small_models_pass_reads_each_weight_once(tiny_arch, monkeypatch):
+    """Below RESIDENT_BYTES the fisher pass keeps the weights it widened (the backward visits
+    each block again) and lets them go when it ends; above, it reads them per visit."""
+    from workbench.planning import fisher
+    from workbench.planning.fisher import fisher_diagonals
+    from workbench.running import runner_measures
+    from workbench.running.runner import Runner
+    from workbench.running.runner_passes import get_runner
+    model = open_model(str(tiny_arch("llama")))
+    reads: list = []
+    real = Runner.param_tensor
+    monkeypatch.setattr(Runner, "param_tensor",
+                        lambda self, pn, override=None: reads.append(pn) or real(self, pn, override))
+    counts = {}
+    for limit in (runner_measures.RESIDENT_BYTES, 0):
+        monkeypatch.setattr(runner_measures, "RESIDENT_BYTES", limit)
+        fisher._FISHER_CACHE.clear()
+        reads.clear()
+        diag, _ = run(fisher_diagonals(model, samples=N, max_len=LEN, batch_size=3))
+        counts[limit] = (len(reads), len(set(reads)), diag)
+        assert get_runner(model).resident is None           # nothing held after the pass
+    (n_small, uniq, d_small), (n_big, uniq_big, d_big) = counts.values()
+    assert n_small == uniq and n_big > 1.5 * n_small and uniq_big == uniq
+    for k in d_small:
+        assert np.array_equal(np.asarray(d_small[k]), np.asarray(d_big[k])), k

@@ -90,7 +90,8 @@ def _cast_error(f, w, applied: str) -> float | None:
 #: rows of a tensor whose fisher errors are measured on every row; a taller tensor's errors
 #: under a scheme that quantizes each row on its own are estimated from a proportional sample
 #: of ERROR_ROW_FRACTION of its rows (`_error_rows`)
-ERROR_ROWS_MIN = 1024
+ERROR_ROWS_MIN = 512     # (1,024 until 27 Nov: the errors took 17 of allocate's ~35 CPU s on
+#                          SmolLM2-135M, its 576-row tensors all measured whole; docs/methods.md)
 
 
 ERROR_ROW_FRACTION = 4

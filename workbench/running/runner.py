@@ -96,6 +96,7 @@ class Runner(TensorMapping):
                                  f"{str(exc).splitlines()[0] if str(exc) else ''}); "
                                  "weight-only features still work", path=str(model.path)) from None
         self.config = config
+        self.resident: dict | None = None        # see materialize
         self.net = net.eval()
         self.dtype = self._compute_dtype()
         self._structure()
@@ -185,10 +186,19 @@ class Runner(TensorMapping):
 
 
     def materialize(self, pnames, override=None, grad: bool = False) -> None:
+        """Put parameters `pnames` in the network (read, widened to the compute dtype; with
+        `override`, its tensors instead). While `resident` is a dict (a pass over a small
+        model: `runner_measures.keep_resident`), the source weights read stay there, so a
+        pass that visits each block twice reads and widens them once."""
         import torch
+        keep = self.resident if override is None else None
         for pn in pnames:
             mod, attr = self._owner[pn]
-            t = self.param_tensor(pn, override).to(self.device, self.dtype)
+            t = keep.get(pn) if keep is not None else None
+            if t is None:
+                t = self.param_tensor(pn, override).to(self.device, self.dtype)
+                if keep is not None:
+                    keep[pn] = t
             mod._parameters[attr] = torch.nn.Parameter(t, requires_grad=grad)
 
     def release(self, pnames) -> None:

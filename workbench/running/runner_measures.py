@@ -41,21 +41,40 @@ def _rows_index(rr):
     return torch.tensor([r[0] for r in rr]), torch.tensor([r[1] for r in rr])
 
 
+#: a model whose float32 parameters take at most this many bytes is small: a pass over it
+#: keeps its widened weights and its Fisher sums in RAM (`keep_resident`); a larger one reads
+#: each block's weights when it runs and spills its sums to disk, so its memory stays one
+#: block's (SmolLM2-135M: 0.5 GB each; Llama-3-8B: 32 GB)
+RESIDENT_BYTES = 2 << 30
+
+
+def keep_resident(runner) -> bool:
+    """Whether `runner`'s model is small (RESIDENT_BYTES); if so its weights, once read for a
+    pass, stay in `runner.resident` (cleared by the pass when it ends)."""
+    m = runner.model
+    small = sum(m.info(n).numel for n in m.tensors) * 4 <= RESIDENT_BYTES
+    runner.resident = {} if small else None
+    return small
+
+
 class SquareSums(dict):
     """{parameter name: running sum of scale * grad**2} in `workbench.core.spill` arrays (a
     memory-mapped file per large parameter, updated a row chunk at a time), so the Fisher
-    diagonal of a model larger than RAM never is in memory."""
+    diagonal of a model larger than RAM never is in memory; `in_ram`: plain arrays (a small
+    model's, `keep_resident`: no file's page faults and releases)."""
 
-    def __init__(self, scale: float = 1.0):
+    def __init__(self, scale: float = 1.0, in_ram: bool = False):
         super().__init__()
         self.scale = scale
+        self.in_ram = in_ram
 
     def slot(self, pn: str, shape) -> np.ndarray:
         """The running sum of parameter `pn` (zeros of `shape` on first use)."""
         from workbench.core import spill
         a = self.get(pn)
         if a is None:
-            a = self[pn] = spill.zeros(tuple(shape), np.float32)
+            a = self[pn] = (np.zeros(tuple(shape), np.float32) if self.in_ram
+                            else spill.zeros(tuple(shape), np.float32))
         return a
 
     def add(self, runner, pnames) -> None:
@@ -200,12 +219,21 @@ def fisher_pass(runner, data, probes: int = 2, batch_size: int = 8, seed: int = 
     is done, the rest at the end), so a caller can start on them while the pass goes on."""
     import torch
     gen = torch.Generator().manual_seed(seed)
+    small = keep_resident(runner)
+    try:
+        return (yield from _fisher_pass(runner, data, probes, batch_size, gen, on_final, small))
+    finally:
+        runner.resident = None
+
+
+def _fisher_pass(runner, data, probes, batch_size, gen, on_final, small):
+    import torch
     budget = new_budget()
     L = len(runner.layers)
     batches, stores = yield from forward_inputs(runner, data, batch_size, budget,
                                                 "output gradients (forward)")
     grads = ActivationStore(budget)
-    acc = SquareSums(1.0 / probes)
+    acc = SquareSums(1.0 / probes, in_ram=small)
     count = 0
     top = runner.norm_params + runner.head_params
     hand = runner.kind != "encoder" and HeadGrads.usable(runner)
