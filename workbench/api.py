@@ -477,6 +477,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
                                                     target), path=model.path)
     if table is None and schemes == AUTO:      # schemes far below the budget: never chosen
         names = budget_candidates(model, names, budget, target, pins, say)
+    budgets.prefetch_file(model, budget) if table is None else None   # while the pass runs
     t0 = time.perf_counter()
     if table is None:
         table = measure_sensitivity(model, names, measure=measure, calib=calib,

@@ -143,3 +143,29 @@ def test_from_flags_defaults():
     assert Budget.tensor_bytes(7) == Budget("bytes", 7.0)
     with pytest.raises(WorkbenchError, match="--bpw-over goes with --budget-bpw"):
         from_flags(budget_bytes=10, bpw_over="all")
+
+
+def test_a_prefetched_header_is_measured_once_and_the_same(minilm_path, monkeypatch):
+    """allocate starts the GGUF header's measure before its pass (`gguf_size.prefetch`); the
+    solve's own call then waits for it instead of packing the tokenizer a second time, and
+    gets the same sizes."""
+    import threading
+    from workbench.export import gguf_header, gguf_size
+    from workbench.quant.plan import Plan
+    m = open_model(minilm_path)
+    want = gguf_size.layout_bytes(m, Plan(default="q4_0"))
+    gguf_header._TOKENIZER_KV.clear()
+    calls, gate = [], threading.Event()
+    real = gguf_header._write_tokenizer_once
+
+    def slow(writer, hf):              # the prefetch still runs when the solve asks
+        calls.append(threading.current_thread().name)
+        gate.wait(5)
+        return real(writer, hf)
+    monkeypatch.setattr(gguf_header, "_write_tokenizer_once", slow)
+    gguf_size.prefetch(m, Plan(default="keep"))
+    threading.Timer(0.3, gate.set).start()
+    got = gguf_size.layout_bytes(m, Plan(default="q4_0"))
+    assert got == want
+    assert calls[0] == "gguf-header" and len(calls) == 2    # then the solve's, from the cache
+    assert not gguf_size._PREFETCH

@@ -219,6 +219,15 @@ def _file_table(model, table, plan):
     return replace(table, bytes=nbytes, fixed_bytes=fixed), lay
 
 
+def prefetch_file(model, budget: Budget) -> None:
+    """For a file budget: start measuring the GGUF header on a background thread
+    (`gguf_size.prefetch`), so that `solve` finds the tokenizer's part ready."""
+    if budget.kind == "file":
+        from workbench.export.gguf_size import prefetch
+        from workbench.quant.plan import Plan
+        prefetch(model, Plan(default=KEEP))
+
+
 def solve(model, table, budget: Budget, pins: dict | None = None, finish=None):
     """(Plan, allocate.Solution, the budget in bytes of what it counts) for `budget`.
     `finish(plan)`: the plan as it will be written (each tensor's method on its rule), applied
