@@ -62,6 +62,11 @@ def _write_all(fd: int, data) -> int:
     return n
 
 
+#: tasks per worker started before the header is written (row chunks of at most
+#: gguf_tensor_data.CHUNK_ELEMENTS: their results, held until written, stay bounded)
+HEAD_TASKS = 8
+
+
 @register_exporter("gguf", ".gguf",
                    "GGUF for llama.cpp: F32/F16/BF16 and GGML block types (q4_0 ... q6_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xxs, iq2_xs, iq2_s, mxfp4, tq1_0, tq2_0, nvfp4) "
                    "per the plan; metadata copied from a GGUF source")
@@ -87,21 +92,13 @@ def export_gguf(model, plan, out_path, strict: bool = False, executor=None):
     writer = None
     try:
         writer = _fast_writer_class()(tmp, arch)
-        skipped, n_vocab, name_note, file_type = _write_head(writer, model, plan, prep)
-        writer.write_header_to_file(Path(tmp))
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        # tensor data: written here straight from the arrays (each tensor padded to the
-        # alignment, as GGUFWriter.write_tensor_data does), part by part, no joined copy
-        fout = writer.fout[0]
-        fout.flush()
-        fd, pos, align = fout.fileno(), fout.tell(), writer.data_alignment
         total = sum(max(int(np.prod(it.shape)), 1) for it in items) or 1
         done = 0
         types: dict[str, int] = {}
         # tasks in file order: a row chunk of a re-encoded tensor, or a whole tensor. Workers
         # run them in parallel (the kernels release the GIL); this thread writes the results
-        # in order. At most `window` tasks are queued or held, so memory stays bounded.
+        # in order. At most `window` tasks are queued or held (HEAD_TASKS per worker while the
+        # header is packed), so memory stays bounded.
         tasks = ((i, task, k == 0, k == len(chunks) - 1) for i, it in enumerate(items)
                  for chunks in [_row_chunks(model, it) or [None]]
                  for k, task in enumerate(chunks))
@@ -133,8 +130,19 @@ def export_gguf(model, plan, out_path, strict: bool = False, executor=None):
                     fut = pool.submit(_chunk_data, model, items[i], what[1], what[2])
                 pending.append((i, first, last, fut))
 
-            for _ in range(window):
+            # the first tensors are quantized while this thread packs the header (the
+            # tokenizer's key/values: most of a second for a 49k-token vocabulary)
+            for _ in range(HEAD_TASKS * workers):
                 submit()
+            skipped, n_vocab, name_note, file_type = _write_head(writer, model, plan, prep)
+            writer.write_header_to_file(Path(tmp))
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            # tensor data: written here straight from the arrays (each tensor padded to the
+            # alignment, as GGUFWriter.write_tensor_data does), part by part, no joined copy
+            fout = writer.fout[0]
+            fout.flush()
+            fd, pos, align = fout.fileno(), fout.tell(), writer.data_alignment
             written = 0
             while pending:
                 i, first, last, fut = pending.popleft()
@@ -145,7 +153,8 @@ def export_gguf(model, plan, out_path, strict: bool = False, executor=None):
                     pos += _write_all(fd, b"\0" * (-pos % align))
                     written = 0
                 parts = fut.result()
-                submit()
+                if len(pending) < window:
+                    submit()
                 n = sum(p.nbytes for p in parts)
                 if written + n > it.nbytes or (last and written + n != it.nbytes):
                     raise WorkbenchError(f"internal error: {written + n} bytes for a {it.gtype} "
