@@ -102,6 +102,11 @@ def add_squares(dst: np.ndarray, grad, scale: float = 1.0) -> None:
     d2 = _rows(dst)
     is_torch = not isinstance(grad, np.ndarray)
     g2 = grad.reshape(d2.shape[0], -1) if is_torch else _rows(np.asarray(grad))
+    if is_torch and not isinstance(dst, np.memmap) and d2.flags.c_contiguous \
+            and dst.dtype == np.float32 and g2.dtype == _torch_f32() and g2.device.type == "cpu":
+        import torch                     # in RAM: one multithreaded pass, no temporaries
+        torch.from_numpy(d2).addcmul_(g2.detach(), g2.detach(), value=float(scale))
+        return
     step = _step(d2.shape[1])
     for r0 in range(0, d2.shape[0], step):
         g = g2[r0:r0 + step]
@@ -114,6 +119,11 @@ def add_squares(dst: np.ndarray, grad, scale: float = 1.0) -> None:
         d += sq
         release(d)
     release(dst)        # the kernel's fault-around re-maps neighbours of later chunks
+
+
+def _torch_f32():
+    import torch
+    return torch.float32
 
 
 def add_row_squares(dst: np.ndarray, rows, grad, scale: float = 1.0) -> None:

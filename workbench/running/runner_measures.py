@@ -205,8 +205,9 @@ def _logit_probe(z, gen):
     import torch
     p = torch.softmax(z.float(), dim=-1)
     e = torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.device)
-    sp = p.sqrt()
-    v = sp * e - p * (sp * e).sum(-1, keepdim=True)
+    se = e.mul_(p.sqrt())                   # sqrt(p) * e, in place: a vocabulary-wide array
+    s = se.sum(-1, keepdim=True)            # of float32 per token is the step's largest
+    v = se.sub_(p.mul_(s))
     return v.to(z.dtype)
 
 
