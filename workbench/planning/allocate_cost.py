@@ -3,8 +3,9 @@ cut it.
 
 The estimate is the sum of its stages, each the model's weights times what the stage repeats
 (calibration samples, candidate schemes) times a rate measured on the shared 2-core machine
-when quiet (SmolLM2-135M: 134.5 M weights, 64 samples, 50 schemes, 2 min 40 s measured; the
-methods from MiniLM's README tour and SmolLM2 with --methods rtn,imatrix,gptq, 27 Nov 2026):
+when quiet (SmolLM2-135M: 134.5 M weights; with llama.cpp's 12 candidates and 32 samples
+24 s, with 43 candidates and 64 samples 86 s at load 4, 27 Nov 2026 evening; the methods from
+MiniLM's README tour and SmolLM2 with --methods rtn,imatrix,gptq, 27 Nov 2026):
 
 - building the network (import transformers, the model's modules): BUILD seconds, when the
   measure or a method runs the model;
@@ -26,15 +27,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 #: seconds to import transformers and build the network (a model-level measure or method)
-BUILD = 8.0
-#: seconds per weight and calibration sample: fisher's forward and backward pass
-PASS_FISHER = 8.7e-9
+BUILD = 6.0
+#: seconds per weight and calibration sample: fisher's forward and backward pass (SmolLM2,
+#: 27 Nov 2026 evening, after the small-model pass kept its weights: 10.5 s for 32 samples,
+#: 19.5 s for 64; it was 8.7e-9 before)
+PASS_FISHER = 2.4e-9
+#: share of the fisher pass's time during which its errors are measured alongside (a worker
+#: thread takes each block's tensors as the pass finishes them): that much of the errors'
+#: time is hidden; at least a quarter of it is always left after the pass
+ERRORS_OVERLAP = 0.6
 #: seconds per weight and calibration sample: a forward pass collecting the weights' inputs
 PASS_FORWARD = 3.0e-9
 #: seconds per weight and candidate scheme: fisher's errors (rows sampled)
 ERRORS_SAMPLED = 1.0e-8
 #: seconds per weight and candidate scheme: every weight quantized and measured
 ERRORS_FULL = 3.3e-8
+#: seconds per weight: the allocated plan's evaluation (one scheme a tensor; SmolLM2 1.1 s
+#: with llama.cpp's candidates, 5.3 s with every scheme's)
+EVALUATE = 1.5e-8
 #: seconds per Linear weight and calibration sample: the methods' statistics pass (inputs and
 #: Hessians of every Linear weight, on both halves of the samples). Quiet, 27 Nov 2026, 64
 #: samples: MiniLM (10.6 M Linear weights) 14.6 s, SmolLM2 (106 M) 80 s
@@ -67,8 +77,10 @@ def estimate(params: int, linear_params: int, tensors: int, schemes: int, measur
     if measure in ("fisher", "activation", "output") or costly:
         c.stages["building the network"] = BUILD
     if measure == "fisher":
-        c.stages[f"fisher pass over {samples} samples"] = PASS_FISHER * params * samples
-        c.stages[f"{schemes} schemes' errors"] = ERRORS_SAMPLED * params * schemes
+        pass_s = c.stages[f"fisher pass over {samples} samples"] = PASS_FISHER * params * samples
+        errors = ERRORS_SAMPLED * params * schemes
+        c.stages[f"{schemes} schemes' errors"] = max(errors - ERRORS_OVERLAP * pass_s,
+                                                     0.25 * errors)
     elif measure == "activation":
         if samples:
             c.stages[f"activation pass over {samples} samples"] = PASS_FORWARD * params * samples
@@ -81,7 +93,7 @@ def estimate(params: int, linear_params: int, tensors: int, schemes: int, measur
     if costly:
         c.stages[f"methods {','.join(costly)}"] = \
             METHODS_PASS * linear_params * samples + METHODS * linear_params
-    c.stages["the plan's evaluation"] = ERRORS_FULL * params
+    c.stages["the plan's evaluation"] = EVALUATE * params
     return c
 
 
