@@ -144,13 +144,13 @@ def with_methods(model: "Model", plan: Plan, *, method: str | None = None, calib
     model itself when every tensor uses rtn, else a MethodModel holding each tensor's imatrix
     / GPTQ / AWQ result, fitted on `calib` (text / JSONL / token ids; default the shipped
     calibration text) or an `imatrix` file. `say(line)` gets the methods' notes."""
-    if method:
-        plan = plan.with_method(method)
+    from workbench.running.methods_apply import importance_for_lattice, prepare
+    plan = importance_for_lattice(model, plan.with_method(method) if method else plan, target,
+                                  imatrix, say, switch=method != "rtn")
     if plan.methods_used() == {"rtn"}:
         if imatrix:
             raise WorkbenchError("--imatrix needs a method that reads it: --method imatrix")
         return plan, model
-    from workbench.running.methods_apply import prepare
     mm = _driver(progress, cancel, driver)(prepare(model, plan, calib, imatrix, target))
     for note in getattr(mm, "notes", []) if say else ():
         say(f"note: {note}")

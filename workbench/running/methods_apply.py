@@ -301,6 +301,50 @@ class MethodModel:
         return w
 
 
+#: the GGML types llama.cpp quantizes only with an importance matrix ("the result will be
+#: garbage, so bailing out": llama-quant.cpp's tensor_requires_imatrix; IQ3_S and the K-quants
+#: go without)
+NEEDS_IMPORTANCE = ("iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs")
+
+
+def importance_for_lattice(model, plan, runtime: str = "any", imatrix=None, say=None,
+                           switch: bool = True):
+    """`plan` with --method imatrix on the tensors it puts in a NEEDS_IMPORTANCE type with
+    plain rounding, when an importance can be had (an `imatrix` file, or calibration: the
+    model runs) and `switch` (False: the user asked for rtn); said in one `say` line.
+    Otherwise the plan as it is and a warning line naming the types, the count and the way
+    out (--imatrix FILE)."""
+    from workbench.quant.methods.ggml_weighted import SUPPORTED
+    from workbench.quant.runtimes import plan_decisions
+    found: dict = {}
+    for n, d in plan_decisions(model, plan, runtime).items():
+        if d.applied in NEEDS_IMPORTANCE and plan.method_for(n) == "rtn":
+            found.setdefault(d.applied, []).append(n)
+    if not found:
+        return plan
+    say = say or (lambda line: None)
+    what = ", ".join(f"{s} on {len(v)} tensor{'s' * (len(v) > 1)}" for s, v in found.items())
+    weighed = [n for s, v in found.items() if s in SUPPORTED for n in v]
+    try:
+        from workbench.formats.llama_names import model_folder
+        runs = (model_folder(model) / "config.json").is_file()
+    except Exception:   # noqa: BLE001 - cannot run: no calibration
+        runs = False
+    if weighed and switch and (imatrix or runs):
+        src = f"the importance matrix {imatrix}" if imatrix else \
+            "calibration (--calib; default the shipped text)"
+        say(f"note: {what}: llama.cpp quantizes these types only with an importance matrix, "
+            f"so they use --method imatrix, from {src}")
+        return plan.with_method("imatrix", weighed)
+    how = ("as --method rtn asks" if weighed and not switch else
+           "pass --imatrix FILE (llama-imatrix's), or export a model folder that runs "
+           "(config.json beside it) to calibrate one" if weighed else
+           "the workbench has no importance-weighted encoder for them yet")
+    say(f"warning: {what} without an importance matrix: llama.cpp refuses these types without "
+        f"one (\"the result will be garbage\"); {how}")
+    return plan
+
+
 def needs_stats(plan, names) -> set[str]:
     return {n for n in names if plan.method_for(n) != "rtn"}
 
