@@ -198,3 +198,16 @@ def test_weighted_error_below_ggml(name):
     ones = ggml_ref.dequantize(name, ggml_ref.quantize(name, w, imatrix=np.ones(1024, np.float32)),
                                1024)
     assert ((w - plain) ** 2).sum() < 0.9 * ((w - ones) ** 2).sum()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_empty_and_chunked_reference(name, monkeypatch):
+    """No blocks encode to no blocks; the reference's split search in chunks of rows gives the
+    same bytes as in one piece."""
+    from workbench.schemes.ggml import iq1
+    s = get_scheme(name)
+    assert s.encode(np.zeros((0, 256), np.float32)).shape == (0,)
+    w = _hostile(9)[:6]
+    whole = _ref_bytes(name, w)
+    monkeypatch.setattr(iq1, "SPLIT_ROWS", 5)
+    assert np.array_equal(_ref_bytes(name, w), whole)

@@ -64,6 +64,7 @@ D_FACTORS = tuple(F(1.125 * (1 + 0.04 * c)) for c in (0, -1, 1, -2, 2, -3, -4))
 #: (sub-block size, units per sub-block) of each type
 GEOMETRY = {"s": (32, 1), "m": (16, 2)}
 _SH8 = 2 * np.arange(8)
+SPLIT_ROWS = 2048                 # sub-blocks per split_search call
 
 
 def _vals(sign: int):
@@ -277,12 +278,18 @@ def encode_fields(x: np.ndarray, qw: np.ndarray | None, which: str):
     S, units = GEOMETRY[which]
     nsb = 256 // S
     n = x.shape[0]
+    if n == 0:
+        z = np.zeros((0, nsb), np.int64)
+        return np.zeros(0, np.float16), np.zeros((0, 32), np.int64), np.zeros((0, nsb * units),
+                                                                          np.int64), z
     xn, e = normalize(np.asarray(x, F))
     w = search_weights(xn, qw)
     q = np.ones_like(xn) if qw is None else np.asarray(qw, F)
     m = n * nsb
     xs, ws, qs = xn.reshape(m, S), w.reshape(m, S), q.reshape(m, S)
-    lv, sg, scale = split_search(xs, ws, units)
+    parts = [split_search(xs[i:i + SPLIT_ROWS], ws[i:i + SPLIT_ROWS], units)
+             for i in range(0, m, SPLIT_ROWS)]           # bounded temporaries (m x pairs)
+    lv, sg, scale = (np.concatenate([p_[k] for p_ in parts]) for k in range(3))
     G = S // 8
     sgg = np.repeat(sg, G // units, axis=1)
     with np.errstate(over="ignore", invalid="ignore"):
