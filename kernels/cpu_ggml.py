@@ -8,6 +8,7 @@ from numba import njit, prange
 
 from . import tables
 from .cpu_common import F0, _J, _P, _acc_row, _encode_row, _key_f32, _put_f16
+from .iq1_decode import iq1_m_row, iq1_s_row
 from .iq3_grids import IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
 
 _G3XXS = IQ3XXS_GRID.astype(np.float32)      # grid magnitudes (constants of the decoders)
@@ -487,6 +488,10 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
         _iq2_s(src, f16, dst)
     elif tid == 40:
         _nvfp4(src, dst)
+    elif tid == 19:
+        iq1_s_row(src, f16, dst)
+    elif tid == 29:
+        iq1_m_row(src, f16, dst)
 
 
 @njit(**_P)

@@ -322,6 +322,8 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
             return iq4nl_blocks(spec, w2d, None, check_finite)
         elif spec.ggml_name == "IQ4_XS":
             return iq4xs_blocks(spec, w2d, None, check_finite)
+        elif spec.ggml_name in ("IQ1_S", "IQ1_M"):
+            return iq1_blocks(spec, w2d, None, check_finite)
         elif spec.ggml_name in ("IQ3_XXS", "IQ3_S"):
             return iq3_blocks(spec, w2d, None, check_finite)
         elif spec.ggml_name in GGML_QUANT_IQ2:
@@ -458,4 +460,12 @@ def iq2_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
     """IQ2_XXS / IQ2_XS / IQ2_S blocks by kernels/iq2_quant.py (see iq4nl_blocks)."""
     from . import iq2_quant
     return _lattice_blocks(lambda w, b, f, q: iq2_quant.encode_blocks(w, b, f, q, spec.ggml_name),
+                           spec, w2d, qw, check_finite)
+
+
+def iq1_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
+               check_finite: bool = True) -> dict | None:
+    """IQ1_S / IQ1_M blocks by kernels/iq1_quant.py (see iq4nl_blocks)."""
+    from . import iq1_quant
+    return _lattice_blocks(lambda w, b, f, q: iq1_quant.encode_blocks(spec.ggml_name, w, b, f, q),
                            spec, w2d, qw, check_finite)

@@ -31,6 +31,7 @@ import numpy as np
 from numba import cuda
 from numba.core import config
 
+from .cuda_iq1 import d_iq1_m as _d_iq1_m, d_iq1_s as _d_iq1_s
 from .iq3_grids import IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
 
 F16_LEN = 65536          # lut offset of the IQ4_NL levels for GGML formats
@@ -375,7 +376,8 @@ GGML_DEVICE = {"Q4_0": d_q4_0, "Q4_1": d_q4_1, "Q5_0": d_q5_0, "Q5_1": d_q5_1, "
                "Q2_K": d_q2_k, "Q3_K": d_q3_k, "Q4_K": d_q4_k, "Q5_K": d_q5_k, "Q6_K": d_q6_k,
                "IQ4_NL": d_iq4_nl, "MXFP4": d_mxfp4, "TQ1_0": d_tq1_0, "TQ2_0": d_tq2_0,
                "IQ4_XS": d_iq4_xs, "IQ3_XXS": d_iq3_xxs, "IQ3_S": d_iq3_s,
-               "IQ2_XXS": d_iq2_xxs, "IQ2_XS": d_iq2_xs, "IQ2_S": d_iq2_s, "NVFP4": d_nvfp4}
+               "IQ2_XXS": d_iq2_xxs, "IQ2_XS": d_iq2_xs, "IQ2_S": d_iq2_s, "NVFP4": d_nvfp4,
+               "IQ1_S": _d_iq1_s, "IQ1_M": _d_iq1_m}
 
 
 # ------------------------------------------------------------------ generic launchers

@@ -1,5 +1,5 @@
-"""The lattice machinery of llama.cpp's 2-bit i-quants (IQ2_XXS / IQ2_XS / IQ2_S; IQ1 and IQ3
-use the same idea), plain numpy, built once per grid and cached.
+"""The lattice machinery of llama.cpp's 2-bit i-quants (IQ2_XXS / IQ2_XS / IQ2_S) and of
+the 1-bit IQ1_S / IQ1_M ("iq1": kernels/iq1_grids.py's 2048 points; IQ3 uses the same idea), plain numpy, built once per grid and cached.
 
 A grid point has 8 coordinates of level l in {0, 1, 2}; the quantizers work with the odd
 values q = 2l + 1 (1, 3, 5), the decoders with the bytes GRID_LEVELS (8, 25, 43). A point of
@@ -12,7 +12,7 @@ values q = 2l + 1 (1, 3, 5), the decoders with the bytes GRID_LEVELS (8, 25, 43)
   key's row in ``neighbours``, -KMAP_SIZE for keys with a level 3 (never looked up);
 * ``neighbours`` int32 (n_off, width): for each off-grid key the grid indices at the `nwant`
   smallest squared distances (in odd units), ordered by (distance, index), -1 padded; the
-  same lists ggml's iq2xs_init_impl builds (IQ2_XXS, IQ2_XS: nwant 2; IQ2_S: 1).
+  same lists ggml's iq2xs_init_impl builds (IQ2_XXS, IQ2_XS: nwant 2; IQ2_S: 1; IQ1: 3).
 
 ``find_best_neighbour`` is ggml's iq2_find_best_neighbour vectorised over groups: the first
 listed neighbour of least sum_i w_i (scale q_i - x_i)^2, summed in float32 in index order.
@@ -25,11 +25,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import iq_grids
+from . import iq1_grids, iq_grids
 
 KMAP_SIZE = 43692
 GRIDS = {"iq2_xxs": (iq_grids.KGRID_2BIT_256, 2), "iq2_xs": (iq_grids.KGRID_2BIT_512, 2),
-         "iq2_s": (iq_grids.KGRID_2BIT_1024, 1)}
+         "iq2_s": (iq_grids.KGRID_2BIT_1024, 1), "iq1": (iq1_grids.KGRID_1BIT_2048, 3)}
 #: ggml's ksigns_iq2xs: 7 sign bits and an 8th that makes the count of set bits even
 KSIGNS = np.array([i | ((bin(i).count("1") & 1) << 7) for i in range(128)], np.uint8)
 KSIGNS.setflags(write=False)
@@ -72,7 +72,8 @@ def lattice(name: str) -> Lattice:
     off = ~on[keys]
     okeys, odig = keys[off], digits[off]
     pos = 2 * odig + 1
-    d2 = ((pos[:, None, :].astype(np.int32) - points[None, :, :].astype(np.int32)) ** 2).sum(-1)
+    pi, gp = pos.astype(np.int32), points.astype(np.int32)      # |p - g|^2, exact in int32
+    d2 = (pi * pi).sum(1)[:, None] + (gp * gp).sum(1)[None, :] - 2 * (pi @ gp.T)
     order = np.argsort(d2, axis=1, kind="stable")           # by (distance, index)
     sd = np.take_along_axis(d2, order, axis=1)
     rank = np.concatenate([np.zeros((sd.shape[0], 1), np.int64),

@@ -36,6 +36,7 @@ GGML_TYPES = {
     "IQ2_XXS": (16, 256, 66),        # id = its GGML type number (helpers add types in parallel)
     "IQ2_XS": (17, 256, 74), "IQ2_S": (22, 256, 82),
     "NVFP4": (40, 64, 36),
+    "IQ1_S": (19, 256, 50), "IQ1_M": (29, 256, 56),
 }
 #: GGML types with a quantize kernel (bit-identical to gguf-py / llama.cpp reference)
 GGML_QUANT = ("Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1")
@@ -59,6 +60,9 @@ GGML_QUANT_IQ3 = ("IQ3_XXS", "IQ3_S")
 #: GGML lattice i-quants: ggml's search (kernels/iq2_quant.py), bit-identical to the numpy
 #: reference workbench/schemes/ggml/iq2.py
 GGML_QUANT_IQ2 = ("IQ2_XXS", "IQ2_XS", "IQ2_S")
+#: GGML 1-bit lattice types: the project's search (kernels/iq1_quant.py), bit-identical to the
+#: numpy reference workbench/schemes/ggml/iq1.py
+GGML_QUANT_IQ1 = ("IQ1_S", "IQ1_M")
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,7 +141,7 @@ def make_spec(layout: dict | None) -> Spec | None:
             return None
         tid, qk, bpb = GGML_TYPES[g]
         quant = ("ggml" if g in GGML_QUANT + GGML_QUANT_IQ4NL + GGML_QUANT_RTN + GGML_QUANT_IQ2
-                 + GGML_QUANT_IQ3 else None)
+                 + GGML_QUANT_IQ3 + GGML_QUANT_IQ1 else None)
         search = ()
         if g in GGML_QUANT_AFFINE_K + GGML_QUANT_SYM_K and layout.get("search"):
             se = layout["search"]

@@ -108,6 +108,10 @@ def main() -> int:
         if tname in ("Q2_K", "Q4_1", "Q5_1", "Q4_K", "Q5_K"):
             off = 82 if tname == "Q2_K" else 2
             raw[0, off:off + 2] = np.array([0.11], np.float16).view(np.uint8)
+        if tname == "IQ1_M":             # its d: the top nibbles of the 4 uint16 scales
+            h = int(np.array([0.37], np.float16).view(np.uint16)[0])
+            for i in range(4):
+                raw[0, 49 + 2 * i] = (raw[0, 49 + 2 * i] & 15) | (((h >> (4 * i)) & 15) << 4)
         ref = np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[tname]), np.float32)
         spec = Spec("ggml", ggml_name=tname, ggml_id=tid, qk=qk, bpb=bpb)
         qt = QuantizedTensor("-", (1, qk), {"blocks": raw})

@@ -21,10 +21,16 @@ def random_blocks(name, rows, nblocks, seed):
     fields = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
               "IQ4_NL": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2],
               "Q6_K": [208], "TQ1_0": [52], "TQ2_0": [64], "IQ4_XS": [0], "MXFP4": [],
-              "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "NVFP4": []}[name]
+              "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "NVFP4": [],
+              "IQ1_S": [0], "IQ1_M": []}[name]
     for off in fields:
         d = (rng.standard_normal((rows, nblocks)) * 0.5).astype(np.float16)
         raw[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, nblocks, 2)
+    if name == "IQ1_M":             # its float16 d: the top nibbles of the 4 uint16 scales
+        d = (rng.standard_normal((rows, nblocks)) * 0.5).astype(np.float16).view(np.uint16)
+        for i in range(4):
+            hi = (((d >> (4 * i)) & 15) << 4).astype(np.uint8)
+            raw[:, :, 49 + 2 * i] = (raw[:, :, 49 + 2 * i] & 15) | hi
     if name == "MXFP4":             # its E8M0 scale byte: 2^(e - 127), kept near 1
         raw[:, :, 0] = rng.integers(110, 140, (rows, nblocks), dtype=np.uint8)
     return raw.reshape(rows, nblocks * bpb)

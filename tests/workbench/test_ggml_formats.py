@@ -26,14 +26,15 @@ TABLE = {"q4_0": (32, 18, 4.5), "q4_1": (32, 20, 5.0), "q5_0": (32, 22, 5.5),
          "tq1_0": (256, 54, 1.6875), "tq2_0": (256, 66, 2.0625), "iq4_xs": (256, 136, 4.25),
          "iq3_xxs": (256, 98, 3.0625), "iq3_s": (256, 110, 3.4375),
          "iq2_xxs": (256, 66, 2.0625), "iq2_xs": (256, 74, 2.3125),
-         "iq2_s": (256, 82, 2.5625), "nvfp4": (64, 36, 4.5)}
+         "iq2_s": (256, 82, 2.5625), "nvfp4": (64, 36, 4.5),
+         "iq1_s": (256, 50, 1.5625), "iq1_m": (256, 56, 1.75)}
 
 # relative RMSE on N(0, 1) weights, a bound per bit width (measured values are ~10% lower)
 REL_RMSE_GAUSS = {"q2_k": 0.33, "q3_k": 0.17, "q4_0": 0.10, "q4_1": 0.09, "iq4_nl": 0.085,
                   "q4_k": 0.08, "q5_0": 0.05, "q5_1": 0.045, "q5_k": 0.042, "q6_k": 0.021,
                   "q8_0": 0.007, "mxfp4": 0.125, "tq1_0": 0.85, "tq2_0": 0.85,
                   "iq4_xs": 0.085, "iq3_xxs": 0.2, "iq3_s": 0.145, "iq2_xxs": 0.36, "iq2_xs": 0.32,
-                  "iq2_s": 0.3, "nvfp4": 0.11}
+                  "iq2_s": 0.3, "nvfp4": 0.11, "iq1_s": 0.5, "iq1_m": 0.46}
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -166,7 +167,7 @@ def test_legacy_max_error_is_within_one_step(name):
     assert np.all(err <= step * 1.01 + 1e-6)
 
 
-LATTICE = ("iq2_xxs", "iq2_xs", "iq2_s")
+LATTICE = ("iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m")
 
 
 @pytest.mark.parametrize("name", ALL)

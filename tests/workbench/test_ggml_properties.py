@@ -21,7 +21,7 @@ BLOCK_BOUND = {"q2_k": 0.75, "q3_k": 0.5, "q4_0": 0.13, "q4_1": 0.07, "iq4_nl": 
                "q4_k": 0.15, "q5_0": 0.07, "q5_1": 0.035, "q5_k": 0.08, "q6_k": 0.04,
                "q8_0": 0.0081, "mxfp4": 0.25, "tq1_0": 0.501, "tq2_0": 0.501,
                "iq4_xs": 0.25, "iq3_xxs": 0.8, "iq3_s": 0.5, "iq2_xxs": 0.9, "iq2_xs": 0.9,
-               "iq2_s": 0.9, "nvfp4": 0.25}
+               "iq2_s": 0.9, "nvfp4": 0.25, "iq1_s": 1.0, "iq1_m": 1.0}
 FP16_TINY = 6.2e-5   # below this, float16 block scales lose relative precision
 # float16 scales of small blocks are subnormal (absolute step 2**-24): an absolute error term
 # of one such step times the largest code product (super-scale code x weight code)
@@ -29,7 +29,7 @@ FP16_ABS = {"q2_k": 15 * 3 + 15, "q3_k": 32 * 4, "q4_k": 63 * 15 + 63, "q5_k": 6
             "q6_k": 128 * 32, "q4_0": 8, "q4_1": 16, "q5_0": 16, "q5_1": 32, "q8_0": 127,
             "iq4_nl": 127, "mxfp4": 0, "tq1_0": 1, "tq2_0": 1, "iq4_xs": 32 * 127,
             "iq3_xxs": 31 * 16, "iq3_s": 31 * 15, "iq2_xxs": 43 * 4, "iq2_xs": 43 * 4,
-            "iq2_s": 43 * 4,
+            "iq2_s": 43 * 4, "iq1_s": 15 * 2, "iq1_m": 15 * 2,
             "nvfp4": 6 * 2 ** 15}  # NVFP4: no float16; UE4M3 subnormal scales step 2^-9 (x6)
 
 

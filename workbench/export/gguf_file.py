@@ -12,7 +12,7 @@
 
 Tensor types: ``keep`` (the source's own type; types GGUF lacks are widened exactly:
 U8->I16, U16->I32, U32->I64, BOOL->I8, FP8->F16), ``fp32``/``fp16``/``bf16`` (F32/F16/BF16) and
-every GGML block scheme (Q4_0 ... Q6_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, MXFP4, TQ1_0, TQ2_0, NVFP4), whose bytes are exactly
+every GGML block scheme (Q4_0 ... Q6_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, MXFP4, TQ1_0, TQ2_0, NVFP4), whose bytes are exactly
 ``scheme.quantize(w).arrays["blocks"]``. Any other scheme, or a tensor whose row length
 (innermost dimension) is not a multiple of the GGML block, is refused with a WorkbenchError
 naming the tensor, before anything is written.
@@ -68,7 +68,7 @@ HEAD_TASKS = 8
 
 
 @register_exporter("gguf", ".gguf",
-                   "GGUF for llama.cpp: F32/F16/BF16 and GGML block types (q4_0 ... q6_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xxs, iq2_xs, iq2_s, mxfp4, tq1_0, tq2_0, nvfp4) "
+                   "GGUF for llama.cpp: F32/F16/BF16 and GGML block types (q4_0 ... q6_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xxs, iq2_xs, iq2_s, iq1_s, iq1_m, mxfp4, tq1_0, tq2_0, nvfp4) "
                    "per the plan; metadata copied from a GGUF source")
 def export_gguf(model, plan, out_path, strict: bool = False, executor=None):
     import gguf

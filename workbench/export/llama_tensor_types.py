@@ -44,11 +44,11 @@ GGML_TYPE_NAMES = {"q4_0": "q4_0", "q4_1": "q4_1", "q5_0": "q5_0", "q5_1": "q5_1
                    "iq4_nl": "iq4_nl", "mxfp4": "mxfp4", "tq1_0": "tq1_0", "tq2_0": "tq2_0", "iq4_xs": "iq4_xs",
                    "iq3_xxs": "iq3_xxs", "iq3_s": "iq3_s",
                    "iq2_xxs": "iq2_xxs", "iq2_xs": "iq2_xs", "iq2_s": "iq2_s",
-                   "nvfp4": "nvfp4",
+                   "nvfp4": "nvfp4", "iq1_s": "iq1_s", "iq1_m": "iq1_m",
                    "fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 BLOCK = {"q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32, "iq4_nl": 32, "mxfp4": 32, "tq1_0": 256, "tq2_0": 256, "iq4_xs": 256, "nvfp4": 64,
          "iq3_xxs": 256, "iq3_s": 256,
-         "iq2_xxs": 256, "iq2_xs": 256, "iq2_s": 256, "q2_k": 256,
+         "iq2_xxs": 256, "iq2_xs": 256, "iq2_s": 256, "iq1_s": 256, "iq1_m": 256, "q2_k": 256,
          "q3_k": 256, "q4_k": 256, "q5_k": 256, "q6_k": 256}
 # source dtype kept unchanged -> ggml type
 KEEP_TYPE_NAMES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
@@ -142,7 +142,7 @@ def tensor_type_lines(model, plan, strict: bool = False) -> tuple[list[str], dic
                         f"{', '.join(untyped[:6])}"
                         + (" ..." if len(untyped) > 6 else "")
                         + " (llama.cpp types: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_K q3_K "
-                          "q4_K q5_K q6_K iq4_nl iq4_xs iq3_xxs iq3_s iq2_xxs iq2_xs iq2_s mxfp4 tq1_0 tq2_0 nvfp4)")
+                          "q4_K q5_K q6_K iq4_nl iq4_xs iq3_xxs iq3_s iq2_xxs iq2_xs iq2_s iq1_s iq1_m mxfp4 tq1_0 tq2_0 nvfp4)")
     if ineligible:
         problems.append(f"llama.cpp cannot use {len(ineligible)} assignment(s): "
                         + "; ".join(ineligible[:6])

@@ -19,11 +19,11 @@ FAMILY_NOTES = {
     "GGML legacy": "llama.cpp's 32-weight block types",
     "K-quants": "llama.cpp's 256-weight super-block types",
     "Codebooks": "non-uniform value tables (NF4, IQ4_NL, IQ4_XS, MXFP4, NVFP4, ternary, TQ1_0/TQ2_0, "
-                 "IQ3 and IQ2 lattices)",
+                 "IQ3, IQ2 and IQ1 lattices)",
 }
 _LEGACY = {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0"}
 _CODEBOOK_PREFIX = ("nf4", "iq4_nl", "iq4_xs", "mxfp4", "nvfp4", "ternary", "tq1_0", "tq2_0", "iq3_xxs", "iq3_s",
-                    "iq2_xxs", "iq2_xs", "iq2_s")
+                    "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m")
 
 
 def family_of(scheme: str) -> str:

@@ -22,4 +22,4 @@ def dequantize_ggml_rows(raw: np.ndarray, type_name: str) -> np.ndarray:
         return np.asarray(gguf.quants.dequantize(np.ascontiguousarray(raw), qtype), dtype=np.float32)
     except (KeyError, NotImplementedError) as exc:
         raise WorkbenchError(f"GGML type {type_name} cannot be dequantized (the workbench "
-                             "decodes F32/F16/BF16, Q4_0 ... Q8_0, the K-quants, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, MXFP4, NVFP4, TQ1_0 and TQ2_0)") from exc
+                             "decodes F32/F16/BF16, Q4_0 ... Q8_0, the K-quants, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, MXFP4, NVFP4, TQ1_0 and TQ2_0)") from exc

@@ -19,7 +19,9 @@ weighted path and is refused; llama.cpp ignores the imatrix for Q8_0 too. IQ3_XX
 their grid search as llama.cpp does (qw * sqrt(2 sum x^2/256 + x^2)) with the workbench's own
 search (schemes/ggml/iq3.py, kernel kernels/iq3_quant.py). IQ2_XXS/IQ2_XS/IQ2_S run
 llama.cpp's lattice search with the same weights, then pick d and the sub-block scales by
-sum qw (x - y)^2 (schemes/ggml/iq2.py, kernel kernels/iq2_quant.py).
+sum qw (x - y)^2 (schemes/ggml/iq2.py, kernel kernels/iq2_quant.py). IQ1_S/IQ1_M: the
+workbench's search with these weights, d and l by sum qw (x - y)^2 (schemes/ggml/iq1.py,
+kernel kernels/iq1_quant.py).
 
 ``weighted_encode(scheme, x, qw)``: x float32 (n_blocks, QK), qw (n_blocks, QK) -> packed
 blocks uint8 (n_blocks, type_size).
@@ -34,7 +36,7 @@ from workbench.schemes.ggml.search import affine_search, symmetric_search
 
 F = np.float32
 SUPPORTED = ("q4_0", "q5_0", "q4_1", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl",
-             "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s")
+             "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m")
 
 
 def _llama_weights(x: np.ndarray, qw: np.ndarray, sub: int, factor: float) -> np.ndarray:
@@ -181,6 +183,8 @@ def _encode(scheme, x, qw):
         return _iq3(scheme, x, qw)
     if n in ("iq2_xxs", "iq2_xs", "iq2_s"):
         return _iq4_xs(scheme, x, qw, "iq2_blocks")
+    if n in ("iq1_s", "iq1_m"):
+        return _iq4_xs(scheme, x, qw, "iq1_blocks")
     raise KeyError(n)
 
 

@@ -22,6 +22,8 @@
 | iq2_xxs | 256 | 66 | 2.0625 |
 | iq2_xs | 256 | 74 | 2.3125 |
 | iq2_s  | 256 | 82 | 2.5625 |
+| iq1_s  | 256 | 50 | 1.5625 |
+| iq1_m  | 256 | 56 | 1.75   |
 | nvfp4  | 64  | 36  | 4.5    |
 
 Every scheme stores ``{"blocks": uint8 (rows, cols/QK * bytes_per_block)}``: exactly the
@@ -31,6 +33,7 @@ bytes a GGUF file holds for the tensor. Importing this package registers the sch
 from __future__ import annotations
 
 from workbench.schemes.ggml.common import GGMLScheme
+from workbench.schemes.ggml.iq1 import IQ1_M, IQ1_S
 from workbench.schemes.ggml.iq3 import IQ3_S, IQ3_XXS
 from workbench.schemes.ggml.iq2 import IQ2_S, IQ2_XS, IQ2_XXS
 from workbench.schemes.ggml.iq4_nl import IQ4_NL
@@ -47,9 +50,10 @@ from workbench.schemes.ggml.tq import TQ1_0, TQ2_0
 
 GGML_SCHEMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
                 "iq4_nl", "mxfp4", "tq1_0", "tq2_0", "iq4_xs",
-                "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "nvfp4")
+                "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "nvfp4",
+                "iq1_s", "iq1_m")
 
-__all__ = ["GGMLScheme", "GGML_SCHEMES", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K",
+__all__ = ["GGMLScheme", "GGML_SCHEMES", "IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K",
            "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "TQ1_0", "TQ2_0", "ggml_scheme_for_type"]
 
 
