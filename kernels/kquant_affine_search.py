@@ -31,7 +31,7 @@ SBUF = _Q + 1024 + 32 * 6
 NDIV = 16                           # super-scale divisors screened (affine_k.NDIV)
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _consider(S, s1, s2, s3, nl):
     """affine_k.sub_search's consider() on all lanes (branch-free; nl: see _screen_sums)."""
     for j in range(nl):
@@ -77,7 +77,7 @@ def _screen_sums(S, ns, nl):
                                   + S[U(QT + jl * NDIV + mv)])
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _lane_steps(S, d, ls, dm, lm):
     """Per lane j: SC = step d*ls, MO = offset dm*lm, IV = 1/SC (1 where SC <= 0), for
     _lane_code; d, ls, dm, lm: offsets of lane rows in S."""
@@ -89,14 +89,14 @@ def _lane_steps(S, d, ls, dm, lm):
         S[IV + j] = r if s > F0 else F1
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _lane_code(S, x, j, fnmax):
     """The code of weight x (normalized) in lane j for _lane_steps' step and offset."""
     L = _rc((x + S[MO + j]) * S[IV + j], fnmax)
     return L if S[SC + j] > F0 else F0
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _sub_err(S, n, fnmax):
     """E2[j] = weighted squared error of lane j with its codes re-rounded for the stored
     (CD*CLS, CDM*CLM)."""
@@ -113,7 +113,9 @@ def _sub_err(S, n, fnmax):
 
 # Not inline="always": numba's own IR inlining of this body into _group16 and _group32 cost
 # 2/3 of affine_k_encode's compile (153 -> 87 CPU s without it); LLVM still inlines and
-# specializes it at the two call sites (same bytes, same speed: docs/kernels.md).
+# specializes it at the two call sites (same bytes, same speed: docs/kernels.md). Nor are its
+# helpers _consider, _lane_steps, _lane_code and _sub_err (3-7 call sites each, typed at every
+# one when numba inlined them): Q4_K's first compile 128 -> 103 CPU s, the same bytes and speed.
 @njit(**_J)
 def _group(S, G, xa, xb, qa, qb, weighted, nmax, n, ns, levels, cands, divs, iters, rounds,
            gi, gf, codes, QMH, nl):

@@ -97,21 +97,76 @@ def test_every_kernel_takes_its_inputs_read_only_and_compiles_once():
     assert kinds == [[True]] * 5
 
 
+class _FakeWorker:
+    """A worker process that reports its share ready at once (nothing compiles)."""
+
+    def __init__(self, argv, *a, **k):
+        import io
+        share = argv[argv.index("--only") + 1].split(",")
+        tag = argv[argv.index("--tag") + 1]
+        self.stdout = io.StringIO("".join(
+            "  kernels: statistics, F16/BF16 widening and the weighted scale search ready "
+            f"({tag}, 0 s, 1 CPU s)\n" if n == warm.STATS
+            else f"  kernels: {n} ready ({tag}, 0 s, 1 CPU s)\n"
+            for n in share))
+
+    def wait(self):
+        return 0
+
+
 def test_the_header_says_how_long_the_warm_up_takes(monkeypatch, capsys):
     """The set-up's long step says up front how long it takes (its CPU cost over the cores it
     gets), before any kernel compiles."""
-    class Done:
-        def __init__(self, argv, *a, **k):
-            self.argv = argv
-
-        def wait(self):
-            return 0
-    monkeypatch.setattr(warm.subprocess, "Popen", Done)
+    monkeypatch.setattr(warm.subprocess, "Popen", _FakeWorker)
     monkeypatch.setattr(warm.os, "cpu_count", lambda: 2)
     assert warm.main(["--jobs", "2"]) == 0
     head = capsys.readouterr().out.splitlines()[0]
-    assert f"about {round(warm.WARM_CPU_S / 2 / 60)} min on an idle machine" in head, head
+    assert f"about {round(warm.FIRST_CPU_S / 2)} s for those" in head, head
+    assert f"{round(warm.WARM_CPU_S / 2 / 60)} min for all on an idle machine" in head, head
     monkeypatch.setattr(warm.os, "cpu_count", lambda: 1)
     assert warm.main(["--jobs", "2"]) == 0
     head = capsys.readouterr().out.splitlines()[0]
-    assert f"about {round(warm.WARM_CPU_S / 60)} min" in head, head
+    assert f"about {round(warm.FIRST_CPU_S)} s for those" in head, head
+
+
+def test_first_stage_is_what_the_demo_and_minilm_use():
+    """The default plan's scheme, the sensitivity/app schemes and allocate's default
+    candidates at 4+ bits/weight; not the lattice i-quants (cut from those candidates)."""
+    from workbench.api import DEFAULT_SCHEMES
+    from workbench.quant.plan import Plan
+    from workbench.schemes import list_schemes
+    first = warm.first_stage()
+    assert first[0] == Plan().default == "int8-channel"
+    assert set(DEFAULT_SCHEMES.split(",")) <= set(first)
+    assert {"q4_k", "iq4_nl", "int4-g128", "fp8-e4m3", "fp16"} <= set(first)
+    assert not {"iq2_xxs", "iq3_s", "nf4-g64", "ternary-g64"} & set(first)
+    assert set(first) <= set(list_schemes())
+
+
+def test_shares_put_the_first_stage_ahead_and_a_float_cast_first(monkeypatch):
+    first = ["int8-channel", "q4_k", "q3_k", "q4_0", "fp16", "bf16", warm.STATS]
+    rest = ["iq2_xxs", "nf4-g64", "int3-g64"]
+    shares = warm._shares([first, rest], 2)
+    assert [s[0][0] for s in shares] == ["fp16", "bf16"]       # a "ready" line at once each
+    got = [n for s in shares for k in s for n in k]
+    assert sorted(got) == sorted(first + rest)
+    # the costliest family (Q4_K's search) and the next two (the packed codes, Q3_K's search)
+    # go to different processes; each process's first stage before its second
+    q4k = next(s for s in shares if "q4_k" in s[0])
+    assert "q3_k" not in q4k[0] and "int8-channel" not in q4k[0], shares
+    assert all(s[0][0] in warm.QUICK for s in shares)
+
+
+def test_the_ready_line_comes_once_the_first_stage_is_done(monkeypatch, capsys):
+    monkeypatch.setattr(warm.subprocess, "Popen", _FakeWorker)
+    assert warm.main(["--jobs", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    n = len(warm.first_stage())
+    at = [i for i, line in enumerate(out) if "kernels: ready for the demo and MiniLM" in line]
+    assert len(at) == 1 and f"({n} schemes)" in out[at[0]], out
+    assert "(2 CPU s in the workers)" in out[at[0]], out[at[0]]     # 1 CPU s from each
+    before = " ".join(out[:at[0]])
+    assert all(f"kernels: {s} ready" in before for s in warm.first_stage())
+    assert "statistics" in before
+    assert "kernels: iq2_xxs ready" in " ".join(out)        # then the rest
+    assert out[-1].startswith("kernels compiled or loaded for")
