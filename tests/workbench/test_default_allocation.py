@@ -37,6 +37,11 @@ def test_default_allocation_at_4_5_bpw_beats_every_uniform_plan_that_fits(
     assert res["candidates"] == kept and len(kept) > 20       # 2 bits under 4.5 and less: out
     assert f"candidates: {len(candidate_schemes('any')) - len(kept)} schemes" in cap.err
     assert res["bits_per_weight"] <= 4.5
+    # solved exactly: cut off at 5 M merge steps, the Lagrangian plan put the word embeddings
+    # (half the weights) at int2-g32 and the held-out cosine fell from 0.995 to 0.976
+    assert res["exact"] is True, (res["predicted"], res.get("bound"))
+    plan_rules = {r["match"]: r["scheme"] for r in json.loads(out.read_text())["rules"]}
+    assert not plan_rules.get("embeddings.word_embeddings.weight", "").startswith("int2")
     lines = DEFAULT_CALIB.read_text().splitlines()
     held = tmp_path / "held-out.txt"                          # not the 64 calibration lines
     held.write_text("\n".join(lines[64:160]) + "\n")
