@@ -167,8 +167,9 @@ def test_default_candidates_leave_out_schemes_far_below_the_budget(demo_model_pa
     assert GAP_BITS == 2.0 and {"q2_k", "q3_k", "tq1_0", "tq2_0"} <= set(low)   # 3.44 and under
     assert kept == [s for s in every if s not in low] and "q4_k" in kept and "iq4_xs" in kept
     assert len(said) == 1 and f"{len(low)} schemes" in said[0] and "tq1_0" in said[0]
-    # a low budget keeps every one; so does a cut that would leave the budget out of reach
-    assert budget_candidates(model, every, qw.Budget.bits_per_weight(3.0), "llama.cpp") == every
+    # a low budget keeps every one (IQ1_S's 1.5625 + 1 is above 2.0); so does a cut that would
+    # leave the budget out of reach
+    assert budget_candidates(model, every, qw.Budget.bits_per_weight(2.0), "llama.cpp") == every
     assert budget_candidates(model, ["tq1_0", "q8_0"], qw.Budget.bits_per_weight(4.5),
                              "llama.cpp") == ["tq1_0", "q8_0"]
     # allocate: the default candidates are cut, a list the user names is not
