@@ -65,6 +65,15 @@ def model_folder(model) -> Path:
     return p if p.is_dir() else p.parent
 
 
+def has_config(model) -> bool:
+    """Whether a config.json sits in the model's folder (the model can run: calibration,
+    methods), False for a file that cannot say."""
+    try:
+        return (model_folder(model) / "config.json").is_file()
+    except Exception:   # noqa: BLE001 - not runnable is the answer
+        return False
+
+
 def read_config(model) -> dict | None:
     """The model folder's config.json (None when absent or not a JSON object)."""
     path = model_folder(model) / "config.json"

@@ -366,11 +366,8 @@ def method_counts(plan, table, model) -> dict:
 
 
 def _runnable(model) -> bool:
-    try:
-        from workbench.formats.llama_names import model_folder
-        return (model_folder(model) / "config.json").is_file()
-    except Exception:   # noqa: BLE001 - not runnable is the answer
-        return False
+    from workbench.formats.llama_names import has_config
+    return has_config(model)
 
 
 def weigh_methods(model, table, methods: str | None = "auto", measure: str = "weight",

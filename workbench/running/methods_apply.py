@@ -325,11 +325,8 @@ def importance_for_lattice(model, plan, runtime: str = "any", imatrix=None, say=
     say = say or (lambda line: None)
     what = ", ".join(f"{s} on {len(v)} tensor{'s' * (len(v) > 1)}" for s, v in found.items())
     weighed = [n for s, v in found.items() if s in SUPPORTED for n in v]
-    try:
-        from workbench.formats.llama_names import model_folder
-        runs = (model_folder(model) / "config.json").is_file()
-    except Exception:   # noqa: BLE001 - cannot run: no calibration
-        runs = False
+    from workbench.formats.llama_names import has_config
+    runs = has_config(model)
     if weighed and switch and (imatrix or runs):
         src = f"the importance matrix {imatrix}" if imatrix else \
             "calibration (--calib; default the shipped text)"
