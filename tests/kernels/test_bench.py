@@ -27,8 +27,10 @@ def test_bench_cli_json(capsys):
     from workbench.cli import main
     assert main(["bench", "--size", "4x64", "--repeats", "1", "--scheme", "nf4-g64",
                  "--backend", "cpu", "numpy", "--json"]) == 0
-    rep = json.loads(capsys.readouterr().out)
+    got = capsys.readouterr()
+    rep = json.loads(got.out)                         # stdout: the JSON alone
     assert [r["backend"] for r in rep["results"]] == ["cpu", "numpy"]
+    assert "nf4-g64 numpy: dequantize" in got.err     # progress on stderr with --json too
     assert rep["results"][1]["dequant_kernel"] is False
 
 
@@ -36,5 +38,9 @@ def test_bench_cli_text_and_errors(capsys):
     from workbench.cli import main
     assert main(["bench", "--size", "2x64", "--repeats", "1", "--scheme", "int8-channel",
                  "--no-baselines"]) == 0
-    assert "int8-channel" in capsys.readouterr().out
+    got = capsys.readouterr()
+    assert "int8-channel" in got.out
+    # each scheme's figures on stderr as soon as its row is done (a run cut short keeps them)
+    line = next(ln for ln in got.err.splitlines() if ln.strip().startswith("int8-channel cpu:"))
+    assert "dequantize" in line and "GB/s" in line and "x copy" in line
     assert main(["bench", "--scheme", "no-such-scheme", "--size", "2x64"]) == 2

@@ -173,9 +173,24 @@ def run_bench(schemes: list[str] | None = None, size: tuple[int, int] = (4096, 4
                 rec["quant_vs_gguf"] = _ratio(rec["quant_gbps"], rec["gguf_quant_gbps"])
             rec["targets"] = _targets(rec, spec)
             results.append(rec)
+            say(row_summary(rec))       # the figures as each row is done: a cut-short run keeps them
     return {"size": [rows, cols], "float32_bytes": nbytes, "repeats": repeats,
             "backends": backends, "device": kb.device_name(), "auto_backend": kb.backend_name(),
             "baselines": base, "results": results}
+
+
+def row_summary(rec: dict) -> str:
+    """One line of a finished record's main figures (the progress line after each scheme)."""
+    def f(v, spec=".2f"):
+        return "-" if v is None else format(v, spec)
+    copy = (f"{f(rec.get('dequant_vs_d2d_copy'))}x device copy"
+            if rec.get("dequant_vs_d2d_copy") is not None
+            else f"{f(rec.get('dequant_vs_copy'))}x copy")
+    line = (f"{rec['scheme']} {rec['backend']}: dequantize {f(rec['dequant_gbps'])} GB/s "
+            f"({copy}), quantize {f(rec['quant_gbps'], '.3f')} GB/s")
+    if rec.get("evaluate_gbps") is not None:
+        line += f", evaluate {f(rec['evaluate_gbps'])} GB/s"
+    return line
 
 
 def _targets(rec: dict, spec) -> dict:

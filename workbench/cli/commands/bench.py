@@ -142,7 +142,7 @@ def run(args) -> int:
     try:
         report = run_bench(names, size=args.size, backends=args.backend, repeats=max(1, args.repeats),
                            baselines=not args.no_baselines,
-                           progress=None if args.json else (lambda m: print(f"  {m}", file=sys.stderr)))
+                           progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     except (RuntimeError, ValueError) as exc:
         raise WorkbenchError(str(exc)) from None
     if args.json:
