@@ -124,16 +124,31 @@ def _affine_row(codes, bits, lut, scales, zeros, has_zero, cols, gs, bpr, r, dst
 
 
 @njit(**_P)
-def affine_dequant(codes, bits, lut, scales, zeros, has_zero, gs, bpr, out):
-    rows, cols = out.shape
+def affine_rows(codes, bits, lut, scales, zeros, has_zero, gs, bpr, w, out, acc):
+    """Decode each row into out's row; or, where out has no rows, compare it with w's row and
+    put the error sums in acc's (_acc_row). One kernel for both entries, so that the row
+    decoder is compiled once (as cpu_ggml.ggml_rows)."""
+    write = out.shape[0] > 0
+    rows = out.shape[0] if write else w.shape[0]
+    cols = out.shape[1] if write else w.shape[1]
     for r in prange(rows):
-        _affine_row(codes, bits, lut, scales, zeros, has_zero, cols, gs, bpr, r, out[r])
-
-
-@njit(**_P)
-def affine_error(codes, bits, lut, scales, zeros, has_zero, gs, bpr, w, acc):
-    rows, cols = w.shape
-    for r in prange(rows):
-        buf = np.empty(cols, np.float32)
+        buf = out[r] if write else np.empty(cols, np.float32)
         _affine_row(codes, bits, lut, scales, zeros, has_zero, cols, gs, bpr, r, buf)
-        _acc_row(w[r], buf, acc[r])
+        if not write:
+            _acc_row(w[r], buf, acc[r])
+
+
+_NO_W = np.zeros((0, 0), np.float32)
+_NO_W.setflags(write=False)          # the type of the weights every entry passes (read-only)
+_NO_OUT = np.zeros((0, 0), np.float32)
+_NO_ACC = np.zeros((0, 5), np.float64)
+
+
+def affine_dequant(codes, bits, lut, scales, zeros, has_zero, gs, bpr, out):
+    """out (rows, cols) float32 = the codes decoded."""
+    affine_rows(codes, bits, lut, scales, zeros, has_zero, gs, bpr, _NO_W, out, _NO_ACC)
+
+
+def affine_error(codes, bits, lut, scales, zeros, has_zero, gs, bpr, w, acc):
+    """acc (rows, 5) float64 = per row the error sums of the decoded codes against w."""
+    affine_rows(codes, bits, lut, scales, zeros, has_zero, gs, bpr, w, _NO_OUT, acc)

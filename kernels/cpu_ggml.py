@@ -495,18 +495,34 @@ def _ggml_row(src, tid, qk, bpb, f16, kv, dst):
 
 
 @njit(**_P)
-def ggml_dequant(blocks, tid, qk, bpb, f16, kv, out):
-    for r in prange(out.shape[0]):
-        _ggml_row(blocks[r], tid, qk, bpb, f16, kv, out[r])
-
-
-@njit(**_P)
-def ggml_error(blocks, tid, qk, bpb, f16, kv, w, acc):
-    rows, cols = w.shape
+def ggml_rows(blocks, tid, qk, bpb, f16, kv, w, out, acc):
+    """Decode each row of GGML blocks into out's row; or, where out has no rows, compare it
+    with w's row and put the error sums in acc's (_acc_row). One kernel for both, so that
+    LLVM compiles the decoders of every type once, not once per entry (about 7 CPU s)."""
+    write = out.shape[0] > 0
+    rows = out.shape[0] if write else w.shape[0]
+    cols = out.shape[1] if write else w.shape[1]
     for r in prange(rows):
-        buf = np.empty(cols, np.float32)
+        buf = out[r] if write else np.empty(cols, np.float32)
         _ggml_row(blocks[r], tid, qk, bpb, f16, kv, buf)
-        _acc_row(w[r], buf, acc[r])
+        if not write:
+            _acc_row(w[r], buf, acc[r])
+
+
+_NO_W = np.zeros((0, 0), np.float32)
+_NO_W.setflags(write=False)          # the type of the weights every entry passes (read-only)
+_NO_OUT = np.zeros((0, 0), np.float32)
+_NO_ACC = np.zeros((0, 5), np.float64)
+
+
+def ggml_dequant(blocks, tid, qk, bpb, f16, kv, out):
+    """out (rows, cols) float32 = the blocks decoded."""
+    ggml_rows(blocks, tid, qk, bpb, f16, kv, _NO_W, out, _NO_ACC)
+
+
+def ggml_error(blocks, tid, qk, bpb, f16, kv, w, acc):
+    """acc (rows, 5) float64 = per row the error sums of the blocks against w (read-only)."""
+    ggml_rows(blocks, tid, qk, bpb, f16, kv, w, _NO_OUT, acc)
 
 
 @njit(inline="always", **_J)

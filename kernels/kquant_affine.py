@@ -30,7 +30,7 @@ from .kquant_common import _J, _P, _f16_to_f32
 KINDS = {"Q2_K": 0, "Q4_K": 1, "Q5_K": 2}
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _put16(dst, p, h):
     dst[p] = np.uint8(h & 255)
     dst[p + 1] = np.uint8((h >> 8) & 255)
@@ -119,21 +119,77 @@ def _finish(kind, x, codes, S, g, ns, n, gi, dst, bpb):
     return 0
 
 
-@njit(**_P)
 def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, flags):
     """Q2_K (kind 0), Q4_K (1), Q5_K (2) blocks of w (rows, cols % 256 == 0).
 
     qw: importance (rows or 1, cols) when `weighted` (row r of w uses qw's row r, or row 0),
     finite and >= 0. blocks: uint8 (rows, cols/256 * bytes per block). flags: uint8 (rows,),
-    see the module docstring."""
+    see the module docstring.
+
+    Two kernels: Q2_K's (one super-block of 16 sub-blocks at a time) and Q4_K/Q5_K's (two
+    super-blocks of 8 at a time). Each holds one specialization of the search, so each
+    compiles about half of what one kernel for both did, and the warm-up can compile them in
+    two processes at once (docs/kernels.md)."""
+    if kind == 0:
+        q2k_encode(w, qw, weighted, cands, divs, iters, rounds, blocks, flags)
+    else:
+        q45k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, flags)
+
+
+@njit(**_J)
+def _flag_nonfinite(w, r0, r1, flags):
+    """flags[r] = 2 for each row r0..r1-1 of w holding a NaN/Inf (such a row is not searched)."""
+    cols = w.shape[1]
+    for r in range(r0, r1):
+        row = w[r]
+        for c in range(cols):
+            v = row[c]
+            if not (v == v and abs(v) < np.inf):
+                flags[r] = 2
+                break
+
+
+@njit(**_P)
+def q2k_encode(w, qw, weighted, cands, divs, iters, rounds, blocks, flags):
+    """Q2_K blocks of w (see affine_k_encode): its super-blocks one at a time."""
     rows, cols = w.shape
     nbk = cols // 256
-    if kind == 0:
-        nmax, n, ns, levels, bpb, G = 3, 16, 16, 15, 84, 1
-    elif kind == 1:
-        nmax, n, ns, levels, bpb, G = 15, 32, 8, 63, 144, 2
+    nch = min(rows, 256)
+    nl = min(cols >> 4, LANES)          # LANES wherever a block is searched (see _screen_sums)
+    for r in range(rows):
+        flags[r] = 0
+    for ch in prange(nch):
+        S = np.zeros(SBUF, np.float32)
+        gi = np.zeros(16, np.int64)
+        gf = np.zeros(20, np.float32)
+        codes = np.zeros(512, np.float32)
+        QMH = np.zeros(2 * NDIV, np.int64)
+        r0 = ch * rows // nch
+        r1 = (ch + 1) * rows // nch
+        _flag_nonfinite(w, r0, r1, flags)
+        for r in range(r0, r1):
+            if flags[r] & 2:
+                continue
+            for b in range(nbk):
+                xa = w[r, b * 256:(b + 1) * 256]
+                qa = qw[r if qw.shape[0] > 1 else 0, b * 256:(b + 1) * 256] if weighted else xa
+                _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QMH,
+                         nl)
+                flags[r] |= _finish(0, xa, codes, S, 0, 16, 16, gi,
+                                    blocks[r, b * 84:(b + 1) * 84], 84)
+
+
+@njit(**_P)
+def q45k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, flags):
+    """Q4_K (kind 1) and Q5_K (2) blocks of w (see affine_k_encode): super-blocks two at a
+    time, in order across rows (a lone last one pairs with zeros)."""
+    rows, cols = w.shape
+    nbk = cols // 256
+    if kind == 1:
+        nmax, bpb = 15, 144
     else:
-        nmax, n, ns, levels, bpb, G = 31, 32, 8, 63, 176, 2
+        nmax, bpb = 31, 176
+    n, ns = 32, 8
     nch = min(rows, 256)
     nl = min(cols >> 4, LANES)          # LANES wherever a block is searched (see _screen_sums)
     for r in range(rows):
@@ -147,14 +203,7 @@ def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, f
         QMH = np.zeros(2 * NDIV, np.int64)
         r0 = ch * rows // nch
         r1 = (ch + 1) * rows // nch
-        for r in range(r0, r1):                 # NaN/Inf: the row is not searched
-            row = w[r]
-            for c in range(cols):
-                v = row[c]
-                if not (v == v and abs(v) < np.inf):
-                    flags[r] = 2
-                    break
-        # super-blocks of rows r0..r1 in order, G at a time (a lone last one pairs with zeros)
+        _flag_nonfinite(w, r0, r1, flags)
         t = r0 * nbk
         t_end = r1 * nbk
         while t < t_end:
@@ -166,27 +215,20 @@ def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, f
             xa = w[ra, ba * 256:(ba + 1) * 256]
             qa = qw[ra if qw.shape[0] > 1 else 0, ba * 256:(ba + 1) * 256] if weighted else xa
             xb, qb, rb, bb = zero, zero, -1, 0
-            if G == 2:
-                u = t + 1
-                while u < t_end and (flags[u // nbk] & 2):
-                    u = (u // nbk + 1) * nbk
-                if u < t_end:
-                    rb = u // nbk
-                    bb = u % nbk
-                    xb = w[rb, bb * 256:(bb + 1) * 256]
-                    if weighted:
-                        qb = qw[rb if qw.shape[0] > 1 else 0, bb * 256:(bb + 1) * 256]
-                    t = u + 1
-                else:
-                    t = t_end
+            u = t + 1
+            while u < t_end and (flags[u // nbk] & 2):
+                u = (u // nbk + 1) * nbk
+            if u < t_end:
+                rb = u // nbk
+                bb = u % nbk
+                xb = w[rb, bb * 256:(bb + 1) * 256]
+                if weighted:
+                    qb = qw[rb if qw.shape[0] > 1 else 0, bb * 256:(bb + 1) * 256]
+                t = u + 1
             else:
-                t += 1
-            if G == 1:
-                _group16(S, xa, qa, weighted, cands, divs, iters, rounds, gi, gf, codes, QMH,
-                         nl)
-            else:
-                _group32(S, xa, xb, qa, qb, weighted, nmax, cands, divs, iters, rounds, gi, gf,
-                         codes, QMH, nl)
+                t = t_end
+            _group32(S, xa, xb, qa, qb, weighted, nmax, cands, divs, iters, rounds, gi, gf,
+                     codes, QMH, nl)
             flags[ra] |= _finish(kind, xa, codes, S, 0, ns, n, gi,
                                  blocks[ra, ba * bpb:(ba + 1) * bpb], bpb)
             if rb >= 0:

@@ -22,7 +22,7 @@ MAGIC = np.float32(12582912.0)      # 1.5 * 2**23: (v + MAGIC) - MAGIC == rint(v
 EPS32 = np.float32(1e-15)           # workbench.schemes.ggml.common.GROUP_EPS as numpy compares it
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _rc(v, hi):
     """clip(rint(v), 0, hi); NaN -> 0. Exact for every v (outside +-2**22 the clip decides)."""
     q = (v + MAGIC) - MAGIC
@@ -30,19 +30,19 @@ def _rc(v, hi):
     return q if q < hi else hi
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _pow2(e):
     """2.0**e as float64 for -1022 <= e <= 1023 (built from its bits: no libm call)."""
     return np.int64((e + 1023) << 52).view(np.float64)
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _frexp_e(a):
     """math.frexp(a)[1] for a normal, positive float64 a (from its bits)."""
     return ((np.float64(a).view(np.int64) >> 52) & 0x7FF) - 1022
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _f16_to_f32(h):
     s = (h >> 15) & 1
     e = (h >> 10) & 31
@@ -56,13 +56,13 @@ def _f16_to_f32(h):
     return np.float32(-v if s else v)
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _ldexp32(v, e):
     """float32 v * 2**e, rounded once (numpy's ldexp on float32); |e| <= 300."""
     return np.float32(np.float64(v) * _pow2(e))
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _fp16_scale(v, e):
     """(float16 bits of v * 2**e, that float16's value * 2**-e as float32)."""
     h = _f32_to_f16_bits(_ldexp32(v, e))

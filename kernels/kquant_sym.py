@@ -46,7 +46,7 @@ _R = 768
 SBUF = _R + 16 * 28
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _rc(v, lo, hi):
     """clip(rint(v), lo, hi); NaN -> lo, -0 -> +0 (sym_k._rc)."""
     q = (v + MAGIC) - MAGIC
@@ -54,7 +54,7 @@ def _rc(v, lo, hi):
     return q if q < hi else hi
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _f16_bits(x):
     """float16 bits of float32 x, nearest even, overflow -> Inf (cpu_common._f32_to_f16_bits,
     in float64 arithmetic: every step exact but the one rint)."""
@@ -70,7 +70,7 @@ def _f16_bits(x):
     return (((ex + 14) << 10) + np.int64(np.rint(m * 2048.0)) - 1024) | sign
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _fp16_scale(v, e):
     """(float16 bits of v * 2**e, that float16's value * 2**-e as float32)."""
     h = _f16_bits(_ldexp32(v, e))
@@ -112,7 +112,7 @@ def _pass(S, lo, hi, nl):
             S[U(S2 + j)] += (S[WT + k] * L) * L
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _pass2(S, lo, hi, weighted):
     """_pass for two candidates at once (ISC -> S2/S3, ISC2 -> T2/T3): four independent
     accumulator chains instead of two. Unweighted (w = 1): w * x == x and (w * L) * L ==
@@ -148,14 +148,14 @@ def _pass2(S, lo, hi, weighted):
             S[T2 + j] += (w * M) * M
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _iv(sc):
     """1 / sc, 0 for sc == 0 (the division outside the select: inside it becomes a branch)."""
     r = F1 / sc
     return r if sc != F0 else F0
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _err3(S, lo, hi, nl, weighted):
     """_sub_err for three scale codes at once (three independent chains): LS -> EE,
     CLS -> E2, CL3 -> E3, all with the super-scale DL."""
@@ -198,7 +198,7 @@ def _err3(S, lo, hi, nl, weighted):
             S[E3 + j] += w * (r * r)
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _sub_err(S, lo, hi, nl):
     """E2[j] = weighted squared error of lane j with codes re-rounded for DL * CLS."""
     for j in range(nl):
@@ -456,7 +456,7 @@ def _block(S, x, q, weighted, nmax, levels, cands, divs, iters, rounds, codes, g
     return flag
 
 
-@njit(inline="always", **_J)
+@njit(**_J)
 def _put16(dst, p, h):
     dst[p] = np.uint8(h & 255)
     dst[p + 1] = np.uint8((h >> 8) & 255)

@@ -11,7 +11,7 @@ def test_warm_names_compiles_the_searched_k_quant_kernels_plain_and_weighted():
     done = warm.warm_names(["q4_k", "q6_k"])
     assert done == ["q4_k", "q6_k"]
     # the plain and the importance-weighted searches each left a compiled signature
-    assert len(kquant_affine.affine_k_encode.signatures) >= 1
+    assert len(kquant_affine.q45k_encode.signatures) >= 1        # Q4_K/Q5_K (Q2_K: q2k_encode)
     assert len(kquant_sym.sym_k_encode.signatures) >= 1
 
 
@@ -74,7 +74,7 @@ def test_every_kernel_takes_its_inputs_read_only_and_compiles_once():
         "from workbench.schemes import get_scheme\n"
         "accel.warmup(['int4-g128', 'q4_0'], backend='cpu')\n"
         "ks = (cpu_affine_fused.quant_error_fused, cpu_affine_fused.quant_fused,\n"
-        "      cpu_affine_dequant.affine_error, cpu_ggml.ggml_encode, cpu_ggml.ggml_error)\n"
+        "      cpu_affine_dequant.affine_rows, cpu_ggml.ggml_encode, cpu_ggml.ggml_rows)\n"
         "before = [len(k.signatures) for k in ks]\n"
         "w = np.random.default_rng(1).standard_normal((64, 512)).astype(np.float32)\n"
         "for ro in (False, True):\n"

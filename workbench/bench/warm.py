@@ -45,7 +45,7 @@ STATS = "@stats"        # a share's token for the statistics / widening / weight
 FAMILY_CPU_S = {"q4_k": 77.0, "q3_k": 70.0, "int8-channel": 44.0, "iq2_xxs": 17.0,
                 "q4_0": 14.0, "iq4_nl": 11.0, "iq3_xxs": 10.0, "mxfp4": 7.0, "iq4_xs": 7.0,
                 "q4_1": 6.0, "fp16": 4.0, "fp32": 2.0, STATS: 14.0}
-_FAMILY_OF = {"q2_k": "q4_k", "q5_k": "q4_k", "q6_k": "q3_k", "q8_0": "q4_0", "q5_0": "q4_1",
+_FAMILY_OF = {"q5_k": "q4_k", "q6_k": "q3_k", "q8_0": "q4_0", "q5_0": "q4_1",
               "q5_1": "q4_1", "nvfp4": "mxfp4", "tq1_0": "mxfp4", "tq2_0": "mxfp4",
               "iq3_s": "iq3_xxs", "iq2_xs": "iq2_xxs", "iq2_s": "iq2_xxs", "bf16": "fp16"}
 
