@@ -29,24 +29,25 @@ import sys
 import threading
 import time
 
-#: CPU seconds of a whole warm-up on the project's 2-core machine (27 Nov 2026: 299 s; 357 s
+#: CPU seconds of a whole warm-up on the project's 2-core machine (28 Nov 2026: 275 s; 299 s the
+#: day before, 357 s
 #: before the K-quant searches' helpers were compiled once instead of at every call site, 777 s
 #: while each kernel was compiled for writable and read-only weights): the header's estimate
-WARM_CPU_S = 300
+WARM_CPU_S = 275
 #: CPU seconds of the first stage (first_stage()) on that machine, both processes together
-#: (27 Nov 2026: 263 s, 108 + 155): the header's estimate
-FIRST_CPU_S = 263
+#: (28 Nov 2026: 233 s; 27 Nov: 263 s): the header's estimate
+FIRST_CPU_S = 235
 STATS = "@stats"        # a share's token for the statistics / widening / weighted-search kernels
 #: kernel families (schemes that share their kernels: a family's name is its first scheme) and
-#: the CPU seconds of their first compile in a process, cold cache, as the warm-up ran them
-#: (2-core machine, 28 Nov 2026; docs/kernels.md): how the schemes are dealt to the processes.
-#: Q3_K's includes the GGML decoders (one kernel for every type, about 9 s), which the process
-#: that reaches a GGML dequantize first compiles (Q4_K's search takes longer to get there).
-#: Q2_K's encoder is a kernel of its own, so it can go to the other process than Q4_K's.
-FAMILY_CPU_S = {"q4_k": 53.0, "int8-channel": 39.0, "q3_k": 36.0, "q2_k": 24.0,
-                "iq2_xxs": 17.0, "q4_0": 14.5, "iq4_nl": 12.5, "iq1_s": 12.0, "iq3_xxs": 10.0,
-                "mxfp4": 7.0, "q4_1": 7.0, "iq4_xs": 6.0, "fp16": 3.0, "fp32": 2.0,
-                STATS: 14.0}
+#: the CPU seconds each took in the two processes of a cold warm-up (2-core machine, idle,
+#: 28 Nov 2026; docs/kernels.md): how the schemes are dealt to the processes. A family first in
+#: its process also pays for the helpers the later ones share (Q3_K first: 56 s; after Q4_K in
+#: one process: 27 s) and the GGML decoders (one kernel for every type, about 9 s) are paid by
+#: the process that reaches a GGML dequantize first. Q2_K's encoder is a kernel of its own.
+FAMILY_CPU_S = {"q3_k": 56.0, "q4_k": 46.0, "int8-channel": 30.0, "q2_k": 22.0,
+                "iq2_xxs": 17.0, "q4_0": 12.0, "iq4_nl": 11.0, "iq1_s": 12.0, "iq3_xxs": 10.0,
+                "iq4_xs": 8.0, "q4_1": 7.0, "mxfp4": 6.0, "fp16": 3.0, "fp32": 2.0,
+                STATS: 13.0}
 _FAMILY_OF = {"q5_k": "q4_k", "q6_k": "q3_k", "q8_0": "q4_0", "q5_0": "q4_1",
               "q5_1": "q4_1", "nvfp4": "mxfp4", "tq1_0": "mxfp4", "tq2_0": "mxfp4",
               "iq3_s": "iq3_xxs", "iq2_xs": "iq2_xxs", "iq2_s": "iq2_xxs", "iq1_m": "iq1_s",
