@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .cpu_common import F0, _J, _P, _acc_row
+from .cpu_common import F0, NO_ACC, NO_OUT, NO_W, _J, _P, _acc_row
 
 # ---------------------------------------------------------------- affine (packed codes)
 @njit(**_J)
@@ -138,17 +138,11 @@ def affine_rows(codes, bits, lut, scales, zeros, has_zero, gs, bpr, w, out, acc)
             _acc_row(w[r], buf, acc[r])
 
 
-_NO_W = np.zeros((0, 0), np.float32)
-_NO_W.setflags(write=False)          # the type of the weights every entry passes (read-only)
-_NO_OUT = np.zeros((0, 0), np.float32)
-_NO_ACC = np.zeros((0, 5), np.float64)
-
-
 def affine_dequant(codes, bits, lut, scales, zeros, has_zero, gs, bpr, out):
     """out (rows, cols) float32 = the codes decoded."""
-    affine_rows(codes, bits, lut, scales, zeros, has_zero, gs, bpr, _NO_W, out, _NO_ACC)
+    affine_rows(codes, bits, lut, scales, zeros, has_zero, gs, bpr, NO_W, out, NO_ACC)
 
 
 def affine_error(codes, bits, lut, scales, zeros, has_zero, gs, bpr, w, acc):
     """acc (rows, 5) float64 = per row the error sums of the decoded codes against w."""
-    affine_rows(codes, bits, lut, scales, zeros, has_zero, gs, bpr, w, _NO_OUT, acc)
+    affine_rows(codes, bits, lut, scales, zeros, has_zero, gs, bpr, w, NO_OUT, acc)

@@ -142,3 +142,12 @@ def _row_flag(row):
         if not (abs(row[c]) < np.inf):
             return 2
     return 0
+
+
+#: stand-ins for the argument a row kernel's entry does not use (cpu_ggml.ggml_rows,
+#: cpu_affine_dequant.affine_rows): no weights (read-only, as every entry passes them), no
+#: output rows, no error sums
+NO_W = np.zeros((0, 0), np.float32)
+NO_W.setflags(write=False)
+NO_OUT = np.zeros((0, 0), np.float32)
+NO_ACC = np.zeros((0, 5), np.float64)

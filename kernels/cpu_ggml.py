@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import tables
-from .cpu_common import F0, _J, _P, _acc_row, _encode_row, _key_f32, _put_f16
+from .cpu_common import F0, NO_ACC, NO_OUT, NO_W, _J, _P, _acc_row, _encode_row, _key_f32, _put_f16
 from .iq1_decode import iq1_m_row, iq1_s_row
 from .iq3_grids import IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
 
@@ -509,20 +509,14 @@ def ggml_rows(blocks, tid, qk, bpb, f16, kv, w, out, acc):
             _acc_row(w[r], buf, acc[r])
 
 
-_NO_W = np.zeros((0, 0), np.float32)
-_NO_W.setflags(write=False)          # the type of the weights every entry passes (read-only)
-_NO_OUT = np.zeros((0, 0), np.float32)
-_NO_ACC = np.zeros((0, 5), np.float64)
-
-
 def ggml_dequant(blocks, tid, qk, bpb, f16, kv, out):
     """out (rows, cols) float32 = the blocks decoded."""
-    ggml_rows(blocks, tid, qk, bpb, f16, kv, _NO_W, out, _NO_ACC)
+    ggml_rows(blocks, tid, qk, bpb, f16, kv, NO_W, out, NO_ACC)
 
 
 def ggml_error(blocks, tid, qk, bpb, f16, kv, w, acc):
     """acc (rows, 5) float64 = per row the error sums of the blocks against w (read-only)."""
-    ggml_rows(blocks, tid, qk, bpb, f16, kv, w, _NO_OUT, acc)
+    ggml_rows(blocks, tid, qk, bpb, f16, kv, w, NO_OUT, acc)
 
 
 @njit(inline="always", **_J)

@@ -130,6 +130,7 @@ def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, f
     super-blocks of 8 at a time). Each holds one specialization of the search, so each
     compiles about half of what one kernel for both did, and the warm-up can compile them in
     two processes at once (docs/kernels.md)."""
+    flags[:] = 0
     if kind == 0:
         q2k_encode(w, qw, weighted, cands, divs, iters, rounds, blocks, flags)
     else:
@@ -137,9 +138,12 @@ def affine_k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, f
 
 
 @njit(**_J)
-def _flag_nonfinite(w, r0, r1, flags):
-    """flags[r] = 2 for each row r0..r1-1 of w holding a NaN/Inf (such a row is not searched)."""
-    cols = w.shape[1]
+def _chunk(w, ch, nch, flags):
+    """Chunk ch of nch: its rows r0..r1-1 (flags[r] = 2 for each holding a NaN/Inf: such a row
+    is not searched) and a scratch set for the search (S, gi, gf, codes, QMH)."""
+    rows, cols = w.shape
+    r0 = ch * rows // nch
+    r1 = (ch + 1) * rows // nch
     for r in range(r0, r1):
         row = w[r]
         for c in range(cols):
@@ -147,26 +151,20 @@ def _flag_nonfinite(w, r0, r1, flags):
             if not (v == v and abs(v) < np.inf):
                 flags[r] = 2
                 break
+    return (r0, r1, np.zeros(SBUF, np.float32), np.zeros(16, np.int64),
+            np.zeros(20, np.float32), np.zeros(512, np.float32), np.zeros(2 * NDIV, np.int64))
 
 
 @njit(**_P)
 def q2k_encode(w, qw, weighted, cands, divs, iters, rounds, blocks, flags):
-    """Q2_K blocks of w (see affine_k_encode): its super-blocks one at a time."""
+    """Q2_K blocks of w (see affine_k_encode; flags zeroed by the caller): its super-blocks
+    one at a time."""
     rows, cols = w.shape
     nbk = cols // 256
     nch = min(rows, 256)
     nl = min(cols >> 4, LANES)          # LANES wherever a block is searched (see _screen_sums)
-    for r in range(rows):
-        flags[r] = 0
     for ch in prange(nch):
-        S = np.zeros(SBUF, np.float32)
-        gi = np.zeros(16, np.int64)
-        gf = np.zeros(20, np.float32)
-        codes = np.zeros(512, np.float32)
-        QMH = np.zeros(2 * NDIV, np.int64)
-        r0 = ch * rows // nch
-        r1 = (ch + 1) * rows // nch
-        _flag_nonfinite(w, r0, r1, flags)
+        r0, r1, S, gi, gf, codes, QMH = _chunk(w, ch, nch, flags)
         for r in range(r0, r1):
             if flags[r] & 2:
                 continue
@@ -181,8 +179,9 @@ def q2k_encode(w, qw, weighted, cands, divs, iters, rounds, blocks, flags):
 
 @njit(**_P)
 def q45k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, flags):
-    """Q4_K (kind 1) and Q5_K (2) blocks of w (see affine_k_encode): super-blocks two at a
-    time, in order across rows (a lone last one pairs with zeros)."""
+    """Q4_K (kind 1) and Q5_K (2) blocks of w (see affine_k_encode; flags zeroed by the
+    caller): super-blocks two at a time, in order across rows (a lone last one pairs with
+    zeros)."""
     rows, cols = w.shape
     nbk = cols // 256
     if kind == 1:
@@ -192,18 +191,9 @@ def q45k_encode(w, qw, weighted, kind, cands, divs, iters, rounds, blocks, flags
     n, ns = 32, 8
     nch = min(rows, 256)
     nl = min(cols >> 4, LANES)          # LANES wherever a block is searched (see _screen_sums)
-    for r in range(rows):
-        flags[r] = 0
     for ch in prange(nch):
-        S = np.zeros(SBUF, np.float32)
-        gi = np.zeros(16, np.int64)
-        gf = np.zeros(20, np.float32)
-        codes = np.zeros(512, np.float32)
+        r0, r1, S, gi, gf, codes, QMH = _chunk(w, ch, nch, flags)
         zero = np.zeros(256, np.float32)
-        QMH = np.zeros(2 * NDIV, np.int64)
-        r0 = ch * rows // nch
-        r1 = (ch + 1) * rows // nch
-        _flag_nonfinite(w, r0, r1, flags)
         t = r0 * nbk
         t_end = r1 * nbk
         while t < t_end:
