@@ -143,3 +143,59 @@ def perplexity(llama_bin: Path, gguf_path: Path, text: Path, ctx: int = 128) -> 
     ppl = parse_final_ppl(out)
     assert ppl is not None, f"llama-perplexity printed no final estimate:\n{out[-1500:]}"
     return ppl
+
+
+@pytest.fixture(scope="session")
+def demo_f32(tmp_path_factory) -> Path:
+    """The bundled demo model exported as an F32 GGUF (the source the GGML-type tests quantize
+    with llama-quantize and with the workbench's export); made once per session."""
+    from workbench.core.progress import run
+    from workbench.export import export
+    from workbench.formats.loaders import open_model
+    from workbench.quant.plan import Plan
+    path = tmp_path_factory.mktemp("demo-f32") / "demo-f32.gguf"
+    run(export(open_model(ROOT / "resources" / "demo_model"), Plan(default="fp32"), "gguf",
+               path))
+    return path
+
+
+def generates_with_finite_perplexity(llama_bin: Path, gguf_path: Path) -> float:
+    """llama-simple decodes 16 tokens from the file, and llama-perplexity on the calibration
+    text gives a finite value above 1; that perplexity."""
+    import re
+    r = run_tool(llama_bin, "llama-simple", "-m", gguf_path, "-n", "16", "The engineer measured")
+    m = re.search(r"decoded (\d+) tokens", r.stdout + r.stderr)
+    assert m and int(m.group(1)) == 16, (r.stdout + r.stderr)[-1500:]
+    ppl = perplexity(llama_bin, gguf_path, ROOT / "resources" / "calibration.txt")
+    assert np.isfinite(ppl) and ppl > 1
+    return ppl
+
+
+def export_runs_and_reads_back(llama_bin: Path, demo_f32: Path, tmp_path: Path, name: str):
+    """The demo's F32 GGUF exported with every weight at GGML type `name`: llama.cpp can run
+    it, each tensor of that type holds the workbench's quantize bytes of its source, the first
+    reads back as the scheme's dequantization, and it generates with a finite perplexity.
+    Returns (number of tensors of that type, perplexity)."""
+    import gguf
+    from workbench.core.progress import run
+    from workbench.export import export
+    from workbench.formats.loaders import open_model
+    from workbench.quant.evaluate import quantize
+    from workbench.quant.plan import Plan
+    from workbench.schemes import get_scheme
+    ours = tmp_path / f"wb-{name}.gguf"
+    info = run(export(open_model(demo_f32), Plan(default=name), "gguf", ours))
+    assert info["runnable_by_llama_cpp"]
+    src = {t.name: t for t in gguf.GGUFReader(str(demo_f32)).tensors}
+    gtype = gguf.GGMLQuantizationType[name.upper()]
+    typed = [t for t in gguf.GGUFReader(str(ours)).tensors if t.tensor_type == gtype]
+    assert typed
+    for t in typed:
+        w = np.ascontiguousarray(src[t.name].data, np.float32)
+        want = quantize(w, name).arrays["blocks"]
+        assert np.array_equal(np.asarray(t.data).view(np.uint8).reshape(want.shape), want)
+    t0 = typed[0]
+    got = np.asarray(open_model(ours).read_matrix(t0.name), np.float32)
+    ref = quantize(np.ascontiguousarray(src[t0.name].data, np.float32), name)
+    assert np.array_equal(got.reshape(-1), get_scheme(name).dequantize(ref).reshape(-1))
+    return len(typed), generates_with_finite_perplexity(llama_bin, ours)

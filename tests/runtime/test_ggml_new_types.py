@@ -17,7 +17,7 @@ from workbench.quant.evaluate import quantize
 from workbench.quant.plan import Plan
 from workbench.core.progress import run
 
-from .conftest import ROOT, perplexity, run_tool
+from .conftest import ROOT, generates_with_finite_perplexity, perplexity, run_tool
 
 pytestmark = pytest.mark.runtime
 
@@ -71,14 +71,6 @@ def get_back(name, raw, shape):
     return get_scheme(name).dequantize_blocks(raw).reshape(shape)
 
 
-@pytest.fixture(scope="module")
-def demo_f32(tmp_path_factory):
-    path = tmp_path_factory.mktemp("newtypes") / "demo-f32.gguf"
-    run(export(open_model(ROOT / "resources" / "demo_model"), Plan(default="fp32"), "gguf",
-               path))
-    return path
-
-
 def _tensors(path) -> dict:
     return {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
 
@@ -101,12 +93,8 @@ def test_llama_quantize_bytes_equal_and_export_runs(llama_bin, demo_f32, tmp_pat
     for n in both:
         assert np.array_equal(np.asarray(a[n].data).view(np.uint8),
                               np.asarray(b[n].data).view(np.uint8)), n
-    r = run_tool(llama_bin, "llama-simple", "-m", ours, "-n", "16", "The engineer measured")
-    m = re.search(r"decoded (\d+) tokens", r.stdout + r.stderr)
-    assert m and int(m.group(1)) == 16, (r.stdout + r.stderr)[-1500:]
-    ppl = perplexity(llama_bin, ours, ROOT / "resources" / "calibration.txt")
+    ppl = generates_with_finite_perplexity(llama_bin, ours)
     print(f"\n{name}: {len(both)} tensors byte-equal to llama-quantize; perplexity {ppl:.2f}")
-    assert np.isfinite(ppl) and ppl > 1
     if name == "nvfp4":                                # close to the float model's
         ppl32 = perplexity(llama_bin, demo_f32, ROOT / "resources" / "calibration.txt")
         print(f"F32 perplexity {ppl32:.2f}")

@@ -5,20 +5,14 @@ llama.cpp (generates, finite perplexity) and reads back as written."""
 
 from __future__ import annotations
 
-import re
 
-import gguf
 import numpy as np
 import pytest
 
 from kernels import ggml_ref
-from workbench.export import export
-from workbench.formats.loaders import open_model
 from workbench.quant.evaluate import quantize
-from workbench.quant.plan import Plan
-from workbench.core.progress import run
 
-from .conftest import ROOT, perplexity, run_tool
+from .conftest import export_runs_and_reads_back
 
 pytestmark = pytest.mark.runtime
 
@@ -59,36 +53,7 @@ def test_ggml_decodes_ours_and_weighted_error_lower(ggml, minilm, name):
     assert max(errs) <= 0.97, errs
 
 
-@pytest.fixture(scope="module")
-def demo_f32(tmp_path_factory):
-    path = tmp_path_factory.mktemp("iq1") / "demo-f32.gguf"
-    run(export(open_model(ROOT / "resources" / "demo_model"), Plan(default="fp32"), "gguf",
-               path))
-    return path
-
-
 @pytest.mark.parametrize("name", TYPES)
 def test_export_runs_in_llama_cpp_and_reads_back(llama_bin, demo_f32, tmp_path, name):
-    from workbench.schemes import get_scheme
-    ours = tmp_path / f"wb-{name}.gguf"
-    info = run(export(open_model(demo_f32), Plan(default=name), "gguf", ours))
-    assert info["runnable_by_llama_cpp"]
-    src = {t.name: t for t in gguf.GGUFReader(str(demo_f32)).tensors}
-    gtype = gguf.GGMLQuantizationType[name.upper()]
-    typed = [t for t in gguf.GGUFReader(str(ours)).tensors if t.tensor_type == gtype]
-    assert typed
-    for t in typed:
-        w = np.ascontiguousarray(src[t.name].data, np.float32)
-        want = quantize(w, name).arrays["blocks"]
-        assert np.array_equal(np.asarray(t.data).view(np.uint8).reshape(want.shape), want)
-    back = open_model(ours)
-    t0 = typed[0]
-    got = np.asarray(back.read_matrix(t0.name), np.float32)
-    ref = quantize(np.ascontiguousarray(src[t0.name].data, np.float32), name)
-    assert np.array_equal(got.reshape(-1), get_scheme(name).dequantize(ref).reshape(-1))
-    r = run_tool(llama_bin, "llama-simple", "-m", ours, "-n", "16", "The engineer measured")
-    m = re.search(r"decoded (\d+) tokens", r.stdout + r.stderr)
-    assert m and int(m.group(1)) == 16, (r.stdout + r.stderr)[-1500:]
-    ppl = perplexity(llama_bin, ours, ROOT / "resources" / "calibration.txt")
-    print(f"\n{name}: {len(typed)} tensors; perplexity {ppl:.2f}")
-    assert np.isfinite(ppl) and ppl > 1
+    n, ppl = export_runs_and_reads_back(llama_bin, demo_f32, tmp_path, name)
+    print(f"\n{name}: {n} tensors; perplexity {ppl:.2f}")
