@@ -133,7 +133,8 @@ def affine_rows(codes, bits, lut, scales, zeros, has_zero, gs, bpr, w, out, acc)
     cols = out.shape[1] if write else w.shape[1]
     for r in prange(rows):
         buf = out[r] if write else np.empty(cols, np.float32)
-        _affine_row(codes, bits, lut, scales, zeros, has_zero, cols, gs, bpr, r, buf)
+        _affine_row(codes, bits, lut, scales, zeros, has_zero, cols, gs, bpr, np.int64(r),
+                    buf)
         if not write:
             _acc_row(w[r], buf, acc[r])
 

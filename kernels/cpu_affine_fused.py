@@ -168,6 +168,10 @@ def quant_error_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_
     fq = np.float32(qmax)
     fqmin = np.float32(qmin)
     nch = min(rows, 256)
+    # quant_fused's row helper with the same argument types (not the literals 0 and True:
+    # numba would compile it once more for those)
+    bb = (gs * bits) >> 3
+    rowwise = gs > 0
     for ch in prange(nch):
         t = np.empty(gs if mode == 1 else 1, np.float64)
         cb = np.empty(cols, np.uint8)
@@ -178,8 +182,8 @@ def quant_error_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_
         lanes = np.empty(8 * divs.shape[0], np.float64)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             _quant_row(w[r], wu[r], r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16,
-                       f16_table, scale32, scale16, zero, cb, 0, t, bad, True, cb, tk, tq, divs,
-                       c32, lanes)
+                       f16_table, scale32, scale16, zero, cb, bb, t, bad, rowwise, cb, tk, tq,
+                       divs, c32, lanes)
             if bad[r]:
                 continue
             k0 = r * bpr

@@ -36,7 +36,7 @@ def row_moments(raw, kind, rmin, rmax, rabs, rsum, rsq, rnan, rinf):
     for i in nb.prange(rows):
         bits = np.empty(cols, np.uint32)
         buf = bits.view(np.float32)
-        _decode_row(raw, i, kind, buf, bits)
+        _decode_row(raw, np.int64(i), kind, buf, bits)
         s = 0.0
         q = 0.0
         mn = np.float32(np.inf)
