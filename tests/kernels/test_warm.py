@@ -15,15 +15,50 @@ def test_warm_names_compiles_the_searched_k_quant_kernels_plain_and_weighted():
     assert len(kquant_sym.sym_k_encode.signatures) >= 1
 
 
-def test_each_process_starts_quick_then_heavy():
-    """A float cast first in each process (its "ready" line within seconds), then the heavy
-    kernels spread over the processes."""
-    names = ["int8-channel", "q4_0", "q3_k", "fp16", "q4_k", "iq4_nl", "bf16"]
-    order = warm._order(names)
-    assert order[:5] == ["fp16", "bf16", "q4_k", "q3_k", "iq4_nl"]
-    assert sorted(order) == sorted(names)
-    shares = [order[i::2] for i in range(2)]
-    assert shares[0][:2] == ["fp16", "q4_k"] and shares[1][:2] == ["bf16", "q3_k"]
+def test_tasks_compile_each_kernel_once():
+    """The GGML decoders are one task; each GGML family's encoders another, its schemes
+    finished after both; Q2_K's encoder waits for Q4_K's (shared helpers); a later stage's
+    family waits for its earlier task; only the listed encoder families may go to -O2."""
+    first = ["int8-channel", "int4-g128", "q4_k", "q5_k", "q2_k", "q4_0", "fp16", "bf16",
+             warm.STATS]
+    rest = ["iq2_xxs", "int3-g64", "q6_k", "q3_k"]
+    tasks = warm._tasks([first, rest])
+    kinds = [t["kind"] for t in tasks]
+    assert kinds.count("decode") == 1 and kinds.count("stats") == 1
+    by = {(t["kind"], ",".join(t["names"])): t for t in tasks}
+    dec = by[("decode", "")]["id"]
+    q4k = by[("encode", "q4_k,q5_k")]
+    assert q4k["o2"] and not by[("encode", "q4_0")]["o2"] and not by[("encode", "iq2_xxs")]["o2"]
+    assert by[("encode", "q2_k")]["deps"] == {q4k["id"]}
+    assert by[("finish", "q5_k")]["deps"] == {q4k["id"], dec}
+    assert by[("names", "int3-g64")]["deps"] == {by[("names", "int8-channel,int4-g128")]["id"]}
+    assert not any(t["o2"] for t in tasks if t["kind"] in ("decode", "names", "stats", "finish"))
+    assert by[("quick", "bf16")]["deps"] == {by[("quick", "fp16")]["id"]}
+    # every scheme is in at least one task, and each task's stage is its names' stage
+    named = {n for t in tasks for n in t["names"]}
+    assert named == set(first + rest)
+    assert all(t["stage"] == (0 if t["names"][0] in first else 1) for t in tasks if t["names"])
+
+
+def test_pick_takes_the_earlier_stage_then_quick_finish_decode_then_costliest():
+    tasks = warm._tasks([["int8-channel", "q4_k", "q4_0", "fp16", warm.STATS], ["iq2_xxs"]])
+    by = {(t["kind"], ",".join(t["names"])): t["id"] for t in tasks}
+    started, done = set(), set()
+    t = warm._pick(tasks, started, done, False)
+    assert t["kind"] == "quick"
+    started.add(t["id"])
+    t = warm._pick(tasks, started, done, False)
+    assert t["kind"] == "decode"                 # every GGML scheme waits for it
+    # an -O2 process takes only the encoders that may compile there: Q4_K's, not Q4_0's
+    t = warm._pick(tasks, started, done, True)
+    assert t["id"] == by[("encode", "q4_k")]
+    started |= {by[("decode", "")], by[("encode", "q4_k")]}
+    done |= {by[("decode", "")], by[("encode", "q4_k")]}
+    assert warm._pick(tasks, started, done, False)["id"] == by[("finish", "q4_k")]
+    # an -O3 process leaves what an -O2 one may take for last within a stage
+    started.add(by[("finish", "q4_k")])
+    t = warm._pick(tasks, started, done, False)
+    assert not t["o2"] and t["stage"] == 0
 
 
 def test_warm_methods_compiles_the_weighted_search():
@@ -98,33 +133,40 @@ def test_every_kernel_takes_its_inputs_read_only_and_compiles_once():
 
 
 class _FakeWorker:
-    """A worker process that reports its share ready at once (nothing compiles)."""
+    """A worker that answers each task at once (nothing compiles), one CPU second each."""
+    made: list = []
 
-    def __init__(self, argv, *a, **k):
-        import io
-        share = argv[argv.index("--only") + 1].split(",")
-        tag = argv[argv.index("--tag") + 1]
-        self.stdout = io.StringIO("".join(
-            "  kernels: statistics, F16/BF16 widening and the weighted scale search ready "
-            f"({tag}, 0 s, 1 CPU s)\n" if n == warm.STATS
-            else f"  kernels: {n} ready ({tag}, 0 s, 1 CPU s)\n"
-            for n in share))
+    def __init__(self, i, o2, events):
+        self.o2, self.cpu, self.events, self.n = o2, 0.0, events, 0
+        _FakeWorker.made.append((i, o2))
 
-    def wait(self):
+    def send(self, task):
+        self.n += 1
+        self.events.put((self, f"done {task['id']} 1.00 {float(self.n):.2f}"))
+
+    def close(self):
         return 0
+
+    def kill(self):
+        pass
+
+
+def _fake_main(monkeypatch, jobs=2):
+    _FakeWorker.made = []
+    monkeypatch.setattr(warm, "_Worker", _FakeWorker)
+    return warm.main(["--jobs", str(jobs)])
 
 
 def test_the_header_says_how_long_the_warm_up_takes(monkeypatch, capsys):
     """The set-up's long step says up front how long it takes (its CPU cost over the cores it
     gets), before any kernel compiles."""
-    monkeypatch.setattr(warm.subprocess, "Popen", _FakeWorker)
     monkeypatch.setattr(warm.os, "cpu_count", lambda: 2)
-    assert warm.main(["--jobs", "2"]) == 0
+    assert _fake_main(monkeypatch) == 0
     head = capsys.readouterr().out.splitlines()[0]
     assert f"about {round(warm.FIRST_CPU_S / 2)} s for those" in head, head
     assert f"{round(warm.WARM_CPU_S / 2 / 60)} min for all on an idle machine" in head, head
     monkeypatch.setattr(warm.os, "cpu_count", lambda: 1)
-    assert warm.main(["--jobs", "2"]) == 0
+    assert _fake_main(monkeypatch) == 0
     head = capsys.readouterr().out.splitlines()[0]
     assert f"about {round(warm.FIRST_CPU_S)} s for those" in head, head
 
@@ -143,33 +185,67 @@ def test_first_stage_is_what_the_demo_and_minilm_use():
     assert set(first) <= set(list_schemes())
 
 
-def test_shares_put_the_first_stage_ahead_and_a_float_cast_first(monkeypatch):
-    first = ["int8-channel", "q4_k", "q3_k", "q4_0", "fp16", "bf16", warm.STATS]
-    rest = ["iq2_xxs", "nf4-g64", "int3-g64"]
-    shares = warm._shares([first, rest], 2)
-    assert [s[0][0] for s in shares] == ["fp16", "bf16"]       # a "ready" line at once each
-    got = [n for s in shares for k in s for n in k]
-    assert sorted(got) == sorted(first + rest)
-    # the two costliest families (Q3_K's and Q4_K's searches) go to different processes, and
-    # the next (the packed codes) to the one whose first is the cheaper; each process's first
-    # stage before its second
-    assert warm.FAMILY_CPU_S["q3_k"] > warm.FAMILY_CPU_S["q4_k"] > warm.FAMILY_CPU_S["int8-channel"]
-    q3k = next(s for s in shares if "q3_k" in s[0])
-    q4k = next(s for s in shares if "q4_k" in s[0])
-    assert q3k is not q4k and "int8-channel" in q4k[0], shares
-    assert all(s[0][0] in warm.QUICK for s in shares)
-
-
 def test_the_ready_line_comes_once_the_first_stage_is_done(monkeypatch, capsys):
-    monkeypatch.setattr(warm.subprocess, "Popen", _FakeWorker)
-    assert warm.main(["--jobs", "2"]) == 0
+    assert _fake_main(monkeypatch) == 0
     out = capsys.readouterr().out.splitlines()
     n = len(warm.first_stage())
     at = [i for i, line in enumerate(out) if "kernels: ready for the demo and MiniLM" in line]
     assert len(at) == 1 and f"({n} schemes)" in out[at[0]], out
-    assert "(2 CPU s in the workers)" in out[at[0]], out[at[0]]     # 1 CPU s from each
+    from workbench.schemes import list_schemes
+    first = warm.first_stage() + [warm.STATS]
+    tasks = warm._tasks([first, [n for n in list_schemes() if n not in first]])
+    stage1 = sum(t["stage"] == 0 for t in tasks)
+    assert f"({stage1} CPU s in the workers)" in out[at[0]], out[at[0]]   # 1 CPU s a task
     before = " ".join(out[:at[0]])
     assert all(f"kernels: {s} ready" in before for s in warm.first_stage())
     assert "statistics" in before
     assert "kernels: iq2_xxs ready" in " ".join(out)        # then the rest
     assert out[-1].startswith("kernels compiled or loaded for")
+    assert f", {len(tasks)} CPU s)" in out[-1], out[-1]
+    # the second process starts at -O2 and, once only default-level work is left (the lattice
+    # i-quants' encoders), is replaced by one at the default level
+    assert _FakeWorker.made == [(0, False), (1, True), (1, False)], _FakeWorker.made
+
+
+def test_a_worker_that_dies_fails_the_warm_up_naming_its_task(monkeypatch, capsys):
+    class Dying(_FakeWorker):
+        def send(self, task):
+            if task["kind"] == "decode":
+                self.events.put((self, None))           # the process ended mid-task
+            else:
+                super().send(task)
+    _FakeWorker.made = []
+    monkeypatch.setattr(warm, "_Worker", Dying)
+    assert warm.main(["--jobs", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "kernel warm-up failed in process" in err and "(decode;" in err, err
+
+
+def test_ctrl_c_stops_the_workers_and_says_what_is_kept(monkeypatch, capsys):
+    killed = []
+
+    class Interrupted(_FakeWorker):
+        def send(self, task):
+            if task["kind"] == "decode":
+                raise KeyboardInterrupt
+            super().send(task)
+
+        def kill(self):
+            killed.append(self)
+    _FakeWorker.made = []
+    monkeypatch.setattr(warm, "_Worker", Interrupted)
+    assert warm.main(["--jobs", "2"]) == 130
+    assert "stays in the cache" in capsys.readouterr().err
+    assert len(killed) == len(_FakeWorker.made) >= 1
+
+
+def test_an_encode_task_leaves_the_decoders_alone():
+    """A worker at -O2 compiles a family's encoders only: the decoders (ggml_rows, slower at
+    -O2) are not even called, so they cannot be compiled there."""
+    code = ("from workbench.bench import warm\n"
+            "from kernels import cpu_ggml, kquant_affine\n"
+            "warm.encode_names(['q4_k', 'q4_0'])\n"
+            "print(len(cpu_ggml.ggml_rows.signatures), len(kquant_affine.q45k_encode.signatures))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["0", "1"], r.stdout
