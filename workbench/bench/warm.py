@@ -307,8 +307,7 @@ def _warm_share(share: list[str], tag: str) -> None:
     t0 = time.perf_counter()
     for n in share:
         warm_names([n])
-        _say(f"  kernels: {n} ready ({tag}, {time.perf_counter() - t0:.0f} s, "
-             f"{time.process_time():.0f} CPU s)")
+        _say(_ready_line(n, tag, time.perf_counter() - t0, time.process_time()))
 
 
 def _ready_line(name: str, tag: str, wall: float, cpu: float) -> str:
@@ -345,9 +344,9 @@ def _schedule(tasks: list[dict], jobs: int, first: list[str], rest: list[str],
                 if i in busy:
                     continue
                 t = _pick(tasks, started, done, level[i])
-                if t is None and level[i] and _pick(tasks, started, done, False) is not None:
-                    level[i] = False                     # only default-level work is left
+                if t is None and level[i]:               # only default-level work is left?
                     t = _pick(tasks, started, done, False)
+                    level[i] = t is None
                 if t is None:
                     continue
                 w = workers[i]
