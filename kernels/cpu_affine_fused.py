@@ -158,56 +158,81 @@ def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
 def quant_error_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
                       scale32, scale16, zero, bad, acc, divs):
     """The exact error of quantizing w as quant_fused does (acc as affine_error's), in one
-    pass and without packing: each row's codes, one per byte (quant_fused's row helper with
-    its row-wise layout: the same codes), dequantized at once as the integer lookup table
-    gives them ((code - offset) - zero) * scale, float32 as affine_dequant) and measured
-    against the row while it is in cache. Scales and zero points are written as quant_fused
-    writes them (the caller checks their range); bad as there (that row is skipped)."""
+    pass and without packing: each row's qparams (quant_fused's), then its codes dequantized
+    at once as the integer lookup table gives them ((code - offset) - zero) * scale, float32
+    as affine_dequant; _deq_row) and measured against the row while it is in cache. Scales
+    and zero points are written as quant_fused writes them (the caller checks their range);
+    bad as there (that row is skipped)."""
     rows, cols = w.shape
     bpr = cols // gs
     fq = np.float32(qmax)
     fqmin = np.float32(qmin)
     nch = min(rows, 256)
-    # quant_fused's row helper with the same argument types (not the literals 0 and True:
-    # numba would compile it once more for those)
-    bb = (gs * bits) >> 3
-    rowwise = gs > 0
     for ch in prange(nch):
         t = np.empty(gs if mode == 1 else 1, np.float64)
-        cb = np.empty(cols, np.uint8)
         tk = np.empty((2, bpr), np.int32)
         tq = np.empty(2 * bpr, np.float32)
         buf = np.empty(cols, np.float32)
         c32 = np.empty(3 * divs.shape[0], np.float32)
         lanes = np.empty(8 * divs.shape[0], np.float64)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
-            _quant_row(w[r], wu[r], r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16,
-                       f16_table, scale32, scale16, zero, cb, bb, t, bad, rowwise, cb, tk, tq,
-                       divs, c32, lanes)
+            _row_qparams(w[r], wu[r], r, mode, gs, bpr, asym, fqmin, fq, f16, f16_table,
+                         scale32, scale16, zero, t, bad, tk, tq, divs, c32, lanes)
             if bad[r]:
                 continue
-            k0 = r * bpr
-            for b in range(bpr):
-                s = f16_table[scale16[k0 + b]] if f16 else scale32[k0 + b]
-                z = np.float32(zero[k0 + b]) if asym else F0
-                _deq_int(cb[b * gs:(b + 1) * gs], offset, z, s, buf[b * gs:(b + 1) * gs])
+            _deq_row(w[r], r * bpr, gs, bpr, tq, f16, f16_table, scale32, scale16, fqmin, fq,
+                     buf)
             _acc_row(w[r], buf, acc[r])
 
 
 @njit(**_J)
-def _deq_int(codes, offset, z, s, dst):
-    """(lut[code] - z) * s for the integer table lut[c] = float32(c - offset) (tables.int_lut),
-    computed instead of looked up (vectorizes); x - 0.0 == x for the symmetric schemes."""
-    for c in range(codes.shape[0]):
-        dst[c] = (np.float32(np.int32(codes[c]) - offset) - z) * s
+def _deq_row(row, k0, gs, bpr, tq, f16, f16_table, scale32, scale16, qmin, qmax, dst):
+    """dst = the row's codes dequantized, computed at once: q = clip(rint(x * inv) + zero) as
+    _codes_int gives it, then (q - zero) * scale, which is affine_dequant's (lut[code] -
+    zero) * scale for code = q + offset (lut[code] = code - offset = q). Unsigned indices:
+    numba checks a signed one for wraparound, and that loop did not vectorize (3x slower)."""
+    for b in range(bpr):
+        s = f16_table[scale16[k0 + b]] if f16 else scale32[k0 + b]
+        a = tq[2 * b]
+        z = tq[2 * b + 1]
+        o = np.uint64(b * gs)
+        for c in range(o, o + np.uint64(gs)):
+            q = np.rint(row[c] * a) + z
+            q = qmin if q < qmin else q
+            q = qmax if q > qmax else q
+            dst[c] = (q - z) * s
 
 
 @njit(**_J)
 def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, f16_table,
                scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq, divs, c32, lanes):
-    """Qparams and codes of each block of one row (rowwise: one code per byte into cb), in
-    three loops over the row's blocks: ranges (tk[0] min, tk[1] max keys), qparams (tq:
-    1/scale, zero), codes."""
+    """Qparams and codes of each block of one row (rowwise: one code per byte into cb):
+    _row_qparams, then a loop over the row's blocks for the codes."""
+    _row_qparams(row, urow, r, mode, gs, bpr, asym, fqmin, fq, f16, f16_table, scale32,
+                 scale16, zero, t, bad, tk, tq, divs, c32, lanes)
+    if bad[r]:
+        return
+    b0 = 0
+    if rowwise and gs <= 32:
+        b0 = bpr & ~1
+        for b in range(0, b0, 2):
+            _codes_int_pair(row[b * gs:(b + 2) * gs], tq[2 * b], tq[2 * b + 1], tq[2 * b + 2],
+                            tq[2 * b + 3], gs, fqmin, fq, offset, cb[b * gs:(b + 2) * gs])
+    for b in range(b0, bpr):
+        x = row[b * gs:(b + 1) * gs]
+        if rowwise:
+            _codes_int(x, tq[2 * b], tq[2 * b + 1], fqmin, fq, offset, cb[b * gs:(b + 1) * gs])
+        else:
+            _put_codes(x, tq[2 * b], tq[2 * b + 1], fqmin, fq, offset, bits,
+                       orow[b * bb:(b + 1) * bb])
+
+
+@njit(**_J)
+def _row_qparams(row, urow, r, mode, gs, bpr, asym, fqmin, fq, f16, f16_table, scale32,
+                 scale16, zero, t, bad, tk, tq, divs, c32, lanes):
+    """The qparams of each block of one row, in two loops over its blocks: ranges (tk[0]
+    min, tk[1] max keys), then qparams (scale32/scale16, zero; tq: 1/scale, zero). bad[r] = 1
+    for a NaN/Inf in the row or a float32 scale whose inverse overflows."""
     k0 = r * bpr
     tlo = tk[0]
     thi = tk[1]
@@ -224,8 +249,8 @@ def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, 
         for b in range(bpr):
             lo = abs(_key_f32(tlo[b]))
             hi = abs(_key_f32(thi[b]))
-            s, sb, iv, ok = _sym_qp(row[b * gs:(b + 1) * gs], lo if lo > hi else hi, divs,
-                                    fqmin, fq, f16, f16_table, c32, lanes)
+            s, sb, iv, ok = _sym_qp(row, b * gs, gs, lo if lo > hi else hi, divs, fqmin, fq,
+                                    f16, f16_table, c32, lanes)
             if not ok:
                 bad[r] = 1
                 return
@@ -256,16 +281,3 @@ def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, 
             scale16[k0 + b] = np.uint16(sb)
             tq[2 * b] = F0 if s == F0 else np.float32(1.0) / s
             tq[2 * b + 1] = F0
-    b0 = 0
-    if rowwise and gs <= 32:
-        b0 = bpr & ~1
-        for b in range(0, b0, 2):
-            _codes_int_pair(row[b * gs:(b + 2) * gs], tq[2 * b], tq[2 * b + 1], tq[2 * b + 2],
-                            tq[2 * b + 3], gs, fqmin, fq, offset, cb[b * gs:(b + 2) * gs])
-    for b in range(b0, bpr):
-        x = row[b * gs:(b + 1) * gs]
-        if rowwise:
-            _codes_int(x, tq[2 * b], tq[2 * b + 1], fqmin, fq, offset, cb[b * gs:(b + 1) * gs])
-        else:
-            _put_codes(x, tq[2 * b], tq[2 * b + 1], fqmin, fq, offset, bits,
-                       orow[b * bb:(b + 1) * bb])

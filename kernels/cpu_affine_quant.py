@@ -245,11 +245,17 @@ def int_qparams(lo, hi, asym, qmax, f16, f16_table, scale32, scale16, inv, zf, z
 
 
 @njit(inline="always", **_J)
-def _sq1(x, iv, s, fqmin, fq):
+def _diff(x, iv, s, fqmin, fq):
+    """q * s - x in float32, q = clip(rint(x * iv)): one weight's symmetric error."""
     q = np.rint(x * iv)
     q = fqmin if q < fqmin else q
     q = fq if q > fq else q
-    d = np.float64(q * s - x)
+    return q * s - x
+
+
+@njit(inline="always", **_J)
+def _sq1(x, iv, s, fqmin, fq):
+    d = np.float64(_diff(x, iv, s, fqmin, fq))
     return d * d
 
 
@@ -281,21 +287,88 @@ def _sq_errs(x, ivs, ss, nc, fqmin, fq, lanes):
             lanes[i * 8 + c - c0] += _sq1(x[c], ivs[i], ss[i], fqmin, fq)
 
 
+#: the float32 screen's chunk: its sums are within (SCREEN + 2) * 2**-24 of the exact ones
+SCREEN = 256
+
+
+@njit(inline="always", **_J)
+def _sqd(v, iv, s, fqmin, fq):
+    d = _diff(v, iv, s, fqmin, fq)
+    return d * d
+
+
+@njit(fastmath={"reassoc"}, **_J)
+def _sq32(x, c32, nc, i, fqmin, fq, out):
+    """out[i + k] (k < 5, i + k < nc) = the squared error of x under candidate i + k (scale
+    c32[i + k], inverse c32[nc + i + k]) in float32, the five summed side by side in one
+    loop, each in whatever order vectorizes (reassociation only: each difference q * s - x
+    rounds as the reference's). Past nc the last candidate is computed again, not stored."""
+    j = nc - 1
+    i1 = min(i + 1, j)
+    i2 = min(i + 2, j)
+    i3 = min(i + 3, j)
+    i4 = min(i + 4, j)
+    s0, v0 = c32[i], c32[nc + i]
+    s1, v1 = c32[i1], c32[nc + i1]
+    s2, v2 = c32[i2], c32[nc + i2]
+    s3, v3 = c32[i3], c32[nc + i3]
+    s4, v4 = c32[i4], c32[nc + i4]
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
+    a2 = np.float32(0.0)
+    a3 = np.float32(0.0)
+    a4 = np.float32(0.0)
+    for c in range(x.shape[0]):
+        v = x[c]
+        a0 += _sqd(v, v0, s0, fqmin, fq)
+        a1 += _sqd(v, v1, s1, fqmin, fq)
+        a2 += _sqd(v, v2, s2, fqmin, fq)
+        a3 += _sqd(v, v3, s3, fqmin, fq)
+        a4 += _sqd(v, v4, s4, fqmin, fq)
+    out[i] += a0
+    if i + 1 <= j:
+        out[i1] += a1
+    if i + 2 <= j:
+        out[i2] += a2
+    if i + 3 <= j:
+        out[i3] += a3
+    if i + 4 <= j:
+        out[i4] += a4
+
+
 @njit(**_J)
-def _sym_qp(x, amax, divs, fqmin, fq, f16, f16_table, c32, lanes):
-    """The symmetric divisor search of one block x (IntAffine._search_sym, min/max clipping, no
-    @pot): each candidate scale amax / divs[i] (divs ascending), stored (float16: RNE), its
-    codes clip(rint(x * (1/scale))) and the squared error (all candidates in one pass:
-    _sq_errs); the first least error wins. Returns (stored scale as float32, its
-    float16 bits, 1/scale or 0, ok); ok False: a float32 scale whose inverse overflows (the
-    reference divides: it decides). A float16 scale above 65504 gives 65504, which the
-    caller's reference check (reference_needed) hands to the reference to refuse. c32 (3 *
-    len(divs) float32: scales, inverses, float16 bits) and lanes (8 * len(divs) float64):
-    the caller's scratch."""
+def _sq_screen(x, c32, nc, fqmin, fq, out):
+    """out[i] = the squared error of block x under candidate i (scale c32[i], inverse
+    c32[nc + i]): _sq32 over chunks of SCREEN weights, the chunks' sums added in float64.
+    Each is within (SCREEN + 2) * 2**-24 + len(x) * 2**-52 of the exact sum, relatively, plus
+    len(x) * 2**-125 for squares below float32's normal range: a screen for _sym_qp
+    (_sq_errs gives the reference's own figures). A loop over the chunks inside one function
+    did not vectorize (measured 2x slower)."""
+    n = x.shape[0]
+    for i in range(nc):
+        out[i] = 0.0
+    for i in range(0, nc, 5):
+        if n <= SCREEN:
+            _sq32(x, c32, nc, i, fqmin, fq, out)
+            continue
+        for c0 in range(0, n, SCREEN):
+            _sq32(x[c0:c0 + SCREEN], c32, nc, i, fqmin, fq, out)
+
+
+@njit(inline="always", **_J)
+def _sym_qp(row, o, n, amax, divs, fqmin, fq, f16, f16_table, c32, lanes):
+    """The symmetric divisor search of one block x = row[o:o+n] (IntAffine._search_sym,
+    min/max clipping, no @pot): each candidate scale amax / divs[i] (divs ascending), stored
+    (float16: RNE), its codes clip(rint(x * (1/scale))) and the squared error; the first least
+    error wins. The errors are screened in float32 (_sq_screen, bounded); only when the least
+    is not clear of another candidate by more than both their bounds (a near tie, an overflow)
+    are they summed in the reference's order (_sq_errs) to decide. Returns (stored scale as
+    float32, its float16 bits, 1/scale or 0, ok); ok False: a float32 scale whose inverse
+    overflows (the reference divides: it decides). A float16 scale above 65504 gives 65504,
+    which the caller's reference check (reference_needed) hands to the reference to refuse.
+    c32 (3 * len(divs) float32: scales, inverses, float16 bits) and lanes (8 * len(divs)
+    float64): the caller's scratch."""
     nc = divs.shape[0]
-    ss = c32[:nc]
-    ivs = c32[nc:2 * nc]
-    bs = c32[2 * nc:3 * nc]
     for i in range(nc):                   # the scales first, checked in the search's order
         s = amax / divs[i]
         bits = np.int64(0)
@@ -308,20 +381,34 @@ def _sym_qp(x, amax, divs, fqmin, fq, f16, f16_table, c32, lanes):
         iv = F0 if s == F0 else np.float32(1.0) / s
         if np.isinf(iv):
             return s, np.int64(bits), iv, False
-        ss[i] = s
-        ivs[i] = iv
-        bs[i] = np.float32(bits)              # < 2^15: exact
-    _sq_errs(x, ivs, ss, nc, fqmin, fq, lanes)
+        c32[i] = s
+        c32[nc + i] = iv
+        c32[2 * nc + i] = np.float32(bits)    # < 2^15: exact
+    x = row[o:o + n]
+    _sq_screen(x, c32, nc, fqmin, fq, lanes)
     best = 0
-    best_e = np.inf
-    for i in range(nc):
-        o = 8 * i
-        e = (((lanes[o] + lanes[o + 1]) + (lanes[o + 2] + lanes[o + 3]))
-             + ((lanes[o + 4] + lanes[o + 5]) + (lanes[o + 6] + lanes[o + 7])))
-        if i == 0 or e < best_e:
-            best_e = e
+    for i in range(1, nc):
+        if lanes[i] < lanes[best]:
             best = i
-    return ss[best], np.int64(bs[best]), ivs[best], True
+    tol = (min(n, SCREEN) + 2) * 2.0 ** -24 + n * 2.0 ** -52
+    slack = n * 2.0 ** -125
+    clear = True
+    for i in range(nc):
+        # the same stored scale: the same error, and the first of them is best's side of it
+        if i != best and c32[i] != c32[best] and not (
+                lanes[i] - lanes[best] > tol * (lanes[i] + lanes[best]) + slack):
+            clear = False
+    if not clear:
+        _sq_errs(x, c32[nc:2 * nc], c32[:nc], nc, fqmin, fq, lanes)
+        best_e = np.inf
+        for i in range(nc):
+            k = 8 * i
+            e = (((lanes[k] + lanes[k + 1]) + (lanes[k + 2] + lanes[k + 3]))
+                 + ((lanes[k + 4] + lanes[k + 5]) + (lanes[k + 6] + lanes[k + 7])))
+            if i == 0 or e < best_e:
+                best_e = e
+                best = i
+    return c32[best], np.int64(c32[2 * nc + best]), c32[nc + best], True
 
 
 @njit(**_P)
@@ -351,7 +438,8 @@ def sym_qparams(w, gs, bpr, divs, qmin, qmax, f16, f16_table, scale32, scale16, 
             if not fin:
                 flags[k] = 1
                 continue
-            s, sb, iv, ok = _sym_qp(x, amax, divs, fqmin, fq, f16, f16_table, c32, lanes)
+            s, sb, iv, ok = _sym_qp(w[r], b * gs, gs, amax, divs, fqmin, fq, f16, f16_table,
+                                    c32, lanes)
             if not ok:
                 flags[k] = 1
             if f16:
