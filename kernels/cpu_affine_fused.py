@@ -121,16 +121,16 @@ def _absmean8s(x, t):
 
 
 @njit(**_P)
-def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
-                scale32, scale16, zero, out, bad, divs):
-    """Quantize w (rows, cols), blocks of gs along each row (gs % 8 == 0, gs | cols), codes
-    packed into out (row r at r * cols * bits / 8). mode 0: integer min/max qparams (as
-    int_qparams); mode 1: ternary (scale = float16(mean|x|) from float64, codes in -1..1).
-    wu: w's int32 bits; bad[r] = 1 when row r holds a NaN/Inf (its block is skipped)."""
+def quant_rows(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table, scale32,
+               scale16, zero, out, bad, divs, acc):
+    """quant_fused where out has elements, else quant_error_fused (acc): one kernel for both,
+    so that numba and LLVM compile the row helpers and the parallel loop once, not once per
+    entry."""
     rows, cols = w.shape
     bpr = cols // gs
     fq = np.float32(qmax)
     fqmin = np.float32(qmin)
+    measure = out.shape[0] == 0
     rb = (cols * bits) >> 3
     bb = (gs * bits) >> 3
     nch = min(rows, 256)                     # chunks of rows: one scratch buffer each
@@ -140,12 +140,22 @@ def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
     rowwise = bits == 2 or bits == 3 or gs <= 32
     for ch in prange(nch):
         t = np.empty(gs if mode == 1 else 1, np.float64)
-        cb = np.empty(cols if rowwise else 1, np.uint8)
+        cb = np.empty(cols if rowwise and not measure else 1, np.uint8)
         tk = np.empty((2, bpr), np.int32)
         tq = np.empty(2 * bpr, np.float32)
+        buf = np.empty(cols if measure else 1, np.float32)
         c32 = np.empty(3 * divs.shape[0], np.float32)
         lanes = np.empty(8 * divs.shape[0], np.float64)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
+            if measure:
+                _row_qparams(w[r], wu[r], r, mode, gs, bpr, asym, fqmin, fq, f16, f16_table,
+                             scale32, scale16, zero, t, bad, tk, tq, divs, c32, lanes)
+                if bad[r]:
+                    continue
+                _deq_row(w[r], r * bpr, gs, bpr, tq, f16, f16_table, scale32, scale16, fqmin,
+                         fq, buf)
+                _acc_row(w[r], buf, acc[r])
+                continue
             orow = out[r * rb:(r + 1) * rb]
             _quant_row(w[r], wu[r], r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16,
                        f16_table, scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq,
@@ -154,7 +164,21 @@ def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
                 _pack_row(cb, bits, orow)
 
 
-@njit(**_P)
+#: quant_rows' stand-ins for the output an entry does not write
+_NO_CODES = np.zeros(0, np.uint8)
+_NO_ACC = np.zeros((0, 5), np.float64)
+
+
+def quant_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table, scale32,
+                scale16, zero, out, bad, divs):
+    """Quantize w (rows, cols), blocks of gs along each row (gs % 8 == 0, gs | cols), codes
+    packed into out (row r at r * cols * bits / 8). mode 0: integer min/max qparams (as
+    int_qparams); mode 1: ternary (scale = float16(mean|x|) from float64, codes in -1..1).
+    wu: w's int32 bits; bad[r] = 1 when row r holds a NaN/Inf (its block is skipped)."""
+    quant_rows(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table, scale32,
+               scale16, zero, out, bad, divs, _NO_ACC)
+
+
 def quant_error_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table,
                       scale32, scale16, zero, bad, acc, divs):
     """The exact error of quantizing w as quant_fused does (acc as affine_error's), in one
@@ -163,26 +187,8 @@ def quant_error_fused(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_
     as affine_dequant; _deq_row) and measured against the row while it is in cache. Scales
     and zero points are written as quant_fused writes them (the caller checks their range);
     bad as there (that row is skipped)."""
-    rows, cols = w.shape
-    bpr = cols // gs
-    fq = np.float32(qmax)
-    fqmin = np.float32(qmin)
-    nch = min(rows, 256)
-    for ch in prange(nch):
-        t = np.empty(gs if mode == 1 else 1, np.float64)
-        tk = np.empty((2, bpr), np.int32)
-        tq = np.empty(2 * bpr, np.float32)
-        buf = np.empty(cols, np.float32)
-        c32 = np.empty(3 * divs.shape[0], np.float32)
-        lanes = np.empty(8 * divs.shape[0], np.float64)
-        for r in range(ch * rows // nch, (ch + 1) * rows // nch):
-            _row_qparams(w[r], wu[r], r, mode, gs, bpr, asym, fqmin, fq, f16, f16_table,
-                         scale32, scale16, zero, t, bad, tk, tq, divs, c32, lanes)
-            if bad[r]:
-                continue
-            _deq_row(w[r], r * bpr, gs, bpr, tq, f16, f16_table, scale32, scale16, fqmin, fq,
-                     buf)
-            _acc_row(w[r], buf, acc[r])
+    quant_rows(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table, scale32,
+               scale16, zero, _NO_CODES, bad, divs, acc)
 
 
 @njit(**_J)

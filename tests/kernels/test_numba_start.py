@@ -133,7 +133,7 @@ def test_a_change_to_any_kernels_module_makes_every_cached_kernel_stale(tmp_path
         "accel.quantize('int4-g128', np.ones((2, 256), np.float32), backend='cpu')\n"
         "import elsewhere\n"
         "elsewhere.f(1)\n"
-        "loc = cpu_affine_fused.quant_fused._cache._impl._locator\n"
+        "loc = cpu_affine_fused.quant_rows._cache._impl._locator\n"
         "other = elsewhere.f._cache._impl._locator\n"
         "print(json.dumps({'mine': type(loc).__name__,\n"
         "  'stamp': loc.get_source_stamp() == package_digest(),\n"

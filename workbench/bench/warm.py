@@ -32,12 +32,14 @@ import threading
 import time
 
 #: CPU seconds of a whole warm-up on the project's 2-core machine, idle (28 Nov 2026, with the
-#: tasks below: 158-191 s; before, with a process per share of whole families: 192-196 s in the
-#: same hour, 275 s the day before on another machine): the header's estimate
-WARM_CPU_S = 185
+#: packed-code kernels' two entries merged: 152-155 s; with the tasks below before that:
+#: 158-191 s; with a process per share of whole families: 192-196 s, 275 s the day before on
+#: another machine): the header's estimate
+WARM_CPU_S = 160
 #: CPU seconds of the first stage (first_stage()), both processes together (28 Nov 2026:
-#: 127-153 s; 155-196 s before the tasks): the header's estimate
-FIRST_CPU_S = 145
+#: 121-126 s; 132-137 s before the merge in the same hour; 155-196 s before the tasks): the
+#: header's estimate
+FIRST_CPU_S = 125
 STATS = "@stats"        # a task's token for the statistics / widening / weighted-search kernels
 #: CPU seconds of each task on the project's 2-core machine (idle, cold cache, 28 Nov 2026;
 #: ``--task-times``): a GGML family's encoders (named by the family), "decode" the GGML
