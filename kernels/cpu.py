@@ -33,7 +33,7 @@ import importlib
 
 _FAMILIES = {
     "cpu_affine_dequant": ("affine_dequant", "affine_error"),
-    "cpu_affine_fused": ("_f64_to_f16_bits", "quant_error_fused", "quant_fused", "quant_rows"),
+    "cpu_affine_fused": ("_f64_to_f16_bits", "quant_error_fused", "quant_fused"),
     "cpu_affine_quant": ("block_stats", "encode", "int_qparams", "sym_qparams"),
     "cpu_common": ("F0", "_J", "_P", "_acc_row", "_block_keys", "_encode_row", "_f32_to_f16_bits",
                    "_put_f16", "count_nonfinite"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .cpu_affine_quant import _codes_int, _codes_int_pair, _int_qp, _pack_row, _sym_qp
+from .cpu_affine_quant import _codes_int, _codes_int_pair, _int_qp, _pack_row, _qint, _sym_qp
 from .cpu_common import F0, _J, _P, _acc_row, _key_f32
 
 # ---------------------------------------------------------------- fused quantize
@@ -40,10 +40,7 @@ def _key_bad(lo, hi):
 
 @njit(inline="always", **_J)
 def _icode(x, a, z, qmin, qmax, offset):
-    q = np.rint(x * a) + z
-    q = qmin if q < qmin else q
-    q = qmax if q > qmax else q
-    return np.int32(q) + offset
+    return np.int32(_qint(x, a, z, qmin, qmax)) + offset
 
 
 @njit(**_J)
@@ -203,10 +200,7 @@ def _deq_row(row, k0, gs, bpr, tq, f16, f16_table, scale32, scale16, qmin, qmax,
         z = tq[2 * b + 1]
         o = np.uint64(b * gs)
         for c in range(o, o + np.uint64(gs)):
-            q = np.rint(row[c] * a) + z
-            q = qmin if q < qmin else q
-            q = qmax if q > qmax else q
-            dst[c] = (q - z) * s
+            dst[c] = (_qint(row[c], a, z, qmin, qmax) - z) * s
 
 
 @njit(**_J)
