@@ -7,7 +7,8 @@ tests/fuzz/hostile_config.py carries out on a tiny generated architecture (tests
                        Mixtral experts); benign edits that must still work
     config-counts   3  counts far beyond the weights: 10^6 layers, a 10^12 vocabulary or
                        added-token id, 10^9 experts, 10^12 widths and positions
-    config-values   6  malformed values: zero / negative / NaN / bool / string / list sizes,
+    config-values   6  malformed values: zero / negative / NaN / bool / string / list / null
+                       sizes, or the key left out,
                        rope settings missing keys or not numbers, hostile tokenizer.json,
                        fused and per-expert tensors both present, --budget-bpw extremes
 """
@@ -156,6 +157,8 @@ def config_values(r: random.Random):
                         "intermediate_size", "num_experts_per_tok", "moe_intermediate_size",
                         "num_local_experts", "n_routed_experts", "qk_nope_head_dim",
                         "v_head_dim", "kv_lora_rank", "sliding_window", "type_vocab_size"])
+        if r.random() < 0.2:         # left out: transformers' default is what runs
+            return _spec(arch, [["del", key]], cmd, False)
         return _spec(arch, [["set", key, r.choice(BAD_VALUES)]], cmd, False)
     if m == 1:                       # a float hyper-parameter that is no finite number
         key = r.choice(["rope_theta", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",

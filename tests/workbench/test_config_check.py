@@ -164,6 +164,55 @@ def test_malformed_values_are_one_line_naming_config(tiny_arch, tmp_path, key, v
     assert not (tmp_path / "o.gguf").exists()
 
 
+# (arch, ops, command, words): a null is not an absent key to transformers (its config class
+# takes the null over its default), and an absent key gets the class's default: both are what
+# the network is built from, so both are checked (a CI fuzz finding: DeepSeek-V3 with
+# "head_dim": null built rope of hidden / heads and failed inside the network, exit 3)
+NULLS_AND_DEFAULTS = [
+    ("deepseek_v3", [["set", "head_dim", None]], "sensitivity",
+     ["head_dim is null", "qk_rope_head_dim (32)"]),
+    ("deepseek_v3", [["set", "n_group", None]], "check", ["n_group is null"]),
+    ("deepseek_v3", [["set", "num_experts_per_tok", None]], "calibrate",
+     ["num_experts_per_tok is null"]),
+    ("gemma2", [["set", "sliding_window", None]], "check", ["sliding_window is null"]),
+    ("gemma3_text", [["set", "sliding_window", None]], "sensitivity",
+     ["sliding_window is null"]),
+    ("llama", [["set", "num_attention_heads", None]], "export-gguf",
+     ["num_attention_heads is null"]),
+    ("gemma2", [["del", "hidden_size"]], "export-gguf", ["no hidden_size", "nothing was written"]),
+    ("qwen3_moe", [["del", "num_experts_per_tok"]], "sensitivity",
+     ["num_experts_per_tok (transformers' default: config.json leaves it out) is 8",
+      "must be in [1, num_"]),
+    ("deepseek_v3", [["del", "num_key_value_heads"]], "check",
+     ["num_key_value_heads (transformers' default", "is 128: more key/value heads"]),
+    ("deepseek_v3", [["del", "n_group"]], "check",
+     ["n_group (transformers' default", "is 8", "equal groups of the 4 experts"]),
+]
+
+
+@pytest.mark.parametrize("arch,ops,cmd,words", NULLS_AND_DEFAULTS,
+                         ids=[f"{a}-{o[0][0]}-{o[0][1]}" for a, o, _, _ in NULLS_AND_DEFAULTS])
+def test_nulls_and_transformers_defaults_are_checked(tiny_arch, tmp_path, arch, ops, cmd, words):
+    from tests.fuzz.hostile_config import command
+    folder = hostile_folder(arch, ops, tmp_path, tiny_arch(arch))
+    argv, out = command(cmd, folder, tmp_path)
+    rc, line = _cli(*argv)
+    assert rc == 2 and "config.json" in line, line
+    for w in words:
+        assert w in line, line
+    assert out is None or not out.exists()
+
+
+@pytest.mark.parametrize("arch,key", [("mistral", "sliding_window"), ("qwen2", "sliding_window"),
+                                      ("llama", "head_dim"), ("gpt2", "n_inner")])
+def test_a_null_that_means_the_default_still_runs(tiny_arch, tmp_path, arch, key):
+    """No sliding window, head size hidden / heads, GPT-2's MLP 4 x n_embd wide: real configs
+    write these nulls."""
+    folder = hostile_folder(arch, [["set", key, None]], tmp_path, tiny_arch(arch))
+    rc, line = _cli("check", folder, "--scheme", "q8_0")
+    assert rc == 0, line
+
+
 def test_yarn_without_its_original_context_is_refused_by_the_gguf_writer(tiny_arch, tmp_path):
     rope = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
     folder = hostile_folder("llama", [["set", "rope_parameters", rope]], tmp_path,

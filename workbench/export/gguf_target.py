@@ -44,6 +44,11 @@ def hf_target(model) -> tuple[HFTarget | None, str | None]:
         return None, (f"architecture {hf} is not one this exporter converts to a GGUF llama.cpp "
                       f"runs ({SUPPORTED_LABEL}); {CONVERTER_HINT}")
     check_config(model, config, cfg_path)   # against the tensors, before any work
+    from workbench.formats.config_check import HEADS, HIDDEN
+    for keys, what in ((HIDDEN, "embedding length"), (HEADS, "attention head count")):
+        if all(config.get(k) is None for k in keys):
+            raise WorkbenchError(f"no {keys[0]}: a GGUF states the model's {what} and "
+                                 "llama.cpp needs it; nothing was written", path=str(cfg_path))
     if not (model_folder(model) / "tokenizer.json").is_file():
         return None, ("no tokenizer.json in the model folder: llama.cpp needs the vocabulary; "
                       f"{CONVERTER_HINT}")

@@ -18,6 +18,9 @@ What is checked (each refusal is one line naming config.json, the key and both v
   head size with the q/k/v rows, ``intermediate_size`` with the MLP's rows, the expert count
   with the experts (per-expert indices, fused 3-D tensors, router rows), experts-per-token with
   the expert count; a layer holding both fused and per-expert tensors is refused.
+* an explicit null where the network needs a number (transformers takes a null over its
+  config class's default); and, once transformers has built the config (the runner's
+  :func:`check_effective`), the same checks on the defaults it fills in for left-out keys.
 
 So no count from a config can drive work the weights do not bound (a ``num_hidden_layers`` of
 10^6 builds no network of 10^6 blocks, a ``vocab_size`` of 10^12 writes no vocabulary of that
@@ -86,6 +89,8 @@ ROPE_FLOATS = ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "be
 
 
 def _fmt(v) -> str:
+    if v is None:
+        return "null"
     if isinstance(v, float) and v.is_integer() and abs(v) < 1e16:
         return str(int(v))
     if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**6:
@@ -317,6 +322,45 @@ class _Checker:
                 self.bad(f"{label}.high_freq_factor", hi,
                          f"must be above low_freq_factor ({_fmt(lo)}) for llama3 rope")
 
+    # an explicit null is not an absent key: transformers' config classes take the null over
+    # their default (DeepSeek-V3's head_dim becomes None, not qk_rope_head_dim), so a null
+    # where the network needs a number builds a wrong network or fails inside it
+    def nulls(self, f: Facts) -> None:
+        c = self.cfg
+
+        def refuse(key, why):
+            if key in c and c[key] is None:
+                self.bad(key, None, f"{why}; give a number or leave the key out")
+
+        for keys in (LAYERS, HIDDEN, HEADS, VOCAB):
+            if self.get(keys)[1] is None:
+                for k in keys:
+                    refuse(k, "the network's size needs it")
+        held = bool(f.experts or f.fused)
+        if held:
+            for k in TOPK:
+                if self.get(TOPK)[1] is None:
+                    refuse(k, "the weights hold experts, and routing needs the experts per "
+                           "token")
+        mt = c.get("model_type")
+        if held and mt == "deepseek_v3":
+            for k in ("n_group", "topk_group"):
+                refuse(k, "DeepSeek-V3 routes over groups of experts")
+            ng, tg, n = c.get("n_group"), c.get("topk_group"), self.get(EXPERTS)[1]
+            if ng is not None and n is not None and n % ng:
+                self.bad("n_group", ng, f"DeepSeek-V3 routes over n_group equal groups of the "
+                         f"{_fmt(n)} experts")
+            if ng is not None and tg is not None and tg > ng:
+                self.bad("topk_group", tg, f"more groups than n_group ({_fmt(ng)})")
+        if f.mla_kv:
+            rope = c.get("qk_rope_head_dim")
+            refuse("head_dim", "multi-head latent attention's head_dim is its qk_rope_head_dim"
+                   + (f" ({_fmt(rope)})" if rope is not None else ""))
+        lt = c.get("layer_types")
+        if (isinstance(lt, list) and "sliding_attention" in lt) or \
+                mt in ("gemma2", "gemma3", "gemma3_text", "cohere2"):
+            refuse("sliding_window", "the model has sliding-window attention layers")
+
     # against the tensors
     def tensors(self, f: Facts) -> None:
         c = self.cfg
@@ -503,7 +547,31 @@ def check_config(model, cfg: dict, path) -> None:
         return
     ch = _Checker(cfg, path)
     ch.types()
-    ch.tensors(facts(model))
+    f = facts(model)
+    ch.nulls(f)
+    ch.tensors(f)
+
+
+def check_effective(model, cfg: dict, config, path) -> None:
+    """The same checks on what transformers will build: config.json with the values its config
+    class fills in for keys the file leaves out (Qwen3-MoE's 8 experts per token, DeepSeek-V3's
+    128 key/value heads and 8 expert groups), each named as such in a refusal."""
+    filled = {}
+    for k in (*INT_KEYS, *FLOAT_KEYS, "layer_types"):
+        if k not in cfg:
+            v = getattr(config, k, None)
+            if isinstance(v, tuple):
+                v = list(v)
+            if v is not None:
+                filled[k] = v
+    if not filled:
+        return
+    ch = _Checker({**cfg, **filled}, path, lambda k: f"{k} (transformers' default: config.json "
+                  "leaves it out)" if k in filled else k)
+    ch.types()
+    f = facts(model)
+    ch.nulls(f)
+    ch.tensors(f)
 
 
 # ---- a GGUF's own metadata -------------------------------------------------------------------
