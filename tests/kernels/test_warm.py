@@ -25,8 +25,13 @@ def test_tasks_compile_each_kernel_once():
     tasks = warm._tasks([first, rest])
     kinds = [t["kind"] for t in tasks]
     assert kinds.count("decode") == 1 and kinds.count("stats") == 1
+    assert kinds.count("decode-iq") == 1
     by = {(t["kind"], ",".join(t["names"])): t for t in tasks}
     dec = by[("decode", "")]["id"]
+    # the lattice i-quants' decoders are a task of their own, in the stage of the first
+    iq = by[("decode-iq", "")]
+    assert iq["stage"] == 1 and by[("finish", "iq2_xxs")]["deps"] == {
+        iq["id"], by[("encode", "iq2_xxs")]["id"]}
     q4k = by[("encode", "q4_k,q5_k")]
     assert q4k["o2"] and not by[("encode", "q4_0")]["o2"] and not by[("encode", "iq2_xxs")]["o2"]
     assert by[("encode", "q2_k")]["deps"] == {q4k["id"]}
@@ -246,7 +251,9 @@ def test_an_encode_task_leaves_the_decoders_alone():
     code = ("from workbench.bench import warm\n"
             "from kernels import cpu_ggml, kquant_affine\n"
             "warm.encode_names(['q4_k', 'q4_0'])\n"
-            "print(len(cpu_ggml.ggml_rows.signatures), len(kquant_affine.q45k_encode.signatures))\n")
+            "warm.encode_names(['iq2_xxs'])\n"
+            "print(len(cpu_ggml.ggml_rows.signatures), len(cpu_ggml.iq_rows.signatures),\n"
+            "      len(kquant_affine.q45k_encode.signatures))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["0", "1"], r.stdout
+    assert r.stdout.split() == ["0", "0", "1"], r.stdout

@@ -32,22 +32,27 @@ import threading
 import time
 
 #: CPU seconds of a whole warm-up on the project's 2-core machine, idle (28 Nov 2026, with the
-#: packed-code kernels' two entries merged: 152-155 s; with the tasks below before that:
-#: 158-191 s; with a process per share of whole families: 192-196 s, 275 s the day before on
-#: another machine): the header's estimate
-WARM_CPU_S = 160
-#: CPU seconds of the first stage (first_stage()), both processes together (28 Nov 2026:
-#: 121-126 s; 132-137 s before the merge in the same hour; 155-196 s before the tasks): the
-#: header's estimate
-FIRST_CPU_S = 125
+#: lattice i-quants' decoders a kernel apart: 132-143 s; with the packed-code kernels' two
+#: entries merged: 152-155 s; with the tasks below before that: 158-191 s; with a process per
+#: share of whole families: 192-196 s, 275 s the day before on another machine): the header's
+#: estimate
+WARM_CPU_S = 145
+#: CPU seconds of the first stage (first_stage()), both processes together (28 Nov 2026,
+#: afternoon: 105-113 s, the decoders split or not; 121-126 s in the morning, 132-137 s before
+#: the merge in the same hour; 155-196 s before the tasks): the header's estimate
+FIRST_CPU_S = 112
 STATS = "@stats"        # a task's token for the statistics / widening / weighted-search kernels
 #: CPU seconds of each task on the project's 2-core machine (idle, cold cache, 28 Nov 2026;
-#: ``--task-times``): a GGML family's encoders (named by the family), "decode" the GGML
-#: decoders, "int8-channel" the packed-code kernels, STATS. The workers take the costliest first.
-TASK_CPU_S = {"q4_k": 22.0, "decode": 20.0, "q3_k": 20.0, "int8-channel": 20.0, "q2_k": 12.0,
+#: ``--task-times``): a GGML family's encoders (named by the family), "decode" / "decode-iq"
+#: the GGML decoders, "int8-channel" the packed-code kernels, STATS. The workers take the costliest first.
+TASK_CPU_S = {"q4_k": 22.0, "decode": 12.0, "decode-iq": 4.5, "q3_k": 20.0, "int8-channel": 20.0, "q2_k": 12.0,
               STATS: 9.0, "iq4_nl": 8.0, "q4_0": 8.0, "mxfp4": 5.0, "q4_1": 4.0,
               "iq4_xs": 4.0, "iq1_s": 12.0, "iq2_xxs": 12.0, "iq3_xxs": 6.0, "fp16": 3.0,
               "fp32": 2.0}
+#: the families of the lattice i-quants, whose decoders are a kernel of their own
+#: (cpu_ggml.iq_rows: the "decode-iq" task), so that the first stage's decoders compile
+#: without them
+LATTICE = frozenset({"iq1_s", "iq2_xxs", "iq3_xxs"})
 #: the GGML encoder families compiled at -O2: Q4_K/Q5_K's and Q2_K's searches and IQ4_XS's, whose
 #: compile costs a third less there and which run as fast or faster (28 Nov 2026, best of four
 #: interleaved runs, 512x4096, one thread: Q4_K 58.7 -> 48.1 ms, Q2_K 47.6 -> 41.6, IQ4_XS
@@ -100,15 +105,16 @@ def encode_names(names: list[str]) -> None:
             accel.quantize_widening(s, raw.view(np.uint16), "BF16")
 
 
-def warm_decoders() -> None:
-    """The GGML decoders: one kernel decodes (and measures) every GGML type
-    (kernels.cpu_ggml.ggml_rows), compiled here on a Q8_0 tensor made by the numpy
-    reference, so that no encoder compiles with it."""
+def warm_decoders(lattice: bool = False) -> None:
+    """The GGML decoders: one kernel decodes (and measures) every common GGML type
+    (kernels.cpu_ggml.ggml_rows), compiled here on a Q8_0 tensor made by the numpy reference,
+    so that no encoder compiles with it; with `lattice`, the lattice i-quants' kernel
+    (cpu_ggml.iq_rows) on an IQ2_XXS tensor."""
     import numpy as np
     from workbench.quant import accel
     from workbench.schemes import get_scheme
     w = np.random.default_rng(0).standard_normal((2, 256)).astype(np.float32)
-    qt = accel.quantize(get_scheme("q8_0"), w, backend="numpy")
+    qt = accel.quantize(get_scheme("iq2_xxs" if lattice else "q8_0"), w, backend="numpy")
     accel.dequantize(qt, backend="cpu")
     accel.dequant_error(w, qt, backend="cpu")
 
@@ -191,7 +197,8 @@ def first_stage() -> list[str]:
 def _tasks(stages: list[list[str]]) -> list[dict]:
     """Each stage's names as tasks, every kernel compiled by exactly one of them: a quick float
     cast each (one per process first: a "ready" line within seconds); the statistics kernels
-    (STATS); the GGML decoders once (``decode``: one kernel for every type); each GGML family's
+    (STATS); the GGML decoders once (``decode``: one kernel for every common type;
+    ``decode-iq``: one for the lattice i-quants, in the stage of the first); each GGML family's
     encoders (``encode``), then each GGML scheme's whole warm-up once its encoders and the
     decoders are in the cache (``finish``: loads them, compiles nothing); each other family's
     kernels (``names``). A task waits for the previous task of its family (a later stage's
@@ -206,7 +213,7 @@ def _tasks(stages: list[list[str]]) -> list[dict]:
         tasks.append(dict(id=len(tasks), kind=kind, names=list(names), cost=float(cost),
                           o2=o2, deps={d for d in deps if d is not None}, stage=stage))
         return len(tasks) - 1
-    decode = None
+    decode = decode_iq = None
     for k, names in enumerate(stages):
         fams: dict = {}
         for n in names:
@@ -219,13 +226,19 @@ def _tasks(stages: list[list[str]]) -> list[dict]:
             if fam == STATS:
                 last[fam] = add("stats", [STATS], TASK_CPU_S[STATS], k, deps=[last.get(fam)])
             elif _is_ggml(members[0]):
-                if decode is None:
-                    decode = add("decode", [], TASK_CPU_S["decode"], k)
+                if fam in LATTICE:
+                    if decode_iq is None:
+                        decode_iq = add("decode-iq", [], TASK_CPU_S["decode-iq"], k)
+                    dec = decode_iq
+                else:
+                    if decode is None:
+                        decode = add("decode", [], TASK_CPU_S["decode"], k)
+                    dec = decode
                 deps = [last.get(fam), last.get("q4_k") if fam == "q2_k" else None]
                 e = last[fam] = add("encode", members, TASK_CPU_S.get(fam, 5.0), k,
                                     o2=fam in O2_FAMILIES, deps=deps)
                 for n in members:
-                    add("finish", [n], 0.2, k, deps=[e, decode])
+                    add("finish", [n], 0.2, k, deps=[e, dec])
             else:
                 cost = TASK_CPU_S.get(fam, 1.0) if fam not in last else 1.0   # loads
                 last[fam] = add("names", members, cost, k, deps=[last.get(fam)])
@@ -240,7 +253,7 @@ def _pick(tasks: list[dict], started: set, done: set, o2: bool):
     costliest."""
     ready = [t for t in tasks if t["id"] not in started and t["deps"] <= done
              and (t["o2"] or not o2)]
-    order = {"quick": 0, "finish": 1, "decode": 2}
+    order = {"quick": 0, "finish": 1, "decode": 2, "decode-iq": 2}
     return min(ready, default=None, key=lambda t: (
         t["stage"], order.get(t["kind"], 3), (not o2) and t["o2"], -t["cost"], t["id"]))
 
@@ -250,8 +263,8 @@ def _run_task(kind: str, names: list[str]) -> None:
         warm_stats()
         warm_convert()
         warm_methods()
-    elif kind == "decode":
-        warm_decoders()
+    elif kind in ("decode", "decode-iq"):
+        warm_decoders(lattice=kind == "decode-iq")
     elif kind == "encode":
         encode_names(names)
     else:                                       # quick, finish, names
