@@ -213,7 +213,7 @@ def _tasks(stages: list[list[str]]) -> list[dict]:
         tasks.append(dict(id=len(tasks), kind=kind, names=list(names), cost=float(cost),
                           o2=o2, deps={d for d in deps if d is not None}, stage=stage))
         return len(tasks) - 1
-    decode = decode_iq = None
+    decoders: dict = {}                  # "decode" / "decode-iq" -> its task
     for k, names in enumerate(stages):
         fams: dict = {}
         for n in names:
@@ -226,14 +226,10 @@ def _tasks(stages: list[list[str]]) -> list[dict]:
             if fam == STATS:
                 last[fam] = add("stats", [STATS], TASK_CPU_S[STATS], k, deps=[last.get(fam)])
             elif _is_ggml(members[0]):
-                if fam in LATTICE:
-                    if decode_iq is None:
-                        decode_iq = add("decode-iq", [], TASK_CPU_S["decode-iq"], k)
-                    dec = decode_iq
-                else:
-                    if decode is None:
-                        decode = add("decode", [], TASK_CPU_S["decode"], k)
-                    dec = decode
+                kind = "decode-iq" if fam in LATTICE else "decode"
+                if kind not in decoders:
+                    decoders[kind] = add(kind, [], TASK_CPU_S[kind], k)
+                dec = decoders[kind]
                 deps = [last.get(fam), last.get("q4_k") if fam == "q2_k" else None]
                 e = last[fam] = add("encode", members, TASK_CPU_S.get(fam, 5.0), k,
                                     o2=fam in O2_FAMILIES, deps=deps)

@@ -337,11 +337,9 @@ class _Checker:
                 for k in keys:
                     refuse(k, "the network's size needs it")
         held = bool(f.experts or f.fused)
-        if held:
+        if held and self.get(TOPK)[1] is None:
             for k in TOPK:
-                if self.get(TOPK)[1] is None:
-                    refuse(k, "the weights hold experts, and routing needs the experts per "
-                           "token")
+                refuse(k, "the weights hold experts, and routing needs the experts per token")
         mt = c.get("model_type")
         if held and mt == "deepseek_v3":
             for k in ("n_group", "topk_group"):
@@ -545,7 +543,10 @@ def check_config(model, cfg: dict, path) -> None:
     the tensors of `model`."""
     if not isinstance(cfg, dict):
         return
-    ch = _Checker(cfg, path)
+    _run(_Checker(cfg, path), model)
+
+
+def _run(ch: _Checker, model) -> None:
     ch.types()
     f = facts(model)
     ch.nulls(f)
@@ -566,12 +567,8 @@ def check_effective(model, cfg: dict, config, path) -> None:
                 filled[k] = v
     if not filled:
         return
-    ch = _Checker({**cfg, **filled}, path, lambda k: f"{k} (transformers' default: config.json "
-                  "leaves it out)" if k in filled else k)
-    ch.types()
-    f = facts(model)
-    ch.nulls(f)
-    ch.tensors(f)
+    _run(_Checker({**cfg, **filled}, path, lambda k: f"{k} (transformers' default: "
+                  "config.json leaves it out)" if k in filled else k), model)
 
 
 # ---- a GGUF's own metadata -------------------------------------------------------------------
@@ -622,10 +619,8 @@ def check_gguf_metadata(model) -> None:
 def config_path(model) -> Path:
     """The config.json of `model`: beside its weights, or in the companion folder of a GGUF
     read as a Hugging Face model (Model.folder)."""
-    if getattr(model, "folder", None):
-        return Path(model.folder) / "config.json"
-    p = Path(model.path)
-    return (p if p.is_dir() else p.parent) / "config.json"
+    from workbench.formats.llama_names import model_folder
+    return model_folder(model) / "config.json"
 
 
 def check_model_config(model) -> None:

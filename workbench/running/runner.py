@@ -80,9 +80,8 @@ class Runner(TensorMapping):
                 warnings.simplefilter("ignore")
                 config = transformers.AutoConfig.for_model(mt, **kwargs)
                 config._attn_implementation = "eager"
-                from workbench.formats.config_check import check_effective
-                from workbench.formats.llama_names import model_folder
-                check_effective(model, self.cfg, config, model_folder(model) / "config.json")
+                from workbench.formats.config_check import check_effective, config_path
+                check_effective(model, self.cfg, config, config_path(model))
                 cls = transformers.AutoModel if self.kind == "encoder" \
                     else transformers.AutoModelForCausalLM
                 with _params_on_meta():
