@@ -10,6 +10,7 @@ from numba import njit, prange
 
 from .cpu_affine_quant import _codes_int, _codes_int_pair, _int_qp, _pack_row, _qint, _sym_qp
 from .cpu_common import F0, _J, _P, _acc_row, _key_f32
+from .cpu_sym_rows import ROW_BLOCKS, ROW_GS, _sym_row
 
 # ---------------------------------------------------------------- fused quantize
 # One pass per row: each block's range, its qparams and its packed codes while the block is
@@ -135,18 +136,26 @@ def quant_rows(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table, 
     # (blocks of 32 two at a time), then the row packed in one loop (short blocks pack
     # poorly on their own; measured).
     rowwise = bits == 2 or bits == 3 or gs <= 32
+    nc = divs.shape[0]
+    # small symmetric blocks: the search of a whole row at once (cpu_sym_rows._sym_row)
+    srow = mode == 0 and not asym and gs <= ROW_GS and bpr >= ROW_BLOCKS
+    sb = bpr if srow else 1
     for ch in prange(nch):
         t = np.empty(gs if mode == 1 else 1, np.float64)
         cb = np.empty(cols if rowwise and not measure else 1, np.uint8)
         tk = np.empty((2, bpr), np.int32)
         tq = np.empty(2 * bpr, np.float32)
         buf = np.empty(cols if measure else 1, np.float32)
-        c32 = np.empty(3 * divs.shape[0], np.float32)
-        lanes = np.empty(8 * divs.shape[0], np.float64)
+        c32 = np.empty(3 * nc, np.float32)
+        lanes = np.empty(8 * nc, np.float64)
+        rf = np.empty((4 * nc + 5, sb), np.float32)
+        rt = np.empty((gs if srow else 1, sb), np.float32)
+        ri = np.empty((3, sb), np.int64)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             if measure:
                 _row_qparams(w[r], wu[r], r, mode, gs, bpr, asym, fqmin, fq, f16, f16_table,
-                             scale32, scale16, zero, t, bad, tk, tq, divs, c32, lanes)
+                             scale32, scale16, zero, t, bad, tk, tq, divs, c32, lanes, srow, rf,
+                             rt, ri)
                 if bad[r]:
                     continue
                 _deq_row(w[r], r * bpr, gs, bpr, tq, f16, f16_table, scale32, scale16, fqmin,
@@ -156,7 +165,7 @@ def quant_rows(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table, 
             orow = out[r * rb:(r + 1) * rb]
             _quant_row(w[r], wu[r], r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16,
                        f16_table, scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq,
-                       divs, c32, lanes)
+                       divs, c32, lanes, srow, rf, rt, ri)
             if rowwise:
                 _pack_row(cb, bits, orow)
 
@@ -205,11 +214,12 @@ def _deq_row(row, k0, gs, bpr, tq, f16, f16_table, scale32, scale16, qmin, qmax,
 
 @njit(**_J)
 def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, f16_table,
-               scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq, divs, c32, lanes):
+               scale32, scale16, zero, orow, bb, t, bad, rowwise, cb, tk, tq, divs, c32, lanes,
+               srow, rf, rt, ri):
     """Qparams and codes of each block of one row (rowwise: one code per byte into cb):
     _row_qparams, then a loop over the row's blocks for the codes."""
     _row_qparams(row, urow, r, mode, gs, bpr, asym, fqmin, fq, f16, f16_table, scale32,
-                 scale16, zero, t, bad, tk, tq, divs, c32, lanes)
+                 scale16, zero, t, bad, tk, tq, divs, c32, lanes, srow, rf, rt, ri)
     if bad[r]:
         return
     b0 = 0
@@ -229,10 +239,12 @@ def _quant_row(row, urow, r, mode, bits, gs, bpr, asym, fqmin, fq, offset, f16, 
 
 @njit(**_J)
 def _row_qparams(row, urow, r, mode, gs, bpr, asym, fqmin, fq, f16, f16_table, scale32,
-                 scale16, zero, t, bad, tk, tq, divs, c32, lanes):
+                 scale16, zero, t, bad, tk, tq, divs, c32, lanes, srow, rf, rt, ri):
     """The qparams of each block of one row, in two loops over its blocks: ranges (tk[0]
     min, tk[1] max keys), then qparams (scale32/scale16, zero; tq: 1/scale, zero). bad[r] = 1
-    for a NaN/Inf in the row or a float32 scale whose inverse overflows."""
+    for a NaN/Inf in the row or a float32 scale whose inverse overflows. srow: the symmetric
+    search of the whole row at once (_sym_row; scratch rf, rt, ri), else (or where _sym_row
+    declines) block by block."""
     k0 = r * bpr
     tlo = tk[0]
     thi = tk[1]
@@ -245,7 +257,18 @@ def _row_qparams(row, urow, r, mode, gs, bpr, asym, fqmin, fq, f16, f16_table, s
             bad[r] = 1
     if bad[r]:
         return
-    if mode == 0 and not asym:
+    nc = divs.shape[0]
+    if srow and _sym_row(row, tlo, thi, gs, divs, fqmin, fq, f16, f16_table, rf[:3 * nc + 1], rt,
+                         rf[3 * nc + 1:4 * nc + 1], rf[4 * nc + 1:4 * nc + 3], ri, c32, lanes,
+                         rf[4 * nc + 3], ri[2], rf[4 * nc + 4]):
+        for b in range(bpr):
+            if f16:
+                scale16[k0 + b] = np.uint16(ri[2, b])
+            else:
+                scale32[k0 + b] = rf[4 * nc + 3, b]
+            tq[2 * b] = rf[4 * nc + 4, b]
+            tq[2 * b + 1] = F0
+    elif mode == 0 and not asym:
         for b in range(bpr):
             lo = abs(_key_f32(tlo[b]))
             hi = abs(_key_f32(thi[b]))

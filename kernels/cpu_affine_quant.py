@@ -359,6 +359,24 @@ def _sq_screen(x, c32, nc, fqmin, fq, out):
 
 
 @njit(inline="always", **_J)
+def _exact_best(x, c32, nc, fqmin, fq, lanes):
+    """The first candidate of least squared error on block x, the errors summed in the
+    reference's order (_sq_errs; scales c32[:nc], inverses c32[nc:2 nc]): the decision of a
+    near tie the float32 screen cannot make."""
+    _sq_errs(x, c32[nc:2 * nc], c32[:nc], nc, fqmin, fq, lanes)
+    best = 0
+    best_e = np.inf
+    for i in range(nc):
+        k = 8 * i
+        e = (((lanes[k] + lanes[k + 1]) + (lanes[k + 2] + lanes[k + 3]))
+             + ((lanes[k + 4] + lanes[k + 5]) + (lanes[k + 6] + lanes[k + 7])))
+        if i == 0 or e < best_e:
+            best_e = e
+            best = i
+    return best
+
+
+@njit(inline="always", **_J)
 def _sym_qp(row, o, n, amax, divs, fqmin, fq, f16, f16_table, c32, lanes):
     """The symmetric divisor search of one block x = row[o:o+n] (IntAffine._search_sym,
     min/max clipping, no @pot): each candidate scale amax / divs[i] (divs ascending), stored
@@ -402,15 +420,7 @@ def _sym_qp(row, o, n, amax, divs, fqmin, fq, f16, f16_table, c32, lanes):
                 lanes[i] - lanes[best] > tol * (lanes[i] + lanes[best]) + slack):
             clear = False
     if not clear:
-        _sq_errs(x, c32[nc:2 * nc], c32[:nc], nc, fqmin, fq, lanes)
-        best_e = np.inf
-        for i in range(nc):
-            k = 8 * i
-            e = (((lanes[k] + lanes[k + 1]) + (lanes[k + 2] + lanes[k + 3]))
-                 + ((lanes[k + 4] + lanes[k + 5]) + (lanes[k + 6] + lanes[k + 7])))
-            if i == 0 or e < best_e:
-                best_e = e
-                best = i
+        best = _exact_best(x, c32, nc, fqmin, fq, lanes)
     return c32[best], np.int64(c32[2 * nc + best]), c32[nc + best], True
 
 

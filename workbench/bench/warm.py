@@ -38,14 +38,16 @@ import time
 #: estimate
 WARM_CPU_S = 145
 #: CPU seconds of the first stage (first_stage()), both processes together (28 Nov 2026,
-#: afternoon: 105-113 s, the decoders split or not; 121-126 s in the morning, 132-137 s before
-#: the merge in the same hour; 155-196 s before the tasks): the header's estimate
+#: afternoon: 105-113 s, the decoders split or not; 109 s with cpu_sym_rows, 101-103 s without
+#: in the same hour; 121-126 s in the morning, 132-137 s before the merge in the same hour;
+#: 155-196 s before the tasks): the header's estimate
 FIRST_CPU_S = 112
 STATS = "@stats"        # a task's token for the statistics / widening / weighted-search kernels
 #: CPU seconds of each task on the project's 2-core machine (idle, cold cache, 28 Nov 2026;
-#: ``--task-times``): a GGML family's encoders (named by the family), "decode" / "decode-iq"
+#: ``--task-times``; "int8-channel" 25 since the row-wise search of small blocks came in,
+#: cpu_sym_rows): a GGML family's encoders (named by the family), "decode" / "decode-iq"
 #: the GGML decoders, "int8-channel" the packed-code kernels, STATS. The workers take the costliest first.
-TASK_CPU_S = {"q4_k": 22.0, "decode": 12.0, "decode-iq": 4.5, "q3_k": 20.0, "int8-channel": 20.0, "q2_k": 12.0,
+TASK_CPU_S = {"q4_k": 22.0, "decode": 12.0, "decode-iq": 4.5, "q3_k": 20.0, "int8-channel": 25.0, "q2_k": 12.0,
               STATS: 9.0, "iq4_nl": 8.0, "q4_0": 8.0, "mxfp4": 5.0, "q4_1": 4.0,
               "iq4_xs": 4.0, "iq1_s": 12.0, "iq2_xxs": 12.0, "iq3_xxs": 6.0, "fp16": 3.0,
               "fp32": 2.0}
