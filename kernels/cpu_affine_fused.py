@@ -148,9 +148,9 @@ def quant_rows(w, wu, mode, bits, gs, asym, qmin, qmax, offset, f16, f16_table, 
         buf = np.empty(cols if measure else 1, np.float32)
         c32 = np.empty(3 * nc, np.float32)
         lanes = np.empty(8 * nc, np.float64)
-        rf = np.empty((4 * nc + 5, sb), np.float32)
+        rf = np.empty((4 * nc + 3, sb), np.float32)     # _sym_row's scratch
         rt = np.empty((gs if srow else 1, sb), np.float32)
-        ri = np.empty((3, sb), np.int64)
+        ri = np.empty((2, sb), np.int64)
         for r in range(ch * rows // nch, (ch + 1) * rows // nch):
             if measure:
                 _row_qparams(w[r], wu[r], r, mode, gs, bpr, asym, fqmin, fq, f16, f16_table,
@@ -257,18 +257,10 @@ def _row_qparams(row, urow, r, mode, gs, bpr, asym, fqmin, fq, f16, f16_table, s
             bad[r] = 1
     if bad[r]:
         return
-    nc = divs.shape[0]
-    if srow and _sym_row(row, tlo, thi, gs, divs, fqmin, fq, f16, f16_table, rf[:3 * nc + 1], rt,
-                         rf[3 * nc + 1:4 * nc + 1], rf[4 * nc + 1:4 * nc + 3], ri, c32, lanes,
-                         rf[4 * nc + 3], ri[2], rf[4 * nc + 4]):
-        for b in range(bpr):
-            if f16:
-                scale16[k0 + b] = np.uint16(ri[2, b])
-            else:
-                scale32[k0 + b] = rf[4 * nc + 3, b]
-            tq[2 * b] = rf[4 * nc + 4, b]
-            tq[2 * b + 1] = F0
-    elif mode == 0 and not asym:
+    if srow and _sym_row(row, tlo, thi, gs, divs, fqmin, fq, f16, rf, rt, ri, c32, lanes, k0,
+                         scale32, scale16, tq):
+        return
+    if mode == 0 and not asym:
         for b in range(bpr):
             lo = abs(_key_f32(tlo[b]))
             hi = abs(_key_f32(thi[b]))

@@ -132,17 +132,20 @@ def _decide(e, sc, nc, eb, sb, tol, slack, ib, flag):
 
 
 @njit(**_J)
-def _sym_row(row, tlo, thi, gs, divs, fqmin, fq, f16, f16_table, sc, tt, e, eb, ib, c32, lanes,
-             outs, outb, outi):
+def _sym_row(row, tlo, thi, gs, divs, fqmin, fq, f16, rf, tt, ib, c32, lanes, k0, scale32,
+             scale16, tq):
     """_sym_qp for every block of one row (tlo/thi: the blocks' min and max keys; blocks of gs
-    weights, tt.shape[1] of them): outs[b] the stored scale as float32, outb[b] its float16
-    bits, outi[b] its inverse. Returns False, having written nothing, when a candidate scale
-    saturates float16 or has an overflowing inverse: the caller then searches the row block by
-    block with _sym_qp, which decides those (not compiled in here a second time). Scratch:
-    sc (3 nc + 1, blocks), tt (gs, blocks), e (nc, blocks), eb (2, blocks) float32; ib (2,
-    blocks) int64; c32 and lanes as _sym_qp's."""
+    weights, tt.shape[1] of them), written as _row_qparams writes a block's: its stored scale
+    at k0 + b of scale16 (float16 bits) or scale32, tq[2 b] its inverse, tq[2 b + 1] zero.
+    Returns False, having written nothing, when a candidate scale saturates float16 or has an
+    overflowing inverse: the caller then searches the row block by block with _sym_qp, which
+    decides those (not compiled in here a second time). Scratch: rf (4 nc + 3, blocks) and tt
+    (gs, blocks) float32, ib (2, blocks) int64; c32 and lanes as _sym_qp's."""
     nc = divs.shape[0]
     bpr = tt.shape[1]
+    sc = rf[:3 * nc + 1]              # candidates' scales, inverses, float16 bits; amax
+    e = rf[3 * nc + 1:4 * nc + 1]     # their screened errors
+    eb = rf[4 * nc + 1:4 * nc + 3]    # the least error and its scale
     am = sc[3 * nc]
     for b in range(bpr):
         lo = abs(_key_f32(tlo[b]))
@@ -160,7 +163,10 @@ def _sym_row(row, tlo, thi, gs, divs, fqmin, fq, f16, f16_table, sc, tt, e, eb, 
                 c32[i] = sc[i, b]
                 c32[nc + i] = sc[nc + i, b]
             best = _exact_best(row[b * gs:(b + 1) * gs], c32, nc, fqmin, fq, lanes)
-        outs[b] = sc[best, b]
-        outb[b] = np.int64(sc[2 * nc + best, b])
-        outi[b] = sc[nc + best, b]
+        if f16:
+            scale16[k0 + b] = np.uint16(np.int64(sc[2 * nc + best, b]))
+        else:
+            scale32[k0 + b] = sc[best, b]
+        tq[2 * b] = sc[nc + best, b]
+        tq[2 * b + 1] = F0
     return True

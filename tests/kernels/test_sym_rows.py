@@ -26,7 +26,7 @@ def _cases():
     yield "gaussian", weights((24, cols), seed=3)
     # integer multiples of one step: many blocks where two candidates tie exactly or nearly
     yield "grid", (rng.integers(-8, 8, (24, cols)) * 0.01).astype(np.float32)
-    # a few distinct values per block: screened errors within the bound of each other
+    # five distinct values per block: errors made of few distinct terms
     g = rng.choice(np.float32([-1.0, -0.5, 0.25, 0.75, 1.0]), (16, cols)).astype(np.float32)
     yield "few-values", g
     z = weights((8, cols), seed=4)
