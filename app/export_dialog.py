@@ -294,23 +294,26 @@ class ExportDialog(QDialog):
             self.status.setText("choose an output file")
             return None
         tp = Path(target).expanduser()
+        overwrite = False
         if tp.exists():
-            from workbench.core.atomic import refuse_overwriting_inputs
             from workbench.core.errors import WorkbenchError
-            from workbench.core.outputs import refuse_inputs_as_outputs
-            try:
-                refuse_overwriting_inputs(model, tp)
-                refuse_inputs_as_outputs(
-                    {"the export target": str(tp)},
-                    {"the model": model.path,
-                     "the session file": getattr(self.parent(), "session_path", None)})
+            from workbench.core.outputs import check_output
+            folder = self.exporter().kind == "folder"
+            try:    # the export door's checks (an input, a folder that cannot be written)
+                check_output(tp, kind=self.exporter().kind, model=model, overwrite=True,
+                             inputs={"the session file": getattr(self.parent(), "session_path",
+                                                                 None)})
             except WorkbenchError as exc:
                 self._failed(str(exc))
                 return None
+            what = "folder" if folder else "file"
             if self.messages is not None and not self.messages.ask(
-                    "Replace file?", f"{tp.name} already exists in {tp.parent}.\nReplace it?"):
-                self.status.setText("not exported: the existing file is kept")
+                    f"Replace {what}?", f"{tp.name} already exists in {tp.parent}.\n"
+                    + ("Everything in it will be replaced by the export.\n" if folder else "")
+                    + "Replace it?"):
+                self.status.setText(f"not exported: the existing {what} is kept")
                 return None
+            overwrite = True
         self.export_button.setEnabled(False)
         self.progress.setValue(0)
         self.progress.setVisible(True)
@@ -318,7 +321,8 @@ class ExportDialog(QDialog):
         self.status.setText(f"exporting {name}…")
         def job():
             from .cluster_setting import executor_of
-            return export(model, plan, name, target, executor=executor_of(self.runner))
+            return export(model, plan, name, target, overwrite=overwrite,
+                          executor=executor_of(self.runner))
 
         self.task = self.runner.submit(job,
                                        f"Exporting {name}", FOREGROUND, visible=True,

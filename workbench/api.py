@@ -66,6 +66,13 @@ def _driver(progress: ProgressCallback | None, cancel: CancelCheck | None,
     return drive
 
 
+def _file_inputs(**named) -> dict:
+    """{parameter: path} of the arguments that name files (str / os.PathLike): the inputs an
+    output is compared with (workbench.core.outputs.check_output)."""
+    return {k: os.fspath(v) for k, v in named.items()
+            if isinstance(v, (str, os.PathLike)) and os.fspath(v)}
+
+
 # ---- models, statistics, plans ----------------------------------------------------------------
 def demo_model_path() -> Path:
     """The bundled demo model (resources/demo_model/model.safetensors)."""
@@ -196,9 +203,14 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     when the plan followed one. `kld_driver` runs the chunked KL-divergence job (default
     `driver`)."""
     from workbench.running.runner_config import model_kind, read_config
+    from workbench.core.outputs import check_output
     drive = _driver(progress, cancel, driver)
     target = runtime_target(runtime, target)
     text = held_out or calib
+    for label, out in (("save_gguf", save_gguf), ("save_onnx", save_onnx)):
+        if out is not None:     # before any work: never an input, its folder writable
+            check_output(out, model=model, label=label, inputs=_file_inputs(
+                calib=calib, held_out=held_out, imatrix=imatrix))
     if runtime == "llama.cpp":
         from workbench.export.llama_kld import DEFAULT_CTX
         ctx = ctx or DEFAULT_CTX
@@ -219,18 +231,13 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                                                              act_method, 8, "int")))
     plan, mm = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
                             target=target, driver=drive, say=say)
-    from workbench.core.atomic import refuse_overwriting_inputs
     if runtime == "llama.cpp":
         from workbench.running.calibration import DEFAULT_CALIB
         from workbench.export.llama_kld import check_llama
-        if save_gguf:
-            refuse_overwriting_inputs(model, save_gguf)
         res = drive(check_llama(model, plan, text or DEFAULT_CALIB, ctx, chunks=chunks,
                                 keep_path=save_gguf, quant_model=mm))
     elif runtime == "onnxruntime":
         from workbench.export.onnx_check import check_onnx
-        if save_onnx:
-            refuse_overwriting_inputs(model, save_onnx)
         res = drive(check_onnx(mm, plan, text, samples, accuracy_level=accuracy_level,
                                keep_path=save_onnx))
     else:
@@ -278,7 +285,8 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
                 target: str | None = None, strict: bool = False, quantize_all: bool = False,
                 convention: str | None = None, method: str | None = None, calib=None, imatrix=None,
                 activations: str | None = None, act_method: str = "minmax", act_bits: int = 8,
-                act_type: str = "int", accuracy_level: int | None = None, executor=None,
+                act_type: str = "int", accuracy_level: int | None = None,
+                overwrite: bool = False, executor=None,
                 progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
                 driver: Driver | None = None, say: Callable[[str], None] | None = None) -> dict:
     """Write `plan` quantized in format `fmt` (:func:`export_formats`) to `output`, following
@@ -287,7 +295,13 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
     for a static range of every quantized Linear's input (`act_bits`, `act_type` int or
     float), or "int8" (8-bit integers calibrated with `act_method`). Returns `export --json`'s dict
     (notes, fallbacks, "convention" when a scheme name followed one). Writes are atomic and
-    never replace a file the model is read from."""
+    never replace a file the model is read from. `output` is checked before any work
+    (workbench.core.outputs.check_output): a folder format (compressed-tensors) replaces an
+    existing non-empty folder only with `overwrite`, and never one holding an input."""
+    from workbench.core.outputs import check_output
+    from workbench.export import get_exporter
+    check_output(output, kind=get_exporter(fmt).kind, model=model,
+                 inputs=_file_inputs(calib=calib, imatrix=imatrix), overwrite=overwrite)
     drive = _driver(progress, cancel, driver)
     runtime = format_runtime(fmt, target)
     plan, conv = _resolve_plan(model, plan, runtime, quantize_all, convention)
@@ -309,13 +323,13 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
                                     target=runtime, driver=drive, say=say)
     elif method:
         plan = plan.with_method(method)
-    options: dict[str, Any] = {"strict": strict}
+    options: dict[str, Any] = {"strict": True} if strict else {}
     if executor is not None:
         options["executor"] = executor
     if accuracy_level is not None:
         options["accuracy_level"] = accuracy_level
     from workbench.export import export
-    info = drive(export(qmodel, plan, fmt, str(output), **options))
+    info = drive(export(qmodel, plan, fmt, str(output), overwrite=overwrite, **options))
     if conv is not None:
         info["convention"] = conv.to_dict()
     return info
@@ -451,8 +465,16 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     measured for the same `target` and `pins`, used instead of measuring one (its schemes are
     the candidates; it is left as it was). An impossible budget is refused from the shapes
     alone, before anything is measured. `output`: the plan JSON is written there as soon as it
-    is solved. `say(line)` gets `allocate`'s notes: the measure chosen, and with `notes` the
-    methods weighed."""
+    is solved; it is checked before any work (never a file of the model or of `calib` /
+    `imatrix`, its folder writable). A config.json the weights contradict is refused first.
+    `say(line)` gets `allocate`'s notes: the measure chosen, and with `notes` the methods
+    weighed."""
+    from workbench.core.outputs import check_output
+    from workbench.formats.config_check import check_model_config
+    if output is not None:
+        output = check_output(output, model=model, inputs=_file_inputs(calib=calib,
+                                                                         imatrix=imatrix))
+    check_model_config(model)   # a config.json its weights contradict: refused, not worked around
     from workbench.planning import budget as budgets
     from workbench.planning.allocate_methods import parse_methods, plan_with_methods, weigh_methods
     from workbench.quant.evaluate import evaluate
@@ -571,6 +593,24 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
     t4 = time.perf_counter()
     return Frontier(table, alloc, uni, rec, why,
                     {"sensitivity": t1 - t0, "allocate": t3 - t2, "check": t4 - t3})
+
+
+def calibrate(model: "Model", output: str | os.PathLike, *, calib=None,
+              samples: int | None = None, progress: ProgressCallback | None = None,
+              cancel: CancelCheck | None = None, driver: Driver | None = None) -> dict:
+    """Activation statistics of `model` on `calib` (text / JSONL / token ids; default the
+    shipped calibration text), written to `output` as a llama.cpp imatrix GGUF (what
+    `llama-imatrix` writes and `--imatrix` reads), as `calibrate` does. `output` is checked
+    before the pass. Returns {"output", "tensors", "samples"}."""
+    from workbench.core.outputs import check_output
+    from workbench.running.calibration import DEFAULT_CALIB
+    from workbench.running.imatrix import collect, write_imatrix_gguf
+    text = calib if calib is not None else DEFAULT_CALIB
+    out = check_output(output, model=model, inputs=_file_inputs(calib=text))
+    stats, n, longest = _driver(progress, cancel, driver)(collect(model, calib, samples))
+    write_imatrix_gguf(model, stats, out, os.path.basename(os.fspath(text)) if isinstance(
+        text, (str, os.PathLike)) else "calibration", n, longest)
+    return {"output": str(out), "tensors": len(stats), "samples": n}
 
 
 # ---- diff, convert ----------------------------------------------------------------------------

@@ -92,3 +92,36 @@ def test_export_error_is_whole_and_cleared_on_format_change(window, qtbot, tmp_p
     dlg.format.setCurrentIndex(_names(dlg).index("plan"))
     assert dlg.error_label.text() == "" and not dlg.error_label.isVisibleTo(dlg)
     dlg.close()
+
+
+def test_export_into_an_existing_model_folder_asks_first(window, qtbot, tmp_path):
+    """The export door in the window: an existing model folder is replaced only after the user
+    says so (then with overwrite); a folder holding the open model is refused without a
+    question; nothing is touched before the answer."""
+    import hashlib
+    import shutil
+    from pathlib import Path
+
+    from app.messages import RecordedMessages
+    demo = Path(window.doc.model.path).parent
+
+    def digest(folder):
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+    other = tmp_path / "float-folder"
+    shutil.copytree(demo, other)
+    before = digest(other)
+    dlg = _dialog(window, qtbot)
+    dlg.format.setCurrentIndex(_names(dlg).index("compressed-tensors"))
+    dlg.messages = RecordedMessages(answer=False)
+    assert dlg.start(None, str(other)) is None
+    assert dlg.messages.questions[0][0] == "Replace folder?"
+    assert "existing folder is kept" in dlg.status.text() and digest(other) == before
+    dlg.messages.answer = True
+    task = dlg.start(None, str(other))
+    qtbot.waitUntil(lambda: task.finished, timeout=120000)
+    assert dlg.error is None and digest(other) != before
+    assert "quantization_config" in (other / "config.json").read_text()
+    dlg.messages = RecordedMessages(answer=True)
+    assert dlg.start(None, str(demo)) is None
+    assert dlg.error and "input" in dlg.error and not dlg.messages.questions
+    dlg.close()

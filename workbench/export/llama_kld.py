@@ -427,7 +427,7 @@ def check_llama(model, plan, text, ctx: int = DEFAULT_CTX, *, chunks: int | None
     is skipped when the base logits for this model, text and context are cached); then
     llama-perplexity's KLD of the plan's file. Returns {"model_kind", "runtime", "tokens",
     "chunks", "ctx", "bytes", "kld": {...}, "seconds": {...}}."""
-    from workbench.core.atomic import input_files
+    from workbench.core.outputs import input_files
     from workbench.export import export
     from workbench.quant.plan import Plan
     text = Path(text)

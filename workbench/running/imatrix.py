@@ -7,6 +7,8 @@ names mapped to llama.cpp names as the tensor-type exporter maps them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from workbench.core.errors import WorkbenchError
@@ -31,11 +33,17 @@ def collect(model, calib=None, samples: int | None = None, max_len: int = 128):
 
 
 def write_imatrix_gguf(model, stats: dict, path, dataset: str, chunk_count: int, chunk_size: int):
+    """Write the imatrix GGUF atomically (a temporary file beside `path`, fsync, rename): a
+    full disk or a folder that cannot be written is one WorkbenchError naming `path`, and an
+    existing file is left as it was."""
     import gguf
     import os
+    from workbench.core.atomic import default_file_mode, make_temp, write_problem
+    from workbench.core.errors import WorkbenchError
     from workbench.formats.llama_names import detect_family, llama_cpp_name
     family = detect_family(model)
-    tmp = f"{path}.tmp{os.getpid()}"
+    fd, tmp = make_temp(Path(path))
+    os.close(fd)
     try:
         w = gguf.GGUFWriter(tmp, arch="")
         w.add_type("imatrix")
@@ -49,7 +57,13 @@ def write_imatrix_gguf(model, stats: dict, path, dataset: str, chunk_count: int,
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.chmod(tmp, default_file_mode())
         os.replace(tmp, path)
+    except OSError as exc:
+        raise WorkbenchError(f"write failed ({write_problem(exc) or exc.strerror or exc}); "
+                             "existing file left unchanged", path=str(path)) from exc
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
