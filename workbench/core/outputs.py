@@ -169,20 +169,18 @@ def _path_arg(value, label: str) -> Path:
 
 
 def _listing(folder: Path, limit: int = 3) -> tuple[int, list[str]]:
-    """(entries of `folder` that are not this program's temporary files, the first few names)."""
+    """(entries of `folder` that are not this program's temporary files, the first few names
+    in sorted order)."""
     from workbench.core.atomic import TEMP_TAG
-    n, names = 0, []
+    names = []
     with contextlib.suppress(OSError):
         with os.scandir(folder) as it:
             for e in it:
-                if f".{TEMP_TAG}-" in e.name:
-                    continue
-                n += 1
-                if len(names) < limit:
+                if f".{TEMP_TAG}-" not in e.name:
                     names.append(e.name)
-                if n > MAX_FOLDER_FILES:
+                if len(names) > MAX_FOLDER_FILES:
                     break
-    return n, sorted(names)
+    return len(names), sorted(names)[:limit]
 
 
 def check_output(path, *, kind: str = "file", model=None, inputs: dict | None = None,
