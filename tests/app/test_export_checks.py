@@ -125,3 +125,27 @@ def test_export_into_an_existing_model_folder_asks_first(window, qtbot, tmp_path
     assert dlg.start(None, str(demo)) is None
     assert dlg.error and "input" in dlg.error and not dlg.messages.questions
     dlg.close()
+
+
+def test_a_dense_write_is_a_warning_not_a_success(window, qtbot, tmp_path):
+    """compressed-tensors writes a GGML-only plan dense: the dialog marks it ⚠ with the reason,
+    before and after the export, never a green ✓."""
+    linear = [n for n in window.doc.model.tensors if n.endswith("proj.weight")]
+    cmd = commands.assign(window.doc, linear, "q4_0")
+    assert cmd is not None
+    window.push(cmd)
+    wait_idle(qtbot, window)
+    assert window.doc.scheme_of(Q) == "q4_0"
+    dlg = _dialog(window, qtbot)
+    ct = dlg.checks["compressed-tensors"]
+    assert ct.ok and ct.level == "warning" and "written dense" in ct.warning
+    i = _names(dlg).index("compressed-tensors")
+    assert "⚠" in dlg.format.itemText(i) and "✓" not in dlg.format.itemText(i)
+    row = dlg.verdicts.text().split("<b>compressed-tensors</b>")[0].rsplit("<tr>", 1)[1]
+    assert "⚠" in row and "#d29922" in row
+    dlg.format.setCurrentIndex(i)
+    task = dlg.start(None, str(tmp_path / "dense"))
+    qtbot.waitUntil(lambda: task.finished, timeout=120000)
+    assert dlg.error is None and "⚠" in dlg.status.text() and "written dense" in dlg.status.text()
+    assert dlg.status.wordWrap()
+    dlg.close()
