@@ -113,6 +113,8 @@ class MainWindow(WindowSessions, QMainWindow):
         self.browser.groupActivated.connect(self.select_expert_group)
         self.plots.runner = self.runner
         self.table.activated.connect(self.select)
+        # a scheme typed that cannot take the tensor: why, where the user looks next
+        self.table.delegate.refused.connect(lambda why: self.statusBar().showMessage(why, 15000))
         self.undo_stack.indexChanged.connect(lambda _i: self._schedule_autosave())
         self.doc.modelChanged.connect(self._model_changed)
         self._status_timer = QTimer(self, singleShot=True, interval=10000)
