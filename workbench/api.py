@@ -31,6 +31,7 @@ from workbench.quant.plan import Plan, Rule
 from workbench.core.progress import Job, Progress
 
 if TYPE_CHECKING:   # the heavy types, for annotations only
+    from workbench.planning.allocate import Solution
     from workbench.quant.evaluate import Evaluation
     from workbench.planning.frontier import FrontierPoint
     from workbench.formats.model import Model
@@ -55,14 +56,25 @@ DEFAULT_SCHEMES = "q3_k,q4_0,q4_k,q5_0,q5_k,q6_k,q8_0"
 AUTO_FISHER_SAMPLES, AUTO_FISHER_SAMPLES_LM = 64, 32
 
 
-def _driver(progress: ProgressCallback | None, cancel: CancelCheck | None,
+def _driver(progress: ProgressCallback | None | bool, cancel: CancelCheck | None,
             driver: Driver | None) -> Driver:
+    """How a call runs its jobs: `driver` when given; else with `progress` (a callback; None:
+    shown by default, a line updated in place on a terminal or in Jupyter; False: nothing)
+    and `cancel`."""
     if driver is not None:
         return driver
-    from workbench.core.progress import run
+    from workbench.core.progress import default_progress, run
 
     def drive(job):
-        return run(job, progress, cancel)
+        if progress is False:
+            return run(job, None, cancel)
+        if progress is not None:
+            return run(job, progress, cancel)
+        shown = default_progress()
+        try:
+            return run(job, shown, cancel)
+        finally:
+            shown.close()
     return drive
 
 
@@ -398,21 +410,38 @@ def measure_sensitivity(model: "Model", schemes: str | Sequence[str] = DEFAULT_S
     return table
 
 
-@dataclass
+@dataclass(repr=False)
 class Allocation:
-    """An allocated plan and what it costs (:func:`allocate_plan`)."""
+    """An allocated plan and what it costs (:func:`allocate_plan`). ``repr`` is one line (bytes,
+    bits per weight, the predicted error, the schemes used); :meth:`to_dict` is `allocate
+    --json`'s document."""
     plan: Plan
     table: "SensitivityTable"
     budget: Budget
     budget_bytes: int               # the budget in bytes of what it counts
-    solution: Any                   # workbench.planning.allocate.Solution: error, exact, bound
+    solution: "Solution"            # error (the predicted total), exact, bound
     evaluation: "Evaluation"
-    accounting: dict                # bytes and bits per weight in every accounting
-    methods_weighed: dict           # workbench.planning.allocate_methods.weigh_methods' summary
+    accounting: dict[str, Any]      # bytes and bits per weight in every accounting
+    methods_weighed: dict[str, Any]  # workbench.planning.allocate_methods.weigh_methods' summary
     candidates: list[str]
     target: str
-    seconds: dict = field(default_factory=dict)
-    model: Any = None               # the model the plan was allocated for
+    seconds: dict[str, float] = field(default_factory=dict)
+    model: "Model | None" = None    # the model the plan was allocated for
+
+    def __repr__(self) -> str:
+        from workbench.planning.sensitivity import predicted_unit
+        t = self.evaluation.totals
+        unit = predicted_unit(self.model, self.measure) if self.model is not None else ""
+        what = {"kl": "predicted KLD", "1-cosine": "predicted 1-cos"}.get(unit, "predicted")
+        used: dict[str, int] = {}
+        for r in self.evaluation.tensors.values():
+            used[r.scheme] = used.get(r.scheme, 0) + 1
+        top = sorted(used.items(), key=lambda kv: -kv[1])
+        shown = ", ".join(f"{s} {n}" for s, n in top[:4]) + (
+            f", +{len(top) - 4} more" if len(top) > 4 else "")
+        return (f"<Allocation {t.bytes_after:,d} bytes, {t.bits_per_weight:.3f} bits/weight, "
+                f"{what} {self.solution.error:.4g} ({self.measure}), target {self.target}: "
+                f"{shown}>")
 
     @property
     def measure(self) -> str:
@@ -521,12 +550,13 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
         plan.save(str(output))
     ev = (driver or (lambda job: run_job(job, None, cancel)))(evaluate(model, plan,
                                                                        runtime=target))
-    return Allocation(plan, table, budget, cap, sol, ev,
-                      budgets.accounting(model, ev, target, plan), weighed, names, target,
-                      {"sensitivity": t1 - t0, "solve": t2 - t1m}, model)
+    return Allocation(plan=plan, table=table, budget=budget, budget_bytes=cap, solution=sol,
+                      evaluation=ev, accounting=budgets.accounting(model, ev, target, plan),
+                      methods_weighed=weighed, candidates=names, target=target,
+                      seconds={"sensitivity": t1 - t0, "solve": t2 - t1m}, model=model)
 
 
-@dataclass
+@dataclass(repr=False)
 class Frontier:
     """Allocated plans over a range of budgets beside the uniform plans and llama.cpp's recipes
     (:func:`compute_frontier`)."""
@@ -536,6 +566,13 @@ class Frontier:
     recipes: list["FrontierPoint"]
     recipe_error: str | None = None     # why no recipe points, when none
     seconds: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        b = [p.bits_per_weight for p in self.allocated]
+        span = f" from {min(b):.3f} to {max(b):.3f} bits/weight" if b else ""
+        return (f"<Frontier {len(self.allocated)} allocated plans{span}, "
+                f"{len(self.uniform)} uniform, {len(self.recipes)} recipes; "
+                f"{self.table.measure} measure, target {self.table.runtime}>")
 
     @property
     def points(self) -> list["FrontierPoint"]:
