@@ -99,10 +99,11 @@ class MainWindow(WindowSessions, QMainWindow):
         lay.setSpacing(6)
         lay.addWidget(self.totals)
         lay.addWidget(self.main_split, 1)
-        # issue 33: every job running or waiting, with its progress and a Cancel button
-        self.work_queue = WorkQueuePanel(self.runner)
-        lay.addWidget(self.work_queue)
         self.setCentralWidget(central)
+        # issue 33: every job running or waiting, with its progress and a Cancel button; over
+        # the bottom-right corner, so the plots never jump when it comes and goes
+        self.work_queue = WorkQueuePanel(self.runner, central)
+        self.work_queue.anchor()
 
         self.progress = ProgressPanel(self.runner)
         self.status_label = QLabel("")
