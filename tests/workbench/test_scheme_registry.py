@@ -70,6 +70,12 @@ def test_the_tables_are_the_registry_objects():
     assert frontier.BLOCK is registry.block_sizes()
     assert frontier.FALLBACK is registry.llama_fallbacks()
     assert ggml_weighted.SUPPORTED is registry.weighted_types()
+    from workbench.bench import ggml as bench_ggml, throughput
+    from workbench.planning import conventions
+    assert conventions.GGML_BLOCK is registry.block_sizes()
+    assert bench_ggml.DEFAULT_TYPES is registry.ggml_by_number()
+    assert throughput.GGML_ORDER == list(registry.ggml_by_number()) and \
+        sorted(registry.ggml_by_number()) == sorted(GGML)
     assert not hasattr(warm, "_FAMILY_OF")
     import kernels.spec as kspec
     assert not hasattr(kspec, "GGML_TYPES")      # the kernels' own numbering is gone

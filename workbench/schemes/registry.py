@@ -27,6 +27,12 @@ def ggml_schemes() -> MappingProxyType:
     return MappingProxyType(out)
 
 
+@lru_cache(maxsize=None)
+def ggml_by_number() -> tuple:
+    """The GGML scheme names by GGML type number (the benchmarks' row order)."""
+    return tuple(sorted(ggml_schemes(), key=lambda n: int(ggml_schemes()[n].ggml_type)))
+
+
 def _schemes() -> list[Scheme]:
     return [get_scheme(n) for n in list_schemes()]
 
@@ -58,7 +64,7 @@ def llama_types_text(llama_spelling: bool = True) -> str:
     names = llama_type_names()
     ggml = ggml_schemes()
     floats = [names[n] for n in names if n not in ggml]
-    blocks = sorted((n for n in names if n in ggml), key=lambda n: int(ggml[n].ggml_type))
+    blocks = [n for n in ggml_by_number() if n in names]
     return " ".join(floats + [names[n] if llama_spelling else n for n in blocks])
 
 
