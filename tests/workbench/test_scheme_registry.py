@@ -163,3 +163,22 @@ def test_an_unknown_scheme_still_reads_as_a_workbench_error():
     with pytest.raises(WorkbenchError, match="unknown scheme 'q9_z'"):
         get_scheme("q9_z")
     assert np.isclose(get_scheme("q4_k").bits_per_weight(), 4.5)
+
+
+def test_the_docs_table_lists_every_type_as_the_registry_does():
+    """docs/schemes.md's GGML table (the one hand-written copy, for readers) agrees with the
+    classes: one row per registered type, its GGUF type, weights, bytes and bits per block."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "docs" / "schemes.md").read_text()
+    section = text.split("## GGML block formats", 1)[1].split("\n\n", 2)[1]
+    rows = {}
+    for line in section.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[1:5]
+    assert set(rows) == set(GGML)
+    for name, (gtype, qk, size, bits) in rows.items():
+        s = GGML[name]
+        assert gtype.split()[0] == s.ggml_name, name
+        assert "(type" not in gtype or gtype.endswith(f"(type {int(s.ggml_type)})"), name
+        assert (int(qk), int(size), float(bits)) == (s.block_size, s.type_size,
+                                                     s.bits_per_weight()), name
