@@ -12,8 +12,9 @@ SERIAL_BELOW = 1 << 16          # elements: smaller tensors run on the calling t
 
 #: GGML type number -> the branch of the numba block decoders / encoders (cpu_ggml._ggml_row,
 #: ggml_encode, ggml_legacy_quant, ggml_f16_quant) for the types whose kernels predate keying by
-#: GGML's numbers: renumbering those branches would discard their compiled on-disk cache. Every
-#: other type's branch is its GGML type number (cpu_ggml.IQ_TIDS, NVFP4's 40), and so is a new one's.
+#: GGML's numbers: renumbering those branches would discard their compiled on-disk cache.
+#: Every other type's branch is its GGML type number (cpu_ggml.IQ_TIDS, NVFP4's 40), and so is
+#: a new one's.
 _EARLY_BRANCH = {2: 0, 3: 1, 6: 2, 7: 3, 8: 4, 10: 5, 11: 6, 12: 7, 13: 8, 14: 9, 20: 10, 39: 11,
                  34: 12, 35: 13, 23: 14}
 
@@ -484,16 +485,19 @@ def _rtn(spec, w2d, blocks, flags):
 
 
 #: the GGML quantize kernels by entry name (a scheme's ``quant_kernel``): each takes
-#: (spec, float32 rows, check_finite) and returns {"blocks"} or None (the reference decides)
+#: (spec, float32 rows, check_finite) and returns {"blocks"} or None (the reference decides).
+#: Each is bit-identical to the scheme's numpy reference; block32 / legacy / rtn also to
+#: gguf-py and llama.cpp (their fixed rounding rules)
 GGML_ENCODERS = {
     "block32": _rounded_blocks(_block32),      # Q4_0 / Q8_0 (cpu_ggml.ggml_encode)
     "legacy": _rounded_blocks(_legacy),        # Q4_1 / Q5_0 / Q5_1 (ggml_legacy_quant)
     "rtn": _rounded_blocks(_rtn),              # MXFP4 / NVFP4 / TQ1_0 / TQ2_0 (ggml_rtn_quant)
-    "affine_k": lambda spec, w2d, cf: affine_k_blocks(spec, w2d, None, cf),
-    "sym_k": lambda spec, w2d, cf: sym_k_blocks(spec, w2d, None, cf),
-    "iq4_nl": lambda spec, w2d, cf: iq4nl_blocks(spec, w2d, None, cf),
-    "iq4_xs": lambda spec, w2d, cf: iq4xs_blocks(spec, w2d, None, cf),
-    "iq3": lambda spec, w2d, cf: iq3_blocks(spec, w2d, None, cf),
-    "iq2": lambda spec, w2d, cf: iq2_blocks(spec, w2d, None, cf),
-    "iq1": lambda spec, w2d, cf: iq1_blocks(spec, w2d, None, cf),
+    # the searching quantizers (the layout carries the search parameters: spec.SEARCH_KERNELS)
+    "affine_k": lambda spec, w2d, cf: affine_k_blocks(spec, w2d, None, cf),  # kquant_affine
+    "sym_k": lambda spec, w2d, cf: sym_k_blocks(spec, w2d, None, cf),        # kquant_sym
+    "iq4_nl": lambda spec, w2d, cf: iq4nl_blocks(spec, w2d, None, cf),       # iq4nl_quant
+    "iq4_xs": lambda spec, w2d, cf: iq4xs_blocks(spec, w2d, None, cf),       # llama.cpp's search
+    "iq3": lambda spec, w2d, cf: iq3_blocks(spec, w2d, None, cf),            # iq3_quant
+    "iq2": lambda spec, w2d, cf: iq2_blocks(spec, w2d, None, cf),            # ggml's (iq2_quant)
+    "iq1": lambda spec, w2d, cf: iq1_blocks(spec, w2d, None, cf),            # iq1_quant
 }

@@ -15,7 +15,8 @@ Families (each one generic kernel per backend, see ``cpu.py`` / ``cuda.py``):
 
 ``quant`` names the quantize kernel (``None``: quantize falls back to the numpy reference).
 Like the rest of ``kernels/``, this module imports nothing from ``workbench``: a GGML type's
-number, block size and bytes come in its layout; it imports no numba, so ``import kernels`` stays cheap.
+number, block size and bytes come in its layout; it imports no numba, so ``import kernels``
+stays cheap.
 """
 
 from __future__ import annotations
