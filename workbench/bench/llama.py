@@ -105,6 +105,7 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
     from workbench.quant import accel
     from workbench.schemes import get_scheme
 
+    from workbench.export.llama_tools import tool_env
     say = progress or (lambda m: None)
     bindir = bindir or llama_bin_dir()
     if bindir is None:
@@ -125,8 +126,7 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
                     c0 = _children_cpu()
                     t0 = time.perf_counter()
                     p = subprocess.run([tool, src, out, ty.upper(), str(threads)],
-                                       capture_output=True, text=True,
-                                       env={**os.environ, "LD_LIBRARY_PATH": bindir})
+                                       capture_output=True, text=True, env=tool_env(bindir))
                     lq.append(time.perf_counter() - t0)
                     lq_cpu.append(_children_cpu() - c0)
                     if p.returncode != 0:
