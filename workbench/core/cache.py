@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -147,6 +148,7 @@ class Cache:
         return p.with_name(p.name + ".json")
 
     def remove(self, key: str) -> None:
+        """Remove the entry's payload and record (a folder under their name is left alone)."""
         for p in (self.record(key), self.path(key)):
             with contextlib.suppress(OSError):
                 p.unlink()
@@ -159,11 +161,14 @@ class Cache:
             return None
         ok = False
         with contextlib.suppress(OSError, ValueError, TypeError, UnicodeDecodeError):
-            if rec.stat().st_size <= _RECORD_LIMIT:
+            rst, pst = os.stat(rec, follow_symlinks=False), os.stat(payload, follow_symlinks=False)
+            # regular files only (a link, FIFO or folder under an entry's name is not ours)
+            if stat.S_ISREG(rst.st_mode) and stat.S_ISREG(pst.st_mode) \
+                    and rst.st_size <= _RECORD_LIMIT:
                 d = json.loads(rec.read_text(encoding="utf-8"))
                 ok = (isinstance(d, dict) and d.get("format") == CACHE_FORMAT
                       and d.get("key") == key and isinstance(d.get("bytes"), int)
-                      and payload.stat().st_size == d["bytes"]
+                      and pst.st_size == d["bytes"]
                       and content_hash(payload) == d.get("sha256")
                       and (verify is None or bool(verify(payload))))
         if not ok:
