@@ -248,3 +248,27 @@ def test_output_measure_cache_sees_config_json(tmp_path, caches):
     served = measure()
     true = measure(use_cache=False)
     assert served == true and served != first
+
+
+# ---- --no-cache -----------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, api_name", [
+    (["sensitivity", "--measure", "output"], "measure_sensitivity"),
+    (["allocate", "--budget-bpw", "5", "-o", "plan.json"], "allocate_plan"),
+    (["frontier"], "compute_frontier"),
+    (["check", "--scheme", "q4_0"], "check_plan")])
+def test_no_cache_reaches_the_api(monkeypatch, tmp_path, argv, api_name):
+    """Every command that reads a cache takes --no-cache and passes use_cache=False."""
+    monkeypatch.chdir(tmp_path)
+    from workbench import api
+    from workbench.cli import main
+    from workbench.core.errors import WorkbenchError
+    seen = []
+
+    def fake(*a, **kw):
+        seen.append(kw.get("use_cache"))
+        raise WorkbenchError("stopped here")
+
+    monkeypatch.setattr(api, api_name, fake)
+    for extra in ([], ["--no-cache"]):
+        assert main([argv[0], str(DEMO), *argv[1:], *extra]) == 2
+    assert seen == [True, False]
