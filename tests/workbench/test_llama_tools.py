@@ -287,3 +287,14 @@ def test_a_huge_tool_log_is_read_in_bounded_memory(tools, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"mean": 0.125087, "chunks": 37,
                                                              "complete": True}
+
+
+def test_bench_allocate_names_a_tool_without_its_execute_bit(tools, tmp_path):
+    from workbench.bench.vs_llama import vs_llama
+    b, _ = tools
+    (b / "llama-quantize").chmod(0o644)
+    calib, held = tmp_path / "c.txt", tmp_path / "h.txt"
+    calib.write_text("calibration\n")
+    held.write_text("held out\n")
+    with pytest.raises(WorkbenchError, match=r"llama-quantize is not executable: run `chmod"):
+        run(vs_llama(DEMO, calib, held, tmp_path / "out", ["Q4_K_M"]))

@@ -102,15 +102,18 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
     import gguf
     import numba
 
+    from pathlib import Path
+
+    from workbench.export.llama_tools import tool_env, usable
     from workbench.quant import accel
     from workbench.schemes import get_scheme
 
-    from workbench.export.llama_tools import tool_env
     say = progress or (lambda m: None)
     bindir = bindir or llama_bin_dir()
     if bindir is None:
         raise RuntimeError("llama-quantize is not built (run `bash .ci/llama-cpp` first)")
     tool = os.path.join(bindir, "llama-quantize")
+    usable(Path(tool), "llama-quantize")          # not executable: one line saying how to fix
     reader = gguf.GGUFReader(src)
     data = {t.name: t for t in reader.tensors}
     prev = numba.get_num_threads()

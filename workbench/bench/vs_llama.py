@@ -95,7 +95,7 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
                              "calibration never saw", path=str(held_out))
     bin_dir = lk.llama_bin("llama-perplexity")
     for tool in ("llama-imatrix", "llama-quantize"):
-        if not (bin_dir / tool).is_file():
+        if not lk.usable(bin_dir / tool, tool):        # (not executable: an error saying so)
             raise WorkbenchError(f"no {tool} in {bin_dir}: build the tools with "
                                  "`bash .ci/llama-cpp`")
     out = prepare_out_dir(out_dir)

@@ -41,7 +41,8 @@ from workbench.core.progress import Progress
 # the tools themselves (names kept here for the callers of this module)
 from workbench.export.llama_tools import (DEFAULT_TIMEOUT, REPACK_ENV, SHIM_SOURCE,  # noqa: F401
                                           LogScanner, kill_group, last_line, llama_bin,
-                                          log_flush_shim, log_tail, run_child, tool_env)
+                                          log_flush_shim, log_tail, run_child, tool_env,
+                                          usable)
 
 DEFAULT_CTX = 512
 DEFAULT_THREADS = 2

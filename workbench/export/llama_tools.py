@@ -47,7 +47,7 @@ TAIL_LINES = 20
 
 # ----------------------------------------------------------------------------- the tools
 
-def _usable(path: Path, tool: str) -> bool:
+def usable(path: Path, tool: str) -> bool:
     """Whether `path` is the tool; a file without the execute bit is an error saying so."""
     if not path.is_file():
         return False
@@ -64,7 +64,7 @@ def llama_bin(tool: str = "llama-perplexity") -> Path:
     tried = []
     env = os.environ.get("QW_LLAMA_BIN")
     if env:
-        if _usable(Path(env) / tool, tool):
+        if usable(Path(env) / tool, tool):
             return Path(env)
         tried.append(f"QW_LLAMA_BIN={env}")
     script = ROOT / ".ci" / "llama-cpp"
@@ -74,7 +74,7 @@ def llama_bin(tool: str = "llama-perplexity") -> Path:
             r = subprocess.run(["bash", str(script), "--check"], capture_output=True, text=True,
                                timeout=30)
             lines = r.stdout.strip().splitlines() if r.returncode == 0 else []
-        if lines and _usable(Path(lines[-1]) / tool, tool):
+        if lines and usable(Path(lines[-1]) / tool, tool):
             return Path(lines[-1])
         tried.append(".ci/llama-cpp --check")
     found = shutil.which(tool)
