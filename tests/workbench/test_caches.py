@@ -272,3 +272,26 @@ def test_no_cache_reaches_the_api(monkeypatch, tmp_path, argv, api_name):
     for extra in ([], ["--no-cache"]):
         assert main([argv[0], str(DEMO), *argv[1:], *extra]) == 2
     assert seen == [True, False]
+
+
+def test_in_process_caches_see_an_edit_that_keeps_size_and_mtime(tmp_path):
+    """The in-process caches (statistics, evaluations, calibration samples, runners) key files
+    by workbench.quant.stats.file_signature: an edit with the mtime put back moves its ctime.
+    (Each edit waits 50 ms first: file systems stamp ctimes with a clock of a few ms.)"""
+    from workbench.formats.loaders import open_model
+    from workbench.quant.stats import StatsCache, file_signature, tensor_stats
+    folder = tmp_path / "demo"
+    shutil.copytree(DEMO, folder)
+    model = open_model(str(folder))
+    sig = file_signature(folder / "model.safetensors")
+    time.sleep(0.05)
+    name = _edit_middle_keeping_size_and_mtime(folder / "model.safetensors")
+    assert file_signature(folder / "model.safetensors")[:2] == sig[:2]      # what cluster reads
+    assert file_signature(folder / "model.safetensors") != sig
+    model = open_model(str(folder))
+    cache = StatsCache()
+    cache.put(model, run(tensor_stats(model, name)))
+    assert cache.get(model, name) is not None
+    time.sleep(0.05)
+    _edit_middle_keeping_size_and_mtime(folder / "model.safetensors")
+    assert cache.get(model, name) is None
