@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import stat
-import struct
 import subprocess
 import sys
 import textwrap
