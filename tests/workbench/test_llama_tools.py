@@ -297,3 +297,16 @@ def test_bench_allocate_names_a_tool_without_its_execute_bit(tools, tmp_path):
     held.write_text("held out\n")
     with pytest.raises(WorkbenchError, match=r"llama-quantize is not executable: run `chmod"):
         run(vs_llama(DEMO, calib, held, tmp_path / "out", ["Q4_K_M"]))
+
+
+def test_a_damaged_compiled_shim_is_compiled_again(tmp_path, monkeypatch):
+    """The compiled shim is a cache entry too: a truncated one is never preloaded."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    C._MEMO.clear()
+    first = lt.log_flush_shim()
+    if first is None:
+        pytest.skip("no C compiler")
+    whole = first.read_bytes()
+    first.write_bytes(whole[:100])
+    again = lt.log_flush_shim()
+    assert again == first and again.read_bytes() == whole

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
 import os
 import re
 import shutil
@@ -30,7 +29,6 @@ import subprocess
 import time
 from pathlib import Path
 
-from workbench.core.cache import cache_root
 from workbench.core.errors import WorkbenchError
 from workbench.core.progress import Progress
 
@@ -85,29 +83,35 @@ def llama_bin(tool: str = "llama-perplexity") -> Path:
 
 
 def log_flush_shim() -> Path | None:
-    """llama_log_flush.c compiled once into the cache (named by the source's hash); None where
-    no C compiler is found or it does not compile (the parser then takes the chunk rows)."""
-    src = SHIM_SOURCE.read_bytes()
-    out = cache_root() / "shim" / f"libqw_log_flush-{hashlib.sha256(src).hexdigest()[:12]}.so"
-    if out.is_file():
-        return out
+    """llama_log_flush.c compiled once into the cache (``~/.cache/quant-workbench/shim``, an
+    entry of workbench.core.cache keyed by the source's content and the compiler: verified on
+    every use, a damaged one compiled again); None where no C compiler is found or it does not
+    compile (the parser then takes the chunk rows)."""
+    from workbench.core.cache import Cache, file_key, make_key
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
+    cache = Cache("shim", ".so", 4)
+    key = make_key(["log-flush-shim", file_key(SHIM_SOURCE), cc and file_key(cc)])
+
+    def elf(p: Path) -> bool:
+        with open(p, "rb") as fh:
+            return fh.read(4) == b"\x7fELF"
+    hit = cache.get(key, verify=elf)
+    if hit is not None or cc is None:
+        return hit
+    tmp = cache.temp(key)
+    if tmp is None:
         return None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         r = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(SHIM_SOURCE),
                             "-ldl"], capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             return None
-        os.replace(tmp, out)
+        return cache.put_file(key, tmp, verify=elf)
     except (OSError, subprocess.SubprocessError):
         return None
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
-    return out
 
 
 def tool_env(bin_dir: Path | str | None = None) -> dict:
