@@ -247,7 +247,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
         from workbench.running.calibration import DEFAULT_CALIB
         from workbench.export.llama_kld import check_llama
         res = drive(check_llama(model, plan, text or DEFAULT_CALIB, ctx, chunks=chunks,
-                                keep_path=save_gguf, quant_model=mm))
+                                keep_path=save_gguf, quant_model=mm, use_cache=use_cache))
     elif runtime == "onnxruntime":
         from workbench.export.onnx_check import check_onnx
         res = drive(check_onnx(mm, plan, text, samples, accuracy_level=accuracy_level,
@@ -385,14 +385,16 @@ def measure_sensitivity(model: "Model", schemes: str | Sequence[str] = DEFAULT_S
                         pins: Mapping[str, str] | None = None, extra: Sequence[str] = (),
                         executor=None, progress: ProgressCallback | None = None,
                         cancel: CancelCheck | None = None, driver: Driver | None = None,
-                        say: Callable[[str], None] | None = None) -> "SensitivityTable":
+                        say: Callable[[str], None] | None = None,
+                        use_cache: bool = True) -> "SensitivityTable":
     """Per tensor and candidate scheme: how much quantizing it hurts, and the bytes `evaluate`
     counts for `target` (a SensitivityTable: ``values[(tensor, scheme)]``, ``bytes``,
     ``rows()`` most sensitive first, ``to_dict()``). `measure`: weight (squared weight error),
     activation (imatrix-weighted), fisher (a second-order estimate of the output change from
     one calibration pass), output (measured, one tensor at a time) or auto
     (:func:`resolve_measure`). The table also carries ``measure_reason`` and ``samples`` (the
-    calibration samples read). `say(line)` gets the chosen measure's line when auto."""
+    calibration samples read). `say(line)` gets the chosen measure's line when auto.
+    `use_cache` False: the output measure's cache is neither read nor written."""
     from workbench.planning.sensitivity import sensitivity_table_job
     names = parse_schemes(schemes, target)
     choice = resolve_measure(model, measure, calib, imatrix, samples)
@@ -404,7 +406,7 @@ def measure_sensitivity(model: "Model", schemes: str | Sequence[str] = DEFAULT_S
                              "--calib, not --imatrix")
     table = _driver(progress, cancel, driver)(sensitivity_table_job(
         model, names, choice.measure, calib, imatrix, choice.samples, target,
-        dict(pins) if pins else None, list(extra), executor=executor))
+        dict(pins) if pins else None, list(extra), executor=executor, use_cache=use_cache))
     table.measure_reason = choice.reason
     table.samples = choice.samples
     return table
@@ -486,7 +488,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
                   methods: str = AUTO, table: "SensitivityTable | None" = None,
                   output: str | os.PathLike | None = None, executor=None, progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
                   driver: Driver | None = None, say: Callable[[str], None] | None = None,
-                  notes: bool = True) -> Allocation:
+                  notes: bool = True, use_cache: bool = True) -> Allocation:
     """The plan with the least total sensitivity within `budget` (:class:`Budget`), over the
     candidate `schemes` ("auto": every scheme `target` runs), with `pins` ({tensor or moe:
     selector: scheme}) fixed and `methods` ("auto", "rtn" or e.g. "rtn,imatrix,gptq") weighed
@@ -533,7 +535,8 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     if table is None:
         table = measure_sensitivity(model, names, measure=measure, calib=calib,
                                     imatrix=imatrix, samples=samples, target=target, pins=pins,
-                                    executor=executor, driver=drive, say=say)
+                                    executor=executor, driver=drive, say=say,
+                                    use_cache=use_cache)
     else:                         # weighing the methods rescales values: on a copy
         table = table.copy()
     t1 = time.perf_counter()
@@ -589,7 +592,8 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
                      imatrix=None, samples: int | None = None, target: str = "any",
                      executor=None, progress: ProgressCallback | None = None,
                      cancel: CancelCheck | None = None, driver: Driver | None = None,
-                     say: Callable[[str], None] | None = None) -> Frontier:
+                     say: Callable[[str], None] | None = None,
+                     use_cache: bool = True) -> Frontier:
     """`points` allocated plans evenly spaced from `from_bpw` to `to_bpw` bits per weight
     (default: the cheapest to the largest uniform plan), every uniform plan and the llama.cpp
     `recipes`; `check` > 0 measures that many allocated points and every uniform / recipe
@@ -602,7 +606,8 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
     t0 = time.perf_counter()
     table = measure_sensitivity(model, schemes, measure=measure, calib=calib, imatrix=imatrix,
                                 samples=samples, target=target, extra=extra, executor=executor,
-                                progress=progress, cancel=cancel, driver=driver, say=say)
+                                progress=progress, cancel=cancel, driver=driver, say=say,
+                                use_cache=use_cache)
     t1 = time.perf_counter()
     uni = uniform_points(model, table)
     rec, why = [], None

@@ -19,6 +19,7 @@ CONFIG_AREAS = ("config-tensors", "config-counts", "config-values")
 # issue 32's classes 1, 4, 5, 7, 8 (tests/fuzz/cases_round4.py)
 ROUND4_AREAS = ("r4-outputs", "r4-sidecars", "r4-nesting", "r4-messages", "r4-leftovers")
 AREAS = BASE_AREAS + HOSTILE_AREAS + CONFIG_AREAS + ROUND4_AREAS
+AREAS += ("r5-caches",)     # issue 47's caches (tests/fuzz/cases_caches.py)
 DTYPES = ["F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "U8", "BOOL", "F8_E4M3",
           "Q4_0", "X", 7, None]
 HUGE = [0, 1, 2, 3, 255, 256, 2**31 - 1, 2**31, 2**32, 2**40, 2**53, 2**62, 2**63, 2**64 - 1,
@@ -300,3 +301,5 @@ def _hostile():
 
 
 GENERATORS.update(_hostile())
+from .cases_caches import GENERATORS as _CACHES  # noqa: E402 - issue 47's caches
+GENERATORS.update(_CACHES)

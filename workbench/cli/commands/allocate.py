@@ -86,7 +86,7 @@ def run(args) -> int:
     a = api.allocate_plan(model, budget, schemes=schemes, measure=args.measure, calib=args.calib,
                           imatrix=args.imatrix, samples=args.samples, target=args.target,
                           pins=pins, methods=args.methods, output=args.output,
-                          executor=executor_of(args),
+                          executor=executor_of(args), use_cache=not args.no_cache,
                           driver=driver, say=say,
                           notes=not args.json)
     out = a.to_dict(args.output)
