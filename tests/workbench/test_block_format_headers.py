@@ -6,9 +6,6 @@ to what the format's own package computes, 3-D gpt-oss experts included (`inspec
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 from pathlib import Path
 
 import numpy as np
@@ -21,23 +18,7 @@ from workbench.core.errors import WorkbenchError
 pytest.importorskip("safetensors")
 pack_to_int32 = pytest.importorskip(
     "compressed_tensors.compressors.pack_quantized.helpers").pack_to_int32
-
-
-def _save(folder: Path, tensors: dict, qcfg: dict) -> Path:
-    from safetensors.torch import save_file
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps({"model_type": "test",
-                                                    "quantization_config": qcfg}))
-    return folder
-
-
-def _main(*argv) -> tuple[int, str]:
-    from workbench.cli import main
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        rc = main([str(a) for a in argv])
-    return rc, err.getvalue()
+from tests.workbench.test_block_fp_sources import _main, _save  # noqa: E402
 
 
 def _ct(weights: dict, fmt="pack-quantized") -> dict:

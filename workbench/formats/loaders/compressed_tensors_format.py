@@ -12,7 +12,8 @@ way along dim 0. ``float-quantized`` FP8 layers keep ``<layer>.weight`` as float
 (two E2M1 codes per byte, weight 2k low), ``weight_scale`` float8_e4m3fn [out, in/16] with
 ``weight_global_scale`` [1] (w = e2m1·scale/global) or uint8 E8M0 [out, in/32] (w =
 e2m1·2^(e−127)), decoded as workbench/schemes/microscaling.py does (float32, exact).
-Every other tensor is read as stored.
+Every other tensor is read as stored. The header is checked against the tensors before any of
+this (workbench/formats/loaders/ct_layout.py).
 """
 
 from __future__ import annotations

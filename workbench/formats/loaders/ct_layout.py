@@ -162,13 +162,19 @@ class _Layer:
                       tensor=info.name)
         return info
 
-    def want(self, kind: str, bits: int | None) -> dict:
+    def want(self, kind: str, bits: int | None, strategies=None) -> dict:
         a = self.args
         if a is None:
             self.fail(f"no quantization_config group targets layer {self.layer[:120]}")
         if a["type"] != kind or (bits is not None and a["num_bits"] != bits):
             self.fail(f"the data is {kind}{bits or ''} but the config group says "
                       f"{a['type']} num_bits {a['num_bits']}")
+        if kind == "float" and not a["symmetric"]:
+            self.fail("the config group says symmetric: false, but float weights are "
+                      "symmetric (no zero point)")
+        if strategies is not None and a["strategy"] not in strategies:
+            self.fail(f"the data is scaled per group, but the config group's strategy is "
+                      f"{a['strategy']} (expected {' or '.join(strategies)})")
         return a
 
     def scale_shape(self, rows: int, cols: int, a: dict) -> tuple:
@@ -272,8 +278,9 @@ def _packed_int(lay: _Layer, info) -> dict:
 
 
 def _fp8(lay: _Layer, info) -> dict:
-    if not info.dtype.startswith("F8"):
-        lay.fail(f"a {info.dtype} weight beside a weight_scale: only float8 weights "
+    if info.dtype != "F8_E4M3":
+        where = "beside a weight_scale" if lay.info("weight_scale") else "without a weight_scale"
+        lay.fail(f"a {info.dtype} weight {where}: only float8_e4m3fn weights "
                  "(float-quantized) or weight_packed carry one")
     if len(info.shape) != 2:
         lay.fail(f"float8 weight of shape {list(info.shape)}: only 2-D weights are read")
@@ -294,9 +301,9 @@ def _fp4(lay: _Layer, info) -> dict:
     """An NVFP4 (float8 scales per 16, a global scale) or MXFP4 (E8M0 scales per 32) layer."""
     if len(info.shape) != 2:
         lay.fail(f"uint8 weight_packed of shape {list(info.shape)}: expected 2-D")
-    a = lay.want("float", 4)
     scale = lay.need("weight_scale", ("F8_E4M3", "U8"), "float8 (nvfp4) or uint8 (mxfp4)")
     nv = scale.dtype == "F8_E4M3"
+    a = lay.want("float", 4, ("tensor_group",) if nv else ("group",))
     group = 16 if nv else 32
     if a["group_size"] != group:
         lay.fail(f"{'nvfp4' if nv else 'mxfp4'} scales ({scale.dtype}) are per {group} values, "
