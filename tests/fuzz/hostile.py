@@ -397,3 +397,11 @@ def _round4_kinds() -> None:
 
 
 _round4_kinds()
+
+
+def _block_kinds() -> None:
+    from .hostile_blocks import EXERCISES as B     # issue 47's block-format headers
+    EXERCISES.update(B)
+
+
+_block_kinds()
