@@ -6,7 +6,8 @@ packed with torch and the compressed-tensors package) and opens:
                float8 (tensor / channel / group / block), NVFP4, MXFP4; a quantization_config
                field or a tensor mutated (a companion dropped, its dtype or shape changed,
                num_bits / group_size / strategy / symmetric / type / format / targets edited,
-               an orphan companion, a huge weight_shape) or a benign edit
+               an orphan companion, a huge weight_shape, a GPTQ weight_g_idx) or a
+               benign edit
     r5-fp8     DeepSeek-V3 FP8 (weight_scale_inv per block): the same kinds of mutation
     r5-mxfp4   gpt-oss MXFP4 (_blocks / _scales, 2-D and 3-D experts)
 """
@@ -23,7 +24,7 @@ CT_MUTATIONS = (
     "scale-dtype", "scale-shape", "zp-dtype", "zp-shape", "shape-values", "shape-huge",
     "shape-dtype", "shape-rank", "packed-dtype", "packed-cut", "weight-dtype",
     "num_bits", "group_size", "strategy", "symmetric", "type", "format", "block_structure",
-    "targets-none", "orphan", "groups-type")
+    "targets-none", "orphan", "groups-type", "g-idx")
 FP8_MUTATIONS = ("none", "none", "benign-extra", "drop-scale", "orphan", "scale-dtype",
                  "scale-shape", "weight-dtype", "block-size", "block-bad", "fmt", "unscaled-f8")
 MX_MUTATIONS = ("none", "none", "benign-extra", "drop-scales", "drop-blocks", "blocks-last",

@@ -347,6 +347,9 @@ def _ct_mutate(mut, t, args, qcfg, refs, meta, pick):
                                              {"g": {"targets": "l", "weights": args}},
                                              {"g": {"targets": ["l"], "weights": [1]}}])
         return "refuse"
+    if mut == "g-idx":      # activation-order groups: never decoded as if absent
+        t["l.weight_g_idx"] = torch.arange(cols, dtype=torch.int32) % 2
+        return "refuse"
     raise AssertionError(mut)
 
 

@@ -100,6 +100,7 @@ def test_companion_without_its_weight(tmp_path):
     ("scale_i64", "l.weight_scale", "weight_scale is I64"),
     ("float_args", "l.weight_packed", "the config group says float"),
     ("huge_shape", "l.weight_packed", r"weight_shape \[2147483648, 2147483648\]"),
+    ("g_idx", "l.weight_g_idx", "activation-order groups"),
 ])
 def test_contradicting_compressed_tensors_headers(tmp_path, case, tensor, match):
     t, args, _ = _int_layer(8, 64, 4, 32, asym=True)
@@ -121,6 +122,8 @@ def test_contradicting_compressed_tensors_headers(tmp_path, case, tensor, match)
         args["type"] = "float"
     elif case == "huge_shape":
         t["l.weight_shape"] = torch.tensor([2**31, 2**31])
+    elif case == "g_idx":     # GPTQ activation order: listed as a tensor and ignored before
+        t["l.weight_g_idx"] = torch.arange(64, dtype=torch.int32) % 2
     _refused(_save(tmp_path / case, t, _ct(args)), tensor, match)
 
 

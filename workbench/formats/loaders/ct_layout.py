@@ -17,7 +17,8 @@ from pathlib import Path
 from workbench.core.errors import WorkbenchError
 
 PACKED = ".weight_packed"
-COMPANIONS = ("weight_scale", "weight_shape", "weight_zero_point", "weight_global_scale")
+COMPANIONS = ("weight_scale", "weight_shape", "weight_zero_point", "weight_global_scale",
+              "weight_g_idx")
 FORMATS = ("pack-quantized", "float-quantized", "nvfp4-pack-quantized", "mxfp4-pack-quantized",
            "mixed-precision", "dense")
 STRATEGIES = ("tensor", "channel", "group", "block", "tensor_group")
@@ -227,6 +228,9 @@ def check_layers(base, qcfg, folder: Path, path) -> tuple[dict, set]:
             part = _packed_int(lay, info)
         else:
             part = _fp8(lay, info)
+        if lay.info("weight_g_idx") is not None:   # activation order: not decoded here
+            lay.fail("weight_g_idx (activation-order groups) is not read: the weight would "
+                     "decode with the wrong groups", tensor=f"{layer}.weight_g_idx")
         gfmt = lay.args.get("format") or fmt
         if gfmt not in (None, "mixed-precision") and gfmt != part["format"]:
             lay.fail(f"the data is {part['format']} but the config says format {gfmt}")
