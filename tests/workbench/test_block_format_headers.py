@@ -214,3 +214,23 @@ def test_gpt_oss_scales_without_blocks(tmp_path):
     del sd["model.layers.0.mlp.experts.down_proj_blocks"]
     save_file(sd, str(folder / "model.safetensors"))
     _refused(folder, "model.layers.0.mlp.experts.down_proj_scales", "without its _blocks")
+
+
+@pytest.mark.parametrize("shape", [(0, 64), (5, 0), (0, 0)])
+@pytest.mark.parametrize("scheme", ["int4-g32-asym", "int8-channel", "fp8-e4m3",
+                                    "fp8-e4m3-b128", "nvfp4-g16", "mxfp4-g32"])
+def test_empty_weights_of_an_export_still_open(tmp_path, shape, scheme):
+    """The exporter writes an empty weight's scales as [rows, 0] / [0, 0]: still read."""
+    from workbench.core.progress import run
+    from workbench.export import export
+    from workbench.export.st_writer import StreamingSafetensorsWriter
+    from workbench.quant.plan import Plan
+    src = tmp_path / "src"
+    src.mkdir()
+    w = StreamingSafetensorsWriter(src / "model.safetensors")
+    w.add("model.layers.0.mlp.up_proj.weight", np.ones(shape, np.float32))
+    w.finish()
+    run(export(qw.open_model(src), Plan(default=scheme), "compressed-tensors", tmp_path / "ct"))
+    m = qw.open_model(tmp_path / "ct")
+    got = m.read("model.layers.0.mlp.up_proj.weight")
+    assert got.shape == shape and m.info("model.layers.0.mlp.up_proj.weight").quant
