@@ -18,7 +18,9 @@ HOSTILE_AREAS = ("outputs", "pt-cycles", "imatrix", "calibration", "roundtrip", 
 CONFIG_AREAS = ("config-tensors", "config-counts", "config-values")
 # issue 32's classes 1, 4, 5, 7, 8 (tests/fuzz/cases_round4.py)
 ROUND4_AREAS = ("r4-outputs", "r4-sidecars", "r4-nesting", "r4-messages", "r4-leftovers")
-AREAS = BASE_AREAS + HOSTILE_AREAS + CONFIG_AREAS + ROUND4_AREAS
+# issue 47's block-format headers (tests/fuzz/cases_blocks.py)
+BLOCK_AREAS = ("r5-ct", "r5-fp8", "r5-mxfp4")
+AREAS = BASE_AREAS + HOSTILE_AREAS + CONFIG_AREAS + ROUND4_AREAS + BLOCK_AREAS
 AREAS += ("r5-caches",)     # issue 47's caches (tests/fuzz/cases_caches.py)
 DTYPES = ["F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "U8", "BOOL", "F8_E4M3",
           "Q4_0", "X", 7, None]
@@ -296,8 +298,9 @@ GENERATORS = {"safetensors": safetensors, "gguf": gguf_file, "pytorch": pytorch,
 def _hostile():
     from .cases_config import GENERATORS as C
     from .cases_hostile import GENERATORS as G
+    from .cases_blocks import GENERATORS as B
     from .cases_round4 import GENERATORS as R
-    return {**G, **C, **R}
+    return {**G, **C, **R, **B}
 
 
 GENERATORS.update(_hostile())

@@ -399,3 +399,11 @@ def _round4_kinds() -> None:
 _round4_kinds()
 from .hostile_caches import EXERCISES as _CACHES  # noqa: E402 - issue 47's caches
 EXERCISES.update(_CACHES)
+
+
+def _block_kinds() -> None:
+    from .hostile_blocks import EXERCISES as B     # issue 47's block-format headers
+    EXERCISES.update(B)
+
+
+_block_kinds()
