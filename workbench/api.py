@@ -29,6 +29,7 @@ from workbench.planning.budget import Budget
 from workbench.core.errors import Cancelled, WorkbenchError
 from workbench.quant.plan import Plan, Rule
 from workbench.core.progress import Job, Progress
+from workbench.running.inputs import validate_calibration_inputs as _check_inputs
 
 if TYPE_CHECKING:   # the heavy types, for annotations only
     from workbench.quant.evaluate import Evaluation
@@ -168,6 +169,7 @@ def evaluate_plan(model: "Model", plan: PlanLike, *, target: str = "any", strict
     weight, bytes, errors) and ``totals`` (bytes before / after, bits per weight, SQNR), as
     `evaluate` prints them. `strict`: a fallback is an error."""
     from workbench.quant.evaluate import evaluate
+    _check_inputs(model, calib, imatrix=imatrix)
     drive = _driver(progress, cancel, driver)
     plan, _conv = _resolve_plan(model, plan, target, quantize_all, convention)
     plan, qmodel = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
@@ -198,6 +200,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     from workbench.running.runner_config import model_kind, read_config
     drive = _driver(progress, cancel, driver)
     target = runtime_target(runtime, target)
+    _check_inputs(model, calib, held_out, imatrix, check=(runtime, scoring), say=say)
     text = held_out or calib
     if runtime == "llama.cpp":
         from workbench.export.llama_kld import DEFAULT_CTX
@@ -290,6 +293,7 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
     never replace a file the model is read from."""
     drive = _driver(progress, cancel, driver)
     runtime = format_runtime(fmt, target)
+    _check_inputs(model, calib, imatrix=imatrix, say=say)
     plan, conv = _resolve_plan(model, plan, runtime, quantize_all, convention)
     if accuracy_level is not None and fmt != "onnx":
         raise WorkbenchError("--accuracy-level is an onnx option (MatMulNBits accuracy_level)")
@@ -369,6 +373,7 @@ def measure_sensitivity(model: "Model", schemes: str | Sequence[str] = DEFAULT_S
     calibration samples read). `say(line)` gets the chosen measure's line when auto."""
     from workbench.planning.sensitivity import sensitivity_table_job
     names = parse_schemes(schemes, target)
+    _check_inputs(model, calib, imatrix=imatrix, say=say)
     choice = resolve_measure(model, measure, calib, imatrix, samples)
     if choice.auto and say is not None:
         say(f"measure: {choice.measure} ({choice.reason}); {len(names)} candidate schemes for "
@@ -461,6 +466,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     from workbench.planning.sizes import below_smallest_message, budget_candidates, size_floor
     drive = _driver(progress, cancel, driver)
     target = budgets.file_target(budget, target)
+    _check_inputs(model, calib, imatrix=imatrix if table is not None else None, say=say)
     if table is not None:
         if table.runtime != target:
             raise WorkbenchError(f"the sensitivity table was measured for target "
@@ -539,6 +545,7 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
 
     from workbench.planning.frontier import check_points_job, frontier, recipe_points, recipe_types, uniform_points
     recipes = [r.strip() for r in recipes if r.strip()]
+    _check_inputs(model, calib, held_out)       # (imatrix: measure_sensitivity's own check)
     extra = recipe_types(recipes) if recipes else []
     t0 = time.perf_counter()
     table = measure_sensitivity(model, schemes, measure=measure, calib=calib, imatrix=imatrix,

@@ -22,6 +22,8 @@ def run(args) -> int:
     from workbench.core.errors import WorkbenchError
     from workbench.running.imatrix import collect, write_imatrix_gguf
     model = open_model_arg(args)
+    from workbench.running.inputs import validate_calibration_inputs
+    validate_calibration_inputs(model, args.calib)       # before the network is built
     if os.path.abspath(args.output) in (os.path.abspath(model.path),
                                         os.path.abspath(args.calib or DEFAULT_CALIB)):
         raise WorkbenchError("refusing to write over an input", path=args.output)
