@@ -397,3 +397,11 @@ def _round4_kinds() -> None:
 
 
 _round4_kinds()
+
+
+def _input_kinds() -> None:
+    from .hostile_inputs import EXERCISES as I      # issue 47's imatrix and calibration kinds
+    EXERCISES.update(I)
+
+
+_input_kinds()
