@@ -199,3 +199,20 @@ def test_a_gguf_run_on_the_fly_has_its_inputs_checked_before_the_conversion(tmp_
         assert main([str(a) for a in argv]) == 2, argv
         line = capsys.readouterr().err.strip()
         assert "\n" not in line and words in line, line
+
+
+def test_an_unreadable_config_is_an_error_not_an_unknown_vocabulary(tmp_path):
+    """The vocabulary comes from config.json: one that cannot be read was taken as "vocabulary
+    unknown", and token ids past the embedding table went unchecked."""
+    import shutil
+
+    from workbench.running.inputs import validate_calibration_inputs
+    folder = tmp_path / "m"
+    shutil.copytree(DEMO, folder)
+    model = qw.open_model(folder)
+    oov = tmp_path / "oov.npy"
+    np.save(oov, np.array([[1, 2, 100000]], np.int64))
+    (folder / "config.json").write_text('{"vocab_size": 512, "model_type": ')   # cut short
+    with pytest.raises(WorkbenchError) as e:
+        validate_calibration_inputs(model, oov)
+    assert "config.json" in str(e.value) and "\n" not in str(e.value)
