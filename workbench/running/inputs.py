@@ -85,9 +85,14 @@ def _measured_as_stream(model, check) -> bool:
         return True
     if runtime != "torch" or scoring != "chunks":
         return False
-    from workbench.running.runner_config import model_kind, read_config
+    from workbench.running.runner_config import ENCODER_TYPES, model_kind, read_config
     try:
-        return model_kind(read_config(model)) == "causal-lm"
+        cfg = read_config(model)
+        archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
+        if cfg.get("model_type") in ENCODER_TYPES and not any(
+                a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+            return False        # an encoder, as model_kind says, without importing transformers
+        return model_kind(cfg) == "causal-lm"
     except WorkbenchError:
         return False            # not runnable: the check itself says so
 
