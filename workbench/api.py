@@ -78,6 +78,13 @@ def _driver(progress: ProgressCallback | None | bool, cancel: CancelCheck | None
     return drive
 
 
+def _check_inputs(*args, **kw) -> None:
+    """The calibration, held-out and imatrix files checked before any network is built
+    (workbench.running.inputs)."""
+    from workbench.running.inputs import validate_calibration_inputs
+    validate_calibration_inputs(*args, **kw)
+
+
 def _file_inputs(**named) -> dict:
     """{parameter: path} of the arguments that name files (str / os.PathLike): the inputs an
     output is compared with (workbench.core.outputs.check_output)."""
@@ -187,6 +194,7 @@ def evaluate_plan(model: "Model", plan: PlanLike, *, target: str = "any", strict
     weight, bytes, errors) and ``totals`` (bytes before / after, bits per weight, SQNR), as
     `evaluate` prints them. `strict`: a fallback is an error."""
     from workbench.quant.evaluate import evaluate
+    _check_inputs(model, calib, imatrix=imatrix)
     drive = _driver(progress, cancel, driver)
     plan, _conv = _resolve_plan(model, plan, target, quantize_all, convention)
     plan, qmodel = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
@@ -218,6 +226,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     from workbench.core.outputs import check_output
     drive = _driver(progress, cancel, driver)
     target = runtime_target(runtime, target)
+    _check_inputs(model, calib, held_out, imatrix, check=(runtime, scoring), say=say)
     text = held_out or calib
     for label, out in (("save_gguf", save_gguf), ("save_onnx", save_onnx)):
         if out is not None:     # before any work: never an input, its folder writable
@@ -316,6 +325,7 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
                  inputs=_file_inputs(calib=calib, imatrix=imatrix), overwrite=overwrite)
     drive = _driver(progress, cancel, driver)
     runtime = format_runtime(fmt, target)
+    _check_inputs(model, calib, imatrix=imatrix, say=say)
     plan, conv = _resolve_plan(model, plan, runtime, quantize_all, convention)
     if accuracy_level is not None and fmt != "onnx":
         raise WorkbenchError("--accuracy-level is an onnx option (MatMulNBits accuracy_level)")
@@ -397,6 +407,7 @@ def measure_sensitivity(model: "Model", schemes: str | Sequence[str] = DEFAULT_S
     `use_cache` False: the output measure's cache is neither read nor written."""
     from workbench.planning.sensitivity import sensitivity_table_job
     names = parse_schemes(schemes, target)
+    _check_inputs(model, calib, imatrix=imatrix, say=say)
     choice = resolve_measure(model, measure, calib, imatrix, samples)
     if choice.auto and say is not None:
         say(f"measure: {choice.measure} ({choice.reason}); {len(names)} candidate schemes for "
@@ -514,6 +525,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     from workbench.planning.sizes import below_smallest_message, budget_candidates, size_floor
     drive = _driver(progress, cancel, driver)
     target = budgets.file_target(budget, target)
+    _check_inputs(model, calib, imatrix=imatrix if table is not None else None, say=say)
     if table is not None:
         if table.runtime != target:
             raise WorkbenchError(f"the sensitivity table was measured for target "
@@ -602,6 +614,7 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
 
     from workbench.planning.frontier import check_points_job, frontier, recipe_points, recipe_types, uniform_points
     recipes = [r.strip() for r in recipes if r.strip()]
+    _check_inputs(model, calib, held_out)       # (imatrix: measure_sensitivity's own check)
     extra = recipe_types(recipes) if recipes else []
     t0 = time.perf_counter()
     table = measure_sensitivity(model, schemes, measure=measure, calib=calib, imatrix=imatrix,
@@ -649,6 +662,7 @@ def calibrate(model: "Model", output: str | os.PathLike, *, calib=None,
     from workbench.running.imatrix import collect, write_imatrix_gguf
     text = calib if calib is not None else DEFAULT_CALIB
     out = check_output(output, model=model, inputs=_file_inputs(calib=text))
+    _check_inputs(model, calib)       # before the network is built
     stats, n, longest = _driver(progress, cancel, driver)(collect(model, calib, samples))
     write_imatrix_gguf(model, stats, out, os.path.basename(os.fspath(text)) if isinstance(
         text, (str, os.PathLike)) else "calibration", n, longest)

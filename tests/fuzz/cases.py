@@ -20,7 +20,9 @@ CONFIG_AREAS = ("config-tensors", "config-counts", "config-values")
 ROUND4_AREAS = ("r4-outputs", "r4-sidecars", "r4-nesting", "r4-messages", "r4-leftovers")
 # issue 47's block-format headers (tests/fuzz/cases_blocks.py)
 BLOCK_AREAS = ("r5-ct", "r5-fp8", "r5-mxfp4")
-AREAS = BASE_AREAS + HOSTILE_AREAS + CONFIG_AREAS + ROUND4_AREAS + BLOCK_AREAS
+# issue 47's input kinds (tests/fuzz/cases_inputs.py)
+INPUT_AREAS = ("r5-imatrix", "r5-calibration")
+AREAS = BASE_AREAS + HOSTILE_AREAS + CONFIG_AREAS + ROUND4_AREAS + BLOCK_AREAS + INPUT_AREAS
 AREAS += ("r5-caches",)     # issue 47's caches (tests/fuzz/cases_caches.py)
 DTYPES = ["F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "U8", "BOOL", "F8_E4M3",
           "Q4_0", "X", 7, None]
@@ -300,7 +302,8 @@ def _hostile():
     from .cases_hostile import GENERATORS as G
     from .cases_blocks import GENERATORS as B
     from .cases_round4 import GENERATORS as R
-    return {**G, **C, **R, **B}
+    from .cases_inputs import GENERATORS as I
+    return {**G, **C, **R, **B, **I}
 
 
 GENERATORS.update(_hostile())

@@ -407,3 +407,11 @@ def _block_kinds() -> None:
 
 
 _block_kinds()
+
+
+def _input_kinds() -> None:
+    from .hostile_inputs import EXERCISES as I      # issue 47's imatrix and calibration kinds
+    EXERCISES.update(I)
+
+
+_input_kinds()

@@ -158,6 +158,9 @@ def best_measure(model, calib=None, imatrix=None) -> tuple[str, str]:
     inputs that tokenize; activation with an imatrix; weight otherwise."""
     if imatrix:
         return "activation", "an imatrix was given"
+    if calib:       # a bad file given is refused, never taken as "not runnable"
+        from workbench.running.inputs import validate_calibration_inputs
+        validate_calibration_inputs(model, calib)
     try:
         from workbench.running.calibration import calibration_samples
         from workbench.running.runner_config import _import_transformers, model_kind, read_config
