@@ -55,7 +55,8 @@ def open_source(src):
 def convert(src, to: str, output, dtype: str = DEFAULT_DTYPE, off_grid_seed: int | None = None):
     """Job: convert the GGUF `src` into `output` (see the module doc). Returns a dict:
     source, output, to, dtype, tensors, bytes, seconds, off_grid (or None), on_source_grid,
-    unused (GGUF tensors transformers computes itself, e.g. rope_freqs)."""
+    unused (always empty: a tensor with no place is refused), in_config (tensors the config
+    carries: rope_freqs as llama3 rope_parameters)."""
     from workbench.export.convert.off_grid import off_grid, on_source_grid
     from workbench.export.convert.source import FloatView
     if to not in TARGETS:
@@ -82,7 +83,7 @@ def convert(src, to: str, output, dtype: str = DEFAULT_DTYPE, off_grid_seed: int
             "off_grid": og.to_dict() if og is not None else None,
             "on_source_grid": {n: model.info(n).dtype
                                for n in on_source_grid(model, view.changes)},
-            "unused": info.get("unused", [])}
+            "unused": info.get("unused", []), "in_config": info.get("in_config", {})}
 
 
 def write_gguf(view, out: Path, dtype: str):

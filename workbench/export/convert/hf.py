@@ -193,6 +193,7 @@ def cast(w: np.ndarray, dtype: str, name: str) -> np.ndarray:
 def write_hf(view, out: Path, dtype: str = "bf16"):
     """Job: write the FloatView's model as a Hugging Face folder at `out` (absent or empty).
     Returns {"tensors", "bytes", "unused", "architectures"}."""
+    from workbench.export.convert.carry import carry
     from workbench.export.convert.live import HFNames
     model = view.model
     arch = str(model.metadata.get("general.architecture", ""))
@@ -203,6 +204,7 @@ def write_hf(view, out: Path, dtype: str = "bf16"):
                                       "reading the config and tokenizer (transformers)")
         cfg["dtype"] = TORCH_NAMES[dtype]
         llama_cpp_semantics(cfg, arch, model.metadata)
+        view.in_config = carry(cfg, view)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         tok.save_pretrained(str(tmp))
         names = HFNames(view, tmp)     # reads tmp/config.json
@@ -258,4 +260,4 @@ def write_hf(view, out: Path, dtype: str = "bf16"):
                                  path=str(out)) from None
         raise
     return {"tensors": len(params), "bytes": size, "unused": unused,
-            "architectures": cfg.get("architectures")}
+            "in_config": names.in_config, "architectures": cfg.get("architectures")}
