@@ -190,6 +190,27 @@ def cast(w: np.ndarray, dtype: str, name: str) -> np.ndarray:
     return h
 
 
+def user_paths(exc: WorkbenchError, folder: str, whole: str, inside) -> WorkbenchError:
+    """`exc` with a path in `folder` (a temporary folder the user never saw) named `whole`
+    (the folder itself) or inside(its relative path) (a file in it)."""
+    path = exc.path or ""
+    if path != folder and not path.startswith(folder + os.sep):
+        return exc
+    what = os.path.relpath(path, folder)
+    new = WorkbenchError(exc.problem, path=whole if what == "." else inside(what),
+                         tensor=exc.tensor)
+    new.__cause__ = exc.__cause__
+    return new
+
+
+def _discard(fh, tmp: Path) -> None:
+    if fh is not None:
+        with contextlib.suppress(OSError):
+            fh.close()
+    with contextlib.suppress(OSError):
+        shutil.rmtree(tmp)
+
+
 def write_hf(view, out: Path, dtype: str = "bf16"):
     """Job: write the FloatView's model as a Hugging Face folder at `out` (absent or empty).
     Returns {"tensors", "bytes", "unused", "architectures"}."""
@@ -248,12 +269,13 @@ def write_hf(view, out: Path, dtype: str = "bf16"):
             raise WorkbenchError(f"cannot move the finished folder into place "
                                  f"({exc.strerror or exc}); nothing was written", path=str(out)) \
                 from None
+    except WorkbenchError as exc:
+        _discard(fh, tmp)
+        # the temporary folder is gone: the message names the user's output (and the GGUF)
+        raise user_paths(exc, str(tmp), f"{model.path} (converting to {out})",
+                         lambda what: f"{out / what} (built from the GGUF's metadata)") from None
     except BaseException as exc:
-        if fh is not None:
-            with contextlib.suppress(OSError):
-                fh.close()
-        with contextlib.suppress(OSError):
-            shutil.rmtree(tmp)
+        _discard(fh, tmp)
         if isinstance(exc, OSError):
             why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
             raise WorkbenchError(f"write failed ({why}); nothing was written",

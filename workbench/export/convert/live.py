@@ -178,7 +178,8 @@ def open_live(path):
     companion folder)."""
     from workbench.export.convert import open_source
     from workbench.export.convert.carry import carry
-    from workbench.export.convert.hf import llama_cpp_semantics, read_config_and_tokenizer, waiting
+    from workbench.export.convert.hf import (llama_cpp_semantics, read_config_and_tokenizer,
+                                             user_paths, waiting)
     from workbench.export.convert.source import FloatView
     p = Path(path).expanduser()
     src = open_source(p)
@@ -206,9 +207,11 @@ def open_live(path):
             os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
         yield Progress(0, 1, "mapping the GGUF's tensors to the network's parameters")
         names = HFNames(view, tmp)
-    except BaseException:
+    except BaseException as exc:
         src.close()
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, WorkbenchError):     # named for the GGUF, not the gone folder
+            raise user_paths(exc, str(tmp), str(p), lambda what: _inside(p, what)) from None
         raise
     tensors = {}
     for q in names.params:
@@ -227,15 +230,16 @@ def open_live(path):
 def public_error(exc: WorkbenchError) -> WorkbenchError:
     """`exc` naming the GGUF where it names a file of a live model's companion folder (a
     user never saw that folder: its files are built from the GGUF's metadata)."""
-    path = exc.path or ""
+    from workbench.export.convert.hf import user_paths
     for folder, gguf in list(_COMPANIONS.items()):
-        if path == folder or path.startswith(folder + os.sep):
-            what = os.path.relpath(path, folder)
-            where = gguf if what == "." else f"{gguf} (its {what}, built from the GGUF's metadata)"
-            new = WorkbenchError(exc.problem, path=where, tensor=exc.tensor)
-            new.__cause__ = exc.__cause__
+        new = user_paths(exc, folder, gguf, lambda what, g=gguf: _inside(g, what))
+        if new is not exc:
             return new
     return exc
+
+
+def _inside(gguf, what: str) -> str:
+    return f"{gguf} (its {what}, built from the GGUF's metadata)"
 
 
 def _cleanup(src, tmp: str) -> None:
