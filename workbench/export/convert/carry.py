@@ -28,6 +28,34 @@ FLAGS = {"attention_bias": ("attn_q", "attn_k", "attn_v", "attn_output"),
          "mlp_bias": ("ffn_gate", "ffn_up", "ffn_down")}
 _BIAS = re.compile(r"blk\.(\d+)\.(\w+)\.bias$")
 ROPE_FREQS = "rope_freqs.weight"
+#: config keys llama.cpp may store one value per layer (llama_model_loader::get_key_or_arr)
+PER_LAYER = {"num_key_value_heads": "attention.head_count_kv",
+             "num_attention_heads": "attention.head_count",
+             "intermediate_size": "feed_forward_length"}
+
+
+def per_layer_scalars(parsed: dict, arch: str, path: str) -> None:
+    """transformers' parsed GGUF config with llama.cpp's per-layer arrays (one value per
+    block: ``{arch}.attention.head_count_kv`` ...) as the single value transformers' config
+    takes, where every layer has the same; else refused, naming the key (transformers' configs
+    of these architectures have one value for all layers)."""
+    n = parsed.get("num_hidden_layers")
+    for ck, gk in PER_LAYER.items():
+        v = parsed.get(ck)
+        if not isinstance(v, (list, tuple)):
+            continue
+        key = f"{arch}.{gk}"
+        if not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            raise WorkbenchError(f"{key} is an array that is not of integers", path=path)
+        if isinstance(n, int) and len(v) != n:
+            raise WorkbenchError(f"{key} has {len(v)} values for {n} layers (block_count): "
+                                 "llama.cpp refuses it too", path=path)
+        if len(set(v)) != 1:
+            shown = ", ".join(str(x) for x in v[:8]) + (", ..." if len(v) > 8 else "")
+            raise WorkbenchError(f"{key} differs between layers ({shown}): transformers' "
+                                 f"{parsed.get('model_type', arch)} has one value for every "
+                                 "layer, so it cannot be converted", path=path)
+        parsed[ck] = int(v[0])
 
 
 def carry(cfg: dict, view) -> dict:

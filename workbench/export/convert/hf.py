@@ -65,8 +65,9 @@ def waiting(fn, message: str, every: float = 2.0):
     return box["value"]
 
 
-def read_config_and_tokenizer(gguf_path: str):
-    """(config dict, tokenizer) of a GGUF from transformers' GGUF support."""
+def read_config_and_tokenizer(gguf_path: str, arch: str = ""):
+    """(config dict, tokenizer) of a GGUF (of llama.cpp architecture `arch`) from transformers'
+    GGUF support."""
     from workbench.core.optional import require
     transformers = require("transformers", "model")
     p = Path(gguf_path)
@@ -74,7 +75,7 @@ def read_config_and_tokenizer(gguf_path: str):
     level = logger.get_verbosity()
     logger.set_verbosity_error()
     try:
-        with _one_parse():
+        with _one_parse(p, arch):
             cfg, tok = _config_and_tokenizer(transformers, p)
     finally:
         logger.set_verbosity(level)
@@ -85,6 +86,8 @@ def _config_and_tokenizer(transformers, p: Path):
     try:
         cfg = transformers.AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name,
                                                       local_files_only=True)
+    except WorkbenchError:
+        raise
     except Exception as exc:   # noqa: BLE001 - transformers raises many kinds
         raise WorkbenchError(f"transformers {transformers.__version__} cannot read a config "
                              f"from this GGUF ({type(exc).__name__}: {_first(exc)})",
@@ -100,11 +103,12 @@ def _config_and_tokenizer(transformers, p: Path):
 
 
 @contextlib.contextmanager
-def _one_parse():
+def _one_parse(path: Path, arch: str):
     """transformers' legacy GGUF reader (the gguf package's GGUFReader: ~10 s for a 49k-token
     vocabulary) runs once for the config and once more inside AutoTokenizer; here it runs once
-    and its result (copied) serves both. Where transformers has no such function, nothing
-    changes."""
+    and its result (copied) serves both, its per-layer arrays made single values
+    (carry.per_layer_scalars). Where transformers has no such function, nothing changes."""
+    from workbench.export.convert.carry import per_layer_scalars
     import copy
     try:
         import transformers.modeling_gguf_pytorch_utils as mod
@@ -113,12 +117,15 @@ def _one_parse():
         yield
         return
     memo: dict = {}
+    gguf = str(path)
 
     def once(path, return_tensors=False, **kw):
         if return_tensors or kw:
             return orig(path, return_tensors=return_tensors, **kw)
         if str(path) not in memo:
-            memo[str(path)] = orig(path, return_tensors=False)
+            parsed = orig(path, return_tensors=False)
+            per_layer_scalars(parsed.get("config", {}), arch, gguf)
+            memo[str(path)] = parsed
         return copy.deepcopy(memo[str(path)])
 
     mod.load_gguf_checkpoint = once
@@ -221,7 +228,7 @@ def write_hf(view, out: Path, dtype: str = "bf16"):
     tmp = make_temp_dir(out)
     fh = None
     try:
-        cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(model.path),
+        cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(model.path, arch),
                                       "reading the config and tokenizer (transformers)")
         cfg["dtype"] = TORCH_NAMES[dtype]
         llama_cpp_semantics(cfg, arch, model.metadata)

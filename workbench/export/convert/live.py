@@ -191,7 +191,7 @@ def open_live(path):
     clean_stale_dirs()
     tmp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
     try:
-        cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(str(p)),
+        cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(str(p), arch),
                                       "reading the GGUF's config and tokenizer (transformers)")
         cfg["dtype"] = "float32"
         llama_cpp_semantics(cfg, arch, src.metadata)
