@@ -397,3 +397,11 @@ def _round4_kinds() -> None:
 
 
 _round4_kinds()
+
+
+def _nested_kinds() -> None:
+    from .hostile_nested import EXERCISES as N     # issue 47's nested configs
+    EXERCISES.update(N)
+
+
+_nested_kinds()

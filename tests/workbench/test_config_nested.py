@@ -6,7 +6,6 @@ defaults transformers fills in), against the language model's tensors; a GGUF's 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -21,38 +20,14 @@ from workbench.formats.loaders import open_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gguf_rewrite import rewrite_gguf  # noqa: E402
+from tests.fuzz.hostile_nested import multimodal_folder  # noqa: E402
 
 pytest.importorskip("transformers")
 
 
 def wrapped(src: Path, dst: Path, prefix: str = "", **text) -> Path:
-    """The tiny gemma3_text folder as a multimodal Gemma 3 config: its config under
-    text_config (with `text` changes), a vision_config beside it; tensor names under
-    `prefix` (e.g. "model.language_model."), plus a vision tower's tensor."""
-    from safetensors.numpy import load_file, save_file
-    dst.mkdir()
-    for f in src.iterdir():
-        if f.name not in ("config.json", "model.safetensors"):
-            shutil.copy(f, dst / f.name)
-    inner = json.loads((src / "config.json").read_text())
-    inner.pop("architectures", None)
-    inner.update(text)
-    cfg = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
-           "text_config": inner,
-           "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 64,
-                             "num_hidden_layers": 5, "num_attention_heads": 2,
-                             "intermediate_size": 128, "image_size": 32, "patch_size": 16}}
-    (dst / "config.json").write_text(json.dumps(cfg))
-    st = load_file(str(src / "model.safetensors"))
-    out = {}
-    for k, v in st.items():
-        out[prefix + k[len("model."):] if prefix and k.startswith("model.") else k] = v
-    rng = np.random.default_rng(0)
-    for i in range(5):     # more vision layers than text layers (the tower is not the model)
-        out[f"model.vision_tower.vision_model.encoder.layers.{i}.self_attn.q_proj.weight"] = \
-            rng.standard_normal((64, 64)).astype(np.float32)
-    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    return dst
+    """The tiny gemma3_text folder as a multimodal Gemma 3 folder (tests/fuzz/hostile_nested)."""
+    return multimodal_folder(src, dst, prefix, 5, **text)
 
 
 def _check(folder: Path) -> None:

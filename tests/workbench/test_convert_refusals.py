@@ -43,5 +43,5 @@ def test_refusal_names_the_output_and_the_gguf(f32, tmp_path, capsys, change, wo
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
         assert "quant-workbench-" not in err[0] and ".tmp" not in err[0], err   # no temp folder
-        assert named in err[0], err
+        assert named in err[0] and str(bad) in err[0], err
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["src"]

@@ -39,7 +39,7 @@ def check_gguf_metadata(model) -> None:
         if hasattr(v, "dtype") and getattr(v, "ndim", 1) == 0 and v.dtype.kind in "iu":
             v = int(v)                      # a numpy scalar from the reader
         if isinstance(v, list) and gk in _PER_LAYER_KEYS:
-            v = _per_layer_value(v, f"{arch}.{gk}", md.get(f"{arch}.block_count"), model.path)
+            v = per_layer_value(v, f"{arch}.{gk}", md.get(f"{arch}.block_count"), model.path)
             if isinstance(v, list):
                 per_layer[ck] = v
                 continue
@@ -84,7 +84,7 @@ def md_ints(md: dict, arch: str) -> dict:
     return out
 
 
-def _per_layer_value(v: list, key: str, blocks, path):
+def per_layer_value(v: list, key: str, blocks, path):
     """A per-layer array as llama.cpp reads it: one integer per block (else refused naming
     the key); the single value where every layer has the same."""
     if not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):

@@ -49,7 +49,28 @@ def open_source(src):
     if model.format != "gguf" or model.source is None:
         raise WorkbenchError("convert reads a GGUF file (this is a "
                              f"{model.format} checkpoint)", path=str(src))
+    try:
+        check_vocabulary(model)
+    except WorkbenchError:
+        model.close()
+        raise
     return model
+
+
+def check_vocabulary(model) -> None:
+    """A GGUF whose tokenizer lists more tokens than its embedding has rows is refused before
+    any tokenizer is built (the ids past the rows have no embedding: the network would fail on
+    them, or read another tensor's memory in llama.cpp)."""
+    fields = getattr(model.source, "fields", None) or {}
+    f = fields.get("tokenizer.ggml.tokens")
+    emb = model.tensors.get("token_embd.weight")
+    if f is None or emb is None or not isinstance(f.value, list):
+        return
+    n, rows = len(f.value), int(emb.shape[0])
+    if n > rows:
+        raise WorkbenchError(f"tokenizer.ggml.tokens lists {n:,} tokens, but token_embd.weight "
+                             f"has {rows:,} rows: ids {rows:,} and above have no embedding; "
+                             "nothing was converted", path=model.path)
 
 
 def convert(src, to: str, output, dtype: str = DEFAULT_DTYPE, off_grid_seed: int | None = None):

@@ -34,28 +34,32 @@ PER_LAYER = {"num_key_value_heads": "attention.head_count_kv",
              "intermediate_size": "feed_forward_length"}
 
 
-def per_layer_scalars(parsed: dict, arch: str, path: str) -> None:
+def per_layer_scalars(parsed: dict, fields: dict, arch: str, path: str) -> None:
     """transformers' parsed GGUF config with llama.cpp's per-layer arrays (one value per
-    block: ``{arch}.attention.head_count_kv`` ...) as the single value transformers' config
-    takes, where every layer has the same; else refused, naming the key (transformers' configs
-    of these architectures have one value for all layers)."""
-    n = parsed.get("num_hidden_layers")
+    block: ``{arch}.attention.head_count_kv`` ...; `fields`: the GGUF's key/values, as the
+    project's reader holds them) as the single value transformers' config takes, where every
+    layer has the same; else refused, naming the key (transformers' configs of these
+    architectures have one value for all layers). The arrays are read from the file itself:
+    transformers makes a one-item array a single value, whatever the block count."""
+    from workbench.formats.config_gguf import per_layer_value
+    blocks = fields.get(f"{arch}.block_count")
+    blocks = blocks.contents() if blocks is not None else None
     for ck, gk in PER_LAYER.items():
-        v = parsed.get(ck)
-        if not isinstance(v, (list, tuple)):
+        f = fields.get(f"{arch}.{gk}")
+        if f is None or int(f.types[0]) != 9:
             continue
         key = f"{arch}.{gk}"
-        if not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            raise WorkbenchError(f"{key} is an array that is not of integers", path=path)
-        if isinstance(n, int) and len(v) != n:
-            raise WorkbenchError(f"{key} has {len(v)} values for {n} layers (block_count): "
-                                 "llama.cpp refuses it too", path=path)
-        if len(set(v)) != 1:
-            shown = ", ".join(str(x) for x in v[:8]) + (", ..." if len(v) > 8 else "")
+        one = per_layer_value(f.contents(), key, blocks, path)
+        if isinstance(one, list):
+            if len(set(one)) == 1:
+                raise WorkbenchError(f"{key} is {one[0]} in every layer: transformers' "
+                                     f"{parsed.get('model_type', arch)} needs at least 1",
+                                     path=path)
+            shown = ", ".join(str(x) for x in one[:8]) + (", ..." if len(one) > 8 else "")
             raise WorkbenchError(f"{key} differs between layers ({shown}): transformers' "
                                  f"{parsed.get('model_type', arch)} has one value for every "
                                  "layer, so it cannot be converted", path=path)
-        parsed[ck] = int(v[0])
+        parsed[ck] = one
 
 
 def carry(cfg: dict, view) -> dict:

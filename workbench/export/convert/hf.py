@@ -65,17 +65,18 @@ def waiting(fn, message: str, every: float = 2.0):
     return box["value"]
 
 
-def read_config_and_tokenizer(gguf_path: str, arch: str = ""):
-    """(config dict, tokenizer) of a GGUF (of llama.cpp architecture `arch`) from transformers'
-    GGUF support."""
+def read_config_and_tokenizer(gguf_path: str, arch: str = "", header=None):
+    """(config dict, tokenizer) of a GGUF (of llama.cpp architecture `arch`; `header`: the
+    loader's parse of it, reused) from transformers' GGUF support."""
     from workbench.core.optional import require
+    from workbench.export.convert.gguf_meta import parse_once
     transformers = require("transformers", "model")
     p = Path(gguf_path)
     logger = transformers.logging
     level = logger.get_verbosity()
     logger.set_verbosity_error()
     try:
-        with _one_parse(p, arch):
+        with parse_once(p, arch, header):
             cfg, tok = _config_and_tokenizer(transformers, p)
     finally:
         logger.set_verbosity(level)
@@ -102,37 +103,10 @@ def _config_and_tokenizer(transformers, p: Path):
     return cfg, tok
 
 
-@contextlib.contextmanager
-def _one_parse(path: Path, arch: str):
-    """transformers' legacy GGUF reader (the gguf package's GGUFReader: ~10 s for a 49k-token
-    vocabulary) runs once for the config and once more inside AutoTokenizer; here it runs once
-    and its result (copied) serves both, its per-layer arrays made single values
-    (carry.per_layer_scalars). Where transformers has no such function, nothing changes."""
-    from workbench.export.convert.carry import per_layer_scalars
-    import copy
-    try:
-        import transformers.modeling_gguf_pytorch_utils as mod
-        orig = mod.load_gguf_checkpoint
-    except (ImportError, AttributeError):
-        yield
-        return
-    memo: dict = {}
-    gguf = str(path)
-
-    def once(path, return_tensors=False, **kw):
-        if return_tensors or kw:
-            return orig(path, return_tensors=return_tensors, **kw)
-        if str(path) not in memo:
-            parsed = orig(path, return_tensors=False)
-            per_layer_scalars(parsed.get("config", {}), arch, gguf)
-            memo[str(path)] = parsed
-        return copy.deepcopy(memo[str(path)])
-
-    mod.load_gguf_checkpoint = once
-    try:
-        yield
-    finally:
-        mod.load_gguf_checkpoint = orig
+def _header(model):
+    """The loader's GGUFFile of a GGUF model (its header already parsed), else None."""
+    from workbench.formats.loaders.gguf_reader import GGUFFile
+    return model.source if isinstance(model.source, GGUFFile) else None
 
 
 def _first(exc) -> str:
@@ -228,7 +202,7 @@ def write_hf(view, out: Path, dtype: str = "bf16"):
     tmp = make_temp_dir(out)
     fh = None
     try:
-        cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(model.path, arch),
+        cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(model.path, arch, _header(model)),
                                       "reading the config and tokenizer (transformers)")
         cfg["dtype"] = TORCH_NAMES[dtype]
         llama_cpp_semantics(cfg, arch, model.metadata)
@@ -280,7 +254,8 @@ def write_hf(view, out: Path, dtype: str = "bf16"):
         _discard(fh, tmp)
         # the temporary folder is gone: the message names the user's output (and the GGUF)
         raise user_paths(exc, str(tmp), f"{model.path} (converting to {out})",
-                         lambda what: f"{out / what} (built from the GGUF's metadata)") from None
+                         lambda what: f"{out / what} (built from the metadata of "
+                                      f"{model.path})") from None
     except BaseException as exc:
         _discard(fh, tmp)
         if isinstance(exc, OSError):

@@ -178,8 +178,8 @@ def open_live(path):
     companion folder)."""
     from workbench.export.convert import open_source
     from workbench.export.convert.carry import carry
-    from workbench.export.convert.hf import (llama_cpp_semantics, read_config_and_tokenizer,
-                                             user_paths, waiting)
+    from workbench.export.convert.hf import (_header, llama_cpp_semantics,
+                                             read_config_and_tokenizer, user_paths, waiting)
     from workbench.export.convert.source import FloatView
     p = Path(path).expanduser()
     src = open_source(p)
@@ -191,7 +191,7 @@ def open_live(path):
     clean_stale_dirs()
     tmp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
     try:
-        cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(str(p), arch),
+        cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(str(p), arch, _header(src)),
                                       "reading the GGUF's config and tokenizer (transformers)")
         cfg["dtype"] = "float32"
         llama_cpp_semantics(cfg, arch, src.metadata)
