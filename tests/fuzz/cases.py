@@ -22,7 +22,10 @@ ROUND4_AREAS = ("r4-outputs", "r4-sidecars", "r4-nesting", "r4-messages", "r4-le
 BLOCK_AREAS = ("r5-ct", "r5-fp8", "r5-mxfp4")
 # issue 47's input kinds (tests/fuzz/cases_inputs.py)
 INPUT_AREAS = ("r5-imatrix", "r5-calibration")
-AREAS = BASE_AREAS + HOSTILE_AREAS + CONFIG_AREAS + ROUND4_AREAS + BLOCK_AREAS + INPUT_AREAS
+# issue 47's nested configs (tests/fuzz/cases_nested.py)
+NESTED_AREAS = ("nested-text", "nested-kv")
+AREAS = (BASE_AREAS + HOSTILE_AREAS + CONFIG_AREAS + ROUND4_AREAS + BLOCK_AREAS + INPUT_AREAS
+         + NESTED_AREAS)
 AREAS += ("r5-caches",)     # issue 47's caches (tests/fuzz/cases_caches.py)
 DTYPES = ["F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "U8", "BOOL", "F8_E4M3",
           "Q4_0", "X", 7, None]
@@ -303,7 +306,8 @@ def _hostile():
     from .cases_blocks import GENERATORS as B
     from .cases_round4 import GENERATORS as R
     from .cases_inputs import GENERATORS as I
-    return {**G, **C, **R, **B, **I}
+    from .cases_nested import GENERATORS as N
+    return {**G, **C, **R, **B, **I, **N}
 
 
 GENERATORS.update(_hostile())

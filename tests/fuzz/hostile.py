@@ -415,3 +415,11 @@ def _input_kinds() -> None:
 
 
 _input_kinds()
+
+
+def _nested_kinds() -> None:
+    from .hostile_nested import EXERCISES as N     # issue 47's nested configs
+    EXERCISES.update(N)
+
+
+_nested_kinds()

@@ -276,8 +276,11 @@ def prescan_gguf(path, size: int | None = None) -> None:
                     if n * 8 > size:
                         raise WorkbenchError(f"GGUF array of {n:,} items runs past the file",
                                              path=str(path))
-                    for _ in range(n):
-                        value(sub, depth + 1)
+                    if sub == _STRING:      # a vocabulary: walked in memory, not item by item
+                        _skip_strings(fh, n, size, str(path))
+                    else:
+                        for _ in range(n):
+                            value(sub, depth + 1)
             else:
                 raise WorkbenchError(f"unknown GGUF value type {t}", path=str(path))
             if fh.tell() > size:
@@ -295,6 +298,24 @@ def prescan_gguf(path, size: int | None = None) -> None:
             if any(d >= MAX_DIM for d in dims):
                 raise WorkbenchError("GGUF tensor dimension out of range", path=str(path))
             read(4 + 8)
+
+
+def _skip_strings(fh, n: int, size: int, path: str) -> None:
+    """Move `fh` past `n` length-prefixed GGUF strings, each within MAX_GGUF_STRING and the
+    file, reading the file in chunks (millions of tokens in about a second)."""
+    unpack = struct.unpack_from
+    base, buf, off = fh.tell(), b"", 0
+    for _ in range(n):
+        if off + 8 > len(buf):
+            fh.seek(base + off)
+            base, buf, off = base + off, fh.read(1 << 20), 0
+            if len(buf) < 8:
+                raise WorkbenchError("truncated GGUF header", path=path)
+        (ln,) = unpack("<Q", buf, off)
+        if ln > MAX_GGUF_STRING or base + off + 8 + ln > size:
+            raise WorkbenchError(f"GGUF string of {ln:,} bytes runs past the file", path=path)
+        off += 8 + ln
+    fh.seek(base + off)
 
 
 # ---- files --------------------------------------------------------------------------------

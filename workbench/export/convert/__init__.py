@@ -44,13 +44,35 @@ def open_source(src):
     if model.format != "gguf" or model.source is None:
         raise WorkbenchError("convert reads a GGUF file (this is a "
                              f"{model.format} checkpoint)", path=str(src))
+    try:
+        check_vocabulary(model)
+    except WorkbenchError:
+        model.close()
+        raise
     return model
+
+
+def check_vocabulary(model) -> None:
+    """A GGUF whose tokenizer lists more tokens than its embedding has rows is refused before
+    any tokenizer is built (the ids past the rows have no embedding: the network would fail on
+    them, or read another tensor's memory in llama.cpp)."""
+    fields = getattr(model.source, "fields", None) or {}
+    f = fields.get("tokenizer.ggml.tokens")
+    emb = model.tensors.get("token_embd.weight")
+    if f is None or emb is None or not isinstance(f.value, list):
+        return
+    n, rows = len(f.value), int(emb.shape[0])
+    if n > rows:
+        raise WorkbenchError(f"tokenizer.ggml.tokens lists {n:,} tokens, but token_embd.weight "
+                             f"has {rows:,} rows: ids {rows:,} and above have no embedding; "
+                             "nothing was converted", path=model.path)
 
 
 def convert(src, to: str, output, dtype: str = DEFAULT_DTYPE, off_grid_seed: int | None = None):
     """Job: convert the GGUF `src` into `output` (see the module doc). Returns a dict:
     source, output, to, dtype, tensors, bytes, seconds, off_grid (or None), on_source_grid,
-    unused (GGUF tensors transformers computes itself, e.g. rope_freqs)."""
+    unused (always empty: a tensor with no place is refused), in_config (tensors the config
+    carries: rope_freqs as llama3 rope_parameters)."""
     from workbench.export.convert.off_grid import off_grid, on_source_grid
     from workbench.export.convert.source import FloatView
     if to not in TARGETS:
@@ -77,7 +99,7 @@ def convert(src, to: str, output, dtype: str = DEFAULT_DTYPE, off_grid_seed: int
             "off_grid": og.to_dict() if og is not None else None,
             "on_source_grid": {n: model.info(n).dtype
                                for n in on_source_grid(model, view.changes)},
-            "unused": info.get("unused", [])}
+            "unused": info.get("unused", []), "in_config": info.get("in_config", {})}
 
 
 def write_gguf(view, out: Path, dtype: str):

@@ -65,16 +65,18 @@ def waiting(fn, message: str, every: float = 2.0):
     return box["value"]
 
 
-def read_config_and_tokenizer(gguf_path: str):
-    """(config dict, tokenizer) of a GGUF from transformers' GGUF support."""
+def read_config_and_tokenizer(gguf_path: str, arch: str = "", header=None):
+    """(config dict, tokenizer) of a GGUF (of llama.cpp architecture `arch`; `header`: the
+    loader's parse of it, reused) from transformers' GGUF support."""
     from workbench.core.optional import require
+    from workbench.export.convert.gguf_meta import parse_once
     transformers = require("transformers", "model")
     p = Path(gguf_path)
     logger = transformers.logging
     level = logger.get_verbosity()
     logger.set_verbosity_error()
     try:
-        with _one_parse():
+        with parse_once(p, arch, header):
             cfg, tok = _config_and_tokenizer(transformers, p)
     finally:
         logger.set_verbosity(level)
@@ -85,6 +87,8 @@ def _config_and_tokenizer(transformers, p: Path):
     try:
         cfg = transformers.AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name,
                                                       local_files_only=True)
+    except WorkbenchError:
+        raise
     except Exception as exc:   # noqa: BLE001 - transformers raises many kinds
         raise WorkbenchError(f"transformers {transformers.__version__} cannot read a config "
                              f"from this GGUF ({type(exc).__name__}: {_first(exc)})",
@@ -99,33 +103,10 @@ def _config_and_tokenizer(transformers, p: Path):
     return cfg, tok
 
 
-@contextlib.contextmanager
-def _one_parse():
-    """transformers' legacy GGUF reader (the gguf package's GGUFReader: ~10 s for a 49k-token
-    vocabulary) runs once for the config and once more inside AutoTokenizer; here it runs once
-    and its result (copied) serves both. Where transformers has no such function, nothing
-    changes."""
-    import copy
-    try:
-        import transformers.modeling_gguf_pytorch_utils as mod
-        orig = mod.load_gguf_checkpoint
-    except (ImportError, AttributeError):
-        yield
-        return
-    memo: dict = {}
-
-    def once(path, return_tensors=False, **kw):
-        if return_tensors or kw:
-            return orig(path, return_tensors=return_tensors, **kw)
-        if str(path) not in memo:
-            memo[str(path)] = orig(path, return_tensors=False)
-        return copy.deepcopy(memo[str(path)])
-
-    mod.load_gguf_checkpoint = once
-    try:
-        yield
-    finally:
-        mod.load_gguf_checkpoint = orig
+def _header(model):
+    """The loader's GGUFFile of a GGUF model (its header already parsed), else None."""
+    from workbench.formats.loaders.gguf_reader import GGUFFile
+    return model.source if isinstance(model.source, GGUFFile) else None
 
 
 def _first(exc) -> str:
@@ -190,19 +171,42 @@ def cast(w: np.ndarray, dtype: str, name: str) -> np.ndarray:
     return h
 
 
+def user_paths(exc: WorkbenchError, folder: str, whole: str, inside) -> WorkbenchError:
+    """`exc` with a path in `folder` (a temporary folder the user never saw) named `whole`
+    (the folder itself) or inside(its relative path) (a file in it)."""
+    path = exc.path or ""
+    if path != folder and not path.startswith(folder + os.sep):
+        return exc
+    what = os.path.relpath(path, folder)
+    new = WorkbenchError(exc.problem, path=whole if what == "." else inside(what),
+                         tensor=exc.tensor)
+    new.__cause__ = exc.__cause__
+    return new
+
+
+def _discard(fh, tmp: Path) -> None:
+    if fh is not None:
+        with contextlib.suppress(OSError):
+            fh.close()
+    with contextlib.suppress(OSError):
+        shutil.rmtree(tmp)
+
+
 def write_hf(view, out: Path, dtype: str = "bf16"):
     """Job: write the FloatView's model as a Hugging Face folder at `out` (absent or empty).
     Returns {"tensors", "bytes", "unused", "architectures"}."""
+    from workbench.export.convert.carry import carry
     from workbench.export.convert.live import HFNames
     model = view.model
     arch = str(model.metadata.get("general.architecture", ""))
     tmp = make_temp_dir(out)
     fh = None
     try:
-        cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(model.path),
+        cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(model.path, arch, _header(model)),
                                       "reading the config and tokenizer (transformers)")
         cfg["dtype"] = TORCH_NAMES[dtype]
         llama_cpp_semantics(cfg, arch, model.metadata)
+        view.in_config = carry(cfg, view)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         tok.save_pretrained(str(tmp))
         names = HFNames(view, tmp)     # reads tmp/config.json
@@ -246,16 +250,18 @@ def write_hf(view, out: Path, dtype: str = "bf16"):
             raise WorkbenchError(f"cannot move the finished folder into place "
                                  f"({exc.strerror or exc}); nothing was written", path=str(out)) \
                 from None
+    except WorkbenchError as exc:
+        _discard(fh, tmp)
+        # the temporary folder is gone: the message names the user's output (and the GGUF)
+        raise user_paths(exc, str(tmp), f"{model.path} (converting to {out})",
+                         lambda what: f"{out / what} (built from the metadata of "
+                                      f"{model.path})") from None
     except BaseException as exc:
-        if fh is not None:
-            with contextlib.suppress(OSError):
-                fh.close()
-        with contextlib.suppress(OSError):
-            shutil.rmtree(tmp)
+        _discard(fh, tmp)
         if isinstance(exc, OSError):
             why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
             raise WorkbenchError(f"write failed ({why}); nothing was written",
                                  path=str(out)) from None
         raise
     return {"tensors": len(params), "bytes": size, "unused": unused,
-            "architectures": cfg.get("architectures")}
+            "in_config": names.in_config, "architectures": cfg.get("architectures")}

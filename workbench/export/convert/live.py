@@ -79,12 +79,14 @@ class HFNames:
                 raise WorkbenchError(f"the GGUF has no tensor for the network's {p}",
                                      path=model.path)
         used = set(runner.slots) | set(runner.buffer_for)
-        self.unused = [n for n in model.tensors if n not in used]
-        lost = [n for n in self.unused if model.info(n).ndim >= 2]
-        if lost:
-            raise WorkbenchError(f"{len(lost)} tensors of the GGUF have no place in transformers' "
-                                 f"{runner.cfg.get('architectures', ['?'])[0]} (first: {lost[0]})",
-                                 path=model.path)
+        # every tensor is carried: into a parameter, a buffer or (carry.carry) the config
+        self.in_config = dict(getattr(view, "in_config", {}))
+        self.unused = [n for n in model.tensors if n not in used and n not in self.in_config]
+        if self.unused:
+            raise WorkbenchError(f"{len(self.unused)} tensors of the GGUF have no place in "
+                                 f"transformers' {runner.cfg.get('architectures', ['?'])[0]} "
+                                 "(llama.cpp reads them): not converted", path=model.path,
+                                 tensor=self.unused[0])
         self.params = params
         self.shapes = {p: tuple(int(s) for s in runner._meta[p].shape)   # noqa: SLF001
                        for p in params}
@@ -99,6 +101,11 @@ class HFNames:
             if (len(srcs) == 1 and slot.expert is None and slot.parts == 1 and not permuted
                     and len(shape) == 2 and model.info(srcs[0]).matrix_shape == shape):
                 self._streams[p] = srcs[0]
+
+    def _read_shaped(self, n: str) -> np.ndarray:
+        """A GGUF tensor in its own shape (a bias as a vector: the rope un-permutation splits
+        its first dimension)."""
+        return self.view.read(n).reshape(self.view.info(n).shape)
 
     def shift(self, p: str):
         return np.float32(1.0) if self.plus_one and p.endswith("norm.weight") else None
@@ -123,7 +130,7 @@ class HFNames:
         """The whole parameter as float32 in the network's shape."""
         if self.streamable(p):
             return self.rows(p, 0, self.shapes[p][0])
-        w = self.runner.param_tensor(p, override=self.view.read).numpy()
+        w = self.runner.param_tensor(p, override=self._read_shaped).numpy()
         s = self.shift(p)
         return w if s is None else w - s
 
@@ -170,7 +177,9 @@ def open_live(path):
     progress while transformers reads the header; returns the Model (close() removes its
     companion folder)."""
     from workbench.export.convert import open_source
-    from workbench.export.convert.hf import llama_cpp_semantics, read_config_and_tokenizer, waiting
+    from workbench.export.convert.carry import carry
+    from workbench.export.convert.hf import (_header, llama_cpp_semantics,
+                                             read_config_and_tokenizer, user_paths, waiting)
     from workbench.export.convert.source import FloatView
     p = Path(path).expanduser()
     src = open_source(p)
@@ -182,10 +191,12 @@ def open_live(path):
     clean_stale_dirs()
     tmp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
     try:
-        cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(str(p)),
+        cfg, tok = yield from waiting(lambda: read_config_and_tokenizer(str(p), arch, _header(src)),
                                       "reading the GGUF's config and tokenizer (transformers)")
         cfg["dtype"] = "float32"
         llama_cpp_semantics(cfg, arch, src.metadata)
+        view = FloatView(src)
+        view.in_config = carry(cfg, view)
         import json
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         tok.save_pretrained(str(tmp))
@@ -195,10 +206,12 @@ def open_live(path):
         for f in tmp.iterdir():
             os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
         yield Progress(0, 1, "mapping the GGUF's tensors to the network's parameters")
-        names = HFNames(FloatView(src), tmp)
-    except BaseException:
+        names = HFNames(view, tmp)
+    except BaseException as exc:
         src.close()
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, WorkbenchError):     # named for the GGUF, not the gone folder
+            raise user_paths(exc, str(tmp), str(p), lambda what: _inside(p, what)) from None
         raise
     tensors = {}
     for q in names.params:
@@ -210,21 +223,23 @@ def open_live(path):
     cleanup = weakref.finalize(model, _cleanup, src, str(tmp))
     model._closer = cleanup   # noqa: SLF001 - close(): the GGUF's maps and the companions
     model.unused = names.unused
+    model.in_config = names.in_config
     return model
 
 
 def public_error(exc: WorkbenchError) -> WorkbenchError:
     """`exc` naming the GGUF where it names a file of a live model's companion folder (a
     user never saw that folder: its files are built from the GGUF's metadata)."""
-    path = exc.path or ""
+    from workbench.export.convert.hf import user_paths
     for folder, gguf in list(_COMPANIONS.items()):
-        if path == folder or path.startswith(folder + os.sep):
-            what = os.path.relpath(path, folder)
-            where = gguf if what == "." else f"{gguf} (its {what}, built from the GGUF's metadata)"
-            new = WorkbenchError(exc.problem, path=where, tensor=exc.tensor)
-            new.__cause__ = exc.__cause__
+        new = user_paths(exc, folder, gguf, lambda what, g=gguf: _inside(g, what))
+        if new is not exc:
             return new
     return exc
+
+
+def _inside(gguf, what: str) -> str:
+    return f"{gguf} (its {what}, built from the GGUF's metadata)"
 
 
 def _cleanup(src, tmp: str) -> None:

@@ -66,18 +66,32 @@ class FloatView:
     def __init__(self, model: Model, changes: dict | None = None):
         self.model = model
         self.changes = dict(changes or {})
+        self.zeros: dict[str, int] = {}     # added 1-D tensors of zeros: name -> length
+        self.in_config: dict[str, str] = {}  # tensors the config carries: name -> its key
+
+    def add_zeros(self, name: str, n: int) -> None:
+        """A 1-D tensor of `n` zeros the source lacks (an absent bias: llama.cpp adds none),
+        read like the source's own tensors (workbench.export.convert.carry)."""
+        self.zeros[name] = int(n)
+
+    def info(self, name: str) -> TensorInfo:
+        if name in self.zeros:
+            return TensorInfo(name, (self.zeros[name],), "F32", 4 * self.zeros[name], "")
+        return self.model.info(name)
 
     def rows(self, name: str, r0: int, r1: int) -> np.ndarray:
+        if name in self.zeros:
+            return np.zeros((max(0, min(r1, 1) - r0), self.zeros[name]), np.float32)
         w = decode(self.model, name, r0, r1)
         ch = self.changes.get(name)
         return w if ch is None else ch.apply(w, r0)
 
     def read(self, name: str) -> np.ndarray:
         """The whole (changed) tensor as a float32 matrix."""
-        return self.rows(name, 0, self.model.info(name).rows)
+        return self.rows(name, 0, self.info(name).rows)
 
     def iter_rows(self, name: str, max_elements: int = CHUNK_ELEMENTS):
-        info = self.model.info(name)
+        info = self.info(name)
         step = max(1, max_elements // max(info.cols, 1))
         for r0 in range(0, info.rows, step):
             yield r0, self.rows(name, r0, min(info.rows, r0 + step))
@@ -88,6 +102,7 @@ class FloatView:
         src = self.model
         tensors = {n: TensorInfo(n, i.shape, "F32", 4 * i.numel, i.file)
                    for n, i in src.tensors.items()}
+        tensors.update((n, self.info(n)) for n in self.zeros)
         return Model(str(path or src.path), src.format, tensors, lambda n: _rows_of(self, n),
                      dict(src.metadata), source=src.source)
 
@@ -122,6 +137,6 @@ class LazyRows:
 
 
 def _rows_of(view: FloatView, name: str) -> LazyRows:
-    info = view.model.info(name)
+    info = view.info(name)
     return LazyRows(info.rows, info.cols, lambda r0, r1: view.rows(name, r0, r1),
                     lambda: view.read(name))
