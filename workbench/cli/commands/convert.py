@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-
 from workbench.cli.common import drive, fmt_bytes, print_json
 
 
