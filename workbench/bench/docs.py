@@ -2,6 +2,7 @@
 
     python -m workbench.bench.docs [--quick] [--only NAME,..] [-o docs/benchmarks.md]
     quant-workbench bench-docs [--quick] ...              (the same)
+    quant-workbench bench-docs --readme                   (README.md's tour: bench/tour.py)
 
 Each section runs one bench command in a fresh process (`python main.py ...`, so the page
 shows exactly what a user's command prints) and records the command, the UTC date, the
@@ -192,8 +193,11 @@ def add_args(p) -> None:
                    help="comma-separated sections to run (" + ", ".join(s.name for s in SECTIONS)
                         + "); the others are listed as not measured")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per section")
-    p.add_argument("-o", "--output", default=str(DEFAULT_OUT),
-                   help="the page to write (default: docs/benchmarks.md)")
+    p.add_argument("--readme", action="store_true",
+                   help="instead: run README.md's tour, every command in an empty folder, and "
+                        "rewrite its output blocks with what they printed (workbench/bench/tour.py)")
+    p.add_argument("-o", "--output", default=None,
+                   help="the page to write (default: docs/benchmarks.md; README.md with --readme)")
 
 
 def main(argv=None) -> int:
@@ -201,7 +205,10 @@ def main(argv=None) -> int:
                                 description="Regenerate docs/benchmarks.md from the bench commands.")
     add_args(p)
     args = p.parse_args(argv)
-    return run(args.quick, args.only, args.timeout, args.output)
+    if args.readme:
+        from workbench.bench.tour import regenerate
+        return regenerate(args.output)
+    return run(args.quick, args.only, args.timeout, args.output or DEFAULT_OUT)
 
 
 def run(quick: bool = False, only_sections: str | None = None, timeout: float = 3600.0,
