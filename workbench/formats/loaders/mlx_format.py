@@ -281,13 +281,20 @@ def unpack_codes(words: np.ndarray, bits: int) -> np.ndarray:
 
 
 def _round_to(x: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 `x` rounded to the model's dtype (nearest even) and back."""
-    if dtype == "F32":
-        return x
+    """float32 `x` rounded in place to the model's dtype (nearest even) and kept as float32."""
     if dtype == "F16":
-        return x.astype(np.float16).astype(np.float32)
-    from workbench.core.floatbits import bf16_to_f32, f32_to_bf16
-    return bf16_to_f32(f32_to_bf16(x))
+        x[...] = x.astype(np.float16)
+    elif dtype == "BF16":
+        nan = np.isnan(x)
+        u = x.view(np.uint32)
+        t = u >> np.uint32(16)
+        t &= np.uint32(1)
+        t += np.uint32(0x7FFF)
+        u += t
+        u &= np.uint32(0xFFFF0000)
+        if nan.any():
+            x[nan] = np.nan
+    return x
 
 
 def _e8m0(s: np.ndarray) -> np.ndarray:
@@ -310,7 +317,15 @@ def dequantize(arrays: dict, p: dict, scale_dtype: str = "F32") -> np.ndarray:
         from workbench.formats.dtypes import to_float32
         s = to_float32(scales, scale_dtype)[:, :, None]
         b = to_float32(np.asarray(arrays["biases"]), scale_dtype)[:, :, None]
-        out = _round_to(_round_to(s * codes.astype(np.float32), scale_dtype) + b, scale_dtype)
+        # the product rounded to the model's dtype, then the sum (mx.dequantize's arithmetic);
+        # with fewer codes than a group holds, each group's 2^B values are worked out once
+        small = (1 << bits) < group
+        q = np.arange(1 << bits, dtype=np.float32) if small else codes.astype(np.float32)
+        out = _round_to(s * q, scale_dtype)
+        out += b
+        out = _round_to(out, scale_dtype)
+        if small:
+            out = np.take_along_axis(out, codes, axis=2)
         return out.reshape(rows, -1)
     table = FP8_E4M3_TABLE if mode == "mxfp8" else FP4_CODE_VALUES
     vals = np.asarray(table, np.float32)[codes]
