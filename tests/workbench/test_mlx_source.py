@@ -71,6 +71,30 @@ def test_affine_codes_cross_word_boundaries(tmp_path, bits):
     np.testing.assert_array_equal(m.read("m.layers.0.proj.weight"), want)
 
 
+def test_switch_layer_is_a_merged_expert_tensor(tmp_path, monkeypatch):
+    """mlx-lm's 3-D switch layers [E, out, in·B/32] open as merged expert tensors [E, out, in]
+    (role expert, projection from the name), read whole or by rows of every expert."""
+    from workbench.formats.loaders import region
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 8, (3 * 16, 64))
+    scales = rng.standard_normal((3 * 16, 2)).astype(np.float32)
+    name = "model.layers.0.mlp.switch_mlp.down_proj"
+    folder = _write(tmp_path / "f", {
+        f"{name}.weight": _pack(codes, 3).reshape(3, 16, 6),
+        f"{name}.scales": scales.reshape(3, 16, 2), f"{name}.biases": -scales.reshape(3, 16, 2)},
+        {"group_size": 32, "bits": 3})
+    want = (np.repeat(scales, 32, 1) * codes.astype(np.float32)
+            - np.repeat(scales, 32, 1)).reshape(3, 16, 64)
+    m = open_model(folder)
+    info = m.info(f"{name}.weight")
+    assert (info.shape, info.role, info.merged_experts, info.projection, info.n_experts) == (
+        (3, 16, 64), "expert", True, "down", 3)
+    np.testing.assert_array_equal(m.read(f"{name}.weight"), want)
+    monkeypatch.setattr(region, "PREAD_LIMIT", 256)
+    rows = np.concatenate([c for _, c in m.iter_rows(f"{name}.weight", max_elements=64 * 5)])
+    np.testing.assert_array_equal(rows, want.reshape(48, 64))
+
+
 def test_large_tensor_is_dequantized_by_rows(tmp_path, monkeypatch):
     """Above loaders.region.PREAD_LIMIT the tensor is dequantized by the row chunks sliced."""
     from workbench.formats.loaders import mlx_format, region
