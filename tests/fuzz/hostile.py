@@ -397,3 +397,11 @@ def _round4_kinds() -> None:
 
 
 _round4_kinds()
+
+
+def _mlx_kinds() -> None:
+    from .hostile_mlx import EXERCISES as M        # issue 48's mlx-lm folders
+    EXERCISES.update(M)
+
+
+_mlx_kinds()

@@ -162,6 +162,8 @@ def test_contradictions_are_one_line_errors(tmp_path):
     for i, (q, needle) in enumerate([({"group_size": 48, "bits": 4}, "group_size 48"),
                                      ({"group_size": 64, "bits": 7}, "bits 7"),
                                      ({"group_size": 64, "bits": 4, "mode": "int4"}, "mode"),
+                                     ({"group_size": 64, "bits": 4, "mode": ["affine"]},
+                                      "mode"),
                                      ({"group_size": 64, "bits": 4, "p": 3}, "p is 3"),
                                      ({"group_size": 64, "bits": 4, "p": {"bits": 4, "x": 1}},
                                       "key 'x'"),

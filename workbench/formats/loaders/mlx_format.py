@@ -47,15 +47,11 @@ _ENTRY_KEYS = {"group_size", "bits", "mode", "global_scale"}
 def mlx_quantization(path) -> tuple[Path, dict] | None:
     """(config.json's path, its mlx "quantization" object) for an mlx-lm folder (or a file in
     one); None when the folder's config has no quantization of mlx's shape."""
-    p = Path(path)
-    folder = p if p.is_dir() else p.parent
-    cfg = folder / "config.json"
-    if not cfg.is_file():
+    from workbench.formats.loaders.sidecar import folder_config
+    found = folder_config(path)
+    if found is None or not isinstance(found[1], dict):
         return None
-    from workbench.core.limits import load_sidecar_json
-    data = load_sidecar_json(cfg, "config.json")
-    if not isinstance(data, dict):
-        return None
+    cfg, data = found
     for holder in (data, data.get("text_config")):
         if not isinstance(holder, dict):
             continue
@@ -80,7 +76,7 @@ def _params(entry: dict, cfg: Path, where: str) -> dict:
                              f"(mlx-lm folders take {', '.join(sorted(_ENTRY_KEYS))})",
                              path=str(cfg))
     mode = entry.get("mode", "affine")
-    if mode not in MODES:
+    if not isinstance(mode, str) or mode not in MODES:
         raise WorkbenchError(f"quantization entry {where} has mode {str(mode)[:40]!r} (mlx has "
                              f"{', '.join(MODES)})", path=str(cfg))
     bits_ok, groups_ok, (g0, b0) = MODES[mode]
