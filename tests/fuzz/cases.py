@@ -24,8 +24,10 @@ BLOCK_AREAS = ("r5-ct", "r5-fp8", "r5-mxfp4")
 INPUT_AREAS = ("r5-imatrix", "r5-calibration")
 # issue 47's nested configs (tests/fuzz/cases_nested.py)
 NESTED_AREAS = ("nested-text", "nested-kv")
+# issue 48's mlx-lm folders (tests/fuzz/cases_mlx.py)
+MLX_AREAS = ("mlx",)
 AREAS = (BASE_AREAS + HOSTILE_AREAS + CONFIG_AREAS + ROUND4_AREAS + BLOCK_AREAS + INPUT_AREAS
-         + NESTED_AREAS)
+         + NESTED_AREAS + MLX_AREAS)
 AREAS += ("r5-caches",)     # issue 47's caches (tests/fuzz/cases_caches.py)
 DTYPES = ["F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "U8", "BOOL", "F8_E4M3",
           "Q4_0", "X", 7, None]
@@ -307,7 +309,8 @@ def _hostile():
     from .cases_round4 import GENERATORS as R
     from .cases_inputs import GENERATORS as I
     from .cases_nested import GENERATORS as N
-    return {**G, **C, **R, **B, **I, **N}
+    from .cases_mlx import GENERATORS as M
+    return {**G, **C, **R, **B, **I, **N, **M}
 
 
 GENERATORS.update(_hostile())

@@ -423,3 +423,11 @@ def _nested_kinds() -> None:
 
 
 _nested_kinds()
+
+
+def _mlx_kinds() -> None:
+    from .hostile_mlx import EXERCISES as M        # issue 48's mlx-lm folders
+    EXERCISES.update(M)
+
+
+_mlx_kinds()

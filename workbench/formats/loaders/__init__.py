@@ -58,6 +58,11 @@ def open_model(path: str | os.PathLike) -> Model:
         check_regular_file(p)
     fmt = detect_format(p)
     if fmt == "safetensors":
+        from workbench.formats.loaders import mlx_format
+        from workbench.formats.loaders.safetensors_format import open_safetensors
+        mlx = mlx_format.mlx_quantization(p)   # an mlx-lm folder: dequantized as mlx does
+        if mlx is not None:
+            return mlx_format.open_mlx(open_safetensors(p), *mlx)
         from workbench.formats.loaders.block_fp_sources import source_kind
         kind = source_kind(p)           # a quantized checkpoint: opened dequantized, exactly
         if kind == "compressed-tensors":
@@ -69,8 +74,13 @@ def open_model(path: str | os.PathLike) -> Model:
         if kind == "mxfp4-blocks":
             from workbench.formats.loaders.block_fp_sources import open_mxfp4_blocks
             return open_mxfp4_blocks(p)
-        from workbench.formats.loaders.safetensors_format import open_safetensors
-        return open_safetensors(p)
+        model = open_safetensors(p)
+        packed = mlx_format.quantized_without_config(model)
+        if packed is not None:
+            raise WorkbenchError("stored as mlx-lm quantizes (uint32 beside .scales), but there "
+                                 "is no config.json with its \"quantization\" object beside "
+                                 "it: open the mlx-lm folder", path=str(p), tensor=packed)
+        return model
     if fmt == "gguf":
         from workbench.formats.loaders.gguf_format import open_gguf
         target = p if p.is_file() else sorted(p.glob("*.gguf"))[0]
