@@ -18,7 +18,9 @@ from .effects import MEASURES
 from .format import fmt_float
 from .fit_label import never_widens
 
-MEASURE_TEXT = {"weight": "weight error (Σ squared reconstruction error)",
+MEASURE_TEXT = {"auto": "the API's choice (workbench.api.resolve_measure, as `allocate`): fisher "
+                        "when the model runs on the calibration text, else weight",
+                "weight": "weight error (Σ squared reconstruction error)",
                 "activation": "activation-weighted error Σ_j E[x_j²]·‖ΔW[:,j]‖²",
                 "fisher": "output-gradient- and activation-weighted error ½·Σ F·ΔW² (an estimate "
                           "of the output change from one calibration pass)",
@@ -369,11 +371,12 @@ class SensitivityView(QWidget):
         vals = [table.value(n, assignment.get(n, KEEP)) or 0.0 for n in table.names]
         self.bars.set_values(table.names, vals, self.doc.current)
         pred = sum(vals)
-        size = f"{len(table.names)} tensors × {len(table.schemes)} schemes"
+        size = f"{table.measure} · {len(table.names)} tensors × {len(table.schemes)} schemes"
         self.status.set_forms([f"{size} · plan's predicted error {fmt_float(pred)} · click a "
                                "row to select", f"{size} · predicted error {fmt_float(pred)}",
                                f"predicted error {fmt_float(pred)}"])
-        self.status.setToolTip(MEASURE_TEXT[fx.measure] + "; colour: log10 of the value; "
+        self.status.setToolTip(f"{table.measure} ({table.reason}): "
+                               + MEASURE_TEXT.get(table.measure, table.measure) + "; colour: log10 of the value; "
                                "circles: the scheme each tensor has now")
 
 

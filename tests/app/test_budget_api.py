@@ -1,0 +1,77 @@
+"""The Sensitivity & Budget view allocates through the public API (workbench.api) with its
+defaults: for the same model, budget and options the window's plan is the one
+`qw.allocate_plan` (and so `quant-workbench allocate`) gives, rule for rule and byte for byte,
+and the view says what the API chose (the measure, its reason, the methods)."""
+
+from __future__ import annotations
+
+import pytest
+
+from apphelpers import DEMO, wait_idle
+
+pytest.importorskip("transformers")
+
+SLOW = 600000
+SAMPLES = 4          # calibration samples of the measure: quick, and the same on both sides
+
+
+def _ready(win):
+    fx = win.effects
+    return (fx.table() is not None and bool(fx.frontier)) or bool(fx.table_error())
+
+
+def _budget_view(make_window, qtbot, path=DEMO):
+    win = make_window(path, values={"effects/sensitivity_samples": SAMPLES})
+    win.tabs.setCurrentIndex(win.effects_tab_index)
+    qtbot.waitUntil(lambda: _ready(win), timeout=SLOW)
+    assert not win.effects.table_error()
+    wait_idle(qtbot, win, SLOW)
+    return win
+
+
+def _apply(win, qtbot, bpw):
+    panel = win.budget_panel
+    panel.unit.setCurrentIndex(0)
+    panel.set_value_bpw(bpw)
+    task = panel.apply_budget()
+    qtbot.waitUntil(lambda: task.finished, timeout=SLOW)
+    wait_idle(qtbot, win, SLOW)
+    assert task.state == "done", win.effects.allocation_error
+
+
+def test_budget_apply_gives_the_plan_allocate_writes(make_window, qtbot, tmp_path):
+    import workbench as qw
+    from workbench.quant.evaluate import evaluate
+    from workbench.core.progress import run
+    win = _budget_view(make_window, qtbot)
+    fx, panel = win.effects, win.budget_panel
+    table = fx.table()
+    # the API's defaults: the best measure the model allows over the runtime's candidates
+    choice = qw.resolve_measure(win.doc.model, samples=SAMPLES)
+    assert fx.measure == "auto" and table.measure == choice.measure == "fisher"
+    assert len(table.candidates) == len(qw.parse_schemes("auto")) > 20
+    assert "measure fisher (the model is runnable" in panel.choice.text()
+    bpw = 5.0
+    depth = win.undo_stack.count()
+    _apply(win, qtbot, bpw)
+    assert win.undo_stack.count() == depth + 1
+    model = qw.open_model(str(DEMO))
+    ref = qw.allocate_plan(model, qw.Budget.bits_per_weight(bpw), samples=SAMPLES)
+    # the same rules (scheme and method per tensor), the same bytes
+    assert win.doc.plan == ref.plan
+    assert win.doc.plan.resolve(win.doc.model) == ref.plan.resolve(model)
+    mine = run(evaluate(win.doc.model, win.doc.plan)).totals
+    assert mine.bytes_after == ref.evaluation.totals.bytes_after <= bpw * model.total_params / 8
+    assert fx.preview[2] == ref.evaluation.totals.bytes_after
+    # the CLI writes the same plan
+    from workbench.cli import main
+    out = tmp_path / "plan.json"
+    assert main(["allocate", str(DEMO), "--budget-bpw", str(bpw), "--samples", str(SAMPLES),
+                 "-o", str(out)]) == 0
+    assert qw.make_plan(path=out) == win.doc.plan
+    # the view says what the API chose: the measure (and why), the methods
+    text = panel.choice.text()
+    assert "measure fisher" in text and "methods: rtn" in text
+    assert "methods: rtn" in panel.choice.toolTip()
+    win.undo_stack.undo()
+    assert win.doc.plan != ref.plan
