@@ -18,8 +18,8 @@ from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP
 from workbench.planning.sensitivity import MEASURES as _MEASURES  # weight, activation, ...
 
-from .effects_jobs import (Point, SensTable, allocatable, allocation_job, frontier_job,
-                           plan_bytes, predicted_error, table_job)
+from .effects_jobs import (Point, SensTable, allocatable, allocation_job, check_job,
+                           frontier_job, plan_bytes, predicted_error, table_job)
 from .workers import BACKGROUND, FOREGROUND, INTERACTIVE
 
 DEBOUNCE_MS = 700
@@ -89,6 +89,7 @@ class PlanEffects(QObject):
         self.preview: tuple | None = None      # (budget label, assignment, bytes, predicted)
         self._alloc_task = None
         self.allocation = None                 # the last workbench.api.Allocation
+        self._source = None                    # the model the cached work is for
         self.allocation_error: str | None = None
         doc.modelChanged.connect(self._model_changed)
         doc.stateChanged.connect(lambda _c: self.invalidate())
@@ -141,12 +142,11 @@ class PlanEffects(QObject):
         model, plan = self.doc.model, self.doc.plan
         if model is None or not self.check_enabled:
             return
-        from workbench.running.runner_jobs import check
         self._check_gen += 1
         gen = self._check_gen
         calib, samples = self.calib, self.samples
         self._check_task = self.runner.submit(
-            lambda: check(model, plan, calib, samples), "End-to-end check", BACKGROUND,
+            lambda: check_job(model, plan, calib, samples), "End-to-end check", BACKGROUND,
             visible=True, exclusive=True, on_done=lambda r: self._check_done(gen, r),
             on_error=lambda msg: self._check_failed(gen, msg),
             on_cancel=lambda: self._check_cancelled(gen))
@@ -377,15 +377,15 @@ class PlanEffects(QObject):
         def done(res):
             if self.doc.model is not model:
                 return
-            a, notes = res
+            a, notes, plan = res
             self.allocation = a
             self.allocation_notes = notes
-            assignment = a.plan.resolve(model)
+            assignment = plan.resolve(model)
             self.preview = (label, assignment, int(a.evaluation.totals.bytes_after),
                             float(a.solution.error), int(a.budget_bytes))
             self.allocationChanged.emit()
             if apply:
-                self.apply_plan(a.plan, label)
+                self.apply_plan(plan, label)
 
         def failed(msg):
             self.preview = None
@@ -513,6 +513,12 @@ class PlanEffects(QObject):
 
     # ---- model ------------------------------------------------------------------------------------
     def _model_changed(self) -> None:
+        from .gguf_source import release
+        old, self._source = self._source, self.doc.model
+        if old is not None and old is not self.doc.model:
+            # its live model (a GGUF converted on the fly), on the compute thread once the
+            # cancelled work below has stopped
+            self.runner.submit(lambda: release(old), "Closing the previous model", FOREGROUND)
         self._timer.stop()
         self._cancel_check()
         for t in (self._frontier_task, self._alloc_task):

@@ -72,15 +72,21 @@ def table_job(model, schemes, measure: str, calib=None, samples=None, runner=Non
 
     from .api_jobs import api_job
     from .cluster_setting import executor_of
+    from .gguf_source import live_source
     executor = executor_of(runner) if runner is not None else None
+    src = yield from live_source(model)       # a GGUF: its live model, as the CLI runs it
+    name = src.to_gguf.get if src is not None else (lambda n: n)
     req = schemes if isinstance(schemes, str) else ",".join(schemes)
     res = yield from api_job(lambda d: api.measure_sensitivity(
-        model, req, measure=measure, calib=calib if measure != "weight" else None,
-        samples=samples, executor=executor, driver=d))
+        src.live if src is not None else model, req, measure=measure,
+        calib=calib if measure != "weight" else None, samples=samples, executor=executor,
+        driver=d))
     schemes = list(res.schemes)
-    err = {k: float(v) for k, v in res.values.items() if k[1] in schemes}
-    nbytes = {k: int(v) for k, v in res.bytes.items()}
-    return SensTable(res.measure, list(res.names), schemes, err, nbytes, int(res.params),
+    err = {(name(n), s): float(v) for (n, s), v in res.values.items()
+           if s in schemes and name(n) is not None}
+    nbytes = {(name(n), s): int(v) for (n, s), v in res.bytes.items() if name(n) is not None}
+    names = [name(n) for n in res.names if name(n) is not None]
+    return SensTable(res.measure, names, schemes, err, nbytes, int(res.params),
                      reason=getattr(res, "measure_reason", "given"),
                      samples=getattr(res, "samples", samples))
 
@@ -122,14 +128,20 @@ def plan_bytes(model, assignment: dict) -> int:
 
 def allocation_job(model, budget_bpw=None, budget_bytes=None, schemes="auto",
                    measure: str = "auto", calib=None, samples=None, pins=None, runner=None):
-    """Job: (workbench.api.Allocation, [its notes]) from workbench.api.allocate_plan with the
-    API's defaults, as `quant-workbench allocate` runs it: the same candidates (those of the
-    budget), measure, methods weighed and rules, so the plan is the one the command writes
-    for the same model, budget and options. `pins`: the user's {tensor: scheme}."""
+    """Job: (workbench.api.Allocation, [its notes], its plan on `model`'s names) from
+    workbench.api.allocate_plan with the API's defaults, as `quant-workbench allocate` runs
+    it: the same candidates (those of the budget), measure, methods weighed and rules, so the
+    plan is the one the command writes for the same model, budget and options (a GGUF: on
+    its live model, as the CLI; the plan's names then carried back to the GGUF's). `pins`:
+    the user's {tensor: scheme}."""
     from workbench import api
 
     from .api_jobs import api_job
     from .cluster_setting import executor_of
+    from .gguf_source import live_source
+    src = yield from live_source(model)
+    if src is not None:
+        model, pins = src.live, src.pins(pins or {})
     budget = (api.Budget.tensor_bytes(int(budget_bytes)) if budget_bytes is not None
               else api.Budget.bits_per_weight(float(budget_bpw)))
     executor = executor_of(runner) if runner is not None else None
@@ -138,7 +150,19 @@ def allocation_job(model, budget_bpw=None, budget_bytes=None, schemes="auto",
     a = yield from api_job(lambda d: api.allocate_plan(
         model, budget, schemes=req, measure=measure, calib=calib, samples=samples,
         pins=dict(pins or {}), executor=executor, driver=d, say=notes.append))
-    return a, notes
+    return a, notes, (src.back(a.plan) if src is not None else a.plan)
+
+
+def check_job(model, plan, calib, samples):
+    """Job: the end-to-end check's figures (workbench.running.runner_jobs.check); a GGUF
+    source runs as the CLI runs it, converted on the fly (app.gguf_source)."""
+    from workbench.running.runner_jobs import check
+
+    from .gguf_source import live_source
+    src = yield from live_source(model)
+    if src is not None:
+        model, plan = src.live, src.plan(plan)
+    return (yield from check(model, plan, calib, samples))
 
 
 def allocate_job(model, table: SensTable, budget_bytes=None, budget_bpw=None, pins=None):
