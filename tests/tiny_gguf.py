@@ -21,3 +21,18 @@ def write_llama_gguf(tiny_folder, out_dir, scheme: str = "q4_0") -> Path:
     q.parent.mkdir(parents=True, exist_ok=True)
     run(export(open_model(str(f32)), Plan(default=scheme), "gguf", q))
     return q
+
+
+def write_weights_only_gguf(path) -> Path:
+    """A llama GGUF of one float matrix and nothing else (no tokenizer, no hyper-parameters):
+    its weights are read as they are; it cannot be built into a model that runs."""
+    import gguf
+    import numpy as np
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("blk.0.ffn_up.weight", np.random.default_rng(0).standard_normal(
+        (8, 64)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

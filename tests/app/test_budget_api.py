@@ -75,3 +75,60 @@ def test_budget_apply_gives_the_plan_allocate_writes(make_window, qtbot, tmp_pat
     assert "methods: rtn" in panel.choice.toolTip()
     win.undo_stack.undo()
     assert win.doc.plan != ref.plan
+
+
+def test_an_api_call_reports_progress_and_stops_when_cancelled(qtbot):
+    """app.api_jobs: the API's stages run on the compute thread, their Progress reaches the
+    task, and a cancel stops the call at its next stage (its helper thread ends)."""
+    import threading
+    import workbench as qw
+    from app.api_jobs import api_job
+    from app.workers import BACKGROUND, Runner
+    model = qw.open_model(str(DEMO))
+    runner = Runner()
+    try:
+        seen, threads = [], set()
+
+        def progress(ev):
+            seen.append(ev.fraction)
+
+        def job():
+            def call(driver):
+                def spy(stage):
+                    threads.add(threading.current_thread().name)
+                    return driver(stage)
+                return qw.measure_sensitivity(model, "q4_0,q8_0", measure="weight", driver=spy)
+            return api_job(call)
+        done = runner.submit(job, "table", BACKGROUND, on_progress=progress)
+        qtbot.waitUntil(lambda: done.finished, timeout=SLOW)
+        assert done.state == "done" and seen and threads == {"workbench-api"}
+        # cancelled while a stage runs: the stage is closed, the call gets Cancelled at once
+        # and never reaches its next stage; its helper thread ends
+        import time
+        from workbench.core.errors import Cancelled
+        from workbench.core.progress import Progress
+        calls = []
+
+        def endless():
+            while True:               # until the cancel closes it
+                yield Progress(1, 2, "waiting")
+                time.sleep(0.01)
+
+        def call(driver):
+            try:
+                driver(endless())
+            except Cancelled:
+                calls.append("cancelled")
+                raise
+            calls.append("next stage")    # never reached
+
+        box = {}
+        task = runner.submit(lambda: api_job(call), "endless", BACKGROUND,
+                             on_progress=lambda ev: box["t"].cancel())
+        box["t"] = task
+        qtbot.waitUntil(lambda: task.finished, timeout=SLOW)
+        assert task.state == "cancelled" and calls == ["cancelled"]
+        qtbot.waitUntil(lambda: not any(t.name == "workbench-api" for t in threading.enumerate()),
+                        timeout=10000)
+    finally:
+        runner.shutdown()

@@ -6,7 +6,6 @@ check message that does not fit wraps instead of being cut."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from apphelpers import wait_idle
@@ -38,6 +37,7 @@ def test_gguf_opens_at_its_own_size_and_the_check_runs_it(make_window, qtbot, q4
     fx = win.effects
     t = _totals(win)
     assert t.bytes_after == t.bytes_before        # the default plan keeps the stored tensors
+    assert win.table.default_combo.currentText() == "keep"     # and says so
     qtbot.waitUntil(lambda: fx.check_state in ("fresh", "error"), timeout=SLOW)
     assert fx.check_state == "fresh", fx.check_message
     assert fx.figures["kl_mean"] == pytest.approx(0.0, abs=1e-9)   # as stored: no change
@@ -89,15 +89,8 @@ def test_budget_view_allocates_a_gguf_as_allocate_does(make_window, qtbot, q4_gg
 
 
 def test_a_check_message_that_does_not_fit_wraps(make_window, qtbot, tmp_path):
-    import gguf
-    path = tmp_path / "w.gguf"          # no tokenizer: cannot run (the CLI says why too)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tensor("blk.0.ffn_up.weight", np.random.default_rng(0).standard_normal(
-        (8, 64)).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    from tests.tiny_gguf import write_weights_only_gguf
+    path = write_weights_only_gguf(tmp_path / "w.gguf")   # cannot run (the CLI says why too)
     win = make_window(path, check=True)
     fx = win.effects
     qtbot.waitUntil(lambda: fx.check_state == "error", timeout=SLOW)
