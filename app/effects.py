@@ -1,9 +1,12 @@
 """What a plan does to the model (issue 11): the end-to-end check, the sensitivity table, the
 budget allocation and the size / predicted-error frontier, scheduled on the compute thread.
 
-Every number comes from a `workbench` function (``workbench.running.runner_jobs.check``,
-``workbench.planning.sensitivity``, ``workbench.planning.allocate``, ``workbench.planning.frontier`` where present); this
-module only schedules them, caches their results per model and hands them to the views in
+Every number comes from a `workbench` function: the sensitivity table and the budget's
+allocation from the public API with its defaults (``workbench.api.measure_sensitivity``,
+``workbench.api.allocate_plan``: the plan `quant-workbench allocate` writes), the check from
+``workbench.running.runner_jobs.check``, the frontier's allocations from
+``workbench.planning.allocate`` over the cached table; a GGUF source runs converted on the
+fly, as on the command line (:mod:`app.gguf_source`). This module only schedules them, caches their results per model and hands them to the views in
 :mod:`app.check_panel`, :mod:`app.sensitivity_view` and :mod:`app.budget_view`. The jobs
 themselves (the table, allocation and frontier) are in :mod:`app.effects_jobs`.
 """
@@ -19,8 +22,8 @@ from workbench.quant.plan import KEEP
 from workbench.planning.sensitivity import MEASURES as _MEASURES  # weight, activation, ...
 
 from .effects_jobs import (Point, SensTable, allocatable, allocation_job, check_job,
-                           frontier_job, plan_bytes, predicted_error, table_job)
-from .workers import BACKGROUND, FOREGROUND, INTERACTIVE
+                           frontier_job, predicted_error, table_job)
+from .workers import BACKGROUND, FOREGROUND
 
 DEBOUNCE_MS = 700
 DEFAULT_SAMPLES = 16

@@ -1,7 +1,8 @@
 """The jobs behind :mod:`app.effects`, Qt-free generators run on the compute thread: the
-sensitivity table (SensTable, from workbench.planning.sensitivity), an allocation over it
-(workbench.planning.allocate) and the size / predicted-error frontier (Point), with the
-predicted error and the bytes of a plan."""
+sensitivity table (SensTable, from workbench.api.measure_sensitivity), the budget's
+allocation (workbench.api.allocate_plan, as `quant-workbench allocate`), the end-to-end check,
+and the size / predicted-error frontier (Point: allocations over the cached table by
+workbench.planning.allocate), with the predicted error and the bytes of a plan."""
 
 from __future__ import annotations
 

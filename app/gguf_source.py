@@ -41,8 +41,9 @@ class LiveSource:
 
     def back(self, plan: Plan) -> Plan:
         """A plan on the live model's names (an allocation) on the GGUF's names: its exact
-        rules renamed, its default and its pattern rules as they are."""
-        rules = []
+        rules renamed, its default and its pattern rules as they are; a GGUF tensor the live
+        model has no place for stays as it is."""
+        rules = [Rule(g, KEEP) for g in self.raw.tensors if g not in self.to_hf]
         for r in plan.rules:
             if r.is_regex:
                 rules.append(r)
