@@ -109,10 +109,8 @@ class HeatMap(pg.PlotWidget):
         else:
             self.image.clear()
         self.image.setRect(0, 0, max(len(self.schemes), 1), max(len(self.names), 1))
-        bottom = [(j + 0.5, s if len(s) <= 5 else s[:4] + "…") for j, s in enumerate(self.schemes)]
         item = self.getPlotItem()
         self._left_ticks()
-        item.getAxis("bottom").setTicks([bottom, []])
         item.setXRange(0, max(len(self.schemes), 1), padding=0)
         item.setYRange(0, max(len(self.names), 1), padding=0)
         xs, ys = [], []
@@ -127,6 +125,20 @@ class HeatMap(pg.PlotWidget):
     def _left_ticks(self) -> None:
         self.getPlotItem().getAxis("left").setTicks(
             [_row_labels(self.getPlotItem(), self.names, self.small), []])
+        self._bottom_ticks()
+
+    def _bottom_ticks(self) -> None:
+        """Column labels (5 characters at most): every column's when they fit the plot's
+        width, else every k-th (the runtime's 65 candidates ran together); hover names each."""
+        from PySide6.QtGui import QFontMetrics
+        fm = QFontMetrics(self.small)
+        w = self.getPlotItem().getViewBox().width()
+        if w < 20:
+            w = 400                 # not laid out yet: the next resize sets them again
+        step = max(1, -(-len(self.schemes) * (fm.horizontalAdvance("q4_k…") + 4) // int(w)))
+        self.getPlotItem().getAxis("bottom").setTicks([[
+            (j + 0.5, s if len(s) <= 5 else s[:4] + "…") for j, s in enumerate(self.schemes)
+            if j % step == 0], []])
 
     def set_current(self, name) -> None:
         if name in self.names:

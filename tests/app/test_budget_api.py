@@ -152,3 +152,31 @@ def test_an_api_call_reports_progress_and_stops_when_cancelled(qtbot):
                         timeout=10000)
     finally:
         runner.shutdown()
+
+
+def test_heat_map_column_labels_never_run_together(qtbot):
+    """The runtime's candidates (dozens of columns): every k-th column is labelled, none
+    overlapping the next; all of them when the map is wide enough."""
+    import numpy as np
+    import workbench as qw
+    from PySide6.QtGui import QFontMetrics
+    from app.sensitivity_view import HeatMap
+    schemes = qw.parse_schemes("auto")
+    heat = HeatMap()
+    qtbot.addWidget(heat)
+    heat.resize(420, 300)
+    heat.show()
+    qtbot.waitExposed(heat)
+    names = [f"model.layers.{i}.mlp.up_proj.weight" for i in range(6)]
+    heat.set_table(names, schemes, np.ones((len(names), len(schemes))))
+    axis = heat.getPlotItem().getAxis("bottom")
+    ticks = axis._tickLevels[0] if getattr(axis, "_tickLevels", None) else None
+    assert ticks, "the column labels are set"
+    w = heat.getPlotItem().getViewBox().width()
+    fm = QFontMetrics(heat.small)
+    px_per_col = w / len(schemes)
+    gaps = [(b[0] - a[0]) * px_per_col for a, b in zip(ticks, ticks[1:])]
+    assert 1 < len(ticks) < len(schemes)
+    assert min(gaps) >= max(fm.horizontalAdvance(t) for _, t in ticks)
+    heat.resize(4000, 300)
+    qtbot.waitUntil(lambda: len(axis._tickLevels[0]) == len(schemes))
