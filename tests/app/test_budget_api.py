@@ -20,8 +20,8 @@ def _ready(win):
     return (fx.table() is not None and bool(fx.frontier)) or bool(fx.table_error())
 
 
-def _budget_view(make_window, qtbot, path=DEMO):
-    win = make_window(path, values={"effects/sensitivity_samples": SAMPLES})
+def _budget_view(make_window, qtbot, path=DEMO, answer=False):
+    win = make_window(path, answer=answer, values={"effects/sensitivity_samples": SAMPLES})
     win.tabs.setCurrentIndex(win.effects_tab_index)
     qtbot.waitUntil(lambda: _ready(win), timeout=SLOW)
     assert not win.effects.table_error()
@@ -86,12 +86,15 @@ def test_on_minilm_the_window_weighs_the_methods_as_allocate_does(make_window, q
     path = minilm_path()
     if path is None:
         pytest.skip("MiniLM is not installed")
-    win = _budget_view(make_window, qtbot, path)
+    # allocate's plan quantizes the position embeddings (llama.cpp never re-types them): the
+    # window asks first, as for every such edit; the user says yes
+    win = _budget_view(make_window, qtbot, path, answer=True)
     assert len(win.effects.table().candidates) == len(qw.parse_schemes("auto"))
     _apply(win, qtbot, 5.0)
     ref = qw.allocate_plan(qw.open_model(str(path)), qw.Budget.bits_per_weight(5.0),
                            samples=SAMPLES)
     assert set(ref.methods_weighed["methods"]) == {"rtn", "imatrix", "gptq"}
+    assert any("a runtime keeps" in q for q, _ in win.messages.questions)
     assert win.doc.plan == ref.plan
     assert win.effects.preview[2] == ref.evaluation.totals.bytes_after
     assert "methods:" in win.budget_panel.choice.text()
