@@ -329,7 +329,7 @@ class SchemeTable(QWidget):
         self.assign_button = QPushButton("Assign to selection")
         self.assign_button.clicked.connect(self.assign_selection)
         self.default_combo = SchemeCombo(doc)
-        fill(self.default_combo, list_schemes())
+        fill(self.default_combo, [KEEP] + list_schemes())   # keep: a quantized source's default
         self.default_combo.on_popup = lambda: self._predict(self.doc.current)
         self.default_combo.setMaxVisibleItems(24)
         self.default_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
