@@ -73,8 +73,12 @@ def open_model(path: str | os.PathLike) -> Model:
         return open_safetensors(p)
     if fmt == "gguf":
         from workbench.formats.loaders.gguf_format import open_gguf
-        target = p if p.is_file() else sorted(p.glob("*.gguf"))[0]
-        return open_gguf(target)
+        found = [p] if p.is_file() else sorted(p.glob("*.gguf"))
+        if len(found) > 1:      # which one is meant is the user's choice, never the first
+            names = ", ".join(q.name for q in found[:6]) + (", ..." if len(found) > 6 else "")
+            raise WorkbenchError(f"folder holds {len(found)} GGUF files ({names}): open one "
+                                 "of them by its path", path=str(p))
+        return open_gguf(found[0])
     from workbench.formats.loaders.torch_format import open_torch, open_torch_shards
     if p.is_dir():
         index = sorted(p.glob("*.bin.index.json")) + sorted(p.glob("*.pt.index.json"))
