@@ -18,7 +18,9 @@ HOSTILE_AREAS = ("outputs", "pt-cycles", "imatrix", "calibration", "roundtrip", 
 CONFIG_AREAS = ("config-tensors", "config-counts", "config-values")
 # issue 32's classes 1, 4, 5, 7, 8 (tests/fuzz/cases_round4.py)
 ROUND4_AREAS = ("r4-outputs", "r4-sidecars", "r4-nesting", "r4-messages", "r4-leftovers")
-AREAS = BASE_AREAS + HOSTILE_AREAS + CONFIG_AREAS + ROUND4_AREAS
+# issue 47's classes (tests/fuzz/cases_api.py)
+ROUND5_AREAS = ("api-args",)
+AREAS = BASE_AREAS + HOSTILE_AREAS + CONFIG_AREAS + ROUND4_AREAS + ROUND5_AREAS
 DTYPES = ["F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "U8", "BOOL", "F8_E4M3",
           "Q4_0", "X", 7, None]
 HUGE = [0, 1, 2, 3, 255, 256, 2**31 - 1, 2**31, 2**32, 2**40, 2**53, 2**62, 2**63, 2**64 - 1,
@@ -296,7 +298,8 @@ def _hostile():
     from .cases_config import GENERATORS as C
     from .cases_hostile import GENERATORS as G
     from .cases_round4 import GENERATORS as R
-    return {**G, **C, **R}
+    from .cases_api import GENERATORS as A
+    return {**G, **C, **R, **A}
 
 
 GENERATORS.update(_hostile())

@@ -86,13 +86,19 @@ def check_float(name: str, value, lo: float, hi: float, *, none: bool = False,
     `none`; NaN and infinities are refused."""
     if value is None and none:
         return None
-    span = f"{'above' if lo_open else 'from'} {lo:g} {'and at most' if lo_open else 'to'} {hi:g}"
+    span = (f"above {_num(lo)} and at most {_num(hi)}" if lo_open
+            else f"from {_num(lo)} to {_num(hi)}")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ArgumentTypeError(name, f"must be a number {span}{unit}, not {_what(value)}")
     v = float(value)
     if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo):
-        raise ArgumentError(name, f"is {v:g}: give a finite number {span}{unit}")
+        raise ArgumentError(name, f"is {_num(v) if math.isfinite(v) else v}: give a finite "
+                                  f"number {span}{unit}")
     return v
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 1e6 and float(x).is_integer() and abs(x) < 1e30 else f"{x:g}"
 
 
 def check_bool(name: str, value) -> bool:
