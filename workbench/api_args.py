@@ -43,6 +43,8 @@ def _plan_like(name, v):
     from workbench.quant.plan import Plan
     c.check_type(name, v, (Plan, str), "a Plan or a scheme name",
                  hint="qw.make_plan('q4_k') or qw.make_plan(path='plan.json')")
+    if isinstance(v, str) and not v:
+        raise c.ArgumentError(name, "is empty: give a Plan or a scheme name")
 
 
 def _plan_type():

@@ -65,13 +65,15 @@ def _baseline(fn: str, d: Path):
     qw.make_plan("q8_0").save(str(plan))
     shutil.copyfile(plan, d / "b.json")
     first = next(iter(m.tensors))
+    calib = d / "calib.txt"    # short, so that samples=None (all of it) stays a quick check
+    calib.write_text("The quick brown fox.\nA second line of text.\nAnd a third one.\n")
     table = {
         "open_model": ((), {"path": qw.demo_model_path()}),
         "statistics": ((m,), {"names": [first]}),
         "make_plan": ((), {"scheme": "q8_0"}),
         "with_methods": ((m, qw.make_plan("q8_0")), {}),
         "evaluate_plan": ((m, "q8_0"), {}),
-        "check_plan": ((m, "q8_0"), {"samples": 2, "scoring": "lines"}),
+        "check_plan": ((m, "q8_0"), {"samples": 2, "scoring": "lines", "calib": str(calib)}),
         "export_plan": ((m, "q8_0", "plan", str(d / "p.json")), {}),
         "parse_schemes": (("q8_0,q4_0",), {}),
         "resolve_measure": ((m,), {"measure": "weight"}),

@@ -123,10 +123,9 @@ def _gguf(path):
     import gguf
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_tensor("blk.0.ffn_up.weight", np.ones((4, 32), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    for step in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file,
+                 w.close):
+        step()
 
 
 def test_a_folder_of_several_ggufs_is_refused_listing_them(tmp_path):
@@ -150,3 +149,13 @@ def test_argument_errors_survive_pickling_and_renaming():
     assert str(f) == "--samples is -2: give a whole number from 1 to 1,000,000"
     t = pickle.loads(pickle.dumps(ArgumentTypeError("budget", "must be a Budget")))
     assert isinstance(t, TypeError) and isinstance(t, WorkbenchError)
+
+
+def test_fuzz_findings_a_long_name_and_an_empty_plan(demo, tmp_path):
+    # found by the api-args fuzz kind: open_model's existence test raised OSError
+    # (ENAMETOOLONG), and an empty plan name was blamed on make_plan's `scheme`
+    with pytest.raises(WorkbenchError, match=r"cannot open it \(File name too long\)"):
+        qw.open_model(tmp_path / ("x" * 5000))
+    _refused(lambda: qw.export_plan(demo, "", "plan", tmp_path / "p.json"), "plan",
+             ValueError, "is empty")
+    assert not (tmp_path / "p.json").exists()

@@ -51,8 +51,13 @@ def detect_format(path: Path) -> str:
 def open_model(path: str | os.PathLike) -> Model:
     """Open a checkpoint by path. Reads headers only; data is read on demand (loaders.region)."""
     p = Path(path).expanduser()
-    if not p.exists():
-        raise WorkbenchError("file not found", path=str(p))
+    try:
+        p.stat()
+    except FileNotFoundError:
+        raise WorkbenchError("file not found", path=str(p)) from None
+    except (OSError, ValueError) as exc:     # a name too long, a loop of links, a NUL
+        raise WorkbenchError(f"cannot open it ({getattr(exc, 'strerror', None) or exc})",
+                             path=str(p)) from None
     if not p.is_dir():
         from workbench.core.limits import check_regular_file
         check_regular_file(p)
