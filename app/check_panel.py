@@ -19,12 +19,13 @@ QLabel#CheckBadge[state="stale"] { background: #5a4a16; color: #f2cc60; }
 QLabel#CheckBadge[state="fresh"] { background: #1d3b26; color: #56d364; }
 QLabel#CheckBadge[state="error"] { background: #4a1d1f; color: #ff7b72; }
 QLabel#CheckBadge[state="off"] { background: #2e333d; color: #8a92a3; }
+QLabel#CheckBadge[state="idle"] { background: #2e333d; color: #8a92a3; }
 QLabel#CheckBadge[state="cancelled"] { background: #2e333d; color: #f2cc60; }
 QPushButton#CalibButton { padding: 1px 6px; font-size: 8pt; }
 """
 
 BADGE = {"stale": "STALE · re-running", "fresh": "CURRENT", "error": "NOT RUN", "off": "OFF",
-         "cancelled": "CANCELLED"}
+         "cancelled": "CANCELLED", "idle": "ON · nothing to check yet"}
 CHECK_TASK = "End-to-end check"
 
 
@@ -131,7 +132,9 @@ class CheckPanel(QFrame):
 
     def refresh(self) -> None:
         fx = self.fx
-        state = fx.check_state if fx.check_enabled else "off"
+        # the badge says what the box says: ticked is never "OFF" (on, before any check: idle)
+        state = "off" if not fx.check_enabled else (
+            "idle" if fx.check_state == "off" else fx.check_state)
         self.enabled_box.blockSignals(True)
         self.enabled_box.setChecked(fx.check_enabled)
         self.enabled_box.blockSignals(False)
@@ -158,11 +161,14 @@ class CheckPanel(QFrame):
             self.value.setStyleSheet(f'font-size: 9pt; color: {POOR if state == "error" else MUTED};')
             self.caption.set_forms(self._captions)
             return
-        colour = MUTED if state in ("stale", "off") else "#e6e9ef"
+        colour = MUTED if state in ("stale", "off", "idle") else "#e6e9ef"
         self.value.setStyleSheet(f'font-family: "DejaVu Sans Mono"; font-size: 10pt; '
                                  f'font-weight: bold; color: {colour};')
         if state == "off":
             self._values = (["off (the check costs a forward pass per edit)", "off"]
+                            if not fig else figures_variants(fig))
+        elif state == "idle":
+            self._values = (["on: runs when a model is open and the plan changes", "on"]
                             if not fig else figures_variants(fig))
         elif fig:
             self._values = figures_variants(fig)

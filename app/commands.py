@@ -226,6 +226,20 @@ def never_retyped(model, targets: dict, runtime: str = "llama.cpp") -> list[tupl
 _ELIGIBLE: dict[tuple, list[str]] = {}
 
 
+def unavailable_for(info) -> dict[str, str]:
+    """{scheme: why it cannot take this float tensor} for every registered scheme it cannot
+    (the scheme's own reason: a row length, a block size); none for a non-float tensor."""
+    if not info.is_float or info.ndim < 1:
+        return {}
+    from workbench.schemes import list_schemes
+    out = {}
+    for s in list_schemes():
+        why = get_scheme(s).ineligible_reason(info.shape)
+        if why is not None:
+            out[s] = why
+    return out
+
+
 def schemes_for(info) -> list[str]:
     """`keep` plus every registered scheme that can take this tensor (registry order)."""
     key = (tuple(info.shape), info.is_float)

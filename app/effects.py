@@ -96,6 +96,7 @@ class PlanEffects(QObject):
             self.checkChanged.emit()
         else:
             self.invalidate(now=True)
+            self.checkChanged.emit()   # with nothing to check yet too: the panel says "on"
 
     def set_calib(self, path: str) -> None:
         self.calib = str(path) if path else default_calib()

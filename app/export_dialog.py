@@ -29,6 +29,8 @@ from .workers import FOREGROUND, INTERACTIVE, USER
 #: formats whose check imports transformers (and torch): checked behind the others until
 #: transformers is loaded
 SLOW = ("onnx",)
+#: a format check's level (workbench.export.preflight.Preflight.level): colour and mark
+VERDICT = {"ok": ("#3fb950", "✓"), "warning": ("#d29922", "⚠"), "no": ("#f85149", "✗")}
 from .fit_label import never_widens
 
 
@@ -75,6 +77,7 @@ class ExportDialog(QDialog):
         self.progress.setRange(0, 1000)
         self.status = QLabel("")
         never_widens(self.status)
+        self.status.setWordWrap(True)      # a long result wraps: never cut at the dialog's edge
         # an export's error, whole (word-wrapped, selectable); cleared when the format changes
         self.error_label = QLabel("")
         self.error_label.setObjectName("ExportError")
@@ -132,8 +135,9 @@ class ExportDialog(QDialog):
     # ---- what each format can write ---------------------------------------------------------
     @staticmethod
     def _item_text(e, check, pending: bool = False) -> str:
-        mark = "  … still checking" if pending else "" if check is None else (
-            "  ✓" if check.ok else "  ✗ cannot write this plan")
+        mark = "  … still checking" if pending else "" if check is None else {
+            "ok": "  ✓", "warning": "  ⚠ not all the plan asks",
+            "no": "  ✗ cannot write this plan"}[check.level]
         return f"{e.name}  ({e.suffix or 'folder'}){mark}"
 
     def checking(self) -> bool:
@@ -189,7 +193,7 @@ class ExportDialog(QDialog):
                 continue
             if c is None:
                 continue
-            colour, mark = ("#3fb950", "✓") if c.ok else ("#f85149", "✗")
+            colour, mark = VERDICT[c.level]
             rows.append(f"<tr><td style='color:{colour}; padding-right:6px'>{mark}</td>"
                         f"<td style='padding-right:8px'><b>{e.name}</b></td>"
                         f"<td>{_esc(_short(c.text()))}</td></tr>")
@@ -294,23 +298,26 @@ class ExportDialog(QDialog):
             self.status.setText("choose an output file")
             return None
         tp = Path(target).expanduser()
+        overwrite = False
         if tp.exists():
-            from workbench.core.atomic import refuse_overwriting_inputs
             from workbench.core.errors import WorkbenchError
-            from workbench.core.outputs import refuse_inputs_as_outputs
-            try:
-                refuse_overwriting_inputs(model, tp)
-                refuse_inputs_as_outputs(
-                    {"the export target": str(tp)},
-                    {"the model": model.path,
-                     "the session file": getattr(self.parent(), "session_path", None)})
+            from workbench.core.outputs import check_output
+            folder = self.exporter().kind == "folder"
+            try:    # the export door's checks (an input, a folder that cannot be written)
+                check_output(tp, kind=self.exporter().kind, model=model, overwrite=True,
+                             inputs={"the session file": getattr(self.parent(), "session_path",
+                                                                 None)})
             except WorkbenchError as exc:
                 self._failed(str(exc))
                 return None
+            what = "folder" if folder else "file"
             if self.messages is not None and not self.messages.ask(
-                    "Replace file?", f"{tp.name} already exists in {tp.parent}.\nReplace it?"):
-                self.status.setText("not exported: the existing file is kept")
+                    f"Replace {what}?", f"{tp.name} already exists in {tp.parent}.\n"
+                    + ("Everything in it will be replaced by the export.\n" if folder else "")
+                    + "Replace it?"):
+                self.status.setText(f"not exported: the existing {what} is kept")
                 return None
+            overwrite = True
         self.export_button.setEnabled(False)
         self.progress.setValue(0)
         self.progress.setVisible(True)
@@ -318,7 +325,8 @@ class ExportDialog(QDialog):
         self.status.setText(f"exporting {name}…")
         def job():
             from .cluster_setting import executor_of
-            return export(model, plan, name, target, executor=executor_of(self.runner))
+            return export(model, plan, name, target, overwrite=overwrite,
+                          executor=executor_of(self.runner))
 
         self.task = self.runner.submit(job,
                                        f"Exporting {name}", FOREGROUND, visible=True,
@@ -336,7 +344,13 @@ class ExportDialog(QDialog):
             self.settings.setValue("export_dir", str(Path(self.path.text()).expanduser().parent))
             self.settings.setValue("export_format", self.exporter().name)
         self.progress.setValue(1000)
-        self.status.setText(f"wrote {self.path.text()}")
+        c = self.check()
+        if c is not None and c.warning:    # written, but not what the plan asked: say so
+            colour, mark = VERDICT["warning"]
+            self.status.setText(f"<span style='color:{colour}'>{mark}</span> wrote "
+                                f"{_esc(self.path.text())}, but {_esc(c.warning)}")
+        else:
+            self.status.setText(f"wrote {self.path.text()}")
         self._idle()
 
     def _failed(self, message: str) -> None:

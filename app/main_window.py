@@ -99,10 +99,11 @@ class MainWindow(WindowSessions, QMainWindow):
         lay.setSpacing(6)
         lay.addWidget(self.totals)
         lay.addWidget(self.main_split, 1)
-        # issue 33: every job running or waiting, with its progress and a Cancel button
-        self.work_queue = WorkQueuePanel(self.runner)
-        lay.addWidget(self.work_queue)
         self.setCentralWidget(central)
+        # issue 33: every job running or waiting, with its progress and a Cancel button; over
+        # the bottom-right corner, so the plots never jump when it comes and goes
+        self.work_queue = WorkQueuePanel(self.runner, central)
+        self.work_queue.anchor()
 
         self.progress = ProgressPanel(self.runner)
         self.status_label = QLabel("")
@@ -113,6 +114,8 @@ class MainWindow(WindowSessions, QMainWindow):
         self.browser.groupActivated.connect(self.select_expert_group)
         self.plots.runner = self.runner
         self.table.activated.connect(self.select)
+        # a scheme typed that cannot take the tensor: why, where the user looks next
+        self.table.delegate.refused.connect(lambda why: self.statusBar().showMessage(why, 15000))
         self.undo_stack.indexChanged.connect(lambda _i: self._schedule_autosave())
         self.doc.modelChanged.connect(self._model_changed)
         self._status_timer = QTimer(self, singleShot=True, interval=10000)

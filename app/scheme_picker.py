@@ -21,15 +21,19 @@ from .theme import MUTED, mono_font
 
 SCHEME_ROLE = Qt.ItemDataRole.UserRole + 40
 BPW_ROLE = Qt.ItemDataRole.UserRole + 41
+UNAVAILABLE_ROLE = Qt.ItemDataRole.UserRole + 42   # why a listed scheme cannot take the tensor
 
 
-def fill(combo: QComboBox, schemes, info=None) -> None:
+def fill(combo: QComboBox, schemes, info=None, unavailable: dict | None = None) -> None:
     """Replace the combo's items by `schemes` grouped by family (headers are not choosable);
-    with `info`, each entry carries its bits per weight on that tensor."""
+    with `info`, each entry carries its bits per weight on that tensor. `unavailable`
+    ({scheme: reason}): listed too, in their families, greyed and not choosable, with the
+    reason (a typed name of one says why instead of picking another)."""
     model = QStandardItemModel(combo)
     bold = QFont(combo.font())
     bold.setBold(True)
-    for family, names in grouped(schemes):
+    unavailable = unavailable or {}
+    for family, names in grouped(list(schemes) + list(unavailable)):
         head = QStandardItem(f"— {family} —")
         head.setFlags(Qt.ItemFlag.NoItemFlags)
         head.setFont(bold)
@@ -38,6 +42,13 @@ def fill(combo: QComboBox, schemes, info=None) -> None:
         for s in names:
             it = QStandardItem(s)
             it.setData(s, SCHEME_ROLE)
+            if s in unavailable:
+                it.setData(unavailable[s], UNAVAILABLE_ROLE)
+                it.setFlags(Qt.ItemFlag.NoItemFlags)
+                it.setForeground(QBrush(QColor(MUTED)))
+                it.setToolTip(f"{s}: not available for this tensor: {unavailable[s]}")
+                model.appendRow(it)
+                continue
             if info is not None:
                 bpw = bits_per_weight(s, info)
                 it.setData(bpw, BPW_ROLE)
@@ -84,6 +95,11 @@ class PickerDelegate(QStyledItemDelegate):
         scheme = index.data(SCHEME_ROLE)
         if scheme is None:
             return
+        why = index.data(UNAVAILABLE_ROLE)
+        if why is not None:
+            option.text = f"{scheme:<18} unavailable: {why}"
+            option.font = self._mono
+            return
         name = self.tensor()
         r = self.doc.result_for(name, scheme) if name and self.doc.model is not None else None
         bpw = index.data(BPW_ROLE)
@@ -119,6 +135,16 @@ class SchemeCombo(QComboBox):
                 and not self.view().isVisible()):
             self.showPopup()
             return True
+        if (event.type() == QEvent.Type.KeyPress and obj is self.view() and self.isEditable()
+                and self.view().isVisible() and _typed(event)):
+            # typing with the list open types the name (the list's own search would jump to
+            # the nearest choosable entry: "q4_k" picked q4_0 where q4_k is unavailable)
+            self.hidePopup()
+            edit = self.lineEdit()
+            edit.setFocus()
+            edit.selectAll()
+            edit.insert(event.text())
+            return True
         return super().eventFilter(obj, event)
 
     def _result(self, name, _scheme) -> None:
@@ -126,6 +152,8 @@ class SchemeCombo(QComboBox):
             self.view().viewport().update()
 
     def showPopup(self) -> None:
+        if self.isEditable():
+            self.view().installEventFilter(self)
         if self.on_popup is not None:
             self.on_popup()
         view = self.view()
@@ -141,7 +169,20 @@ class SchemeCombo(QComboBox):
             self.setEditText(scheme)
 
     def scheme(self) -> str | None:
-        """The chosen scheme (None: a header or text naming no listed scheme)."""
+        """The chosen scheme (None: a header, an unavailable scheme or text naming no listed
+        scheme)."""
         text = self.currentText().strip()
         i = find_scheme(self, text)
-        return text if i >= 0 else None
+        return text if i >= 0 and self.itemData(i, UNAVAILABLE_ROLE) is None else None
+
+    def unavailable(self) -> str | None:
+        """Why the typed scheme cannot take the tensor (None: it can, or it names none)."""
+        i = find_scheme(self, self.currentText().strip())
+        return self.itemData(i, UNAVAILABLE_ROLE) if i >= 0 else None
+
+
+def _typed(event) -> bool:
+    """A key press that types a character of a scheme name (not navigation or Return)."""
+    text = event.text()
+    return bool(text) and text.isprintable() and not event.modifiers() & (
+        Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.AltModifier)

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogBut
 from workbench.quant.plan import KEEP
 from workbench.schemes import list_schemes
 
-from .commands import schemes_for
+from .commands import schemes_for, unavailable_for
 from .table_model import C_METHOD, C_NAME, C_NOTE, C_SCHEME, NAME_ROLE, SORT_ROLE, SchemeTableModel
 
 
@@ -28,7 +28,11 @@ class SchemeDelegate(QStyledItemDelegate):
 
     The editor has a text field: typing completes a scheme name, and Ctrl+A selects the
     field's text (it never reaches the table, where it would select every row). Text that
-    names no listed scheme changes nothing."""
+    names no listed scheme changes nothing. Schemes that cannot take the tensor are listed
+    greyed with the reason; naming one changes nothing and `refused` says why. One Return
+    (or a click in the list) commits."""
+
+    refused = Signal(str)
 
     def __init__(self, doc, parent=None, predict=None):
         super().__init__(parent)
@@ -50,8 +54,11 @@ class SchemeDelegate(QStyledItemDelegate):
         combo.setEditable(True)
         combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
         schemes = schemes_for(info)
-        fill(combo, schemes, info)
+        fill(combo, schemes, info, unavailable_for(info))
         combo.setMaxVisibleItems(24)
+        # a pick in the list (click or Return) is the edit: commit it at once, not on a
+        # second Return
+        combo.activated.connect(lambda _i, c=combo: self._commit(c))
         if self.predict is not None:
             combo.on_popup = lambda: self.predict(name, schemes)
             self.predict(name, schemes)
@@ -59,6 +66,22 @@ class SchemeDelegate(QStyledItemDelegate):
             self._double_clicked = False
             QTimer.singleShot(0, combo.showPopup)   # once the view has placed the editor
         return combo
+
+    def _commit(self, editor) -> None:
+        if editor.scheme() is None and editor.unavailable() is None:
+            return                       # a header, or text naming nothing: keep editing
+        self.commitData.emit(editor)
+        self.closeEditor.emit(editor, QStyledItemDelegate.EndEditHint.NoHint)
+
+    def updateEditorGeometry(self, editor, option, index):
+        # never shorter than the combo needs: a row-high editor clipped the text's bottom
+        # ("q4_0" read "q4 0"); taller editors are centred on the row
+        rect = option.rect
+        need = editor.sizeHint().height()
+        if need > rect.height():
+            rect = rect.adjusted(0, -((need - rect.height()) // 2), 0,
+                                 (need - rect.height() + 1) // 2)
+        editor.setGeometry(rect)
 
     def setEditorData(self, editor, index):
         # Qt calls this again whenever the cell's data changes while the editor is open (a
@@ -70,8 +93,12 @@ class SchemeDelegate(QStyledItemDelegate):
 
     def setModelData(self, editor, model, index):
         text = editor.scheme()
-        if text is None:
-            return  # not a scheme this tensor can take
+        if text is None:       # not a scheme this tensor can take: say why, change nothing
+            why = editor.unavailable()
+            if why is not None:
+                self.refused.emit(f"{editor.currentText().strip()} is not available for "
+                                  f"{index.data(NAME_ROLE)}: {why}")
+            return
         if text != index.data(Qt.ItemDataRole.EditRole):
             model.setData(index, text, Qt.ItemDataRole.EditRole)
 
@@ -84,6 +111,22 @@ class MethodDelegate(QStyledItemDelegate):
         combo = QComboBox(parent)
         combo.addItems(list_methods())
         return combo
+
+    def _commit(self, editor) -> None:
+        if editor.scheme() is None and editor.unavailable() is None:
+            return                       # a header, or text naming nothing: keep editing
+        self.commitData.emit(editor)
+        self.closeEditor.emit(editor, QStyledItemDelegate.EndEditHint.NoHint)
+
+    def updateEditorGeometry(self, editor, option, index):
+        # never shorter than the combo needs: a row-high editor clipped the text's bottom
+        # ("q4_0" read "q4 0"); taller editors are centred on the row
+        rect = option.rect
+        need = editor.sizeHint().height()
+        if need > rect.height():
+            rect = rect.adjusted(0, -((need - rect.height()) // 2), 0,
+                                 (need - rect.height() + 1) // 2)
+        editor.setGeometry(rect)
 
     def setEditorData(self, editor, index):
         if editor.property("qw_filled"):

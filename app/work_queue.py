@@ -157,7 +157,12 @@ class _Row(QWidget):
 
 
 class WorkQueuePanel(QFrame):
-    """Every running and waiting job, with its progress and a Cancel button."""
+    """Every running and waiting job, with its progress and a Cancel button. Placed over its
+    parent's bottom-right corner (:meth:`anchor`), not in a layout: showing and hiding it never
+    moves the plots or the table."""
+
+    MARGIN = 8          # from the parent's edges
+    MAX_WIDTH = 620
 
     def __init__(self, runner, parent=None):
         super().__init__(parent)
@@ -197,6 +202,28 @@ class WorkQueuePanel(QFrame):
         runner.taskStarted.connect(self._wake)
         runner.taskFinished.connect(self._finished)
         self.setVisible(False)
+
+    def anchor(self) -> None:
+        """Float over the parent's bottom-right corner, following its size."""
+        self.parentWidget().installEventFilter(self)
+        self.place()
+
+    def eventFilter(self, obj, event) -> bool:
+        from PySide6.QtCore import QEvent
+        if obj is self.parentWidget() and event.type() == QEvent.Type.Resize:
+            self.place()
+        return super().eventFilter(obj, event)
+
+    def place(self) -> None:
+        parent = self.parentWidget()
+        if parent is None:
+            return
+        m = self.MARGIN
+        w = max(1, min(self.MAX_WIDTH, parent.width() - 2 * m))
+        self.setFixedWidth(w)
+        h = min(self.sizeHint().height(), max(1, parent.height() - 2 * m))
+        self.setGeometry(parent.width() - w - m, parent.height() - h - m, w, h)
+        self.raise_()
 
     def _wake(self, _task=None) -> None:
         if not self._timer.isActive():
@@ -254,3 +281,4 @@ class WorkQueuePanel(QFrame):
         self.more.setVisible(extra > 0)
         if not self.isVisible():
             self.setVisible(True)
+        self.place()                 # its rows changed: as tall as they need

@@ -5,10 +5,23 @@ from __future__ import annotations
 import numpy as np
 
 from . import host, tables
-from .spec import GGML_QUANT_IQ2, GGML_QUANT_RTN, Spec
+from .spec import Spec
 
 
 SERIAL_BELOW = 1 << 16          # elements: smaller tensors run on the calling thread only
+
+#: GGML type number -> the branch of the numba block decoders / encoders (cpu_ggml._ggml_row,
+#: ggml_encode, ggml_legacy_quant, ggml_f16_quant) for the types whose kernels predate keying by
+#: GGML's numbers: renumbering those branches would discard their compiled on-disk cache.
+#: Every other type's branch is its GGML type number (cpu_ggml.IQ_TIDS, NVFP4's 40), and so is
+#: a new one's.
+_EARLY_BRANCH = {2: 0, 3: 1, 6: 2, 7: 3, 8: 4, 10: 5, 11: 6, 12: 7, 13: 8, 14: 9, 20: 10, 39: 11,
+                 34: 12, 35: 13, 23: 14}
+
+
+def _branch(spec: Spec) -> int:
+    """The numba kernels' branch for a GGML spec (keyed by its GGML type number)."""
+    return _EARLY_BRANCH.get(spec.ggml_id, spec.ggml_id)
 
 
 def _k():
@@ -50,7 +63,7 @@ def _dequantize(spec: Spec, arrays, out2d: np.ndarray) -> None:
     elif spec.family == "f32":
         k.f32_copy(_f32_data(arrays, rows, cols), out2d)
     elif spec.family == "ggml":
-        k.ggml_dequant(host.ggml_blocks(spec, arrays, rows, cols), spec.ggml_id, spec.qk, spec.bpb,
+        k.ggml_dequant(host.ggml_blocks(spec, arrays, rows, cols), _branch(spec), spec.qk, spec.bpb,
                        tables.f16_table(), tables.IQ4NL_VALUES, out2d)
     else:
         raise ValueError(spec.family)
@@ -79,7 +92,7 @@ def _error_sums(spec: Spec, arrays, w2d: np.ndarray, acc: np.ndarray) -> None:
     elif spec.family == "f32":
         k.f32_error(_f32_data(arrays, rows, cols), w2d, acc)
     elif spec.family == "ggml":
-        k.ggml_error(host.ggml_blocks(spec, arrays, rows, cols), spec.ggml_id, spec.qk, spec.bpb,
+        k.ggml_error(host.ggml_blocks(spec, arrays, rows, cols), _branch(spec), spec.qk, spec.bpb,
                      tables.f16_table(), tables.IQ4NL_VALUES, w2d, acc)
     else:
         raise ValueError(spec.family)
@@ -313,33 +326,7 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
         codes = _encode(w2d, 2, 8, safe, host.DUMMY_F32, False, 0, 0, 0, max(cols, 1), 1, fp8=fmt)
         return {"codes": codes.reshape(rows, cols), "scales": scale}
     if q == "ggml":
-        nb = cols // spec.qk
-        blocks = np.empty((rows, nb * spec.bpb), np.uint8)
-        flags = np.empty(rows, np.uint8)
-        if spec.ggml_id in (0, 4):
-            _k().ggml_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb, blocks, flags)
-        elif spec.ggml_name == "IQ4_NL":
-            return iq4nl_blocks(spec, w2d, None, check_finite)
-        elif spec.ggml_name == "IQ4_XS":
-            return iq4xs_blocks(spec, w2d, None, check_finite)
-        elif spec.ggml_name in ("IQ1_S", "IQ1_M"):
-            return iq1_blocks(spec, w2d, None, check_finite)
-        elif spec.ggml_name in ("IQ3_XXS", "IQ3_S"):
-            return iq3_blocks(spec, w2d, None, check_finite)
-        elif spec.ggml_name in GGML_QUANT_IQ2:
-            return iq2_blocks(spec, w2d, None, check_finite)
-        elif spec.ggml_name in GGML_QUANT_RTN:
-            from . import ggml_rtn_quant
-            ggml_rtn_quant.encode_blocks(spec.ggml_name, w2d, blocks, flags)
-        elif spec.search and spec.ggml_name in ("Q3_K", "Q6_K"):
-            return sym_k_blocks(spec, w2d, None, check_finite)
-        elif spec.search:
-            return affine_k_blocks(spec, w2d, None, check_finite)
-        else:
-            from . import ggml_legacy_quant
-            ggml_legacy_quant.legacy_encode(w2d, w2d.view(np.int32), spec.ggml_id, spec.bpb,
-                                            blocks, flags)
-        return _blocks_or_decline(blocks, flags, w2d, check_finite)
+        return GGML_ENCODERS[spec.kernel](spec, w2d, check_finite)
     raise ValueError(f"no quantize kernel for {spec.name}")
 
 
@@ -349,7 +336,7 @@ def quantize_ggml_f16(spec: Spec, h2d: np.ndarray, bf16: bool) -> dict | None:
     gives on the widened float32 tensor. None when no such kernel covers the spec, or when a
     row holds NaN/Inf or a block scale overflows float16 (the caller then widens and takes the
     float32 path, which raises or decides as it always does)."""
-    if spec.quant != "ggml" or spec.ggml_id not in (0, 4) or h2d.ndim != 2:
+    if spec.quant != "ggml" or spec.kernel != "block32" or h2d.ndim != 2:
         return None
     rows, cols = h2d.shape
     if cols % spec.qk:
@@ -359,7 +346,7 @@ def quantize_ggml_f16(spec: Spec, h2d: np.ndarray, bf16: bool) -> dict | None:
     blocks = np.empty((rows, cols // spec.qk * spec.bpb), np.uint8)
     flags = np.empty(rows, np.uint8)
     with _threads(h2d.size):
-        ggml_f16_quant.ggml_encode_f16(h2d, bool(bf16), spec.ggml_id, spec.bpb, blocks, flags)
+        ggml_f16_quant.ggml_encode_f16(h2d, bool(bf16), _branch(spec), spec.bpb, blocks, flags)
     if rows and int(np.bitwise_or.reduce(flags)):
         return None
     return {"blocks": blocks}
@@ -469,3 +456,48 @@ def iq1_blocks(spec: Spec, w2d: np.ndarray, qw: np.ndarray | None = None,
     from . import iq1_quant
     return _lattice_blocks(lambda w, b, f, q: iq1_quant.encode_blocks(spec.ggml_name, w, b, f, q),
                            spec, w2d, qw, check_finite)
+
+
+def _rounded_blocks(encode):
+    """A GGML_ENCODERS entry for a kernel that fills (blocks, flags) by a fixed rule."""
+    def run(spec, w2d, check_finite):
+        rows, cols = w2d.shape
+        blocks = np.empty((rows, cols // spec.qk * spec.bpb), np.uint8)
+        flags = np.empty(rows, np.uint8)
+        encode(spec, w2d, blocks, flags)
+        return _blocks_or_decline(blocks, flags, w2d, check_finite)
+    return run
+
+
+def _block32(spec, w2d, blocks, flags):
+    _k().ggml_encode(w2d, w2d.view(np.int32), _branch(spec), spec.bpb, blocks, flags)
+
+
+def _legacy(spec, w2d, blocks, flags):
+    from . import ggml_legacy_quant
+    ggml_legacy_quant.legacy_encode(w2d, w2d.view(np.int32), _branch(spec), spec.bpb, blocks,
+                                    flags)
+
+
+def _rtn(spec, w2d, blocks, flags):
+    from . import ggml_rtn_quant
+    ggml_rtn_quant.encode_blocks(spec.ggml_name, w2d, blocks, flags)
+
+
+#: the GGML quantize kernels by entry name (a scheme's ``quant_kernel``): each takes
+#: (spec, float32 rows, check_finite) and returns {"blocks"} or None (the reference decides).
+#: Each is bit-identical to the scheme's numpy reference; block32 / legacy / rtn also to
+#: gguf-py and llama.cpp (their fixed rounding rules)
+GGML_ENCODERS = {
+    "block32": _rounded_blocks(_block32),      # Q4_0 / Q8_0 (cpu_ggml.ggml_encode)
+    "legacy": _rounded_blocks(_legacy),        # Q4_1 / Q5_0 / Q5_1 (ggml_legacy_quant)
+    "rtn": _rounded_blocks(_rtn),              # MXFP4 / NVFP4 / TQ1_0 / TQ2_0 (ggml_rtn_quant)
+    # the searching quantizers (the layout carries the search parameters: spec.SEARCH_KERNELS)
+    "affine_k": lambda spec, w2d, cf: affine_k_blocks(spec, w2d, None, cf),  # kquant_affine
+    "sym_k": lambda spec, w2d, cf: sym_k_blocks(spec, w2d, None, cf),        # kquant_sym
+    "iq4_nl": lambda spec, w2d, cf: iq4nl_blocks(spec, w2d, None, cf),       # iq4nl_quant
+    "iq4_xs": lambda spec, w2d, cf: iq4xs_blocks(spec, w2d, None, cf),       # llama.cpp's search
+    "iq3": lambda spec, w2d, cf: iq3_blocks(spec, w2d, None, cf),            # iq3_quant
+    "iq2": lambda spec, w2d, cf: iq2_blocks(spec, w2d, None, cf),            # ggml's (iq2_quant)
+    "iq1": lambda spec, w2d, cf: iq1_blocks(spec, w2d, None, cf),            # iq1_quant
+}

@@ -26,7 +26,7 @@ F32 = np.float32
 FP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
 #: ggml_e8m0_to_fp32_half of every byte: 2^(e - 128)
 E8M0_HALF = np.ldexp(np.float32(1), np.arange(256, dtype=np.int32) - 128).astype(np.float32)
-#: internal ids of the types this module encodes (kernels/spec.py GGML_TYPES)
+#: this module's own branch numbers of the types it encodes (by GGML name: cpu_ops passes it)
 KINDS = {"MXFP4": 0, "TQ1_0": 1, "TQ2_0": 2, "NVFP4": 40}
 
 

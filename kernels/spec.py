@@ -10,11 +10,13 @@ Families (each one generic kernel per backend, see ``cpu.py`` / ``cuda.py``):
             Blocks are a tensor, a row or a group of the row (``geometry``).
 ``u16``     16-bit floats (fp16, bf16) decoded through a 65536-entry table.
 ``f32``     float32 kept as is (a copy).
-``ggml``    llama.cpp / GGUF block formats, one block decoder per ``ggml_type``.
+``ggml``    llama.cpp / GGUF block formats, one block decoder per GGML type number (the
+            scheme's ``ggml_type``, passed in its layout with the block geometry).
 
 ``quant`` names the quantize kernel (``None``: quantize falls back to the numpy reference).
-Like the rest of ``kernels/``, this module imports nothing from ``workbench`` (ggml's
-``type_traits`` table is the model); it imports no numba, so ``import kernels`` stays cheap.
+Like the rest of ``kernels/``, this module imports nothing from ``workbench``: a GGML type's
+number, block size and bytes come in its layout; it imports no numba, so ``import kernels``
+stays cheap.
 """
 
 from __future__ import annotations
@@ -25,44 +27,14 @@ import numpy as np
 
 from . import tables
 
-#: GGML types with a dequantize kernel -> (internal id, weights per block, bytes per block)
-GGML_TYPES = {
-    "Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q5_0": (2, 32, 22), "Q5_1": (3, 32, 24),
-    "Q8_0": (4, 32, 34), "Q2_K": (5, 256, 84), "Q3_K": (6, 256, 110), "Q4_K": (7, 256, 144),
-    "Q5_K": (8, 256, 176), "Q6_K": (9, 256, 210), "IQ4_NL": (10, 32, 18),
-    "MXFP4": (11, 32, 17), "TQ1_0": (12, 256, 54), "TQ2_0": (13, 256, 66),
-    "IQ4_XS": (14, 256, 136),
-    "IQ3_XXS": (18, 256, 98), "IQ3_S": (21, 256, 110),
-    "IQ2_XXS": (16, 256, 66),        # id = its GGML type number (helpers add types in parallel)
-    "IQ2_XS": (17, 256, 74), "IQ2_S": (22, 256, 82),
-    "NVFP4": (40, 64, 36),
-    "IQ1_S": (19, 256, 50), "IQ1_M": (29, 256, 56),
-}
-#: GGML types with a quantize kernel (bit-identical to gguf-py / llama.cpp reference)
-GGML_QUANT = ("Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1")
-#: GGML types whose quantize kernel runs the project's own symmetric searching quantizer,
-#: bit-identical to its numpy reference (kernels/kquant_sym.py; the layout carries the search
-#: parameters, as for GGML_QUANT_AFFINE_K)
-GGML_QUANT_SYM_K = ("Q3_K", "Q6_K")
-#: GGML types whose quantize kernel runs the project's own searching quantizer, bit-identical
-#: to its numpy reference (kernels/kquant_affine.py; the layout carries the search parameters)
-GGML_QUANT_AFFINE_K = ("Q2_K", "Q4_K", "Q5_K")
-#: GGML types whose quantize kernel runs the project's own codebook search, bit-identical to
-#: its numpy reference (kernels/iq4nl_quant.py), and IQ4_XS's, llama.cpp's own search
-#: (kernels/iq4xs_quant.py)
-GGML_QUANT_IQ4NL = ("IQ4_NL", "IQ4_XS")
-#: GGML types whose quantize kernel applies llama.cpp's fixed rounding rule, bit-identical to
-#: its numpy reference and to llama.cpp (kernels/ggml_rtn_quant.py)
-GGML_QUANT_RTN = ("MXFP4", "TQ1_0", "TQ2_0", "NVFP4")
-#: GGML lattice types whose quantize kernel runs the project's own grid search, bit-identical
-#: to its numpy reference (kernels/iq3_quant.py)
-GGML_QUANT_IQ3 = ("IQ3_XXS", "IQ3_S")
-#: GGML lattice i-quants: ggml's search (kernels/iq2_quant.py), bit-identical to the numpy
-#: reference workbench/schemes/ggml/iq2.py
-GGML_QUANT_IQ2 = ("IQ2_XXS", "IQ2_XS", "IQ2_S")
-#: GGML 1-bit lattice types: the project's search (kernels/iq1_quant.py), bit-identical to the
-#: numpy reference workbench/schemes/ggml/iq1.py
-GGML_QUANT_IQ1 = ("IQ1_S", "IQ1_M")
+#: the GGML type numbers (gguf.GGMLQuantizationType) the block decoders cover, on the CPU
+#: (cpu_ggml) and CUDA (cuda_kernels.GGML_DEVICE): a layout naming another type gets no spec
+#: (its scheme runs the numpy reference), never a decoder that does not exist
+GGML_DECODERS = frozenset({2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 22, 23, 29,
+                           34, 35, 39, 40})
+#: the GGML quantize kernels (a scheme's ``quant_kernel``, a key of cpu_ops.GGML_ENCODERS)
+#: that run a searching quantizer and so need the layout's ``search`` parameters
+SEARCH_KERNELS = ("affine_k", "sym_k")
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,7 +52,8 @@ class Spec:
     table: str = ""
     # ggml
     ggml_name: str = ""
-    ggml_id: int = -1
+    ggml_id: int = -1                # the GGML type number (gguf.GGMLQuantizationType)
+    kernel: str = ""                 # the GGML quantize kernel (cpu_ops.GGML_ENCODERS key)
     qk: int = 0
     bpb: int = 0
     # quantize parameters (integer: qmin..qmax codes, code = q + offset; fp8: fmax; nf4: mids)
@@ -119,7 +92,9 @@ def make_spec(layout: dict | None) -> Spec | None:
     """The Spec of a scheme's declared layout (``Scheme.kernel_layout()``); None when no kernel
     covers it. Layout keys by family:
 
-    * ``{"family": "ggml", "ggml_name": "Q4_K"}`` (Q2_K/Q3_K/Q4_K/Q5_K/Q6_K: plus ``"search":
+    * ``{"family": "ggml", "ggml_name": "Q4_K", "ggml_type": 12, "qk": 256, "bpb": 144,
+      "quant_kernel": "affine_k" | ... | None}`` (the GGML type number and block geometry, as
+      the scheme read them from gguf.GGML_QUANT_SIZES; SEARCH_KERNELS: plus ``"search":
       {"cands", "divs", "iters", "rounds"}``, the parameters of their searching quantizer)
     * ``{"family": "affine", "quant": "int", "bits", "offset", "asym", "gran", "qmin", "qmax",
       "scale_f16", "clip", "pot", "divs"}`` (gran: "tensor" | "row" | group size)
@@ -137,19 +112,20 @@ def make_spec(layout: dict | None) -> Spec | None:
     fam, name = layout["family"], layout.get("name", "")
     if fam == "ggml":
         g = str(layout["ggml_name"]).upper()
-        if g not in GGML_TYPES:
+        if layout.get("ggml_type") not in GGML_DECODERS:
             return None
-        tid, qk, bpb = GGML_TYPES[g]
-        quant = ("ggml" if g in GGML_QUANT + GGML_QUANT_IQ4NL + GGML_QUANT_RTN + GGML_QUANT_IQ2
-                 + GGML_QUANT_IQ3 + GGML_QUANT_IQ1 else None)
+        kernel = layout.get("quant_kernel") or ""
         search = ()
-        if g in GGML_QUANT_AFFINE_K + GGML_QUANT_SYM_K and layout.get("search"):
-            se = layout["search"]
-            search = (tuple(float(c) for c in se["cands"]), tuple(float(d) for d in se["divs"]),
-                      int(se["iters"]), int(se["rounds"]))
-            quant = "ggml"
-        return Spec("ggml", quant, ggml_name=g, ggml_id=tid, qk=qk, bpb=bpb, name=name,
-                    search=search)
+        if kernel in SEARCH_KERNELS:
+            se = layout.get("search")
+            if se:
+                search = (tuple(float(c) for c in se["cands"]),
+                          tuple(float(d) for d in se["divs"]), int(se["iters"]), int(se["rounds"]))
+            else:
+                kernel = ""          # a searching kernel without its parameters: none
+        return Spec("ggml", "ggml" if kernel else None, ggml_name=g,
+                    ggml_id=int(layout["ggml_type"]), qk=int(layout["qk"]),
+                    bpb=int(layout["bpb"]), name=name, search=search, kernel=kernel)
     if fam in ("f32", "u16"):
         return Spec(fam, table=layout.get("table", ""), name=name)
     if fam != "affine":

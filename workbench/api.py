@@ -31,6 +31,7 @@ from workbench.quant.plan import Plan, Rule
 from workbench.core.progress import Job, Progress
 
 if TYPE_CHECKING:   # the heavy types, for annotations only
+    from workbench.planning.allocate import Solution
     from workbench.quant.evaluate import Evaluation
     from workbench.planning.frontier import FrontierPoint
     from workbench.formats.model import Model
@@ -55,15 +56,40 @@ DEFAULT_SCHEMES = "q3_k,q4_0,q4_k,q5_0,q5_k,q6_k,q8_0"
 AUTO_FISHER_SAMPLES, AUTO_FISHER_SAMPLES_LM = 64, 32
 
 
-def _driver(progress: ProgressCallback | None, cancel: CancelCheck | None,
+def _driver(progress: ProgressCallback | None | bool, cancel: CancelCheck | None,
             driver: Driver | None) -> Driver:
+    """How a call runs its jobs: `driver` when given; else with `progress` (a callback; None:
+    shown by default, a line updated in place on a terminal or in Jupyter; False: nothing)
+    and `cancel`."""
     if driver is not None:
         return driver
-    from workbench.core.progress import run
+    from workbench.core.progress import default_progress, run
 
     def drive(job):
-        return run(job, progress, cancel)
+        if progress is False:
+            return run(job, None, cancel)
+        if progress is not None:
+            return run(job, progress, cancel)
+        shown = default_progress()
+        try:
+            return run(job, shown, cancel)
+        finally:
+            shown.close()
     return drive
+
+
+def _check_inputs(*args, **kw) -> None:
+    """The calibration, held-out and imatrix files checked before any network is built
+    (workbench.running.inputs)."""
+    from workbench.running.inputs import validate_calibration_inputs
+    validate_calibration_inputs(*args, **kw)
+
+
+def _file_inputs(**named) -> dict:
+    """{parameter: path} of the arguments that name files (str / os.PathLike): the inputs an
+    output is compared with (workbench.core.outputs.check_output)."""
+    return {k: os.fspath(v) for k, v in named.items()
+            if isinstance(v, (str, os.PathLike)) and os.fspath(v)}
 
 
 # ---- models, statistics, plans ----------------------------------------------------------------
@@ -170,6 +196,7 @@ def evaluate_plan(model: "Model", plan: PlanLike, *, target: str = "any", strict
     weight, bytes, errors) and ``totals`` (bytes before / after, bits per weight, SQNR), as
     `evaluate` prints them. `strict`: a fallback is an error."""
     from workbench.quant.evaluate import evaluate
+    _check_inputs(model, calib, imatrix=imatrix)
     drive = _driver(progress, cancel, driver)
     plan, _conv = _resolve_plan(model, plan, target, quantize_all, convention)
     plan, qmodel = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
@@ -198,9 +225,15 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     when the plan followed one. `kld_driver` runs the chunked KL-divergence job (default
     `driver`)."""
     from workbench.running.runner_config import model_kind, read_config
+    from workbench.core.outputs import check_output
     drive = _driver(progress, cancel, driver)
     target = runtime_target(runtime, target)
+    _check_inputs(model, calib, held_out, imatrix, check=(runtime, scoring), say=say)
     text = held_out or calib
+    for label, out in (("save_gguf", save_gguf), ("save_onnx", save_onnx)):
+        if out is not None:     # before any work: never an input, its folder writable
+            check_output(out, model=model, label=label, inputs=_file_inputs(
+                calib=calib, held_out=held_out, imatrix=imatrix))
     if runtime == "llama.cpp":
         from workbench.export.llama_kld import DEFAULT_CTX
         ctx, chunks = ctx or DEFAULT_CTX, chunks or samples
@@ -218,18 +251,13 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                                                              act_method, 8, "int")))
     plan, mm = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
                             target=target, driver=drive, say=say)
-    from workbench.core.atomic import refuse_overwriting_inputs
     if runtime == "llama.cpp":
         from workbench.running.calibration import DEFAULT_CALIB
         from workbench.export.llama_kld import check_llama
-        if save_gguf:
-            refuse_overwriting_inputs(model, save_gguf)
         res = drive(check_llama(model, plan, text or DEFAULT_CALIB, ctx, chunks=chunks,
-                                keep_path=save_gguf, quant_model=mm))
+                                keep_path=save_gguf, quant_model=mm, use_cache=use_cache))
     elif runtime == "onnxruntime":
         from workbench.export.onnx_check import check_onnx
-        if save_onnx:
-            refuse_overwriting_inputs(model, save_onnx)
         res = drive(check_onnx(mm, plan, text, samples, accuracy_level=accuracy_level,
                                keep_path=save_onnx))
     else:
@@ -274,7 +302,8 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
                 target: str | None = None, strict: bool = False, quantize_all: bool = False,
                 convention: str | None = None, method: str | None = None, calib=None, imatrix=None,
                 activations: str | None = None, act_method: str = "minmax", act_bits: int = 8,
-                act_type: str = "int", accuracy_level: int | None = None, executor=None,
+                act_type: str = "int", accuracy_level: int | None = None,
+                overwrite: bool = False, executor=None,
                 progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
                 driver: Driver | None = None, say: Callable[[str], None] | None = None) -> dict:
     """Write `plan` quantized in format `fmt` (:func:`export_formats`) to `output`, following
@@ -283,9 +312,16 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
     for a static range of every quantized Linear's input (`act_bits`, `act_type` int or
     float), or "int8" (8-bit integers calibrated with `act_method`). Returns `export --json`'s dict
     (notes, fallbacks, "convention" when a scheme name followed one). Writes are atomic and
-    never replace a file the model is read from."""
+    never replace a file the model is read from. `output` is checked before any work
+    (workbench.core.outputs.check_output): a folder format (compressed-tensors) replaces an
+    existing non-empty folder only with `overwrite`, and never one holding an input."""
+    from workbench.core.outputs import check_output
+    from workbench.export import get_exporter
+    check_output(output, kind=get_exporter(fmt).kind, model=model,
+                 inputs=_file_inputs(calib=calib, imatrix=imatrix), overwrite=overwrite)
     drive = _driver(progress, cancel, driver)
     runtime = format_runtime(fmt, target)
+    _check_inputs(model, calib, imatrix=imatrix, say=say)
     plan, conv = _resolve_plan(model, plan, runtime, quantize_all, convention)
     if accuracy_level is not None and fmt != "onnx":
         raise WorkbenchError("--accuracy-level is an onnx option (MatMulNBits accuracy_level)")
@@ -305,13 +341,13 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
                                     target=runtime, driver=drive, say=say)
     elif method:
         plan = plan.with_method(method)
-    options: dict[str, Any] = {"strict": strict}
+    options: dict[str, Any] = {"strict": True} if strict else {}
     if executor is not None:
         options["executor"] = executor
     if accuracy_level is not None:
         options["accuracy_level"] = accuracy_level
     from workbench.export import export
-    info = drive(export(qmodel, plan, fmt, str(output), **options))
+    info = drive(export(qmodel, plan, fmt, str(output), overwrite=overwrite, **options))
     if conv is not None:
         info["convention"] = conv.to_dict()
     return info
@@ -355,16 +391,19 @@ def measure_sensitivity(model: "Model", schemes: str | Sequence[str] = DEFAULT_S
                         pins: Mapping[str, str] | None = None, extra: Sequence[str] = (),
                         executor=None, progress: ProgressCallback | None = None,
                         cancel: CancelCheck | None = None, driver: Driver | None = None,
-                        say: Callable[[str], None] | None = None) -> "SensitivityTable":
+                        say: Callable[[str], None] | None = None,
+                        use_cache: bool = True) -> "SensitivityTable":
     """Per tensor and candidate scheme: how much quantizing it hurts, and the bytes `evaluate`
     counts for `target` (a SensitivityTable: ``values[(tensor, scheme)]``, ``bytes``,
     ``rows()`` most sensitive first, ``to_dict()``). `measure`: weight (squared weight error),
     activation (imatrix-weighted), fisher (a second-order estimate of the output change from
     one calibration pass), output (measured, one tensor at a time) or auto
     (:func:`resolve_measure`). The table also carries ``measure_reason`` and ``samples`` (the
-    calibration samples read). `say(line)` gets the chosen measure's line when auto."""
+    calibration samples read). `say(line)` gets the chosen measure's line when auto.
+    `use_cache` False: the output measure's cache is neither read nor written."""
     from workbench.planning.sensitivity import sensitivity_table_job
     names = parse_schemes(schemes, target)
+    _check_inputs(model, calib, imatrix=imatrix, say=say)
     choice = resolve_measure(model, measure, calib, imatrix, samples)
     if choice.auto and say is not None:
         say(f"measure: {choice.measure} ({choice.reason}); {len(names)} candidate schemes for "
@@ -374,27 +413,44 @@ def measure_sensitivity(model: "Model", schemes: str | Sequence[str] = DEFAULT_S
                              "--calib, not --imatrix")
     table = _driver(progress, cancel, driver)(sensitivity_table_job(
         model, names, choice.measure, calib, imatrix, choice.samples, target,
-        dict(pins) if pins else None, list(extra), executor=executor))
+        dict(pins) if pins else None, list(extra), executor=executor, use_cache=use_cache))
     table.measure_reason = choice.reason
     table.samples = choice.samples
     return table
 
 
-@dataclass
+@dataclass(repr=False)
 class Allocation:
-    """An allocated plan and what it costs (:func:`allocate_plan`)."""
+    """An allocated plan and what it costs (:func:`allocate_plan`). ``repr`` is one line (bytes,
+    bits per weight, the predicted error, the schemes used); :meth:`to_dict` is `allocate
+    --json`'s document."""
     plan: Plan
     table: "SensitivityTable"
     budget: Budget
     budget_bytes: int               # the budget in bytes of what it counts
-    solution: Any                   # workbench.planning.allocate.Solution: error, exact, bound
+    solution: "Solution"            # error (the predicted total), exact, bound
     evaluation: "Evaluation"
-    accounting: dict                # bytes and bits per weight in every accounting
-    methods_weighed: dict           # workbench.planning.allocate_methods.weigh_methods' summary
+    accounting: dict[str, Any]      # bytes and bits per weight in every accounting
+    methods_weighed: dict[str, Any]  # workbench.planning.allocate_methods.weigh_methods' summary
     candidates: list[str]
     target: str
-    seconds: dict = field(default_factory=dict)
-    model: Any = None               # the model the plan was allocated for
+    seconds: dict[str, float] = field(default_factory=dict)
+    model: "Model | None" = None    # the model the plan was allocated for
+
+    def __repr__(self) -> str:
+        from workbench.planning.sensitivity import predicted_unit
+        t = self.evaluation.totals
+        unit = predicted_unit(self.model, self.measure) if self.model is not None else ""
+        what = {"kl": "predicted KLD", "1-cosine": "predicted 1-cos"}.get(unit, "predicted")
+        used: dict[str, int] = {}
+        for r in self.evaluation.tensors.values():
+            used[r.scheme] = used.get(r.scheme, 0) + 1
+        top = sorted(used.items(), key=lambda kv: -kv[1])
+        shown = ", ".join(f"{s} {n}" for s, n in top[:4]) + (
+            f", +{len(top) - 4} more" if len(top) > 4 else "")
+        return (f"<Allocation {t.bytes_after:,d} bytes, {t.bits_per_weight:.3f} bits/weight, "
+                f"{what} {self.solution.error:.4g} ({self.measure}), target {self.target}: "
+                f"{shown}>")
 
     @property
     def measure(self) -> str:
@@ -439,7 +495,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
                   methods: str = AUTO, table: "SensitivityTable | None" = None,
                   output: str | os.PathLike | None = None, executor=None, progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
                   driver: Driver | None = None, say: Callable[[str], None] | None = None,
-                  notes: bool = True) -> Allocation:
+                  notes: bool = True, use_cache: bool = True) -> Allocation:
     """The plan with the least total sensitivity within `budget` (:class:`Budget`), over the
     candidate `schemes` ("auto": every scheme `target` runs), with `pins` ({tensor or moe:
     selector: scheme}) fixed and `methods` ("auto", "rtn" or e.g. "rtn,imatrix,gptq") weighed
@@ -447,8 +503,16 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     measured for the same `target` and `pins`, used instead of measuring one (its schemes are
     the candidates; it is left as it was). An impossible budget is refused from the shapes
     alone, before anything is measured. `output`: the plan JSON is written there as soon as it
-    is solved. `say(line)` gets `allocate`'s notes: the measure chosen, and with `notes` the
-    methods weighed."""
+    is solved; it is checked before any work (never a file of the model or of `calib` /
+    `imatrix`, its folder writable). A config.json the weights contradict is refused first.
+    `say(line)` gets `allocate`'s notes: the measure chosen, and with `notes` the methods
+    weighed."""
+    from workbench.core.outputs import check_output
+    from workbench.formats.config_check import check_model_config
+    if output is not None:
+        output = check_output(output, model=model, inputs=_file_inputs(calib=calib,
+                                                                         imatrix=imatrix))
+    check_model_config(model)   # a config.json its weights contradict: refused, not worked around
     from workbench.planning import budget as budgets
     from workbench.planning.allocate_methods import parse_methods, plan_with_methods, weigh_methods
     from workbench.quant.evaluate import evaluate
@@ -457,6 +521,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     from workbench.planning.sizes import below_smallest_message, budget_candidates, size_floor
     drive = _driver(progress, cancel, driver)
     target = budgets.file_target(budget, target)
+    _check_inputs(model, calib, imatrix=imatrix if table is not None else None, say=say)
     if table is not None:
         if table.runtime != target:
             raise WorkbenchError(f"the sensitivity table was measured for target "
@@ -478,7 +543,8 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     if table is None:
         table = measure_sensitivity(model, names, measure=measure, calib=calib,
                                     imatrix=imatrix, samples=samples, target=target, pins=pins,
-                                    executor=executor, driver=drive, say=say)
+                                    executor=executor, driver=drive, say=say,
+                                    use_cache=use_cache)
     else:                         # weighing the methods rescales values: on a copy
         table = table.copy()
     t1 = time.perf_counter()
@@ -495,12 +561,13 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
         plan.save(str(output))
     ev = (driver or (lambda job: run_job(job, None, cancel)))(evaluate(model, plan,
                                                                        runtime=target))
-    return Allocation(plan, table, budget, cap, sol, ev,
-                      budgets.accounting(model, ev, target, plan), weighed, names, target,
-                      {"sensitivity": t1 - t0, "solve": t2 - t1m}, model)
+    return Allocation(plan=plan, table=table, budget=budget, budget_bytes=cap, solution=sol,
+                      evaluation=ev, accounting=budgets.accounting(model, ev, target, plan),
+                      methods_weighed=weighed, candidates=names, target=target,
+                      seconds={"sensitivity": t1 - t0, "solve": t2 - t1m}, model=model)
 
 
-@dataclass
+@dataclass(repr=False)
 class Frontier:
     """Allocated plans over a range of budgets beside the uniform plans and llama.cpp's recipes
     (:func:`compute_frontier`)."""
@@ -510,6 +577,13 @@ class Frontier:
     recipes: list["FrontierPoint"]
     recipe_error: str | None = None     # why no recipe points, when none
     seconds: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        b = [p.bits_per_weight for p in self.allocated]
+        span = f" from {min(b):.3f} to {max(b):.3f} bits/weight" if b else ""
+        return (f"<Frontier {len(self.allocated)} allocated plans{span}, "
+                f"{len(self.uniform)} uniform, {len(self.recipes)} recipes; "
+                f"{self.table.measure} measure, target {self.table.runtime}>")
 
     @property
     def points(self) -> list["FrontierPoint"]:
@@ -526,7 +600,8 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
                      imatrix=None, samples: int | None = None, target: str = "any",
                      executor=None, progress: ProgressCallback | None = None,
                      cancel: CancelCheck | None = None, driver: Driver | None = None,
-                     say: Callable[[str], None] | None = None) -> Frontier:
+                     say: Callable[[str], None] | None = None,
+                     use_cache: bool = True) -> Frontier:
     """`points` allocated plans evenly spaced from `from_bpw` to `to_bpw` bits per weight
     (default: the cheapest to the largest uniform plan), every uniform plan and the llama.cpp
     `recipes`; `check` > 0 measures that many allocated points and every uniform / recipe
@@ -535,11 +610,13 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
 
     from workbench.planning.frontier import check_points_job, frontier, recipe_points, recipe_types, uniform_points
     recipes = [r.strip() for r in recipes if r.strip()]
+    _check_inputs(model, calib, held_out)       # (imatrix: measure_sensitivity's own check)
     extra = recipe_types(recipes) if recipes else []
     t0 = time.perf_counter()
     table = measure_sensitivity(model, schemes, measure=measure, calib=calib, imatrix=imatrix,
                                 samples=samples, target=target, extra=extra, executor=executor,
-                                progress=progress, cancel=cancel, driver=driver, say=say)
+                                progress=progress, cancel=cancel, driver=driver, say=say,
+                                use_cache=use_cache)
     t1 = time.perf_counter()
     uni = uniform_points(model, table)
     rec, why = [], None
@@ -567,6 +644,25 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
     t4 = time.perf_counter()
     return Frontier(table, alloc, uni, rec, why,
                     {"sensitivity": t1 - t0, "allocate": t3 - t2, "check": t4 - t3})
+
+
+def calibrate(model: "Model", output: str | os.PathLike, *, calib=None,
+              samples: int | None = None, progress: ProgressCallback | None = None,
+              cancel: CancelCheck | None = None, driver: Driver | None = None) -> dict:
+    """Activation statistics of `model` on `calib` (text / JSONL / token ids; default the
+    shipped calibration text), written to `output` as a llama.cpp imatrix GGUF (what
+    `llama-imatrix` writes and `--imatrix` reads), as `calibrate` does. `output` is checked
+    before the pass. Returns {"output", "tensors", "samples"}."""
+    from workbench.core.outputs import check_output
+    from workbench.running.calibration import DEFAULT_CALIB
+    from workbench.running.imatrix import collect, write_imatrix_gguf
+    text = calib if calib is not None else DEFAULT_CALIB
+    out = check_output(output, model=model, inputs=_file_inputs(calib=text))
+    _check_inputs(model, calib)       # before the network is built
+    stats, n, longest = _driver(progress, cancel, driver)(collect(model, calib, samples))
+    write_imatrix_gguf(model, stats, out, os.path.basename(os.fspath(text)) if isinstance(
+        text, (str, os.PathLike)) else "calibration", n, longest)
+    return {"output": str(out), "tensors": len(stats), "samples": n}
 
 
 # ---- diff, convert ----------------------------------------------------------------------------

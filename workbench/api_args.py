@@ -165,6 +165,12 @@ def _int(lo, hi, none=True):
     return lambda n, v: c.check_int(n, v, lo, hi, none=none)
 
 
+def _progress(name, v):
+    if v is not False and v is not None and not callable(v):   # False: nothing shown
+        raise ArgumentTypeError(name, f"must be a callable, None (a progress line) or False "
+                                      f"(nothing shown), not {c._what(v)}")
+
+
 _BOOL = c.check_bool
 _CALLABLE = c.check_callable
 _METHOD = _choice("rtn", "imatrix", "gptq", "awq", none=True)
@@ -193,8 +199,8 @@ RULES = {
     "from_bpw": lambda n, v: c.check_float(n, v, 0.0, MAX_BPW, none=True, lo_open=True),
     "to_bpw": lambda n, v: c.check_float(n, v, 0.0, MAX_BPW, none=True, lo_open=True),
     "strict": _BOOL, "quantize_all": _BOOL, "kld_exact": _BOOL, "use_cache": _BOOL,
-    "notes": _BOOL, "executor": _executor,
-    "progress": _CALLABLE, "cancel": _CALLABLE, "driver": _CALLABLE, "kld_driver": _CALLABLE,
+    "notes": _BOOL, "overwrite": _BOOL, "executor": _executor,
+    "progress": _progress, "cancel": _CALLABLE, "driver": _CALLABLE, "kld_driver": _CALLABLE,
     "say": _CALLABLE,
 }
 

@@ -284,3 +284,15 @@ def test_exclusive_tasks_are_not_interleaved(qtbot, exclusive, quick_exclusive):
         assert order == ["long0", "long1", "long2", "interactive"]
     else:
         assert order.index("interactive") < order.index("long2")
+
+
+def test_the_badge_never_reads_off_while_the_box_is_ticked(make_window, qtbot):
+    """Before any model (or any check) the ticked box read "OFF" beside it."""
+    win = make_window(path=None, check=True)
+    panel = win.check_panel
+    assert panel.enabled_box.isChecked()
+    assert panel.badge.text() != "OFF" and panel.badge.text().startswith("ON")
+    panel.enabled_box.setChecked(False)
+    assert panel.badge.text() == "OFF"
+    panel.enabled_box.setChecked(True)
+    assert panel.badge.text() != "OFF"

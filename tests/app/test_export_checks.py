@@ -92,3 +92,60 @@ def test_export_error_is_whole_and_cleared_on_format_change(window, qtbot, tmp_p
     dlg.format.setCurrentIndex(_names(dlg).index("plan"))
     assert dlg.error_label.text() == "" and not dlg.error_label.isVisibleTo(dlg)
     dlg.close()
+
+
+def test_export_into_an_existing_model_folder_asks_first(window, qtbot, tmp_path):
+    """The export door in the window: an existing model folder is replaced only after the user
+    says so (then with overwrite); a folder holding the open model is refused without a
+    question; nothing is touched before the answer."""
+    import hashlib
+    import shutil
+    from pathlib import Path
+
+    from app.messages import RecordedMessages
+    demo = Path(window.doc.model.path).parent
+
+    def digest(folder):
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+    other = tmp_path / "float-folder"
+    shutil.copytree(demo, other)
+    before = digest(other)
+    dlg = _dialog(window, qtbot)
+    dlg.format.setCurrentIndex(_names(dlg).index("compressed-tensors"))
+    dlg.messages = RecordedMessages(answer=False)
+    assert dlg.start(None, str(other)) is None
+    assert dlg.messages.questions[0][0] == "Replace folder?"
+    assert "existing folder is kept" in dlg.status.text() and digest(other) == before
+    dlg.messages.answer = True
+    task = dlg.start(None, str(other))
+    qtbot.waitUntil(lambda: task.finished, timeout=120000)
+    assert dlg.error is None and digest(other) != before
+    assert "quantization_config" in (other / "config.json").read_text()
+    dlg.messages = RecordedMessages(answer=True)
+    assert dlg.start(None, str(demo)) is None
+    assert dlg.error and "input" in dlg.error and not dlg.messages.questions
+    dlg.close()
+
+
+def test_a_dense_write_is_a_warning_not_a_success(window, qtbot, tmp_path):
+    """compressed-tensors writes a GGML-only plan dense: the dialog marks it ⚠ with the reason,
+    before and after the export, never a green ✓."""
+    linear = [n for n in window.doc.model.tensors if n.endswith("proj.weight")]
+    cmd = commands.assign(window.doc, linear, "q4_0")
+    assert cmd is not None
+    window.push(cmd)
+    wait_idle(qtbot, window)
+    assert window.doc.scheme_of(Q) == "q4_0"
+    dlg = _dialog(window, qtbot)
+    ct = dlg.checks["compressed-tensors"]
+    assert ct.ok and ct.level == "warning" and "written dense" in ct.warning
+    i = _names(dlg).index("compressed-tensors")
+    assert "⚠" in dlg.format.itemText(i) and "✓" not in dlg.format.itemText(i)
+    row = dlg.verdicts.text().split("<b>compressed-tensors</b>")[0].rsplit("<tr>", 1)[1]
+    assert "⚠" in row and "#d29922" in row
+    dlg.format.setCurrentIndex(i)
+    task = dlg.start(None, str(tmp_path / "dense"))
+    qtbot.waitUntil(lambda: task.finished, timeout=120000)
+    assert dlg.error is None and "⚠" in dlg.status.text() and "written dense" in dlg.status.text()
+    assert dlg.status.wordWrap()
+    dlg.close()

@@ -18,9 +18,13 @@ HOSTILE_AREAS = ("outputs", "pt-cycles", "imatrix", "calibration", "roundtrip", 
 CONFIG_AREAS = ("config-tensors", "config-counts", "config-values")
 # issue 32's classes 1, 4, 5, 7, 8 (tests/fuzz/cases_round4.py)
 ROUND4_AREAS = ("r4-outputs", "r4-sidecars", "r4-nesting", "r4-messages", "r4-leftovers")
-# issue 47's classes (tests/fuzz/cases_api.py)
-ROUND5_AREAS = ("api-args",)
-AREAS = BASE_AREAS + HOSTILE_AREAS + CONFIG_AREAS + ROUND4_AREAS + ROUND5_AREAS
+# issue 47's block-format headers (tests/fuzz/cases_blocks.py)
+BLOCK_AREAS = ("r5-ct", "r5-fp8", "r5-mxfp4")
+# issue 47's input kinds (tests/fuzz/cases_inputs.py)
+INPUT_AREAS = ("r5-imatrix", "r5-calibration")
+AREAS = BASE_AREAS + HOSTILE_AREAS + CONFIG_AREAS + ROUND4_AREAS + BLOCK_AREAS + INPUT_AREAS
+AREAS += ("r5-caches",)     # issue 47's caches (tests/fuzz/cases_caches.py)
+AREAS += ("api-args",)      # issue 47's API arguments (tests/fuzz/cases_api.py)
 DTYPES = ["F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "U8", "BOOL", "F8_E4M3",
           "Q4_0", "X", 7, None]
 HUGE = [0, 1, 2, 3, 255, 256, 2**31 - 1, 2**31, 2**32, 2**40, 2**53, 2**62, 2**63, 2**64 - 1,
@@ -297,9 +301,13 @@ GENERATORS = {"safetensors": safetensors, "gguf": gguf_file, "pytorch": pytorch,
 def _hostile():
     from .cases_config import GENERATORS as C
     from .cases_hostile import GENERATORS as G
+    from .cases_blocks import GENERATORS as B
     from .cases_round4 import GENERATORS as R
+    from .cases_inputs import GENERATORS as I
     from .cases_api import GENERATORS as A
-    return {**G, **C, **R, **A}
+    return {**G, **C, **R, **B, **I, **A}
 
 
 GENERATORS.update(_hostile())
+from .cases_caches import GENERATORS as _CACHES  # noqa: E402 - issue 47's caches
+GENERATORS.update(_CACHES)

@@ -397,11 +397,29 @@ def _round4_kinds() -> None:
 
 
 _round4_kinds()
+from .hostile_caches import EXERCISES as _CACHES  # noqa: E402 - issue 47's caches
+EXERCISES.update(_CACHES)
 
 
-def _round5_kinds() -> None:
-    from .hostile_api import EXERCISES as A       # issue 47's API arguments
+def _block_kinds() -> None:
+    from .hostile_blocks import EXERCISES as B     # issue 47's block-format headers
+    EXERCISES.update(B)
+
+
+_block_kinds()
+
+
+def _input_kinds() -> None:
+    from .hostile_inputs import EXERCISES as I      # issue 47's imatrix and calibration kinds
+    EXERCISES.update(I)
+
+
+_input_kinds()
+
+
+def _api_kinds() -> None:
+    from .hostile_api import EXERCISES as A        # issue 47's API arguments
     EXERCISES.update(A)
 
 
-_round5_kinds()
+_api_kinds()

@@ -98,9 +98,12 @@ def main() -> int:
     # every GGML format against gguf on random blocks (independent of the registry)
     import gguf
     from kernels import cuda_ops
-    from kernels.spec import GGML_TYPES, Spec
+    from kernels.spec import make_spec
     from workbench.schemes.base import QuantizedTensor
-    for tname, (tid, qk, bpb) in GGML_TYPES.items():
+    from workbench.schemes.registry import ggml_schemes
+    for tname in [s.ggml_name for s in ggml_schemes().values()]:
+        tid = int(gguf.GGMLQuantizationType[tname])
+        qk, bpb = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[tname]]
         rng = np.random.default_rng(tid)
         raw = rng.integers(0, 256, (1, bpb), dtype=np.uint8)
         raw[0, {"Q2_K": 80, "Q3_K": 108, "Q6_K": 208}.get(tname, 0):][:2] = \
@@ -113,7 +116,8 @@ def main() -> int:
             for i in range(4):
                 raw[0, 49 + 2 * i] = (raw[0, 49 + 2 * i] & 15) | (((h >> (4 * i)) & 15) << 4)
         ref = np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[tname]), np.float32)
-        spec = Spec("ggml", ggml_name=tname, ggml_id=tid, qk=qk, bpb=bpb)
+        spec = make_spec({"family": "ggml", "ggml_name": tname, "ggml_type": tid, "qk": qk,
+                          "bpb": bpb})
         qt = QuantizedTensor("-", (1, qk), {"blocks": raw})
         got = cuda_ops.dequantize(spec, qt.arrays, 1, qk).copy_to_host()
         if not same_bits(got, ref.reshape(1, qk)):

@@ -51,9 +51,10 @@ def test_make_llama_f16_gguf_writes_a_llama_gguf(tmp_path):
     assert info["params"] == sum(int(np.prod(s)) for _, s in shapes.values())
     w = np.asarray([t for t in r.tensors if t.name == "blk.0.ffn_up.weight"][0].data)
     assert 0.015 < float(w.astype(np.float32).std()) < 0.025
+    from workbench.export.llama_tools import tool_env
     bindir = llama_bin_dir()
     if bindir is not None:                                      # llama.cpp loads and re-types it
         p = subprocess.run([os.path.join(bindir, "llama-quantize"), out,
                             str(tmp_path / "q8.gguf"), "Q8_0", "1"], capture_output=True,
-                           text=True, env={**os.environ, "LD_LIBRARY_PATH": bindir})
+                           text=True, env=tool_env(bindir))
         assert p.returncode == 0, p.stderr[-500:]

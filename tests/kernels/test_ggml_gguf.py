@@ -6,16 +6,27 @@ import numpy as np
 import pytest
 
 from workbench.quant import accel
-from kernels.spec import GGML_QUANT, GGML_TYPES
+from workbench.schemes.registry import ggml_schemes
 
 from kernel_testutil import same_bits
 
 gguf = pytest.importorskip("gguf")
 
+#: every registered GGML type, by its GGML name
+TYPES = [s.ggml_name for s in ggml_schemes().values()]
+#: the types whose quantize kernel is bit-identical to gguf-py's reference (its fixed rules)
+GGUF_RULES = [s.ggml_name for s in ggml_schemes().values()
+              if s.quant_kernel in ("block32", "legacy")]
+
+
+def sizes(name):
+    qk, bpb = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+    return qk, bpb
+
 
 def random_blocks(name, rows, nblocks, seed):
     """Random bytes with finite float16 scales (|d| < 2) in every block's scale fields."""
-    _, qk, bpb = GGML_TYPES[name]
+    qk, bpb = sizes(name)
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, (rows, nblocks, bpb), dtype=np.uint8)
     fields = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
@@ -36,32 +47,30 @@ def random_blocks(name, rows, nblocks, seed):
     return raw.reshape(rows, nblocks * bpb)
 
 
-@pytest.mark.parametrize("name", list(GGML_TYPES))
+@pytest.mark.parametrize("name", TYPES)
 def test_dequantize_matches_gguf(name):
     from workbench.schemes.base import QuantizedTensor
-    _, qk, bpb = GGML_TYPES[name]
+    qk, bpb = sizes(name)
     qtype = gguf.GGMLQuantizationType[name]
     for seed, (rows, nb) in enumerate([(5, 3), (1, 1), (8, 4)]):
         raw = random_blocks(name, rows, nb, seed)
         ref = np.asarray(gguf.quants.dequantize(raw, qtype), dtype=np.float32).reshape(rows, nb * qk)
-        # through the CPU kernel directly (independent of the registry) ...
-        from kernels import cpu, tables
-        tid = GGML_TYPES[name][0]
+        # through the CPU kernel directly, keyed by gguf's type number alone ...
+        from kernels import cpu_ops
+        from kernels.spec import make_spec
+        spec = make_spec({"family": "ggml", "ggml_name": name, "qk": qk, "bpb": bpb,
+                          "ggml_type": int(qtype)})
         out = np.empty((rows, nb * qk), np.float32)
-        cpu.ggml_dequant(raw, tid, qk, bpb, tables.f16_table(), tables.IQ4NL_VALUES, out)
+        cpu_ops.dequantize(spec, {"blocks": raw}, out)
         assert same_bits(out, ref), name
-        # ... and through the public API when the registry has the scheme
-        try:
-            from workbench.schemes import get_scheme
-            scheme = get_scheme(name.lower())
-        except Exception:  # noqa: BLE001 - GGML scheme not registered (yet)
-            continue
+        # ... and through the public API
+        scheme = ggml_schemes()[name.lower()]
         qt = QuantizedTensor(scheme.name, (rows, nb * qk), {"blocks": raw})
         assert same_bits(accel.dequantize(qt, backend="cpu"), ref)
         assert same_bits(scheme.dequantize(qt), ref)
 
 
-@pytest.mark.parametrize("name", GGML_QUANT)
+@pytest.mark.parametrize("name", GGUF_RULES)
 def test_quantize_matches_gguf(name):
     from workbench.schemes import get_scheme
     qtype = gguf.GGMLQuantizationType[name]

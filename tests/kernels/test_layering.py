@@ -65,3 +65,6 @@ def test_every_scheme_with_a_kernel_declares_it_as_data():
     assert spec_for("int8-channel").gran == "row" and not spec_for("int8-channel").scale_f16
     assert spec_for("q4_k").ggml_name == "Q4_K"
     assert make_spec({"family": "ggml", "ggml_name": "Q9_Z"}) is None
+    # a GGML type number no block decoder covers: no spec (the numpy reference), never a
+    # kernel that leaves the output unwritten
+    assert make_spec(dict(get_scheme("q4_k").kernel_layout(), ggml_type=9999)) is None

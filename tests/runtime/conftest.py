@@ -78,8 +78,12 @@ def log_flush_shim() -> Path:
 
 def run_tool(llama_bin: Path, tool: str, *args, timeout=300) -> subprocess.CompletedProcess:
     """Run one of llama.cpp's tools; its whole output (the logger drained before exit by the
-    preloaded shim) in stdout/stderr. Fails the test on a non-zero exit."""
-    env = dict(os.environ, LD_PRELOAD=str(log_flush_shim()))
+    preloaded shim) in stdout/stderr. Fails the test on a non-zero exit. The environment is
+    the project's (workbench.export.llama_tools.tool_env: repacking off, so a host that traps
+    AMX runs the tools too)."""
+    from workbench.export.llama_tools import tool_env
+    log_flush_shim()
+    env = tool_env(llama_bin)
     cmd = [str(llama_bin / tool), *map(str, args)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, errors="replace",

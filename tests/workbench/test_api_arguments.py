@@ -87,6 +87,7 @@ def test_wrong_types_and_choices(demo):
              "llama.cpp")
     _refused(lambda: qw.statistics(demo, "abc"), "names", TypeError, "list")
     _refused(lambda: qw.statistics(demo, progress=3), "progress", TypeError, "callable")
+    _refused(lambda: qw.statistics(demo, progress=True), "progress", TypeError, "or False")
     _refused(lambda: qw.open_model(123), "path", TypeError)
     _refused(lambda: qw.open_model("x\0y"), "path", ValueError)
     _refused(lambda: qw.measure_sensitivity(demo, schemes=""), "schemes", ValueError)

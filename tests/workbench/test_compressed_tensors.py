@@ -153,7 +153,7 @@ def test_demo_causal_lm_reads_back_exactly(demo_model_path, tmp_path):
     assert info["quantized"] == 3 * 7
     assert check_exact(src, package_weights(out), plan) == 21
     single = Plan(default="int4-g64")
-    run(export(src, single, "compressed-tensors", out))
+    run(export(src, single, "compressed-tensors", out, overwrite=True))   # replaces the first
     assert check_exact(src, load_dequantized(out, AutoModelForCausalLM), single) == 21
     assert (out / "tokenizer.json").is_file()
 
@@ -196,7 +196,9 @@ def test_existing_folder_with_other_files_is_never_replaced(demo_model_path, tmp
     assert (out / "notes.txt").read_text() == "mine"
     (out / "notes.txt").unlink()
     run(export(src, Plan(default="int8-channel"), "compressed-tensors", out))   # empty: fine
-    run(export(src, Plan(default="int4-g64"), "compressed-tensors", out))       # our own: replaced
+    with pytest.raises(WorkbenchError, match="holds a model.*overwrite"):   # a model folder now
+        run(export(src, Plan(default="int4-g64"), "compressed-tensors", out))
+    run(export(src, Plan(default="int4-g64"), "compressed-tensors", out, overwrite=True))
     cfg = json.loads((out / "config.json").read_text())["quantization_config"]
     assert cfg["config_groups"]["group_0"]["weights"]["group_size"] == 64
 

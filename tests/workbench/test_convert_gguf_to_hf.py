@@ -184,7 +184,7 @@ def test_cli_refuses_existing_outputs_and_non_gguf(ggufs, tmp_path, capsys):
     (full / "keep.txt").write_text("mine")
     rc = main(["convert", str(q4), "--to", "hf", str(full)])
     err = capsys.readouterr().err
-    assert rc == 2 and "not an empty folder" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and "holds other files" in err and len(err.strip().splitlines()) == 1
     assert (full / "keep.txt").read_text() == "mine"
     f = tmp_path / "x.gguf"
     f.write_bytes(b"mine")

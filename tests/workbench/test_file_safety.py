@@ -137,7 +137,7 @@ def test_compressed_tensors_never_replaces_a_folder_with_other_files(tiny_llama,
     with pytest.raises(WorkbenchError, match=r"holds other files \(notes.txt\)"):
         run(export(m, Plan(default="int8-channel"), "compressed-tensors", out))
     assert (out / "notes.txt").read_text() == "precious"
-    # a previous export of ours is replaced as a whole; a killed run's temp folder is cleaned
+    # a previous export is replaced as a whole when asked; a killed run's temp folder is cleaned
     new = tmp_path / "q"
     run(export(m, Plan(default="int8-channel"), "compressed-tensors", new))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -145,7 +145,7 @@ def test_compressed_tensors_never_replaces_a_folder_with_other_files(tiny_llama,
     stale = tmp_path / f".q.quant-workbench-{dead.pid}.tmp"
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"x" * 100)
-    run(export(m, Plan(default="int4-g32"), "compressed-tensors", new))
+    run(export(m, Plan(default="int4-g32"), "compressed-tensors", new, overwrite=True))
     assert sorted(p.name for p in new.iterdir()) == ["config.json", "model.safetensors"]
     assert not stale.exists()
 
@@ -163,8 +163,8 @@ def test_cancel_mid_export_leaves_no_temp_and_the_old_file(tiny_llama, tmp_path,
         return calls["n"] > 3
     from workbench.core.errors import Cancelled
     with pytest.raises(Cancelled):
-        run(export(m, Plan(default="int8-channel" if fmt != "gguf" else "q4_0"), fmt, out),
-            should_cancel=cancel)
+        run(export(m, Plan(default="int8-channel" if fmt != "gguf" else "q4_0"), fmt, out,
+                   overwrite=True), should_cancel=cancel)
     assert {p.name for p in tmp_path.iterdir()} == before
 
 

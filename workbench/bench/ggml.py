@@ -29,9 +29,9 @@ import time
 
 import numpy as np
 
-DEFAULT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k",
-                 "q6_k", "iq4_nl", "iq4_xs", "mxfp4", "tq1_0", "tq2_0", "iq3_xxs", "iq3_s", "iq2_xxs",
-                 "iq2_xs", "iq2_s", "nvfp4", "iq1_s", "iq1_m")
+from workbench.schemes.registry import ggml_by_number
+
+DEFAULT_TYPES = ggml_by_number()        # every registered GGML type, by GGML type number
 
 
 def _best(fn, repeats: int) -> float:

@@ -102,6 +102,9 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
     import gguf
     import numba
 
+    from pathlib import Path
+
+    from workbench.export.llama_tools import tool_env, usable
     from workbench.quant import accel
     from workbench.schemes import get_scheme
 
@@ -110,6 +113,7 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
     if bindir is None:
         raise RuntimeError("llama-quantize is not built (run `bash .ci/llama-cpp` first)")
     tool = os.path.join(bindir, "llama-quantize")
+    usable(Path(tool), "llama-quantize")          # not executable: one line saying how to fix
     reader = gguf.GGUFReader(src)
     data = {t.name: t for t in reader.tensors}
     prev = numba.get_num_threads()
@@ -125,8 +129,7 @@ def run_vs_llama_quantize(src: str, types: list[str], threads: int, repeats: int
                     c0 = _children_cpu()
                     t0 = time.perf_counter()
                     p = subprocess.run([tool, src, out, ty.upper(), str(threads)],
-                                       capture_output=True, text=True,
-                                       env={**os.environ, "LD_LIBRARY_PATH": bindir})
+                                       capture_output=True, text=True, env=tool_env(bindir))
                     lq.append(time.perf_counter() - t0)
                     lq_cpu.append(_children_cpu() - c0)
                     if p.returncode != 0:

@@ -40,8 +40,9 @@ def _cli(*args) -> str:
 
 
 def _tool(bin_dir, tool, *args) -> str:
+    from workbench.export.llama_tools import tool_env
     r = subprocess.run([os.path.join(bin_dir, tool), *map(str, args)], capture_output=True,
-                       text=True, errors="replace")
+                       text=True, errors="replace", env=tool_env(bin_dir))
     if r.returncode != 0:
         raise SystemExit(f"{tool} failed:\n{r.stderr[-3000:]}")
     return r.stdout

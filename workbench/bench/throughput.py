@@ -27,11 +27,11 @@ from typing import Callable
 
 import numpy as np
 
+from workbench.schemes.registry import ggml_by_number
+
 DEFAULT_SCHEMES = ["int8-channel", "int4-g128", "int4-g128-asym", "int3-g64", "int2-g32",
                    "nf4-g64", "ternary-g64", "fp8-e4m3", "fp8-e5m2", "fp16", "bf16"]
-GGML_ORDER = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
-              "iq4_nl", "iq4_xs", "mxfp4", "tq1_0", "tq2_0", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs",
-              "iq2_s", "nvfp4", "iq1_s", "iq1_m"]
+GGML_ORDER = list(ggml_by_number())     # the GGML types, by GGML type number
 SLOW_BUDGET_S = 4.0        # a baseline slower than this per run is timed fewer times
 TARGETS = {"dequant_vs_copy": 0.7, "dequant_vs_gguf": 10.0, "quant_vs_gguf": 10.0,
            "quant_vs_numpy": 10.0, "dequant_vs_d2d_copy": 0.7}

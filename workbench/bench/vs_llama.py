@@ -100,7 +100,7 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
                              "calibration never saw", path=str(held_out))
     bin_dir = lk.llama_bin("llama-perplexity")
     for tool in ("llama-imatrix", "llama-quantize"):
-        if not (bin_dir / tool).is_file():
+        if not lk.usable(bin_dir / tool, tool):        # (not executable: an error saying so)
             raise WorkbenchError(f"no {tool} in {bin_dir}: build the tools with "
                                  "`bash .ci/llama-cpp`")
     out = prepare_out_dir(out_dir)
@@ -127,7 +127,7 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
         cpu[log_name] = usage["cpu_s"]
         if rc != 0:
             raise WorkbenchError(f"{label} failed (exit status {rc}): "
-                                 f"{lk._tail(lk._read(logs / log_name))} "
+                                 f"{lk.log_tail(logs / log_name)} "
                                  f"(log: {logs / log_name})")
         return dt
 
@@ -149,7 +149,7 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
     imatrix = out / "imatrix.gguf"
     t = yield from step([bin_dir / "llama-imatrix", "-m", f16, "-f", calib, "-o", imatrix,
                          "-c", ctx, "-t", threads], "llama-imatrix.log", "llama-imatrix",
-                        env, lk._chunk_status)
+                        env, lk.chunk_status())
     res["imatrix_s"], res["imatrix_cpu_s"] = t, cpu["llama-imatrix.log"]
     llama_files = {}
     for ty in types:

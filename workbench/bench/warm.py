@@ -61,16 +61,11 @@ LATTICE = frozenset({"iq1_s", "iq2_xxs", "iq3_xxs"})
 #: 67.5 -> 54.6). Not Q3_K/Q6_K's (10-30% slower at -O2), NVFP4's (20%), Q4_0/Q8_0's (no compile
 #: saved) nor the lattice i-quants' (IQ2_XXS 0.6-0.7x as fast).
 O2_FAMILIES = frozenset({"q4_k", "q2_k", "iq4_xs"})
-_FAMILY_OF = {"q5_k": "q4_k", "q6_k": "q3_k", "q8_0": "q4_0", "q5_0": "q4_1",
-              "q5_1": "q4_1", "nvfp4": "mxfp4", "tq1_0": "mxfp4", "tq2_0": "mxfp4",
-              "iq3_s": "iq3_xxs", "iq2_xs": "iq2_xxs", "iq2_s": "iq2_xxs", "iq1_m": "iq1_s",
-              "bf16": "fp16"}
-
-
 def _family(name: str) -> str:
     """The family whose kernels `name` uses (every scheme with a dash in its name is one of the
     packed-code family's: int, fp8, nf4, ternary, the fp4/fp8 block schemes)."""
-    return "int8-channel" if "-" in name else _FAMILY_OF.get(name, name)
+    from workbench.schemes.registry import kernel_family
+    return "int8-channel" if "-" in name else kernel_family(name)
 
 
 def _is_ggml(name: str) -> bool:
@@ -101,10 +96,10 @@ def encode_names(names: list[str]) -> None:
         if n in SUPPORTED:
             x = rng.standard_normal((2, s.block_size)).astype(np.float32)
             weighted_encode(s, x, np.abs(x) + np.float32(0.5))
-        if n in ("q4_0", "q8_0"):
-            raw = rng.standard_normal((2, 256)).astype(np.float16)
-            accel.quantize_widening(s, raw, "F16")
-            accel.quantize_widening(s, raw.view(np.uint16), "BF16")
+        # the one-pass F16/BF16 path where the type has one (None, at once, where not)
+        raw = rng.standard_normal((2, 256)).astype(np.float16)
+        accel.quantize_widening(s, raw, "F16")
+        accel.quantize_widening(s, raw.view(np.uint16), "BF16")
 
 
 def warm_decoders(lattice: bool = False) -> None:

@@ -47,6 +47,10 @@ def open_model_arg(args):
                 raise WorkbenchError("--cluster: workers cannot share a GGUF converted on the "
                                      "fly; write it once with `quant-workbench convert "
                                      "MODEL.gguf --to hf DIR` and give DIR", path=path)
+            from workbench.running.inputs import validate_gguf_inputs     # before converting
+            validate_gguf_inputs(path, getattr(args, "calib", None),
+                                 getattr(args, "held_out", None), check=(
+                                     args.runtime, args.scoring) if command == "check" else None)
             return drive(live.open_live(path))
         md = live.gguf_metadata(path) if command in MUST_RUN_COMMANDS else None
         if md is not None and not (Path(path).expanduser().parent / "config.json").exists():

@@ -148,62 +148,6 @@ SIDECARS = ("config.json", "generation_config.json", "tokenizer.json", "tokenize
             "merges.txt", "added_tokens.json")
 
 
-def input_files(model) -> list[Path]:
-    """The files a model was read from: its file (and the config/tokenizer files beside it), or
-    for a folder or shard index every regular file of the folder (shards, index, config...)."""
-    p = Path(model.path)
-    files: list[Path] = []
-    if p.is_file() and not p.name.endswith(".index.json"):
-        files.append(p)
-        for name in SIDECARS:
-            if (p.parent / name).is_file():
-                files.append(p.parent / name)
-        return files
-    folder = p if p.is_dir() else p.parent   # a folder or a shard index: the folder's files
-    if p.is_file():
-        files.append(p)
-    with contextlib.suppress(OSError):
-        for q in folder.iterdir():
-            with contextlib.suppress(OSError):
-                if q.is_file():
-                    files.append(q)
-    for info in getattr(model, "tensors", {}).values():   # shards named by an index elsewhere
-        f = getattr(info, "file", "")
-        if f and Path(f) not in files:
-            files.append(Path(f))
-    return files
-
-
-def _same(a: os.stat_result, b: os.stat_result) -> bool:
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-def refuse_overwriting_inputs(model, out_path) -> None:
-    """A WorkbenchError when `out_path` is (or links to) a file the model was read from, or is
-    a folder holding one (symbolic and hard links resolved: same st_dev/st_ino)."""
-    out = Path(out_path)
-    try:
-        out_st = out.stat()               # follows a symbolic link
-    except OSError:
-        return                            # nothing there yet (or unreadable: the write says so)
-    inputs = []
-    for f in input_files(model):
-        with contextlib.suppress(OSError):
-            inputs.append((f, f.stat()))
-    for f, st in inputs:
-        if _same(out_st, st):
-            raise WorkbenchError(f"this is an input of the open model ({f.name}): "
-                                 "choose another output file; nothing was written", path=str(out))
-    if out.is_dir():
-        out_real = out.resolve()
-        for f, _ in inputs:
-            real = f.resolve()
-            if out_real == real.parent or out_real in real.parents:
-                raise WorkbenchError(f"this folder holds an input of the open model ({f.name}) "
-                                     "and writing here would overwrite the source: choose "
-                                     "another output folder; nothing was written", path=str(out))
-
-
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb"):
     """Yield a file object; on success the target is replaced in one rename.

@@ -107,6 +107,21 @@ class TextProgress:
             self._drawn = False
 
 
+def default_progress():
+    """What a library call shows when given no `progress`: a single line updated in place on
+    a terminal or in Jupyter (its stderr redraws a carriage return in place), else (a script's
+    stderr sent to a file) a plain line once the work has run 10 s, then every 10 s. Call its
+    ``close()`` when the work ends."""
+    stream = sys.stderr
+    try:
+        live = bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        live = False
+    if live or "ipykernel" in sys.modules:
+        return TextProgress(stream, enabled=True)
+    return LineProgress(stream, every=10.0, first_after=10.0)
+
+
 class LineProgress:
     """Progress as plain lines on stderr, for a log or a pipe: the first once the job has run
     `first_after` seconds, then at least every `every` seconds, and the end. A line holds the

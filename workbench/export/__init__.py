@@ -22,14 +22,17 @@ class Exporter:
     func: Callable
     suffix: str
     description: str
+    #: what the output path names: "file", or "folder" (written whole; an existing non-empty
+    #: folder is replaced only with overwrite)
+    kind: str = "file"
 
 
 EXPORTERS: dict[str, Exporter] = {}
 
 
-def register_exporter(name: str, suffix: str, description: str):
+def register_exporter(name: str, suffix: str, description: str, kind: str = "file"):
     def deco(func):
-        EXPORTERS[name] = Exporter(name, func, suffix, description)
+        EXPORTERS[name] = Exporter(name, func, suffix, description, kind)
         return func
     return deco
 
@@ -53,16 +56,24 @@ def get_exporter(name: str) -> Exporter:
                              f"(choose from {', '.join(EXPORTERS)})") from None
 
 
-def export(model, plan, fmt: str, out_path, **options):
+def export(model, plan, fmt: str, out_path, *, overwrite: bool = False, **options):
     """The export job for format `fmt` (a generator; drive it with progress.run). `options`
-    (e.g. ``strict=True``) go to the exporters that take them."""
+    (e.g. ``strict=True``) go to the exporters that take them; one a format does not take is
+    an error. The output is checked first (workbench.core.outputs.check_output: never an
+    input, its folder writable, an existing non-empty folder replaced only with `overwrite`)."""
     import inspect
 
-    from workbench.core.atomic import refuse_overwriting_inputs
-    refuse_overwriting_inputs(model, out_path)
-    func = get_exporter(fmt).func
-    params = inspect.signature(func).parameters
-    job = func(model, plan, out_path, **{k: v for k, v in options.items() if k in params})
+    from workbench.core.outputs import check_output
+    exporter = get_exporter(fmt)
+    check_output(out_path, kind=exporter.kind, model=model, overwrite=overwrite)
+    params = inspect.signature(exporter.func).parameters
+    if "executor" not in params:     # where per-tensor work runs: a format with none runs here
+        options.pop("executor", None)
+    unknown = sorted(k for k in options if k not in params)
+    if unknown:
+        raise WorkbenchError(f"the {fmt} format takes no option {', '.join(unknown)} (it "
+                             f"takes {', '.join(list(params)[3:]) or 'none'})")
+    job = exporter.func(model, plan, str(out_path), **options)
     return _named_errors(job, model.path)
 
 

@@ -198,7 +198,7 @@ def _moe_conflicts(decisions: dict) -> list[str]:
     return problems
 
 
-@register_exporter("compressed-tensors", "",
+@register_exporter("compressed-tensors", "", kind="folder", description=
                    "a Hugging Face folder for vLLM (compressed-tensors: int4/int8 channel or "
                    "group, symmetric or asymmetric, fp8-e4m3 channel or 128x128 block, "
                    "nvfp4-g16, mxfp4-g32)")
@@ -211,23 +211,8 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False, execu
     from workbench.quant.evaluate import quantize
     from workbench.formats.llama_names import model_folder, read_config
     from workbench.quant.runtimes import check_strict, plan_decisions, summarize
-    out_dir = Path(out_path)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise WorkbenchError("output must be a folder (compressed-tensors is a Hugging Face "
-                             "folder)", path=str(out_dir))
-    if not out_dir.parent.is_dir():
-        raise WorkbenchError("parent folder does not exist", path=str(out_dir))
+    out_dir = Path(out_path)      # checked by the export door (workbench.core.outputs)
     src = model_folder(model)
-    if out_dir.exists() and out_dir.resolve() == src.resolve():
-        raise WorkbenchError("output folder is the model's own folder: it would overwrite the "
-                             "source", path=str(out_dir))
-    if out_dir.is_dir():     # it is replaced as a whole: only ever a previous export of ours
-        ours = {"model.safetensors", "config.json", *TOKENIZER_FILES}
-        other = sorted(e.name for e in os.scandir(out_dir) if e.name not in ours)
-        if other:
-            raise WorkbenchError(f"output folder exists and holds other files ({other[0]}"
-                                 f"{' ...' if len(other) > 1 else ''}); it would be replaced: "
-                                 "choose a new folder; nothing was written", path=str(out_dir))
     yield Progress(0, 1, "checking the plan")
     from workbench.formats.config_check import check_config, config_path
     if (cfg := read_config(model)) is not None:   # against the tensors, before any work
@@ -248,7 +233,6 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False, execu
             f"another scheme); {len(conflicts)} fused "
             f"group(s) differ: " + "; ".join(conflicts[:3])
             + (" ..." if len(conflicts) > 3 else ""), path=model.path)
-    _check_out_dir(out_dir)
     config = dict(read_config(model) or _minimal_config(model))
     groups: dict[str, list[str]] = {}       # one config group per compressed-tensors scheme
     group_scheme: dict[str, str] = {}
@@ -374,9 +358,6 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False, execu
                       or (d.note and "cannot express" in d.note)}}
 
 
-OUR_FILES = {"config.json", "model.safetensors", *TOKENIZER_FILES}
-
-
 def _cluster_quantized(executor, model, names, decisions):
     """The whole-tensor quantizations of the export, computed ahead on the cluster's workers
     in the order the loop writes them (workbench.jobs.cluster.Ahead), or None in process."""
@@ -392,19 +373,6 @@ def _cluster_quantized(executor, model, names, decisions):
             continue
         tasks.append((n, (sig, n, d.applied)))
     return Ahead(executor, quantize_task, tasks, 2 * executor.workers() + 2)
-
-
-def _check_out_dir(out_dir: Path) -> None:
-    """An existing output folder is replaced only when it holds nothing but what this export
-    writes (a previous export): never a folder with other files (``-o .``, a model folder)."""
-    if not out_dir.exists():
-        return
-    other = sorted(p.name for p in out_dir.iterdir() if p.name not in OUR_FILES)
-    if other:
-        raise WorkbenchError(
-            f"output folder exists and holds files this export would not write "
-            f"({', '.join(other[:3])}{' ...' if len(other) > 3 else ''}); replacing it would "
-            f"delete them: choose a new or empty folder", path=str(out_dir))
 
 
 def _minimal_config(model) -> dict:

@@ -27,24 +27,25 @@ The figures (JSON keys, the same as the in-process ``check``'s ``"kld"``): ``ppl
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import shutil
-import signal
-import subprocess
+import struct
 import tempfile
 import time
 from pathlib import Path
 
+from workbench.core.cache import Cache, cache_root, file_key, make_key, model_key
 from workbench.core.errors import WorkbenchError
 from workbench.core.progress import Progress
+# the tools themselves (names kept here for the callers of this module)
+from workbench.export.llama_tools import (DEFAULT_TIMEOUT, REPACK_ENV, SHIM_SOURCE,  # noqa: F401
+                                          LogScanner, kill_group, last_line, llama_bin,
+                                          log_flush_shim, log_tail, run_child, tool_env,
+                                          usable)
 
-ROOT = Path(__file__).resolve().parents[2]
-SHIM_SOURCE = Path(__file__).with_name("llama_log_flush.c")
 DEFAULT_CTX = 512
 DEFAULT_THREADS = 2
-DEFAULT_TIMEOUT = 3600.0
 #: base logits files kept in the cache (the newest; each is chunks x ctx/2 x vocab x 2 bytes)
 CACHE_KEEP = 6
 
@@ -53,162 +54,38 @@ _NUM = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|-?inf))"
 
 # ----------------------------------------------------------------------------- the tools
 
-def cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "quant-workbench"
+#: what the parsers read of a llama-perplexity log (LogScanner keeps these lines only)
+PERPLEXITY_LINES = (rb"\xc2\xb1|KLD|PPL|Same top p|over \d+ chunks|Final estimate|"
+                    rb"you need at least|tokenizes to only|\[\d+\]\d")
 
 
-def llama_bin(tool: str = "llama-perplexity") -> Path:
-    """The folder holding llama.cpp's tools: $QW_LLAMA_BIN, else what ``.ci/llama-cpp --check``
-    prints (the cached build), else the folder of `tool` on PATH. A WorkbenchError says how to
-    get them when none holds `tool`."""
-    tried = []
-    env = os.environ.get("QW_LLAMA_BIN")
-    if env:
-        if (Path(env) / tool).is_file():
-            return Path(env)
-        tried.append(f"QW_LLAMA_BIN={env}")
-    script = ROOT / ".ci" / "llama-cpp"
-    if script.is_file():
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            r = subprocess.run(["bash", str(script), "--check"], capture_output=True, text=True,
-                               timeout=30)
-            lines = r.stdout.strip().splitlines()
-            if r.returncode == 0 and lines and (Path(lines[-1]) / tool).is_file():
-                return Path(lines[-1])
-        tried.append(".ci/llama-cpp --check")
-    found = shutil.which(tool)
-    if found:
-        return Path(found).parent
-    raise WorkbenchError(f"llama.cpp's {tool} was not found ({', '.join(tried + ['PATH'])}): "
-                         "build it with `bash .ci/llama-cpp` or set QW_LLAMA_BIN to its folder")
+def read_log(log) -> LogScanner:
+    """The lines of a llama-perplexity log that the parsers read, and its tail (bounded)."""
+    return LogScanner(log, PERPLEXITY_LINES).finish()
 
 
-def log_flush_shim() -> Path | None:
-    """llama_log_flush.c compiled once into the cache (named by the source's hash); None where
-    no C compiler is found or it does not compile (the parser then takes the chunk rows)."""
-    src = SHIM_SOURCE.read_bytes()
-    out = cache_root() / "shim" / f"libqw_log_flush-{hashlib.sha256(src).hexdigest()[:12]}.so"
-    if out.is_file():
-        return out
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        return None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        r = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(SHIM_SOURCE),
-                            "-ldl"], capture_output=True, text=True, timeout=120)
-        if r.returncode != 0:
-            return None
-        os.replace(tmp, out)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-    return out
+def chunk_status():
+    """A status function for run_child: llama-perplexity's (and llama-imatrix's) progress,
+    'chunk i/N', from its 'computing over N chunks' line and its last chunk row, reading only
+    what the log gained since the last call."""
+    scanner = None
+    total = None
 
-
-def tool_env(bin_dir: Path | str | None = None) -> dict:
-    """The environment llama.cpp's tools run in: the log-draining shim preloaded."""
-    env = dict(os.environ)
-    shim = log_flush_shim()
-    if shim is not None:
-        env["LD_PRELOAD"] = f"{shim} {env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else str(shim)
-    return env
-
-
-def kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """End a child started with start_new_session=True and everything it started: SIGTERM to
-    its process group, SIGKILL after `grace` seconds."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def last_line(path: Path, limit: int = 4096) -> str:
-    """The last non-empty line of a log file (progress bars' carriage returns split lines)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            tail = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    lines = [s.strip() for s in re.split(r"[\r\n]", tail) if s.strip()]
-    return lines[-1] if lines else ""
-
-
-def _children_cpu() -> float:
-    import resource
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def run_child(cmd: list, log: Path, label: str, timeout: float = DEFAULT_TIMEOUT,
-              env: dict | None = None, tick: float = 2.0, status=None,
-              usage: dict | None = None):
-    """Run `cmd` (its stdout and stderr into `log`), yielding Progress(0, 1, message) every
-    `tick` seconds: `label`, the seconds elapsed and what `status(log)` says (default: the
-    log's last line). Returns (exit status, wall seconds); `usage`, when given, gets "cpu_s"
-    (the child's user + system CPU seconds, its waited-for children included: a figure the
-    machine's load barely changes). On timeout, Ctrl-C or the job being closed the child's
-    whole process group is killed; a timeout raises WorkbenchError."""
-    log = Path(log)
-    status = status or last_line
-    c0 = _children_cpu()
-    t0 = time.perf_counter()
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(c) for c in cmd], stdout=fh, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        try:
-            while True:
-                try:
-                    proc.wait(tick)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                dt = time.perf_counter() - t0
-                if dt > timeout:
-                    kill_group(proc)
-                    raise WorkbenchError(f"{label}: stopped after {timeout:.0f} s (timeout); "
-                                         f"its output is in {log}")
-                said = status(log)
-                yield Progress(0, 1, f"{label}, {dt:.0f} s" + (f": {said[:120]}" if said else ""))
-        finally:
-            kill_group(proc)
-    dt = time.perf_counter() - t0
-    if usage is not None:
-        usage["cpu_s"] = _children_cpu() - c0
-    return proc.returncode, dt
-
-
-def _chunk_status(log: Path) -> str:
-    """llama-perplexity's progress: 'chunk i/N' from its 'computing over N chunks' line and its
-    last chunk row."""
-    text = _read(log)
-    m = re.search(r"(?:computing|calculating perplexity) over (\d+) chunks", text)
-    if not m:
-        return last_line(log)
-    n = int(m.group(1))
-    rows = re.findall(r"^\s*(\d+)\s+\S+\s+±", text, re.M)
-    done = int(rows[-1]) if rows else len(re.findall(r"\[(\d+)\]", text))
-    return f"chunk {done}/{n}"
-
-
-def _read(path: Path) -> str:
-    try:
-        return Path(path).read_bytes().decode("utf-8", "replace")
-    except OSError:
-        return ""
+    def status(log: Path) -> str:
+        nonlocal scanner, total
+        if scanner is None or scanner.path != Path(log):
+            scanner, total = LogScanner(log, PERPLEXITY_LINES), None
+        text = scanner.update().text()
+        m = re.search(r"(?:computing|calculating perplexity) over (\d+) chunks", text)
+        total = int(m.group(1)) if m else total
+        if total is None:
+            return scanner.last(1, 200) if scanner.tail else ""
+        n = total
+        rows = re.findall(r"^\s*(\d+)\s+\S+\s+±", text, re.M)
+        marks = re.findall(r"\[(\d+)\]", text)
+        done = int(rows[-1]) if rows else (int(marks[-1]) if marks else 0)
+        return f"chunk {done}/{n}"
+    return status
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -294,96 +171,124 @@ def _too_short(text: str) -> str | None:
 
 # ----------------------------------------------------------------------------- the runs
 
-def file_identity(paths) -> list:
-    """(resolved path, size, mtime_ns) of each file: what the base cache keys on."""
-    out = []
-    for p in sorted(Path(x).resolve() for x in paths):
-        st = p.stat()
-        out.append([str(p), st.st_size, st.st_mtime_ns])
-    return out
+def tool_key(bin_dir: Path) -> list:
+    """The content of llama-perplexity and the libraries beside it, for a key (another build
+    of the tools can compute other base logits)."""
+    files = [bin_dir / "llama-perplexity", *sorted(bin_dir.glob("lib*.so*"))]
+    return [[f.name, file_key(f)] for f in files if f.is_file()]
 
 
-def base_key(identity, text_path, ctx: int, chunks: int | None = None) -> str:
-    """The cache key of a base logits file: the float model's identity (file_identity of the
-    F16 GGUF or of the files it is exported from), the text's bytes, the context, the chunk
-    limit and the tools' folder."""
-    import json
-    h = hashlib.sha256()
-    h.update(json.dumps([identity, ctx, chunks, str(llama_bin())]).encode())
-    h.update(Path(text_path).read_bytes())
-    return h.hexdigest()[:24]
+def base_key(inputs, text_path, ctx: int, chunks: int | None = None) -> str:
+    """The cache key of a base logits file (workbench.core.cache): `inputs` (what the float
+    model is: the content of the F16 GGUF, or of the files it is exported from), the text's
+    content, the context, the chunk limit, the tools' content and their repack setting."""
+    bin_dir = llama_bin()
+    return make_key(["llama-base-logits", 2, inputs, file_key(text_path), ctx, chunks,
+                     tool_key(bin_dir), os.environ.get(*REPACK_ENV)])
 
 
-def cached_base(key: str, cache_dir=None) -> Path | None:
-    p = Path(cache_dir or cache_root() / "kld") / f"{key}.kld"
-    if p.is_file():
-        with contextlib.suppress(OSError):
-            os.utime(p)            # the newest are kept
-        return p
+def _cache(cache_dir=None) -> Cache:
+    return Cache("kld", ".kld", CACHE_KEEP, folder=cache_dir or cache_root() / "kld")
+
+
+def base_file_problem(path) -> str | None:
+    """What is wrong with a base logits file (``--kl-divergence-base``), None when it is whole:
+    the "_logits_" magic, n_ctx, n_vocab, n_chunk (int32), n_chunk x n_ctx token ids (int32),
+    then per chunk n_ctx - 1 - n_ctx/2 rows of 2·ceil(n_vocab/2) + 4 uint16 (llama.cpp's
+    tools/perplexity: the file's size follows from its header exactly)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            head = fh.read(20)
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    if len(head) < 20 or head[:8] != b"_logits_":
+        return f"{size} bytes, no base logits header"
+    n_ctx, n_vocab, n_chunk = struct.unpack("<iii", head[8:20])
+    if n_ctx < 4 or n_vocab < 1 or n_chunk < 1:
+        return f"a header of n_ctx {n_ctx}, n_vocab {n_vocab}, {n_chunk} chunks"
+    nv = 2 * ((n_vocab + 1) // 2) + 4
+    want = 20 + 4 * n_chunk * n_ctx + n_chunk * (n_ctx - 1 - n_ctx // 2) * nv * 2
+    if size != want:
+        return f"{size:,} of the {want:,} bytes its header promises"
     return None
 
 
-def _evict(folder: Path, keep: int = CACHE_KEEP) -> None:
-    files = sorted(folder.glob("*.kld"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for p in files[keep:]:
-        with contextlib.suppress(OSError):
-            p.unlink()
+def cached_base(key: str, cache_dir=None) -> Path | None:
+    """The cached base logits file of `key`, verified (its record's key and checksum, its
+    header and size); None on a miss (a bad entry is removed)."""
+    return _cache(cache_dir).get(key, verify=lambda p: base_file_problem(p) is None)
 
 
 def base_logits(f16, text, ctx: int = DEFAULT_CTX, *, chunks: int | None = None,
                 threads: int = DEFAULT_THREADS, key: str | None = None, cache_dir=None,
                 out_path=None, log=None, timeout: float = DEFAULT_TIMEOUT,
-                label: str = "llama-perplexity (float model, base logits)"):
+                label: str = "llama-perplexity (float model, base logits)",
+                use_cache: bool = True, scratch=None):
     """Job: the float model's base logits for `text` (``--kl-divergence-base``). With
     `out_path` the file is written there (nothing cached); else it is cached under `key`
-    (default: base_key of the F16 file's identity) and reused. Returns {"path", "ppl_base",
-    "seconds", "cached"}."""
+    (default: base_key of the F16 file's content) and reused (`use_cache` False: neither read
+    nor written; the file then goes to `scratch`, a folder, default a new temporary one). The
+    tool writes to a temporary name; only a file whose size its header confirms takes the
+    final name. Returns {"path", "ppl_base", "seconds", "cached"}."""
     text = Path(text)
     if not text.is_file():
         raise WorkbenchError("no such text file", path=str(text))
+    bin_dir = llama_bin()
+    cache = None
     if out_path is None:
-        key = key or base_key(file_identity([f16]), text, ctx, chunks)
-        hit = cached_base(key, cache_dir)
-        if hit is not None:
-            return {"path": hit, "ppl_base": None, "seconds": 0.0, "cached": True}
-        folder = Path(cache_dir or cache_root() / "kld")
-        folder.mkdir(parents=True, exist_ok=True)
-        target = folder / f"{key}.kld"
+        if use_cache:
+            cache = _cache(cache_dir)
+            key = key or base_key([file_key(f16)], text, ctx, chunks)
+            hit = cached_base(key, cache_dir)
+            if hit is not None:
+                return {"path": hit, "ppl_base": None, "seconds": 0.0, "cached": True}
+        tmp = cache.temp(key) if cache is not None else None
+        if tmp is None:                      # no cache, or one that cannot be written
+            cache = None
+            target = Path(scratch or tempfile.mkdtemp(prefix="qw-kld-base-")) / "base.kld"
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        else:
+            target = cache.path(key)
     else:
         target = Path(out_path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     own_log = log is None
-    log = Path(log) if log else target.with_name(f".{target.name}.{os.getpid()}.log")
-    bin_dir = llama_bin()
+    log = Path(log) if log else tmp.with_suffix(".data")     # (a stale one: clean_stale_temps)
     cmd = [bin_dir / "llama-perplexity", "-m", f16, "-f", text, "-c", ctx, "-t", threads,
            "--kl-divergence-base", tmp]
     if chunks:
         cmd += ["--chunks", chunks]
     try:
         rc, dt = yield from run_child(cmd, log, label, timeout, tool_env(bin_dir),
-                                      status=_chunk_status)
-        out = _read(log)
-        short = _too_short(out)
+                                      status=chunk_status())
+        out = read_log(log)
+        short = _too_short(out.text())
         if short:
             raise WorkbenchError(short, path=str(text))
         if rc != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
             raise WorkbenchError(f"llama-perplexity failed on the float model (exit status {rc})"
-                                 f": {_tail(out)}", path=str(f16))
-        os.replace(tmp, target)
+                                 f": {out.last()}", path=str(f16))
+        bad = base_file_problem(tmp)
+        if bad:
+            raise WorkbenchError(f"llama-perplexity wrote an incomplete base logits file "
+                                 f"({bad}; is the disk full?): {out.last()}",
+                                 path=str(target.parent))
+        final = cache.put_file(key, tmp) if cache is not None else None
+        if final is not None:
+            target = final
+        else:                       # not cached (or the cache's record could not be written)
+            if cache is not None:
+                target = Path(scratch or tempfile.mkdtemp(prefix="qw-kld-base-")) / "base.kld"
+            shutil.move(tmp, target)
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
         if own_log:
             with contextlib.suppress(OSError):
                 log.unlink()
-    if out_path is None:
-        _evict(target.parent)
-    return {"path": target, "ppl_base": parse_final_ppl(out), "seconds": dt, "cached": False}
-
-
-def _tail(text: str, n: int = 300) -> str:
-    lines = [s for s in text.strip().splitlines() if s.strip()]
-    return " / ".join(lines[-3:])[-n:] if lines else "no output"
+    return {"path": target, "ppl_base": parse_final_ppl(out.text()), "seconds": dt,
+            "cached": False}
 
 
 def score(quant, base, ctx: int = DEFAULT_CTX, *, threads: int = DEFAULT_THREADS, log=None,
@@ -398,19 +303,19 @@ def score(quant, base, ctx: int = DEFAULT_CTX, *, threads: int = DEFAULT_THREADS
            "--kl-divergence-base", base, "--kl-divergence"]
     try:
         rc, dt = yield from run_child(cmd, log, label or f"llama-perplexity KLD {quant.name}",
-                                      timeout, tool_env(bin_dir), status=_chunk_status)
-        out = _read(log)
+                                      timeout, tool_env(bin_dir), status=chunk_status())
+        out = read_log(log)
     finally:
         if own_log:
             with contextlib.suppress(OSError):
                 log.unlink()
     if rc != 0:
         raise WorkbenchError(f"llama-perplexity --kl-divergence failed (exit status {rc}): "
-                             f"{_tail(out)}", path=str(quant))
+                             f"{out.last()}", path=str(quant))
     try:
-        res = parse_kld(out)
+        res = parse_kld(out.text())
     except WorkbenchError as exc:
-        raise WorkbenchError(f"{exc.problem}: {_tail(out)}", path=str(quant)) from None
+        raise WorkbenchError(f"{exc.problem}: {out.last()}", path=str(quant)) from None
     res["seconds"] = dt
     res["bytes"] = quant.stat().st_size
     return res
@@ -420,25 +325,30 @@ def score(quant, base, ctx: int = DEFAULT_CTX, *, threads: int = DEFAULT_THREADS
 
 def check_llama(model, plan, text, ctx: int = DEFAULT_CTX, *, chunks: int | None = None,
                 threads: int = DEFAULT_THREADS, keep_path=None, cache_dir=None,
-                timeout: float = DEFAULT_TIMEOUT, quant_model=None):
+                timeout: float = DEFAULT_TIMEOUT, quant_model=None, use_cache: bool = True):
     """Job for ``check --runtime llama.cpp``: the plan exported to GGUF (the project's
     exporter; from `quant_model` when given: the model with the plan's methods applied) and an
     F16 GGUF of the float `model`, both in a temporary folder (the F16 export
-    is skipped when the base logits for this model, text and context are cached); then
-    llama-perplexity's KLD of the plan's file. Returns {"model_kind", "runtime", "tokens",
-    "chunks", "ctx", "bytes", "kld": {...}, "seconds": {...}}."""
-    from workbench.core.atomic import input_files
+    is skipped when the base logits for this model, text and context are cached; `use_cache`
+    False: never read nor written); then llama-perplexity's KLD of the plan's file. Returns
+    {"model_kind", "runtime", "tokens", "chunks", "ctx", "bytes", "kld": {...},
+    "seconds": {...}}."""
+    from workbench.core.outputs import input_files
     from workbench.export import export
     from workbench.quant.plan import Plan
     text = Path(text)
     if not text.is_file():
         raise WorkbenchError("no such text file", path=str(text))
     llama_bin()                                  # missing tools: said before any export
-    key = base_key(["exported F16", file_identity(input_files(model))], text, ctx, chunks)
+    # the F16 file is the model's weights, config and tokenizer (the files it is read from,
+    # and the config of a GGUF read as a Hugging Face model), by content
+    inputs = ["exported F16", sorted((file_key(f) for f in input_files(model)), key=str),
+              model_key(model)]
+    key = base_key(inputs, text, ctx, chunks) if use_cache else None
     seconds = {}
     with tempfile.TemporaryDirectory(prefix="qw-check-llama-") as tmp:
         tmp = Path(tmp)
-        base = cached_base(key, cache_dir)
+        base = cached_base(key, cache_dir) if use_cache else None
         ppl_base = None
         if base is None:
             f16 = tmp / "float-f16.gguf"
@@ -447,7 +357,8 @@ def check_llama(model, plan, text, ctx: int = DEFAULT_CTX, *, chunks: int | None
             yield from export(model, Plan(default="fp16"), "gguf", f16)
             seconds["export_f16"] = time.perf_counter() - t0
             b = yield from base_logits(f16, text, ctx, chunks=chunks, threads=threads, key=key,
-                                       cache_dir=cache_dir, timeout=timeout)
+                                       cache_dir=cache_dir, timeout=timeout,
+                                       use_cache=use_cache, scratch=tmp)
             base, ppl_base = b["path"], b["ppl_base"]
             seconds["base"] = b["seconds"]
             f16.unlink()

@@ -34,22 +34,15 @@ from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP
 from workbench.core.progress import Progress
 from workbench.schemes import get_scheme
+from workbench.schemes.registry import block_sizes, llama_type_names, llama_types_text
 from workbench.formats.llama_names import (CONV1D, DROPPED, FAMILY_LABELS, _n_blocks_of,
                                            detect_family, llama_cpp_name)
 from workbench.export import register_exporter
 
-# scheme -> ggml type name as llama.cpp spells it (ggml_type_name)
-GGML_TYPE_NAMES = {"q4_0": "q4_0", "q4_1": "q4_1", "q5_0": "q5_0", "q5_1": "q5_1", "q8_0": "q8_0",
-                   "q2_k": "q2_K", "q3_k": "q3_K", "q4_k": "q4_K", "q5_k": "q5_K", "q6_k": "q6_K",
-                   "iq4_nl": "iq4_nl", "mxfp4": "mxfp4", "tq1_0": "tq1_0", "tq2_0": "tq2_0", "iq4_xs": "iq4_xs",
-                   "iq3_xxs": "iq3_xxs", "iq3_s": "iq3_s",
-                   "iq2_xxs": "iq2_xxs", "iq2_xs": "iq2_xs", "iq2_s": "iq2_s",
-                   "nvfp4": "nvfp4", "iq1_s": "iq1_s", "iq1_m": "iq1_m",
-                   "fp32": "f32", "fp16": "f16", "bf16": "bf16"}
-BLOCK = {"q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32, "iq4_nl": 32, "mxfp4": 32, "tq1_0": 256, "tq2_0": 256, "iq4_xs": 256, "nvfp4": 64,
-         "iq3_xxs": 256, "iq3_s": 256,
-         "iq2_xxs": 256, "iq2_xs": 256, "iq2_s": 256, "iq1_s": 256, "iq1_m": 256, "q2_k": 256,
-         "q3_k": 256, "q4_k": 256, "q5_k": 256, "q6_k": 256}
+# scheme -> ggml type name as llama.cpp spells it (ggml_type_name), and GGML scheme -> weights
+# per block: the scheme registry's (each scheme class declares its type)
+GGML_TYPE_NAMES = llama_type_names()
+BLOCK = block_sizes()
 # source dtype kept unchanged -> ggml type
 KEEP_TYPE_NAMES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 
@@ -141,8 +134,7 @@ def tensor_type_lines(model, plan, strict: bool = False) -> tuple[list[str], dic
         problems.append(f"no llama.cpp tensor type for {len(untyped)} tensor(s): "
                         f"{', '.join(untyped[:6])}"
                         + (" ..." if len(untyped) > 6 else "")
-                        + " (llama.cpp types: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_K q3_K "
-                          "q4_K q5_K q6_K iq4_nl iq4_xs iq3_xxs iq3_s iq2_xxs iq2_xs iq2_s iq1_s iq1_m mxfp4 tq1_0 tq2_0 nvfp4)")
+                        + f" (llama.cpp types: {llama_types_text()})")
     if ineligible:
         problems.append(f"llama.cpp cannot use {len(ineligible)} assignment(s): "
                         + "; ".join(ineligible[:6])

@@ -139,11 +139,7 @@ def build_onnx(model, plan, out_path, *, accuracy_level: int = DEFAULT_ACCURACY_
     onnx, ort = import_onnx()
     if accuracy_level not in ACCURACY_LEVELS:
         raise WorkbenchError(f"--accuracy-level must be one of 0..4, got {accuracy_level}")
-    out = Path(out_path)
-    if not out.parent.is_dir():
-        raise WorkbenchError("parent folder does not exist", path=str(out))
-    if out.is_dir():
-        raise WorkbenchError("output is a folder; give a .onnx file name", path=str(out))
+    out = Path(out_path)          # checked by the export door (workbench.core.outputs)
     yield Progress(0, 100, "building the float network")
     decisions = plan_decisions(model, plan, "onnxruntime")
     if strict:

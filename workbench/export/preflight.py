@@ -27,6 +27,14 @@ class Preflight:
     changed: int = 0          # tensors that would not get the scheme the plan asks for
     quantized: int = 0        # tensors written quantized
     unmet_share: float = 0.0  # share of the model's parameters among the `changed` tensors
+    #: the export writes, but not what the plan asks (nothing quantized, tensors falling back):
+    #: a warning to show as such, never as a plain success
+    warning: str | None = None
+
+    @property
+    def level(self) -> str:
+        """"ok", "warning" (writes, but not all the plan asks) or "no" (cannot write)."""
+        return "no" if not self.ok else "warning" if self.warning else "ok"
 
     def text(self) -> str:
         if not self.ok:
@@ -38,7 +46,7 @@ class Preflight:
     def to_dict(self) -> dict:
         return {"format": self.format, "ok": self.ok, "reason": self.reason,
                 "summary": self.summary, "changed": self.changed, "quantized": self.quantized,
-                "unmet_share": self.unmet_share}
+                "unmet_share": self.unmet_share, "warning": self.warning}
 
 
 def _unmet(decisions) -> list:
@@ -60,9 +68,11 @@ def _from_decisions(fmt, decisions, total_params: int) -> Preflight:
     ds = list(decisions.values())
     s = summarize(ds)
     unmet = _unmet(ds)
+    share = sum(d.params for d in unmet) / total_params if total_params else 0.0
     return Preflight(fmt, True, None, s.line(), len(unmet),
-                     sum(1 for d in ds if d.applied != KEEP),
-                     sum(d.params for d in unmet) / total_params if total_params else 0.0)
+                     sum(1 for d in ds if d.applied != KEEP), share,
+                     f"{len(unmet)} tensor{'s' if len(unmet) != 1 else ''} will not get the "
+                     f"scheme the plan asks for ({share:.1%} of parameters)" if unmet else None)
 
 
 def _fused_differ(decisions) -> bool:
@@ -105,7 +115,7 @@ def check(model, plan, fmt: str) -> Preflight:
             p = _from_decisions(fmt, decisions, total)
             if not_runnable:
                 return Preflight(fmt, True, None, f"{p.summary}; {not_runnable}", p.changed,
-                                 p.quantized, p.unmet_share)
+                                 p.quantized, p.unmet_share, p.warning or not_runnable)
             return p
         if fmt == "compressed-tensors":
             from workbench.export.compressed_tensors import _fused_conflicts
@@ -119,8 +129,9 @@ def check(model, plan, fmt: str) -> Preflight:
                                  f"{conflicts[0]}", None)
             p = _from_decisions(fmt, decisions, total)
             if not p.quantized:
-                return Preflight(fmt, True, None, "no tensor can be quantized as the plan asks "
-                                 "(written dense); " + p.summary, p.changed, 0, p.unmet_share)
+                why = "no tensor can be quantized as the plan asks (written dense)"
+                return Preflight(fmt, True, None, f"{why}; {p.summary}", p.changed, 0,
+                                 p.unmet_share, why)
             return p
         if fmt == "onnx":
             from workbench.running.onnx_graph import import_onnx

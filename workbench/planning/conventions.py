@@ -27,12 +27,10 @@ from dataclasses import dataclass, field
 
 from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP
+from workbench.schemes.registry import block_sizes
 
-# GGML block of each llama.cpp quantized type (ggml_blck_size)
-GGML_BLOCK = {"q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32, "iq4_nl": 32,
-              "mxfp4": 32, "nvfp4": 64, "tq1_0": 256, "tq2_0": 256, "iq4_xs": 256, "iq3_xxs": 256, "iq3_s": 256,
-              "iq2_xxs": 256, "iq2_xs": 256, "iq2_s": 256, "iq1_s": 256, "iq1_m": 256, "q2_k": 256, "q3_k": 256, "q4_k": 256,
-              "q5_k": 256, "q6_k": 256}
+# GGML block of each llama.cpp quantized type (ggml_blck_size): the scheme registry's
+GGML_BLOCK = block_sizes()
 
 
 def llama_output_type(default: str, ncols: int) -> str:

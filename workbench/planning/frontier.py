@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP, Plan
+from workbench.schemes.registry import block_sizes, llama_fallbacks
 
 # ftype -> default type and per-category rules: (condition, type). Conditions: "more_bits"
 # (use_more_bits on the category's counter), "first_eighth" (i < n/8), "first4" (i < 4).
@@ -48,14 +49,9 @@ RECIPES: dict[str, dict] = {
     "Q5_0": {"default": "q5_0"},
     "Q5_1": {"default": "q5_1"},
 }
-BLOCK = {"q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32, "iq4_nl": 32, "mxfp4": 32, "tq1_0": 256, "tq2_0": 256, "iq4_xs": 256,
-         "iq3_xxs": 256, "iq3_s": 256,
-         "iq2_xxs": 256, "iq2_xs": 256, "iq2_s": 256, "iq1_s": 256, "iq1_m": 256, "nvfp4": 64, "q2_k": 256,
-         "q3_k": 256, "q4_k": 256, "q5_k": 256, "q6_k": 256}
-FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0",
-            "tq1_0": "q4_0", "tq2_0": "q4_0", "iq4_xs": "iq4_nl",
-            "iq3_xxs": "iq4_nl", "iq3_s": "iq4_nl", "iq2_xxs": "iq4_nl",
-            "iq2_xs": "iq4_nl", "iq2_s": "iq4_nl", "iq1_s": "iq4_nl", "iq1_m": "iq4_nl", "nvfp4": "mxfp4"}
+# weights per block and llama-quant.cpp's tensor_type_fallback: the scheme registry's
+BLOCK = block_sizes()
+FALLBACK = llama_fallbacks()
 
 
 @dataclass

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -15,41 +14,57 @@ import numpy as np
 from workbench.quant.plan import KEEP
 from workbench.core.progress import Progress, run as run_job
 
+CACHE_KEEP = 64           # entries kept (the most recently used)
+
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "quant-workbench" \
-        / "output-sensitivity"
+    from workbench.core.cache import cache_root
+    return cache_root() / "output-sensitivity"
 
 
-def model_signature(model) -> list:
-    from workbench.quant.stats import file_signature
-    files = sorted({getattr(model.info(n), "file", "") or str(model.path) for n in model.tensors})
-    return [str(Path(model.path).resolve())] + [[f, file_signature(f)] for f in files]
+def _cache():
+    from workbench.core.cache import Cache
+    return Cache("output-sensitivity", ".json", CACHE_KEEP, folder=cache_dir())
 
 
-def _cache_file(model, calib, samples, max_len) -> Path:
-    from workbench.running.calibration import DEFAULT_CALIB
-    from workbench.quant.stats import file_signature
-    c = str(Path(calib or DEFAULT_CALIB).resolve())
-    key = json.dumps([model_signature(model), c, file_signature(c), samples, max_len, 1])
-    return cache_dir() / (hashlib.sha1(key.encode()).hexdigest() + ".json")
+def cache_key(model, runner, data, max_len: int) -> str:
+    """Everything the measured values depend on (workbench.core.cache): the content of the
+    model's weight files and config.json, the calibration samples' token ids (the text, the
+    tokenizer, --samples and the length limit in one), the compute device and dtype, and the
+    torch / transformers versions."""
+    import torch
+    import transformers
+    from workbench.core.cache import make_key, model_key
+    h = hashlib.sha256()
+    for ids in data:
+        a = np.ascontiguousarray(ids, dtype=np.int64)
+        h.update(len(a).to_bytes(8, "little"))
+        h.update(a.tobytes())
+    return make_key(["output-measure", 2, model_key(model), h.hexdigest(), len(data), max_len,
+                     f"{runner.device}:{runner.dtype}", torch.__version__,
+                     transformers.__version__])
 
 
-def _read_cache(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        return {k: float(v) for k, v in data.get("values", {}).items()}
-    except (OSError, ValueError, AttributeError, TypeError):
+def _read_cache(key: str) -> dict:
+    """{"name|applied": value} of a verified entry; {} on a miss (a bad entry removed)."""
+    cache = _cache()
+    blob = cache.get_bytes(key)
+    if blob is None:
         return {}
-
-
-def _write_cache(path: Path, values: dict) -> None:
-    from workbench.core.atomic import write_text_atomic
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps({"version": 1, "values": values}))
-    except OSError:
-        pass   # a cache that cannot be written only costs time
+        data = json.loads(blob)
+        out = {k: float(v) for k, v in data["values"].items() if isinstance(k, str)}
+        if all(np.isfinite(v) for v in out.values()) and data.get("key") == key:
+            return out
+    except (ValueError, KeyError, AttributeError, TypeError):
+        pass
+    cache.remove(key)
+    return {}
+
+
+def _write_cache(key: str, values: dict) -> None:
+    # a cache that cannot be written only costs time
+    _cache().put_bytes(key, json.dumps({"version": 2, "key": key, "values": values}).encode())
 
 
 def output_measure(kind: str, base, quant) -> float:
@@ -84,8 +99,8 @@ def output_errors_job(model, schemes, calib=None, samples=None, names=None, runt
     data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 2, 100)
     names = [n for n in (names if names is not None else model.tensors)
              if model.info(n).ndim >= 2 and model.info(n).is_float]
-    cpath = _cache_file(model, calib, samples, max_len)
-    cached = _read_cache(cpath) if use_cache else {}
+    ckey = cache_key(model, runner, data, max_len) if use_cache else None
+    cached = _read_cache(ckey) if use_cache else {}
     todo = {}
     out = {}
     for n in names:
@@ -118,7 +133,7 @@ def output_errors_job(model, schemes, calib=None, samples=None, names=None, runt
         for s in ss:
             out[(n, s)] = got[k]
     if use_cache:
-        _write_cache(cpath, cached)
+        _write_cache(ckey, cached)
     yield Progress(100, 100, "done")
     return out
 

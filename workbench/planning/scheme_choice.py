@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.quant.plan import KEEP
+from workbench.schemes.registry import ggml_schemes
 
 #: display order of the families
 FAMILIES = ("Float", "Integer", "GGML legacy", "K-quants", "Codebooks")
@@ -21,9 +22,8 @@ FAMILY_NOTES = {
     "Codebooks": "non-uniform value tables (NF4, IQ4_NL, IQ4_XS, MXFP4, NVFP4, ternary, TQ1_0/TQ2_0, "
                  "IQ3, IQ2 and IQ1 lattices)",
 }
-_LEGACY = {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0"}
-_CODEBOOK_PREFIX = ("nf4", "iq4_nl", "iq4_xs", "mxfp4", "nvfp4", "ternary", "tq1_0", "tq2_0", "iq3_xxs", "iq3_s",
-                    "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m")
+#: the non-GGML codebook schemes (a GGML type's family is its scheme class's ``family``)
+_CODEBOOK_PREFIX = ("nf4", "mxfp4", "nvfp4", "ternary")
 
 
 def family_of(scheme: str) -> str:
@@ -33,10 +33,9 @@ def family_of(scheme: str) -> str:
         return "Float"
     if base.startswith("int"):
         return "Integer"
-    if base in _LEGACY:
-        return "GGML legacy"
-    if base.startswith("q") and base.endswith("_k"):
-        return "K-quants"
+    ggml = ggml_schemes().get(base)
+    if ggml is not None:
+        return ggml.family
     if base.startswith(_CODEBOOK_PREFIX):
         return "Codebooks"
     return "Other"

@@ -14,8 +14,9 @@
 * ``output``: the measured change of the model's outputs with only that tensor quantized (all
   others original): mean KL divergence of next-token distributions (causal LM, nats per token) or
   mean 1 - cosine of the mean-pooled sentence embeddings (encoders), over the calibration samples.
-  Cached on disk by (model file signature, calibration signature, tensor, applied scheme) under
-  ``$XDG_CACHE_HOME/quant-workbench/output-sensitivity``.
+  Cached on disk (workbench.core.cache) by the content of the model's files and config.json, the
+  calibration samples' token ids, the device, tensor and applied scheme, under
+  ``$XDG_CACHE_HOME/quant-workbench/output-sensitivity`` (``~/.cache`` without it).
 
 Mixture-of-experts (docs/moe.md): routers are not a choice (they stay in float unless pinned);
 with target ``llama.cpp`` one projection's experts of a layer are one decision (llama.cpp stores
@@ -157,6 +158,9 @@ def best_measure(model, calib=None, imatrix=None) -> tuple[str, str]:
     inputs that tokenize; activation with an imatrix; weight otherwise."""
     if imatrix:
         return "activation", "an imatrix was given"
+    if calib:       # a bad file given is refused, never taken as "not runnable"
+        from workbench.running.inputs import validate_calibration_inputs
+        validate_calibration_inputs(model, calib)
     try:
         from workbench.running.calibration import calibration_samples
         from workbench.running.runner_config import _import_transformers, model_kind, read_config
@@ -441,14 +445,16 @@ def routing_usage(model, calib=None, samples=None):
 
 def sensitivity_table_job(model, schemes, measure: str = "weight", calib=None, imatrix=None,
                           samples=None, runtime: str = "any", pins: dict | None = None,
-                          extra=(), expert_weighting: bool | None = None, executor=None):
+                          extra=(), expert_weighting: bool | None = None, executor=None,
+                          use_cache: bool = True):
     """Job: the SensitivityTable for `measure` (see the module doc). Activation measure: tensors
     the statistics do not reach get their weight error times the mean second moment. `extra`:
     schemes measured too (e.g. a recipe's types) that the allocator does not choose from.
     `expert_weighting`: weight experts by how often the router picks them (None: for the
     ``activation`` measure, and ``weight`` when `calib` is given, on a mixture of experts; the
     ``fisher`` and ``output`` measures already see the routing). `executor`
-    (workbench.jobs.cluster): the per-tensor weight and activation work runs on its workers."""
+    (workbench.jobs.cluster): the per-tensor weight and activation work runs on its workers.
+    `use_cache` False: the output measure's cache is neither read nor written."""
     from workbench.core.progress import subjob
     from workbench.schemes import get_scheme
     schemes = [get_scheme(s).name for s in schemes]
@@ -479,7 +485,8 @@ def sensitivity_table_job(model, schemes, measure: str = "weight", calib=None, i
         scale = 0.0
     elif measure == "output":
         errors = yield from subjob(output_errors_job(model, cands, calib, samples,
-                                                     runtime=runtime), 0, 80, 100)
+                                                     runtime=runtime, use_cache=use_cache),
+                                   0, 80, 100)
         scale = 0.0
     start = 0 if errors is None else 80
     if expert_weighting is None:

@@ -42,21 +42,17 @@ import re
 from dataclasses import dataclass, field
 
 from workbench.core.errors import WorkbenchError
+from workbench.schemes import registry as _registry
 
 KEEP = "keep"
 KINDS = ("ok", "fallback", "kept", "skipped")
 
-# llama-quant.cpp tensor_type_fallback
-GGML_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1",
-                 "q6_k": "q8_0", "tq1_0": "q4_0", "tq2_0": "q4_0", "iq4_xs": "iq4_nl",
-                 "iq3_xxs": "iq4_nl", "iq3_s": "iq4_nl", "iq2_xxs": "iq4_nl", "iq2_xs": "iq4_nl",
-                 "iq2_s": "iq4_nl", "iq1_s": "iq4_nl", "iq1_m": "iq4_nl",
-                 "nvfp4": "mxfp4"}     # nvfp4: llama.cpp defines none (it cannot write it)
+# built from the scheme registry (each GGML scheme class declares its llama.cpp fallback;
+# llama-quant.cpp tensor_type_fallback), never copied by hand
+GGML_FALLBACK = _registry.llama_fallbacks()
 LAST_RESORT = "fp16"
-LLAMA_TYPES = {"fp32", "fp16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k",
-               "q4_k", "q5_k", "q6_k", "iq4_nl", "mxfp4", "tq1_0", "tq2_0",
-               "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "nvfp4",
-               "iq1_s", "iq1_m"}
+#: the schemes llama.cpp has a tensor type for (F32, F16, BF16 and the GGML block types)
+LLAMA_TYPES = _registry.llama_schemes()
 # llama-quant.cpp tensor_allows_quantization: substrings of GGUF names never re-typed
 LLAMA_NEVER = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup",
                "laurel", "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight",
@@ -233,9 +229,8 @@ class _LlamaCpp(Runtime):
         from workbench.schemes import get_scheme
         base = get_scheme(scheme).name
         if base not in LLAMA_TYPES:
-            return (f"llama.cpp has no tensor type for {base} (types: f32 f16 bf16 q4_0 q4_1 "
-                    "q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs iq3_xxs iq3_s iq2_xxs "
-                    "iq2_xs iq2_s iq1_s iq1_m mxfp4 tq1_0 tq2_0 nvfp4)")
+            return (f"llama.cpp has no tensor type for {base} "
+                    f"(types: {_registry.llama_types_text(llama_spelling=False)})")
         return None
 
     def shape_fallback(self, scheme):
@@ -315,8 +310,7 @@ FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"),
 #: llama.cpp's lattice types (issue 34), worth a place among the default candidates only at low
 #: budgets: scheme -> its bits/weight; a candidate while the budget's mean bits/weight is below
 #: that + 1 (so 4+ bits/weight allocations keep their candidate count and time)
-LOW_BIT_ONLY = {"iq3_xxs": 3.0625, "iq3_s": 3.4375, "iq2_xxs": 2.0625, "iq2_xs": 2.3125,
-                "iq2_s": 2.5625, "iq1_s": 1.5625, "iq1_m": 1.75}
+LOW_BIT_ONLY = _registry.low_bit_only()
 
 
 def for_budget(names: list[str], bits_per_weight: float) -> list[str]:

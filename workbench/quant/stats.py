@@ -368,12 +368,15 @@ def reference_stats(w: np.ndarray, name: str = "", bins: int = BINS) -> TensorSt
 
 
 def file_signature(path) -> tuple | None:
-    """(mtime_ns, size) of a file, so caches never serve results of a file since rewritten."""
+    """(mtime_ns, size, ctime_ns, inode) of a file, so the in-process caches never serve results
+    of a file since rewritten: an edit that keeps the size and puts the mtime back (os.utime)
+    still moves the ctime, and a file replaced by another has another inode. (The first two
+    are what jobs.cluster compares across machines.)"""
     try:
         st = os.stat(path)
     except (OSError, ValueError, TypeError):
         return None
-    return (st.st_mtime_ns, st.st_size)
+    return (st.st_mtime_ns, st.st_size, st.st_ctime_ns, st.st_ino)
 
 
 class StatsCache:

@@ -148,16 +148,18 @@ def _read_ids(path, chunk: int) -> list[np.ndarray]:
 
 
 def vocab_size(model) -> int | None:
-    """The model's vocabulary size (config.json's vocab_size), None when unknown."""
+    """The model's vocabulary size (config.json's vocab_size, or its text_config's), None when
+    the folder has no config.json or it names none. A config.json that cannot be read is a
+    WorkbenchError naming it (never "unknown": the token ids would go unchecked)."""
     from workbench.formats.llama_names import model_folder
     cfg = model_folder(model) / "config.json"
     if not cfg.is_file():
         return None
-    try:
-        from workbench.running.runner_config import read_config
-        v = read_config(model).get("vocab_size")
-    except WorkbenchError:
-        return None
+    from workbench.running.runner_config import read_config
+    c = read_config(model)
+    v = c.get("vocab_size")
+    if v is None and isinstance(c.get("text_config"), dict):
+        v = c["text_config"].get("vocab_size")
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 

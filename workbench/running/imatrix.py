@@ -7,6 +7,8 @@ names mapped to llama.cpp names as the tensor-type exporter maps them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from workbench.core.errors import WorkbenchError
@@ -31,11 +33,17 @@ def collect(model, calib=None, samples: int | None = None, max_len: int = 128):
 
 
 def write_imatrix_gguf(model, stats: dict, path, dataset: str, chunk_count: int, chunk_size: int):
+    """Write the imatrix GGUF atomically (a temporary file beside `path`, fsync, rename): a
+    full disk or a folder that cannot be written is one WorkbenchError naming `path`, and an
+    existing file is left as it was."""
     import gguf
     import os
+    from workbench.core.atomic import default_file_mode, make_temp, write_problem
+    from workbench.core.errors import WorkbenchError
     from workbench.formats.llama_names import detect_family, llama_cpp_name
     family = detect_family(model)
-    tmp = f"{path}.tmp{os.getpid()}"
+    fd, tmp = make_temp(Path(path))
+    os.close(fd)
     try:
         w = gguf.GGUFWriter(tmp, arch="")
         w.add_type("imatrix")
@@ -49,7 +57,13 @@ def write_imatrix_gguf(model, stats: dict, path, dataset: str, chunk_count: int,
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.chmod(tmp, default_file_mode())
         os.replace(tmp, path)
+    except OSError as exc:
+        raise WorkbenchError(f"write failed ({write_problem(exc) or exc.strerror or exc}); "
+                             "existing file left unchanged", path=str(path)) from exc
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -91,32 +105,27 @@ def _llama_entries(model, stats: dict, family, llama_cpp_name) -> dict:
 
 MAX_IMATRIX_ENTRIES = 1 << 20     # tensors in one imatrix (llama.cpp writes one per weight)
 MAX_IMATRIX_NAME = 4096           # bytes of a tensor name in a legacy .dat
+MAX_IMATRIX_VALUES = 1 << 26      # values of one entry (256 experts x 16,384 columns = 2^22)
 
 
 def read_imatrix(path) -> dict[str, np.ndarray]:
     """{llama.cpp tensor name: E[x_j^2]} from an imatrix GGUF or legacy .dat.
 
     Read with the model readers' bounds: every count and length is checked against the bytes
-    the file holds before anything is allocated, values must be finite and non-negative, and
-    every problem is a one-line WorkbenchError naming the imatrix file (and tensor)."""
-    import os
+    the file holds before anything is allocated or read (a .dat is read entry by entry, never
+    whole), values must be finite and non-negative, and every problem is a one-line
+    WorkbenchError naming the imatrix file (and tensor)."""
     from workbench.core.limits import check_regular_file
     p = str(path)
     check_regular_file(p, "imatrix file")
     try:
         with open(p, "rb") as f:
-            magic = f.read(4)
+            if f.read(4) != b"GGUF":
+                f.seek(0)
+                return _read_imatrix_dat(p, f)
     except OSError as exc:
         raise WorkbenchError(f"cannot read imatrix file ({exc.strerror})", path=p) from None
-    if magic == b"GGUF":
-        return _read_imatrix_gguf(p)
-    try:
-        size = os.path.getsize(p)
-        with open(p, "rb") as f:
-            data = f.read(size)
-    except OSError as exc:
-        raise WorkbenchError(f"cannot read imatrix file ({exc.strerror})", path=p) from None
-    return _read_imatrix_dat(p, data)
+    return _read_imatrix_gguf(p)
 
 
 def _read_imatrix_gguf(p: str) -> dict[str, np.ndarray]:
@@ -142,6 +151,9 @@ def _read_imatrix_gguf(p: str) -> dict[str, np.ndarray]:
                 if x.tensor_type.name != "F32":
                     raise WorkbenchError(f"imatrix tensor is {x.tensor_type.name}, expected F32",
                                          path=p, tensor=x.name)
+                if x.n_elements > MAX_IMATRIX_VALUES:
+                    raise WorkbenchError(f"imatrix tensor of {x.n_elements:,} values (at most "
+                                         f"{MAX_IMATRIX_VALUES:,})", path=p, tensor=x.name)
                 t[x.name] = np.array(x.data, dtype=np.float64).reshape(-1)
         out = {}
         for k, v in t.items():
@@ -168,20 +180,24 @@ def _read_imatrix_gguf(p: str) -> dict[str, np.ndarray]:
         r.close()
 
 
-def _read_imatrix_dat(p: str, data: bytes) -> dict[str, np.ndarray]:
+def _read_imatrix_dat(p: str, f) -> dict[str, np.ndarray]:
     """llama.cpp's legacy format: i32 count, then per entry i32 name length, name, i32 ncall,
-    i32 nval, f32[nval] (a trailing dataset name after the entries is ignored)."""
-    size = len(data)
-    off = 0
+    i32 nval, f32[nval] (a trailing dataset name after the entries is ignored). Read from the
+    open file `f` field by field: each count is checked against the bytes left before its
+    values are read, so a header claiming the world allocates nothing."""
+    import os
+    size = os.fstat(f.fileno()).st_size
+
+    def read(n: int, what: str) -> bytes:
+        at = f.tell()
+        b = f.read(n)
+        if len(b) != n:
+            raise WorkbenchError(f"imatrix .dat truncated (reading {what} at byte {at:,})",
+                                 path=p)
+        return b
 
     def i32(what: str) -> int:
-        nonlocal off
-        if off + 4 > size:
-            raise WorkbenchError(f"imatrix .dat truncated (reading {what} at byte {off:,})",
-                                 path=p)
-        v = int.from_bytes(data[off:off + 4], "little", signed=True)
-        off += 4
-        return v
+        return int.from_bytes(read(4, what), "little", signed=True)
 
     if size < 4:
         raise WorkbenchError("not an imatrix GGUF or .dat file (too short)", path=p)
@@ -193,24 +209,25 @@ def _read_imatrix_dat(p: str, data: bytes) -> dict[str, np.ndarray]:
     out = {}
     for _ in range(n_entries):
         ln = i32("a name length")
+        off = f.tell()
         if ln <= 0 or ln > MAX_IMATRIX_NAME or off + ln > size:
             raise WorkbenchError(f"imatrix .dat entry name of {ln:,} bytes at byte {off - 4:,} "
                                  "(corrupt or truncated)", path=p)
         try:
-            name = data[off:off + ln].decode("utf-8")
+            name = read(ln, "a name").decode("utf-8")
         except UnicodeDecodeError:
             raise WorkbenchError(f"imatrix .dat entry name at byte {off:,} is not UTF-8",
                                  path=p) from None
-        off += ln
         ncall = i32("ncall")
         nval = i32("nval")
-        if ncall < 0 or nval <= 0 or nval > (size - off) // 4:
+        left = size - f.tell()
+        if ncall < 0 or nval <= 0 or nval > left // 4 or nval > MAX_IMATRIX_VALUES:
             raise WorkbenchError(f"entry claims ncall {ncall:,} and {nval:,} values with "
-                                 f"{size - off:,} bytes left", path=p, tensor=name)
+                                 f"{left:,} bytes left (at most {MAX_IMATRIX_VALUES:,} values "
+                                 "an entry)", path=p, tensor=name)
         if name in out:
             raise WorkbenchError("entry appears twice", path=p, tensor=name)
-        vals = np.frombuffer(data, "<f4", nval, off).astype(np.float64)
-        off += 4 * nval
+        vals = np.frombuffer(read(4 * nval, "values"), "<f4").astype(np.float64)
         if not np.isfinite(vals).all() or (vals < 0).any():
             raise WorkbenchError("imatrix holds negative or non-finite values", path=p,
                                  tensor=name)
@@ -232,30 +249,66 @@ def check_imatrix_for(model, imatrix_path, name: str, values: np.ndarray) -> Non
                              "model?)", path=str(imatrix_path), tensor=name)
 
 
+#: roles of the 2-D weights whose input an imatrix describes (llama-imatrix's matrix
+#: multiplications); embeddings, norms, biases and buffers never have importance
+_NO_IMPORTANCE = ("embedding", "norm", "bias", "other")
+
+
+def _few(names, k: int = 3) -> str:
+    names = list(names)
+    return ", ".join(names[:k]) + (f", ... ({len(names):,} in all)" if len(names) > k else "")
+
+
+def imatrix_for_model(model, imatrix) -> tuple[dict[str, np.ndarray], list[str]]:
+    """({workbench name: E[x^2]} of the model's tensors the imatrix file names, [the model's
+    weight matrices it has no entry for]). An imatrix naming none of the model's tensors is a
+    WorkbenchError naming the file, a few of its entries and a few of the names it would need
+    (it is another model's, or of a tool naming tensors otherwise); a vector of the wrong length
+    is one too (check_imatrix_for)."""
+    from workbench.formats.catalog import expert_index
+    from workbench.formats.llama_names import detect_family, llama_cpp_name
+    im = read_imatrix(imatrix)
+    fam = detect_family(model)
+    out, missing, wanted = {}, [], []
+    for n in model.tensors:
+        g = llama_cpp_name(n, fam)
+        info = model.info(n)
+        if g not in im:
+            if g is not None and info.ndim >= 2 and info.role not in _NO_IMPORTANCE:
+                missing.append(n)
+                wanted.append(g)
+            continue
+        v = im[g]
+        e = expert_index(n)
+        if e is not None and info.ndim == 2 and v.size > info.cols and v.size % info.cols == 0:
+            # a merged llama.cpp expert tensor (blk.N.ffn_up_exps): one row per expert
+            if e >= v.size // info.cols:
+                raise WorkbenchError(f"imatrix has {v.size // info.cols} experts for "
+                                     f"{g}, not expert {e}", path=str(imatrix), tensor=n)
+            v = v[e * info.cols:(e + 1) * info.cols]
+        check_imatrix_for(model, imatrix, n, v)
+        out[n] = v
+    if not out:
+        need = f"the model's would be {_few(dict.fromkeys(wanted))}" if wanted else \
+            "the model has no weight matrix llama.cpp names"
+        raise WorkbenchError(f"the imatrix names none of the model's tensors: its {len(im):,} "
+                             f"entries are {_few(sorted(im))}; {need} (an imatrix of another "
+                             "model?)", path=str(imatrix))
+    return out, missing
+
+
+def missing_note(imatrix, missing: list[str], matched: int) -> str:
+    """The one-line warning for the weight matrices an imatrix has no entry for."""
+    return (f"warning: the imatrix {imatrix} has no entry for {len(missing):,} weight "
+            f"matrices of the model ({matched:,} tensors matched), which get no importance "
+            f"(rtn, or the mean second moment in the activation measure): {_few(missing)}")
+
+
 def second_moments(model, calib=None, imatrix=None, samples=None):
-    """Job: {workbench name: E[x_j^2]} from calibration inputs or an imatrix file."""
+    """Job: {workbench name: E[x_j^2]} from calibration inputs or an imatrix file (one naming
+    none of the model's tensors is refused: imatrix_for_model)."""
     if imatrix:
-        from workbench.formats.llama_names import detect_family, llama_cpp_name
-        im = read_imatrix(imatrix)
-        fam = detect_family(model)
-        out = {}
-        from workbench.formats.catalog import expert_index
-        for n in model.tensors:
-            g = llama_cpp_name(n, fam)
-            if g in im:
-                v = im[g]
-                e = expert_index(n)
-                info = model.info(n)
-                if e is not None and info.ndim == 2 and v.size > info.cols \
-                        and v.size % info.cols == 0:
-                    # a merged llama.cpp expert tensor (blk.N.ffn_up_exps): one row per expert
-                    if e >= v.size // info.cols:
-                        raise WorkbenchError(f"imatrix has {v.size // info.cols} experts for "
-                                             f"{g}, not expert {e}", path=str(imatrix),
-                                             tensor=n)
-                    v = v[e * info.cols:(e + 1) * info.cols]
-                check_imatrix_for(model, imatrix, n, v)
-                out[n] = v
+        out, _missing = imatrix_for_model(model, imatrix)
         yield Progress(1, 1, "imatrix read")
         return out
     stats, _, _ = yield from collect(model, calib, samples)

@@ -21,13 +21,13 @@ into one outcome, a lower bound of the full KL) plus the KL inside the tail, est
 bias from the drawn ids. The merged-tail bound alone is 21% low on SmolLM2 at K = 64 (49k
 vocabulary, q4_k: 13.9% of the mass is outside the top 64 on average); with the drawn ids the
 mean is within 0.2% (docs/methods.md states the errors measured against the full
-distribution). The cache file is keyed by the model's weight files and config (path, size,
-mtime and a hash of the first and last MiB of each), the compute device and dtype, the chunk
-tokens, ``ctx``, K and S; it lives in
-``$QUANT_WORKBENCH_KLD_CACHE`` or ``~/.cache/quant-workbench/kld`` (``$XDG_CACHE_HOME``
-honoured); the 32 most recently used entries are kept (the llama.cpp runtime's ``*.kld`` files
-beside them are not this module's). Writes are atomic; an unreadable or inconsistent entry is
-ignored and rewritten.
+distribution). The cache entry (workbench.core.cache: the entry holds its key and a checksum,
+verified on every read) is keyed by the content of the model's weight files and config.json
+(a SHA-256 of every byte), the chunks' token ids, the compute device and dtype, K and S and the
+torch / transformers versions; it lives in ``$QUANT_WORKBENCH_KLD_CACHE`` or
+``~/.cache/quant-workbench/kld`` (``$XDG_CACHE_HOME`` honoured); the 32 most recently used
+entries are kept (the llama.cpp runtime's ``*.kld`` files beside them are
+workbench.export.llama_kld's). An entry that fails its checks is removed and rewritten.
 
 On a cache miss the float and the quantized model advance side by side, block by block, as
 ``check`` always did (one block's weights at a time); on a hit only the quantized model runs.
@@ -36,7 +36,6 @@ On a cache miss the float and the quantized model advance side by side, block by
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -49,7 +48,6 @@ DEFAULT_CTX = 512            # llama-perplexity's -c 512
 TOP_K = 64
 TAIL_SAMPLES = 64         # ids drawn from the rest of the distribution (see sparse_kld)
 TOKENS_PER_BATCH = 2048      # chunks run together: this many tokens a batch at most
-_HASH_SPAN = 1 << 20         # bytes hashed at each end of a weight file
 CACHE_KEEP = 32              # cache entries kept (the most recently used), ~1 KB a scored token
 
 
@@ -218,100 +216,61 @@ def cache_dir() -> Path:
     env = os.environ.get("QUANT_WORKBENCH_KLD_CACHE")
     if env:
         return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "quant-workbench" \
-        / "kld"
+    from workbench.core.cache import cache_root
+    return cache_root() / "kld"
 
 
-def _file_identity(path: str) -> list:
-    st = os.stat(path)
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        h.update(fh.read(_HASH_SPAN))
-        if st.st_size > 2 * _HASH_SPAN:
-            fh.seek(st.st_size - _HASH_SPAN)
-            h.update(fh.read(_HASH_SPAN))
-    return [str(Path(path).resolve()), st.st_size, st.st_mtime_ns, h.hexdigest()]
-
-
-def model_identity(model) -> list:
-    """The model's weight files and config.json: path, size, mtime, hash of each end."""
-    from workbench.formats.llama_names import model_folder
-    files = sorted({getattr(model.info(n), "file", "") or str(model.path) for n in model.tensors})
-    cfg = model_folder(model) / "config.json"
-    if cfg.is_file():
-        files.append(str(cfg))
-    out = []
-    for f in files:
-        try:
-            out.append(_file_identity(f))
-        except OSError:
-            out.append([f, None])
-    return out
+def _cache() -> "Cache":
+    from workbench.core.cache import Cache
+    return Cache("kld", ".safetensors", CACHE_KEEP, folder=cache_dir())
 
 
 def cache_key(model, chunks: np.ndarray, k: int, samples: int, compute: str) -> str:
+    """Everything the float model's distributions depend on (workbench.core.cache): the content
+    of its weight files and config.json, the chunks' token ids, the compute device and dtype,
+    K and S, and the versions of torch and transformers that ran it."""
+    import torch
+    import transformers
+    from workbench.core.cache import make_key, model_key
     tok = hashlib.sha256(np.ascontiguousarray(chunks, dtype=np.int64).tobytes()).hexdigest()
-    key = json.dumps([CACHE_VERSION, model_identity(model), compute, tok,
-                      list(chunks.shape), k, samples])
-    return hashlib.sha256(key.encode()).hexdigest()
+    return make_key(["kld", CACHE_VERSION, model_key(model), compute, tok, list(chunks.shape),
+                     k, samples, torch.__version__, transformers.__version__])
 
 
-def read_cache(path: Path, n_rows: int, width: int, vocab: int) -> dict | None:
-    """The cached sparse base, None when absent or not consistent (a corrupt or truncated
-    file, other shapes, ids outside the vocabulary, values that are not log-probabilities)."""
-    if not path.is_file():
+def read_cache(key: str, n_rows: int, width: int, vocab: int) -> dict | None:
+    """The cached sparse base, None when absent or not verified (workbench.core.cache: the
+    entry's key and checksum), or not consistent (other shapes, ids outside the vocabulary,
+    values that are not log-probabilities): such an entry is removed."""
+    cache = _cache()
+    blob = cache.get_bytes(key)
+    if blob is None:
         return None
     try:
-        from safetensors.numpy import load_file
-        d = load_file(str(path))
+        from safetensors.numpy import load
+        d = load(blob)
         ids, lp, tail, nll = d["ids"], d["logp"], d["tail"], d["nll"]
-        if ids.shape != (n_rows, width) or lp.shape != (n_rows, width) \
-                or tail.shape != (n_rows,) \
-                or nll.shape != (n_rows,):
-            return None
-        if ids.dtype.kind not in "iu" or (n_rows and (ids.min() < 0 or ids.max() >= vocab)):
-            return None
-        for a in (lp, nll):
-            if not np.isfinite(a).all():
-                return None
-        if (lp > 1e-4).any() or (tail > 1e-4).any() or np.isnan(tail).any() or (nll < -1e-4).any():
-            return None
-        try:
-            os.utime(path)          # the most recently used entries are kept (_prune)
-        except OSError:
-            pass
-        return {"ids": ids.astype(np.int64), "logp": lp, "tail": tail, "nll": nll}
+        ok = (ids.shape == (n_rows, width) and lp.shape == (n_rows, width)
+              and tail.shape == (n_rows,) and nll.shape == (n_rows,) and ids.dtype.kind in "iu"
+              and not (n_rows and (ids.min() < 0 or ids.max() >= vocab))
+              and np.isfinite(lp).all() and np.isfinite(nll).all()
+              and not ((lp > 1e-4).any() or (tail > 1e-4).any() or np.isnan(tail).any()
+                       or (nll < -1e-4).any()))
     except Exception:  # noqa: BLE001 - any unreadable entry is a miss, rewritten afterwards
+        ok = False
+    if not ok:
+        cache.remove(key)
         return None
+    return {"ids": ids.astype(np.int64), "logp": lp, "tail": tail, "nll": nll}
 
 
-def write_cache(path: Path, base: dict, meta: dict) -> bool:
+def write_cache(key: str, base: dict, meta: dict) -> bool:
     from safetensors.numpy import save
-    from workbench.core.atomic import atomic_write
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        blob = save({"ids": np.ascontiguousarray(base["ids"], dtype=np.int32),
-                     "logp": np.ascontiguousarray(base["logp"], dtype=np.float32),
-                     "tail": np.ascontiguousarray(base["tail"], dtype=np.float32),
-                     "nll": np.ascontiguousarray(base["nll"], dtype=np.float32)},
-                    metadata={k: str(v) for k, v in meta.items()})
-        with atomic_write(path) as fh:
-            fh.write(blob)
-    except (OSError, WorkbenchError):
-        return False        # a cache that cannot be written only costs time
-    _prune(path.parent)
-    return True
-
-
-def _prune(folder: Path, keep: int = CACHE_KEEP) -> None:
-    """Only the `keep` most recently used entries stay (a hit touches its file)."""
-    try:
-        files = sorted(folder.glob("*.safetensors"), key=lambda p: p.stat().st_mtime,
-                       reverse=True)
-        for p in files[keep:]:
-            p.unlink()
-    except OSError:
-        pass
+    blob = save({"ids": np.ascontiguousarray(base["ids"], dtype=np.int32),
+                 "logp": np.ascontiguousarray(base["logp"], dtype=np.float32),
+                 "tail": np.ascontiguousarray(base["tail"], dtype=np.float32),
+                 "nll": np.ascontiguousarray(base["nll"], dtype=np.float32)},
+                metadata={k: str(v) for k, v in meta.items()})
+    return _cache().put_bytes(key, blob)      # a cache that cannot be written only costs time
 
 
 # ---- the job --------------------------------------------------------------------------------
@@ -372,8 +331,8 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
     k = min(top_k, vocab)
     ns = tail_samples if vocab > k else 0
     compute = f"{runner.device.type}:{str(runner.dtype).replace('torch.', '')}"
-    path = cache_dir() / (cache_key(model, grid, k, ns, compute) + ".safetensors")
-    base = None if (exact or not use_cache) else read_cache(path, n_rows, k + ns, vocab)
+    key = cache_key(model, grid, k, ns, compute) if use_cache else None
+    base = None if (exact or not use_cache) else read_cache(key, n_rows, k + ns, vocab)
     cache_state = "hit" if base is not None else ("off" if not use_cache else "miss")
     quant = plan_override(model, plan, weights)
     data = list(grid)
@@ -422,9 +381,9 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
     new_base, acc = out
     written = False
     if run_float and use_cache:
-        written = write_cache(path, new_base, {"version": CACHE_VERSION, "ctx": ctx, "k": k,
-                                               "tail_samples": ns, "chunks": n_chunk,
-                                               "compute": compute})
+        written = write_cache(key, new_base, {"version": CACHE_VERSION, "ctx": ctx, "k": k,
+                                              "tail_samples": ns, "chunks": n_chunk,
+                                              "compute": compute})
     res = _figures(acc, n_chunk, ctx, k, ns)
     res["kld"]["cache"] = "written" if written else cache_state
     res["kld"]["seconds"] = round(time.monotonic() - t0, 3)

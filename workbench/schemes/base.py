@@ -70,6 +70,12 @@ class Scheme:
     #: tensor quantized in row chunks gives the same codes: big tensors are then streamed in
     #: bounded memory (workbench.quant.streaming). False for a scale shared by the whole tensor.
     row_local: ClassVar[bool] = True
+    #: the runtimes besides the workbench's own that run this scheme (quant.runtimes)
+    runtimes: ClassVar[tuple[str, ...]] = ()
+    #: the tensor type as llama.cpp's ggml_type_name spells it (None: llama.cpp has none)
+    llama_type: ClassVar[str | None] = None
+    #: the scheme whose compiled kernels this one shares (bench.warm's tasks; None: its own)
+    kernel_family: ClassVar[str | None] = None
 
     _fixed: ClassVar[dict[str, type]] = {}
     _families: ClassVar[list[type]] = []
@@ -183,8 +189,9 @@ def _import_all() -> None:
     from workbench.schemes import microscaling  # noqa: F401  (vLLM's NVFP4/MXFP4/FP8 block)
     try:
         from workbench.schemes import ggml  # noqa: F401  (GGML block formats)
-    except ImportError:
-        pass
+    except ImportError as exc:   # gguf-py is a dependency: a failed import is a broken install
+        raise ImportError(f"the GGML schemes cannot be imported ({exc}); gguf-py and the "
+                          f"workbench.schemes.ggml package are required") from exc
 
 
 @lru_cache(maxsize=None)

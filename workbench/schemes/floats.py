@@ -36,6 +36,8 @@ class _Cast(Scheme, register=False):
 
 class FP32(_Cast):
     name = "fp32"
+    runtimes = ("llama.cpp",)
+    llama_type = "f32"
     nominal_bits = 32
     itemsize = 4
 
@@ -51,6 +53,8 @@ class FP32(_Cast):
 
 class FP16(_Cast):
     name = "fp16"
+    runtimes = ("llama.cpp",)
+    llama_type = "f16"
     nominal_bits = 16
     itemsize = 2
 
@@ -69,6 +73,9 @@ class FP16(_Cast):
 
 class BF16(_Cast):
     name = "bf16"
+    runtimes = ("llama.cpp",)
+    llama_type = "bf16"
+    kernel_family = "fp16"
     nominal_bits = 16
     itemsize = 2
 

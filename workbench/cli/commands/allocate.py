@@ -48,8 +48,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import os
-
     from workbench import api
     from workbench.planning.budget import file_target, from_flags
     from workbench.core.errors import WorkbenchError
@@ -67,10 +65,8 @@ def run(args) -> int:
         n, s = item.split("=", 1)
         pins[n] = get_scheme(s).name
     model = open_model_arg(args)
-    from workbench.formats.config_check import check_model_config
-    check_model_config(model)   # a config.json its weights contradict: refused, not worked around
-    if os.path.exists(args.output) and os.path.abspath(args.output) == os.path.abspath(model.path):
-        raise WorkbenchError("refusing to write over the model", path=args.output)
+    from workbench.core.outputs import check_output
+    check_output(args.output, model=model)   # before the cost lines (allocate_plan checks too)
     # what it will cost, and the options that cut it, said as the long work starts (after the
     # measure's line, before the first job: a refused budget stays a one-line error)
     from workbench.planning.allocate_cost import allocation_cost, lines
@@ -90,7 +86,7 @@ def run(args) -> int:
     a = api.allocate_plan(model, budget, schemes=schemes, measure=args.measure, calib=args.calib,
                           imatrix=args.imatrix, samples=args.samples, target=args.target,
                           pins=pins, methods=args.methods, output=args.output,
-                          executor=executor_of(args),
+                          executor=executor_of(args), use_cache=not args.no_cache,
                           driver=driver, say=say,
                           notes=not args.json)
     out = a.to_dict(args.output)

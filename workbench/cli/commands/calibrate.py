@@ -17,16 +17,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import os
-    from workbench.running.calibration import DEFAULT_CALIB
-    from workbench.core.errors import WorkbenchError
-    from workbench.running.imatrix import collect, write_imatrix_gguf
-    model = open_model_arg(args)
-    if os.path.abspath(args.output) in (os.path.abspath(model.path),
-                                        os.path.abspath(args.calib or DEFAULT_CALIB)):
-        raise WorkbenchError("refusing to write over an input", path=args.output)
-    stats, n, longest = drive(collect(model, args.calib, args.samples))
-    write_imatrix_gguf(model, stats, args.output, os.path.basename(args.calib or DEFAULT_CALIB),
-                       n, longest)
-    print(f"wrote {args.output}: {len(stats)} tensors, {n} samples")
+    from workbench.api import calibrate
+    info = calibrate(open_model_arg(args), args.output, calib=args.calib, samples=args.samples,
+                     driver=drive)
+    print(f"wrote {info['output']}: {info['tensors']} tensors, {info['samples']} samples")
     return 0

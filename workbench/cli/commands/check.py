@@ -72,8 +72,10 @@ def register(sub) -> None:
                         "next-token distributions (kld_full), beside the one from the sparse "
                         "cache (top-64 + 64 drawn ids); the cache is not read")
     p.add_argument("--no-cache", action="store_true",
-                   help="--scoring chunks: neither read nor write the cached float "
-                        "distributions")
+                   help="neither read nor write the cached float model: its next-token "
+                        "distributions (--scoring chunks, ~/.cache/quant-workbench/kld/"
+                        "*.safetensors) or llama-perplexity's base logits (--runtime llama.cpp, "
+                        "~/.cache/quant-workbench/kld/*.kld)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 

@@ -20,6 +20,9 @@ def register(sub) -> None:
     add_scheme_or_plan(p)
     p.add_argument("--format", required=True, choices=formats)
     p.add_argument("-o", "--output", help="output file (required unless --check)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="allow replacing an existing non-empty output folder (compressed-tensors;"
+                        " never one holding an input): refused without it")
     p.add_argument("--check", action="store_true",
                    help="write nothing: say whether --format can write the plan, and why not")
     from workbench.quant.runtimes import RUNTIMES
@@ -78,7 +81,7 @@ def run(args) -> int:
                        method=args.method, calib=args.calib, imatrix=args.imatrix,
                        activations=args.activations, act_method=args.act_method,
                        act_bits=args.act_bits, act_type=args.act_type,
-                       accuracy_level=args.accuracy_level,
+                       accuracy_level=args.accuracy_level, overwrite=args.overwrite,
                        executor=executor_of(args) if args.cluster else None,
                        driver=lambda job: drive(job, quiet=args.json),
                        say=lambda line: print(line, file=sys.stderr))

@@ -45,7 +45,7 @@ def run(args) -> int:
                              check_samples=args.check_samples, held_out=args.held_out,
                              schemes=schemes, measure=args.measure, calib=args.calib,
                              imatrix=args.imatrix, samples=args.samples, target=args.target,
-                             executor=executor_of(args),
+                             executor=executor_of(args), use_cache=not args.no_cache,
                              driver=lambda job: drive(job, quiet=args.json), say=say)
     table, alloc, secs = f.table, f.allocated, f.seconds
     if f.recipe_error is not None and not args.json:

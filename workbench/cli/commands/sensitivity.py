@@ -38,6 +38,9 @@ def add_table_args(p, schemes: str = DEFAULT_SCHEMES) -> None:
                      "estimate of the output measure from one calibration pass); "
                      "output: measured KL / 1-cosine with only that tensor quantized")
     p.add_argument("--samples", type=int, default=None, help="use the first N calibration samples")
+    p.add_argument("--no-cache", action="store_true",
+                   help="--measure output: neither read nor write the cached measured values "
+                        "(~/.cache/quant-workbench/output-sensitivity)")
     p.add_argument("--target", default="any", choices=list(RUNTIMES),
                    help="the runtime whose fallbacks and re-typed tensors apply, and whose "
                         "schemes are the default candidates (default: any)")
@@ -66,7 +69,8 @@ def table_from_args(args, model, schemes, pins=None, quiet=False, extra=()):
     table = measure_sensitivity(model, schemes, measure=args.measure, calib=args.calib,
                                 imatrix=args.imatrix, samples=args.samples, target=args.target,
                                 pins=pins, extra=extra, executor=executor_of(args),
-                                driver=lambda job: drive(job, quiet=quiet), say=say)
+                                driver=lambda job: drive(job, quiet=quiet), say=say,
+                                use_cache=not args.no_cache)
     if args.measure == AUTO:
         args.measure, args.samples = table.measure, table.samples
         args.measure_reason = table.measure_reason

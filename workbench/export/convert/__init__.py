@@ -30,17 +30,12 @@ DEFAULT_DTYPE = "bf16"
 SCHEME_OF = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
 
-def check_output(to: str, out: Path) -> None:
-    if to == "hf":
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise WorkbenchError("exists and is not an empty folder: choose a new folder "
-                                 "(convert never replaces files)", path=str(out))
-    elif out.exists() or out.is_symlink():
-        raise WorkbenchError("exists: choose a new file name (convert never replaces files)",
-                             path=str(out))
-    parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise WorkbenchError("the folder to write into does not exist", path=str(out))
+def check_output(to: str, out: Path, src=None) -> None:
+    """convert never replaces anything: a new file (--to gguf), a new or empty folder (--to
+    hf), never the source (workbench.core.outputs.check_output)."""
+    from workbench.core.outputs import check_output as check
+    check(out, kind="folder" if to == "hf" else "file", replace_file=False, overwrite=None,
+          inputs={"the source": os.fspath(src)} if isinstance(src, (str, os.PathLike)) else None)
 
 
 def open_source(src):
@@ -63,7 +58,7 @@ def convert(src, to: str, output, dtype: str = DEFAULT_DTYPE, off_grid_seed: int
     if dtype not in DTYPES:
         raise WorkbenchError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     out = Path(output)
-    check_output(to, out)
+    check_output(to, out, src)
     t0 = time.monotonic()
     model = open_source(src)
     og = None

@@ -73,16 +73,19 @@ def open_fp8_block(path) -> Model:
         if name.endswith(".weight_scale_inv"):
             w = name[:-len("_scale_inv")]
             if w not in base.tensors:
-                raise WorkbenchError("weight_scale_inv without its weight", path=str(p),
-                                     tensor=name)
+                raise WorkbenchError("weight_scale_inv without its weight",
+                                     path=info.file or str(p), tensor=name)
             continue
         sname = f"{name}_scale_inv"
         if sname not in base.tensors:
+            if info.dtype.startswith("F8"):    # read unscaled it would be silently wrong
+                raise WorkbenchError(f"{info.dtype} weight without its weight_scale_inv",
+                                     path=info.file or str(p), tensor=name)
             infos[name] = info
             continue
         if info.dtype != "F8_E4M3" or len(info.shape) != 2:
             raise WorkbenchError(f"a weight with weight_scale_inv must be 2-D float8_e4m3fn, "
-                                 f"got {info.dtype} {tuple(info.shape)}", path=str(p),
+                                 f"got {info.dtype} {tuple(info.shape)}", path=info.file or str(p),
                                  tensor=name)
         rows, cols = info.shape
         want = (-(-rows // bs[0]), -(-cols // bs[1]))
@@ -90,7 +93,7 @@ def open_fp8_block(path) -> Model:
         if tuple(sinfo.shape) != want or sinfo.dtype not in ("F32", "BF16", "F16"):
             raise WorkbenchError(f"weight_scale_inv {sinfo.dtype} {tuple(sinfo.shape)} does not "
                                  f"fit {bs[0]}x{bs[1]} blocks of a {rows}x{cols} weight "
-                                 f"(expected {want})", path=str(p), tensor=sname)
+                                 f"(expected {want})", path=sinfo.file or str(p), tensor=sname)
         infos[name] = TensorInfo(name, tuple(info.shape), "F32", info.nbytes + sinfo.nbytes,
                                  info.file, quant=f"fp8-e4m3-b{bs[0]}x{bs[1]}")
         parts[name] = sname
@@ -128,7 +131,10 @@ def open_mxfp4_blocks(path) -> Model:
     infos: dict[str, TensorInfo] = {}
     parts: dict[str, tuple[str, str]] = {}
     for name, info in base.tensors.items():
-        if name.endswith("_scales") and name[:-len("_scales")] + "_blocks" in base.tensors:
+        if name.endswith("_scales"):
+            if name[:-len("_scales")] + "_blocks" not in base.tensors:
+                raise WorkbenchError("MXFP4 _scales without its _blocks",
+                                     path=info.file or str(p), tensor=name)
             continue
         if not name.endswith("_blocks"):
             infos[name] = info
@@ -136,14 +142,15 @@ def open_mxfp4_blocks(path) -> Model:
         stem = name[:-len("_blocks")]
         sname = f"{stem}_scales"
         if sname not in base.tensors:
-            raise WorkbenchError("MXFP4 _blocks without its _scales", path=str(p), tensor=name)
+            raise WorkbenchError("MXFP4 _blocks without its _scales", path=info.file or str(p),
+                                 tensor=name)
         sinfo = base.info(sname)
         shape = tuple(int(v) for v in info.shape)
         if info.dtype != "U8" or sinfo.dtype != "U8" or len(shape) < 2 or shape[-1] != 16 \
                 or tuple(sinfo.shape) != shape[:-1] or len(shape) > 4:
             raise WorkbenchError(f"MXFP4 blocks {info.dtype} {shape} / scales {sinfo.dtype} "
                                  f"{tuple(sinfo.shape)}: expected uint8 [..., G, 16] and uint8 "
-                                 "[..., G]", path=str(p), tensor=name)
+                                 "[..., G]", path=info.file or str(p), tensor=name)
         full = (*shape[:-2], shape[-2] * 32)
         if len(full) == 3:
             full = (full[0], full[2], full[1])
@@ -158,6 +165,7 @@ def open_mxfp4_blocks(path) -> Model:
         bi, si = base.info(part[0]), base.info(part[1])
         blocks = np.asarray(base.raw(part[0])).view(np.uint8).reshape(tuple(bi.shape))
         scales = np.asarray(base.raw(part[1])).view(np.uint8).reshape(tuple(si.shape))
-        return mxfp4_dequant(blocks, scales)
+        # a 3-D (experts) result as its (experts * rows, cols) matrix, as every loader's raw
+        return mxfp4_dequant(blocks, scales).reshape(infos[name].matrix_shape)
 
     return Model(str(p), "mxfp4-blocks", infos, raw, dict(base.metadata))

@@ -33,10 +33,11 @@ import numpy as np
 
 from workbench.schemes.ggml.common import to_fp16
 from workbench.schemes.ggml.search import affine_search, symmetric_search
+from workbench.schemes.registry import weighted_types
 
 F = np.float32
-SUPPORTED = ("q4_0", "q5_0", "q4_1", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl",
-             "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m")
+#: the types with a weighted encoder: those whose scheme class names one (weighted_encoder)
+SUPPORTED = weighted_types()
 
 
 def _llama_weights(x: np.ndarray, qw: np.ndarray, sub: int, factor: float) -> np.ndarray:
@@ -161,31 +162,16 @@ def _iq3(scheme, x, qw):
     return scheme.encode(x, qw)
 
 
+#: the weighted encoders by name: a scheme's ``weighted_encoder`` is (name, *arguments)
+ENCODERS = {"legacy_sym": _legacy_sym, "legacy_affine": _legacy_affine, "searched_k": _searched_k,
+            "iq4_nl": _iq4_nl, "iq4_xs": _iq4_xs, "iq3": _iq3}
+
+
 def _encode(scheme, x, qw):
-    n = scheme.name
-    if n == "q4_0":
-        return _legacy_sym(scheme, x, qw, 8)
-    if n == "q5_0":
-        return _legacy_sym(scheme, x, qw, 16)
-    if n == "q4_1":
-        return _legacy_affine(scheme, x, qw, 15)
-    if n == "q5_1":
-        return _legacy_affine(scheme, x, qw, 31)
-    if n in ("q2_k", "q4_k", "q5_k"):
-        return _searched_k(scheme, x, qw, "affine_k_blocks")
-    if n in ("q3_k", "q6_k"):
-        return _searched_k(scheme, x, qw, "sym_k_blocks")
-    if n == "iq4_nl":
-        return _iq4_nl(scheme, x, qw)
-    if n == "iq4_xs":
-        return _iq4_xs(scheme, x, qw)
-    if n in ("iq3_xxs", "iq3_s"):
-        return _iq3(scheme, x, qw)
-    if n in ("iq2_xxs", "iq2_xs", "iq2_s"):
-        return _iq4_xs(scheme, x, qw, "iq2_blocks")
-    if n in ("iq1_s", "iq1_m"):
-        return _iq4_xs(scheme, x, qw, "iq1_blocks")
-    raise KeyError(n)
+    if not scheme.weighted_encoder:
+        raise KeyError(scheme.name)
+    name, *args = scheme.weighted_encoder
+    return ENCODERS[name](scheme, x, qw, *args)
 
 
 def weighted_encode(scheme, x: np.ndarray, qw: np.ndarray) -> np.ndarray:

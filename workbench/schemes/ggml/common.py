@@ -148,27 +148,63 @@ class NearestIndex:
 
 
 class GGMLScheme(Scheme, register=False):
-    """Base of the GGML block formats. Subclasses set the class attributes and the codecs."""
+    """Base of the GGML block formats. Subclasses set the class attributes and the codecs.
+
+    The class is the one place a GGML type is described (docs/architecture.md, "Adding a
+    GGML type"): its ``ggml_type`` (the GGUF type number; weights and bytes per block are read
+    from ``gguf.GGML_QUANT_SIZES``), the runtimes that run it and its llama.cpp fallback, and
+    its kernel entry points. Every table elsewhere is built from the registry
+    (``workbench.schemes.ggml.registry``)."""
 
     #: the GGUF tensor type (a gguf.GGMLQuantizationType)
     ggml_type: ClassVar[object] = None
-    #: the declared packed layout of one block
+    #: the declared packed layout of one block (its size is checked against gguf's)
     block_dtype: ClassVar[np.dtype] = None
-    #: weights per block (QK)
-    block_size: ClassVar[int] = 32
+    #: weights per block (QK) and bytes per block: set from gguf.GGML_QUANT_SIZES[ggml_type]
+    block_size: ClassVar[int] = 0
+    type_size: ClassVar[int] = 0
     #: the fp16 fields whose overflow means "weights too large for this format"
     scale_fields: ClassVar[tuple[str, ...]] = ("d",)
+    #: llama.cpp runs every GGML type (llama-quant.cpp writes it, ggml decodes it)
+    runtimes = ("llama.cpp",)
+    #: llama-quant.cpp ``tensor_type_fallback``: the type used when the row length is not a
+    #: multiple of this type's block (None: F16, as for the 32-weight types)
+    llama_fallback: ClassVar[str | None] = None
+    #: a default allocation candidate only at low budgets (quant.runtimes.LOW_BIT_ONLY)
+    low_bit_only: ClassVar[bool] = False
+    #: the family it is listed under (planning.scheme_choice.FAMILIES)
+    family: ClassVar[str] = "Codebooks"
+    #: kernel entry points: the CPU quantize kernel (a key of kernels.cpu_ops.GGML_ENCODERS;
+    #: None: quantize runs the numpy reference) ...
+    quant_kernel: ClassVar[str | None] = None
+    #: ... and the importance-weighted encoder (quant.methods.ggml_weighted.ENCODERS key and
+    #: its arguments; None: no weighted quantization)
+    weighted_encoder: ClassVar[tuple | None] = None
 
-    @property
-    def type_size(self) -> int:
-        return self.block_dtype.itemsize
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "ggml_type" not in cls.__dict__ or cls.ggml_type is None:
+            return
+        import gguf
+        qk, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(cls.ggml_type)]
+        cls.block_size, cls.type_size = int(qk), int(size)
+        if cls.block_dtype is None or cls.block_dtype.itemsize != size:
+            got = None if cls.block_dtype is None else cls.block_dtype.itemsize
+            raise TypeError(f"{cls.__name__}: block_dtype is {got} bytes, "
+                            f"gguf.GGML_QUANT_SIZES says {size} for {cls.ggml_type.name}")
+        name = cls.ggml_type.name.lower()
+        # llama.cpp's ggml_type_name spells the K-quants with a capital K (q4_K)
+        cls.llama_type = name[:-2] + "_K" if name.endswith("_k") else name
 
     @property
     def ggml_name(self) -> str:
         return self.ggml_type.name
 
     def kernel_layout(self) -> dict:
-        return {"family": "ggml", "ggml_name": self.ggml_type.name, "name": self.name}
+        """The GGML type number, block geometry and kernel entry, as data (kernels.spec)."""
+        return {"family": "ggml", "ggml_name": self.ggml_type.name,
+                "ggml_type": int(self.ggml_type), "qk": self.block_size,
+                "bpb": self.type_size, "quant_kernel": self.quant_kernel, "name": self.name}
 
     # ---- sizes ---------------------------------------------------------------------------
     def nbytes(self, shape) -> int:

@@ -329,8 +329,11 @@ def decode_values(gi: np.ndarray, sg: np.ndarray, d: np.ndarray, lv: np.ndarray)
 class IQ1_S(GGMLScheme):
     name = "iq1_s"
     nominal_bits = 1
-    block_size = 256
     ggml_type = gguf.GGMLQuantizationType.IQ1_S
+    llama_fallback = "iq4_nl"
+    low_bit_only = True
+    quant_kernel = "iq1"
+    weighted_encoder = ("iq4_xs", "iq1_blocks")
     block_dtype = block_dtype([("d", "<f2"), ("qs", "u1", (32,)), ("qh", "<u2", (8,))], 50)
 
     def encode(self, x, qw=None):
@@ -363,8 +366,12 @@ def iq1m_d_bits(sc: np.ndarray) -> np.ndarray:
 class IQ1_M(GGMLScheme):
     name = "iq1_m"
     nominal_bits = 1
-    block_size = 256
     ggml_type = gguf.GGMLQuantizationType.IQ1_M
+    llama_fallback = "iq4_nl"
+    low_bit_only = True
+    quant_kernel = "iq1"
+    weighted_encoder = ("iq4_xs", "iq1_blocks")
+    kernel_family = "iq1_s"
     block_dtype = block_dtype([("qs", "u1", (32,)), ("qh", "u1", (16,)),
                                ("scales", "<u2", (4,))], 56)
     scale_fields = ("scales",)      # d lives in their top nibbles (_check_scales unpacks it)

@@ -295,8 +295,11 @@ def decode_iq2_xxs(b: np.ndarray) -> np.ndarray:
 class IQ2_XXS(GGMLScheme):
     name = "iq2_xxs"
     nominal_bits = 2
-    block_size = 256
     ggml_type = gguf.GGMLQuantizationType.IQ2_XXS
+    llama_fallback = "iq4_nl"
+    low_bit_only = True
+    quant_kernel = "iq2"
+    weighted_encoder = ("iq4_xs", "iq2_blocks")
     block_dtype = block_dtype([("d", "<f2"), ("qs", "<u4", (16,))], 66)
 
     def encode(self, x, qw=None):
@@ -389,8 +392,12 @@ def decode_iq2_xs(b: np.ndarray) -> np.ndarray:
 class IQ2_XS(GGMLScheme):
     name = "iq2_xs"
     nominal_bits = 2
-    block_size = 256
     ggml_type = gguf.GGMLQuantizationType.IQ2_XS
+    llama_fallback = "iq4_nl"
+    low_bit_only = True
+    quant_kernel = "iq2"
+    weighted_encoder = ("iq4_xs", "iq2_blocks")
+    kernel_family = "iq2_xxs"
     block_dtype = block_dtype([("d", "<f2"), ("qs", "<u2", (32,)), ("scales", "u1", (8,))], 74)
 
     def encode(self, x, qw=None):
@@ -462,8 +469,12 @@ def decode_iq2_s(b: np.ndarray) -> np.ndarray:
 class IQ2_S(GGMLScheme):
     name = "iq2_s"
     nominal_bits = 2
-    block_size = 256
     ggml_type = gguf.GGMLQuantizationType.IQ2_S
+    llama_fallback = "iq4_nl"
+    low_bit_only = True
+    quant_kernel = "iq2"
+    weighted_encoder = ("iq4_xs", "iq2_blocks")
+    kernel_family = "iq2_xxs"
     block_dtype = block_dtype([("d", "<f2"), ("qs", "u1", (64,)), ("qh", "u1", (8,)),
                                ("scales", "u1", (8,))], 82)
 

@@ -254,8 +254,11 @@ def _grid_magnitudes(idx: np.ndarray, which: str) -> np.ndarray:
 class IQ3_XXS(GGMLScheme):
     name = "iq3_xxs"
     nominal_bits = 3
-    block_size = 256
     ggml_type = gguf.GGMLQuantizationType.IQ3_XXS
+    llama_fallback = "iq4_nl"
+    low_bit_only = True
+    quant_kernel = "iq3"
+    weighted_encoder = ("iq3",)
     block_dtype = block_dtype([("d", "<f2"), ("qs", "u1", (64,)), ("ss", "<u4", (8,))], 98)
 
     def encode(self, x, qw=None):
@@ -287,8 +290,12 @@ class IQ3_XXS(GGMLScheme):
 class IQ3_S(GGMLScheme):
     name = "iq3_s"
     nominal_bits = 3
-    block_size = 256
     ggml_type = gguf.GGMLQuantizationType.IQ3_S
+    llama_fallback = "iq4_nl"
+    low_bit_only = True
+    quant_kernel = "iq3"
+    weighted_encoder = ("iq3",)
+    kernel_family = "iq3_xxs"
     block_dtype = block_dtype([("d", "<f2"), ("qs", "u1", (64,)), ("qh", "u1", (8,)),
                                ("signs", "u1", (32,)), ("scales", "u1", (4,))], 110)
 

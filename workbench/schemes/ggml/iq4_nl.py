@@ -31,8 +31,9 @@ NEAREST = NearestIndex(KVALUES)
 class IQ4_NL(GGMLScheme):
     name = "iq4_nl"
     nominal_bits = 4
-    block_size = 32
     ggml_type = gguf.GGMLQuantizationType.IQ4_NL
+    quant_kernel = "iq4_nl"
+    weighted_encoder = ("iq4_nl",)
     block_dtype = block_dtype([("d", "<f2"), ("qs", "u1", (16,))], 18)
 
     def encode(self, x, qw=None):

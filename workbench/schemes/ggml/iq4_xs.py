@@ -84,8 +84,10 @@ def sub_block_scales(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 class IQ4_XS(GGMLScheme):
     name = "iq4_xs"
     nominal_bits = 4
-    block_size = 256
     ggml_type = gguf.GGMLQuantizationType.IQ4_XS
+    llama_fallback = "iq4_nl"
+    quant_kernel = "iq4_xs"
+    weighted_encoder = ("iq4_xs",)
     block_dtype = block_dtype([("d", "<f2"), ("scales_h", "<u2"), ("scales_l", "u1", (4,)),
                                ("qs", "u1", (128,))], 136)
 

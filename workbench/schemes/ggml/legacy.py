@@ -69,8 +69,10 @@ def _trunc_codes(v: np.ndarray, qmax: int) -> np.ndarray:
 class Q4_0(GGMLScheme):
     name = "q4_0"
     nominal_bits = 4
-    block_size = 32
     ggml_type = Q.Q4_0
+    family = "GGML legacy"
+    quant_kernel = "block32"
+    weighted_encoder = ("legacy_sym", 8)
     block_dtype = block_dtype([("d", "<f2"), ("qs", "u1", (16,))], 18)
 
     def encode(self, x):
@@ -90,8 +92,10 @@ class Q4_1(GGMLScheme):
     name = "q4_1"
     zero_when_worse = True
     nominal_bits = 4
-    block_size = 32
     ggml_type = Q.Q4_1
+    family = "GGML legacy"
+    quant_kernel = "legacy"
+    weighted_encoder = ("legacy_affine", 15)
     scale_fields = ("d", "m")
     block_dtype = block_dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (16,))], 20)
 
@@ -113,8 +117,11 @@ class Q4_1(GGMLScheme):
 class Q5_0(GGMLScheme):
     name = "q5_0"
     nominal_bits = 5
-    block_size = 32
     ggml_type = Q.Q5_0
+    family = "GGML legacy"
+    quant_kernel = "legacy"
+    weighted_encoder = ("legacy_sym", 16)
+    kernel_family = "q4_1"
     block_dtype = block_dtype([("d", "<f2"), ("qh", "u1", (4,)), ("qs", "u1", (16,))], 22)
 
     def encode(self, x):
@@ -136,8 +143,11 @@ class Q5_1(GGMLScheme):
     name = "q5_1"
     zero_when_worse = True
     nominal_bits = 5
-    block_size = 32
     ggml_type = Q.Q5_1
+    family = "GGML legacy"
+    quant_kernel = "legacy"
+    weighted_encoder = ("legacy_affine", 31)
+    kernel_family = "q4_1"
     scale_fields = ("d", "m")
     block_dtype = block_dtype([("d", "<f2"), ("m", "<f2"), ("qh", "u1", (4,)),
                                ("qs", "u1", (16,))], 24)
@@ -169,8 +179,10 @@ def round_half_away(v: np.ndarray) -> np.ndarray:
 class Q8_0(GGMLScheme):
     name = "q8_0"
     nominal_bits = 8
-    block_size = 32
     ggml_type = Q.Q8_0
+    family = "GGML legacy"
+    quant_kernel = "block32"
+    kernel_family = "q4_0"
     block_dtype = block_dtype([("d", "<f2"), ("qs", "i1", (32,))], 34)
 
     def encode(self, x):

@@ -62,8 +62,8 @@ def nearest_fp4(x: np.ndarray, d: np.ndarray) -> np.ndarray:
 class MXFP4(GGMLScheme):
     name = "mxfp4"
     nominal_bits = 4
-    block_size = 32
     ggml_type = gguf.GGMLQuantizationType.MXFP4
+    quant_kernel = "rtn"
     scale_fields = ()
     block_dtype = block_dtype([("e", "u1"), ("qs", "u1", (16,))], 17)
 

@@ -70,8 +70,10 @@ def fp32_to_ue4m3(x: np.ndarray) -> np.ndarray:
 class NVFP4(GGMLScheme):
     name = "nvfp4"
     nominal_bits = 4
-    block_size = 64
     ggml_type = gguf.GGMLQuantizationType.NVFP4
+    llama_fallback = "mxfp4"
+    quant_kernel = "rtn"
+    kernel_family = "mxfp4"
     scale_fields = ()
     block_dtype = block_dtype([("d", "u1", (4,)), ("qs", "u1", (32,))], 36)
 

@@ -25,8 +25,11 @@ class Q2_K(GGMLScheme):
     name = "q2_k"
     zero_when_worse = True
     nominal_bits = 2
-    block_size = 256
     ggml_type = gguf.GGMLQuantizationType.Q2_K
+    llama_fallback = "q4_0"
+    family = "K-quants"
+    quant_kernel = "affine_k"
+    weighted_encoder = ("searched_k", "affine_k_blocks")
     scale_fields = ("d", "dmin")
     block_dtype = block_dtype([("scales", "u1", (16,)), ("qs", "u1", (64,)), ("d", "<f2"),
                                ("dmin", "<f2")], 84)

@@ -44,8 +44,11 @@ def unpack_scales_q3(b: np.ndarray) -> np.ndarray:
 class Q3_K(GGMLScheme):
     name = "q3_k"
     nominal_bits = 3
-    block_size = 256
     ggml_type = gguf.GGMLQuantizationType.Q3_K
+    llama_fallback = "q4_0"
+    family = "K-quants"
+    quant_kernel = "sym_k"
+    weighted_encoder = ("searched_k", "sym_k_blocks")
     block_dtype = block_dtype([("hmask", "u1", (32,)), ("qs", "u1", (64,)),
                                ("scales", "u1", (12,)), ("d", "<f2")], 110)
     params = Q3_K_PARAMS

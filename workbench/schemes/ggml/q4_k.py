@@ -26,7 +26,6 @@ F = np.float32
 class AffineK(GGMLScheme, register=False):
     """Q4_K and Q5_K share everything but the code width and the search grid."""
 
-    block_size = 256
     scale_fields = ("d", "dmin")
     zero_when_worse = True
     nmax = 15
@@ -63,5 +62,9 @@ class Q4_K(AffineK):
     name = "q4_k"
     nominal_bits = 4
     ggml_type = gguf.GGMLQuantizationType.Q4_K
+    llama_fallback = "q5_0"
+    family = "K-quants"
+    quant_kernel = "affine_k"
+    weighted_encoder = ("searched_k", "affine_k_blocks")
     block_dtype = block_dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)),
                                ("qs", "u1", (128,))], 144)

@@ -23,6 +23,11 @@ class Q5_K(AffineK):
     name = "q5_k"
     nominal_bits = 5
     ggml_type = gguf.GGMLQuantizationType.Q5_K
+    llama_fallback = "q5_1"
+    family = "K-quants"
+    quant_kernel = "affine_k"
+    weighted_encoder = ("searched_k", "affine_k_blocks")
+    kernel_family = "q4_k"
     nmax = 31
     params = Q5_K_PARAMS
     block_dtype = block_dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)),

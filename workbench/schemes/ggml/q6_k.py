@@ -26,8 +26,12 @@ F = np.float32
 class Q6_K(GGMLScheme):
     name = "q6_k"
     nominal_bits = 6
-    block_size = 256
     ggml_type = gguf.GGMLQuantizationType.Q6_K
+    llama_fallback = "q8_0"
+    family = "K-quants"
+    quant_kernel = "sym_k"
+    weighted_encoder = ("searched_k", "sym_k_blocks")
+    kernel_family = "q3_k"
     block_dtype = block_dtype([("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16,)),
                                ("d", "<f2")], 210)
 

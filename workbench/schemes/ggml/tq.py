@@ -56,8 +56,10 @@ def _unpack5(b: np.ndarray, planes: int) -> np.ndarray:
 class TQ2_0(GGMLScheme):
     name = "tq2_0"
     nominal_bits = 2
-    block_size = 256
     ggml_type = gguf.GGMLQuantizationType.TQ2_0
+    llama_fallback = "q4_0"
+    quant_kernel = "rtn"
+    kernel_family = "mxfp4"
     block_dtype = block_dtype([("qs", "u1", (64,)), ("d", "<f2")], 66)
 
     def encode(self, x):
@@ -81,8 +83,10 @@ class TQ2_0(GGMLScheme):
 class TQ1_0(GGMLScheme):
     name = "tq1_0"
     nominal_bits = 2
-    block_size = 256
     ggml_type = gguf.GGMLQuantizationType.TQ1_0
+    llama_fallback = "q4_0"
+    quant_kernel = "rtn"
+    kernel_family = "mxfp4"
     block_dtype = block_dtype([("qs", "u1", (48,)), ("qh", "u1", (4,)), ("d", "<f2")], 54)
 
     def encode(self, x):
