@@ -155,8 +155,13 @@ def test_argument_errors_survive_pickling_and_renaming():
 def test_fuzz_findings_a_long_name_and_an_empty_plan(demo, tmp_path):
     # found by the api-args fuzz kind: open_model's existence test raised OSError
     # (ENAMETOOLONG), and an empty plan name was blamed on make_plan's `scheme`
+    from workbench.formats.loaders import open_model
     with pytest.raises(WorkbenchError, match=r"cannot open it \(File name too long\)"):
-        qw.open_model(tmp_path / ("x" * 5000))
+        open_model(tmp_path / ("x" * 5000))          # the loader itself (the CLI's door)
+    _refused(lambda: qw.open_model(tmp_path / ("x" * 5000)), "path", ValueError,
+             "longer than a file name can be")
     _refused(lambda: qw.export_plan(demo, "", "plan", tmp_path / "p.json"), "plan",
              ValueError, "is empty")
     assert not (tmp_path / "p.json").exists()
+    _refused(lambda: qw.diff_quantizations("x" * 5000, "b.json"), "a", ValueError,
+             "longer than a file name can be")

@@ -152,6 +152,10 @@ def check_path(name: str, value, *, none: bool = False):
         raise ArgumentTypeError(name, "must be a path as text, not bytes")
     if not text or "\0" in text:
         raise ArgumentError(name, f"is {_shown(text)}: not a path")
+    raw = os.fsencode(text)
+    if len(raw) > 4096 or any(len(part) > 255 for part in raw.split(b"/")):
+        raise ArgumentError(name, f"is a path of {len(text):,} characters: longer than a file "
+                                  "name can be (255 bytes a name, 4,096 in all)")
     return value
 
 
