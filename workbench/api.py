@@ -130,6 +130,8 @@ def make_plan(scheme: str | None = None, *, path: str | os.PathLike | None = Non
         raise WorkbenchError("give one of a scheme, a plan file or a plan")
     if path is not None:
         plan = Plan.load(str(path))
+    elif isinstance(plan, Mapping):         # a plan document (export --format plan's JSON)
+        plan = Plan.from_dict(dict(plan), path="plan")
     elif scheme is not None:
         from workbench.schemes import get_scheme
         plan = Plan(default=get_scheme(scheme).name)   # unknown names: a clear error
@@ -234,10 +236,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                 calib=calib, held_out=held_out, imatrix=imatrix))
     if runtime == "llama.cpp":
         from workbench.export.llama_kld import DEFAULT_CTX
-        ctx = ctx or DEFAULT_CTX
-        chunks = chunks or samples
-        if ctx < 4 or (chunks is not None and chunks < 1):
-            raise WorkbenchError("--ctx must be at least 4 and --chunks at least 1")
+        ctx, chunks = ctx or DEFAULT_CTX, chunks or samples
         kind = model_kind(read_config(model))
         if kind != "causal-lm":
             raise WorkbenchError(f"--runtime llama.cpp measures next-token KL divergence: a "
@@ -269,9 +268,6 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
         from workbench.running.runner_jobs import check
         if scoring == "chunks" and model_kind(read_config(model)) == "causal-lm":
             from workbench.running.kld import kld_check
-            for flag, v in (("--ctx", ctx), ("--chunks", chunks)):
-                if v is not None and v < 1:
-                    raise WorkbenchError(f"{flag} {v}: give a positive number")
             res = (kld_driver or drive)(kld_check(
                 model, plan, text, ctx=ctx, chunks=chunks or samples, weights=weights,
                 use_cache=use_cache, exact=kld_exact))
@@ -631,8 +627,8 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
             why = str(exc)
     lo = from_bpw if from_bpw is not None else min(p.bits_per_weight for p in uni)
     hi = to_bpw if to_bpw is not None else max(p.bits_per_weight for p in uni)
-    if points < 1 or hi < lo:
-        raise WorkbenchError("need --points >= 1 and --to-bpw >= --from-bpw")
+    if hi < lo:   # (to_bpw and from_bpw both given are compared before any work: api_args)
+        raise WorkbenchError(f"the range is empty: to_bpw {hi:g} is below from_bpw {lo:g}")
     bpws = [float(b) for b in np.linspace(lo, hi, points)] if points > 1 else [lo]
     t2 = time.perf_counter()
     alloc = frontier(model, None, table, bpws)
@@ -691,5 +687,10 @@ def convert_gguf(source, to: str, output, *, dtype: str | None = None,
     weights off the grid they were quantized to with an exact reparametrisation
     (docs/real-models.md). The dict is `convert --json`'s."""
     from workbench.export.convert import DEFAULT_DTYPE, convert
+    source = source if isinstance(source, (str, os.PathLike)) else source.path   # a Model: its file
     return _driver(progress, cancel, driver)(convert(str(source), to, str(output),
                                                      dtype or DEFAULT_DTYPE, off_grid))
+
+
+from workbench.api_args import check_all  # noqa: E402 - every public function checks its arguments
+check_all(globals(), _API)                #   by their names before it works (api_args.RULES)

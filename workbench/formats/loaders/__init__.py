@@ -51,8 +51,13 @@ def detect_format(path: Path) -> str:
 def open_model(path: str | os.PathLike) -> Model:
     """Open a checkpoint by path. Reads headers only; data is read on demand (loaders.region)."""
     p = Path(path).expanduser()
-    if not p.exists():
-        raise WorkbenchError("file not found", path=str(p))
+    try:
+        p.stat()
+    except FileNotFoundError:
+        raise WorkbenchError("file not found", path=str(p)) from None
+    except (OSError, ValueError) as exc:     # a name too long, a loop of links, a NUL
+        raise WorkbenchError(f"cannot open it ({getattr(exc, 'strerror', None) or exc})",
+                             path=str(p)) from None
     if not p.is_dir():
         from workbench.core.limits import check_regular_file
         check_regular_file(p)
@@ -83,8 +88,12 @@ def open_model(path: str | os.PathLike) -> Model:
         return model
     if fmt == "gguf":
         from workbench.formats.loaders.gguf_format import open_gguf
-        target = p if p.is_file() else sorted(p.glob("*.gguf"))[0]
-        return open_gguf(target)
+        found = [p] if p.is_file() else sorted(p.glob("*.gguf"))
+        if len(found) > 1:      # which one is meant is the user's choice, never the first
+            names = ", ".join(q.name for q in found[:6]) + (", ..." if len(found) > 6 else "")
+            raise WorkbenchError(f"folder holds {len(found)} GGUF files ({names}): open one "
+                                 "of them by its path", path=str(p))
+        return open_gguf(found[0])
     from workbench.formats.loaders.torch_format import open_torch, open_torch_shards
     if p.is_dir():
         index = sorted(p.glob("*.bin.index.json")) + sorted(p.glob("*.pt.index.json"))
