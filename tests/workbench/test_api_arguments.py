@@ -1,4 +1,4 @@
-"""The Python API checks its arguments before it works (workbench/api_args.py): a wrong type is a
+"""The Python API checks its arguments before it works (workbench/api/args.py): a wrong type is a
 TypeError, a bad value a ValueError, both WorkbenchErrors whose message starts with the
 parameter's name and says what is taken; nothing is a bare AttributeError / IndexError, and
 nothing is guessed (a folder of several GGUFs, a float for a Budget)."""
@@ -99,7 +99,7 @@ def test_wrong_types_and_choices(demo):
 def test_numpy_numbers_are_taken(demo):
     t = qw.statistics(demo, [next(iter(demo.tensors))])
     assert len(t) == 1
-    from workbench.api_args import RULES
+    from workbench.api.args import RULES
     RULES["samples"]("samples", np.int64(3))       # an index-like integer passes
     with pytest.raises(ArgumentTypeError):
         RULES["samples"]("samples", np.float64(3.0))

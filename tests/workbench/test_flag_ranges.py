@@ -1,4 +1,4 @@
-"""Every numeric flag is range-checked below the CLI (workbench.core.checks, workbench/api_args.py):
+"""Every numeric flag is range-checked below the CLI (workbench.core.checks, workbench/api/args.py):
 the command exits 2 with one line naming the flag and its bounds, before any work; NaN and
 infinities are refused; a count that would run without end (a million frontier points, three
 million tensors) is refused at once."""

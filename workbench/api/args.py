@@ -249,7 +249,7 @@ def checked(fn):
         rule = own.get(name, RULES.get(name))
         if rule is None:
             raise RuntimeError(f"workbench.api.{fn.__name__}: no argument check for {name!r} "
-                               "(add one to workbench.api_args.RULES)")
+                               "(add one to workbench.api.args.RULES)")
         rules[name] = rule
 
     both = TOGETHER.get(fn.__name__)
