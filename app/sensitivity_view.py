@@ -322,7 +322,9 @@ class SensitivityView(QWidget):
             return (f"the {fx.measure} sensitivity table is not computed (cancelled or not asked "
                     "for yet): Compute in the budget panel starts it")
         state, ahead = state_of(fx.runner, task)
-        return f"computing the {fx.measure} sensitivity table: {task_line(task, state, ahead)}"
+        # the progress itself is shown once, beside this, where the work is (the budget panel)
+        return (f"computing the {fx.measure} sensitivity table: "
+                f"{task_line(task, state, ahead, figures=False)}")
 
     def _show_waiting(self) -> None:
         self.status.setText("")          # the page below says it (once)
@@ -452,7 +454,7 @@ class TensorSensitivity(QWidget):
         from .work_queue import state_of, task_line
         state, ahead = state_of(self.fx.runner, task)
         return f"waiting for the {self.fx.measure} sensitivity table: " \
-               f"{task_line(task, state, ahead, stage=False)}"
+               f"{task_line(task, state, ahead, stage=False, figures=False)}"
 
     def _job_event(self, task) -> None:
         mine = self._table_task()

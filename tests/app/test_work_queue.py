@@ -413,3 +413,24 @@ def test_the_layout_stays_put_when_the_queue_comes_and_goes(make_window, qtbot):
         go.set()
     qtbot.waitUntil(lambda: not win.work_queue.isVisible(), timeout=30000)
     assert (win.plots.height(), win.tabs.height()) == (plots_h, table_h)
+
+
+def test_progress_is_shown_once(make_window, qtbot):
+    """Progress appeared in five places at once: the work queue is the overview, the status
+    bar does not repeat it, and the panels beside the one doing the work say only its state."""
+    from app.work_queue import task_line
+    win = make_window()
+    wait_idle(qtbot, win)
+    state = {}
+    task = win.runner.submit(_long_job(state), "Sensitivity (weight)", BACKGROUND, visible=True)
+    try:
+        qtbot.waitUntil(lambda: state.get("steps", 0) > 3 and win.work_queue.isVisible(),
+                        timeout=20000)
+        qtbot.wait(400)                           # past the status bar's own delay
+        assert task in win.work_queue.shown and not win.progress.isVisible()
+        full, short = task_line(task, "running"), task_line(task, "running", figures=False)
+        assert "/" in full and "/" not in short and "%" not in short
+        assert "budget panel" in short
+    finally:
+        task.cancel()
+    qtbot.waitUntil(lambda: task.finished, timeout=10000)
