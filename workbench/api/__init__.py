@@ -120,11 +120,13 @@ def runtime_target(runtime: str, target: str | None) -> str:
 def with_methods(model: "Model", plan: Plan, *, method: str | None = None, calib=None,
                  imatrix=None, target: str = "any", progress: ProgressCallback | None = None,
                  cancel: CancelCheck | None = None, driver: Driver | None = None,
-                 say: Callable[[str], None] | None = None):
+                 say: Callable[[str], None] | None = None, use_cache: bool = True):
     """(plan with `method` on the tensors whose rule names none, the model to quantize): the
     model itself when every tensor uses rtn, else a MethodModel holding each tensor's imatrix
     / GPTQ / AWQ result, fitted on `calib` (text / JSONL / token ids; default the shipped
-    calibration text) or an `imatrix` file. `say(line)` gets the methods' notes."""
+    calibration text) or an `imatrix` file. `say(line)` gets the methods' notes. A GPTQ fit
+    made before for the same inputs is read from the fit cache (workbench.running.method_fits;
+    `use_cache` False: neither read nor written)."""
     from workbench.running.methods_apply import importance_for_lattice, prepare
     plan = importance_for_lattice(model, plan.with_method(method) if method else plan, target,
                                   imatrix, say, switch=method != "rtn")
@@ -132,7 +134,8 @@ def with_methods(model: "Model", plan: Plan, *, method: str | None = None, calib
         if imatrix:
             raise WorkbenchError("--imatrix needs a method that reads it: --method imatrix")
         return plan, model
-    mm = _driver(progress, cancel, driver)(prepare(model, plan, calib, imatrix, target))
+    mm = _driver(progress, cancel, driver)(prepare(model, plan, calib, imatrix, target,
+                                                   use_cache=use_cache))
     for note in getattr(mm, "notes", []) if say else ():
         say(f"note: {note}")
     return plan, mm
@@ -203,7 +206,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
         plan = plan.with_activations(drive(activation_ranges(model, quantized, calib,
                                                              act_method, 8, "int")))
     plan, mm = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
-                            target=target, driver=drive, say=say)
+                            target=target, driver=drive, say=say, use_cache=use_cache)
     if runtime == "llama.cpp":
         from workbench.running.calibration import DEFAULT_CALIB
         from workbench.export.llama_kld import check_llama
@@ -258,7 +261,8 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
                 act_type: str = "int", accuracy_level: int | None = None,
                 overwrite: bool = False, executor=None,
                 progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
-                driver: Driver | None = None, say: Callable[[str], None] | None = None) -> dict:
+                driver: Driver | None = None, say: Callable[[str], None] | None = None,
+                use_cache: bool = True) -> dict:
     """Write `plan` quantized in format `fmt` (:func:`export_formats`) to `output`, following
     the format's runtime rules (gguf: llama.cpp, compressed-tensors: vLLM, onnx: ONNX Runtime;
     the others `target`'s). `activations`: a calibration method (minmax, percentile, mse, kl)
@@ -291,7 +295,7 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
     qmodel = model
     if fmt != "plan":
         plan, qmodel = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
-                                    target=runtime, driver=drive, say=say)
+                                    target=runtime, driver=drive, say=say, use_cache=use_cache)
     elif method:
         plan = plan.with_method(method)
     options: dict[str, Any] = {"strict": True} if strict else {}

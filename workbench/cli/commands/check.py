@@ -75,7 +75,8 @@ def register(sub) -> None:
                    help="neither read nor write the cached float model: its next-token "
                         "distributions (--scoring chunks, ~/.cache/quant-workbench/kld/"
                         "*.safetensors) or llama-perplexity's base logits (--runtime llama.cpp, "
-                        "~/.cache/quant-workbench/kld/*.kld)")
+                        "~/.cache/quant-workbench/kld/*.kld), nor the fitted GPTQ weights "
+                        "(~/.cache/quant-workbench/method-fits)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
