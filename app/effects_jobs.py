@@ -155,15 +155,18 @@ def allocation_job(model, budget_bpw=None, budget_bytes=None, schemes="auto",
 
 
 def check_job(model, plan, calib, samples):
-    """Job: the end-to-end check's figures (workbench.running.runner_jobs.check); a GGUF
+    """Job: the end-to-end check's figures, as `check --scoring lines` computes them
+    (workbench.api.check_plan: the plan's methods fitted and applied, the fits cached); a GGUF
     source runs as the CLI runs it, converted on the fly (app.gguf_source)."""
-    from workbench.running.runner_jobs import check
+    from workbench import api
 
+    from .api_jobs import api_job
     from .gguf_source import live_source
     src = yield from live_source(model)
     if src is not None:
         model, plan = src.live, src.plan(plan)
-    return (yield from check(model, plan, calib, samples))
+    return (yield from api_job(lambda d: api.check_plan(
+        model, plan, calib=calib, samples=samples, scoring="lines", driver=d)))
 
 
 def allocate_job(model, table: SensTable, budget_bytes=None, budget_bpw=None, pins=None):
