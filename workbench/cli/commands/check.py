@@ -74,6 +74,9 @@ def register(sub) -> None:
     p.add_argument("--no-cache", action="store_true",
                    help="--scoring chunks: neither read nor write the cached float "
                         "distributions")
+    p.add_argument("--emulate", choices=["llama.cpp"], default=None,
+                   help="--scoring chunks: round the quantized model's Linear inputs as "
+                        "llama.cpp's CPU dot products do (8-bit Q8_K / Q8_0 rows)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -99,7 +102,7 @@ def run(args) -> int:
                      act_method=args.act_method, accuracy_level=args.accuracy_level,
                      save_onnx=args.save_onnx, save_gguf=args.save_gguf,
                      kld_exact=args.kld_exact, use_cache=not args.no_cache,
-                     driver=lambda job: drive(job, quiet=args.json),
+                     emulate=args.emulate, driver=lambda job: drive(job, quiet=args.json),
                      say=lambda line: print(line, file=sys.stderr))
     conv = res.pop("convention", None)
     if args.json:
