@@ -19,52 +19,47 @@ from .conftest import ROOT
 pytestmark = pytest.mark.runtime
 
 
-@pytest.fixture(scope="module")
-def ggml(llama_bin):
-    if not ggml_ref.available():
-        pytest.skip(f"libggml-base not found under {ggml_ref.cache_dir()}")
-    return ggml_ref
-
-
 def _rows(seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((16, 512)).astype(np.float32)
+    """Activation-like rows: Gaussian, a tiny row, an all-zero block, outliers of both signs
+    (a negative one sets the Q8_K scale's sign)."""
+    x = np.random.default_rng(seed).standard_normal((16, 512)).astype(np.float32)
     x[2] *= 1e-4
-    x[3, :256] = 0.0                     # an all-zero block
-    x[4, 7] = -60.0                      # a negative outlier sets the Q8_K scale's sign
-    x[5, 300] = 25.0
+    x[3, :256] = 0.0
+    x[4, 7], x[5, 300] = -60.0, 25.0
     return x
 
 
-def _ggml_round_trip(ggml, ty, x):
+def _ggml_round_trip(ty, x):
     """x through libggml-base's quantize_row_<ty>_ref, then dequantize_row_<ty>."""
-    lib = ggml._load()
+    if not ggml_ref.available():
+        pytest.skip(f"libggml-base not found under {ggml_ref.cache_dir()}")
+    lib = ggml_ref._load()
     q = getattr(lib, f"quantize_row_{ty}_ref")
     dq = getattr(lib, f"dequantize_row_{ty}")
     for f in (q, dq):
         f.restype = None
         f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    raw = np.empty((x.shape[0], ggml.row_bytes(ty, x.shape[1])), np.uint8)
+    raw = np.empty((x.shape[0], ggml_ref.row_bytes(ty, x.shape[1])), np.uint8)
     q(x.ctypes.data, raw.ctypes.data, x.size)
     out = np.empty_like(x)
     dq(raw.ctypes.data, out.ctypes.data, x.size)
     return out
 
 
-def test_q8_k_rows_match_ggml_bit_for_bit(ggml):
+def test_q8_k_rows_match_ggml_bit_for_bit(llama_bin):
     import torch
     x = _rows()
     ours = fake_q8_K(torch.from_numpy(x)).numpy()
-    theirs = _ggml_round_trip(ggml, "q8_K", x)
+    theirs = _ggml_round_trip("q8_K", x)
     assert np.array_equal(ours, theirs)
     assert not np.array_equal(ours, x)           # it does round
 
 
-def test_q8_0_rows_match_ggml(ggml):
+def test_q8_0_rows_match_ggml(llama_bin):
     import torch
     x = _rows(1)
     ours = fake_q8_0(torch.from_numpy(x)).numpy()
-    theirs = _ggml_round_trip(ggml, "q8_0", x)
+    theirs = _ggml_round_trip("q8_0", x)
     # one code step apart at most (ties, the scale's last bit), and almost never
     step = np.abs(x).reshape(16, -1, 32).max(-1, keepdims=True) / 127
     diff = np.abs(ours - theirs).reshape(16, -1, 32)
