@@ -201,7 +201,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                method: str | None = None, imatrix=None, activations: str | None = None,
                act_method: str = "minmax", accuracy_level: int | None = None, save_onnx=None,
                save_gguf=None, kld_exact: bool = False, use_cache: bool = True,
-               emulate: str | None = None,
+               emulate: str | None = "auto",
                progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
                driver: Driver | None = None, kld_driver: Driver | None = None,
                say: Callable[[str], None] | None = None) -> dict:
@@ -215,7 +215,8 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     llama-perplexity against an F16 GGUF). The dict is `check --json`'s, with "convention"
     when the plan followed one. `kld_driver` runs the chunked KL-divergence job (default
     `driver`). `emulate` "llama.cpp" (torch runtime, chunked KLD): the quantized model's
-    Linear inputs rounded as llama.cpp's CPU dot products round them (docs/vs-llama.md)."""
+    Linear inputs rounded as llama.cpp's CPU dot products round them (docs/vs-llama.md);
+    "auto" (the default): so when `target` is llama.cpp; None: never."""
     from workbench.running.runner_config import model_kind, read_config
     from workbench.core.outputs import check_output
     drive = _driver(progress, cancel, driver)
@@ -267,7 +268,9 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                     raise WorkbenchError(f"{flag} {v}: give a positive number")
             res = (kld_driver or drive)(kld_check(
                 model, plan, text, ctx=ctx, chunks=chunks or samples, weights=weights,
-                use_cache=use_cache, exact=kld_exact, emulate=emulate))
+                use_cache=use_cache, exact=kld_exact,
+                emulate=("llama.cpp" if target == "llama.cpp" else None) if emulate == "auto"
+                else emulate))
         else:
             res = drive(check(model, plan, text, samples, weights=weights))
     if conv is not None:
