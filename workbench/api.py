@@ -221,6 +221,8 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     from workbench.core.outputs import check_output
     drive = _driver(progress, cancel, driver)
     target = runtime_target(runtime, target)
+    if emulate not in (None, "auto", "llama.cpp"):
+        raise WorkbenchError(f"emulate={emulate!r}: choose 'auto', 'llama.cpp' or None")
     text = held_out or calib
     for label, out in (("save_gguf", save_gguf), ("save_onnx", save_onnx)):
         if out is not None:     # before any work: never an input, its folder writable

@@ -105,3 +105,14 @@ def test_emulation_moves_the_demo_kld_to_llama_perplexity(llama_bin, tmp_path, m
     assert 0.5 * gap < moved < 1.3 * gap
     assert abs(tool["mean"] - emul["mean"]) < 0.4 * gap
     assert emul["p999"] > plain["p999"]
+
+
+def test_an_unknown_emulation_is_refused_before_any_work():
+    from workbench.api import check_plan
+    from workbench.core.errors import WorkbenchError
+    from workbench.formats.loaders import open_model
+    from workbench.quant.plan import Plan
+    model = open_model(ROOT / "resources" / "demo_model")
+    with pytest.raises(WorkbenchError, match=r"emulate='vllm': choose 'auto', 'llama.cpp'"):
+        check_plan(model, Plan(default="q4_k"), emulate="vllm",
+                   progress=lambda *a: pytest.fail("work started"))

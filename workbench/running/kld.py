@@ -345,6 +345,8 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
     from workbench.core.progress import Progress
     from workbench.running.runner_store import ActivationStore, new_budget
     from workbench.running.runner_passes import plan_override, runner_job
+    if emulate not in (None, "llama.cpp"):
+        raise WorkbenchError(f"emulate={emulate!r}: the only runtime emulated is 'llama.cpp'")
     runner = yield from runner_job(model, device)
     if runner.kind != "causal-lm":
         raise WorkbenchError("KL-divergence scoring needs a causal LM", path=str(model.path))
@@ -448,8 +450,6 @@ def _emulation(runner, model, plan, emulate):
     """(hook handles, switch) of `emulate` (None: no hooks, a switch nothing reads)."""
     if emulate is None:
         return [], {"on": False}
-    if emulate != "llama.cpp":
-        raise WorkbenchError(f"emulate={emulate!r}: the only runtime emulated is 'llama.cpp'")
     from workbench.quant.runtimes import plan_decisions
     from workbench.running.act_emulate import llama_cpu_hooks
     decisions = {n: d.applied for n, d in plan_decisions(model, plan, "llama.cpp").items()} \
