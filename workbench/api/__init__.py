@@ -167,6 +167,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                method: str | None = None, imatrix=None, activations: str | None = None,
                act_method: str = "minmax", accuracy_level: int | None = None, save_onnx=None,
                save_gguf=None, kld_exact: bool = False, use_cache: bool = True,
+               emulate: str | None = "auto",
                progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
                driver: Driver | None = None, kld_driver: Driver | None = None,
                say: Callable[[str], None] | None = None) -> dict:
@@ -179,12 +180,16 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     "int8" for W8A8 calibrated with `act_method`) or "llama.cpp" (the exported GGUF in
     llama-perplexity against an F16 GGUF). The dict is `check --json`'s, with "convention"
     when the plan followed one. `kld_driver` runs the chunked KL-divergence job (default
-    `driver`)."""
+    `driver`). `emulate` "llama.cpp" (torch runtime, chunked KLD): the quantized model's
+    Linear inputs rounded as llama.cpp's CPU dot products round them (docs/vs-llama.md);
+    "auto" (the default): so when `target` is llama.cpp; None: never."""
     from workbench.running.runner_config import model_kind, read_config
     from workbench.core.outputs import check_output
     drive = _driver(progress, cancel, driver)
     target = runtime_target(runtime, target)
     _check_inputs(model, calib, held_out, imatrix, check=(runtime, scoring), say=say)
+    if emulate not in (None, "auto", "llama.cpp"):
+        raise WorkbenchError(f"emulate={emulate!r}: choose 'auto', 'llama.cpp' or None")
     text = held_out or calib
     for label, out in (("save_gguf", save_gguf), ("save_onnx", save_onnx)):
         if out is not None:     # before any work: never an input, its folder writable
@@ -226,7 +231,9 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
             from workbench.running.kld import kld_check
             res = (kld_driver or drive)(kld_check(
                 model, plan, text, ctx=ctx, chunks=chunks or samples, weights=weights,
-                use_cache=use_cache, exact=kld_exact))
+                use_cache=use_cache, exact=kld_exact,
+                emulate=("llama.cpp" if target == "llama.cpp" else None) if emulate == "auto"
+                else emulate))
         else:
             res = drive(check(model, plan, text, samples, weights=weights))
     if conv is not None:

@@ -185,6 +185,7 @@ RULES = {
     "schemes": _schemes, "text": _schemes, "recipes": _recipes,
     "target": _choices_of(_runtimes), "runtime": _choice("torch", "onnxruntime", "llama.cpp"),
     "scoring": _choice("chunks", "lines"), "measure": _choices_of(_measures),
+    "emulate": _choice("auto", "llama.cpp", none=True),
     "method": _METHOD, "methods": _text(), "convention": _text(none=True),
     "fmt": _choices_of(_formats), "to": _choice("hf", "gguf"),
     "dtype": _text(none=True), "act_method": _choices_of(_act_methods),
