@@ -184,6 +184,11 @@ class BudgetPanel(QWidget):
         self.hover = QLabel(" ")
         self.hover.setObjectName("HoverReadout")
         never_widens(self.hover)
+        # what the API chose (workbench.api: the measure, the candidates, the methods) and why
+        from .fit_label import FitLabel
+        self.choice = FitLabel("")
+        self.choice.setObjectName("BudgetChoice")
+        never_widens(self.choice)
         self.plot = FrontierPlot()
         self.waiting = WaitingPage()
         self.waiting.compute.clicked.connect(lambda: effects.request_table())
@@ -207,6 +212,7 @@ class BudgetPanel(QWidget):
         lay.setSpacing(3)
         lay.addLayout(row)
         lay.addLayout(row2)
+        lay.addWidget(self.choice)
         lay.addWidget(self.stack, 1)
         lay.addWidget(self.hover)
         self._range = (0.0, 0.0)   # bits/weight
@@ -330,8 +336,15 @@ class BudgetPanel(QWidget):
         self.pins_label.setToolTip("\n".join(f"{_short(k)} = {v}" for k, v in self.fx.pins.items()))
         self.pin_button.setChecked(self.doc.current in self.fx.pins)
 
+    def _show_choice(self) -> None:
+        """The API's choices, elided to the width; the tooltip has them whole."""
+        text = self.fx.choice_text()
+        self.choice.set_forms([text])
+        self.choice.setToolTip(text.replace(" · ", "\n"))
+
     def _show_result(self) -> None:
         fx = self.fx
+        self._show_choice()
         if fx.preview is None and not fx.allocation_error:
             self.result.setText("")          # refresh() below says what the frontier holds
             self.result.setToolTip("")
@@ -408,6 +421,7 @@ class BudgetPanel(QWidget):
 
     def refresh(self) -> None:
         fx = self.fx
+        self._show_choice()
         table = fx.table()
         ready = table is not None and bool(fx.frontier)
         for w in (self.spin, self.slider, self.apply_button):

@@ -155,12 +155,14 @@ class CheckPanel(QFrame):
                               f"END-TO-END CHECK · {kind}", "END-TO-END CHECK", "CHECK"]
         self.caption.setToolTip(self._captions[0])
         if state in ("error", "cancelled"):
-            self._values = None          # the message whole (selectable; also the tooltip)
+            self._values = None          # the message whole, wrapped (selectable; tooltip)
+            self.value.setWordWrap(True)
             self.value.setText(fx.check_message)
             self.value.setToolTip(fx.check_message)
             self.value.setStyleSheet(f'font-size: 9pt; color: {POOR if state == "error" else MUTED};')
             self.caption.set_forms(self._captions)
             return
+        self.value.setWordWrap(False)   # figures: one line, the longest form that fits
         colour = MUTED if state in ("stale", "off", "idle") else "#e6e9ef"
         self.value.setStyleSheet(f'font-family: "DejaVu Sans Mono"; font-size: 10pt; '
                                  f'font-weight: bold; color: {colour};')

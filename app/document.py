@@ -15,7 +15,7 @@ from PySide6.QtCore import QObject, Signal
 from workbench.core.errors import WorkbenchError
 from workbench.quant.evaluate import totals_of
 from workbench.quant.metrics import sqnr_db
-from workbench.quant.plan import KEEP, Plan
+from workbench.quant.plan import KEEP, Plan, default_plan
 from workbench.schemes import get_scheme
 
 from .tiers import DEFAULT_TIERS
@@ -82,7 +82,9 @@ class Document(QObject):
             self.model.close()
         self._totals = None
         self.model = model
-        self.plan = plan or Plan()
+        # no plan given: the model's default (no tensor gets more bits than it has: a GGUF's
+        # quantized tensors are kept as stored; workbench.quant.plan.default_plan)
+        self.plan = plan or (default_plan(model) if model is not None else Plan())
         self.tiers = tuple(tiers) if tiers else DEFAULT_TIERS
         self.stats, self._results, self.details, self.throughput = {}, {}, {}, {}
         self._est = {}

@@ -1,9 +1,12 @@
 """What a plan does to the model (issue 11): the end-to-end check, the sensitivity table, the
 budget allocation and the size / predicted-error frontier, scheduled on the compute thread.
 
-Every number comes from a `workbench` function (``workbench.running.runner_jobs.check``,
-``workbench.planning.sensitivity``, ``workbench.planning.allocate``, ``workbench.planning.frontier`` where present); this
-module only schedules them, caches their results per model and hands them to the views in
+Every number comes from a `workbench` function: the sensitivity table and the budget's
+allocation from the public API with its defaults (``workbench.api.measure_sensitivity``,
+``workbench.api.allocate_plan``: the plan `quant-workbench allocate` writes), the check from
+``workbench.running.runner_jobs.check``, the frontier's allocations from
+``workbench.planning.allocate`` over the cached table; a GGUF source runs converted on the
+fly, as on the command line (:mod:`app.gguf_source`). This module only schedules them, caches their results per model and hands them to the views in
 :mod:`app.check_panel`, :mod:`app.sensitivity_view` and :mod:`app.budget_view`. The jobs
 themselves (the table, allocation and frontier) are in :mod:`app.effects_jobs`.
 """
@@ -16,16 +19,19 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP
-from workbench.planning.sensitivity import MEASURES  # weight, activation, fisher, output
+from workbench.planning.sensitivity import MEASURES as _MEASURES  # weight, activation, ...
 
-from .effects_jobs import (Point, SensTable, allocatable, allocate_job, frontier_job, plan_bytes,
-                           predicted_error, table_job)
-from .workers import BACKGROUND, FOREGROUND, INTERACTIVE
+from .effects_jobs import (Point, SensTable, allocatable, allocation_job, check_job,
+                           frontier_job, predicted_error, table_job)
+from .workers import BACKGROUND, FOREGROUND
 
 DEBOUNCE_MS = 700
 DEFAULT_SAMPLES = 16
-#: candidate schemes of the sensitivity table / allocator (those the registry knows)
-DEFAULT_SCHEMES = ("q4_0", "q5_0", "q8_0", "q3_k", "q4_k", "q5_k", "q6_k")
+#: the API's "auto" (workbench.api.AUTO): the best measure the model allows, the target
+#: runtime's candidate schemes; the window's defaults are the API's (and `allocate`'s)
+AUTO = "auto"
+MEASURES = (AUTO,) + tuple(_MEASURES)
+DEFAULT_SCHEMES = (AUTO,)
 
 
 def default_calib() -> str:
@@ -64,10 +70,16 @@ class PlanEffects(QObject):
         self._timer = QTimer(self, singleShot=True, interval=DEBOUNCE_MS)
         self._timer.timeout.connect(self._run_check)
         # sensitivity / allocation / frontier
-        self.measure = str(settings.value("effects/measure", "weight") or "weight")
+        self.measure = str(settings.value("effects/measure", AUTO) or AUTO)
         if self.measure not in MEASURES:
-            self.measure = "weight"
-        self.schemes = list(DEFAULT_SCHEMES)
+            self.measure = AUTO
+        stored = str(settings.value("effects/schemes", "") or "")
+        self.schemes = [s for s in stored.split(",") if s] or list(DEFAULT_SCHEMES)
+        #: calibration samples of the sensitivity measure and the allocation (None: the
+        #: API's default, as `allocate` without --samples)
+        sens = settings.value("effects/sensitivity_samples", None)
+        self.sens_samples = int(sens) if sens not in (None, "") else None
+        self.allocation_notes: list[str] = []    # the API's notes of the last allocation
         self.tables: dict[tuple, SensTable] = {}
         self.table_errors: dict[tuple, str] = {}
         self._table_tasks: dict[tuple, object] = {}
@@ -79,6 +91,8 @@ class PlanEffects(QObject):
         self._frontier_task = None
         self.preview: tuple | None = None      # (budget label, assignment, bytes, predicted)
         self._alloc_task = None
+        self.allocation = None                 # the last workbench.api.Allocation
+        self._source = None                    # the model the cached work is for
         self.allocation_error: str | None = None
         doc.modelChanged.connect(self._model_changed)
         doc.stateChanged.connect(lambda _c: self.invalidate())
@@ -102,7 +116,7 @@ class PlanEffects(QObject):
         self.calib = str(path) if path else default_calib()
         self.settings.setValue("effects/calib", "" if self.calib == default_calib() else self.calib)
         self.unrunnable = None
-        for key in [k for k in self.tables if k[1] != "weight"]:
+        for key in [k for k in self.tables if k[3] is not None]:
             del self.tables[key]
         self.tableChanged.emit(self.measure)
         self.invalidate(now=True)
@@ -132,12 +146,11 @@ class PlanEffects(QObject):
         model, plan = self.doc.model, self.doc.plan
         if model is None or not self.check_enabled:
             return
-        from workbench.running.runner_jobs import check
         self._check_gen += 1
         gen = self._check_gen
         calib, samples = self.calib, self.samples
         self._check_task = self.runner.submit(
-            lambda: check(model, plan, calib, samples), "End-to-end check", BACKGROUND,
+            lambda: check_job(model, plan, calib, samples), "End-to-end check", BACKGROUND,
             visible=True, exclusive=True, on_done=lambda r: self._check_done(gen, r),
             on_error=lambda msg: self._check_failed(gen, msg),
             on_cancel=lambda: self._check_cancelled(gen))
@@ -181,7 +194,11 @@ class PlanEffects(QObject):
     def _key(self, measure: str) -> tuple:
         m = self.doc.model
         return (str(m.path) if m is not None else "", measure, tuple(self.schemes),
-                self.calib if measure != "weight" else None)
+                self.calib if measure != "weight" else None, self.sens_samples)
+
+    def calib_arg(self) -> str | None:
+        """The calibration text for the API: None for the shipped one (its own default)."""
+        return None if self.calib == default_calib() else self.calib
 
     def set_measure(self, measure: str) -> None:
         if measure not in MEASURES:
@@ -192,11 +209,17 @@ class PlanEffects(QObject):
         self.request_table()
 
     def set_schemes(self, schemes) -> None:
+        """Candidate schemes: names, or "auto" (the API's: every scheme the runtime runs)."""
         from workbench.schemes import get_scheme
-        names = [get_scheme(s.strip()).name for s in schemes if s.strip()]
+        given = [s.strip() for s in schemes if s.strip()]
+        if given == [AUTO]:
+            names = [AUTO]
+        else:
+            names = [get_scheme(s).name for s in given]
         if not names:
-            raise WorkbenchError("give at least one candidate scheme")
+            raise WorkbenchError("give at least one candidate scheme, or auto")
         self.schemes = list(dict.fromkeys(names))
+        self.settings.setValue("effects/schemes", ",".join(self.schemes))
         self.tableChanged.emit(self.measure)
         self.request_table()
 
@@ -224,12 +247,10 @@ class PlanEffects(QObject):
         if running is not None and not running.finished:
             return running
         self.table_errors.pop(key, None)
-        schemes, calib, samples = list(self.schemes), self.calib, self.samples
-        box = {}
+        schemes, calib, samples = list(self.schemes), self.calib_arg(), self.sens_samples
 
         def make():
-            return table_job(model, schemes, measure, calib, samples,
-                             cancelled=lambda: box["t"].cancelled, runner=self.runner)
+            return table_job(model, schemes, measure, calib, samples, runner=self.runner)
 
         def done(table):
             if self.doc.model is model:
@@ -247,7 +268,6 @@ class PlanEffects(QObject):
                                   exclusive=measure != "weight",
                                   on_done=done, on_error=failed,
                                   on_cancel=lambda: self.tableChanged.emit(measure))
-        box["t"] = task
         self._table_tasks[key] = task
         self.tableChanged.emit(measure)
         return task
@@ -269,7 +289,9 @@ class PlanEffects(QObject):
         if not missing or (key, tuple(missing)) in self._extending:
             return
         self._extending.add((key, tuple(missing)))
-        measure, calib, samples = self.measure, self.calib, self.samples
+        # the same measure as the table (the one "auto" chose) on the same samples
+        measure, calib, samples = self.measure, self.calib_arg(), table.samples
+        chosen = table.measure
 
         def done(extra):
             self._extending.discard((key, tuple(missing)))
@@ -287,7 +309,7 @@ class PlanEffects(QObject):
             if self.doc.model is model:
                 self.request_frontier(force=True)   # without those schemes' errors
 
-        self.runner.submit(lambda: table_job(model, missing, measure, calib, samples,
+        self.runner.submit(lambda: table_job(model, missing, chosen, calib, samples,
                                              runner=self.runner),
                            f"Sensitivity ({measure}) of the plan's other schemes", BACKGROUND,
                            exclusive=measure != "weight",
@@ -335,33 +357,39 @@ class PlanEffects(QObject):
     # ---- allocation -------------------------------------------------------------------------------
     def solve(self, budget_bpw: float | None = None, budget_bytes: int | None = None,
               apply: bool = True):
-        """Re-solve the allocation for a budget over the cached table (interactive priority);
-        with `apply`, the result becomes one undoable edit. Returns the task (None: no table)."""
+        """Allocate for a budget as `quant-workbench allocate` does (workbench.api.allocate_plan
+        with the window's measure, candidates, calibration and samples, "auto" the API's own
+        choice; the user's pins fixed), on the compute thread; with `apply`, its plan becomes
+        the document's plan as one undoable edit. Returns the task (None: no table yet)."""
         table = self.table()
         model = self.doc.model
         if table is None or model is None:
             return None
         if self._alloc_task is not None and not self._alloc_task.finished:
             self._alloc_task.cancel()
-        pins = self.effective_pins()
         if budget_bytes is not None:
             label = f"Allocate for budget {budget_bytes / 1e6:.3f} MB"
         else:
             label = f"Allocate for budget {budget_bpw:.3f} bits/weight"
+        schemes, measure, calib = list(self.schemes), self.measure, self.calib_arg()
+        samples, pins = self.sens_samples, dict(self.pins)
 
         def make():
-            a, budget = yield from allocate_job(model, table, budget_bytes, budget_bpw, pins)
-            a.update({n: s for n, s in pins.items() if n not in a})
-            return a, budget, plan_bytes(model, a), predicted_error(table, a)
+            return allocation_job(model, budget_bpw, budget_bytes, schemes, measure, calib,
+                                  samples, pins, self.runner)
 
         def done(res):
             if self.doc.model is not model:
                 return
-            a, budget, nb, pred = res
-            self.preview = (label, a, nb, pred, budget)
+            a, notes, plan = res
+            self.allocation = a
+            self.allocation_notes = notes
+            assignment = plan.resolve(model)
+            self.preview = (label, assignment, int(a.evaluation.totals.bytes_after),
+                            float(a.solution.error), int(a.budget_bytes))
             self.allocationChanged.emit()
             if apply:
-                self.apply_assignment(a, label)
+                self.apply_plan(plan, label)
 
         def failed(msg):
             self.preview = None
@@ -369,9 +397,33 @@ class PlanEffects(QObject):
             self.allocationChanged.emit()
 
         self.allocation_error = None
-        self._alloc_task = self.runner.submit(make, "Allocating", INTERACTIVE, on_done=done,
-                                              on_error=failed)
+        self._alloc_task = self.runner.submit(make, "Allocating", FOREGROUND, visible=True,
+                                              exclusive=True, on_done=done, on_error=failed)
         return self._alloc_task
+
+    def choice_text(self) -> str:
+        """What the API chose and why: the table's measure, its candidates, and (after an
+        allocation) its candidates for the budget and the methods weighed."""
+        table = self.table()
+        if table is None:
+            return ""
+        parts = [f"measure {table.measure} ({table.reason})",
+                 f"{len(table.candidates)} candidate schemes"]
+        for line in self.allocation_notes if self.preview is not None else ():
+            if line.startswith(("methods:", "candidates:")):
+                parts.append(line)
+        return " · ".join(parts)
+
+    def apply_plan(self, plan, label: str) -> bool:
+        """The allocated plan (the rules `allocate` writes) as the document's plan: one
+        undoable edit."""
+        from .commands import StateCommand
+        doc = self.doc
+        if plan == doc.plan:
+            return False
+        new = plan.resolve(doc.model)
+        changes = {n: s for n, s in new.items() if doc.scheme_of(n) != s}
+        return self.push(StateCommand(label, (doc.plan, doc.tiers), (plan, doc.tiers), changes))
 
     def apply_assignment(self, assignment: dict, label: str) -> bool:
         """One undoable edit: exact-name assignments over the current plan (its default,
@@ -465,6 +517,12 @@ class PlanEffects(QObject):
 
     # ---- model ------------------------------------------------------------------------------------
     def _model_changed(self) -> None:
+        from .gguf_source import release
+        old, self._source = self._source, self.doc.model
+        if old is not None and old is not self.doc.model:
+            # its live model (a GGUF converted on the fly), on the compute thread once the
+            # cancelled work below has stopped
+            self.runner.submit(lambda: release(old), "Closing the previous model", FOREGROUND)
         self._timer.stop()
         self._cancel_check()
         for t in (self._frontier_task, self._alloc_task):

@@ -1,7 +1,8 @@
 """The jobs behind :mod:`app.effects`, Qt-free generators run on the compute thread: the
-sensitivity table (SensTable, from workbench.planning.sensitivity), an allocation over it
-(workbench.planning.allocate) and the size / predicted-error frontier (Point), with the
-predicted error and the bytes of a plan."""
+sensitivity table (SensTable, from workbench.api.measure_sensitivity), the budget's
+allocation (workbench.api.allocate_plan, as `quant-workbench allocate`), the end-to-end check,
+and the size / predicted-error frontier (Point: allocations over the cached table by
+workbench.planning.allocate), with the predicted error and the bytes of a plan."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP
-from workbench.core.progress import Progress, subjob
+from workbench.core.progress import Progress
 
 FRONTIER_POINTS = 12
 
@@ -35,6 +36,9 @@ class SensTable:
     #: the allocator's / frontier's candidates (`schemes` may also hold the current plan's
     #: other schemes, so the current plan can be placed on the same axes)
     candidates: list = field(default_factory=list)
+    #: why the measure was chosen (workbench.api.resolve_measure's reason) and the samples read
+    reason: str = "given"
+    samples: int | None = None
 
     def __post_init__(self):
         if not self.candidates:
@@ -44,7 +48,7 @@ class SensTable:
         extra = [s for s in other.schemes if s not in self.schemes]
         return SensTable(self.measure, self.names, self.schemes + extra,
                          {**other.err, **self.err}, {**other.nbytes, **self.nbytes}, self.params,
-                         list(self.candidates))
+                         list(self.candidates), self.reason, self.samples)
 
     def row(self, name: str) -> np.ndarray:
         return np.array([self.err.get((name, s), np.nan) for s in self.schemes], np.float64)
@@ -58,34 +62,34 @@ class SensTable:
         return None if v is None or not np.isfinite(v) else float(v)
 
 
-def table_job(model, schemes, measure: str, calib=None, samples=None, cancelled=None,
-              runner=None):
-    """Job: a SensTable from workbench.planning.sensitivity.sensitivity_table_job (its progress reaches
-    the status bar; a cancel stops it between steps, and the cluster's tasks with it). Sizes
-    are the bytes `evaluate` counts. `runner`: its cluster setting (app.cluster_setting) says
-    where the per-tensor work runs."""
-    from workbench.planning import sensitivity as S
-    from workbench.quant.evaluate import evaluate_tensor
+def table_job(model, schemes, measure: str, calib=None, samples=None, runner=None):
+    """Job: a SensTable from the API's workbench.api.measure_sensitivity (what `quant-workbench
+    sensitivity` / `allocate` measure): `schemes` "auto" (or ["auto"]) is the runtime's
+    candidates, `measure` "auto" the best measure the model allows (the table's `measure` is
+    the one chosen, `reason` why); `calib` None: the shipped text; `samples` None: the API's
+    default. Its stages run on the compute thread (app.api_jobs: progress, cancel). `runner`:
+    its cluster setting (app.cluster_setting) says where the per-tensor work runs."""
+    from workbench import api
 
+    from .api_jobs import api_job
     from .cluster_setting import executor_of
-    names = allocatable(model)
-    schemes = list(schemes)
-    params = sum(i.numel for i in model.tensors.values())
-    t = SensTable(measure, names, schemes, params=params)
+    from .gguf_source import live_source
     executor = executor_of(runner) if runner is not None else None
-    res = yield from subjob(S.sensitivity_table_job(model, schemes, measure,
-                                                    calib if measure != "weight" else None,
-                                                    None, samples, executor=executor),
-                            0, 60, 100)
-    t.err = {k: float(v) for k, v in res.values.items()}
-    yield Progress(60, 100, "sensitivity table")
-    for i, n in enumerate(names):
-        if i % 8 == 0:
-            yield Progress(60 + 40 * i / max(len(names), 1), 100, f"sizes: {n}")
-        for s in schemes:
-            t.nbytes[(n, s)] = int(evaluate_tensor(model, n, s).bytes)
-    yield Progress(100, 100, "sensitivity table ready")
-    return t
+    src = yield from live_source(model)       # a GGUF: its live model, as the CLI runs it
+    name = src.to_gguf.get if src is not None else (lambda n: n)
+    req = schemes if isinstance(schemes, str) else ",".join(schemes)
+    res = yield from api_job(lambda d: api.measure_sensitivity(
+        src.live if src is not None else model, req, measure=measure,
+        calib=calib if measure != "weight" else None, samples=samples, executor=executor,
+        driver=d))
+    schemes = list(res.schemes)
+    err = {(name(n), s): float(v) for (n, s), v in res.values.items()
+           if s in schemes and name(n) is not None}
+    nbytes = {(name(n), s): int(v) for (n, s), v in res.bytes.items() if name(n) is not None}
+    names = [name(n) for n in res.names if name(n) is not None]
+    return SensTable(res.measure, names, schemes, err, nbytes, int(res.params),
+                     reason=getattr(res, "measure_reason", "given"),
+                     samples=getattr(res, "samples", samples))
 
 
 # ---- allocation and the frontier -------------------------------------------------------------------
@@ -121,6 +125,48 @@ def plan_bytes(model, assignment: dict) -> int:
     from workbench.quant.evaluate import evaluate_tensor
     return int(sum(evaluate_tensor(model, n, assignment.get(n, KEEP)).bytes
                    for n in model.tensors))
+
+
+def allocation_job(model, budget_bpw=None, budget_bytes=None, schemes="auto",
+                   measure: str = "auto", calib=None, samples=None, pins=None, runner=None):
+    """Job: (workbench.api.Allocation, [its notes], its plan on `model`'s names) from
+    workbench.api.allocate_plan with the API's defaults, as `quant-workbench allocate` runs
+    it: the same candidates (those of the budget), measure, methods weighed and rules, so the
+    plan is the one the command writes for the same model, budget and options (a GGUF: on
+    its live model, as the CLI; the plan's names then carried back to the GGUF's). `pins`:
+    the user's {tensor: scheme}."""
+    from workbench import api
+
+    from .api_jobs import api_job
+    from .cluster_setting import executor_of
+    from .gguf_source import live_source
+    src = yield from live_source(model)
+    if src is not None:
+        model, pins = src.live, src.pins(pins or {})
+    budget = (api.Budget.tensor_bytes(int(budget_bytes)) if budget_bytes is not None
+              else api.Budget.bits_per_weight(float(budget_bpw)))
+    executor = executor_of(runner) if runner is not None else None
+    notes: list[str] = []
+    req = schemes if isinstance(schemes, str) else ",".join(schemes)
+    a = yield from api_job(lambda d: api.allocate_plan(
+        model, budget, schemes=req, measure=measure, calib=calib, samples=samples,
+        pins=dict(pins or {}), executor=executor, driver=d, say=notes.append))
+    return a, notes, (src.back(a.plan) if src is not None else a.plan)
+
+
+def check_job(model, plan, calib, samples):
+    """Job: the end-to-end check's figures, as `check --scoring lines` computes them
+    (workbench.api.check_plan: the plan's methods fitted and applied, the fits cached); a GGUF
+    source runs as the CLI runs it, converted on the fly (app.gguf_source)."""
+    from workbench import api
+
+    from .api_jobs import api_job
+    from .gguf_source import live_source
+    src = yield from live_source(model)
+    if src is not None:
+        model, plan = src.live, src.plan(plan)
+    return (yield from api_job(lambda d: api.check_plan(
+        model, plan, calib=calib, samples=samples, scoring="lines", driver=d)))
 
 
 def allocate_job(model, table: SensTable, budget_bytes=None, budget_bpw=None, pins=None):

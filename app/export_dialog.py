@@ -22,7 +22,7 @@ from PySide6.QtGui import QBrush, QColor, QStandardItemModel
 from PySide6.QtWidgets import (QComboBox, QDialog, QFileDialog, QFormLayout, QHBoxLayout,
                                QLabel, QLineEdit, QProgressBar, QPushButton, QVBoxLayout)
 
-from workbench.export import export, list_exporters
+from workbench.export import list_exporters
 
 from .workers import FOREGROUND, INTERACTIVE, USER
 
@@ -324,9 +324,15 @@ class ExportDialog(QDialog):
         self.cancel_button.setText("Cancel")
         self.status.setText(f"exporting {name}…")
         def job():
+            # the API's export, as `quant-workbench export` runs it: the plan's methods
+            # (imatrix, GPTQ, AWQ) fitted and applied, the format's runtime rules
+            from workbench import api
+
+            from .api_jobs import api_job
             from .cluster_setting import executor_of
-            return export(model, plan, name, target, overwrite=overwrite,
-                          executor=executor_of(self.runner))
+            ex = executor_of(self.runner)
+            return api_job(lambda drive: api.export_plan(
+                model, plan, name, target, overwrite=overwrite, executor=ex, driver=drive))
 
         self.task = self.runner.submit(job,
                                        f"Exporting {name}", FOREGROUND, visible=True,

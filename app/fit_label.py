@@ -32,7 +32,10 @@ class FitLabel(QLabel):
         super().setText(text)
 
     def shown_text(self) -> str:
-        """The form painted at the current width."""
+        """The form painted at the current width (word-wrapped: the whole text, on as many
+        lines as it needs)."""
+        if self.wordWrap():
+            return self.text()
         self.ensurePolished()
         fm = self.fontMetrics()
         room = max(self.contentsRect().width() - 2 * self.margin() - 2 * max(self.indent(), 0), 1)

@@ -105,7 +105,9 @@ class MainWindow(WindowSessions, QMainWindow):
         self.work_queue = WorkQueuePanel(self.runner, central)
         self.work_queue.anchor()
 
-        self.progress = ProgressPanel(self.runner)
+        # the running task with its Cancel button, in the status bar only while the work queue
+        # (the overview of every job) is closed: progress is never shown twice
+        self.progress = ProgressPanel(self.runner, hidden_by=self.work_queue)
         self.status_label = QLabel("")
         self.statusBar().addWidget(self.status_label, 1)
         self.statusBar().addPermanentWidget(self.progress)

@@ -17,10 +17,12 @@ SHOW_AFTER_MS = 250
 
 
 class ProgressPanel(QWidget):
-    def __init__(self, runner, parent=None):
+    def __init__(self, runner, parent=None, hidden_by=None):
         super().__init__(parent)
         self.runner = runner
         self.task = None
+        #: a panel that lists the same work (the work queue): while it shows, this one hides
+        self.hidden_by = hidden_by
         self._delay = QTimer(self, singleShot=True, interval=SHOW_AFTER_MS)
         self._delay.timeout.connect(self._delayed)
         self.label = QLabel("")
@@ -62,6 +64,9 @@ class ProgressPanel(QWidget):
             self._fill(task)
 
     def _fill(self, task) -> None:
+        if self.hidden_by is not None and self.hidden_by.isVisible():
+            self.setVisible(False)       # the overview shows it: never the same progress twice
+            return
         text = task.message or task.name
         self.label.setText(text if len(text) < 70 else text[:67] + "…")
         self.bar.setValue(int(1000 * task.fraction))

@@ -21,6 +21,16 @@ from .commands import schemes_for, unavailable_for
 from .table_model import C_METHOD, C_NAME, C_NOTE, C_SCHEME, NAME_ROLE, SORT_ROLE, SchemeTableModel
 
 
+def fit_editor(editor, rect) -> None:
+    """Place a cell's editor, never shorter than it needs: a row-high combo clipped its text's
+    bottom ("q4_0" read "q4 0"); a taller editor is centred on the row."""
+    need = editor.sizeHint().height()
+    if need > rect.height():
+        rect = rect.adjusted(0, -((need - rect.height()) // 2), 0,
+                             (need - rect.height() + 1) // 2)
+    editor.setGeometry(rect)
+
+
 class SchemeDelegate(QStyledItemDelegate):
     """An editable combo box listing only the schemes that can take the row's tensor, grouped
     by family, each with its bits per weight on the tensor and the predicted error (SQNR) as
@@ -74,14 +84,7 @@ class SchemeDelegate(QStyledItemDelegate):
         self.closeEditor.emit(editor, QStyledItemDelegate.EndEditHint.NoHint)
 
     def updateEditorGeometry(self, editor, option, index):
-        # never shorter than the combo needs: a row-high editor clipped the text's bottom
-        # ("q4_0" read "q4 0"); taller editors are centred on the row
-        rect = option.rect
-        need = editor.sizeHint().height()
-        if need > rect.height():
-            rect = rect.adjusted(0, -((need - rect.height()) // 2), 0,
-                                 (need - rect.height() + 1) // 2)
-        editor.setGeometry(rect)
+        fit_editor(editor, option.rect)
 
     def setEditorData(self, editor, index):
         # Qt calls this again whenever the cell's data changes while the editor is open (a
@@ -112,21 +115,8 @@ class MethodDelegate(QStyledItemDelegate):
         combo.addItems(list_methods())
         return combo
 
-    def _commit(self, editor) -> None:
-        if editor.scheme() is None and editor.unavailable() is None:
-            return                       # a header, or text naming nothing: keep editing
-        self.commitData.emit(editor)
-        self.closeEditor.emit(editor, QStyledItemDelegate.EndEditHint.NoHint)
-
     def updateEditorGeometry(self, editor, option, index):
-        # never shorter than the combo needs: a row-high editor clipped the text's bottom
-        # ("q4_0" read "q4 0"); taller editors are centred on the row
-        rect = option.rect
-        need = editor.sizeHint().height()
-        if need > rect.height():
-            rect = rect.adjusted(0, -((need - rect.height()) // 2), 0,
-                                 (need - rect.height() + 1) // 2)
-        editor.setGeometry(rect)
+        fit_editor(editor, option.rect)
 
     def setEditorData(self, editor, index):
         if editor.property("qw_filled"):
@@ -339,7 +329,7 @@ class SchemeTable(QWidget):
         self.assign_button = QPushButton("Assign to selection")
         self.assign_button.clicked.connect(self.assign_selection)
         self.default_combo = SchemeCombo(doc)
-        fill(self.default_combo, list_schemes())
+        fill(self.default_combo, [KEEP] + list_schemes())   # keep: a quantized source's default
         self.default_combo.on_popup = lambda: self._predict(self.doc.current)
         self.default_combo.setMaxVisibleItems(24)
         self.default_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)

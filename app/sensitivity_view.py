@@ -18,7 +18,9 @@ from .effects import MEASURES
 from .format import fmt_float
 from .fit_label import never_widens
 
-MEASURE_TEXT = {"weight": "weight error (Σ squared reconstruction error)",
+MEASURE_TEXT = {"auto": "the API's choice (workbench.api.resolve_measure, as `allocate`): fisher "
+                        "when the model runs on the calibration text, else weight",
+                "weight": "weight error (Σ squared reconstruction error)",
                 "activation": "activation-weighted error Σ_j E[x_j²]·‖ΔW[:,j]‖²",
                 "fisher": "output-gradient- and activation-weighted error ½·Σ F·ΔW² (an estimate "
                           "of the output change from one calibration pass)",
@@ -107,10 +109,8 @@ class HeatMap(pg.PlotWidget):
         else:
             self.image.clear()
         self.image.setRect(0, 0, max(len(self.schemes), 1), max(len(self.names), 1))
-        bottom = [(j + 0.5, s if len(s) <= 5 else s[:4] + "…") for j, s in enumerate(self.schemes)]
         item = self.getPlotItem()
         self._left_ticks()
-        item.getAxis("bottom").setTicks([bottom, []])
         item.setXRange(0, max(len(self.schemes), 1), padding=0)
         item.setYRange(0, max(len(self.names), 1), padding=0)
         xs, ys = [], []
@@ -125,6 +125,20 @@ class HeatMap(pg.PlotWidget):
     def _left_ticks(self) -> None:
         self.getPlotItem().getAxis("left").setTicks(
             [_row_labels(self.getPlotItem(), self.names, self.small), []])
+        self._bottom_ticks()
+
+    def _bottom_ticks(self) -> None:
+        """Column labels (5 characters at most): every column's when they fit the plot's
+        width, else every k-th (the runtime's 65 candidates ran together); hover names each."""
+        from PySide6.QtGui import QFontMetrics
+        fm = QFontMetrics(self.small)
+        w = self.getPlotItem().getViewBox().width()
+        if w < 20:
+            w = 400                 # not laid out yet: the next resize sets them again
+        step = max(1, -(-len(self.schemes) * (fm.horizontalAdvance("q4_k…") + 4) // int(w)))
+        self.getPlotItem().getAxis("bottom").setTicks([[
+            (j + 0.5, s if len(s) <= 5 else s[:4] + "…") for j, s in enumerate(self.schemes)
+            if j % step == 0], []])
 
     def set_current(self, name) -> None:
         if name in self.names:
@@ -308,7 +322,9 @@ class SensitivityView(QWidget):
             return (f"the {fx.measure} sensitivity table is not computed (cancelled or not asked "
                     "for yet): Compute in the budget panel starts it")
         state, ahead = state_of(fx.runner, task)
-        return f"computing the {fx.measure} sensitivity table: {task_line(task, state, ahead)}"
+        # the progress itself is shown once, beside this, where the work is (the budget panel)
+        return (f"computing the {fx.measure} sensitivity table: "
+                f"{task_line(task, state, ahead, figures=False)}")
 
     def _show_waiting(self) -> None:
         self.status.setText("")          # the page below says it (once)
@@ -369,11 +385,12 @@ class SensitivityView(QWidget):
         vals = [table.value(n, assignment.get(n, KEEP)) or 0.0 for n in table.names]
         self.bars.set_values(table.names, vals, self.doc.current)
         pred = sum(vals)
-        size = f"{len(table.names)} tensors × {len(table.schemes)} schemes"
+        size = f"{table.measure} · {len(table.names)} tensors × {len(table.schemes)} schemes"
         self.status.set_forms([f"{size} · plan's predicted error {fmt_float(pred)} · click a "
                                "row to select", f"{size} · predicted error {fmt_float(pred)}",
                                f"predicted error {fmt_float(pred)}"])
-        self.status.setToolTip(MEASURE_TEXT[fx.measure] + "; colour: log10 of the value; "
+        self.status.setToolTip(f"{table.measure} ({table.reason}): "
+                               + MEASURE_TEXT.get(table.measure, table.measure) + "; colour: log10 of the value; "
                                "circles: the scheme each tensor has now")
 
 
@@ -437,7 +454,7 @@ class TensorSensitivity(QWidget):
         from .work_queue import state_of, task_line
         state, ahead = state_of(self.fx.runner, task)
         return f"waiting for the {self.fx.measure} sensitivity table: " \
-               f"{task_line(task, state, ahead, stage=False)}"
+               f"{task_line(task, state, ahead, stage=False, figures=False)}"
 
     def _job_event(self, task) -> None:
         mine = self._table_task()

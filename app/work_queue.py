@@ -44,9 +44,12 @@ def fmt_eta(seconds: float | None) -> str:
     return f"~{seconds / 3600:.1f} h left"
 
 
-def task_line(task, state: str, ahead=None, stage: bool = True) -> str:
+def task_line(task, state: str, ahead=None, stage: bool = True, figures: bool = True) -> str:
     """One task's state in words: 'running 40/98 · stage · ~12 s left', 'queued behind X',
-    'paused for X' (X: the task running in its lane); `stage`: with the stage text."""
+    'paused for X' (X: the task running in its lane); `stage`: with the stage text; without
+    `figures`, 'running' alone (a panel beside the one that shows the progress)."""
+    if state == "running" and not figures:
+        return "running (its progress: the budget panel and the work queue)"
     if state == "running":
         parts = ["running"]
         if task.progress_text():

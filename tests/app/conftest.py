@@ -52,8 +52,10 @@ def make_window(qtbot, tmp_path, request):
     from app.messages import RecordedMessages
     made = []
 
-    def make(path=DEMO, answer=False, autosave=False, check=None):
+    def make(path=DEMO, answer=False, autosave=False, check=None, values=None):
         settings = QSettings(str(tmp_path / f"settings{len(made)}.ini"), QSettings.Format.IniFormat)
+        for k, v in (values or {}).items():      # settings the window starts from
+            settings.setValue(k, v)
         if check is None:
             check = bool(getattr(request.module, "WINDOW_CHECK", False))
         settings.setValue("effects/check_enabled", bool(check))

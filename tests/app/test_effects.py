@@ -12,6 +12,7 @@ from apphelpers import DEMO, wait_idle
 pytest.importorskip("transformers")
 
 SLOW = 180000
+SEVEN = ("q4_0", "q5_0", "q8_0", "q3_k", "q4_k", "q5_k", "q6_k")
 WINDOW_CHECK = True   # these windows run the end-to-end check, as a user's does
 
 
@@ -123,9 +124,14 @@ def _open_tab(win, qtbot):
     wait_idle(qtbot, win, SLOW)
 
 
+#: the weight measure over seven K-quant and legacy schemes (the window's default is the API's:
+#: auto, over the runtime's candidates; test_budget_api.py)
+WEIGHT_TABLE = {"effects/measure": "weight", "effects/schemes": ",".join(SEVEN)}
+
+
 def test_sensitivity_heat_map_and_selected_tensor(make_window, qtbot):
     from workbench.quant.evaluate import evaluate_tensor
-    win = make_window()
+    win = make_window(values=WEIGHT_TABLE)
     fx = win.effects
     _open_tab(win, qtbot)
     table = fx.table()
@@ -155,7 +161,7 @@ def test_sensitivity_heat_map_and_selected_tensor(make_window, qtbot):
 
 
 def test_activation_measure_differs_from_weight(make_window, qtbot):
-    win = make_window()
+    win = make_window(values=WEIGHT_TABLE)
     fx = win.effects
     _open_tab(win, qtbot)
     w = fx.table("weight")
@@ -169,18 +175,20 @@ def test_activation_measure_differs_from_weight(make_window, qtbot):
 
 def test_fisher_measure_in_the_window_equals_the_headless_table(make_window, qtbot):
     from workbench.planning.sensitivity import sensitivity_table
-    win = make_window()
+    win = make_window(values={"effects/schemes": ",".join(SEVEN),
+                              "effects/sensitivity_samples": 8})
     fx = win.effects
     _open_tab(win, qtbot)
     combo = win.sensitivity_view.measure_combo
     assert [combo.itemText(i) for i in range(combo.count())] == \
-        ["weight", "activation", "fisher", "output"]
+        ["auto", "weight", "activation", "fisher", "output"]
+    assert combo.currentText() == "auto" and fx.table().measure == "fisher"   # the API's
     combo.setCurrentText("fisher")
     qtbot.waitUntil(lambda: fx.table("fisher") is not None, timeout=SLOW)
     f = fx.table("fisher")
-    ref = sensitivity_table(win.doc.model, fx.schemes, "fisher", fx.calib, None, fx.samples)
+    ref = sensitivity_table(win.doc.model, SEVEN, "fisher", None, None, 8)
     n = "model.layers.1.mlp.down_proj.weight"
-    for s in fx.schemes:
+    for s in SEVEN:
         assert f.value(n, s) == pytest.approx(ref.value(n, s), rel=1e-9)
     # the output-change estimate grows as the scheme gets coarser
     assert f.value(n, "q3_k") > f.value(n, "q8_0") > 0

@@ -149,3 +149,29 @@ def test_a_dense_write_is_a_warning_not_a_success(window, qtbot, tmp_path):
     assert dlg.error is None and "⚠" in dlg.status.text() and "written dense" in dlg.status.text()
     assert dlg.status.wordWrap()
     dlg.close()
+
+
+def test_the_window_exports_what_the_command_line_exports(window, qtbot, tmp_path):
+    """The dialog exports through the API: a plan's methods (here GPTQ on one tensor) are
+    fitted and applied as `quant-workbench export` applies them (the window wrote plain
+    rounding for them before), byte for byte."""
+    import workbench as qw
+    cmd = commands.set_method(window.doc, [Q], "gptq")
+    assert cmd is not None
+    window.push(cmd)
+    wait_idle(qtbot, window)
+    assert window.doc.plan.method_for(Q) == "gptq"
+    dlg = _dialog(window, qtbot)
+    dlg.format.setCurrentIndex(_names(dlg).index("safetensors"))
+    task = dlg.start(None, str(tmp_path / "window.safetensors"))
+    qtbot.waitUntil(lambda: task.finished, timeout=300000)
+    assert dlg.error is None, dlg.error
+    dlg.close()
+    qw.export_plan(window.doc.model, window.doc.plan, "safetensors", tmp_path / "cli.safetensors",
+                   progress=False)
+    a, b = (tmp_path / "window.safetensors").read_bytes(), (tmp_path / "cli.safetensors").read_bytes()
+    assert a == b
+    rtn = Plan(default=window.doc.plan.default)          # the same schemes, no method rule
+    qw.export_plan(window.doc.model, rtn, "safetensors", tmp_path / "rtn.safetensors",
+                   progress=False)
+    assert (tmp_path / "rtn.safetensors").read_bytes() != a        # GPTQ changed the bytes

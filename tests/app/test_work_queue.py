@@ -181,7 +181,9 @@ def test_cancelling_a_parked_job_closes_it(qtbot):
 
 
 def test_waiting_panels_say_what_they_wait_for(make_window, qtbot):
-    win = make_window()            # the demo, statistics and errors done; the check off
+    # the demo, statistics and errors done; the check off; the (auto: fisher) table on few
+    # calibration samples
+    win = make_window(values={"effects/sensitivity_samples": 4})
     fx = win.effects
     blocker, go = _blocker(win.runner, "Blocking job")
     try:
@@ -202,17 +204,17 @@ def test_waiting_panels_say_what_they_wait_for(make_window, qtbot):
         # the budget tab: a waiting page in place of empty axes, "—" in place of 0.000
         panel = win.budget_panel
         assert panel.stack.currentWidget() is panel.waiting and not panel.plot.isVisible()
-        assert panel.waiting.headline.text() == "Computing the weight sensitivity table · queued"
-        assert "Sensitivity (weight): queued behind Blocking job" in panel.waiting.detail.text()
+        assert panel.waiting.headline.text() == "Computing the auto sensitivity table · queued"
+        assert "Sensitivity (auto): queued behind Blocking job" in panel.waiting.detail.text()
         assert panel.spin.text() == "—" and not panel.spin.isEnabled()
         view = win.sensitivity_view
         assert not view.heat.isVisible() and view.waiting.isVisible()
-        assert view.waiting.text() == ("computing the weight sensitivity table: queued behind "
+        assert view.waiting.text() == ("computing the auto sensitivity table: queued behind "
                                        "Blocking job")
         assert win.tensor_sensitivity.summary.text().startswith(
-            "waiting for the weight sensitivity table: queued behind Blocking job")
+            "waiting for the auto sensitivity table: queued behind Blocking job")
         # the work queue lists every job, the blocker running first
-        want = {"Blocking job", "Evaluating error", "End-to-end check", "Sensitivity (weight)"}
+        want = {"Blocking job", "Evaluating error", "End-to-end check", "Sensitivity (auto)"}
         qtbot.waitUntil(lambda: want <= {t.name for t in win.work_queue.shown}, timeout=10000)
         listed = [t.name for t in win.work_queue.shown]
         assert listed[0] == "Blocking job"
@@ -222,8 +224,8 @@ def test_waiting_panels_say_what_they_wait_for(make_window, qtbot):
     # once running, the table's page says "running" with its progress
     qtbot.waitUntil(lambda: fx.table() is not None or "running" in
                     panel.waiting.detail.text(), timeout=60000)
-    qtbot.waitUntil(lambda: bool(fx.frontier) and fx.check_state == "fresh", timeout=120000)
-    wait_idle(qtbot, win)
+    qtbot.waitUntil(lambda: bool(fx.frontier) and fx.check_state == "fresh", timeout=600000)
+    wait_idle(qtbot, win, 600000)
     assert panel.stack.currentWidget() is panel.plot and panel.plot.isVisible()
     assert re.fullmatch(r"\d+\.\d{3}", panel.spin.text()) and panel.spin.value() > 0
     assert re.fullmatch(r"-?\d+(\.\d+)? dB", win.totals.sqnr.value.text())
@@ -241,14 +243,14 @@ def test_a_cancelled_table_offers_compute_and_the_check_says_cancelled(make_wind
         win.tabs.setCurrentIndex(win.effects_tab_index)
         qtbot.waitUntil(lambda: fx._check_task is not None and fx.table_running(), timeout=5000)
         qtbot.waitUntil(lambda: len(win.work_queue.shown) >= 3, timeout=5000)
-        for name in ("Sensitivity (weight)", "End-to-end check"):
+        for name in ("Sensitivity (auto)", "End-to-end check"):
             # the rows are re-filled after each cancel: look the row up each time
             rows = {r.task.name: r for r in win.work_queue.rows if r.task is not None}
             qtbot.mouseClick(rows[name].cancel, Qt.MouseButton.LeftButton)
             assert name not in [t.name for t in win.work_queue.shown]
         panel = win.budget_panel
         qtbot.waitUntil(lambda: panel.waiting.compute.isVisible(), timeout=5000)
-        assert panel.waiting.headline.text() == "The weight sensitivity table is not computed"
+        assert panel.waiting.headline.text() == "The auto sensitivity table is not computed"
         qtbot.waitUntil(lambda: fx.check_state == "cancelled", timeout=5000)
         assert win.check_panel.badge.text() == "CANCELLED"
         assert win.check_panel.value.text().startswith("cancelled")
@@ -411,3 +413,24 @@ def test_the_layout_stays_put_when_the_queue_comes_and_goes(make_window, qtbot):
         go.set()
     qtbot.waitUntil(lambda: not win.work_queue.isVisible(), timeout=30000)
     assert (win.plots.height(), win.tabs.height()) == (plots_h, table_h)
+
+
+def test_progress_is_shown_once(make_window, qtbot):
+    """Progress appeared in five places at once: the work queue is the overview, the status
+    bar does not repeat it, and the panels beside the one doing the work say only its state."""
+    from app.work_queue import task_line
+    win = make_window()
+    wait_idle(qtbot, win)
+    state = {}
+    task = win.runner.submit(_long_job(state), "Sensitivity (weight)", BACKGROUND, visible=True)
+    try:
+        qtbot.waitUntil(lambda: state.get("steps", 0) > 3 and win.work_queue.isVisible(),
+                        timeout=20000)
+        qtbot.wait(400)                           # past the status bar's own delay
+        assert task in win.work_queue.shown and not win.progress.isVisible()
+        full, short = task_line(task, "running"), task_line(task, "running", figures=False)
+        assert "/" in full and "/" not in short and "%" not in short
+        assert "budget panel" in short
+    finally:
+        task.cancel()
+    qtbot.waitUntil(lambda: task.finished, timeout=10000)

@@ -11,22 +11,20 @@ import zipfile
 import numpy as np
 
 BASE_AREAS = ("safetensors", "gguf", "pytorch", "quantized", "plan", "session")
-# issue 20's classes, one input kind each (tests/fuzz/cases_hostile.py)
-HOSTILE_AREAS = ("outputs", "pt-cycles", "imatrix", "calibration", "roundtrip", "gguf-align",
-                 "truncation", "scale", "optional")
-# issue 32's config.json classes (tests/fuzz/cases_config.py)
-CONFIG_AREAS = ("config-tensors", "config-counts", "config-values")
-# issue 32's classes 1, 4, 5, 7, 8 (tests/fuzz/cases_round4.py)
-ROUND4_AREAS = ("r4-outputs", "r4-sidecars", "r4-nesting", "r4-messages", "r4-leftovers")
-# issue 47's block-format headers (tests/fuzz/cases_blocks.py)
-BLOCK_AREAS = ("r5-ct", "r5-fp8", "r5-mxfp4")
-# issue 47's input kinds (tests/fuzz/cases_inputs.py)
-INPUT_AREAS = ("r5-imatrix", "r5-calibration")
-# issue 47's nested configs (tests/fuzz/cases_nested.py)
-NESTED_AREAS = ("nested-text", "nested-kv")
-AREAS = (BASE_AREAS + HOSTILE_AREAS + CONFIG_AREAS + ROUND4_AREAS + BLOCK_AREAS + INPUT_AREAS
-         + NESTED_AREAS)
-AREAS += ("r5-caches",)     # issue 47's caches (tests/fuzz/cases_caches.py)
+#: the fuzz kinds beyond the base formats, one module pair each: tests/fuzz/cases_<m>.py
+#: (GENERATORS: area -> case) and hostile.py or hostile_<m>.py (EXERCISES: area -> run);
+#: a new kind is one line here and one in hostile.KIND_MODULES
+KIND_MODULES = (
+    "hostile",     # issue 20's classes, one input kind each
+    "config",      # issue 32's config.json classes
+    "round4",      # issue 32's classes 1, 4, 5, 7, 8
+    "blocks",      # issue 47's block-format headers
+    "inputs",      # issue 47's imatrix and calibration inputs
+    "nested",      # issue 47's nested configs
+    "caches",      # issue 47's caches
+    "api",         # issue 47's API arguments
+    "mlx",         # issue 48's mlx-lm folders
+)
 DTYPES = ["F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "U8", "BOOL", "F8_E4M3",
           "Q4_0", "X", 7, None]
 HUGE = [0, 1, 2, 3, 255, 256, 2**31 - 1, 2**31, 2**32, 2**40, 2**53, 2**62, 2**63, 2**64 - 1,
@@ -300,16 +298,13 @@ GENERATORS = {"safetensors": safetensors, "gguf": gguf_file, "pytorch": pytorch,
               "quantized": quantized, "plan": plan, "session": session}
 
 
-def _hostile():
-    from .cases_config import GENERATORS as C
-    from .cases_hostile import GENERATORS as G
-    from .cases_blocks import GENERATORS as B
-    from .cases_round4 import GENERATORS as R
-    from .cases_inputs import GENERATORS as I
-    from .cases_nested import GENERATORS as N
-    return {**G, **C, **R, **B, **I, **N}
+def _kinds() -> dict:
+    import importlib
+    out = {}
+    for m in KIND_MODULES:
+        out.update(importlib.import_module(f"{__package__}.cases_{m}").GENERATORS)
+    return out
 
 
-GENERATORS.update(_hostile())
-from .cases_caches import GENERATORS as _CACHES  # noqa: E402 - issue 47's caches
-GENERATORS.update(_CACHES)
+GENERATORS.update(_kinds())
+AREAS = tuple(GENERATORS)

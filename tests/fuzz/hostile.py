@@ -383,43 +383,14 @@ EXERCISES = {"outputs": exercise_outputs, "pt-cycles": exercise_model,
              "optional": exercise_optional}
 
 
-def _config_kinds() -> None:
-    from .hostile_config import EXERCISES as C     # issue 32's config.json kinds
-    EXERCISES.update(C)
+#: the exercise modules of the other kinds (tests/fuzz/cases.KIND_MODULES: hostile_<m>.py)
+KIND_MODULES = ("config", "round4", "caches", "blocks", "inputs", "nested", "api", "mlx")
 
 
-_config_kinds()
+def _kinds() -> None:
+    import importlib
+    for m in KIND_MODULES:
+        EXERCISES.update(importlib.import_module(f"{__package__}.hostile_{m}").EXERCISES)
 
 
-def _round4_kinds() -> None:
-    from .hostile_round4 import EXERCISES as R     # issue 32's classes 1, 4, 5, 7, 8
-    EXERCISES.update(R)
-
-
-_round4_kinds()
-from .hostile_caches import EXERCISES as _CACHES  # noqa: E402 - issue 47's caches
-EXERCISES.update(_CACHES)
-
-
-def _block_kinds() -> None:
-    from .hostile_blocks import EXERCISES as B     # issue 47's block-format headers
-    EXERCISES.update(B)
-
-
-_block_kinds()
-
-
-def _input_kinds() -> None:
-    from .hostile_inputs import EXERCISES as I      # issue 47's imatrix and calibration kinds
-    EXERCISES.update(I)
-
-
-_input_kinds()
-
-
-def _nested_kinds() -> None:
-    from .hostile_nested import EXERCISES as N     # issue 47's nested configs
-    EXERCISES.update(N)
-
-
-_nested_kinds()
+_kinds()

@@ -17,7 +17,11 @@ from .cases import AREAS, GENERATORS
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE_SECONDS = 10.0
-WALL_SECONDS = 60.0
+# a case is blocked (e.g. on a FIFO) when its worker gets no CPU time for this long: a busy
+# machine slows a case down but still gives it CPU, so the verdict does not depend on the load
+STALL_SECONDS = 60.0
+WALL_SECONDS = 1800.0    # and a last guard
+START_SECONDS = 900.0    # a worker's imports (torch, transformers) on a loaded machine
 MEMORY_LIMIT = 1 << 30
 CASES_PER_WORKER = 1000
 
@@ -29,6 +33,7 @@ class Tally:
     errors: int = 0
     failures: list = field(default_factory=list)
     seconds: float = 0.0
+    skipped: int = 0          # a generator's own mistake (not a case)
 
     def to_dict(self):
         kinds: dict[str, int] = {}
@@ -39,7 +44,7 @@ class Tally:
                  if k.startswith("traceback") or k == "recursion" else k)
             kinds[k] = kinds.get(k, 0) + 1
         return {"tried": self.tried, "correct_loads": self.ok, "clean_errors": self.errors,
-                "failures": len(self.failures), "failure_kinds": kinds,
+                "failures": len(self.failures), "failure_kinds": kinds, "skipped": self.skipped,
                 "seconds": round(self.seconds, 1)}
 
 
@@ -50,7 +55,7 @@ class Worker:
                                      cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, env=env)
         self.cases = 0
-        line = self._read(120.0)
+        line = self._read(START_SECONDS)
         if not line or not json.loads(line).get("ready"):
             raise RuntimeError("fuzz worker did not start")
 
@@ -69,15 +74,22 @@ class Worker:
         t0 = time.monotonic()
         cpu0 = self._cpu()
         # a hang is 10 s of the worker's own CPU time (wall time on a shared machine says
-        # little), or a minute of wall time without an answer (blocked, e.g. on a FIFO)
+        # little), or a minute without any CPU time (blocked, e.g. on a FIFO)
         line = None
+        cpu_seen, moved = cpu0, t0
         while line is None:
             line = self._read(1.0)
-            if line is None and (self._cpu() - cpu0 > CASE_SECONDS
-                                 or time.monotonic() - t0 > WALL_SECONDS):
+            if line is not None:
+                break
+            now, cpu = time.monotonic(), self._cpu()
+            if cpu > cpu_seen:
+                cpu_seen, moved = cpu, now
+            if (cpu - cpu0 > CASE_SECONDS or now - moved > STALL_SECONDS
+                    or now - t0 > WALL_SECONDS):
                 self.kill()
                 return {"result": "fail", "kind": "hang",
-                        "message": f"> {CASE_SECONDS} s of CPU or {WALL_SECONDS} s of wall time"}
+                        "message": f"> {CASE_SECONDS} s of CPU, {STALL_SECONDS} s without "
+                                   f"CPU time or {WALL_SECONDS} s in all"}
         if not line:
             code = self.proc.wait()
             return {"result": "fail", "kind": "worker died", "message": f"exit {code}"}
@@ -98,27 +110,41 @@ class Worker:
         self.proc.wait()
 
 
-def fuzz(seconds: float, seed: int = 0, areas=AREAS, save_dir: Path | None = None,
-         log=None) -> dict[str, Tally]:
-    """Cases from `areas` for `seconds`, time-fairly; returns the tally per area."""
-    rng = random.Random(seed)
+def case_rng(seed: int, area: str, k: int) -> random.Random:
+    """The generator of `area`'s k-th case: the same whatever ran before it, or how fast."""
+    return random.Random(f"{seed}/{area}/{k}")
+
+
+def fuzz(seconds: float | None, seed: int = 0, areas=AREAS, save_dir: Path | None = None,
+         log=None, cases: dict[str, int] | None = None) -> dict[str, Tally]:
+    """Cases from `areas`: for `seconds`, time-fairly, or (`cases`) exactly that many of each
+    area, whatever the time they take (a test's verdict must not depend on the machine's load);
+    returns the tally per area. An area's k-th case is the same in both."""
     tallies = {a: Tally() for a in areas}
+    made = {a: 0 for a in areas}
     work = Path(tempfile.mkdtemp(prefix="qw-fuzz-"))
     worker = Worker()
-    deadline = time.monotonic() + seconds
+    deadline = None if cases is not None else time.monotonic() + seconds
     i = 0
-    try:
-        while time.monotonic() < deadline:
+
+    def next_area():
+        if cases is None:
             # time-fair: the area that has used the least time goes next, so slow kinds
             # (exports, scenarios) and fast ones (headers) share the budget evenly
-            area = min(areas, key=lambda a: (tallies[a].seconds, tallies[a].tried))
+            return (min(areas, key=lambda a: (tallies[a].seconds, tallies[a].tried))
+                    if time.monotonic() < deadline else None)
+        left = [a for a in areas if made[a] < cases.get(a, 0)]
+        return min(left, key=lambda a: made[a] / cases[a]) if left else None
+    try:
+        while (area := next_area()) is not None:
             i += 1
             t_case = time.monotonic()
-            case_rng = random.Random(rng.getrandbits(64))
+            rng, made[area] = case_rng(seed, area, made[area]), made[area] + 1
             try:
-                name, data = GENERATORS[area](case_rng)
+                name, data = GENERATORS[area](rng)
             except Exception:  # noqa: BLE001 - a generator's own mistake is not a finding
                 tallies[area].seconds += 0.1
+                tallies[area].skipped += 1
                 continue
             d = work / f"{i}"
             d.mkdir()

@@ -52,9 +52,10 @@ def test_budgets_and_plans(demo_model_path, tmp_path):
     import workbench as qw
     model = qw.open_model()          # the bundled demo model
     assert Path(model.path) == demo_model_path
-    with pytest.raises(qw.WorkbenchError, match="--budget-bpw must be a positive number"):
+    with pytest.raises(qw.WorkbenchError, match="value is 0: give a finite number above 0 and "
+                                                "at most 1024"):
         qw.Budget.bits_per_weight(0)
-    with pytest.raises(qw.WorkbenchError, match="over must be one of all, linear"):
+    with pytest.raises(qw.WorkbenchError, match="over is 'every': choose one of all, linear"):
         qw.Budget.bits_per_weight(4, over="every")
     plan = qw.make_plan("q4_k", rules=[("re:.*down_proj.*", "q6_k")])
     assert plan.default == "q4_k" and plan.rules[0].scheme == "q6_k"

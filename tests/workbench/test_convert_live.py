@@ -187,15 +187,8 @@ def test_qwen3_head_size_comes_from_the_ggufs_key_length(tiny_arch, tmp_path):
 def test_a_gguf_without_tokenizer_stays_weight_level(tmp_path, capsys):
     """A llama GGUF with no tokenizer or hyper-parameters cannot be built into a Hugging Face
     model: evaluate reads its own tensors as before, check says what is missing."""
-    import gguf
-    path = tmp_path / "w.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tensor("blk.0.ffn_up.weight", np.random.default_rng(0).standard_normal(
-        (8, 64)).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    from tests.tiny_gguf import write_weights_only_gguf
+    path = write_weights_only_gguf(tmp_path / "w.gguf")
     assert main(["evaluate", str(path), "--scheme", "q8_0", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["tensors"]
     assert [r["name"] for r in rows] == ["blk.0.ffn_up.weight"]

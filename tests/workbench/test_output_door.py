@@ -77,7 +77,7 @@ def test_allocate_plan_refuses_an_unwritable_output_before_measuring(demo, tmp_p
             qw.allocate_plan(model, qw.Budget.bits_per_weight(4.5), output=out, progress=ev)
         assert str(out) in str(exc.value) and "\n" not in str(exc.value)
         assert ev.events == [], f"{out}: work started before the refusal"
-    with pytest.raises(WorkbenchError, match="expected a file path"):
+    with pytest.raises(WorkbenchError, match="output .*path"):      # (the argument checks')
         qw.allocate_plan(model, qw.Budget.bits_per_weight(4.5), output=123)
 
 

@@ -47,6 +47,8 @@ def plan_tensors(params: float) -> list[tuple[str, tuple[int, ...]]]:
 
 def generate(folder, params: float = 1.0e9, seed: int = 0) -> dict:
     """Write the sharded checkpoint into `folder`; returns {params, bytes, shards}."""
+    from workbench.core.checks import check_float
+    check_float("params", params, 1e6, 1e12)
     from workbench.core.floatbits import f32_to_bf16
     from workbench.export.st_writer import StreamingSafetensorsWriter
 
@@ -128,6 +130,8 @@ def measure(folder, repeats: int = 2) -> dict:
 
 
 def measure_in_subprocess(folder, repeats: int = 2) -> dict:
+    from workbench.core.checks import check_int
+    check_int("repeats", repeats, 1, 1000)
     code = ("import json,sys; from workbench.bench.load import measure; "
             f"print(json.dumps(measure(sys.argv[1], {int(repeats)})))")
     root = Path(__file__).resolve().parents[1]

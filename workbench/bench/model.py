@@ -210,6 +210,8 @@ def check_disk(folder, shape: Shape, steps, generate_it: bool = True) -> None:
 
 def generate(folder, params: float, seed: int = 0, progress=None) -> dict:
     """Write the checkpoint into `folder` (created); returns its shape and size."""
+    from workbench.core.checks import check_int
+    check_int("seed", seed, 0, (1 << 32) - 1)
     shape = llama_shape(params)
     folder = Path(folder)
     nbytes = shape.params * 2

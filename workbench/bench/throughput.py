@@ -74,6 +74,8 @@ def run_bench(schemes: list[str] | None = None, size: tuple[int, int] = (4096, 4
               backends: list[str] | None = None, repeats: int = 5, seed: int = 0,
               baselines: bool = True, progress: Callable[[str], None] | None = None) -> dict:
     """Measure and return every figure as a JSON-ready dict (see the module docstring)."""
+    from workbench.core.checks import check_int
+    check_int("repeats", repeats, 1, 1000)
     from workbench.quant import accel
     from kernels import backend as kb
     from workbench.quant.accel import spec_for

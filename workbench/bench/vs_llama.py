@@ -84,6 +84,11 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
     """The job (see the module docstring): yields Progress('[i/N] stage ...') at least every 2
     s; returns the results (also written to OUT/results.json). `out_dir` must be new or
     empty."""
+    from workbench.core import checks
+    checks.check_int("ctx", ctx, checks.MIN_CTX, checks.MAX_CTX)
+    checks.check_int("chunks", chunks, 1, checks.MAX_CHUNKS, none=True)
+    checks.check_int("threads", threads, 1, checks.MAX_THREADS)
+    checks.check_float("timeout", timeout, 0.0, 1e7, lo_open=True, unit=" seconds")
     model, calib, held_out = Path(model), Path(calib), Path(held_out)
     if not model.exists():
         raise WorkbenchError("no such model folder or file", path=str(model))

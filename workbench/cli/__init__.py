@@ -62,10 +62,15 @@ def build_parser(only: str | None = None,
 
 
 def _command_names(parser: argparse.ArgumentParser) -> set[str]:
+    return set(_commands(parser))
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict:
+    """{command name: its parser}."""
     for action in parser._subparsers._group_actions:  # noqa: SLF001 (argparse has no API)
         if isinstance(action, argparse._SubParsersAction):
-            return set(action.choices)
-    return set()
+            return action.choices
+    return {}
 
 
 def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMANDS) -> int:
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMA
         return int(args.func(args) or 0)
     except WorkbenchError as exc:
         from workbench.export.convert.live import public_error
-        _say(f"quant-workbench: error: {public_error(exc)}")
+        _say(f"quant-workbench: error: {public_error(flag_named(exc, parser, args))}")
         return 2
     except Cancelled:
         _say("quant-workbench: cancelled")
@@ -131,6 +136,24 @@ def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMA
         ex = getattr(args, "_executor", None)
         if ex is not None:   # a --cluster the command opened (a local cluster is stopped)
             ex.close()
+
+
+def flag_named(exc: WorkbenchError, parser, args) -> WorkbenchError:
+    """An API argument's refusal (workbench.core.checks.ArgumentError, naming the parameter)
+    told under the command's flag for it: the option whose destination is the parameter
+    (``samples`` -> ``--samples``, ``from_bpw`` -> ``--from-bpw``); a command whose flag
+    feeds a parameter of another name says so in ``set_defaults(flags={param: flag})``."""
+    from workbench.core.checks import ArgumentError
+    if not isinstance(exc, ArgumentError) or args is None:
+        return exc
+    flag = (getattr(args, "flags", None) or {}).get(exc.param)
+    if flag is None:
+        sub = _commands(parser).get(getattr(args, "command", None))
+        for action in getattr(sub, "_actions", ()):   # noqa: SLF001 (argparse has no API)
+            if action.dest == exc.param and action.option_strings:
+                flag = max(action.option_strings, key=len)
+                break
+    return exc.named(flag) if flag else exc
 
 
 def log_dir() -> Path:

@@ -133,12 +133,15 @@ class Cache:
     """A folder of verified entries (module doc): ``get`` returns the path of a payload whose
     record holds this key and whose bytes hash to the record's checksum, else None (a bad
     entry removed); ``put_bytes`` / ``put_file`` store a payload under a key after `verify`;
-    the `keep` most recently used entries stay."""
+    the `keep` most recently used entries stay (and, with `max_bytes`, only as many of the
+    most recently used as hold that many payload bytes)."""
 
-    def __init__(self, name: str, suffix: str, keep: int, folder=None):
+    def __init__(self, name: str, suffix: str, keep: int, folder=None,
+                 max_bytes: int | None = None):
         self.folder = Path(folder) if folder else cache_root() / name
         self.suffix = suffix
         self.keep = keep
+        self.max_bytes = max_bytes
 
     def path(self, key: str) -> Path:
         return self.folder / f"{key[:32]}{self.suffix}"
@@ -254,7 +257,8 @@ class Cache:
         """Only the `keep` most recently used entries stay (a hit touches its record); payloads
         without a record are removed once a minute old (a writer is between its two steps for
         less)."""
-        _prune(self.folder, f"*{self.suffix}.json", self.keep, companion=len(".json"))
+        _prune(self.folder, f"*{self.suffix}.json", self.keep, companion=len(".json"),
+               max_bytes=self.max_bytes)
         now = time.time()
         with contextlib.suppress(OSError):
             for p in self.folder.glob(f"*{self.suffix}"):
@@ -276,16 +280,27 @@ def _write_small(path: Path, text: str) -> bool:
         return False
 
 
-def _prune(folder: Path, pattern: str, keep: int, companion: int = 0) -> None:
+def _prune(folder: Path, pattern: str, keep: int, companion: int = 0,
+           max_bytes: int | None = None) -> None:
     """Remove all but the `keep` newest files matching `pattern` (with, for `companion` > 0,
-    the file named without the last `companion` characters)."""
+    the file named without the last `companion` characters); with `max_bytes`, also those
+    past the newest whose companions (payloads) hold that many bytes (the newest stays)."""
     with contextlib.suppress(OSError):
         files = []
         for p in folder.glob(pattern):
             with contextlib.suppress(OSError):
                 files.append((p.stat().st_mtime, p))
         files.sort(reverse=True)
-        for _, p in files[keep:]:
+        cut = keep
+        if max_bytes is not None and companion:
+            total = 0
+            for i, (_, p) in enumerate(files[:keep]):
+                with contextlib.suppress(OSError):
+                    total += p.with_name(p.name[:-companion]).stat().st_size
+                if total > max_bytes and i > 0:
+                    cut = i
+                    break
+        for _, p in files[cut:]:
             with contextlib.suppress(OSError):
                 p.unlink()
             if companion:

@@ -168,6 +168,12 @@ def _path_arg(value, label: str) -> Path:
     return Path(text).expanduser()
 
 
+def _shown(p: Path, limit: int = 200) -> str:
+    """The path as a message shows it: a hostile 100 KB name cut to its ends."""
+    text = str(p)
+    return text if len(text) <= limit else f"{text[:limit // 2]}…{text[-limit // 2:]}"
+
+
 def _listing(folder: Path, limit: int = 3) -> tuple[int, list[str]]:
     """(entries of `folder` that are not this program's temporary files, the first few names
     in sorted order)."""
@@ -202,6 +208,13 @@ def check_output(path, *, kind: str = "file", model=None, inputs: dict | None = 
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     out = _path_arg(path, label)
+    try:
+        os.lstat(out)
+    except (FileNotFoundError, NotADirectoryError):
+        pass                                    # nothing there: the folder is checked below
+    except (OSError, ValueError) as exc:       # a name too long, a link loop, not a folder
+        raise WorkbenchError(f"cannot write here ({getattr(exc, 'strerror', None) or exc}); "
+                             "nothing was written", path=_shown(out)) from None
     if model is not None:
         refuse_overwriting_inputs(model, out, label)
     if inputs:

@@ -61,7 +61,8 @@ _ROUTER_RE = re.compile(
     r"|(?:^|\.)ffn_gate_inp(?:_shexp)?\.(?:weight|bias)$|(?:^|\.)exp_probs_b(?:\.bias)?$")
 _EXPERT_RE = re.compile(r"\.experts\.(\d+)\.")
 _MERGED_RE = re.compile(r"\.experts\.(gate_up_proj|gate_proj|up_proj|down_proj)(?:\.weight)?$"
-                        r"|(?:^|\.)ffn_(gate_up|gate|up|down)_exps\.weight$")
+                        r"|(?:^|\.)ffn_(gate_up|gate|up|down)_exps\.weight$"
+                        r"|\.switch_mlp\.(gate_proj|up_proj|down_proj)\.weight$")   # mlx-lm
 _SHARED_RE = re.compile(r"\.shared_experts?\.|(?:^|\.)ffn_(?:gate|up|down)_shexp\.weight$")
 _PROJ_RE = [("gate_up", re.compile(r"gate_up_proj|ffn_gate_up_exps")),
             ("gate", re.compile(r"gate_proj|\.w1\.weight$|ffn_gate_(?:exps|shexp)")),
@@ -75,7 +76,7 @@ def moe_role(name: str) -> str | None:
     if "gate" in low or "router" in low or "exp_probs" in low or "e_score" in low:
         if _ROUTER_RE.search(low):
             return "router"
-    if "exp" not in low:
+    if "exp" not in low and "switch_mlp" not in low:
         return None
     if _SHARED_RE.search(low):
         return "shared_expert"

@@ -25,7 +25,6 @@ budget.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -57,25 +56,26 @@ class Budget:
     def bits_per_weight(cls, value: float, over: str = "all") -> "Budget":
         """`value` bits per weight over every tensor (``over="all"``, as `evaluate` counts
         them) or over the Linear weights only (``over="linear"``)."""
-        if over not in OVER:
-            raise WorkbenchError(f"over must be one of {', '.join(OVER)}, not {over!r}")
-        return from_flags(budget_bpw=value, bpw_over=over)
+        from workbench.core.checks import check_choice
+        check_choice("over", over, OVER)
+        return from_flags(budget_bpw=_number("value", value, "budget_bpw"), bpw_over=over)
 
     @classmethod
     def tensor_bytes(cls, value: int) -> "Budget":
         """`value` bytes of every tensor as `evaluate` counts them (no file header)."""
-        return from_flags(budget_bytes=value)
+        return from_flags(budget_bytes=_number("value", value, "budget_bytes"))
 
     @classmethod
     def file_bytes(cls, value: int) -> "Budget":
         """`value` bytes of the whole GGUF file the llama.cpp export writes."""
-        return from_flags(budget_file_bytes=value)
+        return from_flags(budget_file_bytes=_number("value", value, "budget_file_bytes"))
 
     @classmethod
     def of_file(cls, path) -> "Budget":
         """No bigger than an existing file: a .gguf file's size, a .safetensors file's tensor
         bytes."""
-        return budget_of(str(path))
+        from workbench.core.checks import check_path
+        return budget_of(str(check_path("path", path)))
 
     def describe(self) -> str:
         if self.kind == "bpw":
@@ -98,19 +98,17 @@ class Budget:
         return d
 
 
-#: the largest budget each flag takes (above it no allocation differs, and a bits-per-weight
+#: the largest budget each kind takes (above it no allocation differs, and a bits-per-weight
 #: of 1e308 times the parameter count is no number of bytes)
-BUDGET_MAX = {"--budget-bpw": 1024.0, "--budget-bytes": float(1 << 62),
-              "--budget-file-bytes": float(1 << 62)}
+BUDGET_MAX = {"budget_bpw": 1024.0, "budget_bytes": float(1 << 62),
+              "budget_file_bytes": float(1 << 62)}
 
 
-def _number(flag: str, v: float) -> float:
-    if not math.isfinite(v) or v <= 0:
-        raise WorkbenchError(f"{flag} must be a positive number, got {v:g}")
-    if v > BUDGET_MAX.get(flag, math.inf):
-        raise WorkbenchError(f"{flag} is {v:g}: at most {BUDGET_MAX[flag]:g} is taken (a larger "
-                             "budget allocates nothing differently)")
-    return v
+def _number(name: str, v, kind: str | None = None) -> float:
+    """`v` as a positive finite number within its kind's bound (an ArgumentError naming `name`:
+    the parameter, which the CLI shows as its flag)."""
+    from workbench.core.checks import check_float
+    return check_float(name, v, 0.0, BUDGET_MAX[kind or name], lo_open=True)
 
 
 def from_flags(budget_bpw: float | None = None, budget_bytes: int | None = None,
@@ -121,11 +119,11 @@ def from_flags(budget_bpw: float | None = None, budget_bytes: int | None = None,
     if bpw_over is not None and budget_bpw is None:
         raise WorkbenchError("--bpw-over goes with --budget-bpw")
     if budget_bpw is not None:
-        return Budget("bpw", _number("--budget-bpw", float(budget_bpw)), bpw_over or "all")
+        return Budget("bpw", _number("budget_bpw", budget_bpw), bpw_over or "all")
     if budget_bytes is not None:
-        return Budget("bytes", _number("--budget-bytes", float(budget_bytes)))
+        return Budget("bytes", _number("budget_bytes", budget_bytes))
     if budget_file_bytes is not None:
-        return Budget("file", _number("--budget-file-bytes", float(budget_file_bytes)),
+        return Budget("file", _number("budget_file_bytes", budget_file_bytes),
                       over="file", format="gguf")
     if budget_of_file is None:
         raise WorkbenchError("no budget: give bits per weight, bytes, file bytes or a file")

@@ -73,12 +73,10 @@ def quantize(w: np.ndarray, scheme_name: str, tensor: str | None = None):
     """QuantizedTensor of a matrix: the numba kernel when available, else the reference.
     A WorkbenchError when the scheme cannot represent finite weights (a scale or value that
     overflows its storage type) instead of a tensor of Inf."""
+    from workbench.quant import accel     # (a scheme without a kernel: accel runs the reference)
     scheme = get_scheme(scheme_name)
     try:
-        from workbench.quant import accel
         qt = accel.quantize(scheme, w)
-    except (ImportError, AttributeError):
-        qt = scheme.quantize(w, tensor=tensor)
     except WorkbenchError as exc:
         raise WorkbenchError(exc.problem, path=exc.path, tensor=tensor) from None
     if scheme.reference_needed(qt):   # an edge of the scale range: the reference refuses/handles it
@@ -117,24 +115,17 @@ def check_representable(qt, w: np.ndarray, tensor: str | None = None) -> None:
 
 def quantize_measure(w: np.ndarray, scheme_name: str, tensor: str | None = None):
     """(QuantizedTensor, ErrorSums) for a 2-D float32 matrix, kernels when available."""
+    from workbench.quant import accel     # (no kernel for the scheme: the reference's sums)
     qt = quantize(w, scheme_name, tensor=tensor)
-    try:
-        from workbench.quant import accel
-        return qt, accel.dequant_error(w, qt)
-    except (ImportError, AttributeError):
-        wq = get_scheme(scheme_name).dequantize(qt).reshape(w.shape)
-        return qt, ErrorSums.from_arrays(w, wq)
+    return qt, accel.dequant_error(w, qt)
 
 
 def measure(w: np.ndarray, scheme_name: str, tensor: str | None = None):
     """(quantized bytes, ErrorSums) of a 2-D float32 matrix: quantize_measure's figures, from
     one pass over the weights where a kernel does both (accel.quantize_error: integer and
     ternary schemes on the CPU), else through quantize_measure."""
-    try:
-        from workbench.quant import accel
-        got = accel.quantize_error(scheme_name, w)
-    except (ImportError, AttributeError):
-        got = None
+    from workbench.quant import accel
+    got = accel.quantize_error(scheme_name, w)
     if got is not None:
         return got
     qt, sums = quantize_measure(w, scheme_name, tensor=tensor)

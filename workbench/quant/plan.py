@@ -446,3 +446,29 @@ def _bad_pattern(text: str) -> bool:
         return False
     except WorkbenchError:
         return True
+
+
+def default_plan(model, scheme: str | None = None) -> Plan:
+    """The plan a newly opened model starts from: `scheme` (default Plan's, int8-channel) for
+    every weight matrix, except that no tensor gets more bits than it already has: a tensor
+    stored quantized (a GGUF's Q4_1 or Q8_0, a ``TensorInfo.quant``) or one `scheme` would store in more
+    bytes than it takes now (FP8) is kept as it is, unless the user asks. A float model's is
+    ``Plan(default=scheme)``; where most matrices are kept the default is keep and the others
+    are named."""
+    from workbench.formats.dtypes import STORAGE
+    from workbench.schemes import get_scheme
+    sch = get_scheme(scheme or Plan.default)
+    keep, requant = [], []
+    for n, info in model.tensors.items():
+        if not (info.ndim >= 2 and info.is_float):
+            continue          # never a plan's default (norms, biases, integer tensors)
+        stored_quantized = info.quant is not None or info.dtype not in STORAGE   # GGML types
+        if stored_quantized or sch.nbytes(info.shape) > info.nbytes:
+            keep.append(n)
+        else:
+            requant.append(n)
+    if not keep:
+        return Plan(default=sch.name)
+    if len(requant) < len(keep):
+        return Plan(default=KEEP, rules=[Rule(n, sch.name) for n in requant])
+    return Plan(default=sch.name, rules=[Rule(n, KEEP) for n in keep])

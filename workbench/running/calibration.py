@@ -195,7 +195,9 @@ def load_tokenizer(folder):
 
 def calibration_samples(model, calib=None, samples: int | None = None, max_len: int = 128):
     """Job: list of int64 token-id arrays (one per sample, at most `max_len` tokens)."""
+    from workbench.core.checks import MAX_SAMPLES, check_int
     from workbench.formats.llama_names import model_folder
+    check_int("samples", samples, 1, MAX_SAMPLES, none=True)   # -3 would drop the last three
     calib = Path(calib) if calib else DEFAULT_CALIB
     folder = model_folder(model)
     tsig = file_signature(str(folder / "tokenizer.json")) if (folder / "tokenizer.json").is_file() else None

@@ -287,12 +287,15 @@ def max_positions(config) -> int | None:
 
 def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None = None,
               weights=None, device: str | None = None, top_k: int = TOP_K,
-              tail_samples: int = TAIL_SAMPLES, use_cache: bool = True, exact: bool = False):
+              tail_samples: int = TAIL_SAMPLES, use_cache: bool = True, exact: bool = False,
+              emulate: str | None = None):
     """Job: llama-perplexity's KL-divergence figures of `plan` (or `weights`, see
     runner_jobs.check) against the float model on `text` (a file; default the calibration
     text), in chunks of `ctx` tokens (default 512, or the model's maximum positions when
     fewer). `exact`: also the KLD against the full float distribution (``kld_full``, to
-    measure the sparse cache's error; the cache is then not read). Returns the figures
+    measure the sparse cache's error; the cache is then not read). `emulate` "llama.cpp": the
+    quantized model's Linear inputs rounded as llama.cpp's CPU dot products round them
+    (workbench/running/act_emulate.py). Returns the figures
     (see the module doc) under "kld", with check's causal-LM keys beside them."""
     import time
 
@@ -301,6 +304,8 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
     from workbench.core.progress import Progress
     from workbench.running.runner_store import ActivationStore, new_budget
     from workbench.running.runner_passes import plan_override, runner_job
+    if emulate not in (None, "llama.cpp"):
+        raise WorkbenchError(f"emulate={emulate!r}: the only runtime emulated is 'llama.cpp'")
     runner = yield from runner_job(model, device)
     if runner.kind != "causal-lm":
         raise WorkbenchError("KL-divergence scoring needs a causal LM", path=str(model.path))
@@ -335,6 +340,7 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
     base = None if (exact or not use_cache) else read_cache(key, n_rows, k + ns, vocab)
     cache_state = "hit" if base is not None else ("off" if not use_cache else "miss")
     quant = plan_override(model, plan, weights)
+    hooks, switch = _emulation(runner, model, plan, emulate)
     data = list(grid)
     bsz = max(1, TOKENS_PER_BATCH // ctx)
     budget = new_budget()
@@ -357,6 +363,7 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
         for i in range(L):
             for st, ov in sides:
                 runner.materialize(runner.layer_params[i], ov)
+                switch["on"] = ov is quant
                 try:
                     for bi, b in enumerate(batches):
                         yield Progress(2 + 88 * step / steps, 100,
@@ -372,8 +379,10 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
         for st, ov in sides:                                  # final norms
             runner.finish_store(batches, st, ov)
         out = yield from _head(runner, batches, grid, fstore, qstore, quant, base, k, ns,
-                               first, n_pos, exact, n_chunk)
+                               first, n_pos, exact, n_chunk, switch)
     finally:
+        for h in hooks:
+            h.remove()
         if fstore is not None:
             fstore.close()
         if qstore is not None:
@@ -390,12 +399,25 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
     res["kld"]["bos"] = bos
     if note:
         res["kld"]["note"] = note
+    if emulate:
+        res["kld"]["emulate"] = emulate
     yield Progress(100, 100, "done")
     return res
 
 
+def _emulation(runner, model, plan, emulate):
+    """(hook handles, switch) of `emulate` (None: no hooks, a switch nothing reads)."""
+    if emulate is None:
+        return [], {"on": False}
+    from workbench.quant.runtimes import plan_decisions
+    from workbench.running.act_emulate import llama_cpu_hooks
+    decisions = {n: d.applied for n, d in plan_decisions(model, plan, "llama.cpp").items()} \
+        if plan is not None else {}
+    return llama_cpu_hooks(runner, decisions)
+
+
 def _head(runner, batches, grid, fstore, qstore, quant, base, k, ns, first, n_pos, exact,
-          n_chunk):
+          n_chunk, switch=None):
     """Job: the head over the scored rows of every chunk. Returns (sparse base of the float
     model (new, or the cached one), per-token accumulators)."""
     import torch
@@ -433,7 +455,11 @@ def _head(runner, batches, grid, fstore, qstore, quant, base, k, ns, first, n_po
                 r = slice(row + s, row + min(s + step, len(ii)))
                 nxt = nxt_all[sl].to(runner.device)
                 with torch.no_grad():
+                    if switch is not None:
+                        switch["on"] = True
                     zq = runner.logits(hq_all[ii[sl], tt[sl]], qhead).double()
+                    if switch is not None:
+                        switch["on"] = False
                     lq = torch.log_softmax(zq, -1)
                     if hf_all is not None:
                         lb = torch.log_softmax(runner.logits(hf_all[ii[sl], tt[sl]]).double(), -1)

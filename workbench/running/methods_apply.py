@@ -189,8 +189,12 @@ class MethodModel:
     quantize_tensor() the method's QuantizedTensor. Everything else is the base model's."""
 
     def __init__(self, base, plan, stats: dict, col=None, row=None, vec=None, notes=None,
-                 alphas=None):
+                 alphas=None, use_cache: bool = True, source=None):
         self.base = base
+        # the fit cache (workbench.running.method_fits): read and written unless use_cache is
+        # False; `source`: what the statistics came from (model, calibration), for its keys
+        self.use_cache = use_cache
+        self.source = source
         self.plan = plan
         self.stats = stats
         self.col = col or {}
@@ -285,7 +289,9 @@ class MethodModel:
             from workbench.quant.evaluate import quantize
             return quantize(w, scheme_name, tensor=name)
         opts = {"fold": False} if method == "awq" else {}
-        qt = get_method(method).quantize(w, scheme_name, st, tensor=name, **opts)
+        from workbench.running.method_fits import fitted
+        qt = fitted(method, w, scheme_name, st, tensor=name, source=self.source,
+                    use_cache=self.use_cache, **opts)
         from workbench.quant.evaluate import check_representable
         check_representable(qt, w, name)
         return qt
@@ -347,10 +353,12 @@ def needs_stats(plan, names) -> set[str]:
 
 
 def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples=None,
-            stats: dict | None = None):
+            stats: dict | None = None, use_cache: bool = True):
     """Job: the MethodModel of `model` under `plan` (the model itself when every tensor is rtn).
     `stats`: {name: LayerStats} already collected (``collect_stats``) — used as they are, no
-    calibration run; a tensor missing from them uses rtn (as one that is not a Linear input)."""
+    calibration run; a tensor missing from them uses rtn (as one that is not a Linear input).
+    `use_cache` False: the fit cache (workbench.running.method_fits) is neither read nor
+    written."""
     from workbench.quant.runtimes import plan_decisions
     decisions = plan_decisions(model, plan, runtime)
     todo = {n for n, d in decisions.items() if d.applied != KEEP and model.info(n).ndim >= 2
@@ -409,8 +417,15 @@ def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples
         groups = {t: c for t, c in groups.items() if all(n in stats for n in c)}
         scheme_of = {n: decisions[n].applied for g in groups.values() for n in g}
         col, row, vec, alphas = awq_fold(model, groups, stats, scheme_of)
+    source = None
+    from workbench.running.method_fits import CACHED_METHODS, calib_source
+    if use_cache and not given and methods & set(CACHED_METHODS):
+        from workbench.core.cache import file_key, model_key
+        source = [model_key(model), calib_source(calib, samples, 128),
+                  file_key(imatrix) if imatrix else None]
     yield Progress(1, 1, "methods prepared")
-    return MethodModel(model, plan, stats, col, row, vec, notes, alphas)
+    return MethodModel(model, plan, stats, col, row, vec, notes, alphas, use_cache=use_cache,
+                       source=source)
 
 
 class RunnerWeights(Mapping):

@@ -108,6 +108,9 @@ def run(args) -> int:
     print(f"  {a.measure} sensitivity ({out['measure_reason']}) {what} {sol.error:.6g}{unit} "
           f"({'optimal' if sol.exact else f'lower bound {sol.bound:.6g}'}); "
           f"solved in {1000 * a.seconds['solve']:.1f} ms")
+    if out["predicted_unit"] == "kl" and args.target == "llama.cpp":
+        print("  (predicted with float activations: llama.cpp's CPU backend also rounds them to "
+              "8 bits, +5 % mean KLD on SmolLM2 at q4_k; `check` emulates it, docs/vs-llama.md)")
     print("  " + ", ".join(f"{s}: {c}" for s, c in out["schemes"].items() if c))
     print("  methods: " + ", ".join(f"{m}: {c}" for m, c in out["methods"].items())
           + f" (weighed {', '.join(mstat['methods'])}"

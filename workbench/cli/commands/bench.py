@@ -82,7 +82,7 @@ def _report(args, path, fmt, measure) -> int:
     from workbench.core.errors import WorkbenchError
     say = None if args.json else (lambda m: print(f"  {m}", file=sys.stderr))
     try:
-        rep = measure(max(1, args.repeats if args.repeats != 5 else 3), say)
+        rep = measure(args.repeats if args.repeats != 5 else 3, say)
     except (RuntimeError, ValueError) as exc:
         raise WorkbenchError(str(exc), path=path) from None
     if args.json:
@@ -122,6 +122,9 @@ def _run_vs_ggml(args) -> int:
 
 
 def run(args) -> int:
+    from workbench.core.checks import MAX_THREADS, check_int
+    check_int("repeats", args.repeats, 1, 1000)       # (0 or -3 was read as 1)
+    check_int("threads", args.threads, 1, MAX_THREADS, none=True)
     if getattr(args, "make_llama_f16", None):
         from workbench.bench import llama as bench_llama
         info = bench_llama.make_llama_f16_gguf(args.make_llama_f16)
@@ -140,7 +143,7 @@ def run(args) -> int:
     elif names:
         names = [get_scheme(n).name for n in names]          # unknown names: WorkbenchError
     try:
-        report = run_bench(names, size=args.size, backends=args.backend, repeats=max(1, args.repeats),
+        report = run_bench(names, size=args.size, backends=args.backend, repeats=args.repeats,
                            baselines=not args.no_baselines,
                            progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     except (RuntimeError, ValueError) as exc:

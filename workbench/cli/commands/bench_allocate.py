@@ -16,9 +16,12 @@ def register(sub) -> None:
     p = sub.add_parser("bench-allocate", help="time the budget allocator on synthetic data, or "
                        "(--vs-llama MODEL) allocate + export against llama.cpp's imatrix "
                        "pipeline, judged by llama-perplexity's KL divergence")
-    p.add_argument("--tensors", type=int, default=500)
-    p.add_argument("--schemes", type=int, default=12)
-    p.add_argument("--repeat", type=int, default=10, help="instances (different seeds)")
+    p.add_argument("--tensors", type=int, default=500, help="tensors an instance holds "
+                   "(default 500; at most 100,000)")
+    p.add_argument("--schemes", type=int, default=12, help="candidate schemes a tensor has "
+                   "(default 12; at most 64)")
+    p.add_argument("--repeat", type=int, default=10, help="instances (different seeds; "
+                   "default 10, at most 1,000)")
     p.add_argument("--json", action="store_true")
     g = p.add_argument_group("--vs-llama (docs/vs-llama.md)")
     g.add_argument("--vs-llama", metavar="MODEL", default=None,
@@ -50,40 +53,11 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def synthetic(n: int, k: int, seed: int):
-    """Sizes like a transformer's weight matrices, schemes from 2 to 16 bits per weight, errors
-    ~ size * 2^(-2 bits) with per-tensor and per-scheme noise, integer byte costs."""
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    bpw = np.sort(rng.uniform(2.0, 16.0, size=k))
-    shapes = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (384, 384), (1536, 384)]
-    sizes = [int(np.prod(shapes[i])) for i in rng.integers(0, len(shapes), size=n)]
-    costs, errors = [], []
-    for s in sizes:
-        costs.append(np.ceil(s * bpw / 8 * rng.uniform(0.97, 1.03, size=k)).astype(int).tolist())
-        errors.append((s * rng.uniform(0.3, 3.0) * rng.uniform(0.8, 1.25, size=k)
-                       * 2.0 ** (-2 * bpw)).tolist())
-    lo, hi = sum(min(c) for c in costs), sum(max(c) for c in costs)
-    budget = int(lo + (hi - lo) * rng.uniform(0.05, 0.6))
-    return costs, errors, budget
-
-
 def run(args) -> int:
     if args.vs_llama:
         return run_vs_llama(args)
-    import time
-    from workbench.planning.allocate import solve_detailed
-    rows = []
-    for seed in range(args.repeat):
-        costs, errors, budget = synthetic(args.tensors, args.schemes, seed)
-        t0 = time.perf_counter()
-        sol = solve_detailed(costs, errors, budget)
-        dt = time.perf_counter() - t0
-        assert sol.cost <= budget
-        gap = (sol.error - sol.bound) / abs(sol.bound) if sol.bound else 0.0
-        rows.append({"seed": seed, "seconds": dt, "exact": sol.exact, "core": sol.core,
-                     "states": sol.states, "gap_to_bound": gap, "budget": budget,
-                     "bytes": sol.cost})
+    from workbench.bench.allocator import time_allocator
+    rows = time_allocator(args.tensors, args.schemes, args.repeat)
     worst = max(r["seconds"] for r in rows)
     if args.json:
         print_json({"tensors": args.tensors, "schemes": args.schemes, "runs": rows,
@@ -109,11 +83,6 @@ def run_vs_llama(args) -> int:
     if not args.held_out:
         raise WorkbenchError("--vs-llama needs --held-out FILE: a text the calibration never "
                              "saw, a few thousand tokens long")
-    for name, v in (("--ctx", args.ctx), ("--threads", args.threads)):
-        if v < 1:
-            raise WorkbenchError(f"{name} must be at least 1, got {v}")
-    if args.chunks is not None and args.chunks < 1:
-        raise WorkbenchError(f"--chunks must be at least 1, got {args.chunks}")
     types = parse_types(args.types)
     extra = split_args(args.workbench_args)
     calib = args.calib or str(Path(__file__).resolve().parents[3] / "resources" /

@@ -109,6 +109,9 @@ def run(args) -> int:
     steps = _steps(args.steps, shape.params * 2)
     if args.samples < 1:
         raise WorkbenchError("--samples must be at least 1")
+    from workbench.core.checks import check_float
+    check_float("max_memory", args.max_memory, 0.0, 1e6, none=True, unit=" GB (0: no cap)")
+    check_float("timeout", args.timeout, 0.0, 1e7, none=True, lo_open=True, unit=" seconds")
     from workbench.bench.model import check_disk
     created = args.dir is None or not Path(args.dir).exists()
     if args.dir is not None:

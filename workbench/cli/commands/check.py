@@ -75,7 +75,12 @@ def register(sub) -> None:
                    help="neither read nor write the cached float model: its next-token "
                         "distributions (--scoring chunks, ~/.cache/quant-workbench/kld/"
                         "*.safetensors) or llama-perplexity's base logits (--runtime llama.cpp, "
-                        "~/.cache/quant-workbench/kld/*.kld)")
+                        "~/.cache/quant-workbench/kld/*.kld), nor the fitted GPTQ weights "
+                        "(~/.cache/quant-workbench/method-fits)")
+    p.add_argument("--emulate", choices=["auto", "llama.cpp", "none"], default="auto",
+                   help="--scoring chunks: round the quantized model's Linear inputs as "
+                        "llama.cpp's CPU dot products do (8-bit Q8_K / Q8_0 rows); auto "
+                        "(default): with --target llama.cpp")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -101,6 +106,7 @@ def run(args) -> int:
                      act_method=args.act_method, accuracy_level=args.accuracy_level,
                      save_onnx=args.save_onnx, save_gguf=args.save_gguf,
                      kld_exact=args.kld_exact, use_cache=not args.no_cache,
+                     emulate=None if args.emulate == "none" else args.emulate,
                      driver=lambda job: drive(job, quiet=args.json),
                      say=lambda line: print(line, file=sys.stderr))
     conv = res.pop("convention", None)
@@ -130,6 +136,9 @@ def _print_kld(res) -> int:
           f"{k['tail_samples']} drawn from the rest)")
     if k.get("note"):
         print(f"  note: {k['note']}")
+    if k.get("emulate"):
+        print(f"  activations rounded as {k['emulate']}'s CPU dot products round them "
+              "(--emulate; docs/vs-llama.md)")
     rows = [("Mean PPL(Q)", f"{k['ppl_quant']:.6f}"), ("Mean PPL(base)", f"{k['ppl_base']:.6f}"),
             ("Mean PPL(Q)/PPL(base)", f"{k['ppl_ratio']:.6f}"),
             ("Mean    KLD", f"{k['mean']:.6f}"), ("Maximum KLD", f"{k['max']:.6f}"),

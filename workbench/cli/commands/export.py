@@ -49,6 +49,8 @@ def register(sub) -> None:
                    help="quantize on N threads (default: all cores)")
     from workbench.jobs.cluster import add_cluster_arg
     add_cluster_arg(p)
+    p.add_argument("--no-cache", action="store_true",
+                   help="fit GPTQ again: neither read nor write the fit cache (docs/methods.md)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.add_argument("--verbose", action="store_true",
                    help="list every tensor's note (default: one line per kind of note, counted)")
@@ -84,7 +86,8 @@ def run(args) -> int:
                        accuracy_level=args.accuracy_level, overwrite=args.overwrite,
                        executor=executor_of(args) if args.cluster else None,
                        driver=lambda job: drive(job, quiet=args.json),
-                       say=lambda line: print(line, file=sys.stderr))
+                       say=lambda line: print(line, file=sys.stderr),
+                       use_cache=not args.no_cache)
     conv = info.get("convention")
     if conv is not None and conv["rules"] and not args.json:
         print(f"convention: {conv['line']}", file=sys.stderr)

@@ -51,13 +51,23 @@ def detect_format(path: Path) -> str:
 def open_model(path: str | os.PathLike) -> Model:
     """Open a checkpoint by path. Reads headers only; data is read on demand (loaders.region)."""
     p = Path(path).expanduser()
-    if not p.exists():
-        raise WorkbenchError("file not found", path=str(p))
+    try:
+        p.stat()
+    except FileNotFoundError:
+        raise WorkbenchError("file not found", path=str(p)) from None
+    except (OSError, ValueError) as exc:     # a name too long, a loop of links, a NUL
+        raise WorkbenchError(f"cannot open it ({getattr(exc, 'strerror', None) or exc})",
+                             path=str(p)) from None
     if not p.is_dir():
         from workbench.core.limits import check_regular_file
         check_regular_file(p)
     fmt = detect_format(p)
     if fmt == "safetensors":
+        from workbench.formats.loaders import mlx_format
+        from workbench.formats.loaders.safetensors_format import open_safetensors
+        mlx = mlx_format.mlx_quantization(p)   # an mlx-lm folder: dequantized as mlx does
+        if mlx is not None:
+            return mlx_format.open_mlx(open_safetensors(p), *mlx)
         from workbench.formats.loaders.block_fp_sources import source_kind
         kind = source_kind(p)           # a quantized checkpoint: opened dequantized, exactly
         if kind == "compressed-tensors":
@@ -69,12 +79,21 @@ def open_model(path: str | os.PathLike) -> Model:
         if kind == "mxfp4-blocks":
             from workbench.formats.loaders.block_fp_sources import open_mxfp4_blocks
             return open_mxfp4_blocks(p)
-        from workbench.formats.loaders.safetensors_format import open_safetensors
-        return open_safetensors(p)
+        model = open_safetensors(p)
+        packed = mlx_format.quantized_without_config(model)
+        if packed is not None:
+            raise WorkbenchError("stored as mlx-lm quantizes (uint32 beside .scales), but there "
+                                 "is no config.json with its \"quantization\" object beside "
+                                 "it: open the mlx-lm folder", path=str(p), tensor=packed)
+        return model
     if fmt == "gguf":
         from workbench.formats.loaders.gguf_format import open_gguf
-        target = p if p.is_file() else sorted(p.glob("*.gguf"))[0]
-        return open_gguf(target)
+        found = [p] if p.is_file() else sorted(p.glob("*.gguf"))
+        if len(found) > 1:      # which one is meant is the user's choice, never the first
+            names = ", ".join(q.name for q in found[:6]) + (", ..." if len(found) > 6 else "")
+            raise WorkbenchError(f"folder holds {len(found)} GGUF files ({names}): open one "
+                                 "of them by its path", path=str(p))
+        return open_gguf(found[0])
     from workbench.formats.loaders.torch_format import open_torch, open_torch_shards
     if p.is_dir():
         index = sorted(p.glob("*.bin.index.json")) + sorted(p.glob("*.pt.index.json"))

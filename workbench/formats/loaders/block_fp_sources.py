@@ -33,13 +33,11 @@ _FP4 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
 def source_kind(path) -> str | None:
     """"compressed-tensors", "fp8-block" or "mxfp4-blocks" for a folder (or a file in one)
     whose config.json declares that quantization; None otherwise."""
-    p = Path(path)
-    folder = p if p.is_dir() else p.parent
-    cfg = folder / "config.json"
-    if not cfg.is_file():
+    from workbench.formats.loaders.sidecar import folder_config
+    found = folder_config(path)
+    if found is None:
         return None
-    from workbench.core.limits import load_sidecar_json
-    data = load_sidecar_json(cfg, "config.json")
+    data = found[1]
     q = data.get("quantization_config") if isinstance(data, dict) else None
     if not isinstance(q, dict):
         return None

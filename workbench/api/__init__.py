@@ -20,82 +20,35 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from workbench import _API
+# the public names this package re-exports (workbench.__init__'s _API): the types and
+# errors a script meets, the results, the file jobs
+from workbench.api._common import (AUTO, AUTO_FISHER_SAMPLES, AUTO_FISHER_SAMPLES_LM,  # noqa: F401
+                                   DEFAULT_SCHEMES, CancelCheck, Driver, PlanLike,
+                                   ProgressCallback, _check_inputs, _driver, _file_inputs)
+from workbench.api.files import calibrate, convert_gguf, diff_quantizations  # noqa: F401
+from workbench.api.results import Allocation, Frontier, MeasureChoice
+from workbench.core.errors import Cancelled, WorkbenchError  # noqa: F401
+from workbench.core.progress import Progress  # noqa: F401
 from workbench.planning.budget import Budget
-from workbench.core.errors import Cancelled, WorkbenchError
 from workbench.quant.plan import Plan, Rule
-from workbench.core.progress import Job, Progress
 
 if TYPE_CHECKING:   # the heavy types, for annotations only
-    from workbench.planning.allocate import Solution
-    from workbench.quant.evaluate import Evaluation
-    from workbench.planning.frontier import FrontierPoint
     from workbench.formats.model import Model
     from workbench.planning.sensitivity import SensitivityTable
+    from workbench.quant.evaluate import Evaluation
     from workbench.quant.stats import TensorStats
 
 #: the public names; workbench/__init__.py lists them (it re-exports them without importing this)
 __all__ = sorted(_API)
 
-ProgressCallback = Callable[[Progress], None]
-CancelCheck = Callable[[], bool]
-#: runs one progress job to its result (workbench.core.progress.run with a callback, or the CLI's bar)
-Driver = Callable[[Job], Any]
-PlanLike = Union[Plan, str]
-
-#: "auto": the target runtime's candidate schemes, or the best measure the inputs allow
-AUTO = "auto"
-#: the `sensitivity` command's candidate schemes
-DEFAULT_SCHEMES = "q3_k,q4_0,q4_k,q5_0,q5_k,q6_k,q8_0"
-#: samples the automatic fisher measure reads unless `samples` says otherwise: an encoder 64
-#: (MiniLM: rank correlation 0.99 with the output change), a causal LM 32 (docs/vs-llama.md)
-AUTO_FISHER_SAMPLES, AUTO_FISHER_SAMPLES_LM = 64, 32
-
-
-def _driver(progress: ProgressCallback | None | bool, cancel: CancelCheck | None,
-            driver: Driver | None) -> Driver:
-    """How a call runs its jobs: `driver` when given; else with `progress` (a callback; None:
-    shown by default, a line updated in place on a terminal or in Jupyter; False: nothing)
-    and `cancel`."""
-    if driver is not None:
-        return driver
-    from workbench.core.progress import default_progress, run
-
-    def drive(job):
-        if progress is False:
-            return run(job, None, cancel)
-        if progress is not None:
-            return run(job, progress, cancel)
-        shown = default_progress()
-        try:
-            return run(job, shown, cancel)
-        finally:
-            shown.close()
-    return drive
-
-
-def _check_inputs(*args, **kw) -> None:
-    """The calibration, held-out and imatrix files checked before any network is built
-    (workbench.running.inputs)."""
-    from workbench.running.inputs import validate_calibration_inputs
-    validate_calibration_inputs(*args, **kw)
-
-
-def _file_inputs(**named) -> dict:
-    """{parameter: path} of the arguments that name files (str / os.PathLike): the inputs an
-    output is compared with (workbench.core.outputs.check_output)."""
-    return {k: os.fspath(v) for k, v in named.items()
-            if isinstance(v, (str, os.PathLike)) and os.fspath(v)}
-
-
 # ---- models, statistics, plans ----------------------------------------------------------------
 def demo_model_path() -> Path:
     """The bundled demo model (resources/demo_model/model.safetensors)."""
-    return Path(__file__).resolve().parents[1] / "resources" / "demo_model" / "model.safetensors"
+    return Path(__file__).resolve().parents[2] / "resources" / "demo_model" / "model.safetensors"
 
 
 def open_model(path: str | os.PathLike | None = None, *, device: str | None = None) -> "Model":
@@ -130,6 +83,8 @@ def make_plan(scheme: str | None = None, *, path: str | os.PathLike | None = Non
         raise WorkbenchError("give one of a scheme, a plan file or a plan")
     if path is not None:
         plan = Plan.load(str(path))
+    elif isinstance(plan, Mapping):         # a plan document (export --format plan's JSON)
+        plan = Plan.from_dict(dict(plan), path="plan")
     elif scheme is not None:
         from workbench.schemes import get_scheme
         plan = Plan(default=get_scheme(scheme).name)   # unknown names: a clear error
@@ -165,11 +120,13 @@ def runtime_target(runtime: str, target: str | None) -> str:
 def with_methods(model: "Model", plan: Plan, *, method: str | None = None, calib=None,
                  imatrix=None, target: str = "any", progress: ProgressCallback | None = None,
                  cancel: CancelCheck | None = None, driver: Driver | None = None,
-                 say: Callable[[str], None] | None = None):
+                 say: Callable[[str], None] | None = None, use_cache: bool = True):
     """(plan with `method` on the tensors whose rule names none, the model to quantize): the
     model itself when every tensor uses rtn, else a MethodModel holding each tensor's imatrix
     / GPTQ / AWQ result, fitted on `calib` (text / JSONL / token ids; default the shipped
-    calibration text) or an `imatrix` file. `say(line)` gets the methods' notes."""
+    calibration text) or an `imatrix` file. `say(line)` gets the methods' notes. A GPTQ fit
+    made before for the same inputs is read from the fit cache (workbench.running.method_fits;
+    `use_cache` False: neither read nor written)."""
     from workbench.running.methods_apply import importance_for_lattice, prepare
     plan = importance_for_lattice(model, plan.with_method(method) if method else plan, target,
                                   imatrix, say, switch=method != "rtn")
@@ -177,7 +134,8 @@ def with_methods(model: "Model", plan: Plan, *, method: str | None = None, calib
         if imatrix:
             raise WorkbenchError("--imatrix needs a method that reads it: --method imatrix")
         return plan, model
-    mm = _driver(progress, cancel, driver)(prepare(model, plan, calib, imatrix, target))
+    mm = _driver(progress, cancel, driver)(prepare(model, plan, calib, imatrix, target,
+                                                   use_cache=use_cache))
     for note in getattr(mm, "notes", []) if say else ():
         say(f"note: {note}")
     return plan, mm
@@ -209,6 +167,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                method: str | None = None, imatrix=None, activations: str | None = None,
                act_method: str = "minmax", accuracy_level: int | None = None, save_onnx=None,
                save_gguf=None, kld_exact: bool = False, use_cache: bool = True,
+               emulate: str | None = "auto",
                progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
                driver: Driver | None = None, kld_driver: Driver | None = None,
                say: Callable[[str], None] | None = None) -> dict:
@@ -221,12 +180,16 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     "int8" for W8A8 calibrated with `act_method`) or "llama.cpp" (the exported GGUF in
     llama-perplexity against an F16 GGUF). The dict is `check --json`'s, with "convention"
     when the plan followed one. `kld_driver` runs the chunked KL-divergence job (default
-    `driver`)."""
+    `driver`). `emulate` "llama.cpp" (torch runtime, chunked KLD): the quantized model's
+    Linear inputs rounded as llama.cpp's CPU dot products round them (docs/vs-llama.md);
+    "auto" (the default): so when `target` is llama.cpp; None: never."""
     from workbench.running.runner_config import model_kind, read_config
     from workbench.core.outputs import check_output
     drive = _driver(progress, cancel, driver)
     target = runtime_target(runtime, target)
     _check_inputs(model, calib, held_out, imatrix, check=(runtime, scoring), say=say)
+    if emulate not in (None, "auto", "llama.cpp"):
+        raise WorkbenchError(f"emulate={emulate!r}: choose 'auto', 'llama.cpp' or None")
     text = held_out or calib
     for label, out in (("save_gguf", save_gguf), ("save_onnx", save_onnx)):
         if out is not None:     # before any work: never an input, its folder writable
@@ -234,10 +197,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                 calib=calib, held_out=held_out, imatrix=imatrix))
     if runtime == "llama.cpp":
         from workbench.export.llama_kld import DEFAULT_CTX
-        ctx = ctx or DEFAULT_CTX
-        chunks = chunks or samples
-        if ctx < 4 or (chunks is not None and chunks < 1):
-            raise WorkbenchError("--ctx must be at least 4 and --chunks at least 1")
+        ctx, chunks = ctx or DEFAULT_CTX, chunks or samples
         kind = model_kind(read_config(model))
         if kind != "causal-lm":
             raise WorkbenchError(f"--runtime llama.cpp measures next-token KL divergence: a "
@@ -251,7 +211,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
         plan = plan.with_activations(drive(activation_ranges(model, quantized, calib,
                                                              act_method, 8, "int")))
     plan, mm = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
-                            target=target, driver=drive, say=say)
+                            target=target, driver=drive, say=say, use_cache=use_cache)
     if runtime == "llama.cpp":
         from workbench.running.calibration import DEFAULT_CALIB
         from workbench.export.llama_kld import check_llama
@@ -269,12 +229,11 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
         from workbench.running.runner_jobs import check
         if scoring == "chunks" and model_kind(read_config(model)) == "causal-lm":
             from workbench.running.kld import kld_check
-            for flag, v in (("--ctx", ctx), ("--chunks", chunks)):
-                if v is not None and v < 1:
-                    raise WorkbenchError(f"{flag} {v}: give a positive number")
             res = (kld_driver or drive)(kld_check(
                 model, plan, text, ctx=ctx, chunks=chunks or samples, weights=weights,
-                use_cache=use_cache, exact=kld_exact))
+                use_cache=use_cache, exact=kld_exact,
+                emulate=("llama.cpp" if target == "llama.cpp" else None) if emulate == "auto"
+                else emulate))
         else:
             res = drive(check(model, plan, text, samples, weights=weights))
     if conv is not None:
@@ -309,7 +268,8 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
                 act_type: str = "int", accuracy_level: int | None = None,
                 overwrite: bool = False, executor=None,
                 progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
-                driver: Driver | None = None, say: Callable[[str], None] | None = None) -> dict:
+                driver: Driver | None = None, say: Callable[[str], None] | None = None,
+                use_cache: bool = True) -> dict:
     """Write `plan` quantized in format `fmt` (:func:`export_formats`) to `output`, following
     the format's runtime rules (gguf: llama.cpp, compressed-tensors: vLLM, onnx: ONNX Runtime;
     the others `target`'s). `activations`: a calibration method (minmax, percentile, mse, kl)
@@ -342,7 +302,7 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
     qmodel = model
     if fmt != "plan":
         plan, qmodel = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
-                                    target=runtime, driver=drive, say=say)
+                                    target=runtime, driver=drive, say=say, use_cache=use_cache)
     elif method:
         plan = plan.with_method(method)
     options: dict[str, Any] = {"strict": True} if strict else {}
@@ -363,15 +323,6 @@ def parse_schemes(text: str | Sequence[str], target: str = "any") -> list[str]:
     "auto": every scheme `target` runs and exports (workbench.quant.runtimes.candidate_schemes)."""
     from workbench.quant.runtimes import parse_schemes as _parse
     return _parse(text if isinstance(text, str) else ",".join(text), target)
-
-
-@dataclass(frozen=True)
-class MeasureChoice:
-    """The sensitivity measure, the calibration samples it reads and why it was chosen."""
-    measure: str
-    samples: int | None
-    reason: str
-    auto: bool = False
 
 
 def resolve_measure(model: "Model", measure: str = AUTO, calib=None, imatrix=None,
@@ -421,76 +372,6 @@ def measure_sensitivity(model: "Model", schemes: str | Sequence[str] = DEFAULT_S
     table.measure_reason = choice.reason
     table.samples = choice.samples
     return table
-
-
-@dataclass(repr=False)
-class Allocation:
-    """An allocated plan and what it costs (:func:`allocate_plan`). ``repr`` is one line (bytes,
-    bits per weight, the predicted error, the schemes used); :meth:`to_dict` is `allocate
-    --json`'s document."""
-    plan: Plan
-    table: "SensitivityTable"
-    budget: Budget
-    budget_bytes: int               # the budget in bytes of what it counts
-    solution: "Solution"            # error (the predicted total), exact, bound
-    evaluation: "Evaluation"
-    accounting: dict[str, Any]      # bytes and bits per weight in every accounting
-    methods_weighed: dict[str, Any]  # workbench.planning.allocate_methods.weigh_methods' summary
-    candidates: list[str]
-    target: str
-    seconds: dict[str, float] = field(default_factory=dict)
-    model: "Model | None" = None    # the model the plan was allocated for
-
-    def __repr__(self) -> str:
-        from workbench.planning.sensitivity import predicted_unit
-        t = self.evaluation.totals
-        unit = predicted_unit(self.model, self.measure) if self.model is not None else ""
-        what = {"kl": "predicted KLD", "1-cosine": "predicted 1-cos"}.get(unit, "predicted")
-        used: dict[str, int] = {}
-        for r in self.evaluation.tensors.values():
-            used[r.scheme] = used.get(r.scheme, 0) + 1
-        top = sorted(used.items(), key=lambda kv: -kv[1])
-        shown = ", ".join(f"{s} {n}" for s, n in top[:4]) + (
-            f", +{len(top) - 4} more" if len(top) > 4 else "")
-        return (f"<Allocation {t.bytes_after:,d} bytes, {t.bits_per_weight:.3f} bits/weight, "
-                f"{what} {self.solution.error:.4g} ({self.measure}), target {self.target}: "
-                f"{shown}>")
-
-    @property
-    def measure(self) -> str:
-        return self.table.measure
-
-    @property
-    def measure_reason(self) -> str:
-        return getattr(self.table, "measure_reason", "given")
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the plan JSON (atomically)."""
-        self.plan.save(str(path))
-
-    def to_dict(self, output: str | None = None) -> dict:
-        """`allocate --json`'s document (`output`: the plan file written)."""
-        from workbench.planning.allocate_methods import method_counts
-        from workbench.planning.sensitivity import predicted_unit
-        t = self.evaluation.totals
-        acc = self.accounting
-        out = {"output": output, "budget_bytes": self.budget_bytes,
-               "budget": {**self.budget.to_dict(), "bytes": self.budget_bytes},
-               "accounting": acc, "bits_per_weight_linear": acc["bits_per_weight_linear"],
-               "bytes": t.bytes_after, "bits_per_weight": t.bits_per_weight,
-               "sqnr_db": t.sqnr_db, "measure": self.measure,
-               "measure_reason": self.measure_reason, "candidates": self.candidates,
-               "predicted": self.solution.error, "exact": self.solution.exact,
-               "bound": self.solution.bound, "target": self.target,
-               "seconds": {"sensitivity": self.seconds["sensitivity"],
-                           "solve": self.seconds["solve"]},
-               "schemes": {s: sum(1 for r in self.evaluation.tensors.values() if r.scheme == s)
-                           for s in self.candidates},
-               "methods": method_counts(self.plan, self.table, self.model),
-               "methods_weighed": self.methods_weighed["methods"]}
-        out["seconds"]["methods"] = self.methods_weighed.get("seconds", 0.0)
-        out["predicted_unit"] = predicted_unit(self.model, self.measure)   # kl, 1-cosine, ...
-        return out
 
 
 def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str] = AUTO,
@@ -571,31 +452,6 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
                       seconds={"sensitivity": t1 - t0, "solve": t2 - t1m}, model=model)
 
 
-@dataclass(repr=False)
-class Frontier:
-    """Allocated plans over a range of budgets beside the uniform plans and llama.cpp's recipes
-    (:func:`compute_frontier`)."""
-    table: "SensitivityTable"
-    allocated: list["FrontierPoint"]
-    uniform: list["FrontierPoint"]
-    recipes: list["FrontierPoint"]
-    recipe_error: str | None = None     # why no recipe points, when none
-    seconds: dict = field(default_factory=dict)
-
-    def __repr__(self) -> str:
-        b = [p.bits_per_weight for p in self.allocated]
-        span = f" from {min(b):.3f} to {max(b):.3f} bits/weight" if b else ""
-        return (f"<Frontier {len(self.allocated)} allocated plans{span}, "
-                f"{len(self.uniform)} uniform, {len(self.recipes)} recipes; "
-                f"{self.table.measure} measure, target {self.table.runtime}>")
-
-    @property
-    def points(self) -> list["FrontierPoint"]:
-        """Every point, fewest bits per weight first."""
-        return sorted(self.allocated + self.uniform + self.recipes,
-                      key=lambda p: p.bits_per_weight)
-
-
 def compute_frontier(model: "Model", *, from_bpw: float | None = None,
                      to_bpw: float | None = None, points: int = 8,
                      recipes: Sequence[str] = ("Q4_K_M", "Q5_K_M"), check: int = 0,
@@ -631,8 +487,8 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
             why = str(exc)
     lo = from_bpw if from_bpw is not None else min(p.bits_per_weight for p in uni)
     hi = to_bpw if to_bpw is not None else max(p.bits_per_weight for p in uni)
-    if points < 1 or hi < lo:
-        raise WorkbenchError("need --points >= 1 and --to-bpw >= --from-bpw")
+    if hi < lo:   # (to_bpw and from_bpw both given are compared before any work: api.args)
+        raise WorkbenchError(f"the range is empty: to_bpw {hi:g} is below from_bpw {lo:g}")
     bpws = [float(b) for b in np.linspace(lo, hi, points)] if points > 1 else [lo]
     t2 = time.perf_counter()
     alloc = frontier(model, None, table, bpws)
@@ -650,46 +506,5 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
                     {"sensitivity": t1 - t0, "allocate": t3 - t2, "check": t4 - t3})
 
 
-def calibrate(model: "Model", output: str | os.PathLike, *, calib=None,
-              samples: int | None = None, progress: ProgressCallback | None = None,
-              cancel: CancelCheck | None = None, driver: Driver | None = None) -> dict:
-    """Activation statistics of `model` on `calib` (text / JSONL / token ids; default the
-    shipped calibration text), written to `output` as a llama.cpp imatrix GGUF (what
-    `llama-imatrix` writes and `--imatrix` reads), as `calibrate` does. `output` is checked
-    before the pass. Returns {"output", "tensors", "samples"}."""
-    from workbench.core.outputs import check_output
-    from workbench.running.calibration import DEFAULT_CALIB
-    from workbench.running.imatrix import collect, write_imatrix_gguf
-    text = calib if calib is not None else DEFAULT_CALIB
-    out = check_output(output, model=model, inputs=_file_inputs(calib=text))
-    _check_inputs(model, calib)       # before the network is built
-    stats, n, longest = _driver(progress, cancel, driver)(collect(model, calib, samples))
-    write_imatrix_gguf(model, stats, out, os.path.basename(os.fspath(text)) if isinstance(
-        text, (str, os.PathLike)) else "calibration", n, longest)
-    return {"output": str(out), "tensors": len(stats), "samples": n}
-
-
-# ---- diff, convert ----------------------------------------------------------------------------
-def diff_quantizations(a, b, *, source=None, check: bool = True, calib=None,
-                       samples: int | None = None, progress: ProgressCallback | None = None,
-                       cancel: CancelCheck | None = None, driver: Driver | None = None) -> dict:
-    """Two quantizations (plan JSON files or quantized files: GGUF, quantized safetensors,
-    compressed-tensors) side by side per tensor, against the float `source` when given (a path
-    or an opened model; and, when it runs, the model-level figures of `check` for both unless
-    `check` is False). The dict is `diff --json`'s."""
-    from workbench.planning.diff import diff
-    src = source if source is None or not isinstance(source, os.PathLike) else str(source)
-    return _driver(progress, cancel, driver)(diff(str(a), str(b), src, check=check,
-                                                  calib=calib, samples=samples))
-
-
-def convert_gguf(source, to: str, output, *, dtype: str | None = None,
-                 off_grid: int | None = None, progress: ProgressCallback | None = None,
-                 cancel: CancelCheck | None = None, driver: Driver | None = None) -> dict:
-    """A (quantized) GGUF as a float model: ``to="hf"`` a Hugging Face folder every
-    model-level function runs, ``to="gguf"`` an F16/BF16 GGUF. `off_grid` (a seed): take the
-    weights off the grid they were quantized to with an exact reparametrisation
-    (docs/real-models.md). The dict is `convert --json`'s."""
-    from workbench.export.convert import DEFAULT_DTYPE, convert
-    return _driver(progress, cancel, driver)(convert(str(source), to, str(output),
-                                                     dtype or DEFAULT_DTYPE, off_grid))
+from workbench.api.args import check_all  # noqa: E402 - every public function checks its arguments
+check_all(globals(), _API)                #   by their names before it works (api.args.RULES)

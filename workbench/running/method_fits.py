@@ -1,0 +1,159 @@
+"""Fitted methods kept on disk: a GPTQ fit of a tensor is made once for a given input and
+reused by every later `check`, `export` and app job that asks for the same one.
+
+A fit's key (workbench.core.cache's rule: content, never paths or mtimes) holds everything the
+result depends on:
+
+* the method, its options, the scheme, and the code version (:func:`code_version`: the
+  content of the methods, schemes and kernels source files, numpy's and torch's versions);
+* the weight matrix handed to the method (its bytes: the model's tensor after any fold or an
+  exporter's row order) and the tensor's name;
+* the statistics the method reads (GPTQ: the bytes of the Hessian H), and where they came
+  from: the model's files (``model_key``), the calibration input's content, the samples and
+  the context length (``MethodModel.source``), so an edited model, calibration text or
+  sample count misses even where a statistic happened to come out the same.
+
+The entry is the QuantizedTensor as an ``.npz`` (no pickles) holding its key, verified on read
+(the cache's checksum, then the key, scheme and shape inside); anything else is a miss and
+the method fits again. At most FIT_KEEP entries and FIT_BYTES bytes stay, least recently used
+evicted. ``use_cache=False`` (``check --no-cache``, ``export --no-cache``): nothing is read or
+written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from workbench.core.cache import Cache, file_key, make_key
+
+#: the methods whose fits are kept (the costly ones; rtn and imatrix refit in milliseconds)
+CACHED_METHODS = ("gptq",)
+FIT_KEEP = 8192
+FIT_BYTES = 8 << 30
+FIT_FORMAT = "quant-workbench-method-fit"
+
+
+def fit_cache() -> Cache:
+    return Cache("method-fits", ".npz", FIT_KEEP, max_bytes=FIT_BYTES)
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """The content of every source file a fit's numbers come from (the methods, the schemes,
+    the kernels, the quant helpers), with numpy's and torch's versions."""
+    root = Path(__file__).resolve().parents[1]          # the workbench package
+    files = [*sorted((root / "quant" / "methods").glob("*.py")),
+             *sorted((root / "schemes").rglob("*.py")),
+             *sorted(root.parent.joinpath("kernels").glob("*.py")),
+             *sorted((root / "quant").glob("*.py"))]
+    try:
+        import torch
+        tv = torch.__version__
+    except ImportError:     # pragma: no cover - torch is a dependency of the methods
+        tv = None
+    return make_key([[f.relative_to(root.parent).as_posix(), file_key(f)] for f in files],
+                    ) + f"/np{np.__version__}/torch{tv}"
+
+
+def _array_hash(a) -> list | None:
+    if a is None:
+        return None
+    a = np.ascontiguousarray(a)
+    return [str(a.dtype), list(a.shape), hashlib.sha256(memoryview(a).cast("B")).hexdigest()]
+
+
+def fit_key(method, scheme_name: str, w: np.ndarray, stats, tensor: str, opts: dict,
+            source) -> str:
+    """The key of one fit (module doc)."""
+    needs = getattr(method, "needs", ())
+    st = {f: _array_hash(getattr(stats, f, None)) for f in sorted(needs)}
+    return make_key([FIT_FORMAT, 1, code_version(), method.name, scheme_name, tensor,
+                     sorted((str(k), repr(v)) for k, v in opts.items()), _array_hash(w), st,
+                     getattr(stats, "n", None), source])
+
+
+def _dump(qt, key: str) -> bytes | None:
+    head = {"format": FIT_FORMAT, "key": key, "scheme": qt.scheme,
+            "shape": [int(s) for s in qt.shape], "arrays": sorted(qt.arrays)}
+    try:
+        head["meta"] = json.loads(json.dumps(qt.meta))     # JSON-able meta only
+    except (TypeError, ValueError):
+        return None
+    buf = io.BytesIO()
+    arrays = {f"a{i}": np.ascontiguousarray(qt.arrays[k]) for i, k in enumerate(head["arrays"])}
+    if any(a.dtype.hasobject for a in arrays.values()):
+        return None
+    np.savez(buf, head=np.frombuffer(json.dumps(head).encode(), np.uint8), **arrays)
+    return buf.getvalue()
+
+
+def _load(data: bytes, key: str, scheme_name: str, shape):
+    """The QuantizedTensor of an entry, None where it is not this key's (a foreign or damaged
+    file that still passed the checksum, e.g. written by another version)."""
+    from workbench.schemes.base import QuantizedTensor
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            head = json.loads(bytes(z["head"]).decode())
+            if not (isinstance(head, dict) and head.get("format") == FIT_FORMAT
+                    and head.get("key") == key and head.get("scheme") == scheme_name
+                    and tuple(head.get("shape", ())) == tuple(shape)):
+                return None
+            arrays = {k: np.array(z[f"a{i}"]) for i, k in enumerate(head["arrays"])}
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
+        return None
+    return QuantizedTensor(scheme_name, tuple(shape), arrays, dict(head.get("meta") or {}))
+
+
+def fitted(method_name: str, w: np.ndarray, scheme_name: str, stats, *, tensor: str,
+           source=None, use_cache: bool = True, **opts):
+    """``get_method(method_name).quantize(w, scheme_name, stats, tensor=..., **opts)``, read
+    from the fit cache when this exact fit was made before (module doc) and stored there once
+    made. `source`: what the statistics came from (a JSON-able list; None: only their
+    bytes)."""
+    from workbench.quant.methods.base import get_method
+    method = get_method(method_name)
+    if not use_cache or method.name not in CACHED_METHODS:
+        return method.quantize(w, scheme_name, stats, tensor=tensor, **opts)
+    w = np.ascontiguousarray(np.asarray(w, np.float32))
+    key = fit_key(method, scheme_name, w, stats, tensor, opts, source)
+    cache = fit_cache()
+    data = cache.get_bytes(key)
+    shape = w.shape
+    if data is not None:
+        qt = _load(data, key, scheme_name, shape)
+        if qt is not None:
+            return qt
+        cache.remove(key)
+    qt = method.quantize(w, scheme_name, stats, tensor=tensor, **opts)
+    if tuple(qt.shape) == tuple(shape):
+        blob = _dump(qt, key)
+        if blob is not None:
+            with contextlib.suppress(OSError):
+                cache.put_bytes(key, blob)
+    return qt
+
+
+def calib_source(calib, samples, max_len) -> list:
+    """What calibration statistics were collected from, for a key: the calibration file's
+    content (default the shipped text), or the given text / token ids themselves."""
+    from workbench.running.calibration import DEFAULT_CALIB
+    src = DEFAULT_CALIB if calib is None else calib
+    is_file = False
+    if isinstance(src, (str, Path)):
+        with contextlib.suppress(OSError, ValueError):
+            is_file = Path(src).is_file()
+    if is_file:
+        what = ["file", file_key(src)]
+    elif isinstance(src, np.ndarray):
+        what = ["array", _array_hash(src)]
+    else:                   # text, or a list of token ids / texts
+        what = ["value", type(src).__name__, make_key([src])]
+    return [what, samples, max_len]
