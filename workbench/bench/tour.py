@@ -27,7 +27,8 @@ folder holds links to the checkout's resources/ and docs/, as the repository roo
 What may differ between runs. Wall times ("solved in 11.1 ms", "218 pairs in 45.6 s", ETAs)
 vary by nature: `normalise` replaces every duration by "<time>" before two outputs are
 compared; the README keeps the figure its last run printed. The MiniLM folder's absolute path
-is printed as `$MINILM`.
+is printed as `$MINILM`. The commands run with empty caches (XDG_CACHE_HOME in the folder), as
+on a first run: no GPTQ fit or other result kept from an earlier run.
 """
 
 from __future__ import annotations
@@ -185,23 +186,26 @@ def minilm() -> str:
 @dataclass
 class Run:
     """The outputs of one run of the tour: per block, per command, the output lines, or None
-    for a block that was not run (and why)."""
+    for a block that was not run (`skipped`: why) or that failed (`failed`: how)."""
     outputs: list[list[list[str] | None] | None]
     skipped: dict[int, str]
+    failed: dict[int, str] = field(default_factory=dict)     # block -> what failed
 
 
 def run(blocks: list[Block], folder: Path, timeout: float = 1800.0, log=None) -> Run:
     """Run the tour's blocks in order in `folder` (empty), as bash would."""
     mini = minilm()
-    env = dict(os.environ, MINILM=mini, QT_QPA_PLATFORM="offscreen",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               COLUMNS="200", QUANT_WORKBENCH_PROGRESS_EVERY="1e9")
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = dict(os.environ, MINILM=mini, QT_QPA_PLATFORM="offscreen", PYTHONPATH=path,
+               COLUMNS="200", QUANT_WORKBENCH_PROGRESS_EVERY="1e9",
+               XDG_CACHE_HOME=str(folder / ".cache"))    # a first run: no fit kept from before
     _links(folder)
     prelude = (f"cd {_q(str(folder))}\nquant-workbench() {{ {_q(sys.executable)} "
                f"{_q(str(ROOT / 'main.py'))} \"$@\"; }}\n")
     llama = None
     outputs: list[list[list[str] | None] | None] = []
     skipped: dict[int, str] = {}
+    failed: dict[int, str] = {}
     for k, b in enumerate(blocks):
         if b.shell:
             for s in b.lines:
@@ -217,21 +221,31 @@ def run(blocks: list[Block], folder: Path, timeout: float = 1800.0, log=None) ->
             outputs.append(None)
             skipped[k] = "llama.cpp's tools are not built (bash .ci/llama-cpp)"
             continue
-        for s in b.before:
-            _bash(prelude + s, env, timeout, s, allow_error=False)
-        outs: list[list[str] | None] = []
-        for c in b.commands:
-            if c.needs and not llama:
-                outs.append(None)               # shown as it is, not checked
-                continue
-            t0 = time.monotonic()
-            out = _bash(prelude + c.line, env, timeout, c.line, allow_error=True)
+        try:
+            outputs.append(_session_outputs(b, prelude, env, timeout, llama, mini, folder, log))
+        except (TourError, subprocess.TimeoutExpired) as e:   # the next blocks still run
+            outputs.append(None)
+            failed[k] = str(e)
             if log:
-                log(f"$ {c.line}  ({time.monotonic() - t0:.1f} s)")
-            outs.append([s.replace(mini, "$MINILM").replace(str(folder) + os.sep, "")
-                         for s in out])
-        outputs.append(outs)
-    return Run(outputs, skipped)
+                log(f"README.md line {b.start + 1}: {e}")
+    return Run(outputs, skipped, failed)
+
+
+def _session_outputs(b: Block, prelude: str, env: dict, timeout: float, llama, mini: str,
+                     folder: Path, log) -> list[list[str] | None]:
+    for s in b.before:
+        _bash(prelude + s, env, timeout, s, allow_error=False)
+    outs: list[list[str] | None] = []
+    for c in b.commands:
+        if c.needs and not llama:
+            outs.append(None)               # shown as it is, not checked
+            continue
+        t0 = time.monotonic()
+        out = _bash(prelude + c.line, env, timeout, c.line, allow_error=True)
+        if log:
+            log(f"$ {c.line}  ({time.monotonic() - t0:.1f} s)")
+        outs.append([s.replace(mini, "$MINILM").replace(str(folder) + os.sep, "") for s in out])
+    return outs
 
 
 def _links(folder: Path) -> None:
@@ -279,7 +293,7 @@ def render(lines: list[str], blocks: list[Block], result: Run) -> str:
 
 def differences(blocks: list[Block], result: Run) -> list[str]:
     """Where the README's shown lines differ from today's output (times normalised)."""
-    found = []
+    found = [f"README.md line {blocks[k].start + 1}: {why}" for k, why in result.failed.items()]
     for b, outs in zip(blocks, result.outputs):
         if b.shell or outs is None:
             continue
@@ -308,9 +322,9 @@ def regenerate(output: Path | None = None, log=print) -> int:
     lines, blocks = parse(text)
     with tempfile.TemporaryDirectory(prefix="qw-tour-") as d:
         result = run(blocks, Path(d), log=lambda s: log(s, file=sys.stderr))
-    for k, why in result.skipped.items():
+    for k, why in {**result.skipped, **result.failed}.items():
         log(f"README.md line {blocks[k].start + 1}: block kept as it is: {why}", file=sys.stderr)
     target = Path(output) if output else README
     write_text_atomic(target, render(lines, blocks, result))
     log(f"wrote {target}")
-    return 0
+    return 1 if result.failed else 0
