@@ -113,6 +113,6 @@ def test_an_unknown_emulation_is_refused_before_any_work():
     from workbench.formats.loaders import open_model
     from workbench.quant.plan import Plan
     model = open_model(ROOT / "resources" / "demo_model")
-    with pytest.raises(WorkbenchError, match=r"emulate='vllm': choose 'auto', 'llama.cpp'"):
+    with pytest.raises(WorkbenchError, match=r"emulate is 'vllm': choose one of auto, llama.cpp"):
         check_plan(model, Plan(default="q4_k"), emulate="vllm",
                    progress=lambda *a: pytest.fail("work started"))

@@ -188,8 +188,6 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     drive = _driver(progress, cancel, driver)
     target = runtime_target(runtime, target)
     _check_inputs(model, calib, held_out, imatrix, check=(runtime, scoring), say=say)
-    if emulate not in (None, "auto", "llama.cpp"):
-        raise WorkbenchError(f"emulate={emulate!r}: choose 'auto', 'llama.cpp' or None")
     text = held_out or calib
     for label, out in (("save_gguf", save_gguf), ("save_onnx", save_onnx)):
         if out is not None:     # before any work: never an input, its folder writable
