@@ -64,8 +64,11 @@ class ProgressPanel(QWidget):
             self._fill(task)
 
     def _fill(self, task) -> None:
-        if self.hidden_by is not None and self.hidden_by.isVisible():
-            self.setVisible(False)       # the overview shows it: never the same progress twice
+        if self.hidden_by is not None and (self.hidden_by.isVisible()
+                                           or self.hidden_by.listed()):
+            # the overview shows it (or will at its next redraw: what it lists is what has
+            # run as long as this panel's own delay): never the same progress twice
+            self.setVisible(False)
             return
         text = task.message or task.name
         self.label.setText(text if len(text) < 70 else text[:67] + "…")
