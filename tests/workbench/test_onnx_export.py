@@ -185,7 +185,7 @@ def test_bad_inputs(tiny_arch, tmp_path, capsys):
     assert rc == 2 and "onnxruntime" in capsys.readouterr().err
     rc = main(["export", str(folder), "--scheme", "int4-g32", "--format", "onnx",
                "-o", str(tmp_path / "missing" / "a.onnx")])
-    assert rc == 2 and "parent folder does not exist" in capsys.readouterr().err
+    assert rc == 2 and "output folder does not exist" in capsys.readouterr().err
 
 
 def test_allocate_for_onnxruntime_picks_only_what_it_can_store(tiny_arch, tmp_path, capsys):
