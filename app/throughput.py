@@ -49,20 +49,11 @@ def warmup_job(first=()):
     return str(kernels.backend_name())
 
 
-def _dequantize_fn():
-    from workbench.quant import accel
-    return accel.dequantize
-
-
-def available() -> bool:
-    return True       # the kernels are part of the install (a scheme without one: numpy)
-
-
 def dequant_gbs(model, name: str, scheme_name: str, repeats: int = 25,
                 budget_s: float = 0.5) -> float | None:
     """GB/s of float32 output for dequantizing this tensor with this scheme, or None."""
-    deq = _dequantize_fn()
-    if deq is None or scheme_name == KEEP:
+    from workbench.quant import accel
+    if scheme_name == KEEP:
         return None
     info = model.info(name)
     if not info.is_float or get_scheme(scheme_name).ineligible_reason(info.shape):
@@ -70,7 +61,7 @@ def dequant_gbs(model, name: str, scheme_name: str, repeats: int = 25,
     import numpy as np
     qt = quantize(model.read_matrix(name), scheme_name, tensor=name)
     out = np.empty(info.numel, np.float32)
-    return warm_gbs(lambda: deq(qt, out=out), info.numel * 4, repeats, budget_s)
+    return warm_gbs(lambda: accel.dequantize(qt, out=out), info.numel * 4, repeats, budget_s)
 
 
 def warm_gbs(run, out_bytes: int, repeats: int = 25, budget_s: float = 0.5,
