@@ -337,29 +337,34 @@ def test_allocate_refuses_a_contradicting_config_rather_than_falling_back(tiny_a
     assert not (tmp_path / "p.json").exists()
 
 
-def test_facts_read_the_names_once_and_fast():
-    """90,000 tensor names: one pass, a few times the cost of splitting the names, cached on
-    the model."""
-    from workbench.formats.config_check import facts
+def test_facts_read_the_names_once_and_cache_them():
+    """90,000 tensor names: one pass over them (counted, not timed: a timed verdict would
+    depend on the machine's load), cached on the model."""
+    from workbench.formats.config_facts import facts
     from workbench.formats.model import Model, TensorInfo
-    infos = {}
+
+    class Counting(dict):
+        passes = 0
+
+        def items(self):
+            Counting.passes += 1
+            return super().items()
+
+    infos = Counting()
     for i in range(30_000):
         for leaf, shape in (("self_attn.q_proj.weight", (8, 8)), ("mlp.up_proj.weight", (16, 8)),
                             ("input_layernorm.weight", (8,))):
             n = f"model.layers.{i}.{leaf}"
             infos[n] = TensorInfo(n, shape, "F32", 4 * int(np.prod(shape)), "x")
     m = Model("x.safetensors", "safetensors", infos, lambda n: None, {})
-    t0 = time.perf_counter()
-    [n.split(".") for n in infos]           # the machine's speed now (a shared machine)
-    yardstick = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    m.tensors = infos
     f = facts(m)
-    took = time.perf_counter() - t0
     assert f.n_layers == 30_000 and len(f.q) == 30_000 and len(f.up) == 30_000
-    assert facts(m) is f
-    assert took < 10 * yardstick + 0.5, (took, yardstick)     # measured: ~3x
+    assert Counting.passes == 1
+    assert facts(m) is f and Counting.passes == 1
     check_config(m, {"num_hidden_layers": 30_000, "num_attention_heads": 1, "head_dim": 8,
                      "intermediate_size": 16}, "config.json")
+    assert Counting.passes == 1
 
 
 def test_no_metadata_only_gguf(tiny_arch, tmp_path):

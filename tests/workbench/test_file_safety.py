@@ -51,12 +51,13 @@ def test_stale_temps_of_dead_processes_are_cleaned(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale = tmp_path / f".out.gguf.quant-workbench-{dead.pid}-abc123.tmp"
+    probe = tmp_path / f".out.gguf.quant-workbench-{dead.pid}-m2uaqvk6.probe.tmp"  # output door
     live = tmp_path / f".out.gguf.quant-workbench-{os.getpid() + 0}-zzz.tmp"
     other = tmp_path / ".unrelated.tmp"
-    for p in (stale, live, other):
+    for p in (stale, probe, live, other):
         p.write_bytes(b"x")
-    assert clean_stale_temps(tmp_path) == [stale.name]
-    assert not stale.exists() and live.exists() and other.exists()
+    assert sorted(clean_stale_temps(tmp_path)) == sorted([stale.name, probe.name])
+    assert not stale.exists() and not probe.exists() and live.exists() and other.exists()
 
 
 def test_kill_9_during_export_then_next_export_cleans_up(tiny_llama, tmp_path):
@@ -200,9 +201,14 @@ def test_kill_9_of_the_cli_mid_export_then_next_export_cleans(make_safetensors, 
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     temps = []
     for _ in range(3000):                       # wait for its temporary file, then kill -9
-        temps = [p for p in out_dir.iterdir() if "quant-workbench" in p.name]
-        if temps and temps[0].stat().st_size > 0 or proc.poll() is not None:
-            break
+        # (the output door's writability probe, ".probe.tmp", comes and goes first)
+        temps = [p for p in out_dir.iterdir()
+                 if "quant-workbench" in p.name and not p.name.endswith(".probe.tmp")]
+        try:
+            if temps and temps[0].stat().st_size > 0 or proc.poll() is not None:
+                break
+        except FileNotFoundError:
+            pass
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait()

@@ -185,7 +185,7 @@ def test_compressed_tensors_target_regex_runs_on_re2():
     name = "model.layers.0." + "a" * 5000 + ".mlp.up_proj"
     t0 = time.perf_counter()
     assert _args_for(name, groups) == {"num_bits": 8}       # Python's re: minutes (backtracking)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 10.0                  # re2: milliseconds
     assert _args_for("yX", groups) == {"num_bits": 4}       # re.match semantics kept
     with pytest.raises(WorkbenchError, match=r"config.json.*target re:\(a\)\\1"):
         _args_for("aa", [(["re:(a)\\1"], {})], path="m/config.json")

@@ -28,9 +28,10 @@ def default_file_mode() -> int:
 
 
 TEMP_TAG = "quant-workbench"
-# ".<name>.quant-workbench-<pid>-<random>.tmp|.data" files, ".<name>.quant-workbench-<pid>.tmp|.old"
-# folders (the compressed-tensors export)
-_STALE = re.compile(r"^\..+\." + TEMP_TAG + r"-(\d+)(-[a-z0-9_]+)?\.(tmp|data|old)$")
+# ".<name>.quant-workbench-<pid>-<random>.tmp|.data" files (".probe.tmp": the output door's
+# writability probe), ".<name>.quant-workbench-<pid>.tmp|.old" folders (the compressed-tensors
+# export)
+_STALE = re.compile(r"^\..+\." + TEMP_TAG + r"-(\d+)(-[a-z0-9_]+)?(\.probe)?\.(tmp|data|old)$")
 # the ONNX exporter's folders of earlier versions (".qwb-onnx-<random>", no process id): removed
 # once untouched for LEGACY_STALE_SECONDS (a kill -9 left them behind for good)
 _LEGACY = re.compile(r"^\.qwb-onnx-[a-z0-9_]{8}$")
