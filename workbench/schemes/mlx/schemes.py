@@ -21,7 +21,7 @@ microscaling quotient w / scale in it. A scheme object carries that dtype (``dty
 registered ones (``get_scheme("mlx-q4-g64")``) have ``F32``: the weight as given, its affine scales and biases stored as **float16**. A float16/bfloat16 one first rounds the
 weight to its dtype (what mlx quantizes), then quantizes as mlx does. Affine scales
 are always 2 bytes, so the sizes here are exact for every export: the MLX export
-(workbench.export.mlx_format) writes float16/bfloat16 models' scales in the model's dtype, as
+(workbench.export.mlx_folder) writes float16/bfloat16 models' scales in the model's dtype, as
 mlx-lm's convert does, and a float32 model's as float16 (mlx-lm would write 4-byte float32
 scales; mlx's quantized matmul takes float16 scales beside float32 activations).
 """
