@@ -57,17 +57,32 @@ def _code(codes, i, bits, mask):
 
 @njit(**_J)
 def _mlx_row(codes, sv, bv, mode, bits, gs, dt, f16tab, lut, r, cols, dst):
+    """Row r decoded into dst, group by group; affine groups with fewer codes than weights
+    (2^B <= G) work out their 2^B values once and gather them."""
     base = r * cols
     mask = (1 << bits) - 1
-    for c in range(cols):
-        i = base + c
-        q = _code(codes, i, bits, mask)
-        g = i // gs
-        if mode == 0:
-            y = _round(sv[g] * np.float32(q), dt, f16tab)
-            dst[c] = _round(y + bv[g], dt, f16tab)
+    nq = 1 << bits
+    small = mode == 0 and nq <= gs
+    tab = np.empty(nq if small else 1, np.float32)
+    g0 = base // gs
+    for g in range(cols // gs):
+        s = sv[g0 + g]
+        o = g * gs
+        if mode != 0:
+            for j in range(gs):
+                dst[o + j] = lut[_code(codes, base + o + j, bits, mask)] * s
+            continue
+        b = bv[g0 + g]
+        if small:
+            for q in range(nq):
+                tab[q] = _round(_round(s * np.float32(q), dt, f16tab) + b, dt, f16tab)
+            for j in range(gs):
+                dst[o + j] = tab[_code(codes, base + o + j, bits, mask)]
         else:
-            dst[c] = lut[q] * sv[g]
+            for j in range(gs):
+                q = _code(codes, base + o + j, bits, mask)
+                y = _round(s * np.float32(q), dt, f16tab)
+                dst[o + j] = _round(y + b, dt, f16tab)
 
 
 @njit(**_P)
