@@ -342,7 +342,7 @@ class ExportDialog(QDialog):
 
     def _progress(self, ev) -> None:
         self.progress.setValue(int(1000 * ev.fraction))
-        self.status.setText(ev.message[:60])
+        self.status.setText(ev.message)      # whole: the label wraps
 
     def _done(self, info) -> None:
         self.result_info = info or {}
