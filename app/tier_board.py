@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogBut
 from workbench.core.errors import WorkbenchError
 from workbench.schemes import list_schemes
 
-from .format import fmt_bytes, fmt_db, fmt_shape, plural
+from .format import db_text, fmt_bytes, fmt_shape, plural
 from .theme import MONO_FAMILY, UI_FAMILY, sqnr_colour, tier_colour
 from .messages import Messages
 from .tier_placement import MIME, NAME_ROLE, TierListModel, TierPlacement
@@ -86,7 +86,7 @@ class CardDelegate(QStyledItemDelegate):
         line = f"{shown}  {fmt_shape(info.shape).replace(' × ', '×')}"
         bottom = rect.adjusted(10, 0, -6, -4)
         sq = r.error.sqnr_db if r is not None else None
-        sq_text = f"{fmt_db(sq)} dB" if sq is not None else "…"
+        sq_text = db_text(sq)
         room = bottom.width() - p.fontMetrics().horizontalAdvance(sq_text) - 8
         p.drawText(bottom, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignBottom,
                    p.fontMetrics().elidedText(line, Qt.TextElideMode.ElideRight, room))

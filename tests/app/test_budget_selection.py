@@ -132,3 +132,13 @@ def test_export_dialog_long_texts_wrap(make_window, qtbot):
     msg = "quantizing model.layers.1.mlp.down_proj.weight with gptq (fitted on the calibration)"
     dlg._progress(Progress(1, 2, msg))
     assert dlg.status.text() == msg
+
+
+def test_an_exact_sqnr_has_no_unit():
+    """The screenshot of a GGUF kept as it is read "MODEL SQNR exact dB"."""
+    import math
+    from app.format import db_text
+    assert db_text(math.inf) == "exact"
+    assert db_text(20.984) == "20.98 dB"
+    assert db_text(None) == "…"
+    assert db_text(math.nan) == "n/a"
