@@ -389,7 +389,10 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     is solved; it is checked before any work (never a file of the model or of `calib` /
     `imatrix`, its folder writable). A config.json the weights contradict is refused first.
     `say(line)` gets `allocate`'s notes: the measure chosen, and with `notes` the methods
-    weighed."""
+    weighed. With `use_cache`, the plan's GPTQ tensors are fitted on the whole calibration
+    text once it is solved and the fits kept (workbench.running.method_fits): `check_plan` and
+    `export_plan` of this plan with the same `calib` read them, with no calibration pass;
+    `use_cache` False: the measure's and the fits' caches are neither read nor written."""
     from workbench.core.outputs import check_output
     from workbench.formats.config_check import check_model_config
     if output is not None:
