@@ -142,3 +142,16 @@ def test_an_exact_sqnr_has_no_unit():
     assert db_text(20.984) == "20.98 dB"
     assert db_text(None) == "…"
     assert db_text(math.nan) == "n/a"
+
+
+def test_a_long_verdict_is_cut_at_a_word_with_the_whole_text_in_the_tooltip():
+    """The SmolLM2 GGUF's compressed-tensors verdict read "... 271 tensors kept in …"."""
+    from app.export_dialog import _short
+    text = ("can write; no tensor can be quantized as the plan asks (written dense); 1 rules "
+            "skipped on tensors the runtime never re-types (21.0% of parameters); 271 tensors "
+            "kept in their own dtype (100.0% of parameters)")
+    short = _short(text)
+    assert len(short) <= 172 and short.endswith(" …")
+    assert text.startswith(short[:-2])                      # a whole-word prefix of it
+    assert text[len(short) - 2] == " "
+    assert _short("short verdict") == "short verdict"
