@@ -14,6 +14,8 @@ from workbench.core import cache as C
 from workbench.quant.methods.gptq import GPTQ
 from workbench.running import methods_apply
 
+from tests.workbench.test_allocate_methods import calib_small  # noqa: F401 - a fixture
+
 
 @pytest.fixture(autouse=True)
 def caches(tmp_path, monkeypatch):
@@ -39,13 +41,9 @@ def counts(monkeypatch):
     return n
 
 
-@pytest.fixture(scope="module")
-def calib(tmp_path_factory):
-    from workbench.running.calibration import DEFAULT_CALIB
-    lines = [s for s in open(DEFAULT_CALIB).read().splitlines() if s.strip()][:16]
-    p = tmp_path_factory.mktemp("calib") / "calib.txt"
-    p.write_text("\n".join(lines) + "\n")
-    return p
+@pytest.fixture
+def calib(calib_small):
+    return calib_small
 
 
 def _check(capsys, folder, plan, calib, *more):
