@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QHBoxLayout, QLabel, Q
 
 from .commands import _short
 from .format import fmt_bytes, fmt_float
-from .fit_label import never_widens, thin_bar
+from .fit_label import FitLabel, never_widens, thin_bar
 
 STYLE = {"allocated": ("o", "#4c9aff", 8), "uniform": ("s", "#ffb454", 9),
          "recipe": ("t", "#9ece6a", 11), "current": ("star", "#ff5370", 18)}
@@ -178,14 +178,14 @@ class BudgetPanel(QWidget):
                                    "allocation (Ctrl+K)")
         self.pins_label = QLabel("")
         self.pins_label.setObjectName("Muted")
-        self.result = QLabel("")
+        # one line, elided to the width; the tooltip has it whole (and the plan's mix)
+        self.result = FitLabel("")
         self.result.setObjectName("BudgetResult")
         never_widens(self.result)
         self.hover = QLabel(" ")
         self.hover.setObjectName("HoverReadout")
         never_widens(self.hover)
         # what the API chose (workbench.api: the measure, the candidates, the methods) and why
-        from .fit_label import FitLabel
         self.choice = FitLabel("")
         self.choice.setObjectName("BudgetChoice")
         never_widens(self.choice)
@@ -350,6 +350,7 @@ class BudgetPanel(QWidget):
             self.result.setToolTip("")
         if fx.allocation_error:
             self.result.setText(f"cannot allocate: {fx.allocation_error}")
+            self.result.setToolTip(self.result.text())
         elif fx.preview is not None:
             label, a, nb, pred, budget = fx.preview
             bpw = 8.0 * nb / max(self._params(), 1)
@@ -357,10 +358,14 @@ class BudgetPanel(QWidget):
             for s in a.values():
                 kinds[s] = kinds.get(s, 0) + 1
             mix = ", ".join(f"{s}×{c}" for s, c in sorted(kinds.items(), key=lambda kv: -kv[1]))
-            self.result.setText(f"allocated {bpw:.3f} bits/weight over every tensor ({nb:,d} of "
-                                f"{budget:,d} bytes as evaluate counts them) "
-                                f"· predicted error {fmt_float(pred)}")
-            self.result.setToolTip(mix)
+            full = (f"allocated {bpw:.3f} bits/weight over every tensor ({nb:,d} of "
+                    f"{budget:,d} bytes as evaluate counts them) · predicted error "
+                    f"{fmt_float(pred)}")
+            self.result.set_forms([full, f"allocated {bpw:.3f} bits/weight ({nb:,d} of "
+                                         f"{budget:,d} bytes) · predicted {fmt_float(pred)}",
+                                   f"allocated {bpw:.3f} bits/weight · predicted "
+                                   f"{fmt_float(pred)}"])
+            self.result.setToolTip(f"{full}\n{mix}")
         self.refresh()
 
     # ---- waiting (issue 33: never empty axes nor a 0.000 budget) ----------------------------
@@ -446,6 +451,7 @@ class BudgetPanel(QWidget):
                      for k in ("allocated", "uniform", "recipe")}
             self.result.setText(f"{count['allocated']} allocated, {count['uniform']} uniform, "
                                 f"{count['recipe']} recipe plans · set a budget or click a point")
+            self.result.setToolTip(self.result.text())
 
 
 class WaitingPage(QWidget):

@@ -342,7 +342,7 @@ class ExportDialog(QDialog):
 
     def _progress(self, ev) -> None:
         self.progress.setValue(int(1000 * ev.fraction))
-        self.status.setText(ev.message[:60])
+        self.status.setText(ev.message)      # whole: the label wraps
 
     def _done(self, info) -> None:
         self.result_info = info or {}
@@ -414,7 +414,10 @@ def _short(text: str, limit: int = 170) -> str:
         i = text.find(cut)
         if 0 < i:
             text = text[:i] + " …"
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 1]
+    return (head.rsplit(" ", 1)[0] if " " in head else head).rstrip(" ,;(") + " …"   # at a word
 
 
 def _esc(text: str) -> str:

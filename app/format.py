@@ -31,6 +31,12 @@ def fmt_shape(shape) -> str:
     return " × ".join(str(int(s)) for s in shape) if len(shape) else "scalar"
 
 
+def db_text(v: float | None) -> str:
+    """An SQNR with its unit: "20.98 dB"; "exact" (no unit: an error of 0), "…", "n/a"."""
+    t = fmt_db(v)
+    return f"{t} dB" if v is not None and math.isfinite(v) else t
+
+
 def fmt_db(v: float | None) -> str:
     if v is None:
         return "…"

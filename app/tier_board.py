@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogBut
 from workbench.core.errors import WorkbenchError
 from workbench.schemes import list_schemes
 
-from .format import fmt_bytes, fmt_db, fmt_shape, plural
+from .format import db_text, fmt_bytes, fmt_shape, plural
 from .theme import MONO_FAMILY, UI_FAMILY, sqnr_colour, tier_colour
 from .messages import Messages
 from .tier_placement import MIME, NAME_ROLE, TierListModel, TierPlacement
@@ -86,7 +86,7 @@ class CardDelegate(QStyledItemDelegate):
         line = f"{shown}  {fmt_shape(info.shape).replace(' × ', '×')}"
         bottom = rect.adjusted(10, 0, -6, -4)
         sq = r.error.sqnr_db if r is not None else None
-        sq_text = f"{fmt_db(sq)} dB" if sq is not None else "…"
+        sq_text = db_text(sq)
         room = bottom.width() - p.fontMetrics().horizontalAdvance(sq_text) - 8
         p.drawText(bottom, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignBottom,
                    p.fontMetrics().elidedText(line, Qt.TextElideMode.ElideRight, room))
@@ -273,7 +273,12 @@ class TierBoard(QWidget):
         super().__init__(parent)
         self.doc = doc
         self.push = push
-        self.activated = activated
+        self._user_activated = activated
+        # while the board moves cards itself (an edit's new schemes, a rebuild), a column whose
+        # current card left it makes a neighbour current: that is not the user's choice, and
+        # the document's current tensor stays (a budget applied kept jumping to lm_head)
+        self._moving = 0
+        self.activated = self._activated
         self.messages = messages or Messages(self)
         self.run_dialog = lambda dialog: dialog.exec()  # tests answer the dialog instead
         self.columns: list[TierColumn] = []
@@ -298,11 +303,19 @@ class TierBoard(QWidget):
         doc.stateChanged.connect(self._update)
         doc.resultsChanged.connect(self._update)
 
+    def _activated(self, name: str) -> None:
+        if not self._moving:
+            self._user_activated(name)
+
     def _tiers_changed(self) -> None:
         if len(self.columns) != len(self.doc.tiers):
             self.rebuild()
             return
-        self.placement.rebuild()
+        self._moving += 1
+        try:
+            self.placement.rebuild()
+        finally:
+            self._moving -= 1
         for c in self.columns:
             c.refresh_header()
 
@@ -310,10 +323,22 @@ class TierBoard(QWidget):
         """Cards of `names` moved or repainted; each changed column's header refreshed once."""
         if len(self.placement.names) != len(self.columns):
             return
-        for t in sorted(self.placement.update(names)):
+        self._moving += 1
+        try:
+            changed = self.placement.update(names)
+        finally:
+            self._moving -= 1
+        for t in sorted(changed):
             self.columns[t].refresh_header()
 
     def rebuild(self) -> None:
+        self._moving += 1
+        try:
+            self._rebuild()
+        finally:
+            self._moving -= 1
+
+    def _rebuild(self) -> None:
         for c in self.columns:
             c.detach()
             c.setParent(None)

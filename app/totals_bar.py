@@ -6,7 +6,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout
 
 from .fit_label import FitLabel
-from .format import fmt_bytes, fmt_db, fmt_gbs, plural
+from .format import db_text, fmt_bytes, fmt_gbs, plural
 from .theme import MUTED, sqnr_colour
 
 
@@ -105,7 +105,7 @@ class TotalsBar(QFrame):
         _text(self.bits.value, f"{t.bits_per_weight:.3f}")
         if t.sqnr_db is None and t.sqnr_estimate_db is not None:
             # large tensors just edited: their sampled-rows estimate until the exact error
-            _text(self.sqnr.value, f"≈{fmt_db(t.sqnr_estimate_db)} dB")
+            _text(self.sqnr.value, f"≈{db_text(t.sqnr_estimate_db)}")
             c = sqnr_colour(t.sqnr_estimate_db)
             _style(self.sqnr.value, f"color: {c.name()};" if c is not None else "")
             _tip(self.sqnr.value,
@@ -126,7 +126,7 @@ class TotalsBar(QFrame):
             _tip(self.sqnr.value, f"Model SQNR: {measured} tensors so far; {job}")
             self._status = [f"error: {measured} · {job}", f"error: {measured}", ""]
         else:
-            _text(self.sqnr.value, f"{fmt_db(t.sqnr_db)} dB")
+            _text(self.sqnr.value, db_text(t.sqnr_db))
             _tip(self.sqnr.value, "")
             c = sqnr_colour(t.sqnr_db)
             _style(self.sqnr.value, f"color: {c.name()};" if c is not None else "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
 from PySide6.QtCore import QEvent, QObject, Qt
 
-from ..format import fmt_count, fmt_db, fmt_float, fmt_shape
+from ..format import db_text, fmt_count, fmt_float, fmt_shape
 from ..theme import sqnr_colour
 from .channel_error import ChannelErrorPlot
 from .channels import ChannelRangePlot
@@ -290,7 +290,7 @@ class PlotsPanel(QWidget):
         if r is not None:
             c = sqnr_colour(r.error.sqnr_db)
             col = c.name() if c is not None else "#c9ced8"
-            parts.append(f"<span style='color:{col}'>SQNR {fmt_db(r.error.sqnr_db)} dB</span>")
+            parts.append(f"<span style='color:{col}'>SQNR {db_text(r.error.sqnr_db)}</span>")
             if r.note:
                 parts.append(f"<span style='color:#d29922'>{r.requested} not applied: {r.note}</span>")
         self.summary.setText("  ·  ".join(parts))

@@ -390,7 +390,10 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     is solved; it is checked before any work (never a file of the model or of `calib` /
     `imatrix`, its folder writable). A config.json the weights contradict is refused first.
     `say(line)` gets `allocate`'s notes: the measure chosen, and with `notes` the methods
-    weighed."""
+    weighed. With `use_cache`, the plan's GPTQ tensors are fitted on the whole calibration
+    text once it is solved and the fits kept (workbench.running.method_fits): `check_plan` and
+    `export_plan` of this plan with the same `calib` read them, with no calibration pass;
+    `use_cache` False: the measure's and the fits' caches are neither read nor written."""
     from workbench.core.outputs import check_output
     from workbench.formats.config_check import check_model_config
     if output is not None:
@@ -444,12 +447,31 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     t2 = time.perf_counter()
     if output is not None:
         plan.save(str(output))
+    if use_cache:
+        _fit_for_later(model, plan, calib, imatrix, target, drive, say)
     ev = (driver or (lambda job: run_job(job, None, cancel)))(evaluate(model, plan,
                                                                        runtime=target))
     return Allocation(plan=plan, table=table, budget=budget, budget_bytes=cap, solution=sol,
                       evaluation=ev, accounting=budgets.accounting(model, ev, target, plan),
                       methods_weighed=weighed, candidates=names, target=target,
                       seconds={"sensitivity": t1 - t0, "solve": t2 - t1m}, model=model)
+
+
+def _fit_for_later(model, plan, calib, imatrix, target, drive, say) -> None:
+    """The plan's GPTQ fits on the whole calibration text, made now and kept in the fit cache,
+    so `check` and `export` of this plan (the same calibration input) read them and run no
+    calibration pass (workbench.running.method_fits)."""
+    from workbench.running.method_fits import CACHED_METHODS
+    from workbench.running.methods_apply import fit_kept
+    kept = plan.methods_used() & set(CACHED_METHODS)
+    if not kept:
+        return
+    _plan, mm = with_methods(model, plan, calib=calib, imatrix=imatrix, target=target,
+                             driver=drive)
+    n = drive(fit_kept(mm, _plan, target))
+    if say and n:
+        say(f"methods: {', '.join(sorted(kept))} fitted on the whole calibration text for "
+            f"{n} tensors and kept: `check` and `export` of this plan read them")
 
 
 def compute_frontier(model: "Model", *, from_bpw: float | None = None,

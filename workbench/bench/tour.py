@@ -19,7 +19,8 @@ command's output the README shows, one spec per "$ " command in order, separated
 A spec is a comma list of: `all` (the whole output; also what a missing spec means), `none`
 (no output shown), `N`, `N-M`, `N-` (to the end), `last N`, and `…` (a line "…" that stands
 for lines left out); a spec ending in ` if llama.cpp` runs its command only when llama.cpp's
-tools are built (`bash .ci/llama-cpp --check`; their folder is then on PATH), else the README's
+tools are built (`bash .ci/llama-cpp --check`; their folder is then on PATH, in the environment
+workbench.export.llama_tools.tool_env gives them), else the README's
 lines stay unchecked. Fields that are not a spec are options of the block: `needs llama.cpp`
 (the same, for the whole block) and `before: CMD` (a shell line run first, not shown). The
 folder holds links to the checkout's resources/ and docs/, as the repository root would.
@@ -214,9 +215,14 @@ def run(blocks: list[Block], folder: Path, timeout: float = 1800.0, log=None) ->
             outputs.append([])
             continue
         if b.needs or any(c.needs for c in b.commands):
-            llama = llama if llama is not None else (llama_bin() or "")
-            if llama and llama not in env["PATH"].split(os.pathsep):
-                env = dict(env, PATH=llama + os.pathsep + env["PATH"])
+            if llama is None:
+                llama = llama_bin() or ""
+                if llama:
+                    # the tools run as the workbench runs them (export.llama_tools.tool_env:
+                    # LLAMA_ARG_REPACK=false, the log shim preloaded), on PATH: a host that
+                    # advertises AMX but traps it killed llama-embedding with SIGILL
+                    from workbench.export.llama_tools import tool_env
+                    env = tool_env(llama, base=dict(env, PATH=llama + os.pathsep + env["PATH"]))
         if b.needs and not llama:
             outputs.append(None)
             skipped[k] = "llama.cpp's tools are not built (bash .ci/llama-cpp)"

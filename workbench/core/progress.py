@@ -147,6 +147,7 @@ class LineProgress:
         self._ended = False
         self._event = None
         self._ref = None        # (time, fraction) when the fraction last stood at its first value
+        self._top = 0.0         # the highest fraction since the reference
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
@@ -162,8 +163,12 @@ class LineProgress:
             if self._t0 is None:
                 self._t0 = now
             self._event = ev
-            if self._ref is None or ev.fraction <= self._ref[1]:
-                self._ref = (now, ev.fraction)     # not moving yet: the set-up is not the rate
+            if self._ref is None or ev.fraction <= self._ref[1] or ev.fraction < self._top:
+                # not moving yet (the set-up is not the rate), or gone back (a job counting
+                # its stages from 0 each: the rate before says nothing of what is left)
+                self._ref = (now, ev.fraction)
+            self._top = ev.fraction if ev.fraction <= self._ref[1] else max(self._top,
+                                                                              ev.fraction)
             end = ev.fraction >= 1
             if self._last is None and now - self._t0 < self.first_after:
                 return

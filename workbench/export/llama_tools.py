@@ -114,10 +114,11 @@ def log_flush_shim() -> Path | None:
             tmp.unlink()
 
 
-def tool_env(bin_dir: Path | str | None = None) -> dict:
+def tool_env(bin_dir: Path | str | None = None, base: dict | None = None) -> dict:
     """The environment llama.cpp's tools run in (module doc): the log-draining shim preloaded,
-    LLAMA_ARG_REPACK=false unless already set, the tools' folder on LD_LIBRARY_PATH."""
-    env = dict(os.environ)
+    LLAMA_ARG_REPACK=false unless already set, the tools' folder on LD_LIBRARY_PATH; `base`:
+    the environment to start from (default this process's)."""
+    env = dict(os.environ if base is None else base)
     env.setdefault(*REPACK_ENV)
     shim = log_flush_shim()
     if shim is not None:

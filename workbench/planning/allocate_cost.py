@@ -168,11 +168,49 @@ def allocation_cost(model, schemes: list[str], measure: str, samples: int | None
     return now, options
 
 
+#: the rates above were measured on this many otherwise idle cores
+QUIET_CORES = 2
+
+
+def busy_factor(load: tuple[float, int] | None) -> float:
+    """How much longer than on QUIET_CORES quiet cores the work takes on a machine whose
+    1-minute load average (the other work, as this job starts) and core count are `load`: its
+    QUIET_CORES threads share the cores with that load, (load + QUIET_CORES) / cores, at
+    least 1 (MiniLM's allocate, expected 35 s quiet, took 197 s at load 9 on 2 cores: 5.6x;
+    this gives 5.5x)."""
+    if not load:
+        return 1.0
+    avg, cores = load
+    return max(1.0, (max(float(avg), 0.0) + QUIET_CORES) / max(int(cores or 1), 1))
+
+
+def busy_line(now: Cost, load: tuple[float, int] | None) -> str | None:
+    """On a busy machine (:func:`busy_factor` 1.5 or more), the line said as the work starts,
+    in the form of a progress line (its ETA the expected time corrected for the load), else
+    None. A progress line, so the README tour (which leaves those out) reads the same at any
+    load."""
+    f = busy_factor(load)
+    if f < 1.5:
+        return None
+    eta = int(round(f * now.seconds))
+    return (f"  0.0% this machine is busy now (load {load[0]:.1f} on {load[1]} cores): about "
+            f"{clock(eta)}, not {clock(now.seconds)} (0m00s elapsed, ETA {eta // 60}m{eta % 60:02d}s)")
+
+
+def machine_load() -> tuple[float, int] | None:
+    """(1-minute load average, cores) of this machine, None where it cannot say."""
+    import os
+    try:
+        return os.getloadavg()[0], os.cpu_count() or 1
+    except (OSError, AttributeError):       # pragma: no cover - not on Linux / macOS
+        return None
+
+
 def lines(now: Cost, options) -> list[str]:
     """The two lines allocate prints: the expected cost, and the faster options (when it is
     worth a minute)."""
     parts = ", ".join(f"{k} {clock(v)}" for k, v in now.stages.items() if v >= 0.5)
-    out = [f"expected: about {clock(now.seconds)} on 2 quiet cores"
+    out = [f"expected: about {clock(now.seconds)} on {QUIET_CORES} quiet cores"
            + (f" ({parts})" if parts else "") + "; a busy machine takes longer"]
     if options and now.seconds >= 60:
         out.append("faster: " + "; ".join(f"{' '.join(o)} (about {clock(c.seconds)})"

@@ -284,15 +284,28 @@ class MethodModel:
         if method == "rtn":
             from workbench.quant.evaluate import quantize
             return quantize(w, scheme_name, tensor=name)
-        st = self.layer_stats(name)
+        opts = {"fold": False} if method == "awq" else {}
+        from workbench.quant.evaluate import check_representable
+        from workbench.running.method_fits import NOT_FITTED, remember_unfitted
+        if isinstance(self.stats, LazyStats) and not self.stats.ready and self.use_cache:
+            from workbench.running.method_fits import kept_fit
+            qt = kept_fit(method, w, scheme_name, tensor=name, source=self.source, **opts)
+            if qt is NOT_FITTED:
+                from workbench.quant.evaluate import quantize
+                return quantize(w, scheme_name, tensor=name)
+            if qt is not None:      # kept: no statistics needed
+                check_representable(qt, w, name)
+                return qt
+        st = self.layer_stats(name)     # (a lazy MethodModel's pass runs here, on a miss)
         if st is None:   # not a Linear input (embeddings) or absent from the imatrix: rtn
             from workbench.quant.evaluate import quantize
+            if self.use_cache and self.source is not None:
+                remember_unfitted(method, w, scheme_name, tensor=name, source=self.source,
+                                  **opts)
             return quantize(w, scheme_name, tensor=name)
-        opts = {"fold": False} if method == "awq" else {}
         from workbench.running.method_fits import fitted
         qt = fitted(method, w, scheme_name, st, tensor=name, source=self.source,
                     use_cache=self.use_cache, **opts)
-        from workbench.quant.evaluate import check_representable
         check_representable(qt, w, name)
         return qt
 
@@ -352,6 +365,51 @@ def needs_stats(plan, names) -> set[str]:
     return {n for n in names if plan.method_for(n) != "rtn"}
 
 
+def drop_transposed(model, stats: dict) -> list[str]:
+    """GPT-2's Conv1D stores its weight as (in, out): the methods work on (out, in) matrices
+    whose columns are the layer's inputs, so those tensors' statistics are dropped (they are
+    rounded to nearest). Returns their names."""
+    conv = sorted(n for n, st in stats.items() if getattr(st, "d", None) is not None
+                  and model.info(n).ndim == 2 and len(st.d) != model.info(n).shape[-1]
+                  and len(st.d) == model.info(n).shape[0])
+    for n in conv:
+        del stats[n]
+    return conv
+
+
+class LazyStats(Mapping):
+    """{name: LayerStats} of a MethodModel whose fits were all kept: the calibration pass runs
+    on the first look-up (a fit that went missing since, or a tensor an exporter hands over
+    in another row order), never before."""
+
+    def __init__(self, model, calib, names, samples):
+        self._args = (model, calib, set(names), samples)
+        self._stats: dict | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self._stats is not None
+
+    def _get(self) -> dict:
+        if self._stats is None:
+            from workbench.core.progress import run
+            model, calib, names, samples = self._args
+            got = run(collect_stats(model, calib, names=names, samples=samples, want_h=True,
+                                    keep_rows=0))
+            drop_transposed(model, got)
+            self._stats = got
+        return self._stats
+
+    def __getitem__(self, name):
+        return self._get()[name]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self):
+        return len(self._get())
+
+
 def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples=None,
             stats: dict | None = None, use_cache: bool = True):
     """Job: the MethodModel of `model` under `plan` (the model itself when every tensor is rtn).
@@ -369,23 +427,42 @@ def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples
     notes = []
     given = stats is not None
     stats = {n: st for n, st in (stats or {}).items() if n in todo}
+    heavy = sorted(methods - {"imatrix"})
+    if imatrix and not given and heavy and not calib:
+        raise WorkbenchError(f"method {heavy[0]} needs calibration inputs (--calib FILE); an "
+                             "imatrix holds only E[x^2], enough for --method imatrix",
+                             path=str(imatrix))
+    calibrates = not given and bool(calib or heavy or not imatrix)
+    if calibrates and calib is None:
+        from workbench.running.calibration import DEFAULT_CALIB
+        from workbench.formats.llama_names import model_folder
+        if not (model_folder(model) / "config.json").is_file():
+            raise WorkbenchError(f"method {sorted(methods)[0]} needs calibration data: give "
+                                 "--calib FILE (text/JSONL/token ids; the model must be "
+                                 "runnable) or --imatrix FILE (imatrix only)",
+                                 path=str(model.path))
+        notes.append(f"calibration: the shipped {Path(DEFAULT_CALIB).name} (no --calib given)")
+    source = None
+    from workbench.running.method_fits import CACHED_METHODS, calib_source, kept_fit
+    if use_cache and not given and methods & set(CACHED_METHODS):
+        from workbench.core.cache import file_key, model_key
+        source = [model_key(model), calib_source(calib, samples, 128),
+                  file_key(imatrix) if imatrix else None]
+    if source is not None and not imatrix and methods <= set(CACHED_METHODS):
+        # every fit kept (probed by key, which needs no statistics): no calibration pass
+        yield Progress(0, 1, "looking for kept fits")
+        if all(kept_fit(plan.method_for(n), model.read_matrix(n), decisions[n].applied,
+                        tensor=n, source=source) is not None for n in sorted(todo)):
+            notes.append(f"{', '.join(sorted(methods))}: {len(todo)} fit(s) read from the "
+                         "cache (fitted before for this model, plan and calibration text; no "
+                         "calibration pass)")
+            yield Progress(1, 1, "methods prepared")
+            lazy = LazyStats(model, calib, todo, samples)
+            return MethodModel(model, plan, lazy, notes=notes, use_cache=use_cache,
+                               source=source)
     if imatrix and not given:
         stats = yield from stats_from_imatrix(model, imatrix)
-        heavy = sorted(methods - {"imatrix"})
-        if heavy and not calib:
-            raise WorkbenchError(f"method {heavy[0]} needs calibration inputs (--calib FILE); an "
-                                 "imatrix holds only E[x^2], enough for --method imatrix",
-                                 path=str(imatrix))
-    if not given and (calib or methods - {"imatrix"} or not imatrix):
-        if calib is None:
-            from workbench.running.calibration import DEFAULT_CALIB
-            from workbench.formats.llama_names import model_folder
-            if not (model_folder(model) / "config.json").is_file():
-                raise WorkbenchError(f"method {sorted(methods)[0]} needs calibration data: give "
-                                     "--calib FILE (text/JSONL/token ids; the model must be "
-                                     "runnable) or --imatrix FILE (imatrix only)",
-                                     path=str(model.path))
-            notes.append(f"calibration: the shipped {Path(DEFAULT_CALIB).name} (no --calib given)")
+    if calibrates:
         got = yield from collect_stats(model, calib, names=todo, samples=samples,
                                        want_h="gptq" in methods,
                                        keep_rows=4096 if "awq" in methods else 0)
@@ -393,13 +470,7 @@ def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples
             if n in stats and st.d is not None:
                 st.d = stats[n].d if "imatrix" == plan.method_for(n) else st.d
             stats[n] = st
-    # GPT-2's Conv1D stores its weight as (in, out): the methods work on (out, in) matrices
-    # whose columns are the layer's inputs, so those tensors are rounded to nearest
-    conv = sorted(n for n, st in stats.items() if getattr(st, "d", None) is not None
-                  and model.info(n).ndim == 2 and len(st.d) != model.info(n).shape[-1]
-                  and len(st.d) == model.info(n).shape[0])
-    for n in conv:
-        del stats[n]
+    conv = drop_transposed(model, stats)
     if conv:
         notes.append(f"{len(conv)} tensor(s) store their weight transposed (GPT-2's Conv1D, "
                      f"(in, out)) and use rtn: {', '.join(conv[:3])}"
@@ -417,15 +488,27 @@ def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples
         groups = {t: c for t, c in groups.items() if all(n in stats for n in c)}
         scheme_of = {n: decisions[n].applied for g in groups.values() for n in g}
         col, row, vec, alphas = awq_fold(model, groups, stats, scheme_of)
-    source = None
-    from workbench.running.method_fits import CACHED_METHODS, calib_source
-    if use_cache and not given and methods & set(CACHED_METHODS):
-        from workbench.core.cache import file_key, model_key
-        source = [model_key(model), calib_source(calib, samples, 128),
-                  file_key(imatrix) if imatrix else None]
     yield Progress(1, 1, "methods prepared")
     return MethodModel(model, plan, stats, col, row, vec, notes, alphas, use_cache=use_cache,
                        source=source)
+
+
+def fit_kept(mm, plan, runtime: str = "any"):
+    """Job: fit every tensor of `mm` (a MethodModel) whose method's fits are kept
+    (method_fits.CACHED_METHODS), so a later `check` / `export` of `plan` reads them. Returns
+    the number of tensors."""
+    from workbench.quant.runtimes import plan_decisions
+    from workbench.running.method_fits import CACHED_METHODS
+    if not hasattr(mm, "quantize_tensor"):
+        return 0
+    todo = [(n, d.applied) for n, d in sorted(plan_decisions(mm, plan, runtime).items())
+            if d.applied != KEEP and mm.info(n).ndim >= 2
+            and plan.method_for(n) in CACHED_METHODS]
+    for i, (n, applied) in enumerate(todo):
+        yield Progress(i, len(todo), f"fitting {plan.method_for(n)} {i + 1}/{len(todo)} {n}")
+        mm.quantize_tensor(n, mm.read_matrix(n), applied)
+    yield Progress(1, 1, "fits kept")
+    return len(todo)
 
 
 class RunnerWeights(Mapping):

@@ -69,15 +69,18 @@ def run(args) -> int:
     check_output(args.output, model=model)   # before the cost lines (allocate_plan checks too)
     # what it will cost, and the options that cut it, said as the long work starts (after the
     # measure's line, before the first job: a refused budget stays a one-line error)
-    from workbench.planning.allocate_cost import allocation_cost, lines
+    from workbench.planning.allocate_cost import allocation_cost, busy_line, lines, machine_load
     if args.schemes == AUTO:     # schemes the budget never uses left out (said, as allocate_plan)
         from workbench.planning.sizes import budget_candidates
         from workbench.running.moe import expand_pins
         schemes = budget_candidates(model, schemes, budget, args.target,
                                     expand_pins(model, pins), say)
     choice = api.resolve_measure(model, args.measure, args.calib, args.imatrix, args.samples)
-    cost = lines(*allocation_cost(model, schemes, choice.measure, choice.samples, args.methods,
-                                  args.calib, args.imatrix))
+    now, faster = allocation_cost(model, schemes, choice.measure, choice.samples, args.methods,
+                                  args.calib, args.imatrix)
+    cost = lines(now, faster)
+    busy = None if args.json else busy_line(now, machine_load())   # (a progress line)
+    cost += [busy] if busy else []
 
     def driver(job):
         while cost:      # labelled as the progress lines are ("allocate: ")
