@@ -323,8 +323,10 @@ def test_the_interval_comes_from_the_environment(monkeypatch):
 
 def test_check_piped_prints_lines_at_the_interval(tmp_path):
     """A real `check` with stdout piped (a subprocess; neither stream a terminal): progress
-    lines arrive on stderr at least every interval (0.3 s, plus slack for a busy machine)
-    from the first one to the end, and stdout is the result alone."""
+    lines keep arriving on stderr from the first one to the end, and stdout is the result
+    alone. (The interval itself is test_a_long_step_is_repeated_at_the_interval's, in
+    process; here a gap only guards against a silent hang: a wall-clock bound any tighter
+    would depend on the machine's load.)"""
     env = dict(os.environ, PYTHONPATH=str(ROOT), QUANT_WORKBENCH_PROGRESS_EVERY="0.3",
                QUANT_WORKBENCH_KLD_CACHE=str(tmp_path))
     p = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "check", str(DEMO),
@@ -341,5 +343,5 @@ def test_check_piped_prints_lines_at_the_interval(tmp_path):
     assert json.loads(out)["kld"]["chunks"] == 8
     assert len(stamps) >= 3, "".join(err)
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-    assert max(gaps) < 0.3 + 2.0, gaps
+    assert max(gaps) < 0.3 + 60.0, gaps
     assert any("building the network" in ln for ln in err)
