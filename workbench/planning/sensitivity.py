@@ -232,7 +232,7 @@ class SensitivityTable:
     def solve(self, budget_bytes: int, pins: dict[str, str] | None = None):
         """(Plan, allocate.Solution): least total sensitivity within `budget_bytes` (the plan's
         totals.bytes as evaluate counts them), pinned tensors kept."""
-        from workbench.planning.allocate import solve_detailed
+        from workbench.planning.allocate import BelowSmallest, solve_detailed
         pins = dict(pins or {})
         for p, s in pins.items():
             if p not in self.names and p not in self.fixed_names:
@@ -263,9 +263,7 @@ class SensitivityTable:
             errs.append([sum(float(self.values[(m, s)]) for m in item) for s in cands])
         try:
             sol = solve_detailed(costs, errs, budget_bytes - self.fixed_bytes)
-        except WorkbenchError as exc:
-            if "budget" not in str(exc):
-                raise
+        except BelowSmallest as exc:
             cheapest = self.fixed_bytes + sum(min(c) for c in costs)
             raise WorkbenchError(self._below_smallest(budget_bytes, cheapest),
                                  path=self.model_path) from exc
