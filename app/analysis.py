@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.quant.evaluate import quantize
-from workbench.quant.plan import KEEP
-from workbench.schemes import get_scheme
+from workbench.api.tensors import quantize
+from workbench.api.plans import KEEP
+from workbench.api.plans import get_scheme
 
 MAX_GRID_LINES = 300
 
@@ -29,7 +29,7 @@ def grid_levels(scheme_name: str, lo: float, hi: float, points: int = 2049) -> n
     scheme = get_scheme(scheme_name)
     cols = scheme.block_size or 256
     ramp = np.linspace(lo, hi, points, dtype=np.float32)
-    from workbench.quant.methods import intq
+    from workbench.api.methods import intq
     if intq.is_int(scheme):
         block = np.linspace(lo, hi, cols, dtype=np.float32)[None, :]
         scale, zero = scheme.choose_qparams(block)

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 from PySide6.QtCore import QObject
 
-from workbench.planning.estimate import MIN_ELEMENTS, can_estimate, estimate_tensor
-from workbench.quant.evaluate import DEFAULT_EVAL_CACHE, evaluate_tensor
-from workbench.quant.plan import KEEP
+from workbench.api.tensors import MIN_ELEMENTS, can_estimate, estimate_tensor
+from workbench.api.tensors import DEFAULT_EVAL_CACHE, evaluate_tensor
+from workbench.api.plans import KEEP
 from workbench.core.progress import Progress
-from workbench.schemes import get_scheme, list_schemes
-from workbench.quant.stats import DEFAULT_CACHE, model_stats
+from workbench.api.plans import get_scheme, list_schemes
+from workbench.api.tensors import DEFAULT_CACHE, model_stats
 
 from . import analysis, throughput
 from .workers import BACKGROUND, FOREGROUND, IDLE, INTERACTIVE
@@ -285,7 +285,7 @@ class Analyzer(QObject):
         from . import perf
         if not perf.FAST:
             return None
-        from workbench.quant.runtimes import decide
+        from workbench.api.plans import decide
         d = decide(model.info(name), scheme, "any")     # evaluate_tensor's cache key
         if d.applied == KEEP or DEFAULT_EVAL_CACHE.get(
                 (model.path, name, scheme, d.applied, d.kind)) is not None:
@@ -369,9 +369,9 @@ class Analyzer(QObject):
         schemes = list(schemes or self.eligible_schemes(name))
 
         def job():
-            from workbench.jobs.cluster import is_plain, prefetch_evaluations
+            from workbench.api.tensors import is_plain, prefetch_evaluations
             from workbench.core.progress import subjob
-            from workbench.quant.runtimes import decide
+            from workbench.api.plans import decide
 
             from .cluster_setting import executor_of
             todo = [s for s in schemes if self.doc.result_for(name, s) is None]

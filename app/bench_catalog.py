@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.formats.model import Model, TensorInfo
+from workbench.api.models import Model, TensorInfo
 
 HIDDEN, EXPERT_ROWS, ATTN = 64, 32, 64
 

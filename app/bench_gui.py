@@ -44,7 +44,7 @@ def _minilm() -> str | None:
 
 def make_big_model(folder: str) -> str:
     import numpy as np
-    from workbench.export.st_writer import StreamingSafetensorsWriter
+    from workbench.api.models import StreamingSafetensorsWriter
     path = os.path.join(folder, "big.safetensors")
     rng = np.random.default_rng(0)
     w = StreamingSafetensorsWriter(path)
@@ -110,7 +110,7 @@ def _open(app, path, fast: bool, first: bool) -> tuple:
     from app import perf
     from app.main_window import MainWindow
     from app.messages import RecordedMessages
-    from workbench.quant.stats import DEFAULT_CACHE
+    from workbench.api.tensors import DEFAULT_CACHE
     from PySide6.QtCore import QSettings
     perf.FAST = fast
     DEFAULT_CACHE.clear()
@@ -165,8 +165,8 @@ def bench_paths(path: str, select: str, edit: str, scheme: str, first: bool,
     from app import perf
     from app.main import create_app
     from app import commands
-    from workbench.quant.evaluate import DEFAULT_EVAL_CACHE
-    import workbench.formats.llama_names  # noqa: F401 - imported before both paths (one-time cost)
+    from workbench.api.tensors import DEFAULT_EVAL_CACHE
+    from workbench.api.models import gguf_names  # noqa: F401 - imported before both paths (one-time cost)
     app = create_app()
     paints = _PaintCounter(app)
     wins, outs = {}, {}
@@ -306,7 +306,7 @@ def bench_many(n_tensors: int, repeats: int = 5) -> dict:
     from app.main import create_app
     from app.main_window import MainWindow
     from app.messages import RecordedMessages
-    from workbench.quant.stats import tensor_stats
+    from workbench.api.tensors import tensor_stats
     from workbench.core.progress import run
     perf.FAST = True
     app = create_app()

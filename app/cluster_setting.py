@@ -25,7 +25,7 @@ class ClusterSetting:
     def set_spec(self, text: str) -> str:
         """Store a new spec (validated: a WorkbenchError for bad text, nothing stored);
         the executor of the old one is closed."""
-        from workbench.jobs.cluster import parse_spec
+        from workbench.api.tensors import parse_spec
         kind, _ = parse_spec(text)
         text = "" if kind == "none" else text.strip()
         if self.settings is not None:
@@ -42,7 +42,7 @@ class ClusterSetting:
             if self._executor is None or self._opened_for != spec:
                 if self._executor is not None:
                     self._executor.close()
-                from workbench.jobs.cluster import open_executor
+                from workbench.api.tensors import open_executor
                 self._executor, self._opened_for = open_executor(spec), spec
             return self._executor
 

@@ -7,8 +7,8 @@ QUndoStack. The target `doc` needs `.plan`, `.tiers`, `.model` and `.set_state(p
 
 from __future__ import annotations
 
-from workbench.quant.plan import KEEP, Plan
-from workbench.schemes import get_scheme
+from workbench.api.plans import KEEP, Plan
+from workbench.api.plans import get_scheme
 
 from . import tiers as tier_model
 from .tiers import Tier, on_board
@@ -192,7 +192,7 @@ def gguf_names_of(model):
     gnames = getattr(model, "_app_gguf_names", False)
     if gnames is False:
         try:
-            from workbench.formats.llama_names import gguf_names
+            from workbench.api.models import gguf_names
             gnames = gguf_names(model)
         except (WorkbenchError, Exception):  # noqa: BLE001 - unmapped architecture: ndim only
             gnames = None
@@ -206,7 +206,7 @@ def gguf_names_of(model):
 def never_retyped(model, targets: dict, runtime: str = "llama.cpp") -> list[tuple[str, str]]:
     """(name, why) for each tensor `targets` would quantize that `runtime` never re-types
     (workbench.quant.runtimes: llama.cpp keeps norms, biases, position and token-type embeddings)."""
-    from workbench.quant.runtimes import get_runtime
+    from workbench.api.plans import get_runtime
     rt = get_runtime(runtime)
     gnames = gguf_names_of(model)
     out = []
@@ -231,7 +231,7 @@ def unavailable_for(info) -> dict[str, str]:
     (the scheme's own reason: a row length, a block size); none for a non-float tensor."""
     if not info.is_float or info.ndim < 1:
         return {}
-    from workbench.schemes import list_schemes
+    from workbench.api.plans import list_schemes
     out = {}
     for s in list_schemes():
         why = get_scheme(s).ineligible_reason(info.shape)
@@ -244,7 +244,7 @@ def schemes_for(info) -> list[str]:
     """`keep` plus every registered scheme that can take this tensor (registry order)."""
     key = (tuple(info.shape), info.is_float)
     if key not in _ELIGIBLE:
-        from workbench.schemes import list_schemes
+        from workbench.api.plans import list_schemes
         names = [KEEP]
         if info.is_float and info.ndim >= 1:
             names += [s for s in list_schemes() if get_scheme(s).ineligible_reason(info.shape) is None]

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QHBoxLay
                                QHeaderView, QLabel, QPushButton, QSplitter, QTableView,
                                QVBoxLayout, QWidget)
 
-from workbench.running.methods_compare import applies
+from workbench.api.methods import applies
 
 from .comparison_model import (C_BITS, C_BYTES, C_FAMILY, C_GBS, C_MAX, C_METHOD, C_OUT, C_REL,
                                C_SCHEME, C_SQNR, COLUMNS, SCOPES, SORT_ROLE, ComparisonModel,
@@ -181,7 +181,7 @@ class ComparisonView(QWidget):
             why = self.comparer.tensor_unavailable(self.model.name) if self.model.name else None
         for m, b in self.method_boxes.items():
             b.setEnabled(why is None)
-            from workbench.quant.methods import get_method
+            from workbench.api.methods import get_method
             b.setToolTip(f"{get_method(m).description}. Needs calibration inputs: {why}"
                          if why else f"{get_method(m).description} (calibration: "
                          f"{self.comparer.calib()})")

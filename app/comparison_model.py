@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt
 from PySide6.QtGui import QBrush, QColor
 
-from workbench.running.methods_compare import applies
-from workbench.planning.scheme_choice import family_of, pareto_front, points_from_results
+from workbench.api.methods import applies
+from workbench.api.choices import family_of, pareto_front, points_from_results
 
 from .commands import schemes_for
 from .format import fmt_bytes, fmt_db, fmt_float, fmt_gbs

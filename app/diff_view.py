@@ -116,7 +116,7 @@ class DiffView(QWidget):
 
     def compare(self, path: str):
         """Compute the comparison of the current plan with `path` on the compute thread."""
-        from workbench.planning.diff import diff
+        from workbench.api.choices import diff
         model, plan = self.doc.model, self.doc.plan
         if model is None:
             return None

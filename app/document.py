@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from PySide6.QtCore import QObject, Signal
 
 from workbench.core.errors import WorkbenchError
-from workbench.quant.evaluate import totals_of
-from workbench.quant.metrics import sqnr_db
-from workbench.quant.plan import KEEP, Plan, default_plan
-from workbench.schemes import get_scheme
+from workbench.api.tensors import totals_of
+from workbench.api.tensors import sqnr_db
+from workbench.api.plans import KEEP, Plan, default_plan
+from workbench.api.plans import get_scheme
 
 from .tiers import DEFAULT_TIERS
 
@@ -105,7 +105,7 @@ class Document(QObject):
         """One pass over the catalog when it opens: each tensor's scheme, its decision (what is
         applied: workbench.quant.runtimes for the workbench's own runtime) and its stored size (from
         the scheme's size formula: nothing is measured yet), the running totals from them."""
-        from workbench.quant.runtimes import Decider, get_runtime, summarize
+        from workbench.api.plans import Decider, get_runtime, summarize
         decide = Decider(self.plan, get_runtime("any"))
         assignment, decisions, sizes = self.assignment, self.decisions, {}
         size_memo, pos = self._size_memo, self._pos
@@ -195,7 +195,7 @@ class Document(QObject):
         if self.model is None:
             self.decisions = {}
             return
-        from workbench.quant.runtimes import plan_decisions, summarize
+        from workbench.api.plans import plan_decisions, summarize
         try:
             new = plan_decisions(self.model, self.plan, "any", names)
         except WorkbenchError:
@@ -214,7 +214,7 @@ class Document(QObject):
     def fallback_summary(self):
         """workbench.quant.runtimes.FallbackSummary of the plan (as `evaluate` prints it), kept up to
         date by each edit's changed decisions."""
-        from workbench.quant.runtimes import summarize
+        from workbench.api.plans import summarize
         from . import perf
         if not perf.FAST or self._summary is None:
             return summarize(self.decisions.values())

@@ -18,8 +18,8 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from workbench.core.errors import WorkbenchError
-from workbench.quant.plan import KEEP
-from workbench.planning.sensitivity import MEASURES as _MEASURES  # weight, activation, ...
+from workbench.api.plans import KEEP
+from workbench.api.choices import MEASURES as _MEASURES  # weight, activation, ...
 
 from .effects_jobs import (Point, SensTable, allocatable, allocation_job, check_job,
                            frontier_job, predicted_error, table_job)
@@ -35,7 +35,7 @@ DEFAULT_SCHEMES = (AUTO,)
 
 
 def default_calib() -> str:
-    from workbench.running.calibration import DEFAULT_CALIB
+    from workbench.api.models import DEFAULT_CALIB
     return str(DEFAULT_CALIB)
 
 
@@ -210,7 +210,7 @@ class PlanEffects(QObject):
 
     def set_schemes(self, schemes) -> None:
         """Candidate schemes: names, or "auto" (the API's: every scheme the runtime runs)."""
-        from workbench.schemes import get_scheme
+        from workbench.api.plans import get_scheme
         given = [s.strip() for s in schemes if s.strip()]
         if given == [AUTO]:
             names = [AUTO]

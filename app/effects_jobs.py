@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from workbench.core.errors import WorkbenchError
-from workbench.quant.plan import KEEP
+from workbench.api.plans import KEEP
 from workbench.core.progress import Progress
 
 FRONTIER_POINTS = 12
@@ -122,7 +122,7 @@ def predicted_error(table: SensTable, assignment: dict) -> float | None:
 
 def plan_bytes(model, assignment: dict) -> int:
     """Total bytes of an assignment as evaluate counts them (cached per tensor)."""
-    from workbench.quant.evaluate import evaluate_tensor
+    from workbench.api.tensors import evaluate_tensor
     return int(sum(evaluate_tensor(model, n, assignment.get(n, KEEP)).bytes
                    for n in model.tensors))
 
@@ -171,7 +171,7 @@ def check_job(model, plan, calib, samples):
 
 def allocate_job(model, table: SensTable, budget_bytes=None, budget_bpw=None, pins=None):
     """Job: (assignment, budget_bytes) from workbench.planning.allocate.allocate over the cached table."""
-    from workbench.planning.allocate import allocate
+    from workbench.api.choices import allocate
     plan, budget = yield from allocate(model, table.candidates, budget_bytes, budget_bpw,
                                        pins or {}, table.err)
     assign = {r.match: r.scheme for r in plan.rules if not r.is_regex}
@@ -217,7 +217,7 @@ def frontier_job(model, table: SensTable, pins=None, n_points: int = FRONTIER_PO
             if p is not None:
                 points.append(p)
     try:
-        from workbench.planning import frontier as F
+        from workbench.api.choices import frontier as F
         recipes = F.recipe_points(model, ["Q4_K_M", "Q5_K_M"])
     except (ImportError, AttributeError, WorkbenchError, TypeError):
         recipes = []

@@ -22,7 +22,7 @@ from PySide6.QtGui import QBrush, QColor, QStandardItemModel
 from PySide6.QtWidgets import (QComboBox, QDialog, QFileDialog, QFormLayout, QHBoxLayout,
                                QLabel, QLineEdit, QProgressBar, QPushButton, QVBoxLayout)
 
-from workbench.export import list_exporters
+from workbench.api.plans import list_exporters
 
 from .workers import FOREGROUND, INTERACTIVE, USER
 
@@ -157,7 +157,7 @@ class ExportDialog(QDialog):
         self._checking_text(int(ev.done), int(ev.total), ev.message)
 
     def _checked(self, checks, choose: bool = True) -> None:
-        from workbench.export.preflight import best_format
+        from workbench.api.plans import best_format
         if self.checks is None:
             checks = {**checks, **getattr(self, "_slow_results", {})}
         self.checks = dict(checks) if self.checks is None else {**self.checks, **checks}
@@ -221,7 +221,7 @@ class ExportDialog(QDialog):
         self._checked(checks, choose=False)
 
     def _slow_failed(self, names, message: str) -> None:
-        from workbench.export.preflight import Preflight
+        from workbench.api.plans import Preflight
         self._checked_slow({n: Preflight(n, False, f"could not check: {message}", None)
                             for n in names})
 
@@ -397,7 +397,7 @@ class ExportDialog(QDialog):
 
 def check_job(model, plan, names):
     """Job: {format: Preflight} (workbench.export.preflight.check per format), with progress."""
-    from workbench.export.preflight import check
+    from workbench.api.plans import check
     from workbench.core.progress import Progress
     out = {}
     for i, f in enumerate(names):

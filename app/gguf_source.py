@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from workbench.quant.plan import KEEP, Plan, Rule
+from workbench.api.plans import KEEP, Plan, Rule
 
 _LOCK = threading.Lock()
 _OPEN: dict[int, tuple] = {}      # id(GGUF model) -> (the GGUF model, LiveSource)
@@ -22,7 +22,7 @@ class LiveSource:
     """The live (Hugging Face named, float32) model of a GGUF source and the name maps."""
 
     def __init__(self, raw, live):
-        from workbench.formats.llama_names import gguf_names
+        from workbench.api.models import gguf_names
         self.raw, self.live = raw, live
         self.to_gguf = {h: g for h, g in gguf_names(live).items() if g in raw.tensors}
         self.to_hf: dict[str, str] = {}
@@ -60,7 +60,7 @@ def wants_live(model) -> bool:
     architecture transformers runs) through the live conversion, as the CLI does."""
     if getattr(model, "format", None) != "gguf":
         return False
-    from workbench.export.convert.live import wants_live as _wants
+    from workbench.api.models import wants_live as _wants
     return _wants(model.path)
 
 
@@ -73,7 +73,7 @@ def live_source(raw):
         return hit[1]
     if not wants_live(raw):
         return None
-    from workbench.export.convert.live import open_live
+    from workbench.api.models import open_live
     live = yield from open_live(raw.path)
     src = LiveSource(raw, live)
     with _LOCK:

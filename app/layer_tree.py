@@ -33,7 +33,7 @@ def _group_key(group: str) -> tuple:
 
 def _expert_label(name: str) -> str:
     """'mlp.experts.3.down_proj.weight' -> 'expert 3 · down_proj'."""
-    from workbench.formats.catalog import expert_index
+    from workbench.api.models import expert_index
     e = expert_index(name)
     tail = name[:-7] if name.endswith(".weight") else name
     return f"expert {e} · {tail.rsplit('.', 1)[-1]}" if e is not None else tail
@@ -121,7 +121,7 @@ class TreeModel(QAbstractItemModel):
         return len(self.nodes) - 1
 
     def _build(self, model) -> None:
-        from workbench.formats.catalog import grouping
+        from workbench.api.models import grouping
         self.infos = infos = model.tensors
         self.names = list(infos)
         groups: dict[str, list] = {}

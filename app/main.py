@@ -47,8 +47,8 @@ def create_app(argv=None, offscreen: bool = False):
 def build_window(model_path=None, plan_path=None, session_path=None, messages=None,
                  autosave: bool = True):
     """A MainWindow opening a session, or a model (default: the bundled demo) with a plan."""
-    from workbench.cli.common import default_model_path
-    from workbench.quant.plan import Plan
+    from workbench.api import demo_model_path as default_model_path
+    from workbench.api.plans import Plan
     from .main_window import MainWindow
     win = MainWindow(messages=messages, autosave=autosave)
     if session_path:

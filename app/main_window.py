@@ -11,7 +11,7 @@ from PySide6.QtWidgets import (QFileDialog, QLabel, QMainWindow, QSplitter, QTab
                                QVBoxLayout, QWidget)
 
 from workbench.core.errors import WorkbenchError
-from workbench.quant.plan import Plan
+from workbench.api.plans import Plan
 
 from . import commands
 from .analyzer import Analyzer
@@ -304,7 +304,7 @@ class MainWindow(WindowSessions, QMainWindow):
                    confirm: bool = True):
         """Open a checkpoint on the compute thread; a failure shows a message. Over unsaved
         edits, asks first (None: the user cancelled; `confirm=False`: already asked)."""
-        from workbench.formats.loaders import open_model
+        from workbench.api import open_model
         if confirm and not self.confirm_discard():
             return None
         self._status_timer.stop()

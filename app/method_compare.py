@@ -17,8 +17,8 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 
 from workbench.core.errors import WorkbenchError
-from workbench.quant.methods.base import METHOD_NAMES
-from workbench.running.methods_compare import applies, evaluate_method, peers_of, tensor_stats
+from workbench.api.methods import METHOD_NAMES
+from workbench.api.methods import applies, evaluate_method, peers_of, tensor_stats
 from workbench.core.progress import Progress
 
 from .workers import BACKGROUND, FOREGROUND
@@ -33,7 +33,7 @@ def _quick_verdict(model) -> str | None:
     """The reasons the methods cannot run that need no transformers import: no readable
     config.json, torch or transformers not installed (None: none of these)."""
     try:
-        from workbench.running.runner_config import read_config
+        from workbench.api.models import read_config
         read_config(model)
     except WorkbenchError as exc:
         return exc.problem if hasattr(exc, "problem") else str(exc)
@@ -55,7 +55,7 @@ def transformers_ready() -> bool:
 def _kind_verdict(model) -> str | None:
     """Why transformers cannot run the model's config (None: it can). Imports transformers."""
     try:
-        from workbench.running.runner_config import model_kind, read_config
+        from workbench.api.models import model_kind, read_config
         model_kind(read_config(model))
     except WorkbenchError as exc:
         return exc.problem if hasattr(exc, "problem") else str(exc)
@@ -87,7 +87,7 @@ class MethodComparer(QObject):
     def calib(self) -> str:
         path = self.calib_source() if self.calib_source is not None else None
         if not path:
-            from workbench.running.calibration import DEFAULT_CALIB
+            from workbench.api.models import DEFAULT_CALIB
             path = str(DEFAULT_CALIB)
         return str(path)
 

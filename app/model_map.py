@@ -15,10 +15,10 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QPus
 
 from workbench.core.atomic import atomic_write
 from workbench.core.errors import WorkbenchError
-from workbench.planning.model_map import (HIGHER_IS_BETTER, OVERLAY_TEXT, OVERLAYS,
-                                 colour_range, layout, layout_job, normalise, overlay_values)
+from workbench.api.choices import (HIGHER_IS_BETTER, OVERLAY_TEXT, OVERLAYS,
+                                  colour_range, layout, layout_job, normalise, overlay_values)
 from workbench.core.progress import Progress, run
-from workbench.quant.plan import KEEP
+from workbench.api.plans import KEEP
 
 from . import commands
 from .colour_scale import ColourLegend, rgb
@@ -53,7 +53,7 @@ class ModelMapView(QWidget):
             self.overlay_combo.addItem(OVERLAY_TEXT[key], key)
         self.overlay_combo.currentIndexChanged.connect(
             lambda _i: self.set_overlay(self.overlay_combo.currentData()))
-        from workbench.schemes import list_schemes
+        from workbench.api.plans import list_schemes
         from .scheme_picker import fill
         self.scheme_combo = QComboBox()
         self.scheme_combo.setObjectName("MapScheme")
@@ -388,7 +388,7 @@ def render_map_png(model, plan, bits_of=None, width: int = 1100) -> bytes:
     size formula (the report passes its evaluated sizes)."""
     from PySide6.QtCore import QBuffer, QIODevice
     from PySide6.QtGui import QImage
-    from workbench.planning.model_map import plan_bytes_of
+    from workbench.api.choices import plan_bytes_of
     bytes_of, _ = plan_bytes_of(model, plan)
     if bits_of is not None:
         bytes_of = bits_of

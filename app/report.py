@@ -15,10 +15,10 @@ import math
 import numpy as np
 
 from workbench.core.atomic import write_text_atomic
-from workbench.quant.evaluate import evaluate
-from workbench.quant.plan import KEEP
+from workbench.api.tensors import evaluate
+from workbench.api.plans import KEEP
 from workbench.core.progress import Progress, subjob
-from workbench.quant.stats import DEFAULT_CACHE, model_stats
+from workbench.api.tensors import DEFAULT_CACHE, model_stats
 
 from .format import fmt_bytes, fmt_count, fmt_db, fmt_float, fmt_shape
 

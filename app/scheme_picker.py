@@ -15,7 +15,7 @@ from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import QComboBox, QStyledItemDelegate
 
-from workbench.planning.scheme_choice import bits_per_weight, grouped
+from workbench.api.choices import bits_per_weight, grouped
 
 from .theme import MUTED, mono_font
 

@@ -14,8 +14,8 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogBut
                                QMenu, QPushButton, QStyledItemDelegate, QTableView,
                                QToolButton, QVBoxLayout, QWidget)
 
-from workbench.quant.plan import KEEP
-from workbench.schemes import list_schemes
+from workbench.api.plans import KEEP
+from workbench.api.plans import list_schemes
 
 from .commands import schemes_for, unavailable_for
 from .table_model import C_METHOD, C_NAME, C_NOTE, C_SCHEME, NAME_ROLE, SORT_ROLE, SchemeTableModel
@@ -110,7 +110,7 @@ class MethodDelegate(QStyledItemDelegate):
     """A combo box of the quantization methods (workbench.quant.methods.list_methods)."""
 
     def createEditor(self, parent, option, index):
-        from workbench.quant.methods import list_methods
+        from workbench.api.methods import list_methods
         combo = QComboBox(parent)
         combo.addItems(list_methods())
         return combo
@@ -168,14 +168,14 @@ class RuleDialog(QDialog):
         if not text:
             return None
         if text.startswith("moe:"):   # workbench.running.moe selectors: experts / shared / router
-            from workbench.formats.moe_selectors import parse_selector
+            from workbench.api.models import parse_selector
             try:
                 sel = parse_selector(text)
             except WorkbenchError:
                 return None
             return [n for n in self.doc.names() if sel.matches(n)]
         if text.startswith("re:"):
-            from workbench.formats.catalog import moe_role
+            from workbench.api.models import moe_role
             try:
                 pat = compile_pattern(text[3:])
             except WorkbenchError:

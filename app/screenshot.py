@@ -161,7 +161,7 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
         if msgs.errors:
             raise WorkbenchError(msgs.errors[0][1].split("\n")[0])
         if layer:
-            from workbench.running.moe import expert_groups
+            from workbench.api.models import expert_groups
             groups = expert_groups(win.doc.model)
             if layer in groups:   # an expert group ('layer 1 experts down'): its spread
                 win.select(groups[layer][0])

@@ -11,7 +11,8 @@ from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QLineEdit, QPushB
                                QStackedWidget, QVBoxLayout, QWidget)
 
 from workbench.core.errors import WorkbenchError
-from workbench.quant.plan import KEEP
+from workbench.api.choices import list_measures
+from workbench.api.plans import KEEP
 
 from .commands import _short
 from .effects import MEASURES
@@ -20,11 +21,7 @@ from .fit_label import never_widens
 
 MEASURE_TEXT = {"auto": "the API's choice (workbench.api.resolve_measure, as `allocate`): fisher "
                         "when the model runs on the calibration text, else weight",
-                "weight": "weight error (Σ squared reconstruction error)",
-                "activation": "activation-weighted error Σ_j E[x_j²]·‖ΔW[:,j]‖²",
-                "fisher": "output-gradient- and activation-weighted error ½·Σ F·ΔW² (an estimate "
-                          "of the output change from one calibration pass)",
-                "output": "measured output change with only that tensor quantized"}
+                **{m.name: m.description for m in list_measures()}}
 
 
 def _log(v: np.ndarray) -> np.ndarray:

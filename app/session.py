@@ -14,7 +14,7 @@ from pathlib import Path
 
 from workbench.core.atomic import write_text_atomic
 from workbench.core.errors import WorkbenchError
-from workbench.quant.plan import Plan
+from workbench.api.plans import Plan
 
 from .tiers import DEFAULT_TIERS, tiers_from_list, tiers_to_list
 

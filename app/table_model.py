@@ -13,7 +13,7 @@ import math
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt
 from PySide6.QtGui import QBrush, QColor
 
-from workbench.quant.plan import KEEP
+from workbench.api.plans import KEEP
 
 from . import perf
 

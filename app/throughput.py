@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import time
 
-from workbench.quant.evaluate import quantize
-from workbench.quant.plan import KEEP
-from workbench.schemes import get_scheme
+from workbench.api.tensors import quantize
+from workbench.api.plans import KEEP
+from workbench.api.plans import get_scheme
 
 
 def backend_name() -> str:
@@ -25,7 +25,7 @@ def backend_name() -> str:
 def warmup() -> str:
     """Import and warm the kernels (JIT) — call on a background thread at start-up."""
     import kernels
-    from workbench.quant import accel
+    from workbench.api.tensors import accel
     accel.warmup()
     return str(kernels.backend_name())
 
@@ -36,8 +36,8 @@ def warmup_job(first=()):
     ("compiled q4_k", i/N) and a cancel stops between two schemes. Returns the backend name."""
     import kernels
     from workbench.core.progress import Progress
-    from workbench.quant import accel
-    from workbench.schemes import list_schemes
+    from workbench.api.tensors import accel
+    from workbench.api.plans import list_schemes
     names = list(dict.fromkeys([s for s in first if s != KEEP] + list(list_schemes())))
     yield Progress(0, len(names), f"compiling {names[0]}" if names else "")
     for i, name in enumerate(names):
@@ -52,7 +52,7 @@ def warmup_job(first=()):
 def dequant_gbs(model, name: str, scheme_name: str, repeats: int = 25,
                 budget_s: float = 0.5) -> float | None:
     """GB/s of float32 output for dequantizing this tensor with this scheme, or None."""
-    from workbench.quant import accel
+    from workbench.api.tensors import accel
     if scheme_name == KEEP:
         return None
     info = model.info(name)

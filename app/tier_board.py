@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogBut
                                QWidget)
 
 from workbench.core.errors import WorkbenchError
-from workbench.schemes import list_schemes
+from workbench.api.plans import list_schemes
 
 from .format import db_text, fmt_bytes, fmt_shape, plural
 from .theme import MONO_FAMILY, UI_FAMILY, sqnr_colour, tier_colour

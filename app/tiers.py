@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.core.errors import WorkbenchError
-from workbench.quant.plan import KEEP
-from workbench.schemes import get_scheme
+from workbench.api.plans import KEEP
+from workbench.api.plans import get_scheme
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QFileDialog
 
 from workbench.core.atomic import pid_alive
 from workbench.core.errors import WorkbenchError
-from workbench.quant.plan import Plan
+from workbench.api.plans import Plan
 
 from . import commands
 from .session import Session

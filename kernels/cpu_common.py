@@ -151,3 +151,15 @@ NO_W = np.zeros((0, 0), np.float32)
 NO_W.setflags(write=False)
 NO_OUT = np.zeros((0, 0), np.float32)
 NO_ACC = np.zeros((0, 5), np.float64)
+
+
+# ---- byte readers of the GGML block decoders (cpu_ggml, iq23_decode)
+@njit(inline="always", **_J)
+def _h(src, p, f16):
+    return f16[np.int64(src[p]) | (np.int64(src[p + 1]) << 8)]
+
+
+@njit(inline="always", **_J)
+def _u32(src, p):
+    return (np.int64(src[p]) | (np.int64(src[p + 1]) << 8) | (np.int64(src[p + 2]) << 16)
+            | (np.int64(src[p + 3]) << 24))

@@ -3,7 +3,8 @@ pyproject.toml hold for the sources, and an import that runs the wrong way break
 
 The contracts are checked by `lint-imports` as CI runs it. The second test copies the sources,
 adds one import that runs the wrong way (the core reaching into planning, one export format
-into another, the cluster into the model runner) or a Qt import in the domain, and shows that
+into another, the cluster into the model runner, the app into a domain internal instead of
+workbench.api) or a Qt import in the domain, and shows that
 the same command then fails and names the import."""
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ def test_the_layers_hold():
      "workbench.export.onnx_format is not allowed to import workbench.export.gguf_file"),
     ("workbench/jobs/cluster.py", "from workbench.running import runner  # sideways",
      "workbench.jobs is not allowed to import workbench.running"),
+    ("app/tiers.py", "from workbench.schemes import get_scheme  # a domain internal",
+     "app is not allowed to import workbench.schemes"),
+    ("app/plots/panel.py", "from workbench.quant.evaluate import evaluate  # a domain internal",
+     "app.plots.panel -> workbench.quant.evaluate"),
 ])
 def test_a_wrong_way_import_breaks_the_contract(tmp_path, file, line, message):
     copy_sources(tmp_path)

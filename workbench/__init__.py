@@ -16,7 +16,8 @@ _API = frozenset({
     "AUTO", "AUTO_FISHER_SAMPLES", "AUTO_FISHER_SAMPLES_LM", "Allocation", "Budget",
     "Cancelled", "DEFAULT_SCHEMES", "Frontier", "MeasureChoice", "Plan", "Progress", "Rule", "WorkbenchError",
     "allocate_plan", "calibrate", "check_plan", "compute_frontier", "convert_gguf", "demo_model_path",
-    "diff_quantizations", "evaluate_plan", "export_formats", "export_plan", "make_plan",
+    "diff_quantizations", "evaluate_plan", "export_formats", "export_plan", "get_scheme",
+    "list_schemes", "make_plan",
     "measure_sensitivity", "open_model", "parse_schemes", "resolve_measure", "statistics",
     "with_methods",
 })

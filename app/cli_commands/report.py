@@ -39,7 +39,7 @@ def run(args) -> int:
     ev, stats = drive(report_job(model, plan))
     res = None
     if args.compare:
-        from workbench.planning.diff import diff
+        from workbench.api.choices import diff
         res = drive(diff(plan, args.compare, model, check=False))
     create_app(offscreen=True)
     write_report(model, plan, args.output, ev, stats, diff_result=res)

@@ -148,7 +148,7 @@ class PlotsPanel(QWidget):
         if self.name and self.name in names:
             self.refresh()
         elif self.group is not None and self.doc.model is not None:
-            from workbench.running.moe import expert_groups
+            from workbench.api.models import expert_groups
             if set(names) & set(expert_groups(self.doc.model).get(self.group, [])):
                 self.refresh()
 
@@ -178,7 +178,7 @@ class PlotsPanel(QWidget):
         doc = self.doc
         if doc.model is None or not key:
             return
-        from workbench.running.moe import expert_groups
+        from workbench.api.models import expert_groups
         names = expert_groups(doc.model).get(key, [])
         if not names:
             return
@@ -220,7 +220,7 @@ class PlotsPanel(QWidget):
         if self.runner is None:
             return
         from ..workers import INTERACTIVE
-        from workbench.running.moe import expert_spread
+        from workbench.api.models import expert_spread
         model = self.doc.model
         self._spread_pending.add(key)
 
@@ -246,7 +246,7 @@ class PlotsPanel(QWidget):
         """Draw what is known about the current tensor (cheap: only cached arrays)."""
         name, doc = self.name, self.doc
         if self.group is not None and doc.model is not None:
-            from workbench.running.moe import expert_groups
+            from workbench.api.models import expert_groups
             names = expert_groups(doc.model).get(self.group, [])
             if names:
                 self._refresh_group(names)

@@ -15,7 +15,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Signal
 
-from workbench.planning.scheme_choice import FAMILIES
+from workbench.api.choices import FAMILIES
 
 FAMILY_COLOURS = {"Float": "#7aa2f7", "Integer": "#9ece6a", "GGML legacy": "#ff9e64",
                   "K-quants": "#f7768e", "Codebooks": "#bb9af7", "Other": "#c9ced8"}

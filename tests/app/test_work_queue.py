@@ -328,7 +328,7 @@ def test_the_export_dialog_answers_before_the_onnx_check_loads_transformers(
     machine) is checked behind the other formats: the dialog answers for those first, lists
     onnx as still being checked and does not offer it until its verdict is in."""
     import app.method_compare as mc
-    import workbench.export.preflight as pf
+    import workbench.api.plans as pf          # the name the app reads (its export checks)
     monkeypatch.setattr(mc, "transformers_ready", lambda: False)
     go = threading.Event()
     real = pf.check

@@ -32,11 +32,13 @@ FUNCTIONS = {
                     "convention", "method", "activations", "act_method", "act_bits",
                     "act_type", "accuracy_level"],
     "parse_schemes": ["text", "target"],
+    "list_schemes": ["variants"],
+    "get_scheme": ["name"],
     "resolve_measure": ["model", "measure", "calib", "imatrix", "samples"],
     "measure_sensitivity": ["model", "schemes", "measure", "samples", "target", "pins",
                             "extra", "say"],
     "allocate_plan": ["model", "budget", "schemes", "measure", "samples", "target", "pins",
-                      "methods", "table", "output", "notes"],
+                      "methods", "table", "output", "notes", "estimate"],
     "compute_frontier": ["model", "from_bpw", "to_bpw", "points", "recipes",   # (check=K:
                          "check_samples", "schemes", "measure", "samples", "target"],   # runs)
     "diff_quantizations": ["a", "b", "source", "samples"],     # (check=True: runs both)

@@ -76,6 +76,8 @@ def _baseline(fn: str, d: Path):
         "check_plan": ((m, "q8_0"), {"samples": 2, "scoring": "lines", "calib": str(calib)}),
         "export_plan": ((m, "q8_0", "plan", str(d / "p.json")), {}),
         "parse_schemes": (("q8_0,q4_0",), {}),
+        "list_schemes": ((), {}),
+        "get_scheme": (("q8_0",), {}),
         "resolve_measure": ((m,), {"measure": "weight"}),
         "measure_sensitivity": ((m,), {"schemes": "q8_0,q4_0", "measure": "weight"}),
         "allocate_plan": ((m, qw.Budget.bits_per_weight(6.0)),

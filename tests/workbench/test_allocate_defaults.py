@@ -23,8 +23,11 @@ def test_candidates_are_what_each_runtime_runs():
     assert not [s for s in vllm if s.startswith(("q", "int2", "int3", "int5", "nf4", "fp16"))]
     for rt in ("llama.cpp", "vllm"):
         assert all(get_runtime(rt).unsupported(s) is None for s in candidate_schemes(rt))
-    union = [s for r in RUNTIMES if r != "any" for s in candidate_schemes(r)]
+    # "any": every runtime's candidates but MLX's (only the MLX export writes those)
+    union = [s for r in RUNTIMES if r not in ("any", "mlx") for s in candidate_schemes(r)]
     assert set(candidate_schemes("any")) == set(union)
+    assert not [s for s in candidate_schemes("any") if s.startswith("mlx-")]
+    assert candidate_schemes("mlx") and all(s.startswith("mlx-") for s in candidate_schemes("mlx"))
     assert len(candidate_schemes("any")) == len(set(union))          # no duplicates
 
 

@@ -92,6 +92,19 @@ def make_plan(scheme: str | None = None, *, path: str | os.PathLike | None = Non
     return plan._copy(rules=extra + list(plan.rules)) if extra else plan
 
 
+def list_schemes(variants: bool = False) -> list[str]:
+    """The scheme names a plan takes (canonical; with `variants`, also the @clip/@pot ones)."""
+    from workbench.schemes import list_schemes as _list
+    return _list(variants=variants)
+
+
+def get_scheme(name: str):
+    """The scheme called `name` (its facts: ``bits_per_weight()``, ``nominal_bits``,
+    ``ineligible_reason(shape)``, ...); an unknown name is a WorkbenchError listing the known."""
+    from workbench.schemes import get_scheme as _get
+    return _get(name)
+
+
 def _resolve_plan(model, plan: PlanLike, target: str, quantize_all: bool = False,
                   convention: str | None = None):
     """(Plan, Convention or None): a scheme name is the uniform plan; it (or `convention`, the
@@ -362,9 +375,10 @@ def measure_sensitivity(model: "Model", schemes: str | Sequence[str] = DEFAULT_S
     if choice.auto and say is not None:
         say(f"measure: {choice.measure} ({choice.reason}); {len(names)} candidate schemes for "
             f"target {target}")
-    if choice.measure in ("output", "fisher") and imatrix:
-        raise WorkbenchError(f"--measure {choice.measure} runs the calibration inputs: give "
-                             "--calib, not --imatrix")
+    from workbench.planning.measures import get_measure
+    refused = get_measure(choice.measure).refusal(calib, imatrix)
+    if refused:
+        raise WorkbenchError(refused)
     table = _driver(progress, cancel, driver)(sensitivity_table_job(
         model, names, choice.measure, calib, imatrix, choice.samples, target,
         dict(pins) if pins else None, list(extra), executor=executor, use_cache=use_cache))
@@ -379,7 +393,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
                   methods: str = AUTO, table: "SensitivityTable | None" = None,
                   output: str | os.PathLike | None = None, executor=None, progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
                   driver: Driver | None = None, say: Callable[[str], None] | None = None,
-                  notes: bool = True, use_cache: bool = True) -> Allocation:
+                  notes: bool = True, use_cache: bool = True, estimate: bool = False) -> Allocation:
     """The plan with the least total sensitivity within `budget` (:class:`Budget`), over the
     candidate `schemes` ("auto": every scheme `target` runs), with `pins` ({tensor or moe:
     selector: scheme}) fixed and `methods` ("auto", "rtn" or e.g. "rtn,imatrix,gptq") weighed
@@ -389,11 +403,13 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     alone, before anything is measured. `output`: the plan JSON is written there as soon as it
     is solved; it is checked before any work (never a file of the model or of `calib` /
     `imatrix`, its folder writable). A config.json the weights contradict is refused first.
-    `say(line)` gets `allocate`'s notes: the measure chosen, and with `notes` the methods
-    weighed. With `use_cache`, the plan's GPTQ tensors are fitted on the whole calibration
-    text once it is solved and the fits kept (workbench.running.method_fits): `check_plan` and
-    `export_plan` of this plan with the same `calib` read them, with no calibration pass;
-    `use_cache` False: the measure's and the fits' caches are neither read nor written."""
+    `say(line)` gets `allocate`'s notes: the measure chosen, with `notes` the methods weighed,
+    and with `estimate` the expected time and the options that cut it (named by the CLI's
+    flags, as `allocate` prints them), said as the first job starts. With `use_cache`, the
+    plan's GPTQ tensors are fitted on the whole calibration text once it is solved and the fits
+    kept (workbench.running.method_fits): `check_plan` and `export_plan` of this plan with the
+    same `calib` read them, with no calibration pass; `use_cache` False: the measure's and the
+    fits' caches are neither read nor written."""
     from workbench.core.outputs import check_output
     from workbench.formats.config_check import check_model_config
     if output is not None:
@@ -426,6 +442,9 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
                                                     target), path=model.path)
     if table is None and schemes == AUTO:      # schemes far below the budget: never chosen
         names = budget_candidates(model, names, budget, target, pins, say)
+    if estimate and say is not None and table is None:
+        drive = _said_first(drive, say, _cost_lines(model, names, measure, calib, imatrix,
+                                                    samples, methods, busy=notes))
     budgets.prefetch_file(model, budget) if table is None else None   # while the pass runs
     t0 = time.perf_counter()
     if table is None:
@@ -472,6 +491,28 @@ def _fit_for_later(model, plan, calib, imatrix, target, drive, say) -> None:
     if say and n:
         say(f"methods: {', '.join(sorted(kept))} fitted on the whole calibration text for "
             f"{n} tensors and kept: `check` and `export` of this plan read them")
+
+
+def _cost_lines(model, names, measure, calib, imatrix, samples, methods,
+                busy: bool) -> list[str]:
+    """allocate's lines on what the allocation will cost (workbench.planning.allocate_cost),
+    with `busy` the line that corrects the estimate for a busy machine (a progress line)."""
+    from workbench.planning.allocate_cost import allocation_cost, busy_line, lines, machine_load
+    choice = resolve_measure(model, measure, calib, imatrix, samples)
+    now, faster = allocation_cost(model, names, choice.measure, choice.samples, methods, calib,
+                                  imatrix)
+    out = lines(now, faster)
+    late = busy_line(now, machine_load()) if busy else None
+    return [f"allocate: {line}" for line in out + ([late] if late else [])]
+
+
+def _said_first(drive: Callable, say: Callable[[str], None], lines: list[str]) -> Callable:
+    """`drive`, saying `lines` as it starts the first job (after the measure's line)."""
+    def first(job):
+        while lines:
+            say(lines.pop(0))
+        return drive(job)
+    return first
 
 
 def compute_frontier(model: "Model", *, from_bpw: float | None = None,

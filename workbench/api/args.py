@@ -133,8 +133,8 @@ def _runtimes():
 
 
 def _measures():
-    from workbench.planning.sensitivity import MEASURES
-    return ["auto", *MEASURES]
+    from workbench.planning.measures import measure_names
+    return ["auto", *measure_names()]
 
 
 def _formats():
@@ -200,9 +200,10 @@ RULES = {
     "from_bpw": lambda n, v: c.check_float(n, v, 0.0, MAX_BPW, none=True, lo_open=True),
     "to_bpw": lambda n, v: c.check_float(n, v, 0.0, MAX_BPW, none=True, lo_open=True),
     "strict": _BOOL, "quantize_all": _BOOL, "kld_exact": _BOOL, "use_cache": _BOOL,
+    "estimate": _BOOL,
     "notes": _BOOL, "overwrite": _BOOL, "executor": _executor,
     "progress": _progress, "cancel": _CALLABLE, "driver": _CALLABLE, "kld_driver": _CALLABLE,
-    "say": _CALLABLE,
+    "say": _CALLABLE, "variants": _BOOL, "name": _text(),
 }
 
 #: where a name means something else in one function

@@ -92,6 +92,19 @@ def solve(costs: list[list[int]], errors: list[list[float]], budget: int) -> lis
     return solve_detailed(costs, errors, budget).choice
 
 
+class BelowSmallest(WorkbenchError):
+    """A budget below the cheapest choice of every item (`cheapest` bytes): callers that know
+    the model say it in its terms (workbench.planning.sizes.below_smallest_message)."""
+
+    def __init__(self, budget: int, cheapest: int):
+        super().__init__(f"budget {budget:,d} bytes is below the smallest possible size "
+                         f"{cheapest:,d} bytes")
+        self.budget, self.cheapest = int(budget), int(cheapest)
+
+    def __reduce__(self):
+        return (BelowSmallest, (self.budget, self.cheapest))
+
+
 def solve_detailed(costs, errors, budget: int, state_limit: int = 200_000,
                    work_limit: int = 40_000_000, time_limit: float | None = None) -> Solution:
     """`solve` with the figures: cost, error, exactness, multiplier, bound, core size. The
@@ -128,8 +141,7 @@ def solve_detailed(costs, errors, budget: int, state_limit: int = 200_000,
     min_c = Cm.min(1)
     cheapest = int(min_c.sum())
     if cheapest > budget:
-        raise WorkbenchError(f"budget {budget:,d} bytes is below the smallest possible size "
-                             f"{cheapest:,d} bytes")
+        raise BelowSmallest(budget, cheapest)
     budget = int(budget)
 
     def pick(lam):

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workbench.planning.measures import get_measure
+
 #: seconds to import transformers and build the network (a model-level measure or method)
 BUILD = 6.0
 #: seconds per weight and calibration sample: fisher's forward and backward pass (SmolLM2,
@@ -74,7 +76,7 @@ def estimate(params: int, linear_params: int, tensors: int, schemes: int, measur
     `measure` on `samples` calibration samples, weighing `methods`."""
     c = Cost()
     costly = [m for m in methods if m != "rtn"]
-    if measure in ("fisher", "activation", "output") or costly:
+    if get_measure(measure).reads_calibration or costly:
         c.stages["building the network"] = BUILD
     if measure == "fisher":
         pass_s = c.stages[f"fisher pass over {samples} samples"] = PASS_FISHER * params * samples
@@ -140,7 +142,7 @@ def allocation_cost(model, schemes: list[str], measure: str, samples: int | None
         methods = default_methods(measure, not imatrix and _runnable(model), _kind(model))
     total = count_samples(calib) or 64
     n = min(samples, total) if samples else total
-    if measure == "activation" and imatrix:
+    if imatrix and get_measure(measure).takes_imatrix:
         n = 0                                   # the imatrix replaces the pass
 
     def cost(schemes_n, samples_n, meths):
@@ -150,7 +152,7 @@ def allocation_cost(model, schemes: list[str], measure: str, samples: int | None
     cut = {}           # option -> (schemes, samples, methods) it changes
     if any(m != "rtn" for m in methods):
         cut["methods"] = (["--methods", "rtn"], {"meths": ["rtn"]})
-    if measure in ("fisher", "activation", "output") and n > FEW_SAMPLES:
+    if get_measure(measure).reads_calibration and n > FEW_SAMPLES:
         cut["samples"] = (["--samples", str(FEW_SAMPLES)], {"samples_n": FEW_SAMPLES})
     if few and len(few) < len(schemes):
         cut["schemes"] = (["--schemes", ",".join(few)], {"schemes_n": len(few)})

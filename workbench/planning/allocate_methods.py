@@ -39,6 +39,7 @@ import numpy as np
 from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP
 from workbench.core.progress import Progress
+from workbench.planning.measures import get_measure
 
 #: the methods `allocate` weighs by default when calibration statistics can be collected.
 #: Every one is judged on the held-out fold, on the pairs near the solution of the rtn table
@@ -79,7 +80,7 @@ def default_methods(measure: str, runnable: bool, kind: str | None = None) -> li
     text: SmolLM2-135M at the bytes of llama.cpp's Q4_K_M, 0.0871 with gptq on 173 tensors
     and imatrix on 34 against 0.0635 with rtn (docs/methods.md); `--methods rtn,imatrix,gptq`
     still weighs them."""
-    if runnable and measure in ("fisher", "activation", "output") and kind != "causal-lm":
+    if runnable and get_measure(measure).reads_calibration and kind != "causal-lm":
         return list(DEFAULT_METHODS)
     return ["rtn"]
 
@@ -400,7 +401,8 @@ def weigh_methods(model, table, methods: str | None = "auto", measure: str = "we
                              path=imatrix)
     if len(methods) == 1:
         table.methods = {}
-        if auto and kind == "causal-lm" and not quiet and measure != "weight":
+        if (auto and kind == "causal-lm" and not quiet
+                and get_measure(measure).reads_calibration):
             say("methods: rtn (--methods auto on a causal LM: methods fitted to calibration "
                 "lines raised the held-out KL divergence; --methods rtn,imatrix,gptq weighs "
                 "them)")

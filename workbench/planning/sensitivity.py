@@ -44,9 +44,11 @@ from workbench.quant.streaming import activation_error
 from workbench.running.imatrix import second_moments
 from workbench.planning.fisher import EarlyFisherErrors, fisher_diagonals, fisher_errors
 from workbench.planning.output_measure import output_errors_job
+from workbench.planning.measures import get_measure, measure_names
 from workbench.planning.sizes import _bytes_as, below_smallest_message
 
-MEASURES = ("weight", "activation", "fisher", "output")
+#: the measures' names (workbench.planning.measures holds their facts)
+MEASURES = measure_names()
 
 
 # ---- activation statistics -------------------------------------------------------------------
@@ -141,7 +143,7 @@ def predicted_unit(model, measure: str) -> str:
     output measures on a causal LM; `check`'s ``kl_mean`` measures the same), ``1-cosine``
     (the same measures on an encoder: mean 1 - cosine of the pooled embeddings, `check`'s
     1 - ``cosine_mean``), else ``sensitivity`` (weight / activation: no output units)."""
-    if measure not in ("fisher", "output"):
+    if not get_measure(measure).output_units:
         return "sensitivity"
     try:
         from workbench.running.runner_config import model_kind, read_config
@@ -232,7 +234,7 @@ class SensitivityTable:
     def solve(self, budget_bytes: int, pins: dict[str, str] | None = None):
         """(Plan, allocate.Solution): least total sensitivity within `budget_bytes` (the plan's
         totals.bytes as evaluate counts them), pinned tensors kept."""
-        from workbench.planning.allocate import solve_detailed
+        from workbench.planning.allocate import BelowSmallest, solve_detailed
         pins = dict(pins or {})
         for p, s in pins.items():
             if p not in self.names and p not in self.fixed_names:
@@ -263,9 +265,7 @@ class SensitivityTable:
             errs.append([sum(float(self.values[(m, s)]) for m in item) for s in cands])
         try:
             sol = solve_detailed(costs, errs, budget_bytes - self.fixed_bytes)
-        except WorkbenchError as exc:
-            if "budget" not in str(exc):
-                raise
+        except BelowSmallest as exc:
             cheapest = self.fixed_bytes + sum(min(c) for c in costs)
             raise WorkbenchError(self._below_smallest(budget_bytes, cheapest),
                                  path=self.model_path) from exc
@@ -458,8 +458,7 @@ def sensitivity_table_job(model, schemes, measure: str = "weight", calib=None, i
     from workbench.core.progress import subjob
     from workbench.schemes import get_scheme
     schemes = [get_scheme(s).name for s in schemes]
-    if measure not in MEASURES:
-        raise WorkbenchError(f"unknown measure {measure!r} (choose from {', '.join(MEASURES)})")
+    get_measure(measure)               # an unknown name: refused, the measures listed
     extra = [get_scheme(s).name for s in extra]
     cands = list(dict.fromkeys(list(schemes) + extra + list((pins or {}).values())))
     errors, scale = None, 1.0

@@ -59,6 +59,16 @@ def _params_on_meta():
 
 
 # ---- the runner --------------------------------------------------------------------------------
+
+def takes_use_cache(module) -> bool:
+    """Whether `module`'s forward names a ``use_cache`` parameter (Hugging Face's decoders do;
+    an encoder such as BERT's may not): read from its signature, not from a failed call."""
+    import inspect
+    try:
+        return "use_cache" in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):      # a forward without a readable signature: not passed
+        return False
+
 class Runner(TensorMapping):
     """A meta-device transformers skeleton of the model, run one block at a time."""
 
@@ -275,12 +285,9 @@ class Runner(TensorMapping):
 
     # -- running -----------------------------------------------------------------------------------
     def _base_call(self, ids_t, mask_t):
-        try:
+        if takes_use_cache(self.base):    # no key/value cache kept for the next token
             return self.base(input_ids=ids_t, attention_mask=mask_t, use_cache=False)
-        except TypeError as exc:
-            if "use_cache" not in str(exc):
-                raise
-            return self.base(input_ids=ids_t, attention_mask=mask_t)
+        return self.base(input_ids=ids_t, attention_mask=mask_t)
 
     def capture(self, data, batch_size: int = 16, override=None, store=None, grad: bool = False,
                 only_first: bool = False):

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from workbench.cli.common import add_model_arg, drive, executor_of, open_model_arg, print_json
-from workbench.cli.commands.sensitivity import AUTO, add_table_args, parse_schemes, say
+from workbench.cli.commands.sensitivity import AUTO, add_table_args, say
 
 
 def register(sub) -> None:
@@ -49,49 +49,24 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from workbench import api
-    from workbench.planning.budget import file_target, from_flags
+    from workbench.planning.budget import from_flags
     from workbench.core.errors import WorkbenchError
-    from workbench.schemes import get_scheme
     budget = from_flags(args.budget_bpw, args.budget_bytes, args.budget_file_bytes,
                         args.budget_of, args.bpw_over)   # bad numbers and unreadable files first
-    args.target = file_target(budget, args.target)
-    schemes = parse_schemes(args.schemes, args.target)
-    from workbench.planning.allocate_methods import parse_methods
-    parse_methods(args.methods)          # a bad --methods is refused before anything is measured
     pins = {}
     for item in args.pin:
         if "=" not in item:
             raise WorkbenchError(f"--pin {item!r}: expected NAME=SCHEME")
         n, s = item.split("=", 1)
-        pins[n] = get_scheme(s).name
+        pins[n] = s
     model = open_model_arg(args)
-    from workbench.core.outputs import check_output
-    check_output(args.output, model=model)   # before the cost lines (allocate_plan checks too)
-    # what it will cost, and the options that cut it, said as the long work starts (after the
-    # measure's line, before the first job: a refused budget stays a one-line error)
-    from workbench.planning.allocate_cost import allocation_cost, busy_line, lines, machine_load
-    if args.schemes == AUTO:     # schemes the budget never uses left out (said, as allocate_plan)
-        from workbench.planning.sizes import budget_candidates
-        from workbench.running.moe import expand_pins
-        schemes = budget_candidates(model, schemes, budget, args.target,
-                                    expand_pins(model, pins), say)
-    choice = api.resolve_measure(model, args.measure, args.calib, args.imatrix, args.samples)
-    now, faster = allocation_cost(model, schemes, choice.measure, choice.samples, args.methods,
-                                  args.calib, args.imatrix)
-    cost = lines(now, faster)
-    busy = None if args.json else busy_line(now, machine_load())   # (a progress line)
-    cost += [busy] if busy else []
-
-    def driver(job):
-        while cost:      # labelled as the progress lines are ("allocate: ")
-            say(f"allocate: {cost.pop(0)}")
-        return drive(job, quiet=args.json)
-    a = api.allocate_plan(model, budget, schemes=schemes, measure=args.measure, calib=args.calib,
-                          imatrix=args.imatrix, samples=args.samples, target=args.target,
-                          pins=pins, methods=args.methods, output=args.output,
-                          executor=executor_of(args), use_cache=not args.no_cache,
-                          driver=driver, say=say,
-                          notes=not args.json)
+    a = api.allocate_plan(model, budget, schemes=args.schemes, measure=args.measure,
+                          calib=args.calib, imatrix=args.imatrix, samples=args.samples,
+                          target=args.target, pins=pins, methods=args.methods,
+                          output=args.output, executor=executor_of(args),
+                          use_cache=not args.no_cache,
+                          driver=lambda job: drive(job, quiet=args.json), say=say,
+                          notes=not args.json, estimate=True)
     out = a.to_dict(args.output)
     if args.json:
         print_json(out)
@@ -111,7 +86,7 @@ def run(args) -> int:
     print(f"  {a.measure} sensitivity ({out['measure_reason']}) {what} {sol.error:.6g}{unit} "
           f"({'optimal' if sol.exact else f'lower bound {sol.bound:.6g}'}); "
           f"solved in {1000 * a.seconds['solve']:.1f} ms")
-    if out["predicted_unit"] == "kl" and args.target == "llama.cpp":
+    if out["predicted_unit"] == "kl" and a.target == "llama.cpp":
         print("  (predicted with float activations: llama.cpp's CPU backend also rounds them to "
               "8 bits, +5 % mean KLD on SmolLM2 at q4_k; `check` emulates it, docs/vs-llama.md)")
     print("  " + ", ".join(f"{s}: {c}" for s, c in out["schemes"].items() if c))

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from workbench.cli.common import add_model_arg, open_model_arg, print_json
-from workbench.cli.commands.sensitivity import AUTO, add_table_args, parse_schemes, say
+from workbench.cli.commands.sensitivity import AUTO, add_table_args, say
 
 
 def register(sub) -> None:
@@ -34,7 +34,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from workbench import api
     from workbench.cli.common import drive, executor_of
-    schemes = parse_schemes(args.schemes, args.target)
+    schemes = api.parse_schemes(args.schemes, args.target)
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     if recipes:
         from workbench.planning.frontier import recipe_types

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from workbench.cli.common import add_model_arg, drive, open_model_arg, print_json
+from workbench.planning.measures import get_measure, list_measures, measure_names
 
 from workbench.api import AUTO, AUTO_FISHER_SAMPLES, AUTO_FISHER_SAMPLES_LM, DEFAULT_SCHEMES
 
@@ -27,7 +28,7 @@ def add_table_args(p, schemes: str = DEFAULT_SCHEMES) -> None:
                                      "activation measure")
     auto = schemes == AUTO
     p.add_argument("--measure", default=AUTO if auto else "weight",
-                   choices=([AUTO] if auto else []) + ["weight", "activation", "fisher", "output"],
+                   choices=([AUTO] if auto else []) + list(measure_names()),
                    help=("auto (the default): fisher when the model is runnable (config.json, "
                          f"tokenizer and the [model] extra; on {AUTO_FISHER_SAMPLES} samples, "
                          f"{AUTO_FISHER_SAMPLES_LM} for a causal LM, "
@@ -48,11 +49,6 @@ def add_table_args(p, schemes: str = DEFAULT_SCHEMES) -> None:
     add_device_arg(p)
     from workbench.jobs.cluster import add_cluster_arg
     add_cluster_arg(p)
-
-
-def parse_schemes(text: str, target: str = "any") -> list[str]:
-    from workbench.quant.runtimes import parse_schemes as parse
-    return parse(text, target)
 
 
 def say(line: str) -> None:
@@ -93,28 +89,29 @@ def run_correlate(args, model, schemes) -> int:
     import time
     from workbench.planning.output_measure import rank_agreement
     tables, secs = {}, {}
-    preds = ("weight", "activation") if args.imatrix else ("weight", "activation", "fisher")
+    preds = tuple(m.name for m in list_measures() if not m.measured)
+    reference = next(m.name for m in list_measures() if m.measured)
     if args.imatrix:
         from workbench.core.errors import WorkbenchError
         raise WorkbenchError("--correlate runs the calibration inputs: give --calib, "
                              "not --imatrix")
-    for m in preds + ("output",):
+    for m in preds + (reference,):
         args.measure = m
         t0 = time.perf_counter()
         tables[m] = table_from_args(args, model, schemes, quiet=args.json)
         secs[m] = time.perf_counter() - t0
-    rho = {s: {m: rank_agreement(tables[m], tables["output"], s) for m in preds}
+    rho = {s: {m: rank_agreement(tables[m], tables[reference], s) for m in preds}
            for s in schemes}
     n = {}
     for s in schemes:
-        v = [abs(tables["output"].values[(x, s)]) for x in tables["output"].names]
+        v = [abs(tables[reference].values[(x, s)]) for x in tables[reference].names]
         n[s] = sum(1 for x in v if x > 1e-9 * max(v + [0.0]))
     if args.json:
         print_json({"spearman_vs_output": rho, "tensors": n, "seconds": secs,
-                    "target": tables["output"].runtime})
+                    "target": tables[reference].runtime})
         return 0
     print(f"Spearman rank correlation against the measured output change, over tensors "
-          f"(target {tables['output'].runtime}; seconds: " +
+          f"(target {tables[reference].runtime}; seconds: " +
           ", ".join(f"{m} {v:.1f}" for m, v in secs.items()) + ")")
     w = max([len(s) for s in schemes] + [6])
     print(f"{'scheme':<{w}} {'tensors':>7} " + " ".join(f"{m:>10}" for m in preds))
@@ -125,6 +122,7 @@ def run_correlate(args, model, schemes) -> int:
 
 def run(args) -> int:
     import time
+    from workbench.api import parse_schemes
     schemes = parse_schemes(args.schemes)
     model = open_model_arg(args)
     if args.correlate:
@@ -137,9 +135,7 @@ def run(args) -> int:
         d["seconds"] = secs
         print_json(d)
         return 0
-    unit = {"weight": "squared weight error", "activation": "sum E[x^2] |dW|^2",
-            "fisher": ("KL nats/token" if _is_causal(model) else "1 - cosine") + " (estimated)",
-            "output": "KL nats/token" if _is_causal(model) else "1 - cosine"}[args.measure]
+    unit = get_measure(args.measure).units(_is_causal(model))
     print(f"{args.measure} sensitivity ({unit}), {len(table.names)} tensors, target "
           f"{table.runtime}, {secs:.1f} s; most sensitive first (by the mean over schemes)")
     w = max([len(n) for n in table.names] + [6])

@@ -80,13 +80,9 @@ def _load(path: str):
     # torch's own UserWarnings (e.g. about weights_only) would print before the one-line refusal
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:
-            # legacy (non-zip) serialization cannot be memory-mapped
-            if "mmap" not in str(exc) and "zip" not in str(exc).lower():
-                raise
-            return torch.load(path, map_location="cpu", weights_only=True)
+        # the legacy (non-zip) serialization cannot be memory-mapped: read whole
+        return torch.load(path, map_location="cpu", weights_only=True,
+                          mmap=zipfile.is_zipfile(path))
 
 
 def _check_zip_records(p: str) -> None:

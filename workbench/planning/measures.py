@@ -1,0 +1,92 @@
+"""The sensitivity measures, one registry as schemes, methods and exporters have
+(docs/methods.md, "Sensitivity and allocation"): each measure's name, what it needs (a runnable network, calibration
+inputs; whether an imatrix stands for them) and the units its values are in. Every list,
+table and message of measure names reads from here (the API's choices, the CLI's --measure,
+the app's menu and tooltips); workbench.planning.sensitivity computes each one's table.
+
+Units: a measure whose values estimate the network's output change (``output_units``) is in
+the units `check` measures: mean KL divergence per token (nats) on a causal LM, mean 1 - cosine
+of the pooled embeddings on an encoder (workbench.planning.sensitivity.predicted_unit); the
+others are in their own units (``unit``), comparable between tensors but not to `check`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.core.errors import WorkbenchError
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A sensitivity measure's facts."""
+    name: str
+    #: what a value is, in a line (the CLI's table heading; output units: see `units`)
+    unit: str
+    #: the app's description of the measure (its menu's tooltip)
+    description: str
+    #: runs the network (a config.json of a supported architecture and the [model] extra)
+    needs_model: bool = False
+    #: reads calibration inputs (a pass over the calibration text, or an imatrix for them)
+    reads_calibration: bool = False
+    #: an imatrix (llama.cpp's activation statistics) can stand for the calibration pass
+    takes_imatrix: bool = False
+    #: its values estimate (or are) the output change, in `check`'s units
+    output_units: bool = False
+    #: measured directly (the reference the others are ranked against), not predicted
+    measured: bool = False
+
+    def units(self, causal: bool) -> str:
+        """What a value is, for a causal LM (`causal`) or an encoder."""
+        if not self.output_units:
+            return self.unit
+        out = "KL nats/token" if causal else "1 - cosine"
+        return out if self.measured else f"{out} (estimated)"
+
+    def refusal(self, calib, imatrix) -> str | None:
+        """Why the inputs given cannot feed this measure (None: they can)."""
+        if imatrix and self.reads_calibration and not self.takes_imatrix:
+            return (f"--measure {self.name} runs the calibration inputs: give --calib, not "
+                    "--imatrix")
+        return None
+
+
+_REGISTRY: dict[str, Measure] = {}
+
+
+def register(measure: Measure) -> Measure:
+    if measure.name in _REGISTRY:
+        raise ValueError(f"measure {measure.name!r} is registered twice")
+    _REGISTRY[measure.name] = measure
+    return measure
+
+
+register(Measure("weight", "squared weight error",
+                 "weight error (Σ squared reconstruction error)"))
+register(Measure("activation", "sum E[x^2] |dW|^2",
+                 "activation-weighted error Σ_j E[x_j²]·‖ΔW[:,j]‖²",
+                 reads_calibration=True, takes_imatrix=True))
+register(Measure("fisher", "estimated output change",
+                 "output-gradient- and activation-weighted error ½·Σ F·ΔW² (an estimate of the "
+                 "output change from one calibration pass)",
+                 needs_model=True, reads_calibration=True, output_units=True))
+register(Measure("output", "measured output change",
+                 "measured output change with only that tensor quantized",
+                 needs_model=True, reads_calibration=True, output_units=True, measured=True))
+
+
+def list_measures() -> list[Measure]:
+    """The measures, in the order lists show them."""
+    return list(_REGISTRY.values())
+
+
+def measure_names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def get_measure(name: str) -> Measure:
+    """The measure called `name`; an unknown name is a WorkbenchError listing them."""
+    m = _REGISTRY.get(name)
+    if m is None:
+        raise WorkbenchError(f"unknown measure {name!r} (choose from "
+                             f"{', '.join(_REGISTRY)})")
+    return m
