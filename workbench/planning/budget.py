@@ -20,7 +20,8 @@ A budget is one number and an accounting:
 
 ``--budget-of FILE``: a ``.gguf`` file's size as a ``file`` budget (a GGUF export of the plan is
 no bigger), a ``.safetensors`` file's tensor bytes (its size less its header) as a ``bytes``
-budget.
+budget; an mlx-lm folder's safetensors bytes (the sum of its .safetensors files' sizes) as a
+``file`` budget of format ``mlx`` for the mlx target (workbench.planning.mlx_budget).
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ class Budget:
             s = f"{self.value:g} bits/weight over {what}"
         elif self.kind == "bytes":
             s = f"{int(self.value):,d} bytes of tensors (as evaluate counts them)"
+        elif self.format == "mlx":
+            s = f"{int(self.value):,d} bytes of mlx-lm safetensors"
         else:
             s = f"{int(self.value):,d} bytes of {self.format} file"
         return s + (f", the size of {self.source}" if self.source else "")
@@ -134,6 +137,9 @@ def budget_of(path: str) -> Budget:
     """--budget-of FILE: a .gguf file's size (a GGUF file budget) or a .safetensors file's
     tensor bytes (a bytes budget)."""
     p = Path(path)
+    if p.is_dir():
+        from workbench.planning.mlx_budget import folder_bytes
+        return Budget("file", float(folder_bytes(p)), over="file", format="mlx", source=str(p))
     try:
         size = p.stat().st_size
         if not p.is_file():
@@ -151,8 +157,9 @@ def budget_of(path: str) -> Budget:
         if 0 < n <= size - 8:
             _readable(p, "a safetensors")
             return Budget("bytes", float(size - 8 - n), source=str(p))
-    raise WorkbenchError("--budget-of: not a GGUF or safetensors file (a .gguf file's size, or "
-                         "a .safetensors file's tensor bytes, is matched)", path=str(p))
+    raise WorkbenchError("--budget-of: not a GGUF or safetensors file or an mlx-lm folder (a "
+                         ".gguf file's size, a .safetensors file's tensor bytes, or an mlx-lm "
+                         "folder's safetensors bytes, is matched)", path=str(p))
 
 
 def _readable(p: Path, what: str) -> None:
@@ -181,6 +188,11 @@ def file_target(budget: Budget, target: str) -> str:
     gguf` applies); `target` otherwise. An explicit other target is an error."""
     if budget.kind != "file":
         return target
+    if budget.format == "mlx":
+        if target not in ("any", "mlx"):
+            raise WorkbenchError(f"an mlx-lm folder budget counts an mlx export, which follows "
+                                 f"mlx's rules: use --target mlx, not {target}")
+        return "mlx"
     if target not in ("any", "llama.cpp"):
         raise WorkbenchError(f"a {budget.format} file budget counts a GGUF export, which "
                              f"follows llama.cpp's rules: use --target llama.cpp, not {target}")
@@ -220,7 +232,7 @@ def _file_table(model, table, plan):
 def prefetch_file(model, budget: Budget) -> None:
     """For a file budget: start measuring the GGUF header on a background thread
     (`gguf_size.prefetch`), so that `solve` finds the tokenizer's part ready."""
-    if budget.kind == "file":
+    if budget.kind == "file" and budget.format == "gguf":
         from workbench.export.gguf_size import prefetch
         from workbench.quant.plan import Plan
         prefetch(model, Plan(default=KEEP))
@@ -245,6 +257,9 @@ def solve(model, table, budget: Budget, pins: dict | None = None, finish=None):
         cap = t.budget_bytes(None, budget.value)
         plan, sol = t.solve(cap, p)
         return finish(plan), sol, cap
+    if budget.format == "mlx":
+        from workbench.planning.mlx_budget import solve_folder
+        return solve_folder(model, table, budget, pins, finish)
     # a file: solve, measure the file the plan gives, tighten by the excess, again
     from workbench.export.gguf_size import layout_bytes
     cap = int(budget.value)

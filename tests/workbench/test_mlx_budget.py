@@ -1,0 +1,77 @@
+"""`--budget-of` an mlx-lm folder (workbench.planning.mlx_budget): the sum of its .safetensors
+files' sizes as a file budget for the mlx target, refused for other targets and for folders
+that are not mlx-lm's, and a header bound that holds for mlx-lm's own folders."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install -e .[mlx])")
+
+from tests.mlx_folders import mlx_quantized, tiny_hf  # noqa: E402
+from workbench.core.errors import WorkbenchError  # noqa: E402
+from workbench.planning.budget import budget_of, file_target  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlxbudget")
+    hf = tiny_hf("llama", root / "hf", tie_word_embeddings=True)
+    return {"hf": hf, "mixed": mlx_quantized(hf, root / "mixed", quant_predicate="mixed_3_6")}
+
+
+def test_the_budget_is_the_folders_safetensors_bytes(tiny):
+    folder = tiny["mixed"]
+    b = budget_of(str(folder))
+    assert (b.kind, b.format, b.source) == ("file", "mlx", str(folder))
+    assert b.value == sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    assert "mlx-lm safetensors" in b.describe()
+    assert file_target(b, "any") == "mlx" and file_target(b, "mlx") == "mlx"
+    with pytest.raises(WorkbenchError, match="--target mlx"):
+        file_target(b, "llama.cpp")
+
+
+def test_other_folders_are_refused(tiny, tmp_path):
+    with pytest.raises(WorkbenchError, match="no mlx \"quantization\""):
+        budget_of(str(tiny["hf"]))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    cfg = json.loads((tiny["mixed"] / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WorkbenchError, match="no .safetensors"):
+        budget_of(str(broken))
+    (broken / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
+    with pytest.raises(WorkbenchError, match="--budget-of") as e:
+        budget_of(str(broken))
+    assert "\n" not in str(e.value)
+
+
+def test_allocate_refuses_another_target_before_work(tiny):
+    from workbench.cli import main
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        rc = main(["allocate", str(tiny["hf"]), "--budget-of", str(tiny["mixed"]),
+                   "--target", "llama.cpp", "-o", "/nonexistent-dir/p.json"])
+    assert rc == 2 and "--target mlx" in err.getvalue()
+
+
+def test_header_bound_holds_for_mlx_lms_own_header(tiny):
+    """mlx-lm's header of its mixed_3_6 folder (5,110 bytes + 8) is under the bound computed for
+    the float model with every matrix quantized (the bound counts three entries each)."""
+    from workbench.formats.loaders import open_model
+    from workbench.planning.mlx_budget import header_bound
+
+    class Every:                       # a plan's resolve(): every >= 2-D tensor quantized
+        def resolve(self, model):
+            return {n: "mlx-q3-g64" for n, i in model.tensors.items() if i.ndim >= 2}
+
+    f = tiny["mixed"] / "model.safetensors"
+    with open(f, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+    size = f.stat().st_size
+    bound = header_bound(open_model(tiny["hf"]), Every(), size - 8 - n)
+    assert 8 + n <= bound < 8 + 2 * n
