@@ -1,7 +1,9 @@
 """The default allocation against mlx-lm's own recipes, timed and judged in one run
 (``quant-workbench bench-mlx MODEL``).
 
-On one float Hugging Face folder and one calibration text:
+On one float Hugging Face folder (a GGUF is first converted to one with ``convert --to hf
+--off-grid 0``, timed apart: a dequantized GGUF sits on its old grid) and one calibration
+text:
 
 (a) mlx-lm: ``python -m mlx_lm convert --hf-path MODEL -q`` for each recipe (uniform
     ``q4-g64``: 4 bits, group 64; ``mixed_3_6`` and ``mixed_4_6``: its
@@ -84,17 +86,21 @@ def bench_mlx(model, calib, held_out, out_dir, recipes=DEFAULT_RECIPES, ctx: int
     if dynamic is not None:
         checks.check_float("dynamic", dynamic, 1.0, 16.0)
     model, calib, held_out = Path(model), Path(calib), Path(held_out)
-    if not model.is_dir():
-        raise WorkbenchError("no such model folder (a float Hugging Face folder)",
-                             path=str(model))
+    gguf = False
+    if model.is_file():
+        with open(model, "rb") as fh:
+            gguf = fh.read(4) == b"GGUF"
+    if not model.is_dir() and not gguf:
+        raise WorkbenchError("no such model folder (a float Hugging Face folder, or a GGUF "
+                             "converted to one first)", path=str(model))
     for p in (calib, held_out):
         if not p.is_file():
             raise WorkbenchError("no such text file", path=str(p))
     if os.path.samefile(calib, held_out):
         raise WorkbenchError("the held-out text is the calibration text: judge on text the "
                              "calibration never saw", path=str(held_out))
-    float_model = open_model(model)
-    check_float_model(float_model)
+    if not gguf:
+        check_float_model(open_model(model))
     if dynamic is not None:
         dynamic_calibration(calib)
     out = prepare_out_dir(out_dir)
@@ -103,7 +109,7 @@ def bench_mlx(model, calib, held_out, out_dir, recipes=DEFAULT_RECIPES, ctx: int
     mlx_lm = [sys.executable, "-m", "mlx_lm"]
     extra = list(workbench_args or [])
     names = [*recipes, *([f"dynamic-{dynamic:g}"] if dynamic is not None else [])]
-    n_steps = 4 * len(names)           # mlx-lm, allocate, export, 2 judged
+    n_steps = 4 * len(names) + gguf    # (convert), mlx-lm, allocate, export, 2 judged
     state = {"step": 0}
 
     def step(cmd, log_name, label):
@@ -128,6 +134,16 @@ def bench_mlx(model, calib, held_out, out_dir, recipes=DEFAULT_RECIPES, ctx: int
         from workbench.core.atomic import write_text_atomic
         write_text_atomic(out / "results.json", json.dumps(res, indent=1) + "\n")
 
+    if gguf:
+        hf = out / "float-hf"
+        res["convert"] = {"source": str(model), "folder": hf.name, "wall_s": (yield from step(
+            [*qw, "convert", model, "--to", "hf", hf, "--off-grid", "0"], "convert.log",
+            "convert the GGUF --to hf --off-grid 0"))}
+        model = hf
+        res["model"] = str(model)
+        save()
+    float_model = open_model(model)
+    check_float_model(float_model)
     # (a) mlx-lm's own folders
     for name in names:
         folder = out / f"mlx-lm-{name}"
@@ -195,7 +211,8 @@ def table(res: dict) -> str:
     """One table: folder, bytes, mean / 99.9 % KLD, same top-1 %, PPL ratio (torch, the whole
     held-out text), mlx-lm's own mean KLD and top-1 on its chunks, wall time."""
     from workbench.bench.vs_llama import _fmt_load
-    name = Path(res["model"]).name
+    conv = res.get("convert")
+    name = Path(conv["source"]).name + " (convert --off-grid)" if conv else Path(res["model"]).name
     rows = res["rows"]
     m0 = next((r["mlx"] for r in rows if "mlx" in r), None)
     lines = [f"{name}: held-out {Path(res['held_out']).name} ({res.get('tokens')} tokens scored "

@@ -1,4 +1,4 @@
-"""`quant-workbench bench-mlx MODEL --held-out F [--calib F] [--recipes q4-g64,mixed_3_6,mixed_4_6]
+"""`quant-workbench bench-mlx (MODEL | --real smollm2|gemma3) --held-out F [--calib F] [--recipes q4-g64,mixed_3_6,mixed_4_6]
 [--dynamic BPW] [--ctx 512] [--chunks N] [--mlx-chunks 1] [--timeout S] [--workbench-args "..."]
 [-o DIR] [--json]`: mlx-lm's own recipes (mlx_lm convert, timed) against the default
 `allocate --target mlx --budget-of A` + `export --format mlx` at each one's bytes, every folder
@@ -14,8 +14,12 @@ def register(sub) -> None:
     p = sub.add_parser("bench-mlx", help="mlx-lm's own quantization recipes against allocate "
                        "--target mlx + export --format mlx at the same bytes, judged on "
                        "held-out text (in torch and in mlx-lm)")
-    p.add_argument("model", help="a float Hugging Face folder mlx-lm loads (a GGUF: convert "
-                                 "--to hf --off-grid first)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="a float Hugging Face folder mlx-lm loads, or a GGUF (converted with "
+                        "convert --to hf --off-grid 0 first, into the output folder)")
+    p.add_argument("--real", default=None, choices=["smollm2", "gemma3"],
+                   help="instead of MODEL: the installed SmolLM2-135M or Gemma 3 270M GGUF "
+                        "(workbench/bench/real_lms.py)")
     p.add_argument("--held-out", required=True, metavar="FILE",
                    help="the text the folders are judged on; not the calibration text")
     p.add_argument("--calib", default=None, metavar="FILE",
@@ -52,13 +56,22 @@ def run(args) -> int:
     from workbench.bench.mlx import bench_mlx, parse_recipes, table
     from workbench.bench.vs_llama import split_args
     from workbench.cli.commands.bench_allocate import drive_lines
+    from workbench.core.errors import WorkbenchError
+    if (args.model is None) == (args.real is None):
+        raise WorkbenchError("bench-mlx needs MODEL or --real smollm2|gemma3 (one of them)")
+    if args.real:
+        from workbench.bench import real_lms
+        model = (real_lms.smollm2_gguf if args.real == "smollm2" else real_lms.gemma3_gguf)(
+            required=True)
+    else:
+        model = args.model
     recipes = parse_recipes(args.recipes)
     extra = split_args(args.workbench_args)
     calib = args.calib or str(Path(__file__).resolve().parents[3] / "resources" /
                               "calibration.txt")
-    out = args.output or f"bench-mlx-{Path(args.model).resolve().name}-" \
+    out = args.output or f"bench-mlx-{Path(model).resolve().name}-" \
                          f"{time.strftime('%Y%m%d-%H%M%S')}"
-    res = drive_lines(bench_mlx(args.model, calib, args.held_out, out, recipes, ctx=args.ctx,
+    res = drive_lines(bench_mlx(model, calib, args.held_out, out, recipes, ctx=args.ctx,
                                 chunks=args.chunks, mlx_chunks=args.mlx_chunks,
                                 dynamic=args.dynamic, workbench_args=extra,
                                 timeout=args.timeout))
