@@ -40,17 +40,11 @@ def folder_files(folder) -> list[Path]:
 
 
 def folder_bytes(folder) -> int:
-    """The sum of the folder's .safetensors files' sizes (each opened by the mlx loader first:
-    a damaged folder is refused, naming it)."""
-    from workbench.formats.loaders import open_model
+    """The sum of the folder's .safetensors files' sizes (the folder opened by the mlx loader
+    first: a damaged folder is refused, naming it)."""
+    from workbench.planning.budget import _readable
     files = folder_files(folder)
-    try:
-        m = open_model(folder)
-    except WorkbenchError as exc:
-        tensor = f"tensor '{exc.tensor}': " if exc.tensor else ""
-        raise WorkbenchError(f"--budget-of: {tensor}{exc.problem}",
-                             path=exc.path or str(folder)) from None
-    m.close()
+    _readable(Path(folder), "an mlx-lm")
     return sum(f.stat().st_size for f in files)
 
 

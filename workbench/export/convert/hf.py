@@ -184,6 +184,15 @@ def user_paths(exc: WorkbenchError, folder: str, whole: str, inside) -> Workbenc
     return new
 
 
+def raise_write_failure(exc: BaseException, out: Path):
+    """Re-raise `exc`: an OSError as the one-line "write failed" naming the output."""
+    if isinstance(exc, OSError):
+        why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        raise WorkbenchError(f"write failed ({why}); nothing was written",
+                             path=str(out)) from None
+    raise exc
+
+
 def _discard(fh, tmp: Path) -> None:
     if fh is not None:
         with contextlib.suppress(OSError):
@@ -258,10 +267,6 @@ def write_hf(view, out: Path, dtype: str = "bf16"):
                                       f"{model.path})") from None
     except BaseException as exc:
         _discard(fh, tmp)
-        if isinstance(exc, OSError):
-            why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
-            raise WorkbenchError(f"write failed ({why}); nothing was written",
-                                 path=str(out)) from None
-        raise
+        raise_write_failure(exc, out)
     return {"tensors": len(params), "bytes": size, "unused": unused,
             "in_config": names.in_config, "architectures": cfg.get("architectures")}

@@ -14,7 +14,6 @@ Written into a temporary folder beside the target, renamed into place when whole
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -82,7 +81,8 @@ def hf_tensors(model, cfg: dict) -> list[tuple[str, str, int | None]]:
 def write_mlx_hf(model, out: Path, dtype: str | None = None):
     """Job: the mlx-lm `model` (opened by the loader) as a float Hugging Face folder at `out`
     (absent or empty; checked by the caller). Returns {"tensors", "bytes", "dtype"}."""
-    from workbench.export.convert.hf import _discard, cast, make_temp_dir, user_paths
+    from workbench.export.convert.hf import (_discard, cast, make_temp_dir,
+                                            raise_write_failure, user_paths)
     from workbench.export.st_writer import StreamingSafetensorsWriter
     folder = Path(model.folder or Path(model.path).parent)
     dtype = dtype or float_dtype(model)
@@ -127,9 +127,5 @@ def write_mlx_hf(model, out: Path, dtype: str | None = None):
         if writer is not None:
             writer.abort()
         _discard(None, tmp)
-        if isinstance(exc, OSError):
-            why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
-            raise WorkbenchError(f"write failed ({why}); nothing was written",
-                                 path=str(out)) from None
-        raise
+        raise_write_failure(exc, out)
     return {"tensors": len(names), "bytes": size, "dtype": dtype}
