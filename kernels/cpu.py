@@ -9,6 +9,7 @@ the cache lives next to this file or in ``NUMBA_CACHE_DIR``):
 * ``ggml_dequant`` / ``ggml_error``       GGML blocks; one block decoder per format
 * ``block_stats``, ``encode``             quantize: per-block ranges, then codes + packing
 * ``ggml_encode``                         Q4_0 / Q8_0 quantize
+* ``mlx_dequant`` / ``mlx_error`` / ``mlx_quant_*``   Apple MLX's modes (cpu_mlx)
 
 Each ``*_row`` helper decodes one row into a float32 buffer; the ``*_error`` kernels decode a
 row into a small per-row scratch buffer and fold it into float64 sums at once, so the
@@ -39,6 +40,7 @@ _FAMILIES = {
                    "_put_f16", "count_nonfinite"),
     "cpu_floats": ("f32_copy", "f32_error", "u16_dequant", "u16_error"),
     "cpu_ggml": ("ggml_dequant", "ggml_encode", "ggml_error"),
+    "cpu_mlx": ("mlx_dequant", "mlx_error", "mlx_quant_affine", "mlx_quant_fp"),
 }
 _WHERE = {name: mod for mod, names in _FAMILIES.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -65,6 +65,9 @@ def _dequantize(spec: Spec, arrays, out2d: np.ndarray) -> None:
     elif spec.family == "ggml":
         k.ggml_dequant(host.ggml_blocks(spec, arrays, rows, cols), _branch(spec), spec.qk, spec.bpb,
                        tables.f16_table(), tables.IQ4NL_VALUES, out2d)
+    elif spec.family == "mlx":
+        from . import mlx_host
+        k.mlx_dequant(*mlx_host.dequant_args(spec, arrays), out2d)
     else:
         raise ValueError(spec.family)
 
@@ -94,6 +97,9 @@ def _error_sums(spec: Spec, arrays, w2d: np.ndarray, acc: np.ndarray) -> None:
     elif spec.family == "ggml":
         k.ggml_error(host.ggml_blocks(spec, arrays, rows, cols), _branch(spec), spec.qk, spec.bpb,
                      tables.f16_table(), tables.IQ4NL_VALUES, w2d, acc)
+    elif spec.family == "mlx":
+        from . import mlx_host
+        k.mlx_error(*mlx_host.dequant_args(spec, arrays), w2d, acc)
     else:
         raise ValueError(spec.family)
 
@@ -327,6 +333,9 @@ def _quantize(spec: Spec, w2d: np.ndarray, check_finite: bool = True,
         return {"codes": codes.reshape(rows, cols), "scales": scale}
     if q == "ggml":
         return GGML_ENCODERS[spec.kernel](spec, w2d, check_finite)
+    if q == "mlx":
+        from . import mlx_host
+        return mlx_host.quantize(spec, w2d, _k())
     raise ValueError(f"no quantize kernel for {spec.name}")
 
 

@@ -63,6 +63,15 @@ def _args(spec: Spec, arrays, rows: int, cols: int):
         return (ck.GGML_DEVICE[spec.ggml_name], cuda.to_device(blocks.reshape(-1)),
                 cuda.to_device(host.DUMMY_F32), cuda.to_device(host.DUMMY_U8), _dev_table("ggml"),
                 cuda.to_device(prm))
+    if spec.family == "mlx":
+        from . import cuda_mlx, mlx_host
+        codes, sv, bv, mode, bits, gs, dt, _, lut = mlx_host.dequant_args(spec, arrays)
+        prm = np.array([bits, gs, mode, dt, sv.size], np.int64)
+        return (cuda_mlx.d_mlx, cuda.to_device(codes),
+                cuda.to_device(np.concatenate([sv, bv]) if mode == 0 else sv),
+                cuda.to_device(host.DUMMY_U8),
+                _dev_table("f16") if mode == 0 else cuda.to_device(np.ascontiguousarray(lut)),
+                cuda.to_device(prm))
     raise ValueError(spec.family)
 
 

@@ -12,6 +12,9 @@ Families (each one generic kernel per backend, see ``cpu.py`` / ``cuda.py``):
 ``f32``     float32 kept as is (a copy).
 ``ggml``    llama.cpp / GGUF block formats, one block decoder per GGML type number (the
             scheme's ``ggml_type``, passed in its layout with the block geometry).
+``mlx``     Apple MLX's modes (kernels.cpu_mlx), one decoder per mode number (MLX_MODES):
+            affine ``round(round(scale * q) + bias)`` in the export's float dtype, and the
+            microscaling modes ``value[code] * scale``; codes a little-endian bit stream.
 
 ``quant`` names the quantize kernel (``None``: quantize falls back to the numpy reference).
 Like the rest of ``kernels/``, this module imports nothing from ``workbench``: a GGML type's
@@ -32,6 +35,10 @@ from . import tables
 #: (its scheme runs the numpy reference), never a decoder that does not exist
 GGML_DECODERS = frozenset({2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 22, 23, 29,
                            34, 35, 39, 40})
+#: Apple MLX's quantization modes by number (the "mlx" family's decoders, CPU and CUDA), and
+#: the float dtypes its affine arithmetic rounds to
+MLX_MODES = {"affine": 0, "mxfp4": 1, "nvfp4": 2, "mxfp8": 3}
+MLX_DTYPES = {"F32": 0, "F16": 1, "BF16": 2}
 #: the GGML quantize kernels (a scheme's ``quant_kernel``, a key of cpu_ops.GGML_ENCODERS)
 #: that run a searching quantizer and so need the layout's ``search`` parameters
 SEARCH_KERNELS = ("affine_k", "sym_k")
@@ -77,6 +84,11 @@ class Spec:
     # largest power of two dividing the row length when 128 does not)
     scale_decode: str = ""
     scale_table: np.ndarray | None = None
+    # mlx: the mode number (MLX_MODES), the dtype numbers (MLX_DTYPES) of the microscaling
+    # quotient (the weight's dtype) and of the affine scales' arithmetic
+    mlx_mode: int = -1
+    dtype: int = 0
+    scale_dtype: int = 0
 
     def geometry(self, rows: int, cols: int) -> tuple[int, int]:
         """(group length along a row, blocks per row); block of (r, c) = r*bpr + c//gs."""
@@ -106,6 +118,9 @@ def make_spec(layout: dict | None) -> Spec | None:
     * ``{"family": "affine", "quant": "fp8-block", "values": <256-code decode table>}``
       (dequantize only; float32 scales per 128x128 block)
     * ``{"family": "f32"}``, ``{"family": "u16", "table": "f16" | "bf16"}``
+    * ``{"family": "mlx", "mode": "affine" | "mxfp4" | "nvfp4" | "mxfp8", "bits", "gran",
+      "dtype", "scale_dtype": "F32" | "F16" | "BF16", "values": <code values, microscaling>,
+      "scale_values": <the 256 scale bytes' values, microscaling>}``
     """
     if not layout:
         return None
@@ -126,6 +141,14 @@ def make_spec(layout: dict | None) -> Spec | None:
         return Spec("ggml", "ggml" if kernel else None, ggml_name=g,
                     ggml_id=int(layout["ggml_type"]), qk=int(layout["qk"]),
                     bpb=int(layout["bpb"]), name=name, search=search, kernel=kernel)
+    if fam == "mlx":
+        vals, sv = layout.get("values"), layout.get("scale_values")
+        return Spec("mlx", "mlx", bits=int(layout["bits"]), gran=int(layout["gran"]),
+                    code_key="weight", zero_key="biases" if layout["mode"] == "affine" else None,
+                    name=name, lut=None if vals is None else tables.padded_lut(vals),
+                    scale_table=None if sv is None else np.asarray(sv, np.float32),
+                    mlx_mode=MLX_MODES[layout["mode"]], dtype=MLX_DTYPES[layout["dtype"]],
+                    scale_dtype=MLX_DTYPES[layout["scale_dtype"]])
     if fam in ("f32", "u16"):
         return Spec(fam, table=layout.get("table", ""), name=name)
     if fam != "affine":

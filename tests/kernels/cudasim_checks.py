@@ -84,6 +84,13 @@ def main() -> int:
             if accel.has_kernel(s, "quantize", "cuda"):
                 if not same_qt(accel.quantize(s, w, backend="cuda"), qt):
                     failures.append(f"quantize {name} {shape}")
+    # the MLX schemes of float16 / bfloat16 exports (their own rounding of each step)
+    for name in [n for n in list_schemes() if n.startswith("mlx-")][::4] + ["mlx-nvfp4"]:
+        for dtype in ("F16", "BF16"):
+            s = get_scheme(name).for_dtype(dtype)
+            qt = s.quantize(weights((2, 128), seed=3))
+            if not same_bits(accel.dequantize(qt, backend="cuda"), s.dequantize(qt)):
+                failures.append(f"dequantize {s.name}")
     # FP8 rounding edge values on the device
     for name in ("fp8-e4m3", "fp8-e5m2"):
         s = get_scheme(name)

@@ -59,19 +59,20 @@ def test_allocate_refuses_another_target_before_work(tiny):
     assert rc == 2 and "--target mlx" in err.getvalue()
 
 
-def test_header_bound_holds_for_mlx_lms_own_header(tiny):
-    """mlx-lm's header of its mixed_3_6 folder (5,110 bytes + 8) is under the bound computed for
-    the float model with every matrix quantized (the bound counts three entries each)."""
-    from workbench.formats.loaders import open_model
-    from workbench.planning.mlx_budget import header_bound
-
-    class Every:                       # a plan's resolve(): every >= 2-D tensor quantized
-        def resolve(self, model):
-            return {n: "mlx-q3-g64" for n, i in model.tensors.items() if i.ndim >= 2}
-
-    f = tiny["mixed"] / "model.safetensors"
-    with open(f, "rb") as fh:
-        n = int.from_bytes(fh.read(8), "little")
-    size = f.stat().st_size
-    bound = header_bound(open_model(tiny["hf"]), Every(), size - 8 - n)
-    assert 8 + n <= bound < 8 + 2 * n
+def test_allocate_at_the_folders_bytes_exports_no_more(tiny, tmp_path):
+    """allocate --target mlx --budget-of mlx-lm's mixed_3_6 folder, then export --format mlx:
+    the written safetensors are no bigger than the folder's (measured: 20 bytes under, of
+    642,558)."""
+    from workbench.cli import main
+    plan, out = tmp_path / "plan.json", tmp_path / "ours"
+    budget = sum(f.stat().st_size for f in tiny["mixed"].glob("*.safetensors"))
+    for argv in (["allocate", tiny["hf"], "--budget-of", tiny["mixed"], "--measure", "weight",
+                  "-o", plan],
+                 ["export", tiny["hf"], "--plan", plan, "--format", "mlx", "-o", out]):
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            rc = main([str(a) for a in argv])
+        assert rc == 0, err.getvalue()[-800:]
+    written = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    assert written <= budget
+    assert written > 0.9 * budget            # the budget is used, not left idle

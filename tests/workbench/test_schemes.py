@@ -35,7 +35,7 @@ def _eligible_shape(s, rows=16):
 def error_bound(s) -> float:
     """rel RMSE bound on N(0, 1) weights: halves with every bit (x3.2 slack for per-tensor)."""
     special = {"fp32": 0.0, "fp16": 5e-4, "bf16": 4e-3, "fp8-e4m3": 0.035, "fp8-e5m2": 0.07,
-               "fp8-e4m3-b128": 0.035,
+               "fp8-e4m3-b128": 0.035, "mlx-mxfp8": 0.035,
                "nf4-g64": 0.12, "ternary-g64": 0.6}
     if s.name in special:
         return special[s.name]

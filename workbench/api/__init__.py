@@ -292,7 +292,8 @@ def export_formats() -> list[str]:
 
 
 #: the runtime whose rules each format's export follows
-FORMAT_RUNTIME = {"gguf": "llama.cpp", "compressed-tensors": "vllm", "onnx": "onnxruntime"}
+FORMAT_RUNTIME = {"gguf": "llama.cpp", "compressed-tensors": "vllm", "onnx": "onnxruntime",
+                  "mlx": "mlx"}
 
 
 def format_runtime(fmt: str, target: str | None = None) -> str:
@@ -448,6 +449,7 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
     from workbench.core.progress import run as run_job
     from workbench.planning.sizes import below_smallest_message, budget_candidates, size_floor
     drive = _driver(progress, cancel, driver)
+    budget = budgets.for_target(budget, target)     # a file budget: the target's file
     target = budgets.file_target(budget, target)
     _check_inputs(model, calib, imatrix=imatrix if table is not None else None, say=say)
     if table is not None:

@@ -15,7 +15,8 @@ from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP
 
 #: when several formats can write the plan as asked, the dialog's default is the first here
-PREFERENCE = ("gguf", "compressed-tensors", "safetensors", "onnx", "llama-tensor-types", "plan")
+PREFERENCE = ("gguf", "compressed-tensors", "safetensors", "onnx", "mlx", "llama-tensor-types",
+              "plan")
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,16 @@ def check(model, plan, fmt: str) -> Preflight:
             model_kind(read_config(model))      # a network to trace: config.json, known type
             import_onnx()
             return _from_decisions(fmt, plan_decisions(model, plan, "onnxruntime"), total)
+        if fmt == "mlx":
+            from workbench.export.mlx_layout import modules
+            from workbench.formats.llama_names import read_config
+            config = read_config(model)
+            if config is None:
+                return Preflight(fmt, False, "not written: the MLX export needs the model's "
+                                 "config.json (mlx-lm builds the network from it)", None)
+            decisions = plan_decisions(model, plan, "mlx")
+            modules(model, decisions, config)     # experts of a projection: one scheme
+            return _from_decisions(fmt, decisions, total)
         if fmt == "llama-tensor-types":
             from workbench.export.llama_tensor_types import tensor_type_lines
             from workbench.quant.runtimes import Summary

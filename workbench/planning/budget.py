@@ -21,7 +21,8 @@ A budget is one number and an accounting:
 ``--budget-of FILE``: a ``.gguf`` file's size as a ``file`` budget (a GGUF export of the plan is
 no bigger), a ``.safetensors`` file's tensor bytes (its size less its header) as a ``bytes``
 budget; an mlx-lm folder's safetensors bytes (the sum of its .safetensors files' sizes) as a
-``file`` budget of format ``mlx`` for the mlx target (workbench.planning.mlx_budget).
+``file`` budget of format ``mlx`` for the mlx target (workbench.planning.mlx_budget; the MLX
+safetensors' size is predicted to the byte, workbench.export.mlx_layout).
 """
 
 from __future__ import annotations
@@ -36,7 +37,28 @@ from workbench.quant.plan import KEEP
 LINEAR_ROLES = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_o", "mlp_up", "mlp_gate",
                 "mlp_down", "expert", "shared_expert", "lm_head")
 OVER = ("all", "linear")
-FILE_FORMATS = {"llama.cpp": "gguf"}
+FILE_FORMATS = {"llama.cpp": "gguf", "mlx": "mlx"}
+#: the runtime whose export writes each file format
+FORMAT_TARGET = {v: k for k, v in FILE_FORMATS.items()}
+
+
+def layout_bytes(model, plan, fmt: str = "gguf") -> dict:
+    """The export's file layout without quantizing: {"file": bytes, "tensors": {name: bytes},
+    "alignment": ...} of the GGUF (workbench.export.gguf_size) or of the MLX folder's
+    safetensors (workbench.export.mlx_layout)."""
+    if fmt == "mlx":
+        from workbench.export.mlx_layout import layout_bytes as mlx_bytes
+        return mlx_bytes(model, plan)
+    from workbench.export.gguf_size import layout_bytes as gguf_bytes
+    return gguf_bytes(model, plan)
+
+
+def for_target(budget: "Budget", target: str) -> "Budget":
+    """A file budget given in bytes (``budget_file_bytes``) counts the file of `target`'s
+    export: the MLX folder's safetensors for mlx, else the GGUF."""
+    if budget.kind == "file" and target == "mlx" and budget.source is None:
+        return replace(budget, format="mlx")
+    return budget
 
 
 def is_linear(info) -> bool:
@@ -85,7 +107,7 @@ class Budget:
         elif self.kind == "bytes":
             s = f"{int(self.value):,d} bytes of tensors (as evaluate counts them)"
         elif self.format == "mlx":
-            s = f"{int(self.value):,d} bytes of mlx-lm safetensors"
+            s = f"{int(self.value):,d} bytes of MLX safetensors"
         else:
             s = f"{int(self.value):,d} bytes of {self.format} file"
         return s + (f", the size of {self.source}" if self.source else "")
@@ -185,13 +207,14 @@ def _readable(p: Path, what: str) -> None:
 
 def file_target(budget: Budget, target: str) -> str:
     """The runtime a file budget solves for: llama.cpp for a GGUF (the rules `export --format
-    gguf` applies); `target` otherwise. An explicit other target is an error."""
+    gguf` applies), mlx for an MLX folder's safetensors; `target` otherwise. An explicit other
+    target is an error."""
     if budget.kind != "file":
         return target
-    if budget.format == "mlx":
+    if budget.format == "mlx" or (target == "mlx" and budget.source is None):
         if target not in ("any", "mlx"):
-            raise WorkbenchError(f"an mlx-lm folder budget counts an mlx export, which follows "
-                                 f"mlx's rules: use --target mlx, not {target}")
+            raise WorkbenchError(f"an mlx file budget counts an MLX export: use --target mlx, "
+                                 f"not {target}")
         return "mlx"
     if target not in ("any", "llama.cpp"):
         raise WorkbenchError(f"a {budget.format} file budget counts a GGUF export, which "
@@ -216,12 +239,12 @@ def _linear_table(model, table, pins):
     return replace(table, bytes=nbytes, fixed_bytes=fixed, params=params), pins
 
 
-def _file_table(model, table, plan):
-    """(table whose bytes are each tensor's padded bytes in the GGUF and whose fixed bytes are
+def _file_table(model, table, plan, fmt: str = "gguf"):
+    """(table whose bytes are each tensor's padded bytes in the file and whose fixed bytes are
     the rest of the file for `plan`, the layout). Tensors the file leaves out (llama.cpp's
-    converter drops BERT's pooler, position_ids) cost nothing and are not a choice."""
-    from workbench.export.gguf_size import layout_bytes
-    lay = layout_bytes(model, plan)
+    converter drops BERT's pooler, position_ids; mlx-lm a tied head) cost nothing and are not
+    a choice."""
+    lay = layout_bytes(model, plan, fmt)
     align = lay["alignment"]
     per = lay["tensors"]
     nbytes = {(n, s): (v + (-v % align) if n in per else 0) for (n, s), v in table.bytes.items()}
@@ -232,7 +255,7 @@ def _file_table(model, table, plan):
 def prefetch_file(model, budget: Budget) -> None:
     """For a file budget: start measuring the GGUF header on a background thread
     (`gguf_size.prefetch`), so that `solve` finds the tokenizer's part ready."""
-    if budget.kind == "file" and budget.format == "gguf":
+    if budget.kind == "file" and budget.format != "mlx":
         from workbench.export.gguf_size import prefetch
         from workbench.quant.plan import Plan
         prefetch(model, Plan(default=KEEP))
@@ -257,15 +280,12 @@ def solve(model, table, budget: Budget, pins: dict | None = None, finish=None):
         cap = t.budget_bytes(None, budget.value)
         plan, sol = t.solve(cap, p)
         return finish(plan), sol, cap
-    if budget.format == "mlx":
-        from workbench.planning.mlx_budget import solve_folder
-        return solve_folder(model, table, budget, pins, finish)
     # a file: solve, measure the file the plan gives, tighten by the excess, again
-    from workbench.export.gguf_size import layout_bytes
+    fmt = budget.format or "gguf"
     cap = int(budget.value)
     longest = max(table.schemes + [KEEP], key=len)
     guess = table.plan_for({n: pins.get(n, longest) for n in table.names})
-    t, lay = _file_table(model, table, guess)
+    t, lay = _file_table(model, table, guess, fmt)
     for n in table.names:
         if n not in lay["tensors"]:
             pins.setdefault(n, KEEP)
@@ -273,17 +293,19 @@ def solve(model, table, budget: Budget, pins: dict | None = None, finish=None):
     for _ in range(6):
         plan, sol = t.solve(want, pins)
         plan = finish(plan)
-        size = layout_bytes(model, plan)["file"]
+        size = layout_bytes(model, plan, fmt)["file"]
         if size <= cap:
             return plan, sol, cap
         want -= size - cap
-    raise WorkbenchError(f"no plan found whose GGUF file fits {cap:,d} bytes (the last was "
+    what = "MLX safetensors" if fmt == "mlx" else "GGUF file"
+    raise WorkbenchError(f"no plan found whose {what} fits {cap:,d} bytes (the last was "
                          f"{size:,d})", path=model.path)
 
 
 def accounting(model, ev, runtime: str, plan=None) -> dict:
     """How big the evaluated plan is in each accounting: bytes and bits per weight over every
-    tensor, over the Linear weights, and (llama.cpp) the GGUF file's bytes."""
+    tensor, over the Linear weights, and the file's bytes (llama.cpp: the GGUF; mlx: the
+    safetensors of the MLX folder, exactly what `export --format mlx` writes)."""
     params = sum(model.info(n).numel for n in model.tensors)
     lin = [n for n in model.tensors if is_linear(model.info(n))]
     lin_params = sum(model.info(n).numel for n in lin)
@@ -293,10 +315,9 @@ def accounting(model, ev, runtime: str, plan=None) -> dict:
            "linear_bytes": int(lin_bytes), "linear_params": int(lin_params),
            "bits_per_weight_linear": 8.0 * lin_bytes / lin_params if lin_params else None}
     if plan is not None and runtime in FILE_FORMATS:
-        from workbench.export.gguf_size import layout_bytes
         try:
-            out["file_bytes"] = {"format": FILE_FORMATS[runtime],
-                                 "bytes": int(layout_bytes(model, plan)["file"])}
+            out["file_bytes"] = {"format": FILE_FORMATS[runtime], "bytes": int(
+                layout_bytes(model, plan, FILE_FORMATS[runtime])["file"])}
         except WorkbenchError:
             pass   # a model the GGUF export refuses: no file size to state
     return out

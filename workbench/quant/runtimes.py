@@ -28,6 +28,13 @@ Runtimes:
   block-wise, per-channel or per-tensor (sym/asym) and q4_0/q4_1/q8_0 (onnxruntime's CPU kernel
   takes bits 2, 4, 8, and 2-bit blocks of at most 256); a scheme it cannot express takes the
   plan's fallback when that is expressible, else is kept float with a note.
+* ``mlx`` — Apple MLX (mlx-lm folders, workbench.export.mlx_format): mlx-lm's ``nn.quantize``
+  quantizes every module with ``to_quantized`` (Linear, Embedding, the stacked experts'
+  SwitchLinear) whose weight's last dimension is a multiple of the group; norms, biases,
+  convolutions, 1-D tensors stay float. Schemes: the MLX modes (workbench.schemes.mlx) only; a
+  row length the group does not divide takes the same bits with a smaller group (mlx-q4-g128 ->
+  g64 -> g32), else stays float (mlx-lm leaves such a module float). The experts of one
+  projection of one layer are one SwitchLinear: one scheme for all (``fused_groups``).
 * ``vllm`` — compressed-tensors: only linear layers' weights (attention and MLP projections; not
   embeddings, the LM head, norms or biases); int4/int8 per-channel or group-wise (symmetric or
   asymmetric) and fp8-e4m3; anything else is not expressible and kept.
@@ -185,6 +192,8 @@ class Runtime:
     label: str
     #: a scheme the runtime cannot represent is kept with a note (else: an error)
     keeps_unsupported: bool = False
+    #: its schemes join the candidates of "any" (MLX's do not: only its export writes them)
+    in_any: bool = True
 
     def never_retyped(self, info, gguf_name: str | None) -> str | None:
         """Why this runtime never re-types the tensor (None: it may)."""
@@ -293,15 +302,47 @@ class _OnnxRuntime(Runtime):
         return None
 
 
+_MLX_GROUP = re.compile(r"^(mlx-q\d)-g(\d+)$")
+MLX_KEPT_ROLES = ("norm", "bias", "conv", "other")
+
+
+class _Mlx(Runtime):
+    """Apple MLX (mlx-lm): Linear, Embedding and stacked-expert weights, in MLX's modes."""
+
+    def never_retyped(self, info, gguf_name):
+        if info.ndim < 2 or info.ndim > 3 or not info.name.endswith(".weight") \
+                or info.role in MLX_KEPT_ROLES:
+            return (f"MLX quantizes only Linear and Embedding weights ({info.name} is "
+                    f"{info.role}, {info.ndim}-D)")
+        return None
+
+    def unsupported(self, scheme):
+        from workbench.schemes import get_scheme
+        from workbench.schemes.mlx import MLXScheme
+        if not isinstance(get_scheme(scheme), MLXScheme):
+            return (f"MLX has no mode for {get_scheme(scheme).name} (it runs mlx-q2..8-g32/64/128,"
+                    " mlx-mxfp4, mlx-nvfp4, mlx-mxfp8)")
+        return None
+
+    def shape_fallback(self, scheme):
+        m = _MLX_GROUP.match(scheme)
+        if m and int(m.group(2)) > 32:
+            return f"{m.group(1)}-g{int(m.group(2)) // 2}"
+        return None
+
+
 RUNTIMES: dict[str, Runtime] = {
     "any": _Any("any", "any runtime (the workbench's quantized safetensors)"),
     "llama.cpp": _LlamaCpp("llama.cpp", "llama.cpp (GGUF, llama-quantize)"),
     "vllm": _Vllm("vllm", "vLLM (compressed-tensors)", keeps_unsupported=True),
     "onnxruntime": _OnnxRuntime("onnxruntime", "ONNX Runtime (MatMulNBits)",
                                 keeps_unsupported=True),
+    "mlx": _Mlx("mlx", "Apple MLX (mlx-lm folders)", in_any=False),
 }
 
 
+#: one expert's projection (per-expert checkpoints): (the layer's MoE prefix, the projection)
+_EXPERT_OF = re.compile(r"^(.*)\.experts\.\d+\.([^.]+)\.weight$")
 #: vLLM fuses these sibling projections into one layer: they must share one scheme
 FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"),
                 ("query", "key", "value"))
@@ -330,7 +371,7 @@ def candidate_schemes(runtime: str = "any") -> list[str]:
     if rt.name == "any":
         out: list[str] = []
         for other in RUNTIMES.values():
-            if other.name != "any":
+            if other.name != "any" and other.in_any:
                 out.extend(s for s in candidate_schemes(other.name) if s not in out)
         return out
     return [s for s in list_schemes() if s != "fp32" and rt.unsupported(s) is None]
@@ -349,7 +390,15 @@ def parse_schemes(text: str, target: str = "any") -> list[str]:
 
 def fused_groups(names, runtime: str = "any") -> list[list[str]]:
     """Tensors among `names` that `runtime` stores as one fused layer and so must share one
-    scheme (vLLM: q/k/v, gate/up), two or more per group; other runtimes: none."""
+    scheme (vLLM: q/k/v, gate/up; MLX: the experts of one projection of a layer, stacked into
+    one SwitchLinear), two or more per group; other runtimes: none."""
+    if get_runtime(runtime).name == "mlx":
+        by: dict = {}
+        for n in names:
+            m = _EXPERT_OF.match(n)
+            if m:
+                by.setdefault((m.group(1), m.group(2)), []).append(n)
+        return [g for g in by.values() if len(g) >= 2]
     if get_runtime(runtime).name != "vllm":
         return []
     have = set(names)
@@ -507,6 +556,9 @@ def plan_decisions(model, plan, runtime: str = "any", names=None,
             out[name] = decider(name, info, requested, explicit, rule)
         except WorkbenchError as exc:
             errors.append((name, exc))
+    if rt.name == "mlx" and not errors:   # the export's dtype (workbench.quant.mlx_target)
+        from workbench.quant.mlx_target import with_export_dtype
+        out = with_export_dtype(model, out)
     if errors:
         first = str(errors[0][1])
         more = f" (and {len(errors) - 1} more tensors: " + ", ".join(

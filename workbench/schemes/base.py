@@ -187,6 +187,7 @@ def _import_all() -> None:
     # importing the modules registers their classes
     from workbench.schemes import floats, integer, codebook  # noqa: F401
     from workbench.schemes import microscaling  # noqa: F401  (vLLM's NVFP4/MXFP4/FP8 block)
+    from workbench.schemes import mlx  # noqa: F401  (Apple MLX's modes)
     try:
         from workbench.schemes import ggml  # noqa: F401  (GGML block formats)
     except ImportError as exc:   # gguf-py is a dependency: a failed import is a broken install

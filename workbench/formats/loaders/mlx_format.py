@@ -34,6 +34,8 @@ import numpy as np
 
 from workbench.core.errors import WorkbenchError
 from workbench.formats.model import Model, TensorInfo
+# the decoding is the MLX schemes' numpy reference (one implementation of mx.dequantize)
+from workbench.schemes.mlx.reference import dequantize, unpack_codes  # noqa: F401
 
 #: mode -> (allowed bits, allowed group sizes, mlx's defaults (group, bits))
 MODES = {"affine": ((1, 2, 3, 4, 5, 6, 8), (32, 64, 128), (64, 4)),
@@ -257,83 +259,6 @@ def open_mlx(base: Model, cfg: Path, q: dict) -> Model:
     m = Model(path, "mlx", infos, raw, meta)
     m.folder = str(cfg.parent)
     return m
-
-
-def unpack_codes(words: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 codes of rows of uint32 words, packed from the least significant bit (crossing
-    word boundaries when 32 is not a multiple of `bits`): (rows, words·32/bits)."""
-    words = np.ascontiguousarray(words, dtype="<u4")
-    rows = words.shape[0]
-    b = words.view(np.uint8).reshape(rows, -1, bits)   # every `bits` bytes hold 8 codes
-    out = np.empty((rows, b.shape[1], 8), np.uint8)
-    mask = (1 << bits) - 1
-    for j in range(8):
-        k, s = divmod(j * bits, 8)
-        v = b[:, :, k] >> s
-        if s + bits > 8:
-            v = v | (b[:, :, k + 1] << (8 - s))
-        out[:, :, j] = v & mask
-    return out.reshape(rows, -1)
-
-
-def _round_to(x: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 `x` rounded in place to the model's dtype (nearest even) and kept as float32."""
-    if dtype == "F16":
-        x[...] = x.astype(np.float16)
-    elif dtype == "BF16":
-        nan = np.isnan(x)
-        u = x.view(np.uint32)
-        t = u >> np.uint32(16)
-        t &= np.uint32(1)
-        t += np.uint32(0x7FFF)
-        u += t
-        u &= np.uint32(0xFFFF0000)
-        if nan.any():
-            x[nan] = np.nan
-    return x
-
-
-def _e8m0(s: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return np.ldexp(np.float32(1), s.astype(np.int32) - 127).astype(np.float32)
-
-
-def dequantize(arrays: dict, p: dict, scale_dtype: str = "F32") -> np.ndarray:
-    """float32 values of one module's stored arrays (2-D: rows of the last axis; global_scale
-    one per row), as mx.dequantize computes them. `arrays`: weight, scales[, biases,
-    global_scale] as numpy."""
-    from workbench.core.floatbits import FP8_E4M3_TABLE
-    from workbench.schemes.microscaling import FP4_CODE_VALUES
-    mode, bits, group = p["mode"], p["bits"], p["group_size"]
-    w = np.asarray(arrays["weight"])
-    rows = w.shape[0]
-    codes = unpack_codes(w, bits).reshape(rows, -1, group)
-    scales = np.asarray(arrays["scales"])
-    if mode == "affine":
-        from workbench.formats.dtypes import to_float32
-        s = to_float32(scales, scale_dtype)[:, :, None]
-        b = to_float32(np.asarray(arrays["biases"]), scale_dtype)[:, :, None]
-        # the product rounded to the model's dtype, then the sum (mx.dequantize's arithmetic);
-        # with fewer codes than a group holds, each group's 2^B values are worked out once
-        small = (1 << bits) < group
-        q = np.arange(1 << bits, dtype=np.float32) if small else codes.astype(np.float32)
-        out = _round_to(s * q, scale_dtype)
-        out += b
-        out = _round_to(out, scale_dtype)
-        if small:
-            out = np.take_along_axis(out, codes, axis=2)
-        return out.reshape(rows, -1)
-    table = FP8_E4M3_TABLE if mode == "mxfp8" else FP4_CODE_VALUES
-    vals = np.asarray(table, np.float32)[codes]
-    if mode == "nvfp4":
-        s = np.asarray(FP8_E4M3_TABLE, np.float32)[scales]
-        if "global_scale" in arrays:
-            gs = np.asarray(arrays["global_scale"], np.float32).reshape(-1, 1)
-            s = s * (gs / np.float32(6 * 448))
-    else:
-        s = _e8m0(scales)
-    with np.errstate(over="ignore", invalid="ignore"):
-        return (vals * s[:, :, None]).reshape(rows, -1)
 
 
 class DequantRows:
