@@ -5,9 +5,13 @@ agree with the workbench's in-process evaluation of the same plan.
 "In process" is two facts, each checked: (1) the folder's tensors, read back by the mlx loader
 (exactly as mx.dequantize computes them), equal the workbench's own dequantization of the plan
 (workbench.running.methods_apply.runner_weights: what `check` swaps into the network) to within
-the rounding of the model's dtype; (2) transformers on those tensors in float32 and mlx-lm on
-the folder give the same next-token distributions: measured mean KL (64 random tokens) below
-1e-3 for the dense architectures, same top-1 everywhere but on near-ties."""
+the rounding of the model's dtype; (2) transformers on those tensors and mlx-lm on the folder
+(float32 models, so both run in float32) give the same next-token distributions. Measured
+(64 random tokens; mean / max KL, same top-1): llama 2.1e-5 / 7.7e-5, 98.4 %; qwen3 3.3e-5 /
+1.8e-4, 100 %; qwen3_moe 1.9e-5 / 9.4e-5, 100 %; mixtral 5.1e-6 / 4.1e-5, 100 %; phi3 1.4e-5 /
+9.9e-5, 100 % (the tiny models' heads are scaled 8x for peaked distributions, which magnifies
+float32 summation-order differences); gemma3_text (6 layers) 2.8e-7 / 9.8e-6, 100 %. In bfloat16 the same llama differs by a mean KL of 0.035:
+mlx-lm then computes in bfloat16."""
 
 from __future__ import annotations
 
@@ -26,9 +30,9 @@ from tests.mlx_folders import tiny_hf  # noqa: E402
 from tests.tiny_archs import available  # noqa: E402
 
 ARCHS = ["llama", "gemma3_text", "qwen3", "qwen3_moe", "mixtral", "phi3"]
-#: mean-KL bounds (the mixtures route on near-equal router scores: a token can switch expert
-#: between bfloat16 and float32 activations)
-KL_BOUND = {"qwen3_moe": 0.1, "mixtral": 0.1}
+#: config overrides: mlx-lm's Gemma 3 places its global layer by sliding_window_pattern (6),
+#: which needs as many layers (transformers' layer_types put the full-attention layer there too)
+OVERRIDES = {"gemma3_text": {"num_hidden_layers": 6}}
 
 
 def _export_formats():
@@ -63,7 +67,7 @@ def test_mixed_plan_runs_in_mlx_lm_as_in_process(arch, tmp_path, has_mlx_export)
     from workbench.formats.loaders import open_model
     from workbench.core.progress import run
     from workbench.running.methods_apply import runner_weights
-    hf = tiny_hf(arch, tmp_path / "hf")
+    hf = tiny_hf(arch, tmp_path / "hf", dtype="float32", **OVERRIDES.get(arch, {}))
     model = qw.open_model(str(hf))
     plan = _plan()
     folder = tmp_path / "mlx"
@@ -98,5 +102,5 @@ def test_mixed_plan_runs_in_mlx_lm_as_in_process(arch, tmp_path, has_mlx_export)
     top1 = float((lt.argmax(-1) == lm.argmax(-1)).double().mean())
     print(f"{arch}: mean KL {float(kl.mean()):.3g}, max {float(kl.max()):.3g}, "
           f"same top-1 {100 * top1:.1f} %")
-    assert float(kl.mean()) < KL_BOUND.get(arch, 1e-3)
-    assert top1 >= (0.8 if arch in KL_BOUND else 0.95)
+    assert float(kl.mean()) < 1e-4
+    assert top1 >= 0.95
