@@ -57,6 +57,12 @@ def test_folder_judged_in_torch_and_in_mlx_lm(tiny):
     again = json.loads(text2)["mlx"]
     assert again["float_cache"] == "hit"
     assert again["kld"] == {**m["kld"]} and again["agreement"] == m["agreement"]
+    # mlx-lm on shorter chunks than the torch scoring's
+    rc, text3, err = _cli(*argv[:-1], "--mlx-ctx", "64", "--mlx-chunks", "2", "--json")
+    assert rc == 0, err
+    short = json.loads(text3)
+    assert (short["mlx"]["ctx"], short["mlx"]["chunks"], short["mlx"]["tokens"]) == (64, 2, 62)
+    assert short["kld"] == res["kld"] | {"cache": "hit", "seconds": short["kld"]["seconds"]}
 
 
 def test_refusals_before_any_work(tiny, tmp_path):

@@ -169,6 +169,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                act_method: str = "minmax", accuracy_level: int | None = None, save_onnx=None,
                save_gguf=None, kld_exact: bool = False, use_cache: bool = True,
                emulate: str | None = "auto", mlx_folder=None, mlx_chunks: int = 1,
+               mlx_ctx: int | None = None,
                progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
                driver: Driver | None = None, kld_driver: Driver | None = None,
                say: Callable[[str], None] | None = None) -> dict:
@@ -186,7 +187,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     "auto" (the default): so when `target` is llama.cpp; None: never. `runtime` "mlx": the
     plan exported with ``export --format mlx`` (or the mlx-lm folder `mlx_folder`, then `plan`
     may be None) judged in torch on the text and in mlx-lm on its first `mlx_chunks` chunks
-    (workbench.export.mlx_check; the "mlx" key)."""
+    of `mlx_ctx` tokens (default `ctx`; workbench.export.mlx_check; the "mlx" key)."""
     from workbench.running.runner_config import model_kind, read_config
     from workbench.core.outputs import check_output
     drive = _driver(progress, cancel, driver)
@@ -196,7 +197,8 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     text = held_out or calib
     if runtime == "mlx":
         return _check_mlx(model, plan, text, ctx=ctx, chunks=chunks or samples,
-                          mlx_folder=mlx_folder, mlx_chunks=mlx_chunks, target=target,
+                          mlx_folder=mlx_folder, mlx_chunks=mlx_chunks, mlx_ctx=mlx_ctx,
+                          target=target,
                           quantize_all=quantize_all, convention=convention, method=method,
                           calib=calib, imatrix=imatrix, use_cache=use_cache, drive=drive,
                           say=say)
@@ -252,7 +254,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     return res
 
 
-def _check_mlx(model, plan, text, *, ctx, chunks, mlx_folder, mlx_chunks, target,
+def _check_mlx(model, plan, text, *, ctx, chunks, mlx_folder, mlx_chunks, mlx_ctx, target,
                quantize_all, convention, method, calib, imatrix, use_cache, drive, say) -> dict:
     """check_plan's runtime "mlx" (workbench.export.mlx_check)."""
     from workbench.export.mlx_check import check_folder, check_float_model, check_mlx
@@ -277,7 +279,8 @@ def _check_mlx(model, plan, text, *, ctx, chunks, mlx_folder, mlx_chunks, target
         plan, mm = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
                                 target=target, driver=drive, say=say, use_cache=use_cache)
     res = drive(check_mlx(model, plan, text or DEFAULT_CALIB, ctx, chunks=chunks,
-                          folder=mlx_folder, mlx_chunks=mlx_chunks, quant_model=mm,
+                          folder=mlx_folder, mlx_chunks=mlx_chunks, mlx_ctx=mlx_ctx,
+                          quant_model=mm,
                           use_cache=use_cache))
     if conv is not None:
         res = {**res, "convention": conv.to_dict()}

@@ -198,6 +198,7 @@ RULES = {
     "samples": _int(1, MAX_SAMPLES), "check_samples": _int(1, MAX_SAMPLES),
     "ctx": _int(MIN_CTX, MAX_CTX), "chunks": _int(1, MAX_CHUNKS),
     "mlx_folder": _path(none=True), "mlx_chunks": _int(1, MAX_CHUNKS, none=False),
+    "mlx_ctx": _int(MIN_CTX, MAX_CTX),
     "points": _int(1, MAX_POINTS, none=False), "off_grid": _int(0, MAX_SEED),
     "from_bpw": lambda n, v: c.check_float(n, v, 0.0, MAX_BPW, none=True, lo_open=True),
     "to_bpw": lambda n, v: c.check_float(n, v, 0.0, MAX_BPW, none=True, lo_open=True),

@@ -70,7 +70,8 @@ def dynamic_calibration(calib: Path) -> Path:
 
 
 def bench_mlx(model, calib, held_out, out_dir, recipes=DEFAULT_RECIPES, ctx: int = 512,
-              chunks: int | None = None, mlx_chunks: int = 1, dynamic: float | None = None,
+              chunks: int | None = None, mlx_chunks: int = 1, mlx_ctx: int | None = None,
+              dynamic: float | None = None,
               workbench_args: list[str] | None = None, timeout: float = DEFAULT_TIMEOUT):
     """The job (the module doc): yields Progress('[i/N] stage ...'); returns the results (also
     written to OUT/results.json). `out_dir` must be new or empty."""
@@ -82,6 +83,7 @@ def bench_mlx(model, calib, held_out, out_dir, recipes=DEFAULT_RECIPES, ctx: int
     checks.check_int("ctx", ctx, checks.MIN_CTX, checks.MAX_CTX)
     checks.check_int("chunks", chunks, 1, checks.MAX_CHUNKS, none=True)
     checks.check_int("mlx_chunks", mlx_chunks, 1, checks.MAX_CHUNKS)
+    checks.check_int("mlx_ctx", mlx_ctx, checks.MIN_CTX, checks.MAX_CTX, none=True)
     checks.check_float("timeout", timeout, 0.0, 1e7, lo_open=True, unit=" seconds")
     if dynamic is not None:
         checks.check_float("dynamic", dynamic, 1.0, 16.0)
@@ -126,7 +128,8 @@ def bench_mlx(model, calib, held_out, out_dir, recipes=DEFAULT_RECIPES, ctx: int
         return round(dt, 1)
 
     res = {"model": str(model), "calib": str(calib), "held_out": str(held_out), "ctx": ctx,
-           "chunks_limit": chunks, "mlx_chunks": mlx_chunks, "recipes": names,
+           "chunks_limit": chunks, "mlx_chunks": mlx_chunks, "mlx_ctx": mlx_ctx,
+           "recipes": names,
            "workbench_args": extra, "out_dir": str(out), "workbench": qw, "rows": [],
            "load_before": _load()}
 
@@ -190,7 +193,8 @@ def bench_mlx(model, calib, held_out, out_dir, recipes=DEFAULT_RECIPES, ctx: int
         tag = f"[{state['step']}/{n_steps}] judge {row['label']}"
         yield Progress(state["step"] - 1, n_steps, tag)
         r = yield from check_mlx(float_model, None, held_out, ctx, chunks=chunks,
-                                 folder=out / row["folder"], mlx_chunks=mlx_chunks)
+                                 folder=out / row["folder"], mlx_chunks=mlx_chunks,
+                                 mlx_ctx=mlx_ctx)
         row["kld"] = r["kld"]
         row["mlx"] = r["mlx"]
         row["judge_s"] = r["seconds"]

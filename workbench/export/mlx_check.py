@@ -240,11 +240,12 @@ def write_float(key: str, sides: dict) -> bool:
 
 # ---- the job -------------------------------------------------------------------------------
 def check_mlx(model, plan, text, ctx: int | None = None, *, chunks: int | None = None,
-              folder=None, mlx_chunks: int = DEFAULT_MLX_CHUNKS, quant_model=None,
-              use_cache: bool = True, kld_driver=None):
+              folder=None, mlx_chunks: int = DEFAULT_MLX_CHUNKS, mlx_ctx: int | None = None,
+              quant_model=None, use_cache: bool = True):
     """Job for ``check --runtime mlx`` (the module doc): the mlx-lm `folder`, or `plan`
     exported with ``export --format mlx`` (from `quant_model` when given: the model with the
-    plan's methods applied), judged against the float `model` on `text`. Returns
+    plan's methods applied), judged against the float `model` on `text` (mlx-lm on chunks of
+    `mlx_ctx` tokens, default `ctx`: its quantized matmuls are slower still). Returns
     workbench.running.kld's figures (the long text, in torch) with "runtime", "folder",
     "bytes", "mlx" (mlx-lm's own forward on the first `mlx_chunks` chunks) and "seconds"."""
     from workbench.export.convert.mlx_hf import write_mlx_hf
@@ -288,7 +289,7 @@ def check_mlx(model, plan, text, ctx: int | None = None, *, chunks: int | None =
         finally:
             dmodel.close()
         seconds["torch"] = res["kld"]["seconds"]
-        ctx = res["kld"]["ctx"]
+        ctx = mlx_ctx or res["kld"]["ctx"]
         # part 2: mlx-lm's own forward on the first chunks of the same text
         ids, bos = K.text_stream(model, text, ctx * mlx_chunks + 1)
         grid = K.make_chunks(ids, ctx, bos, mlx_chunks)

@@ -1,5 +1,5 @@
 """`quant-workbench bench-mlx (MODEL | --real smollm2|gemma3) --held-out F [--calib F] [--recipes q4-g64,mixed_3_6,mixed_4_6]
-[--dynamic BPW] [--ctx 512] [--chunks N] [--mlx-chunks 1] [--timeout S] [--workbench-args "..."]
+[--dynamic BPW] [--ctx 512] [--chunks N] [--mlx-chunks 1] [--mlx-ctx N] [--timeout S] [--workbench-args "..."]
 [-o DIR] [--json]`: mlx-lm's own recipes (mlx_lm convert, timed) against the default
 `allocate --target mlx --budget-of A` + `export --format mlx` at each one's bytes, every folder
 judged by `check --runtime mlx` on held-out text (workbench.bench.mlx)."""
@@ -38,6 +38,9 @@ def register(sub) -> None:
                    help="score at most N chunks of the held-out text (default: all)")
     p.add_argument("--mlx-chunks", type=int, default=1,
                    help="chunks each folder runs in mlx-lm itself (default 1)")
+    p.add_argument("--mlx-ctx", type=int, default=None, metavar="N",
+                   help="tokens of each chunk mlx-lm runs (default --ctx; mlx's CPU quantized "
+                        "matmuls take minutes a 512-token chunk of a 135M model)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                    help=f"stop any one step after S seconds (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("--workbench-args", default="", metavar="\"ARGS\"",
@@ -73,6 +76,7 @@ def run(args) -> int:
                          f"{time.strftime('%Y%m%d-%H%M%S')}"
     res = drive_lines(bench_mlx(model, calib, args.held_out, out, recipes, ctx=args.ctx,
                                 chunks=args.chunks, mlx_chunks=args.mlx_chunks,
+                                mlx_ctx=args.mlx_ctx,
                                 dynamic=args.dynamic, workbench_args=extra,
                                 timeout=args.timeout))
     if args.json:
