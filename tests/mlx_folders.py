@@ -35,3 +35,12 @@ def mlx_quantized(hf, out, **kw) -> Path:
     with contextlib.redirect_stdout(io.StringIO()):
         mlx_lm.convert(str(hf), str(out), quantize=True, **kw)
     return Path(out)
+
+
+def run_cli(*argv) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of the domain CLI run in process on `argv`."""
+    from workbench.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in argv])
+    return rc, out.getvalue(), err.getvalue()

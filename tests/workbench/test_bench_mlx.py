@@ -4,8 +4,6 @@ export --format mlx at its bytes, both judged by check --runtime mlx on held-out
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
@@ -13,18 +11,11 @@ import pytest
 
 pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install -e .[mlx])")
 
-from tests.mlx_folders import tiny_hf  # noqa: E402
+from tests.mlx_folders import run_cli as _cli, tiny_hf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 HELD_OUT = ROOT / "workbench" / "bench" / "minilm_heldout.txt"
 
-
-def _cli(*argv):
-    from workbench.cli import main
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main([str(a) for a in argv])
-    return rc, out.getvalue(), err.getvalue()
 
 
 def test_bench_mlx_on_a_tiny_llama(tmp_path):

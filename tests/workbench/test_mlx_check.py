@@ -5,8 +5,6 @@ refusals before any work."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import pytest
 
 pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install -e .[mlx])")
 
-from tests.mlx_folders import mlx_quantized, tiny_hf  # noqa: E402
+from tests.mlx_folders import mlx_quantized, run_cli as _cli, tiny_hf  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +23,6 @@ def tiny(tmp_path_factory):
     return {"hf": hf, "mixed": mlx_quantized(hf, root / "mixed", quant_predicate="mixed_3_6"),
             "other": mlx_quantized(other, root / "other-q4", q_bits=4, q_group_size=64)}
 
-
-def _cli(*argv):
-    from workbench.cli import main
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main([str(a) for a in argv])
-    return rc, out.getvalue(), err.getvalue()
 
 
 def test_folder_judged_in_torch_and_in_mlx_lm(tiny):

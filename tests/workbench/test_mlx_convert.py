@@ -6,8 +6,6 @@ runs the result as mlx-lm runs the folder, and model-level commands run on it.""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import numpy as np
@@ -15,7 +13,7 @@ import pytest
 
 pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install -e .[mlx])")
 
-from tests.mlx_folders import mlx_quantized, tiny_hf  # noqa: E402
+from tests.mlx_folders import mlx_quantized, run_cli as _cli, tiny_hf  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +27,6 @@ def folders(tmp_path_factory):
             "llama-q4": mlx_quantized(llama, root / "llama-q4", q_bits=4, q_group_size=64),
             "moe-q4": mlx_quantized(moe, root / "moe-q4", q_bits=4, q_group_size=32)}
 
-
-def _cli(*argv):
-    from workbench.cli import main
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main([str(a) for a in argv])
-    return rc, out.getvalue(), err.getvalue()
 
 
 def _tensors(folder):
