@@ -112,3 +112,20 @@ def test_refusals_before_any_work(folders, tmp_path):
     rc, _, err = _cli("convert", src, "--to", "hf", full)
     assert rc == 2 and (full / "keep.txt").read_text() == "mine"
     assert not (tmp_path / "x.gguf").exists() and not (tmp_path / "y").exists()
+
+
+def test_diff_against_a_gguf_quantization_of_the_same_model(folders, tmp_path):
+    """diff of mlx-lm's 4-bit folder against the workbench's Q8_0 GGUF of the same float model
+    (--source the float folder): every tensor matched across the two naming schemes."""
+    gguf = tmp_path / "q8.gguf"
+    rc, _, err = _cli("export", folders["llama"], "--scheme", "q8_0", "--format", "gguf",
+                      "-o", gguf)
+    assert rc == 0, err
+    rc, text, err = _cli("diff", folders["llama-q4"], gguf, "--source", folders["llama"],
+                         "--no-check", "--json")
+    assert rc == 0, err
+    res = json.loads(text)
+    t = res["totals"]
+    assert t["matched"] == t["a"]["tensors"] == 20 and t["only_a"] == t["only_b"] == 0
+    row = next(r for r in res["tensors"] if r["name"] == "model.layers.1.mlp.down_proj.weight")
+    assert row["a"]["type"] == "mlx-affine-b4-g64" and row["b"]["rel_rmse"] < row["a"]["rel_rmse"]
