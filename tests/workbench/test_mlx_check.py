@@ -67,3 +67,26 @@ def test_refusals_before_any_work(tiny, tmp_path):
         rc, _, err = _cli(*argv)
         assert rc == 2 and says in err, (argv, err)
         assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_plan_is_exported_and_judged(tiny, tmp_path):
+    """--plan / --scheme: exported with export --format mlx into a temporary folder first; the
+    same figures as judging that folder by hand."""
+    plan = tmp_path / "plan.json"
+    rc, _, err = _cli("export", tiny["hf"], "--scheme", "mlx-q4-g64", "--format", "plan",
+                      "-o", plan)
+    assert rc == 0, err
+    rc, text, err = _cli("check", tiny["hf"], "--runtime", "mlx", "--plan", plan, "--ctx", "64",
+                         "--chunks", "2", "--json")
+    assert rc == 0, err
+    res = json.loads(text)
+    assert res["folder"] is None and res["seconds"]["export"] >= 0
+    folder = tmp_path / "by-hand"
+    assert _cli("export", tiny["hf"], "--plan", plan, "--format", "mlx", "-o", folder)[0] == 0
+    assert res["bytes"] == sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    rc, text, err = _cli("check", tiny["hf"], "--runtime", "mlx", "--mlx-folder", folder,
+                         "--ctx", "64", "--chunks", "2", "--json")
+    assert rc == 0, err
+    by_hand = json.loads(text)
+    assert by_hand["kld"]["mean"] == res["kld"]["mean"]
+    assert by_hand["mlx"]["kld"]["mean"] == res["mlx"]["kld"]["mean"]

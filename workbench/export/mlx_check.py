@@ -258,8 +258,8 @@ def check_mlx(model, plan, text, ctx: int | None = None, *, chunks: int | None =
     if folder is not None:
         folder = check_folder(folder)
     else:
-        from workbench.export import export_formats
-        if "mlx" not in export_formats():
+        from workbench.export import list_exporters
+        if "mlx" not in {e.name for e in list_exporters()}:
             raise WorkbenchError("this build has no mlx export (export --format mlx): give an "
                                  "mlx-lm folder instead of a plan")
     seconds: dict = {}
