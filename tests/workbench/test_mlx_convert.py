@@ -129,3 +129,27 @@ def test_diff_against_a_gguf_quantization_of_the_same_model(folders, tmp_path):
     assert t["matched"] == t["a"]["tensors"] == 20 and t["only_a"] == t["only_b"] == 0
     row = next(r for r in res["tensors"] if r["name"] == "model.layers.1.mlp.down_proj.weight")
     assert row["a"]["type"] == "mlx-affine-b4-g64" and row["b"]["rel_rmse"] < row["a"]["rel_rmse"]
+
+
+def test_converted_gguf_configs_carry_the_rope_keys_mlx_lm_reads():
+    """convert --to hf writes transformers 5's rope_parameters; mlx-lm's classes read
+    rope_theta (SmolLM2: 100,000; mlx-lm's default 10,000 put mlx-lm's float forward a mean KL
+    of 0.39 from transformers') and Gemma 3's rope_local_base_freq."""
+    from mlx_lm.models import gemma3_text, llama
+
+    from workbench.export.convert.hf import legacy_rope
+    smol = {"model_type": "llama", "rope_parameters": {"rope_theta": 100000.0,
+                                                       "rope_type": "default"}}
+    legacy_rope(smol)
+    assert llama.ModelArgs.from_dict({**smol, "hidden_size": 64, "num_hidden_layers": 1,
+                                      "intermediate_size": 64, "num_attention_heads": 1,
+                                      "rms_norm_eps": 1e-6, "vocab_size": 8}).rope_theta == 1e5
+    gemma = {"rope_parameters": {"full_attention": {"rope_theta": 1e6, "rope_type": "default"},
+                                 "sliding_attention": {"rope_theta": 1e4,
+                                                       "rope_type": "default"}}}
+    legacy_rope(gemma)
+    assert (gemma["rope_theta"], gemma["rope_local_base_freq"]) == (1e6, 1e4)
+    assert "rope_theta" in gemma3_text.ModelArgs.__dataclass_fields__
+    kept = {"rope_theta": 5.0, "rope_parameters": {"rope_theta": 7.0}}
+    legacy_rope(kept)
+    assert kept["rope_theta"] == 5.0
