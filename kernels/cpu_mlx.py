@@ -57,17 +57,32 @@ def _code(codes, i, bits, mask):
 
 @njit(**_J)
 def _mlx_row(codes, sv, bv, mode, bits, gs, dt, f16tab, lut, r, cols, dst):
+    """Row r decoded into dst, group by group; affine groups with fewer codes than weights
+    (2^B <= G) work out their 2^B values once and gather them."""
     base = r * cols
     mask = (1 << bits) - 1
-    for c in range(cols):
-        i = base + c
-        q = _code(codes, i, bits, mask)
-        g = i // gs
-        if mode == 0:
-            y = _round(sv[g] * np.float32(q), dt, f16tab)
-            dst[c] = _round(y + bv[g], dt, f16tab)
+    nq = 1 << bits
+    small = mode == 0 and nq <= gs
+    tab = np.empty(nq if small else 1, np.float32)
+    g0 = base // gs
+    for g in range(cols // gs):
+        s = sv[g0 + g]
+        o = g * gs
+        if mode != 0:
+            for j in range(gs):
+                dst[o + j] = lut[_code(codes, base + o + j, bits, mask)] * s
+            continue
+        b = bv[g0 + g]
+        if small:
+            for q in range(nq):
+                tab[q] = _round(_round(s * np.float32(q), dt, f16tab) + b, dt, f16tab)
+            for j in range(gs):
+                dst[o + j] = tab[_code(codes, base + o + j, bits, mask)]
         else:
-            dst[c] = lut[q] * sv[g]
+            for j in range(gs):
+                q = _code(codes, base + o + j, bits, mask)
+                y = _round(s * np.float32(q), dt, f16tab)
+                dst[o + j] = _round(y + b, dt, f16tab)
 
 
 @njit(**_P)
@@ -92,6 +107,15 @@ def _put(out, p, acc, bits):
         out[p + t] = np.uint8((acc >> np.uint64(8 * t)) & np.uint64(255))
 
 
+@njit(**_J)
+def _rounded(row, dt, f16tab):
+    """A copy of float32 `row` rounded to dtype dt (the weights in the model's dtype)."""
+    out = np.empty(row.shape[0], np.float32)
+    for c in range(row.shape[0]):
+        out[c] = _round(row[c], dt, f16tab)
+    return out
+
+
 @njit(inline="always", **_J)
 def _bits16(x, sdt):
     """The 16-bit storage of float32 x: float16 (sdt 1) or bfloat16 (sdt 2) bits."""
@@ -110,9 +134,7 @@ def mlx_quant_affine(w, bits, gs, wdt, sdt, f16tab, codes, s_out, b_out):
     n_bins = np.float32((1 << bits) - 1)
     eps = np.float32(1e-7)
     for r in prange(rows):
-        row = np.empty(cols, np.float32)
-        for c in range(cols):
-            row[c] = _round(w[r, c], wdt, f16tab)
+        row = _rounded(w[r], wdt, f16tab)
         out = codes[r]
         for g in range(nb):
             o = g * gs
@@ -169,9 +191,7 @@ def mlx_quant_fp(w, mode, gs, dt, f16tab, scale_vals, codes, s_out):
     bits = 8 if mode == 3 else 4
     m = np.float32(448.0) if mode == 3 else np.float32(6.0)
     for r in prange(rows):
-        row = np.empty(cols, np.float32)
-        for c in range(cols):
-            row[c] = _round(w[r, c], dt, f16tab)
+        row = _rounded(w[r], dt, f16tab)
         out = codes[r]
         for g in range(nb):
             o = g * gs

@@ -54,13 +54,13 @@ def test_every_scheme_with_a_kernel_declares_it_as_data():
         if layout is None:
             assert spec is None
             continue
-        assert isinstance(layout, dict) and layout["family"] in ("affine", "u16", "f32", "ggml")
+        assert isinstance(layout, dict) and layout["family"] in ("affine", "u16", "f32", "ggml", "mlx")
         rebuilt = make_spec(dict(layout))
         assert isinstance(spec, Spec) and rebuilt.family == spec.family
         assert (rebuilt.quant, rebuilt.bits, rebuilt.gran, rebuilt.ggml_name) == \
             (spec.quant, spec.bits, spec.gran, spec.ggml_name)
         seen.add(spec.family)
-    assert seen == {"affine", "u16", "f32", "ggml"}
+    assert seen == {"affine", "u16", "f32", "ggml", "mlx"}
     assert spec_for("int4-g128").gran == 128 and spec_for("int4-g128").scale_f16
     assert spec_for("int8-channel").gran == "row" and not spec_for("int8-channel").scale_f16
     assert spec_for("q4_k").ggml_name == "Q4_K"

@@ -60,7 +60,19 @@ def test_predicted_size_is_the_written_safetensors(which, tiny_arch, tmp_path):
     info = qw.export_plan(model, a.plan, "mlx", out, progress=None)
     written = sum(p.stat().st_size for p in out.glob("*.safetensors"))
     assert predicted["bytes"] == written == info["safetensors_bytes"]
+    if which != "demo":
+        return
     # a file budget of that size solves for the MLX folder and fits it
     b = qw.allocate_plan(model, Budget.file_bytes(written), target="mlx", measure="weight",
                          progress=None)
     assert b.budget.format == "mlx" and b.accounting["file_bytes"]["bytes"] <= written
+
+
+def test_frontier_for_mlx_has_the_mlx_uniform_plans_and_no_llama_recipes():
+    notes = []
+    f = qw.compute_frontier(qw.open_model(), target="mlx", measure="weight", points=2,
+                            progress=None, say=notes.append)
+    assert f.table.runtime == "mlx" and not f.recipes
+    assert {p.label for p in f.uniform} <= set(candidate_schemes("mlx"))
+    assert any("recipes are left out" in n for n in notes)
+    assert all(p.bits_per_weight > 2 for p in f.allocated)

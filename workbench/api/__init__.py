@@ -520,6 +520,12 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
     recipes = [r.strip() for r in recipes if r.strip()]
     _check_inputs(model, calib, held_out)       # (imatrix: measure_sensitivity's own check)
     extra = recipe_types(recipes) if recipes else []
+    from workbench.quant.runtimes import get_runtime
+    rt = get_runtime(target)
+    if extra and not rt.keeps_unsupported and any(rt.unsupported(t) for t in extra):
+        if say:                   # llama.cpp's recipes are GGML types (mlx has none)
+            say(f"the llama.cpp recipes are left out: target {target} runs no GGML types")
+        recipes, extra = [], []
     t0 = time.perf_counter()
     table = measure_sensitivity(model, schemes, measure=measure, calib=calib, imatrix=imatrix,
                                 samples=samples, target=target, extra=extra, executor=executor,

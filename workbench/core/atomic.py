@@ -175,6 +175,32 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
         raise
 
 
+def replace_folder(tmp: Path, out_dir: Path) -> None:
+    """Put the finished temporary folder `tmp` in place as `out_dir` (its files get the mode a
+    plain open() would give; an existing `out_dir` is moved aside, replaced, then removed)."""
+    import shutil
+    for f in tmp.iterdir():
+        os.chmod(f, default_file_mode())
+    if out_dir.exists():
+        old = out_dir.parent / f".{out_dir.name}.{TEMP_TAG}-{os.getpid()}.old"
+        os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)
+
+
+def discard_folder(tmp: Path, out_dir: Path, exc: BaseException):
+    """Remove an unfinished temporary folder after `exc` and raise: an OSError as a one-line
+    WorkbenchError naming `out_dir`, anything else as it is."""
+    import shutil
+    shutil.rmtree(tmp, ignore_errors=True)
+    if isinstance(exc, OSError):
+        raise WorkbenchError(f"write failed ({exc.strerror or exc}); nothing written",
+                             path=str(out_dir)) from exc
+    raise exc
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     with atomic_write(path, "w") as fh:
         fh.write(text)

@@ -49,7 +49,6 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.core.atomic import default_file_mode
 from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP
 from workbench.core.progress import Progress
@@ -246,7 +245,7 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False, execu
         group_scheme.setdefault(key, s)
         groups.setdefault(key, []).append(n[:-len(".weight")] if n.endswith(".weight") else n)
 
-    from workbench.core.atomic import clean_stale_temps
+    from workbench.core.atomic import clean_stale_temps, discard_folder, replace_folder
     clean_stale_temps(out_dir.parent)          # folders left by killed runs
     tmp = out_dir.parent / f".{out_dir.name}.quant-workbench-{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -332,21 +331,9 @@ def export_compressed_tensors(model, plan, out_path, strict: bool = False, execu
         for f in TOKENIZER_FILES:
             if (src / f).is_file():
                 shutil.copyfile(src / f, tmp / f)
-        for f in tmp.iterdir():
-            os.chmod(f, default_file_mode())
-        if out_dir.exists():
-            old = out_dir.parent / f".{out_dir.name}.quant-workbench-{os.getpid()}.old"
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
+        replace_folder(tmp, out_dir)
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise WorkbenchError(f"write failed ({exc.strerror or exc}); nothing written",
-                                 path=str(out_dir)) from exc
-        raise
+        discard_folder(tmp, out_dir, exc)
     summary = summarize(decisions.values())
     return {"path": str(out_dir), "format": "compressed-tensors",
             "quantization_format": config["quantization_config"].get("format"),

@@ -127,7 +127,7 @@ def _check_tokenizer(src: Path) -> list[str]:
                    "an mlx-lm folder for Apple MLX (mlx_lm.load): affine 2-8 bits in groups of "
                    "32/64/128, mxfp4, nvfp4, mxfp8, mixed per module")
 def export_mlx(model, plan, out_path, strict: bool = False):
-    from workbench.core.atomic import clean_stale_temps, default_file_mode
+    from workbench.core.atomic import clean_stale_temps, discard_folder, replace_folder
     from workbench.export.st_writer import StreamingSafetensorsWriter
     from workbench.formats.llama_names import model_folder, read_config
     from workbench.quant.runtimes import check_strict, plan_decisions, summarize
@@ -175,21 +175,9 @@ def export_mlx(model, plan, out_path, strict: bool = False):
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
         for f in tok:
             shutil.copyfile(src / f, tmp / f)
-        for f in tmp.iterdir():
-            os.chmod(f, default_file_mode())
-        if out_dir.exists():
-            old = out_dir.parent / f".{out_dir.name}.quant-workbench-{os.getpid()}.old"
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
+        replace_folder(tmp, out_dir)
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise WorkbenchError(f"write failed ({exc.strerror or exc}); nothing written",
-                                 path=str(out_dir)) from exc
-        raise
+        discard_folder(tmp, out_dir, exc)
     written = sum((out_dir / n).stat().st_size for n in names)
     summary = summarize(decisions.values())
     quantized = [m for m in mods if m.scheme != KEEP]

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP
 
-ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "U32": 4, "U8": 1}
+ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "U32": 4, "U8": 1, "I8": 1, "I16": 2,
+            "I32": 4, "I64": 8, "U16": 2, "U64": 8, "BOOL": 1}
 _EXPERT = re.compile(r"^(?P<pre>.*)\.experts\.(?P<e>\d+)\.(?P<proj>[^.]+)\.weight$")
 MIXTRAL_PROJ = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
 #: safetensors files are split at this size (mlx_lm.utils.save's max_file_size_gb default: 5)

@@ -11,6 +11,9 @@ moment d_j = E[x_j²] of its input channel:
   error is never above RTN's.
 * GGML types (Q4_0, Q5_0, Q4_1, Q5_1, Q2_K..Q6_K): the K-quant / legacy scale searches with
   llama.cpp's imatrix weighting qw_j·sqrt(σ² + x_j²) (methods/ggml_weighted.py).
+* MLX schemes (``mlx-q{B}-g{G}``, ``mlx-mxfp4`` ...): per group, the stored scale and bias (or
+  scale byte) of least Σ d_j (w_j − ŵ_j)² among mlx's own and a searched set
+  (methods/mlx_weighted.py).
 """
 
 from __future__ import annotations
@@ -40,14 +43,19 @@ class Imatrix(Method):
     description = "importance-weighted scale search (weights E[x_j^2] from calibration)"
 
     def supports(self, scheme):
-        if intq.is_int(scheme) or scheme.name in SUPPORTED:
+        from workbench.schemes.mlx import MLXScheme
+        if intq.is_int(scheme) or scheme.name in SUPPORTED or isinstance(scheme, MLXScheme):
             return None
-        return (f"method imatrix supports the integer schemes and "
+        return (f"method imatrix supports the integer schemes, the MLX schemes and "
                 f"{', '.join(SUPPORTED)}, not {scheme.name}")
 
     def _quantize(self, w, scheme, stats, *, tensor=None, **opts):
         rows, cols = w.shape
         imp = importance(stats.d)
+        from workbench.schemes.mlx import MLXScheme
+        if isinstance(scheme, MLXScheme):
+            from workbench.quant.methods.mlx_weighted import weighted_quantize
+            return weighted_quantize(scheme, w, imp, self.name)
         if isinstance(scheme, GGMLScheme):
             qw = np.broadcast_to(imp[None, :], (rows, cols))
             raw = weighted_encode(scheme, w.reshape(-1, scheme.block_size),

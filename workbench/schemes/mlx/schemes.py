@@ -128,14 +128,19 @@ class MLXScheme(Scheme):
     def check_range(self, w2: np.ndarray, tensor: str | None = None) -> None:
         """float16 holds at most 65504: a float16 export's weights, and the float16 affine
         scales and biases of a float32 one (the bias is a group's extreme weight), refuse a
-        weight beyond that (never stored as Inf); bfloat16 has float32's range."""
+        weight beyond that (never stored as Inf). Otherwise |w| up to 1e38: a group's range,
+        and a microscaling value rounded up to the next step, stay below float32's maximum."""
+        if not w2.size:
+            return
         f16 = self.dtype == "F16" or (self.mode == "affine" and self.scale_dtype == "F16")
-        if f16 and w2.size:
-            amax = float(np.max(np.abs(w2)))
-            if amax > F16_MAX:
-                raise WorkbenchError(f"{self.name} stores float16 and cannot represent value "
-                                     f"{amax:.3g} (|w| <= 65504; a bfloat16 export can)",
-                                     tensor=tensor)
+        limit = F16_MAX if f16 else self.max_abs_weight
+        amax = float(np.max(np.abs(w2)))
+        if amax > limit:
+            why = ("stores float16" if f16 else "would overflow float32 (its range or a value "
+                   "rounded up)")
+            raise WorkbenchError(f"{self.name} {why} and cannot represent value {amax:.3g} "
+                                 f"(|w| <= {limit:.6g}"
+                                 + ("; a bfloat16 export can)" if f16 else ")"), tensor=tensor)
 
     def kernel_layout(self) -> dict:
         """The kernel layer's view (kernels.spec: the "mlx" family, keyed by mode number)."""
