@@ -122,8 +122,9 @@ def _resolve_plan(model, plan: PlanLike, target: str, quantize_all: bool = False
 def runtime_target(runtime: str, target: str | None) -> str:
     """The rules a `check` on `runtime` runs: onnxruntime's and llama.cpp's own (another
     `target` is an error), `target` (default any) for torch."""
-    if runtime not in ("torch", "onnxruntime", "llama.cpp"):
-        raise WorkbenchError(f"runtime {runtime!r}: choose torch, onnxruntime or llama.cpp")
+    if runtime not in ("torch", "onnxruntime", "llama.cpp", "mlx"):
+        raise WorkbenchError(f"runtime {runtime!r}: choose torch, onnxruntime, llama.cpp or "
+                             "mlx")
     if runtime != "torch" and target not in (None, runtime):
         raise WorkbenchError(f"--runtime {runtime} runs the rules of --target {runtime}, "
                              f"not {target}")
@@ -180,7 +181,8 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                method: str | None = None, imatrix=None, activations: str | None = None,
                act_method: str = "minmax", accuracy_level: int | None = None, save_onnx=None,
                save_gguf=None, kld_exact: bool = False, use_cache: bool = True,
-               emulate: str | None = "auto",
+               emulate: str | None = "auto", mlx_folder=None, mlx_chunks: int = 1,
+               mlx_ctx: int | None = None,
                progress: ProgressCallback | None = None, cancel: CancelCheck | None = None,
                driver: Driver | None = None, kld_driver: Driver | None = None,
                say: Callable[[str], None] | None = None) -> dict:
@@ -195,13 +197,26 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     when the plan followed one. `kld_driver` runs the chunked KL-divergence job (default
     `driver`). `emulate` "llama.cpp" (torch runtime, chunked KLD): the quantized model's
     Linear inputs rounded as llama.cpp's CPU dot products round them (docs/vs-llama.md);
-    "auto" (the default): so when `target` is llama.cpp; None: never."""
+    "auto" (the default): so when `target` is llama.cpp; None: never. `runtime` "mlx": the
+    plan exported with ``export --format mlx`` (or the mlx-lm folder `mlx_folder`, then `plan`
+    may be None) judged in torch on the text and in mlx-lm on its first `mlx_chunks` chunks
+    of `mlx_ctx` tokens (default `ctx`; workbench.export.mlx_check; the "mlx" key)."""
     from workbench.running.runner_config import model_kind, read_config
     from workbench.core.outputs import check_output
     drive = _driver(progress, cancel, driver)
     target = runtime_target(runtime, target)
-    _check_inputs(model, calib, held_out, imatrix, check=(runtime, scoring), say=say)
+    _check_inputs(model, calib, held_out, imatrix, say=say,
+                  check=(runtime, "chunks" if runtime == "mlx" else scoring))
     text = held_out or calib
+    if runtime == "mlx":
+        return _check_mlx(model, plan, text, ctx=ctx, chunks=chunks or samples,
+                          mlx_folder=mlx_folder, mlx_chunks=mlx_chunks, mlx_ctx=mlx_ctx,
+                          target=target,
+                          quantize_all=quantize_all, convention=convention, method=method,
+                          calib=calib, imatrix=imatrix, use_cache=use_cache, drive=drive,
+                          say=say)
+    if mlx_folder is not None:
+        raise WorkbenchError("mlx_folder goes with runtime 'mlx'")
     for label, out in (("save_gguf", save_gguf), ("save_onnx", save_onnx)):
         if out is not None:     # before any work: never an input, its folder writable
             check_output(out, model=model, label=label, inputs=_file_inputs(
@@ -247,6 +262,39 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                 else emulate))
         else:
             res = drive(check(model, plan, text, samples, weights=weights))
+    if conv is not None:
+        res = {**res, "convention": conv.to_dict()}
+    return res
+
+
+def _check_mlx(model, plan, text, *, ctx, chunks, mlx_folder, mlx_chunks, mlx_ctx, target,
+               quantize_all, convention, method, calib, imatrix, use_cache, drive, say) -> dict:
+    """check_plan's runtime "mlx" (workbench.export.mlx_check)."""
+    from workbench.export.mlx_check import check_folder, check_float_model, check_mlx
+    from workbench.running.calibration import DEFAULT_CALIB
+    from workbench.running.runner_config import model_kind, read_config
+    kind = model_kind(read_config(model))
+    if kind != "causal-lm":
+        raise WorkbenchError(f"runtime 'mlx' measures next-token KL divergence: a causal LM, "
+                             f"not a {kind}", path=model.path)
+    check_float_model(model)
+    conv, mm = None, None
+    if mlx_folder is not None:
+        check_folder(mlx_folder)
+        if plan is not None or method:
+            raise WorkbenchError("mlx_folder is the quantized model: give no plan or method "
+                                 "with it")
+    else:
+        if plan is None:
+            raise WorkbenchError("runtime 'mlx' judges a plan (exported to an mlx-lm folder) "
+                                 "or an mlx_folder: give one")
+        plan, conv = _resolve_plan(model, plan, target, quantize_all, convention)
+        plan, mm = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
+                                target=target, driver=drive, say=say, use_cache=use_cache)
+    res = drive(check_mlx(model, plan, text or DEFAULT_CALIB, ctx, chunks=chunks,
+                          folder=mlx_folder, mlx_chunks=mlx_chunks, mlx_ctx=mlx_ctx,
+                          quant_model=mm,
+                          use_cache=use_cache))
     if conv is not None:
         res = {**res, "convention": conv.to_dict()}
     return res

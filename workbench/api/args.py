@@ -183,7 +183,8 @@ RULES = {
     "scheme": _text(none=True), "rules": _rules, "pins": _pins,
     "extra": lambda n, v: c.check_names(n, v, what="scheme names"),
     "schemes": _schemes, "text": _schemes, "recipes": _recipes,
-    "target": _choices_of(_runtimes), "runtime": _choice("torch", "onnxruntime", "llama.cpp"),
+    "target": _choices_of(_runtimes), "runtime": _choice("torch", "onnxruntime", "llama.cpp",
+                                                             "mlx"),
     "scoring": _choice("chunks", "lines"), "measure": _choices_of(_measures),
     "emulate": _choice("auto", "llama.cpp", none=True),
     "method": _METHOD, "methods": _text(), "convention": _text(none=True),
@@ -196,6 +197,8 @@ RULES = {
     "a": _path(), "b": _path(), "source": _source_model_or_path,
     "samples": _int(1, MAX_SAMPLES), "check_samples": _int(1, MAX_SAMPLES),
     "ctx": _int(MIN_CTX, MAX_CTX), "chunks": _int(1, MAX_CHUNKS),
+    "mlx_folder": _path(none=True), "mlx_chunks": _int(1, MAX_CHUNKS, none=False),
+    "mlx_ctx": _int(MIN_CTX, MAX_CTX),
     "points": _int(1, MAX_POINTS, none=False), "off_grid": _int(0, MAX_SEED),
     "from_bpw": lambda n, v: c.check_float(n, v, 0.0, MAX_BPW, none=True, lo_open=True),
     "to_bpw": lambda n, v: c.check_float(n, v, 0.0, MAX_BPW, none=True, lo_open=True),
@@ -215,6 +218,7 @@ PER_FUNCTION = {
     "compute_frontier": {"check": _int(0, MAX_POINTS, none=False)},
     "diff_quantizations": {"check": _BOOL},
     "check_plan": {"activations": _choice("int8", none=True),
+                   "plan": lambda n, v: None if v is None else _plan_like(n, v),   # mlx_folder
                    "target": _choices_of(_runtimes, none=True)},
     "export_plan": {"activations": lambda n, v: c.check_choice(
         n, v, ["int8", *_act_methods()], none=True), "target": _choices_of(_runtimes, none=True)},

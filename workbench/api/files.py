@@ -52,8 +52,10 @@ def convert_gguf(source, to: str, output, *, dtype: str | None = None,
     """A (quantized) GGUF as a float model: ``to="hf"`` a Hugging Face folder every
     model-level function runs, ``to="gguf"`` an F16/BF16 GGUF. `off_grid` (a seed): take the
     weights off the grid they were quantized to with an exact reparametrisation
-    (docs/real-models.md). The dict is `convert --json`'s."""
-    from workbench.export.convert import DEFAULT_DTYPE, convert
+    (docs/real-models.md). An mlx-lm folder (any mode, mixed) converts to a float Hugging Face
+    folder (``to="hf"``; `dtype` None: the folder's own float dtype). The dict is
+    `convert --json`'s."""
+    from workbench.export.convert import convert
     source = source if isinstance(source, (str, os.PathLike)) else source.path   # a Model: its file
-    return _driver(progress, cancel, driver)(convert(str(source), to, str(output),
-                                                     dtype or DEFAULT_DTYPE, off_grid))
+    return _driver(progress, cancel, driver)(convert(str(source), to, str(output), dtype,
+                                                     off_grid))

@@ -251,7 +251,7 @@ def _isatty(stream) -> bool:
         return False
 
 
-def add_scheme_or_plan(p) -> None:
+def add_scheme_or_plan(p):
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--scheme", help="one scheme for every weight matrix (see `schemes`)")
     g.add_argument("--plan", help="a plan JSON file (see `export --format plan`)")
@@ -260,6 +260,7 @@ def add_scheme_or_plan(p) -> None:
                    help="--scheme: quantize the embeddings and output head too, instead of "
                         "following the target runtime's convention for them (llama.cpp: "
                         "output / tied token embeddings at Q6_K or Q8_0; docs/command-line.md)")
+    return g
 
 
 def add_rule_arg(p) -> None:

@@ -20,7 +20,9 @@ A budget is one number and an accounting:
 
 ``--budget-of FILE``: a ``.gguf`` file's size as a ``file`` budget (a GGUF export of the plan is
 no bigger), a ``.safetensors`` file's tensor bytes (its size less its header) as a ``bytes``
-budget.
+budget; an mlx-lm folder's safetensors bytes (the sum of its .safetensors files' sizes) as a
+``file`` budget of format ``mlx`` for the mlx target (workbench.planning.mlx_budget; the MLX
+safetensors' size is predicted to the byte, workbench.export.mlx_layout).
 """
 
 from __future__ import annotations
@@ -157,6 +159,9 @@ def budget_of(path: str) -> Budget:
     """--budget-of FILE: a .gguf file's size (a GGUF file budget) or a .safetensors file's
     tensor bytes (a bytes budget)."""
     p = Path(path)
+    if p.is_dir():
+        from workbench.planning.mlx_budget import folder_bytes
+        return Budget("file", float(folder_bytes(p)), over="file", format="mlx", source=str(p))
     try:
         size = p.stat().st_size
         if not p.is_file():
@@ -174,8 +179,9 @@ def budget_of(path: str) -> Budget:
         if 0 < n <= size - 8:
             _readable(p, "a safetensors")
             return Budget("bytes", float(size - 8 - n), source=str(p))
-    raise WorkbenchError("--budget-of: not a GGUF or safetensors file (a .gguf file's size, or "
-                         "a .safetensors file's tensor bytes, is matched)", path=str(p))
+    raise WorkbenchError("--budget-of: not a GGUF or safetensors file or an mlx-lm folder (a "
+                         ".gguf file's size, a .safetensors file's tensor bytes, or an mlx-lm "
+                         "folder's safetensors bytes, is matched)", path=str(p))
 
 
 def _readable(p: Path, what: str) -> None:

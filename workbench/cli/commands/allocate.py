@@ -24,8 +24,9 @@ def register(sub) -> None:
                         "tokenizer, plan and padding included; solves for --target llama.cpp)")
     g.add_argument("--budget-of", metavar="FILE",
                    help="no bigger than an existing file: a .gguf file's size (as "
-                        "--budget-file-bytes) or a .safetensors file's tensor bytes (as "
-                        "--budget-bytes)")
+                        "--budget-file-bytes), a .safetensors file's tensor bytes (as "
+                        "--budget-bytes) or an mlx-lm folder's safetensors bytes (the sum of "
+                        "its .safetensors files' sizes; --target mlx)")
     p.add_argument("--bpw-over", choices=["all", "linear"], default=None,
                    help="what --budget-bpw counts: every tensor (all, the default) or the "
                         "Linear weights only (attention / MLP projections, experts, LM head; "

@@ -1,5 +1,6 @@
 """`quant-workbench convert SRC.gguf --to hf DIR | --to gguf OUT.gguf [--dtype bf16|f16|f32]
-[--off-grid [SEED]] [--json]`: a (quantized) GGUF as a float model (docs/real-models.md)."""
+[--off-grid [SEED]] [--json]`: a (quantized) GGUF as a float model (docs/real-models.md);
+`convert MLX_DIR --to hf DIR`: an mlx-lm folder as a float Hugging Face folder."""
 
 from __future__ import annotations
 
@@ -8,17 +9,20 @@ from workbench.cli.common import drive, fmt_bytes, print_json
 
 def register(sub) -> None:
     from workbench.export.convert import DEFAULT_DTYPE, DTYPES, TARGETS
-    p = sub.add_parser("convert", help="a GGUF as a float Hugging Face folder or F16/BF16 GGUF")
-    p.add_argument("source", help="the GGUF file to convert (any GGML type the workbench reads)")
+    p = sub.add_parser("convert", help="a GGUF as a float Hugging Face folder or F16/BF16 GGUF; "
+                                       "an mlx-lm folder as a float Hugging Face folder")
+    p.add_argument("source", help="the GGUF file to convert (any GGML type the workbench "
+                                  "reads), or an mlx-lm folder (any mode, mixed; --to hf)")
     p.add_argument("--to", required=True, choices=TARGETS,
                    help="hf: a Hugging Face folder (config.json, tokenizer, model.safetensors) "
                         "that transformers and every model-level command run; gguf: a float "
                         "GGUF with the source's metadata and tokenizer, for llama.cpp")
     p.add_argument("output", help="the folder (--to hf: new or empty) or file (--to gguf: new) "
                                   "to write")
-    p.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPES,
-                   help=f"storage type of the weights (default {DEFAULT_DTYPE}: the type both "
-                        "real LMs were released in; norms of a GGUF stay f32)")
+    p.add_argument("--dtype", default=None, choices=DTYPES,
+                   help=f"storage type of the weights (default {DEFAULT_DTYPE} for a GGUF: the "
+                        "type both real LMs were released in; norms of a GGUF stay f32; an "
+                        "mlx-lm folder: its own float dtype, in which mlx dequantizes)")
     p.add_argument("--off-grid", nargs="?", type=int, const=0, default=None, metavar="SEED",
                    help="take the weights off the grid they were quantized to with an exact "
                         "reparametrisation (norm gains folded into the layers they feed, v/o "

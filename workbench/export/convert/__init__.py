@@ -1,4 +1,5 @@
-"""`convert`: a (quantized) GGUF as a float model: a Hugging Face folder or an F16/BF16 GGUF.
+"""`convert`: a (quantized) GGUF as a float model: a Hugging Face folder or an F16/BF16 GGUF;
+an mlx-lm folder (any mode, mixed) as a float Hugging Face folder.
 
     job = convert("model.Q4_1.gguf", "hf", "out-folder", dtype="bf16", off_grid_seed=0)
     info = progress.run(job)
@@ -8,6 +9,8 @@
 * ``to="gguf"``: the project's GGUF exporter on a float32 view of the source: every
   key/value (tokenizer included) copied, 2-D tensors in F16/BF16 (or F32), 1-D ones in F32 as
   llama.cpp's converter writes them.
+* an mlx-lm folder (``to="hf"`` only): workbench.export.convert.mlx_hf (the loader's exact
+  dequantization; ``dtype`` None: the folder's own float dtype).
 * ``off_grid_seed`` (None: off): the exact reparametrisation of workbench.export.convert.off_grid.
 
 The result dict names the tensors still on the source's quantization grid
@@ -42,7 +45,7 @@ def open_source(src):
     from workbench.formats.loaders import open_model
     model = open_model(src)
     if model.format != "gguf" or model.source is None:
-        raise WorkbenchError("convert reads a GGUF file (this is a "
+        raise WorkbenchError("convert reads a GGUF file or an mlx-lm folder (this is a "
                              f"{model.format} checkpoint)", path=str(src))
     try:
         check_vocabulary(model)
@@ -68,8 +71,10 @@ def check_vocabulary(model) -> None:
                              "nothing was converted", path=model.path)
 
 
-def convert(src, to: str, output, dtype: str = DEFAULT_DTYPE, off_grid_seed: int | None = None):
-    """Job: convert the GGUF `src` into `output` (see the module doc). Returns a dict:
+def convert(src, to: str, output, dtype: str | None = DEFAULT_DTYPE,
+            off_grid_seed: int | None = None):
+    """Job: convert the GGUF or mlx-lm folder `src` into `output` (see the module doc; `dtype`
+    None: bf16 for a GGUF). Returns a dict:
     source, output, to, dtype, tensors, bytes, seconds, off_grid (or None), on_source_grid,
     unused (always empty: a tensor with no place is refused), in_config (tensors the config
     carries: rope_freqs as llama3 rope_parameters)."""
@@ -77,9 +82,12 @@ def convert(src, to: str, output, dtype: str = DEFAULT_DTYPE, off_grid_seed: int
     from workbench.export.convert.source import FloatView
     if to not in TARGETS:
         raise WorkbenchError(f"--to {to!r}: choose hf or gguf")
-    if dtype not in DTYPES:
+    if dtype is not None and dtype not in DTYPES:
         raise WorkbenchError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     out = Path(output)
+    if _is_mlx(src):
+        return (yield from convert_mlx(src, to, out, dtype, off_grid_seed))
+    dtype = dtype or DEFAULT_DTYPE
     check_output(to, out, src)
     t0 = time.monotonic()
     model = open_source(src)
@@ -100,6 +108,36 @@ def convert(src, to: str, output, dtype: str = DEFAULT_DTYPE, off_grid_seed: int
             "on_source_grid": {n: model.info(n).dtype
                                for n in on_source_grid(model, view.changes)},
             "unused": info.get("unused", []), "in_config": info.get("in_config", {})}
+
+
+def _is_mlx(src) -> bool:
+    from workbench.formats.loaders.mlx_format import mlx_quantization
+    p = Path(src)
+    return (p.is_dir() or p.suffix == ".safetensors") and mlx_quantization(p) is not None
+
+
+def convert_mlx(src, to: str, out: Path, dtype: str | None, off_grid_seed: int | None):
+    """Job: the mlx-lm folder `src` as a float Hugging Face folder (convert's dict)."""
+    from workbench.export.convert.mlx_hf import write_mlx_hf
+    from workbench.formats.loaders import open_model
+    if to != "hf":
+        raise WorkbenchError("an mlx-lm folder converts to a Hugging Face folder (to 'hf'), "
+                             f"not {to!r}", path=str(src))
+    if off_grid_seed is not None:
+        raise WorkbenchError("off_grid takes a GGUF off its grid: an mlx-lm folder is "
+                             "converted as it is", path=str(src))
+    check_output(to, out, src)
+    t0 = time.monotonic()
+    model = open_model(src)
+    try:
+        info = yield from write_mlx_hf(model, out, dtype)
+    finally:
+        model.close()
+    return {"source": str(src), "output": str(out), "to": to, "dtype": info["dtype"],
+            "tensors": info["tensors"], "bytes": info["bytes"],
+            "seconds": round(time.monotonic() - t0, 2), "off_grid": None,
+            "on_source_grid": {}, "unused": [], "in_config": {},
+            "quantization": model.metadata.get("mlx.quantization")}
 
 
 def write_gguf(view, out: Path, dtype: str):

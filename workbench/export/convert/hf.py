@@ -125,6 +125,24 @@ def _clean_config(cfg) -> dict:
     return d
 
 
+def legacy_rope(cfg: dict) -> None:
+    """Beside transformers 5's ``rope_parameters``, the rope keys older readers take from
+    config.json (mlx-lm's model classes: without them SmolLM2 runs at mlx-lm's default
+    rope_theta 10,000 instead of its 100,000): ``rope_theta`` and Gemma 3's
+    ``rope_local_base_freq`` (its sliding layers' theta). Keys already there are kept (a
+    scaled rope type stays in rope_parameters only)."""
+    rp = cfg.get("rope_parameters")
+    if not isinstance(rp, dict):
+        return
+    full, local = rp, None
+    if isinstance(rp.get("full_attention"), dict):
+        full, local = rp["full_attention"], rp.get("sliding_attention")
+    if "rope_theta" in full:
+        cfg.setdefault("rope_theta", full["rope_theta"])
+    if isinstance(local, dict) and "rope_theta" in local:
+        cfg.setdefault("rope_local_base_freq", local["rope_theta"])
+
+
 def llama_cpp_semantics(cfg: dict, arch: str, metadata: dict | None = None) -> None:
     """Set what a GGUF leaves to llama.cpp's code where transformers' GGUF config guesses
     otherwise. The head size: llama.cpp reads `ARCH.attention.key_length` where the GGUF has
@@ -184,6 +202,15 @@ def user_paths(exc: WorkbenchError, folder: str, whole: str, inside) -> Workbenc
     return new
 
 
+def raise_write_failure(exc: BaseException, out: Path):
+    """Re-raise `exc`: an OSError as the one-line "write failed" naming the output."""
+    if isinstance(exc, OSError):
+        why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        raise WorkbenchError(f"write failed ({why}); nothing was written",
+                             path=str(out)) from None
+    raise exc
+
+
 def _discard(fh, tmp: Path) -> None:
     if fh is not None:
         with contextlib.suppress(OSError):
@@ -206,6 +233,7 @@ def write_hf(view, out: Path, dtype: str = "bf16"):
                                       "reading the config and tokenizer (transformers)")
         cfg["dtype"] = TORCH_NAMES[dtype]
         llama_cpp_semantics(cfg, arch, model.metadata)
+        legacy_rope(cfg)
         view.in_config = carry(cfg, view)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         tok.save_pretrained(str(tmp))
@@ -258,10 +286,6 @@ def write_hf(view, out: Path, dtype: str = "bf16"):
                                       f"{model.path})") from None
     except BaseException as exc:
         _discard(fh, tmp)
-        if isinstance(exc, OSError):
-            why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
-            raise WorkbenchError(f"write failed ({why}); nothing was written",
-                                 path=str(out)) from None
-        raise
+        raise_write_failure(exc, out)
     return {"tensors": len(params), "bytes": size, "unused": unused,
             "in_config": names.in_config, "architectures": cfg.get("architectures")}
