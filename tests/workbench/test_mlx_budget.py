@@ -50,13 +50,14 @@ def test_other_folders_are_refused(tiny, tmp_path):
     assert "\n" not in str(e.value)
 
 
-def test_allocate_refuses_another_target_before_work(tiny):
+def test_allocate_refuses_another_target_before_work(tiny, tmp_path):
     from workbench.cli import main
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         rc = main(["allocate", str(tiny["hf"]), "--budget-of", str(tiny["mixed"]),
-                   "--target", "llama.cpp", "-o", "/nonexistent-dir/p.json"])
-    assert rc == 2 and "--target mlx" in err.getvalue()
+                   "--target", "llama.cpp", "-o", str(tmp_path / "p.json")])
+    assert rc == 2 and "--target mlx" in err.getvalue(), err.getvalue()
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_allocate_at_the_folders_bytes_exports_no_more(tiny, tmp_path):
