@@ -31,6 +31,7 @@ from workbench.api._common import (AUTO, AUTO_FISHER_SAMPLES, AUTO_FISHER_SAMPLE
                                    ProgressCallback, _check_inputs, _driver, _file_inputs)
 from workbench.api.files import calibrate, convert_gguf, diff_quantizations  # noqa: F401
 from workbench.api.results import Allocation, Frontier, MeasureChoice
+from workbench.api._steps import _check_mlx, _cost_lines, _fit_for_later, _said_first
 from workbench.core.errors import Cancelled, WorkbenchError  # noqa: F401
 from workbench.core.progress import Progress  # noqa: F401
 from workbench.planning.budget import Budget
@@ -267,39 +268,6 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     return res
 
 
-def _check_mlx(model, plan, text, *, ctx, chunks, mlx_folder, mlx_chunks, mlx_ctx, target,
-               quantize_all, convention, method, calib, imatrix, use_cache, drive, say) -> dict:
-    """check_plan's runtime "mlx" (workbench.export.mlx_check)."""
-    from workbench.export.mlx_check import check_folder, check_float_model, check_mlx
-    from workbench.running.calibration import DEFAULT_CALIB
-    from workbench.running.runner_config import model_kind, read_config
-    kind = model_kind(read_config(model))
-    if kind != "causal-lm":
-        raise WorkbenchError(f"runtime 'mlx' measures next-token KL divergence: a causal LM, "
-                             f"not a {kind}", path=model.path)
-    check_float_model(model)
-    conv, mm = None, None
-    if mlx_folder is not None:
-        check_folder(mlx_folder)
-        if plan is not None or method:
-            raise WorkbenchError("mlx_folder is the quantized model: give no plan or method "
-                                 "with it")
-    else:
-        if plan is None:
-            raise WorkbenchError("runtime 'mlx' judges a plan (exported to an mlx-lm folder) "
-                                 "or an mlx_folder: give one")
-        plan, conv = _resolve_plan(model, plan, target, quantize_all, convention)
-        plan, mm = with_methods(model, plan, method=method, calib=calib, imatrix=imatrix,
-                                target=target, driver=drive, say=say, use_cache=use_cache)
-    res = drive(check_mlx(model, plan, text or DEFAULT_CALIB, ctx, chunks=chunks,
-                          folder=mlx_folder, mlx_chunks=mlx_chunks, mlx_ctx=mlx_ctx,
-                          quant_model=mm,
-                          use_cache=use_cache))
-    if conv is not None:
-        res = {**res, "convention": conv.to_dict()}
-    return res
-
-
 def export_formats() -> list[str]:
     """The formats :func:`export_plan` writes (gguf, compressed-tensors, onnx, safetensors,
     plan, ...)."""
@@ -522,45 +490,6 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
                       evaluation=ev, accounting=budgets.accounting(model, ev, target, plan),
                       methods_weighed=weighed, candidates=names, target=target,
                       seconds={"sensitivity": t1 - t0, "solve": t2 - t1m}, model=model)
-
-
-def _fit_for_later(model, plan, calib, imatrix, target, drive, say) -> None:
-    """The plan's GPTQ fits on the whole calibration text, made now and kept in the fit cache,
-    so `check` and `export` of this plan (the same calibration input) read them and run no
-    calibration pass (workbench.running.method_fits)."""
-    from workbench.running.method_fits import CACHED_METHODS
-    from workbench.running.methods_apply import fit_kept
-    kept = plan.methods_used() & set(CACHED_METHODS)
-    if not kept:
-        return
-    _plan, mm = with_methods(model, plan, calib=calib, imatrix=imatrix, target=target,
-                             driver=drive)
-    n = drive(fit_kept(mm, _plan, target))
-    if say and n:
-        say(f"methods: {', '.join(sorted(kept))} fitted on the whole calibration text for "
-            f"{n} tensors and kept: `check` and `export` of this plan read them")
-
-
-def _cost_lines(model, names, measure, calib, imatrix, samples, methods,
-                busy: bool) -> list[str]:
-    """allocate's lines on what the allocation will cost (workbench.planning.allocate_cost),
-    with `busy` the line that corrects the estimate for a busy machine (a progress line)."""
-    from workbench.planning.allocate_cost import allocation_cost, busy_line, lines, machine_load
-    choice = resolve_measure(model, measure, calib, imatrix, samples)
-    now, faster = allocation_cost(model, names, choice.measure, choice.samples, methods, calib,
-                                  imatrix)
-    out = lines(now, faster)
-    late = busy_line(now, machine_load()) if busy else None
-    return [f"allocate: {line}" for line in out + ([late] if late else [])]
-
-
-def _said_first(drive: Callable, say: Callable[[str], None], lines: list[str]) -> Callable:
-    """`drive`, saying `lines` as it starts the first job (after the measure's line)."""
-    def first(job):
-        while lines:
-            say(lines.pop(0))
-        return drive(job)
-    return first
 
 
 def compute_frontier(model: "Model", *, from_bpw: float | None = None,
