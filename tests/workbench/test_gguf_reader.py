@@ -140,3 +140,31 @@ def test_fast_metadata_writer_writes_the_packages_bytes(tmp_path):
     assert blobs[0] == blobs[1]
     from workbench.export.gguf_header import _PACKED
     assert any(v[0] is tup for v in _PACKED.values())
+
+
+def test_misaligned_gguf_offset_is_refused_with_the_tensor(tmp_path):
+    from workbench.formats.loaders import open_model
+
+    def gstr(b):
+        return struct.pack("<Q", len(b)) + b
+
+    def write(shift):
+        data = np.arange(64, dtype=np.float32).tobytes()
+        head = b"GGUF" + struct.pack("<IQQ", 3, 1, 1)
+        head += gstr(b"general.architecture") + struct.pack("<I", 8) + gstr(b"llama")
+        head += gstr(b"blk.0.attn_q.weight") + struct.pack("<I", 2) + struct.pack("<2Q", 32, 2)
+        head += struct.pack("<IQ", 0, shift)
+        head += b"\0" * ((-len(head)) % 32)
+        body = bytearray(96 + shift)
+        body[shift:shift + len(data)] = data
+        p = tmp_path / f"s{shift}.gguf"
+        p.write_bytes(head + bytes(body))
+        return p
+
+    m = open_model(write(0))
+    np.testing.assert_array_equal(m.read_matrix("blk.0.attn_q.weight").reshape(-1),
+                                  np.arange(64, dtype=np.float32))
+    for shift in (4, 16):
+        with pytest.raises(WorkbenchError, match="breaks the file's 32-byte alignment") as e:
+            open_model(write(shift))
+        assert "blk.0.attn_q.weight" in str(e.value)

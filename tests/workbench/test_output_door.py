@@ -6,8 +6,10 @@ existing non-empty folder the user did not ask to replace."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -201,3 +203,71 @@ def test_cli_calibrate_output_errors_are_one_line(demo, tmp_path):
         rc, _o, err = _cli("calibrate", folder / "model.safetensors", "-o", out)
         assert rc == 2 and why in err and "Traceback" not in err, err
         assert len(err.strip().splitlines()) == 1, err
+
+
+def _plan(path: Path) -> Path:
+    path.write_text(json.dumps({"format": "quant-workbench-plan", "version": 1,
+                                "default": "q8_0", "rules": []}))
+    return path
+
+
+@pytest.mark.parametrize("how", ["same", "symlink", "hardlink"])
+def test_output_naming_the_plan_is_refused_before_writing(tmp_path, how, small_model):
+    from workbench.cli import main
+    model = small_model(tmp_path / "m")
+    plan = _plan(tmp_path / "plan.json")
+    before = plan.read_bytes()
+    out = {"same": plan, "symlink": tmp_path / "l.json", "hardlink": tmp_path / "h.json"}[how]
+    if how == "symlink":
+        out.symlink_to(plan)
+    elif how == "hardlink":
+        os.link(plan, out)
+    rc = main(["export", str(model), "--plan", str(plan), "--format", "gguf", "-o", str(out)])
+    assert rc == 2
+    assert plan.read_bytes() == before
+    assert not [p for p in tmp_path.iterdir() if "quant-workbench" in p.name]
+
+
+def test_every_file_argument_is_checked(tmp_path, capsys, small_model):
+    """imatrix, calibration file, a model's companion file, a folder holding an input."""
+    from workbench.cli import main
+    model = small_model(tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_text("{}")
+    imx = tmp_path / "x.dat"
+    imx.write_bytes(struct.pack("<i", 0))
+    calib = tmp_path / "c.txt"
+    calib.write_text("hello\n")
+    cases = [
+        ["export", model, "--scheme", "q4_0", "--format", "gguf", "--method", "imatrix",
+         "--imatrix", imx, "-o", imx],
+        ["calibrate", model, "--calib", calib, "-o", calib],
+        ["export", model, "--scheme", "q8_0", "--format", "plan", "-o",
+         tmp_path / "m" / "config.json"],
+        ["export", model, "--scheme", "q8_0", "--format", "compressed-tensors", "-o",
+         tmp_path / "m"],
+        ["allocate", model, "--budget-bpw", "6", "-o", model],
+    ]
+    for argv in cases:
+        snapshot = {p: p.read_bytes() for p in (imx, calib, model, tmp_path / "m" / "config.json")}
+        assert main([str(a) for a in argv]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "nothing was written" in err, err
+        assert all(p.read_bytes() == b for p, b in snapshot.items())
+
+
+def test_a_fresh_output_still_works(tmp_path, small_model):
+    from workbench.cli import main
+    model = small_model(tmp_path / "m")
+    plan = _plan(tmp_path / "plan.json")
+    assert main(["export", str(model), "--plan", str(plan), "--format", "plan",
+                 "-o", str(tmp_path / "out.json")]) == 0
+
+
+def test_refuse_inputs_as_outputs_names_both(tmp_path):
+    from workbench.core.outputs import refuse_inputs_as_outputs
+    a = tmp_path / "a.json"
+    a.write_text("{}")
+    (tmp_path / "b.json").symlink_to(a)
+    with pytest.raises(WorkbenchError, match=r"--output is the same file as the input --plan"):
+        refuse_inputs_as_outputs({"--output": str(tmp_path / "b.json")}, {"--plan": str(a)})
+    refuse_inputs_as_outputs({"--output": str(tmp_path / "new.json")}, {"--plan": str(a)})
