@@ -1,5 +1,7 @@
-"""Limits found missing by reproducing issue 9's cases: repetition counts RE2 would read as
-literal text, a folder holding only a PyTorch index, and the wording of JSON header errors."""
+"""Limits on what an input may make the workbench do: repetition counts RE2 would read as
+literal text, a folder holding only a PyTorch index, the wording of JSON header errors; sidecar
+files (config.json, tokenizer files, shard indexes), plans and sessions size-limited before they
+are read; untrusted regular expressions run on RE2; JSON nested too deep is one line naming it."""
 
 from __future__ import annotations
 
