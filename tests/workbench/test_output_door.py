@@ -271,3 +271,69 @@ def test_refuse_inputs_as_outputs_names_both(tmp_path):
     with pytest.raises(WorkbenchError, match=r"--output is the same file as the input --plan"):
         refuse_inputs_as_outputs({"--output": str(tmp_path / "b.json")}, {"--plan": str(a)})
     refuse_inputs_as_outputs({"--output": str(tmp_path / "new.json")}, {"--plan": str(a)})
+
+
+@pytest.mark.parametrize("flag,inp", [("--save-onnx", "--calib"), ("--save-onnx", "--held-out"),
+                                      ("--save-onnx", "--plan"), ("--save-onnx", "--imatrix")])
+@pytest.mark.parametrize("how", ["same", "symlink", "hardlink"])
+def test_check_save_onnx_never_replaces_an_input(tmp_path, flag, inp, how, cli_main):
+    src = tmp_path / "input.txt"
+    if inp == "--plan":
+        src.write_text(json.dumps({"format": "quant-workbench-plan", "version": 1,
+                                   "default": "q8_0", "rules": []}))
+    else:
+        src.write_text("hello world\n")
+    before = src.read_bytes()
+    out = {"same": src, "symlink": tmp_path / "l.onnx", "hardlink": tmp_path / "h.onnx"}[how]
+    if how == "symlink":
+        out.symlink_to(src)
+    elif how == "hardlink":
+        os.link(src, out)
+    args = ["check", DEMO, "--runtime", "onnxruntime", flag, out, inp, src]
+    if inp != "--plan":
+        args += ["--scheme", "q8_0"]
+    if inp == "--imatrix":
+        args += ["--method", "imatrix"]
+    rc, err = cli_main(*args)
+    assert rc == 2
+    line = err.strip()
+    assert "\n" not in line
+    assert f"{flag} is the same file as the input {inp}" in line
+    assert str(out) in line and (how == "same" or str(src) in line)   # names both
+    assert src.read_bytes() == before
+
+
+def test_save_gguf_and_keep_are_outputs(tmp_path, cli_main):
+    calib = tmp_path / "c.txt"
+    calib.write_text("hello\n")
+    rc, err = cli_main("check", DEMO, "--scheme", "q8_0", "--runtime", "llama.cpp",
+                    "--save-gguf", calib, "--calib", calib)
+    assert rc == 2 and "--save-gguf is the same file as the input --calib" in err
+    rc, err = cli_main("bench-onnx", DEMO, "--scheme", "q8_0", "--keep", DEMO)
+    assert rc == 2 and "--keep is a folder holding the input MODEL" in err
+
+
+def test_option_values_are_not_input_paths(tmp_path, monkeypatch, cli_main, small_model):
+    """`--format gguf` with a ./gguf folder present is the format, not that folder: a
+    re-export into ./gguf/ is no longer refused as replacing an input."""
+    model = small_model(tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gguf").mkdir()
+    (tmp_path / "q8_0").mkdir()
+    for _ in range(2):
+        rc, err = cli_main("export", model, "--scheme", "q8_0", "--format", "gguf",
+                        "-o", "gguf/out.gguf")
+        assert rc == 0, err
+    rc, err = cli_main("export", model, "--scheme", "q8_0", "--format", "plan", "-o", "q8_0/p.json")
+    assert rc == 0, err
+    rc, err = cli_main("export", model, "--scheme", "q8_0", "--format", "plan", "-o", "q8_0/p.json")
+    assert rc == 0, err
+
+
+def test_choice_arguments_are_never_paths():
+    from workbench.cli import build_parser
+    from workbench.cli.common import _choice_dests
+    p = build_parser(only="export")
+    dests = _choice_dests(p, "export")
+    assert {"format", "target", "act_method"} <= dests
+    assert "plan" not in dests and "calib" not in dests
