@@ -148,10 +148,10 @@ def test_sparse_index_is_refused_without_reading(tmp_path, cli_main, small_model
     idx = tmp_path / "m" / "model.safetensors.index.json"
     idx.write_text(json.dumps({"weight_map": {"blk.0.attn_q.weight": model.name}}))
     os.truncate(idx, 8 << 30)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     rc, err = cli_main("inspect", tmp_path / "m")
     assert rc == 2 and "over the 64 MiB limit" in err and "index.json" in err
-    assert time.perf_counter() - t0 < 5
+    assert time.process_time() - t0 < 5      # CPU time (8 GB parsed would take minutes)
 
 
 def test_sidecar_limits_table():
@@ -206,9 +206,9 @@ def test_compressed_tensors_target_regex_runs_on_re2():
     from workbench.formats.loaders.compressed_tensors_format import _args_for
     groups = [(["re:(.*.*)*X"], {"num_bits": 4}), (["re:.*mlp.*"], {"num_bits": 8})]
     name = "model.layers.0." + "a" * 5000 + ".mlp.up_proj"
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     assert _args_for(name, groups) == {"num_bits": 8}       # Python's re: minutes (backtracking)
-    assert time.perf_counter() - t0 < 10.0                  # re2: milliseconds
+    assert time.process_time() - t0 < 10.0                  # re2: milliseconds of CPU
     assert _args_for("yX", groups) == {"num_bits": 4}       # re.match semantics kept
     with pytest.raises(WorkbenchError, match=r"config.json.*target re:\(a\)\\1"):
         _args_for("aa", [(["re:(a)\\1"], {})], path="m/config.json")
@@ -224,10 +224,10 @@ def test_diff_of_a_hostile_compressed_tensors_target_ends(tmp_path, cli_main):
     for g in cfg["quantization_config"]["config_groups"].values():
         g["targets"] = ["re:(.*.*)*X"] + g["targets"]
     (tmp_path / "ct" / "config.json").write_text(json.dumps(cfg))
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     rc, err = cli_main("diff", tmp_path / "ct", tmp_path / "ct")
     assert rc == 0, err
-    assert time.perf_counter() - t0 < 60
+    assert time.process_time() - t0 < 60     # CPU time: backtracking would take hours
 
 
 @pytest.mark.parametrize("what", ["config", "ct-config", "index", "tokenizer_config",
