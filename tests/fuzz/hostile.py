@@ -384,7 +384,7 @@ EXERCISES = {"outputs": exercise_outputs, "pt-cycles": exercise_model,
 
 
 #: the exercise modules of the other kinds (tests/fuzz/cases.KIND_MODULES: hostile_<m>.py)
-KIND_MODULES = ("config", "round4", "caches", "blocks", "inputs", "nested", "api", "mlx")
+KIND_MODULES = ("config", "cli", "caches", "blocks", "inputs", "nested", "api", "mlx")
 
 
 def _kinds() -> None:

@@ -59,7 +59,7 @@ def _decode(v: dict, param: str, d: Path):
 
 def _baseline(fn: str, d: Path):
     import workbench as qw
-    from .hostile_round4 import _tiny_gguf
+    from .hostile_cli import _tiny_gguf
     m = _demo()
     plan = d / "a.json"
     qw.make_plan("q8_0").save(str(plan))

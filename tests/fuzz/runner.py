@@ -50,7 +50,10 @@ class Tally:
 
 class Worker:
     def __init__(self):
-        env = dict(os.environ, PYTHONPATH=str(ROOT), QT_QPA_PLATFORM="offscreen")
+        # one thread each: the hang guard counts the worker's CPU time, which idle threads
+        # spinning for work on a busy machine (or beside a pytest-xdist worker) would inflate
+        env = dict(os.environ, PYTHONPATH=str(ROOT), QT_QPA_PLATFORM="offscreen",
+                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.fuzz.worker", str(MEMORY_LIMIT)],
                                      cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, env=env)

@@ -154,7 +154,7 @@ def test_bench_allocate_ctrl_c_kills_the_children(tools, tmp_path, text):
         log = out / "logs" / "allocate-Q4_0.log"
         while not log.exists():
             assert proc.poll() is None, proc.communicate()[1][-2000:]
-            assert time.monotonic() - t0 < 60
+            assert time.monotonic() - t0 < 600      # a hang guard (start-up on a busy machine)
             time.sleep(0.2)
         time.sleep(1.0)
         assert _processes_naming(str(out / "plan-Q4_0.json")), "allocate is not running"

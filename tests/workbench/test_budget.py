@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,8 @@ from workbench.planning.budget import Budget, budget_of, from_flags, is_linear
 from workbench.cli import main
 from workbench.core.errors import WorkbenchError
 from workbench.formats.loaders import open_model
+
+DEMO = Path(__file__).resolve().parents[2] / "resources" / "demo_model"
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +172,25 @@ def test_a_prefetched_header_is_measured_once_and_the_same(minilm_path, monkeypa
     assert got == want
     assert calls[0] == "gguf-header" and len(calls) == 2    # then the solve's, from the cache
     assert not gguf_size._PREFETCH
+
+
+@pytest.mark.parametrize("cut", [4, 3000, -100])
+def test_budget_of_a_truncated_gguf_gets_inspects_refusal(tmp_path, demo_gguf, cut, cli_main):
+    data = demo_gguf.read_bytes()
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(data[:cut])
+    rc_i, err_i = cli_main("inspect", bad)
+    rc, err = cli_main("allocate", DEMO, "--budget-of", bad, "-o", tmp_path / "p.json")
+    assert rc_i == 2 and rc == 2
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"quant-workbench: error: {bad}: ") and "--budget-of: " in line
+    assert line.replace("--budget-of: ", "") == err_i.strip().splitlines()[-1]
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_budget_of_a_tensorless_gguf_is_no_budget(tmp_path, cli_main):
+    import struct
+    empty = tmp_path / "e.gguf"
+    empty.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))
+    rc, err = cli_main("allocate", DEMO, "--budget-of", empty, "-o", tmp_path / "p.json")
+    assert rc == 2 and f"{empty}: --budget-of: a GGUF file with no tensors" in err

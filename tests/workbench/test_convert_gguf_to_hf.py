@@ -223,7 +223,7 @@ def test_real_smollm2_off_grid_keeps_its_logits(tmp_path):
     import torch
     from workbench.export.convert.source import FloatView
     from workbench.running.runner import Runner
-    t0 = time.monotonic()
+    t0 = time.process_time()
     out = tmp_path / "smol"
     info = run(convert(path, "hf", out, dtype="f32", off_grid_seed=0))
     assert set(info["on_source_grid"]) == {"token_embd.weight"}
@@ -236,4 +236,4 @@ def test_real_smollm2_off_grid_keeps_its_logits(tmp_path):
             net.get_parameter(p).copy_(runner.param_tensor(p))
     a = logits(out, ids, net)
     assert np.abs(a - b).max() < 1e-3 * np.abs(a).max(), np.abs(a - b).max()
-    assert time.monotonic() - t0 < 90
+    assert time.process_time() - t0 < 300     # CPU time of every thread, a hang guard

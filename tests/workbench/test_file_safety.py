@@ -21,6 +21,7 @@ from workbench.quant.plan import Plan
 from workbench.core.progress import run
 
 ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "resources" / "demo_model"
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf", "plan", "llama-tensor-types"])
@@ -218,3 +219,96 @@ def test_kill_9_of_the_cli_mid_export_then_next_export_cleans(make_safetensors, 
     r = _cli("export", src, "--scheme", "q8_0", "--format", "gguf", "-o", out)
     assert r.returncode == 0, r.stderr
     assert [p.name for p in out_dir.iterdir()] == ["big.gguf"]
+
+
+def test_onnx_export_to_a_full_disk_says_so(tmp_path, monkeypatch, cli_main):
+    """The traced file written to /dev/full (ENOSPC): the message names the disk, not the
+    network (before: "torch.onnx could not trace the ... network")."""
+    pytest.importorskip("onnx")
+    import workbench.core.atomic as atomic
+    real = atomic.make_temp_dir
+
+    def full(directory, label):
+        d = real(directory, label)
+        os.symlink("/dev/full", d / "traced.onnx")
+        return d
+    monkeypatch.setattr(atomic, "make_temp_dir", full)
+    out = tmp_path / "o.onnx"
+    rc, err = cli_main("export", DEMO, "--scheme", "q4_0", "--format", "onnx", "-o", out)
+    assert rc == 2
+    line = err.strip().splitlines()[-1]
+    assert f"{out}: cannot write the traced network in {tmp_path} (disk full (ENOSPC))" in line
+    assert "trace" not in line.split("(disk full")[1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []       # nothing left
+
+
+def test_write_problem_reads_wrapped_errors():
+    import errno
+
+    from workbench.core.atomic import write_problem
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as inner:
+            raise RuntimeError("serialization failed") from inner
+    except RuntimeError as exc:
+        assert write_problem(exc) == "disk full (ENOSPC)"
+    assert write_problem(RuntimeError("[enforce fail] write: No space left on device")) == \
+        "disk full (ENOSPC)"
+    assert write_problem(OSError(errno.EROFS, "ro")) == "read-only file system (EROFS)"
+    assert write_problem(ValueError("bad graph")) is None
+
+
+def test_onnx_temp_folders_of_killed_runs_are_removed(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from workbench.core.atomic import LEGACY_STALE_SECONDS, clean_stale_temps, make_temp_dir
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".o.onnx.quant-workbench-{dead.pid}-abc123.tmp"
+    stale.mkdir()
+    (stale / "traced.onnx").write_bytes(b"x" * 100)
+    legacy = tmp_path / ".qwb-onnx-ab12cd34"           # an earlier version's, no process id
+    legacy.mkdir()
+    os.utime(legacy, (time.time() - LEGACY_STALE_SECONDS - 60,) * 2)
+    fresh_legacy = tmp_path / ".qwb-onnx-zz99yy88"      # maybe a run of an earlier version
+    fresh_legacy.mkdir()
+    live = make_temp_dir(tmp_path, "o.onnx")           # this process's: kept
+    assert not stale.exists() and not legacy.exists()
+    assert fresh_legacy.exists() and live.exists()
+    assert live.name.startswith(f".o.onnx.quant-workbench-{os.getpid()}-")
+    assert clean_stale_temps(tmp_path) == []
+
+
+def test_onnx_export_killed_leaves_a_folder_the_next_export_removes(tmp_path, cli_main):
+    """kill -9 of a real export while it traces: its temp folder is named with its pid, and
+    the next export into the same folder removes it."""
+    pytest.importorskip("onnx")
+    import signal
+    import subprocess
+    import sys
+    import time
+    out = tmp_path / "o.onnx"
+    p = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "export", str(DEMO),
+                          "--scheme", "q4_0", "--format", "onnx", "-o", str(out)],
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    deadline = time.time() + 240
+    left = []
+    while time.time() < deadline and p.poll() is None:
+        left = [q for q in tmp_path.iterdir() if q.is_dir()]
+        if left:
+            break
+        time.sleep(0.02)
+    if not left:
+        p.kill()
+        p.wait()
+        pytest.skip("the export finished before its temp folder was seen")
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert left[0].exists() and f"quant-workbench-{p.pid}-" in left[0].name
+    rc, err = cli_main("export", DEMO, "--scheme", "q4_0", "--format", "onnx", "-o", out)
+    assert rc == 0, err
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["o.onnx"]

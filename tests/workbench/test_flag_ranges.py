@@ -10,6 +10,7 @@ import time
 import pytest
 
 from workbench.cli import main
+from workbench.core.errors import WorkbenchError
 
 
 def _refused(capsys, args, flag, bounds):
@@ -75,3 +76,17 @@ def test_bench_allocate_in_bounds_still_runs(capsys):
     import json
     out = json.loads(capsys.readouterr().out)
     assert len(out["runs"]) == 2 and all(r["bytes"] <= r["budget"] for r in out["runs"])
+
+
+def test_cluster_local_n_is_capped_by_the_cores(monkeypatch):
+    from workbench.jobs import cluster
+    monkeypatch.setattr(cluster, "cores", lambda: 4)
+    assert cluster.local_workers(2) == (2, None)
+    n, note = cluster.local_workers(10 ** 6)
+    assert n == 4 and note == ("--cluster local:1,000,000: this machine has 4 cores for this "
+                               "process; starting 4 workers")
+    assert cluster.local_workers(None) == (4, None)
+    assert cluster.parse_spec("local:" + "9" * 5000) == ("local", 10 ** 12)
+    for bad in ("local:0", "local:\u00b2", "local:-3", "local:1e3"):
+        with pytest.raises(WorkbenchError, match="whole number of at least 1"):
+            cluster.parse_spec(bad)

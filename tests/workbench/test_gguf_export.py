@@ -352,3 +352,31 @@ def test_row_chunks_decoded_into_a_reused_buffer_keep_every_byte(make_safetensor
     reader = gguf.GGUFReader(str(out))
     w4 = [x for x in reader.tensors if x.name == "w4"][0]
     assert np.array_equal(np.asarray(w4.data).reshape(14, 256), model.read_matrix("w4"))
+
+
+def test_zero_row_tensor_exported_to_gguf_evaluates(tmp_path, small_model):
+    from workbench.cli import main
+    src = small_model(tmp_path / "m", [("blk.0.attn_q.weight", (0, 32)),
+                                  ("blk.0.ffn_up.weight", (4, 32))])
+    out = tmp_path / "z.gguf"
+    assert main(["export", str(src), "--scheme", "q8_0", "--format", "gguf", "-o", str(out)]) == 0
+    from workbench.quant.evaluate import evaluate
+    from workbench.formats.loaders import open_model
+    from workbench.quant.plan import Plan
+    from workbench.core.progress import run
+    m = open_model(out)
+    assert m.read_matrix("blk.0.attn_q.weight").shape == (0, 32)
+    ev = run(evaluate(m, Plan(default="q4_0")))
+    assert set(ev.tensors) == {"blk.0.attn_q.weight", "blk.0.ffn_up.weight"}
+
+
+def test_lone_surrogate_name_is_a_clean_gguf_refusal(tmp_path, small_model, cli_main):
+    src = small_model(tmp_path / "m", [("blk.0.attn_q.weight\udc80", (4, 32))])
+    rc, err = cli_main("export", src, "--scheme", "q8_0", "--format", "gguf",
+                       "-o", tmp_path / "o.gguf")
+    assert rc == 2 and "lone surrogate" in err and err.count("\n") == 1
+    rc, _ = cli_main("export", src, "--scheme", "q8_0", "--format", "safetensors",
+                     "-o", tmp_path / "o.safetensors")
+    assert rc == 0
+    rc, _ = cli_main("inspect", tmp_path / "o.safetensors")
+    assert rc == 0

@@ -3,7 +3,9 @@ GGUFReader on files written by GGUFWriter: every key/value and every tensor's by
 
 from __future__ import annotations
 
+import os
 import struct
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 from workbench.core.errors import WorkbenchError
 from workbench.formats.loaders.gguf_reader import GGUFFile
 
+ROOT = Path(__file__).resolve().parents[2]
 VT = gguf.GGUFValueType
 
 
@@ -140,3 +143,61 @@ def test_fast_metadata_writer_writes_the_packages_bytes(tmp_path):
     assert blobs[0] == blobs[1]
     from workbench.export.gguf_header import _PACKED
     assert any(v[0] is tup for v in _PACKED.values())
+
+
+def test_misaligned_gguf_offset_is_refused_with_the_tensor(tmp_path):
+    from workbench.formats.loaders import open_model
+
+    def gstr(b):
+        return struct.pack("<Q", len(b)) + b
+
+    def write(shift):
+        data = np.arange(64, dtype=np.float32).tobytes()
+        head = b"GGUF" + struct.pack("<IQQ", 3, 1, 1)
+        head += gstr(b"general.architecture") + struct.pack("<I", 8) + gstr(b"llama")
+        head += gstr(b"blk.0.attn_q.weight") + struct.pack("<I", 2) + struct.pack("<2Q", 32, 2)
+        head += struct.pack("<IQ", 0, shift)
+        head += b"\0" * ((-len(head)) % 32)
+        body = bytearray(96 + shift)
+        body[shift:shift + len(data)] = data
+        p = tmp_path / f"s{shift}.gguf"
+        p.write_bytes(head + bytes(body))
+        return p
+
+    m = open_model(write(0))
+    np.testing.assert_array_equal(m.read_matrix("blk.0.attn_q.weight").reshape(-1),
+                                  np.arange(64, dtype=np.float32))
+    for shift in (4, 16):
+        with pytest.raises(WorkbenchError, match="breaks the file's 32-byte alignment") as e:
+            open_model(write(shift))
+        assert "blk.0.attn_q.weight" in str(e.value)
+
+
+def test_gguf_with_sparse_padding_is_read(tmp_path, demo_gguf):
+    """A valid GGUF followed by 100 GB of sparse padding: the header is read as far as it
+    goes (before: the whole file memory-mapped, which a 2 GiB address-space limit refuses,
+    and the file was called corrupt)."""
+    import subprocess
+    import sys
+    pad = tmp_path / "pad.gguf"
+    pad.write_bytes(demo_gguf.read_bytes())
+    os.truncate(pad, 100 << 30)
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30));"
+            "from workbench.formats.loaders import open_model; m = open_model(sys.argv[1]);"
+            "n = 'blk.0.attn_q.weight'; print(len(m.tensors), m.raw(n).shape)")
+    r = subprocess.run([sys.executable, "-c", code, str(pad)], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr[-800:]
+    from workbench.formats.loaders import open_model
+    assert r.stdout.split()[0] == str(len(open_model(demo_gguf).tensors))
+
+
+def test_gguf_header_read_in_steps_is_the_same(tmp_path, demo_gguf, monkeypatch):
+    from workbench.formats.loaders.gguf_reader import GGUFFile
+    whole = GGUFFile(demo_gguf)
+    monkeypatch.setattr(GGUFFile, "HEADER_STEP", 7)      # every read a short one
+    steps = GGUFFile(demo_gguf)
+    assert [(t.name, t.shape, t.data_offset) for t in whole.tensors] == \
+        [(t.name, t.shape, t.data_offset) for t in steps.tensors]
+    assert {k: f.contents() for k, f in whole.fields.items()} == \
+        {k: f.contents() for k, f in steps.fields.items()}

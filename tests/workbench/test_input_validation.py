@@ -216,3 +216,34 @@ def test_an_unreadable_config_is_an_error_not_an_unknown_vocabulary(tmp_path):
     with pytest.raises(WorkbenchError) as e:
         validate_calibration_inputs(model, oov)
     assert "config.json" in str(e.value) and "\n" not in str(e.value)
+
+
+def _calib(path):
+    from workbench.running.calibration import calibration_samples
+    from workbench.formats.loaders import open_model
+    from workbench.core.progress import run
+    return run(calibration_samples(open_model(DEMO), path, None, 128))
+
+
+def test_calibration_inputs_are_bounded_and_named(tmp_path):
+    huge = tmp_path / "huge.npy"
+    h = "{'descr': '<i8', 'fortran_order': False, 'shape': (100000000000,), }"
+    h += " " * ((64 - (10 + len(h) + 1) % 64) % 64) + "\n"
+    huge.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + b"\0" * 64)
+    oov = tmp_path / "oov.npy"
+    np.save(oov, np.array([[1, 2, 512]], np.int64))   # the demo model's vocabulary is 512
+    neg = tmp_path / "neg.npy"
+    np.save(neg, np.array([1, -3], np.int64))
+    longline = tmp_path / "long.txt"
+    longline.write_text("a" * (3 << 20) + "\nhello\n")
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100000 + "]" * 100000 + "\n")
+    for p, match in ((huge, "claims 100,000,000,000"), (oov, "outside the model's vocabulary"),
+                     (neg, "negative token id|outside"), (longline, "characters long"),
+                     (deep, "not JSON")):
+        with pytest.raises(WorkbenchError, match=match) as e:
+            _calib(p)
+        assert str(p) in str(e.value) and "\n" not in str(e.value)
+    ok = tmp_path / "ok.npy"
+    np.save(ok, np.arange(300, dtype=np.int64) % 512)
+    assert sum(len(s) for s in _calib(ok)) == 300

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import pickletools
+import time
 
 import numpy as np
 import pytest
@@ -243,3 +244,31 @@ def test_gguf_truncated(tmp_path):
         open_model(p)
     assert str(p) in str(ei.value)
     assert not os.path.exists(tmp_path / "pwned")
+
+
+@pytest.mark.parametrize("kind", ["self", "wrapper", "mutual", "fanout"])
+def test_self_referencing_pickles_are_refused_quickly(tmp_path, kind):
+    import torch
+
+    from workbench.formats.loaders import open_model
+    t = torch.ones(2, 2)
+    if kind == "self":
+        d = {"w": t}
+        d["x"] = d
+    elif kind == "wrapper":
+        d = {"w": t}
+        d["state_dict"] = d
+    elif kind == "mutual":
+        a, b = {"w": t}, {"v": t}
+        a["b"], b["a"] = b, a
+        d = {"model": a}
+    else:
+        d = {"t": t}
+        for _ in range(40):
+            d = {"a": d, "b": d}
+    p = tmp_path / "m.pt"
+    torch.save(d, p)
+    t0 = time.process_time()
+    with pytest.raises(WorkbenchError, match="itself|cycle|shared"):
+        open_model(p)
+    assert time.process_time() - t0 < 5.0

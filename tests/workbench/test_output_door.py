@@ -6,8 +6,10 @@ existing non-empty folder the user did not ask to replace."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -201,3 +203,137 @@ def test_cli_calibrate_output_errors_are_one_line(demo, tmp_path):
         rc, _o, err = _cli("calibrate", folder / "model.safetensors", "-o", out)
         assert rc == 2 and why in err and "Traceback" not in err, err
         assert len(err.strip().splitlines()) == 1, err
+
+
+def _plan(path: Path) -> Path:
+    path.write_text(json.dumps({"format": "quant-workbench-plan", "version": 1,
+                                "default": "q8_0", "rules": []}))
+    return path
+
+
+@pytest.mark.parametrize("how", ["same", "symlink", "hardlink"])
+def test_output_naming_the_plan_is_refused_before_writing(tmp_path, how, small_model):
+    from workbench.cli import main
+    model = small_model(tmp_path / "m")
+    plan = _plan(tmp_path / "plan.json")
+    before = plan.read_bytes()
+    out = {"same": plan, "symlink": tmp_path / "l.json", "hardlink": tmp_path / "h.json"}[how]
+    if how == "symlink":
+        out.symlink_to(plan)
+    elif how == "hardlink":
+        os.link(plan, out)
+    rc = main(["export", str(model), "--plan", str(plan), "--format", "gguf", "-o", str(out)])
+    assert rc == 2
+    assert plan.read_bytes() == before
+    assert not [p for p in tmp_path.iterdir() if "quant-workbench" in p.name]
+
+
+def test_every_file_argument_is_checked(tmp_path, capsys, small_model):
+    """imatrix, calibration file, a model's companion file, a folder holding an input."""
+    from workbench.cli import main
+    model = small_model(tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_text("{}")
+    imx = tmp_path / "x.dat"
+    imx.write_bytes(struct.pack("<i", 0))
+    calib = tmp_path / "c.txt"
+    calib.write_text("hello\n")
+    cases = [
+        ["export", model, "--scheme", "q4_0", "--format", "gguf", "--method", "imatrix",
+         "--imatrix", imx, "-o", imx],
+        ["calibrate", model, "--calib", calib, "-o", calib],
+        ["export", model, "--scheme", "q8_0", "--format", "plan", "-o",
+         tmp_path / "m" / "config.json"],
+        ["export", model, "--scheme", "q8_0", "--format", "compressed-tensors", "-o",
+         tmp_path / "m"],
+        ["allocate", model, "--budget-bpw", "6", "-o", model],
+    ]
+    for argv in cases:
+        snapshot = {p: p.read_bytes() for p in (imx, calib, model, tmp_path / "m" / "config.json")}
+        assert main([str(a) for a in argv]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "nothing was written" in err, err
+        assert all(p.read_bytes() == b for p, b in snapshot.items())
+
+
+def test_a_fresh_output_still_works(tmp_path, small_model):
+    from workbench.cli import main
+    model = small_model(tmp_path / "m")
+    plan = _plan(tmp_path / "plan.json")
+    assert main(["export", str(model), "--plan", str(plan), "--format", "plan",
+                 "-o", str(tmp_path / "out.json")]) == 0
+
+
+def test_refuse_inputs_as_outputs_names_both(tmp_path):
+    from workbench.core.outputs import refuse_inputs_as_outputs
+    a = tmp_path / "a.json"
+    a.write_text("{}")
+    (tmp_path / "b.json").symlink_to(a)
+    with pytest.raises(WorkbenchError, match=r"--output is the same file as the input --plan"):
+        refuse_inputs_as_outputs({"--output": str(tmp_path / "b.json")}, {"--plan": str(a)})
+    refuse_inputs_as_outputs({"--output": str(tmp_path / "new.json")}, {"--plan": str(a)})
+
+
+@pytest.mark.parametrize("flag,inp", [("--save-onnx", "--calib"), ("--save-onnx", "--held-out"),
+                                      ("--save-onnx", "--plan"), ("--save-onnx", "--imatrix")])
+@pytest.mark.parametrize("how", ["same", "symlink", "hardlink"])
+def test_check_save_onnx_never_replaces_an_input(tmp_path, flag, inp, how, cli_main):
+    src = tmp_path / "input.txt"
+    if inp == "--plan":
+        src.write_text(json.dumps({"format": "quant-workbench-plan", "version": 1,
+                                   "default": "q8_0", "rules": []}))
+    else:
+        src.write_text("hello world\n")
+    before = src.read_bytes()
+    out = {"same": src, "symlink": tmp_path / "l.onnx", "hardlink": tmp_path / "h.onnx"}[how]
+    if how == "symlink":
+        out.symlink_to(src)
+    elif how == "hardlink":
+        os.link(src, out)
+    args = ["check", DEMO, "--runtime", "onnxruntime", flag, out, inp, src]
+    if inp != "--plan":
+        args += ["--scheme", "q8_0"]
+    if inp == "--imatrix":
+        args += ["--method", "imatrix"]
+    rc, err = cli_main(*args)
+    assert rc == 2
+    line = err.strip()
+    assert "\n" not in line
+    assert f"{flag} is the same file as the input {inp}" in line
+    assert str(out) in line and (how == "same" or str(src) in line)   # names both
+    assert src.read_bytes() == before
+
+
+def test_save_gguf_and_keep_are_outputs(tmp_path, cli_main):
+    calib = tmp_path / "c.txt"
+    calib.write_text("hello\n")
+    rc, err = cli_main("check", DEMO, "--scheme", "q8_0", "--runtime", "llama.cpp",
+                    "--save-gguf", calib, "--calib", calib)
+    assert rc == 2 and "--save-gguf is the same file as the input --calib" in err
+    rc, err = cli_main("bench-onnx", DEMO, "--scheme", "q8_0", "--keep", DEMO)
+    assert rc == 2 and "--keep is a folder holding the input MODEL" in err
+
+
+def test_option_values_are_not_input_paths(tmp_path, monkeypatch, cli_main, small_model):
+    """`--format gguf` with a ./gguf folder present is the format, not that folder: a
+    re-export into ./gguf/ is no longer refused as replacing an input."""
+    model = small_model(tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gguf").mkdir()
+    (tmp_path / "q8_0").mkdir()
+    for _ in range(2):
+        rc, err = cli_main("export", model, "--scheme", "q8_0", "--format", "gguf",
+                        "-o", "gguf/out.gguf")
+        assert rc == 0, err
+    rc, err = cli_main("export", model, "--scheme", "q8_0", "--format", "plan", "-o", "q8_0/p.json")
+    assert rc == 0, err
+    rc, err = cli_main("export", model, "--scheme", "q8_0", "--format", "plan", "-o", "q8_0/p.json")
+    assert rc == 0, err
+
+
+def test_choice_arguments_are_never_paths():
+    from workbench.cli import build_parser
+    from workbench.cli.common import _choice_dests
+    p = build_parser(only="export")
+    dests = _choice_dests(p, "export")
+    assert {"format", "target", "act_method"} <= dests
+    assert "plan" not in dests and "calib" not in dests

@@ -212,3 +212,46 @@ def test_strided_torch_tensors_are_read_with_pread(tmp_path):
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     assert r.stdout.startswith("ERROR") and "truncated or replaced" in r.stdout
     assert "nc.pt" in r.stdout
+
+
+TRUNCATE = """
+import os, sys, numpy as np, torch
+from workbench.core.errors import WorkbenchError
+from workbench.export import export
+from workbench.export.st_writer import StreamingSafetensorsWriter
+from workbench.formats.loaders import open_model
+from workbench.quant.plan import Plan
+from workbench.core.progress import run
+d, kind = sys.argv[1], sys.argv[2]
+src = os.path.join(d, "src.safetensors")
+w = StreamingSafetensorsWriter(src)
+for i in range(4):
+    w.add(f"blk.{i}.ffn_up.weight", np.ones((64, 256), np.float32))
+w.finish()
+if kind == "gguf":
+    run(export(open_model(src), Plan(default="fp16"), "gguf", os.path.join(d, "src.gguf")))
+    src = os.path.join(d, "src.gguf")
+elif kind == "pytorch":
+    torch.save({f"blk.{i}.ffn_up.weight": torch.ones(64, 256) for i in range(4)},
+               os.path.join(d, "src.pt"))
+    src = os.path.join(d, "src.pt")
+m = open_model(src)
+os.truncate(src, os.path.getsize(src) // 2)
+try:
+    run(export(m, Plan(default="q8_0"), "gguf", os.path.join(d, "out.gguf")))
+    print("EXPORTED")
+except WorkbenchError as exc:
+    print("ERROR", exc)
+"""
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "gguf", "pytorch"])
+def test_input_truncated_under_export_is_an_error_not_sigbus(tmp_path, kind):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", TRUNCATE, str(tmp_path), kind], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]          # a SIGBUS would be -7
+    assert r.stdout.startswith("ERROR") and "truncated or replaced" in r.stdout
+    assert f"src.{'pt' if kind == 'pytorch' else kind}" in r.stdout
+    assert not (tmp_path / "out.gguf").exists()
+    assert not [p for p in tmp_path.iterdir() if "quant-workbench" in p.name]

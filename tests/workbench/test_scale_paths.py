@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 
 import pytest
 
@@ -184,3 +185,66 @@ def test_pattern_sets_merge_after_many_names_and_keep_answers(monkeypatch):
         want = next((i for i, p in enumerate(pats) if re.search(p, name)), None)
         assert ps.first(name) == want, (name, k)
     assert len(ps._sets) < small    # merged into fewer, larger sets after 50 names
+
+
+def _header(n: int) -> bytes:
+    h = {f"t{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(n)}
+    b = json.dumps(h).encode()
+    return len(b).to_bytes(8, "little") + b
+
+
+def _cpu(fn, repeat=3) -> float:
+    """Best CPU time of `repeat` runs, with the cyclic garbage collector off: its full
+    collections cost in proportion to everything the test session holds, not to `fn`'s work
+    (in a full pytest run they made a linear parse look 12x slower at 4x the size)."""
+    import gc
+    best = float("inf")
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeat):
+            t0 = time.process_time()
+            fn()
+            best = min(best, time.process_time() - t0)
+    finally:
+        gc.enable()
+    return best
+
+
+def test_header_parse_is_linear():
+    """4x the tensors costs about 4x (quadratic would be 16x): generous bound 8x."""
+    from workbench.formats.loaders.safetensors_format import parse_header
+    small, big = _header(10_000), _header(40_000)
+    t1 = _cpu(lambda: parse_header(small, len(small), "s"))
+    t4 = _cpu(lambda: parse_header(big, len(big), "b"))
+    assert t4 < 8 * t1 + 0.05, (t1, t4)
+
+
+def test_plan_rules_resolve_in_one_pass():
+    """Resolving names costs one RE2 set match each whatever the number of rules."""
+    from workbench.quant.plan import Plan
+
+    def plan(n):
+        return Plan.from_dict({"format": "quant-workbench-plan", "version": 1, "default": "q8_0",
+                               "rules": [{"match": f"re:layers\\.{i}\\.mlp", "scheme": "q4_0"}
+                                         for i in range(n)]})
+    names = [f"model.layers.{i}.mlp.up_proj.weight" for i in range(0, 2000, 7)]
+    p1, p4 = plan(2_000), plan(8_000)
+    assert p4.rule_for("model.layers.7999.mlp.x").match == "re:layers\\.7999\\.mlp"
+    assert p4.rule_for("model.layers.1.mlp.x").match == "re:layers\\.1\\.mlp"   # first wins
+    assert p4.rule_for("nothing") is None
+    t1 = _cpu(lambda: [p1.rule_for(n) for n in names])
+    t4 = _cpu(lambda: [p4.rule_for(n) for n in names])
+    assert t4 < 3 * t1 + 0.05, (t1, t4)
+
+
+def test_bad_pattern_among_many_names_its_rule(tmp_path):
+    rules = [{"match": f"re:a{i}", "scheme": "q4_0"} for i in range(50)]
+    rules.insert(20, {"match": "re:(x", "scheme": "q4_0"})
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps({"format": "quant-workbench-plan", "version": 1, "default": "q8_0",
+                             "rules": rules}))
+    from workbench.quant.plan import Plan
+    with pytest.raises(WorkbenchError, match=r"rule 're:\(x'") as e:
+        Plan.load(p)
+    assert str(p) in str(e.value)

@@ -51,7 +51,7 @@ def _unpack(words: np.ndarray, bits: int, n: int) -> np.ndarray:
     return (bitarr.astype(np.int64) * weights).sum(-1)
 
 
-_args_for = args_for    # the name tests/workbench/test_hostile_round4.py uses
+_args_for = args_for    # the name tests/workbench/test_input_limits.py uses
 
 
 def block_dequant(w: np.ndarray, s: np.ndarray, block) -> np.ndarray:

@@ -1,5 +1,5 @@
 """What the fuzz worker does with issue 32's kinds r4-outputs ... r4-leftovers
-(tests/fuzz/cases_round4.py). Each exercise returns for a correct exit 0, raises WorkbenchError
+(tests/fuzz/cases_cli.py). Each exercise returns for a correct exit 0, raises WorkbenchError
 for a clean refusal (exit 2, one line) and Finding for a defect: exit 3, an input changed, a
 refusal that does not name the file, an output or temporary file left behind, a file over its
 size limit read (or treated as absent), a message that blames the wrong thing.
@@ -108,7 +108,7 @@ def _digests(paths) -> dict:
 # ---- 1 r4-outputs ---------------------------------------------------------------------------
 def exercise_outputs(path: str) -> None:
     from .cases_hostile import _dat
-    from .cases_round4 import OUTPUT_CMDS
+    from .cases_cli import OUTPUT_CMDS
     spec = json.loads(Path(path).read_text())
     d = Path(path).parent
     folder = _llama(d)

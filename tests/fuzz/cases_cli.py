@@ -1,5 +1,5 @@
 """Generators for issue 32's classes 1, 4, 5, 7 and 8, one kind each; every case is a JSON spec
-that tests/fuzz/hostile_round4.py carries out on a tiny generated Llama folder
+that tests/fuzz/hostile_cli.py carries out on a tiny generated Llama folder
 (tests/tiny_archs.py) through the CLI, in-process.
 
     r4-outputs    1  check --save-onnx / --save-gguf, calibrate -o, allocate -o (with
