@@ -76,3 +76,17 @@ def test_frontier_for_mlx_has_the_mlx_uniform_plans_and_no_llama_recipes():
     assert {p.label for p in f.uniform} <= set(candidate_schemes("mlx"))
     assert any("recipes are left out" in n for n in notes)
     assert all(p.bits_per_weight > 2 for p in f.allocated)
+
+
+def test_allocations_scheme_counts_count_the_dtype_variants():
+    """The demo model is bfloat16, so its tensors get the @bf16 variants of the MLX schemes;
+    the allocation's scheme counts (allocate's summary line) still count them by scheme (they
+    printed an empty line)."""
+    model = qw.open_model()
+    a = qw.allocate_plan(model, Budget.bits_per_weight(4.5), target="mlx", measure="weight",
+                         progress=False)
+    counts = a.to_dict()["schemes"]
+    quantized = [r for r in a.evaluation.tensors.values() if r.scheme and r.scheme != KEEP
+                 and r.scheme.startswith("mlx-")]
+    assert quantized and any("@" in r.scheme for r in quantized)
+    assert sum(counts.values()) == len(quantized) and all(s.startswith("mlx-") for s in counts)

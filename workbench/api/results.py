@@ -88,8 +88,7 @@ class Allocation:
                "bound": self.solution.bound, "target": self.target,
                "seconds": {"sensitivity": self.seconds["sensitivity"],
                            "solve": self.seconds["solve"]},
-               "schemes": {s: sum(1 for r in self.evaluation.tensors.values() if r.scheme == s)
-                           for s in self.candidates},
+               "schemes": _scheme_counts(self.evaluation, self.candidates),
                "methods": method_counts(self.plan, self.table, self.model),
                "methods_weighed": self.methods_weighed["methods"]}
         out["seconds"]["methods"] = self.methods_weighed.get("seconds", 0.0)
@@ -120,3 +119,17 @@ class Frontier:
         """Every point, fewest bits per weight first."""
         return sorted(self.allocated + self.uniform + self.recipes,
                       key=lambda p: p.bits_per_weight)
+
+
+def _scheme_counts(evaluation, candidates) -> dict[str, int]:
+    """Tensors per candidate scheme; a tensor's dtype variant (an MLX scheme's ``@bf16``,
+    which the export's dtype picks) counts as its registered scheme."""
+    from workbench.schemes import get_scheme
+    wanted = set(candidates)
+
+    def listed(name):
+        if not name or name in wanted or "@" not in name:
+            return name
+        return getattr(get_scheme(name), "base_name", name)
+    names = [listed(r.scheme) for r in evaluation.tensors.values()]
+    return {s: names.count(s) for s in candidates}
