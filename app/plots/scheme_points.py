@@ -18,7 +18,8 @@ from PySide6.QtCore import QPointF, Signal
 from workbench.api.choices import FAMILIES
 
 FAMILY_COLOURS = {"Float": "#7aa2f7", "Integer": "#9ece6a", "GGML legacy": "#ff9e64",
-                  "K-quants": "#f7768e", "Codebooks": "#bb9af7", "Other": "#c9ced8"}
+                  "K-quants": "#f7768e", "Codebooks": "#bb9af7", "MLX": "#e0af68",
+                  "Other": "#c9ced8"}
 METHOD_COLOURS = {"rtn": "#c9ced8", "imatrix": "#e0af68", "gptq": "#7dcfff", "awq": "#f7768e"}
 METHOD_SYMBOLS = {"rtn": "o", "imatrix": "s", "gptq": "d", "awq": "star"}
 METHOD_SIZES = {"rtn": 6, "imatrix": 9, "gptq": 10, "awq": 13}

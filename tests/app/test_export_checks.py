@@ -35,8 +35,9 @@ def test_dialog_checks_each_format_and_defaults_to_a_writable_one(window, qtbot)
     assert texts["safetensors"].endswith("✓")
     verdicts = dlg.verdicts.text()
     assert "llama.cpp has no tensor type for int8-channel" in verdicts
-    # onnx can write it too where the optional extra is installed
-    assert verdicts.count("✓") == 3 + int(expected["onnx"].ok) and verdicts.count("✗") == 2
+    # onnx can write it too where the optional extra is installed; MLX runs its own schemes only
+    assert not expected["mlx"].ok
+    assert verdicts.count("✓") == 3 + int(expected["onnx"].ok) and verdicts.count("✗") == 3
     # choosing a format that cannot write the plan disables Export and says so
     dlg.format.setCurrentIndex(_names(dlg).index("gguf"))
     assert not dlg.export_button.isEnabled()

@@ -24,11 +24,13 @@ Q = "model.layers.0.self_attn.q_proj.weight"
 def test_families_and_grouping_order():
     assert [family_of(s) for s in ("keep", "fp16", "fp8-e4m3", "int4-g128", "int8-channel-asym",
                                    "q4_0", "q8_0", "q4_k", "q6_k", "nf4-g64", "iq4_nl",
-                                   "ternary-g64", "int4-g128@mse")] == [
+                                   "ternary-g64", "int4-g128@mse", "mlx-q4-g64",
+                                   "mlx-nvfp4@bf16")] == [
         "Float", "Float", "Float", "Integer", "Integer", "GGML legacy", "GGML legacy",
-        "K-quants", "K-quants", "Codebooks", "Codebooks", "Codebooks", "Integer"]
-    g = grouped(["q4_k", "int4-g128", "fp16", "nf4-g64", "q8_0", "int8-channel"])
-    assert [f for f, _ in g] == ["Float", "Integer", "GGML legacy", "K-quants", "Codebooks"]
+        "K-quants", "K-quants", "Codebooks", "Codebooks", "Codebooks", "Integer", "MLX", "MLX"]
+    g = grouped(["q4_k", "int4-g128", "fp16", "mlx-q4-g64", "nf4-g64", "q8_0", "int8-channel"])
+    assert [f for f, _ in g] == ["Float", "Integer", "GGML legacy", "K-quants", "Codebooks",
+                                 "MLX"]
     assert dict(g)["Integer"] == ["int4-g128", "int8-channel"]   # given order kept
     assert list(FAMILIES) == [f for f, _ in g]
 

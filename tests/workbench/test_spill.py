@@ -113,7 +113,9 @@ def test_gptq_statistics_spilled_block_by_block_and_chunked_rows_equal_whole(tin
     from workbench.running import methods_apply as apply
     model = open_model(str(tiny_arch("llama")))
     plan = Plan("q4_k", method="gptq")
-    mm = run(apply.prepare(model, plan, samples=N))
+    # use_cache False: the fits of the first prepare, kept, would spare the second its
+    # statistics pass (workbench.running.method_fits), and the statistics are the point here
+    mm = run(apply.prepare(model, plan, samples=N, use_cache=False))
     whole = run(evaluate(mm, plan, cache=None))
     assert any(r.method == "gptq" for r in whole.tensors.values())
     monkeypatch.setattr(spill, "MIN_BYTES", 0)
@@ -124,7 +126,7 @@ def test_gptq_statistics_spilled_block_by_block_and_chunked_rows_equal_whole(tin
         live_max.append(self)
         return done_orig(self)
     monkeypatch.setattr(apply.LayerStats, "spilled", spilled)
-    mm2 = run(apply.prepare(model, plan, samples=N))
+    mm2 = run(apply.prepare(model, plan, samples=N, use_cache=False))
     assert len(live_max) == len(mm2.stats) > 0
     assert all(isinstance(st.H, np.memmap) for st in mm2.stats.values() if st.H is not None)
     for n, st in mm.stats.items():

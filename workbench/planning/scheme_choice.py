@@ -13,7 +13,7 @@ from workbench.quant.plan import KEEP
 from workbench.schemes.registry import ggml_schemes
 
 #: display order of the families
-FAMILIES = ("Float", "Integer", "GGML legacy", "K-quants", "Codebooks")
+FAMILIES = ("Float", "Integer", "GGML legacy", "K-quants", "Codebooks", "MLX")
 FAMILY_NOTES = {
     "Float": "IEEE / bfloat / fp8 element formats",
     "Integer": "affine integers: bits x granularity (tensor / channel / group), sym or asym",
@@ -21,6 +21,7 @@ FAMILY_NOTES = {
     "K-quants": "llama.cpp's 256-weight super-block types",
     "Codebooks": "non-uniform value tables (NF4, IQ4_NL, IQ4_XS, MXFP4, NVFP4, ternary, TQ1_0/TQ2_0, "
                  "IQ3, IQ2 and IQ1 lattices)",
+    "MLX": "Apple MLX's affine and microscaling modes, as mlx-lm folders store them",
 }
 #: the non-GGML codebook schemes (a GGML type's family is its scheme class's ``family``)
 _CODEBOOK_PREFIX = ("nf4", "mxfp4", "nvfp4", "ternary")
@@ -36,6 +37,9 @@ def family_of(scheme: str) -> str:
     ggml = ggml_schemes().get(base)
     if ggml is not None:
         return ggml.family
+    if base.startswith("mlx-"):
+        from workbench.schemes import get_scheme
+        return get_scheme(base).family     # the scheme class's (MLX)
     if base.startswith(_CODEBOOK_PREFIX):
         return "Codebooks"
     return "Other"

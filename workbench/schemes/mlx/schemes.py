@@ -53,6 +53,8 @@ class MLXScheme(Scheme):
     """One MLX mode with its bits and group size."""
 
     runtimes: ClassVar[tuple[str, ...]] = ("mlx",)
+    #: the family it is listed under (planning.scheme_choice.FAMILIES)
+    family: ClassVar[str] = "MLX"
     max_abs_weight = 1e38
 
     def __init__(self, mode: str, bits: int, group: int, dtype: str = "F32"):
