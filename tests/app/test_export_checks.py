@@ -57,6 +57,16 @@ def test_dialog_defaults_to_gguf_for_a_ggml_plan(window, qtbot):
     dlg.close()
 
 
+def test_dialog_defaults_to_mlx_for_an_mlx_plan(window, qtbot):
+    """An MLX plan: mlx and safetensors both write it as asked; the runtime's folder first."""
+    window.push(commands.replace_plan(window.doc, Plan(default="mlx-q4-g64")))
+    wait_idle(qtbot, window)
+    dlg = _dialog(window, qtbot)
+    assert dlg.checks["mlx"].ok and dlg.checks["safetensors"].ok and not dlg.checks["gguf"].ok
+    assert dlg.exporter().name == "mlx"
+    dlg.close()
+
+
 def test_dialog_prefers_the_last_format_used_when_it_can_write(make_window, qtbot, tmp_path):
     win = make_window()
     win.settings.setValue("export_format", "safetensors")

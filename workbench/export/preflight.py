@@ -15,7 +15,7 @@ from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP
 
 #: when several formats can write the plan as asked, the dialog's default is the first here
-PREFERENCE = ("gguf", "compressed-tensors", "safetensors", "onnx", "mlx", "llama-tensor-types",
+PREFERENCE = ("gguf", "compressed-tensors", "mlx", "safetensors", "onnx", "llama-tensor-types",
               "plan")
 
 
