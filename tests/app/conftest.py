@@ -66,7 +66,7 @@ def make_window(qtbot, tmp_path, request):
         made.append(win)
         if path is not None:
             win.open_model(str(path))
-            wait_idle(qtbot, win)
+            wait_idle(qtbot, win, 600000)     # a hang guard: MiniLM's statistics at load ~20
         return win
 
     yield make

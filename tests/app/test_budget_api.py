@@ -77,27 +77,8 @@ def test_budget_apply_gives_the_plan_allocate_writes(make_window, qtbot, tmp_pat
     assert win.doc.plan != ref.plan
 
 
-@pytest.mark.slow
-def test_on_minilm_the_window_weighs_the_methods_as_allocate_does(make_window, qtbot):
-    """MiniLM (an encoder: --methods auto weighs rtn, imatrix and gptq): the window's plan at
-    5 bits/weight is allocate's, methods included."""
-    import workbench as qw
-    from apphelpers import minilm_path
-    path = minilm_path()
-    if path is None:
-        pytest.skip("MiniLM is not installed")
-    # allocate's plan quantizes the position embeddings (llama.cpp never re-types them): the
-    # window asks first, as for every such edit; the user says yes
-    win = _budget_view(make_window, qtbot, path, answer=True)
-    assert len(win.effects.table().candidates) == len(qw.parse_schemes("auto"))
-    _apply(win, qtbot, 5.0)
-    ref = qw.allocate_plan(qw.open_model(str(path)), qw.Budget.bits_per_weight(5.0),
-                           samples=SAMPLES)
-    assert set(ref.methods_weighed["methods"]) == {"rtn", "imatrix", "gptq"}
-    assert any("a runtime keeps" in q for q, _ in win.messages.questions)
-    assert win.doc.plan == ref.plan
-    assert win.effects.preview[2] == ref.evaluation.totals.bytes_after
-    assert "methods:" in win.budget_panel.choice.text()
+# MiniLM's allocation in the window equals allocate's, methods included:
+# tests/app/test_first_minutes.py::test_budget_tab_on_minilm_shows_a_real_frontier_budget_and_slider
 
 
 def test_an_api_call_reports_progress_and_stops_when_cancelled(qtbot):

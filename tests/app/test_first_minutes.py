@@ -16,36 +16,73 @@ def _budget_ready(win):
     return fx.table() is not None and bool(fx.frontier)
 
 
+#: MiniLM in the window: a few candidates, calibration lines and samples of the measure (the
+#: same on the window's side and the API's), enough for a real frontier around 5 bits/weight;
+#: rtn, imatrix and GPTQ are weighed for each (tensor, candidate) as with the defaults (every
+#: scheme the runtime runs, the whole shipped text: the demo model's tests, test_budget_api.py),
+#: at a fraction of the work (the methods are weighed and fitted on the whole calibration text)
+MINILM_SAMPLES = 4
+MINILM_SCHEMES = "q4_0,int4-g128,q8_0"
+MINILM_CALIB_LINES = 32
+
+
 @pytest.mark.slow
-def test_budget_tab_on_minilm_shows_a_real_frontier_budget_and_slider(make_window, qtbot):
+def test_budget_tab_on_minilm_shows_a_real_frontier_budget_and_slider(make_window, qtbot,
+                                                                       tmp_path):
+    """Also the window's MiniLM allocation is allocate's (qw.allocate_plan with the same
+    candidates, calibration text and samples), methods included: MiniLM is an encoder,
+    --methods auto weighs rtn, imatrix and gptq."""
+    import workbench as qw
+    from workbench.running.calibration import DEFAULT_CALIB
+    calib = tmp_path / "calib.txt"
+    calib.write_text("\n".join(DEFAULT_CALIB.read_text().splitlines()[:MINILM_CALIB_LINES])
+                     + "\n")
     # yes to "Quantize tensors a runtime keeps?": allocate's plan quantizes the position
-    # embeddings
-    win = make_window(minilm_path(), answer=True)
+    # embeddings (llama.cpp never re-types them); the window asks first, as for every such edit
+    win = make_window(minilm_path(), answer=True,
+                      values={"effects/sensitivity_samples": MINILM_SAMPLES,
+                              "effects/schemes": MINILM_SCHEMES, "effects/calib": str(calib)})
+    assert win.effects.calib_arg() == str(calib)
     fx, panel = win.effects, win.budget_panel
     win.tabs.setCurrentIndex(win.effects_tab_index)
     qtbot.waitUntil(lambda: _budget_ready(win) or fx.table_error(), timeout=SLOW)
     assert not fx.table_error()
     wait_idle(qtbot, win, SLOW)
+    assert fx.table().candidates == MINILM_SCHEMES.split(",")
     kinds = {k: sum(1 for p in fx.frontier if p.kind == k) for k in ("allocated", "uniform")}
     assert kinds["uniform"] == len(fx.table().candidates) and kinds["allocated"] >= 5
     assert panel.slider.isEnabled() and panel.spin.isEnabled()
     lo, hi = panel._range
-    # MiniLM's uniform plans over the runtime's candidates (the API's auto) span the 2-bit
-    # types .. fp32, the budget of 5 bits/weight inside
+    # MiniLM's uniform plans over the candidates span 4-bit .. 8-bit types, the budget of 5
+    # bits/weight inside
     assert lo < 5.0 < hi
     assert lo <= panel.budget_bpw() <= hi
     assert f"{kinds['allocated']} allocated, {kinds['uniform']} uniform" in panel.result.text()
     # the budget control allocates on MiniLM too: one undoable edit within the budget
+    panel.unit.setCurrentIndex(0)
     panel.set_value_bpw(5.0)
     task = panel.apply_budget()
     qtbot.waitUntil(lambda: task.finished, timeout=SLOW)
     wait_idle(qtbot, win, SLOW)
+    assert task.state == "done", fx.allocation_error
     assert fx.preview is not None and 8.0 * fx.preview[2] / win.doc.model.total_params <= 5.0
     assert win.undo_stack.count() == 1
+    assert any("a runtime keeps" in q for q, _ in win.messages.questions)
+    # the plan is allocate's, rule for rule (scheme and method per tensor), and its bytes
+    ref = qw.allocate_plan(qw.open_model(str(minilm_path())), qw.Budget.bits_per_weight(5.0),
+                           schemes=MINILM_SCHEMES, calib=str(calib), samples=MINILM_SAMPLES)
+    assert set(ref.methods_weighed["methods"]) == {"rtn", "imatrix", "gptq"}
+    assert win.doc.plan == ref.plan
+    assert fx.preview[2] == ref.evaluation.totals.bytes_after
+    assert "methods:" in panel.choice.text()
+
+
+#: the demo model's panels on a few samples and candidates: what is shown is the point here
+QUICK = {"effects/sensitivity_samples": 4, "effects/schemes": "q4_0,int4-g128,q8_0"}
 
 
 def test_panels_drop_an_allocation_that_undo_took_back(make_window, qtbot):
-    win = make_window()
+    win = make_window(values=QUICK)
     fx, panel = win.effects, win.budget_panel
     win.tabs.setCurrentIndex(win.effects_tab_index)
     qtbot.waitUntil(lambda: _budget_ready(win), timeout=SLOW)
@@ -67,7 +104,7 @@ def test_panels_drop_an_allocation_that_undo_took_back(make_window, qtbot):
 
 def test_opening_another_model_resets_the_budget_panel(make_window, qtbot, tmp_path):
     import shutil
-    win = make_window()
+    win = make_window(values=QUICK)
     fx, panel = win.effects, win.budget_panel
     win.tabs.setCurrentIndex(win.effects_tab_index)
     qtbot.waitUntil(lambda: _budget_ready(win), timeout=SLOW)
