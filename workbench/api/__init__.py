@@ -317,6 +317,11 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
     plan, conv = _resolve_plan(model, plan, runtime, quantize_all, convention)
     if accuracy_level is not None and fmt != "onnx":
         raise WorkbenchError("--accuracy-level is an onnx option (MatMulNBits accuracy_level)")
+    if activations and not get_exporter(fmt).activations:
+        from workbench.export import list_exporters
+        raise WorkbenchError(f"activations={activations!r}: the {fmt} format stores no "
+                             "activation ranges (" + ", ".join(
+                                 e.name for e in list_exporters() if e.activations) + " do)")
     if activations == "int8":
         activations, act_bits, act_type = act_method, 8, "int"
     if activations:
