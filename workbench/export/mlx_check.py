@@ -50,8 +50,8 @@ CACHE_VERSION = 1
 
 def folder_bytes(folder) -> int:
     """The bytes of an mlx-lm folder's safetensors files (what --budget-of counts: those its
-    model is read from, formats.loaders.mlx_format.weight_files)."""
-    from workbench.formats.loaders.mlx_format import weight_files
+    model is read from, formats.loaders.weight_files)."""
+    from workbench.formats.loaders import weight_files
     return sum(f.stat().st_size for f in weight_files(folder))
 
 

@@ -14,7 +14,8 @@ from workbench.core.errors import WorkbenchError
 def folder_files(folder) -> list[Path]:
     """The .safetensors files of an mlx-lm folder (config.json with mlx's quantization) that
     its model is read from."""
-    from workbench.formats.loaders.mlx_format import mlx_quantization, weight_files
+    from workbench.formats.loaders import weight_files
+    from workbench.formats.loaders.mlx_format import mlx_quantization
     p = Path(folder)
     if mlx_quantization(p) is None:
         raise WorkbenchError("--budget-of: a folder is an mlx-lm folder's budget, but its "

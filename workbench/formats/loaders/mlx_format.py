@@ -46,15 +46,6 @@ FLOAT_SCALES = ("F16", "BF16", "F32")
 _ENTRY_KEYS = {"group_size", "bits", "mode", "global_scale"}
 
 
-def weight_files(folder) -> list[Path]:
-    """The .safetensors files a folder's model is read from, as the loader reads them: those
-    its model.safetensors.index.json lists (inside the folder; a subfolder's included), else the
-    folder's own; a stray file the index does not list is not part of it. What --budget-of an
-    mlx-lm folder counts."""
-    from workbench.formats.loaders.safetensors_format import _shard_files
-    return _shard_files(Path(folder))
-
-
 def mlx_quantization(path) -> tuple[Path, dict] | None:
     """(config.json's path, its mlx "quantization" object) for an mlx-lm folder (or a file in
     one); None when the folder's config has no quantization of mlx's shape."""
