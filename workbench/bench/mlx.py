@@ -150,18 +150,10 @@ def bench_mlx(model, calib, held_out, out_dir, recipes=DEFAULT_RECIPES, ctx: int
         row = {"label": f"workbench at {name}'s bytes", "recipe": name, "kind": "workbench",
                "folder": folder.name, "plan": plan.name}
         res["rows"].append(row)
-        try:
-            row["allocate_s"] = yield from step(
-                [*qw, "allocate", model, "--target", "mlx", "--budget-of", base, "--calib",
-                 calib, "-o", plan, *extra], f"allocate-{name}.log",
-                f"allocate at {name}'s bytes")
-            row["export_s"] = yield from step(
-                [*qw, "export", model, "--plan", plan, "--format", "mlx", "-o", folder],
-                f"export-{name}.log", f"export the {name}-sized plan")
-        except WorkbenchError as exc:
-            row["error"] = exc.problem
-            race.n += 1 if "allocate_s" in row else 2
-            save()
+        if not (yield from race.allocate_export(
+                row, name, [*qw, "allocate", model, "--target", "mlx", "--budget-of", base,
+                            "--calib", calib, "-o", plan, *extra],
+                [*qw, "export", model, "--plan", plan, "--format", "mlx", "-o", folder])):
             continue
         row["bytes"] = folder_bytes(folder)
         row["wall_s"] = round(row["allocate_s"] + row["export_s"], 1)

@@ -110,6 +110,28 @@ class Race:
                                  f"(log: {self.logs / log_name})")
         return dt
 
+    def allocate_export(self, row: dict, key: str, allocate: list, export: list):
+        """The workbench's two steps for `row`, as child processes (`allocate`, then `export`;
+        logs allocate-KEY.log and export-KEY.log): their seconds in the row; a step that fails
+        is the row's error ("allocate: ..." or "export: ...", the step it leaves counted).
+        Returns whether both ran."""
+        try:
+            row["allocate_s"] = yield from self.step(allocate, f"allocate-{key}.log",
+                                                     f"allocate at {key}'s bytes")
+        except WorkbenchError as exc:
+            row["error"] = f"allocate: {exc.problem}"
+            self.n += 1                              # no export
+            self.save()
+            return False
+        try:
+            row["export_s"] = yield from self.step(export, f"export-{key}.log",
+                                                   f"export the {key}-sized plan")
+        except WorkbenchError as exc:
+            row["error"] = f"export: {exc.problem}"
+            self.save()
+            return False
+        return True
+
     def save(self) -> None:
         from workbench.core.atomic import write_text_atomic
         write_text_atomic(self.out / "results.json", json.dumps(self.res, indent=1) + "\n")

@@ -109,22 +109,10 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
         row = {"label": f"workbench at {ty}'s bytes", "type": ty, "kind": "workbench",
                "file": q.name, "plan": plan.name}
         res["rows"].append(row)
-        try:
-            row["allocate_s"] = yield from step(
-                [*qw, "allocate", model, "--budget-of", llama_files[ty], "--calib", calib,
-                 "-o", plan, *extra], f"allocate-{ty}.log", f"allocate at {ty}'s bytes")
-        except WorkbenchError as exc:
-            row["error"] = f"allocate: {exc.problem}"
-            race.n += 1                              # no export
-            save()
-            continue
-        try:
-            row["export_s"] = yield from step(
-                [*qw, "export", model, "--plan", plan, "--format", "gguf", "-o", q],
-                f"export-{ty}.log", f"export the {ty}-sized plan")
-        except WorkbenchError as exc:
-            row["error"] = f"export: {exc.problem}"
-            save()
+        if not (yield from race.allocate_export(
+                row, ty, [*qw, "allocate", model, "--budget-of", llama_files[ty], "--calib",
+                          calib, "-o", plan, *extra],
+                [*qw, "export", model, "--plan", plan, "--format", "gguf", "-o", q])):
             continue
         row["bytes"] = q.stat().st_size
         row["wall_s"] = row["allocate_s"] + row["export_s"]
