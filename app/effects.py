@@ -22,7 +22,7 @@ from workbench.api.plans import KEEP
 from workbench.api.choices import MEASURES as _MEASURES  # weight, activation, ...
 
 from .effects_jobs import (Point, SensTable, allocatable, allocation_job, check_job,
-                           frontier_job, predicted_error, table_job)
+                           frontier_job, predicted_error, reads_calibration, table_job)
 from .workers import BACKGROUND, FOREGROUND
 
 DEBOUNCE_MS = 700
@@ -194,7 +194,7 @@ class PlanEffects(QObject):
     def _key(self, measure: str) -> tuple:
         m = self.doc.model
         return (str(m.path) if m is not None else "", measure, tuple(self.schemes),
-                self.calib if measure != "weight" else None, self.sens_samples)
+                self.calib if reads_calibration(measure) else None, self.sens_samples)
 
     def calib_arg(self) -> str | None:
         """The calibration text for the API: None for the shipped one (its own default)."""
@@ -265,7 +265,7 @@ class PlanEffects(QObject):
         # a whole-model sweep: behind what the user waits for (a selected tensor, an export
         # check, the totals' error evaluation); the work queue lists it with its progress
         task = self.runner.submit(make, f"Sensitivity ({measure})", BACKGROUND, visible=True,
-                                  exclusive=measure != "weight",
+                                  exclusive=reads_calibration(measure),
                                   on_done=done, on_error=failed,
                                   on_cancel=lambda: self.tableChanged.emit(measure))
         self._table_tasks[key] = task
@@ -312,7 +312,7 @@ class PlanEffects(QObject):
         self.runner.submit(lambda: table_job(model, missing, chosen, calib, samples,
                                              runner=self.runner),
                            f"Sensitivity ({measure}) of the plan's other schemes", BACKGROUND,
-                           exclusive=measure != "weight",
+                           exclusive=reads_calibration(measure),
                            on_done=done, on_error=failed, on_cancel=lambda: failed(""))
 
     # ---- pins ---------------------------------------------------------------------------------

@@ -17,6 +17,13 @@ from workbench.core.progress import Progress
 FRONTIER_POINTS = 12
 
 
+def reads_calibration(measure: str) -> bool:
+    """Whether the table of `measure` reads the calibration text (the registry's fact;
+    "auto" may choose a measure that does)."""
+    from workbench.api.choices import get_measure
+    return measure == "auto" or get_measure(measure).reads_calibration
+
+
 def allocatable(model) -> list[str]:
     """Tensors the allocator chooses a scheme for (float matrices, as workbench.planning.allocate)."""
     return [n for n, i in model.tensors.items() if i.ndim >= 2 and i.is_float]
@@ -80,7 +87,7 @@ def table_job(model, schemes, measure: str, calib=None, samples=None, runner=Non
     req = schemes if isinstance(schemes, str) else ",".join(schemes)
     res = yield from api_job(lambda d: api.measure_sensitivity(
         src.live if src is not None else model, req, measure=measure,
-        calib=calib if measure != "weight" else None, samples=samples, executor=executor,
+        calib=calib if reads_calibration(measure) else None, samples=samples, executor=executor,
         driver=d))
     schemes = list(res.schemes)
     err = {(name(n), s): float(v) for (n, s), v in res.values.items()

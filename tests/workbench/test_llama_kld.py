@@ -12,7 +12,8 @@ import time
 import pytest
 
 from workbench.export import llama_kld as lk
-from workbench.bench.vs_llama import parse_types, prepare_out_dir, split_args
+from workbench.bench.race import prepare_out_dir, split_args
+from workbench.bench.vs_llama import parse_types
 from workbench.core.errors import WorkbenchError
 from workbench.core.progress import run
 

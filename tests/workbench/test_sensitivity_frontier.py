@@ -214,3 +214,18 @@ def test_fisher_measure_estimates_the_measured_output_change(demo, tmp_path, mon
     for n in out.names:
         o, f = out.values[(n, "q3_k")], fis.values[(n, "q3_k")]
         assert o > 0 and 0.33 < f / o < 3.0, n
+
+
+def test_scheme_lists_are_parsed_by_the_api_for_the_target(capsys):
+    """`sensitivity --schemes auto --target mlx` measures the MLX candidates (the CLI parsed
+    'auto' for target any, without the target: 65 schemes, none of them MLX's), and the
+    frontier's candidates are the API's parse (Frontier.schemes)."""
+    import workbench as qw
+    rc = main(["sensitivity", "--schemes", "auto", "--target", "mlx", "--measure", "weight",
+               "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["schemes"] == qw.parse_schemes("auto", "mlx")
+    assert all(s.startswith("mlx-") for s in out["schemes"])
+    f = qw.compute_frontier(qw.open_model(), schemes="q4_0, q8_0,q4_0", recipes=[],
+                            measure="weight", points=2)
+    assert f.schemes == ["q4_0", "q8_0"] and f.table.schemes == ["q4_0", "q8_0"]

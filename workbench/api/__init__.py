@@ -317,6 +317,11 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
     plan, conv = _resolve_plan(model, plan, runtime, quantize_all, convention)
     if accuracy_level is not None and fmt != "onnx":
         raise WorkbenchError("--accuracy-level is an onnx option (MatMulNBits accuracy_level)")
+    if activations and not get_exporter(fmt).activations:
+        from workbench.export import list_exporters
+        raise WorkbenchError(f"activations={activations!r}: the {fmt} format stores no "
+                             "activation ranges (" + ", ".join(
+                                 e.name for e in list_exporters() if e.activations) + " do)")
     if activations == "int8":
         activations, act_bits, act_type = act_method, 8, "int"
     if activations:
@@ -361,7 +366,8 @@ def resolve_measure(model: "Model", measure: str = AUTO, calib=None, imatrix=Non
         return MeasureChoice(measure, samples, "given")
     from workbench.planning.sensitivity import best_measure
     m, why = best_measure(model, calib, imatrix)
-    if m == "fisher" and samples is None:
+    from workbench.planning.measures import get_measure
+    if get_measure(m).needs_model and samples is None:       # (fisher: a pass per sample)
         from workbench.planning.allocate_methods import _kind
         samples = AUTO_FISHER_SAMPLES_LM if _kind(model) == "causal-lm" else AUTO_FISHER_SAMPLES
         why += f"; the first {samples} calibration samples (--samples)"
@@ -510,6 +516,7 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
 
     from workbench.planning.frontier import check_points_job, frontier, recipe_points, recipe_types, uniform_points
     recipes = [r.strip() for r in recipes if r.strip()]
+    names = parse_schemes(schemes, target)
     _check_inputs(model, calib, held_out)       # (imatrix: measure_sensitivity's own check)
     extra = recipe_types(recipes) if recipes else []
     from workbench.quant.runtimes import get_runtime
@@ -519,7 +526,7 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
             say(f"the llama.cpp recipes are left out: target {target} runs no GGML types")
         recipes, extra = [], []
     t0 = time.perf_counter()
-    table = measure_sensitivity(model, schemes, measure=measure, calib=calib, imatrix=imatrix,
+    table = measure_sensitivity(model, names, measure=measure, calib=calib, imatrix=imatrix,
                                 samples=samples, target=target, extra=extra, executor=executor,
                                 progress=progress, cancel=cancel, driver=driver, say=say,
                                 use_cache=use_cache)
@@ -549,7 +556,7 @@ def compute_frontier(model: "Model", *, from_bpw: float | None = None,
                                                            runtime=table.runtime))
     t4 = time.perf_counter()
     return Frontier(table, alloc, uni, rec, why,
-                    {"sensitivity": t1 - t0, "allocate": t3 - t2, "check": t4 - t3})
+                    {"sensitivity": t1 - t0, "allocate": t3 - t2, "check": t4 - t3}, names)
 
 
 from workbench.api.args import check_all  # noqa: E402 - every public function checks its arguments

@@ -106,6 +106,7 @@ class Frontier:
     recipes: list["FrontierPoint"]
     recipe_error: str | None = None     # why no recipe points, when none
     seconds: dict = field(default_factory=dict)
+    schemes: list[str] = field(default_factory=list)    # the candidates (parse_schemes)
 
     def __repr__(self) -> str:
         b = [p.bits_per_weight for p in self.allocated]

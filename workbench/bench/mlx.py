@@ -25,13 +25,11 @@ The output folder keeps every folder, plan, log (logs/) and results.json.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 from workbench.core.errors import WorkbenchError
-from workbench.core.progress import Progress
 
 #: recipe -> mlx_lm convert's arguments
 RECIPES = {"q4-g64": ["--q-bits", "4", "--q-group-size", "64"],
@@ -75,9 +73,8 @@ def bench_mlx(model, calib, held_out, out_dir, recipes=DEFAULT_RECIPES, ctx: int
               workbench_args: list[str] | None = None, timeout: float = DEFAULT_TIMEOUT):
     """The job (the module doc): yields Progress('[i/N] stage ...'); returns the results (also
     written to OUT/results.json). `out_dir` must be new or empty."""
-    from workbench.bench.vs_llama import _load, prepare_out_dir, workbench_command
+    from workbench.bench.race import Race, prepare_out_dir, workbench_command
     from workbench.core import checks
-    from workbench.export import llama_tools as lt
     from workbench.export.mlx_check import check_float_model, check_mlx, folder_bytes
     from workbench.formats.loaders import open_model
     checks.check_int("ctx", ctx, checks.MIN_CTX, checks.MAX_CTX)
@@ -106,36 +103,20 @@ def bench_mlx(model, calib, held_out, out_dir, recipes=DEFAULT_RECIPES, ctx: int
     if dynamic is not None:
         dynamic_calibration(calib)
     out = prepare_out_dir(out_dir)
-    logs = out / "logs"
     qw = workbench_command()
     mlx_lm = [sys.executable, "-m", "mlx_lm"]
     extra = list(workbench_args or [])
     names = [*recipes, *([f"dynamic-{dynamic:g}"] if dynamic is not None else [])]
     n_steps = 4 * len(names) + gguf    # (convert), mlx-lm, allocate, export, 2 judged
-    state = {"step": 0}
-
-    def step(cmd, log_name, label):
-        state["step"] += 1
-        tag = f"[{state['step']}/{n_steps}] {label}"
-        yield Progress(state["step"] - 1, n_steps, tag)
-        try:
-            rc, dt = yield from lt.run_child(cmd, logs / log_name, tag, timeout, None)
-        except WorkbenchError as exc:
-            raise WorkbenchError(exc.problem.replace(tag, label)) from None
-        if rc != 0:
-            raise WorkbenchError(f"{label} failed (exit status {rc}): "
-                                 f"{lt.log_tail(logs / log_name)} (log: {logs / log_name})")
-        return round(dt, 1)
-
     res = {"model": str(model), "calib": str(calib), "held_out": str(held_out), "ctx": ctx,
            "chunks_limit": chunks, "mlx_chunks": mlx_chunks, "mlx_ctx": mlx_ctx,
            "recipes": names,
-           "workbench_args": extra, "out_dir": str(out), "workbench": qw, "rows": [],
-           "load_before": _load()}
+           "workbench_args": extra, "out_dir": str(out), "workbench": qw}
+    race = Race(out, n_steps, timeout, res)
+    save = race.save
 
-    def save():
-        from workbench.core.atomic import write_text_atomic
-        write_text_atomic(out / "results.json", json.dumps(res, indent=1) + "\n")
+    def step(cmd, log_name, label):
+        return round((yield from race.step(cmd, log_name, label)), 1)
 
     if gguf:
         hf = out / "float-hf"
@@ -169,52 +150,31 @@ def bench_mlx(model, calib, held_out, out_dir, recipes=DEFAULT_RECIPES, ctx: int
         row = {"label": f"workbench at {name}'s bytes", "recipe": name, "kind": "workbench",
                "folder": folder.name, "plan": plan.name}
         res["rows"].append(row)
-        try:
-            row["allocate_s"] = yield from step(
-                [*qw, "allocate", model, "--target", "mlx", "--budget-of", base, "--calib",
-                 calib, "-o", plan, *extra], f"allocate-{name}.log",
-                f"allocate at {name}'s bytes")
-            row["export_s"] = yield from step(
-                [*qw, "export", model, "--plan", plan, "--format", "mlx", "-o", folder],
-                f"export-{name}.log", f"export the {name}-sized plan")
-        except WorkbenchError as exc:
-            row["error"] = exc.problem
-            state["step"] += 1 if "allocate_s" in row else 2
-            save()
+        if not (yield from race.allocate_export(
+                row, name, [*qw, "allocate", model, "--target", "mlx", "--budget-of", base,
+                            "--calib", calib, "-o", plan, *extra],
+                [*qw, "export", model, "--plan", plan, "--format", "mlx", "-o", folder])):
             continue
         row["bytes"] = folder_bytes(folder)
         row["wall_s"] = round(row["allocate_s"] + row["export_s"], 1)
         save()
     # (c) the judge
-    for row in res["rows"]:
-        state["step"] += 1
-        if "error" in row:
-            continue
-        tag = f"[{state['step']}/{n_steps}] judge {row['label']}"
-        yield Progress(state["step"] - 1, n_steps, tag)
+    def score(row, tag):
         r = yield from check_mlx(float_model, None, held_out, ctx, chunks=chunks,
                                  folder=out / row["folder"], mlx_chunks=mlx_chunks,
                                  mlx_ctx=mlx_ctx)
         row["kld"] = r["kld"]
         row["mlx"] = r["mlx"]
         row["judge_s"] = r["seconds"]
-        save()
-    first = next((r["kld"] for r in res["rows"] if "kld" in r), {})
-    res.update({"tokens": first.get("tokens"), "chunks": first.get("chunks"),
-                "load_after": _load()})
-    save()
-    yield Progress(n_steps, n_steps, "done")
-    return res
 
-
-def _f(v, fmt):
-    return "—" if v is None else format(v, fmt)
+    yield from race.judge(lambda row: f"judge {row['label']}", score)
+    return (yield from race.finish())
 
 
 def table(res: dict) -> str:
     """One table: folder, bytes, mean / 99.9 % KLD, same top-1 %, PPL ratio (torch, the whole
     held-out text), mlx-lm's own mean KLD and top-1 on its chunks, wall time."""
-    from workbench.bench.vs_llama import _fmt_load
+    from workbench.bench.race import fmt, fmt_load
     conv = res.get("convert")
     name = Path(conv["source"]).name + " (convert --off-grid)" if conv else Path(res["model"]).name
     rows = res["rows"]
@@ -222,7 +182,7 @@ def table(res: dict) -> str:
     lines = [f"{name}: held-out {Path(res['held_out']).name} ({res.get('tokens')} tokens scored "
              f"in {res.get('chunks')} chunks of {res['ctx']}), calibration "
              f"{Path(res['calib']).name}, {os.cpu_count()} cores, load "
-             f"{_fmt_load(res.get('load_before'))} before, {_fmt_load(res.get('load_after'))} "
+             f"{fmt_load(res.get('load_before'))} before, {fmt_load(res.get('load_after'))} "
              "after",
              "",
              "| folder | bytes | mean KLD | 99.9% KLD | top-1 % | PPL ratio | mlx-lm mean KLD "
@@ -234,12 +194,12 @@ def table(res: dict) -> str:
         if r["kind"] == "workbench" and "error" not in r:
             wall = f"{r['wall_s']:.1f} ({r['allocate_s']:.1f} + {r['export_s']:.1f})"
         else:
-            wall = _f(r.get("wall_s"), ".1f")
+            wall = fmt(r.get("wall_s"), ".1f")
         label = r["label"] + (f" ({r['error']})" if "error" in r else "")
-        lines.append(f"| {label} | {_f(r.get('bytes'), ',')} | {_f(k.get('mean'), '.4f')} | "
-                     f"{_f(k.get('p999'), '.3f')} | {_f(k.get('same_top1'), '.1f')} | "
-                     f"{_f(k.get('ppl_ratio'), '.3f')} | {_f(m.get('mean'), '.4f')} | "
-                     f"{_f(m.get('same_top1'), '.1f')} | {wall} |")
+        lines.append(f"| {label} | {fmt(r.get('bytes'), ',')} | {fmt(k.get('mean'), '.4f')} | "
+                     f"{fmt(k.get('p999'), '.3f')} | {fmt(k.get('same_top1'), '.1f')} | "
+                     f"{fmt(k.get('ppl_ratio'), '.3f')} | {fmt(m.get('mean'), '.4f')} | "
+                     f"{fmt(m.get('same_top1'), '.1f')} | {wall} |")
     notes = ["", "mean / 99.9% KLD, top-1, PPL ratio: each folder's tensors dequantized as "
              "mx.dequantize does, run in torch over the held-out text; mlx-lm columns: "
              "mlx_lm.load and its own forward"]

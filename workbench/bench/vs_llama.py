@@ -21,31 +21,15 @@ each tool's log (logs/) and results.json.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shlex
-import sys
 from pathlib import Path
 
 from workbench.export import llama_kld as lk
 from workbench.core.errors import WorkbenchError
-from workbench.core.progress import Progress
+from workbench.bench.race import Race, fmt, fmt_load, prepare_out_dir, workbench_command
 
 DEFAULT_TYPES = ("Q4_K_M", "Q3_K_M", "IQ4_NL")
-
-
-def workbench_command() -> list[str]:
-    """The installed ``quant-workbench`` (beside this Python, else on PATH), else this Python
-    running the domain CLI."""
-    import shutil
-    here = Path(sys.executable).parent / "quant-workbench"
-    if here.is_file():
-        return [str(here)]
-    found = shutil.which("quant-workbench")
-    if found:
-        return [found]
-    return [sys.executable, "-c", "import sys; from workbench.cli import main; sys.exit(main())"]
 
 
 def parse_types(text: str) -> list[str]:
@@ -55,27 +39,6 @@ def parse_types(text: str) -> list[str]:
         raise WorkbenchError(f"--types {text!r}: expected llama-quantize type names separated by "
                              "commas (e.g. Q4_K_M,Q3_K_M,IQ4_NL)")
     return list(dict.fromkeys(types))
-
-
-def prepare_out_dir(path) -> Path:
-    """The output folder: created, or an existing empty one; an existing non-empty folder (or a
-    file) is refused, nothing written."""
-    out = Path(path)
-    if out.exists():
-        if not out.is_dir():
-            raise WorkbenchError("exists and is not a folder: choose a new output folder",
-                                 path=str(out))
-        if any(out.iterdir()):
-            raise WorkbenchError("the output folder is not empty: choose a new or empty one "
-                                 "(nothing was written)", path=str(out))
-    else:
-        try:
-            out.mkdir(parents=True)
-        except OSError as exc:
-            raise WorkbenchError(f"cannot create the output folder ({exc.strerror})",
-                                 path=str(out)) from None
-    (out / "logs").mkdir(exist_ok=True)
-    return out
 
 
 def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk.DEFAULT_CTX,
@@ -104,41 +67,17 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
             raise WorkbenchError(f"no {tool} in {bin_dir}: build the tools with "
                                  "`bash .ci/llama-cpp`")
     out = prepare_out_dir(out_dir)
-    logs = out / "logs"
     qw = workbench_command()
     env = lk.tool_env(bin_dir)
     extra = list(workbench_args or [])
     n_steps = 4 + 5 * len(types)      # f16, imatrix, base, f16 KLD + per type: quantize,
     #                                   allocate, export, 2 KLD
-    state = {"step": 0}
-
-    cpu: dict[str, float] = {}
-
-    def step(cmd, log_name, label, tool_env=None, status=None):
-        state["step"] += 1
-        tag = f"[{state['step']}/{n_steps}] {label}"
-        yield Progress(state["step"] - 1, n_steps, tag)
-        usage: dict = {}
-        try:
-            rc, dt = yield from lk.run_child(cmd, logs / log_name, tag, timeout, tool_env,
-                                             status=status, usage=usage)
-        except WorkbenchError as exc:       # (a timeout) named without the [i/N] tag
-            raise WorkbenchError(exc.problem.replace(tag, label)) from None
-        cpu[log_name] = usage["cpu_s"]
-        if rc != 0:
-            raise WorkbenchError(f"{label} failed (exit status {rc}): "
-                                 f"{lk.log_tail(logs / log_name)} "
-                                 f"(log: {logs / log_name})")
-        return dt
-
     res = {"model": str(model), "calib": str(calib), "held_out": str(held_out), "ctx": ctx,
            "chunks_limit": chunks, "threads": threads, "types": list(types),
            "workbench_args": extra, "out_dir": str(out), "llama_bin": str(bin_dir),
-           "workbench": qw, "rows": [], "load_before": _load()}
-
-    def save():
-        from workbench.core.atomic import write_text_atomic
-        write_text_atomic(out / "results.json", json.dumps(res, indent=1) + "\n")
+           "workbench": qw}
+    race = Race(out, n_steps, timeout, res)
+    step, save, cpu, logs = race.step, race.save, race.cpu, race.logs
 
     # (a) llama.cpp's pipeline
     f16 = out / "float-f16.gguf"
@@ -170,22 +109,10 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
         row = {"label": f"workbench at {ty}'s bytes", "type": ty, "kind": "workbench",
                "file": q.name, "plan": plan.name}
         res["rows"].append(row)
-        try:
-            row["allocate_s"] = yield from step(
-                [*qw, "allocate", model, "--budget-of", llama_files[ty], "--calib", calib,
-                 "-o", plan, *extra], f"allocate-{ty}.log", f"allocate at {ty}'s bytes")
-        except WorkbenchError as exc:
-            row["error"] = f"allocate: {exc.problem}"
-            state["step"] += 1                       # no export
-            save()
-            continue
-        try:
-            row["export_s"] = yield from step(
-                [*qw, "export", model, "--plan", plan, "--format", "gguf", "-o", q],
-                f"export-{ty}.log", f"export the {ty}-sized plan")
-        except WorkbenchError as exc:
-            row["error"] = f"export: {exc.problem}"
-            save()
+        if not (yield from race.allocate_export(
+                row, ty, [*qw, "allocate", model, "--budget-of", llama_files[ty], "--calib",
+                          calib, "-o", plan, *extra],
+                [*qw, "export", model, "--plan", plan, "--format", "gguf", "-o", q])):
             continue
         row["bytes"] = q.stat().st_size
         row["wall_s"] = row["allocate_s"] + row["export_s"]
@@ -196,29 +123,23 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
         save()
 
     # (c) the judge: llama-perplexity KLD on the held-out text
-    state["step"] += 1
-    tag = f"[{state['step']}/{n_steps}] llama-perplexity base logits (F16, held-out text)"
-    yield Progress(state["step"] - 1, n_steps, tag)
+    tag, ev = race.begin("llama-perplexity base logits (F16, held-out text)")
+    yield ev
     base = yield from lk.base_logits(f16, held_out, ctx, chunks=chunks, threads=threads,
                                      out_path=out / "base.kld", log=logs / "base.log",
                                      timeout=timeout, label=tag)
     res["base"] = {"file": "base.kld", "bytes": base["path"].stat().st_size,
                    "ppl_base": base["ppl_base"], "seconds": base["seconds"]}
-    state["step"] += 1
-    tag = f"[{state['step']}/{n_steps}] KLD of the F16 file against itself (the floor)"
-    yield Progress(state["step"] - 1, n_steps, tag)
+    tag, ev = race.begin("KLD of the F16 file against itself (the floor)")
+    yield ev
     k = yield from lk.score(f16, base["path"], ctx, threads=threads, log=logs / "kld-f16.log",
                             timeout=timeout, label=tag)
     res["f16"]["kld_s"] = k.pop("seconds")
     k.pop("bytes")
     res["f16"]["kld"] = k
     save()
-    for row in res["rows"]:
-        state["step"] += 1
-        if "error" in row:
-            continue
-        tag = f"[{state['step']}/{n_steps}] KLD {row['label']}"
-        yield Progress(state["step"] - 1, n_steps, tag)
+
+    def score(row, tag):
         try:
             k = yield from lk.score(out / row["file"], base["path"], ctx, threads=threads,
                                     log=logs / f"kld-{Path(row['file']).stem}.log",
@@ -227,34 +148,13 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
             if row["kind"] != "workbench":
                 raise
             row["error"] = f"llama-perplexity: {exc.problem}"
-            save()
-            continue
+            return
         row["kld_s"] = k.pop("seconds")
         k.pop("bytes")
         row["kld"] = k
-        save()
-    first = next((r["kld"] for r in res["rows"] if "kld" in r), {})
-    res.update({"tokens": first.get("tokens"), "chunks": first.get("chunks"),
-                "load_after": _load()})
-    save()
-    yield Progress(n_steps, n_steps, "done")
-    return res
 
-
-def _load() -> list[float] | None:
-    """The 1-, 5- and 15-minute load averages (wall times depend on them)."""
-    try:
-        return [round(x, 1) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def _fmt_load(v) -> str:
-    return " / ".join(f"{x:.1f}" for x in v) if v else "?"
-
-
-def _f(v, fmt):
-    return "—" if v is None else format(v, fmt)
+    yield from race.judge(lambda row: f"KLD {row['label']}", score)
+    return (yield from race.finish())
 
 
 def table(res: dict) -> str:
@@ -263,8 +163,8 @@ def table(res: dict) -> str:
     lines = [f"{name}: held-out {Path(res['held_out']).name} ({res.get('tokens')} tokens scored "
              f"in {res.get('chunks')} chunks of {res['ctx']}), calibration "
              f"{Path(res['calib']).name}, llama.cpp tools on {res['threads']} threads, "
-             f"{os.cpu_count()} cores, load {_fmt_load(res.get('load_before'))} before, "
-             f"{_fmt_load(res.get('load_after'))} after",
+             f"{os.cpu_count()} cores, load {fmt_load(res.get('load_before'))} before, "
+             f"{fmt_load(res.get('load_after'))} after",
              "",
              "| file | bytes | mean KLD | 99.9% KLD | top-1 % | PPL ratio | wall s | CPU s "
              "| × wall | × CPU |",
@@ -278,29 +178,21 @@ def table(res: dict) -> str:
         if r["kind"] == "llama.cpp":
             wall = f"{r['wall_s']:.1f} ({r['imatrix_s']:.1f} + {r['quantize_s']:.1f})"
         elif "error" in r or r["kind"] == "f16":
-            wall = _f(r.get("wall_s"), ".1f")
+            wall = fmt(r.get("wall_s"), ".1f")
         else:
             wall = f"{r['wall_s']:.1f} ({r['allocate_s']:.1f} + {r['export_s']:.1f})"
-        ratio = _f(r.get("time_ratio"), ".1f") + ("×" if r.get("time_ratio") else "")
-        cratio = _f(r.get("cpu_ratio"), ".1f") + ("×" if r.get("cpu_ratio") else "")
+        ratio = fmt(r.get("time_ratio"), ".1f") + ("×" if r.get("time_ratio") else "")
+        cratio = fmt(r.get("cpu_ratio"), ".1f") + ("×" if r.get("cpu_ratio") else "")
         label = r["label"] + (f" ({r['error']})" if "error" in r else "")
-        lines.append(f"| {label} | {_f(r.get('bytes'), ',')} | {_f(k.get('mean'), '.4f')} | "
-                     f"{_f(k.get('p999'), '.3f')} | {_f(top, '.1f')} | "
-                     f"{_f(k.get('ppl_ratio'), '.3f')} | {wall} | {_f(r.get('cpu_s'), '.1f')} | "
+        lines.append(f"| {label} | {fmt(r.get('bytes'), ',')} | {fmt(k.get('mean'), '.4f')} | "
+                     f"{fmt(k.get('p999'), '.3f')} | {fmt(top, '.1f')} | "
+                     f"{fmt(k.get('ppl_ratio'), '.3f')} | {wall} | {fmt(r.get('cpu_s'), '.1f')} | "
                      + (f"{ratio} | {cratio} |" if r["kind"] == "workbench" else " | |"))
     lines += ["", "wall s: llama.cpp = llama-imatrix + llama-quantize; workbench = allocate + "
               "export; CPU s: the same steps' user + system CPU time; × = workbench / "
               "llama.cpp. PPL ratio as llama-perplexity prints it: "
               "PPL(base) comes from its stored log-probabilities, clipped 16 nats below each "
               "token's top logit, so the F16 row shows the ratio's floor (the F16 run's own "
-              f"PPL: {_f((res.get('base') or {}).get('ppl_base'), '.4f')}). "
+              f"PPL: {fmt((res.get('base') or {}).get('ppl_base'), '.4f')}). "
               f"Files and logs: {res['out_dir']}"]
     return "\n".join(lines)
-
-
-def split_args(text: str | None) -> list[str]:
-    try:
-        return shlex.split(text or "")
-    except ValueError as exc:
-        raise WorkbenchError(f"--workbench-args {text!r}: {exc}") from None
-

@@ -25,14 +25,18 @@ class Exporter:
     #: what the output path names: "file", or "folder" (written whole; an existing non-empty
     #: folder is replaced only with overwrite)
     kind: str = "file"
+    #: writes the plan's static activation ranges (export's `activations`); a format that
+    #: does not is refused them, not handed ranges it would drop
+    activations: bool = False
 
 
 EXPORTERS: dict[str, Exporter] = {}
 
 
-def register_exporter(name: str, suffix: str, description: str, kind: str = "file"):
+def register_exporter(name: str, suffix: str, description: str, kind: str = "file",
+                      activations: bool = False):
     def deco(func):
-        EXPORTERS[name] = Exporter(name, func, suffix, description, kind)
+        EXPORTERS[name] = Exporter(name, func, suffix, description, kind, activations)
         return func
     return deco
 

@@ -197,7 +197,7 @@ def _moe_conflicts(decisions: dict) -> list[str]:
     return problems
 
 
-@register_exporter("compressed-tensors", "", kind="folder", description=
+@register_exporter("compressed-tensors", "", kind="folder", activations=True, description=
                    "a Hugging Face folder for vLLM (compressed-tensors: int4/int8 channel or "
                    "group, symmetric or asymmetric, fp8-e4m3 channel or 128x128 block, "
                    "nvfp4-g16, mxfp4-g32)")

@@ -49,11 +49,10 @@ CACHE_VERSION = 1
 
 
 def folder_bytes(folder) -> int:
-    """The bytes of an mlx-lm folder's safetensors files (what --budget-of counts)."""
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise WorkbenchError("no .safetensors files: not an mlx-lm folder", path=str(folder))
-    return sum(f.stat().st_size for f in files)
+    """The bytes of an mlx-lm folder's safetensors files (what --budget-of counts: those its
+    model is read from, formats.loaders.weight_files)."""
+    from workbench.formats.loaders import weight_files
+    return sum(f.stat().st_size for f in weight_files(folder))
 
 
 def check_folder(folder) -> Path:

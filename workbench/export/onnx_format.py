@@ -243,7 +243,7 @@ def _quantize(w, scheme_name, name):
     return quantize(w, scheme_name, tensor=name)
 
 
-@register_exporter("onnx", ".onnx",
+@register_exporter("onnx", ".onnx", activations=True, description=
                    "ONNX Runtime: the traced network, the plan's int2/int4/int8 and q4_0/q4_1/"
                    "q8_0 Linears as com.microsoft.MatMulNBits (W8A8 with --activations)")
 def export_onnx(model, plan, out_path, strict: bool = False,

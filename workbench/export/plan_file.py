@@ -6,7 +6,8 @@ from workbench.core.progress import Progress
 from workbench.export import register_exporter
 
 
-@register_exporter("plan", ".json", "the mixed-precision plan (versioned JSON)")
+@register_exporter("plan", ".json", "the mixed-precision plan (versioned JSON)",
+                   activations=True)
 def export_plan(model, plan, out_path):
     yield Progress(0, 1, "writing plan")
     plan.save(out_path)

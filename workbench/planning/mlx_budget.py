@@ -12,13 +12,18 @@ from workbench.core.errors import WorkbenchError
 
 
 def folder_files(folder) -> list[Path]:
-    """The .safetensors files of an mlx-lm folder (config.json with mlx's quantization)."""
+    """The .safetensors files of an mlx-lm folder (config.json with mlx's quantization) that
+    its model is read from."""
+    from workbench.formats.loaders import weight_files
     from workbench.formats.loaders.mlx_format import mlx_quantization
     p = Path(folder)
     if mlx_quantization(p) is None:
         raise WorkbenchError("--budget-of: a folder is an mlx-lm folder's budget, but its "
                              "config.json has no mlx \"quantization\" object", path=str(p))
-    files = sorted(f for f in p.glob("*.safetensors") if f.is_file())
+    try:
+        files = weight_files(p)      # the index's shards (checked), else the folder's files
+    except WorkbenchError as exc:
+        raise WorkbenchError(f"--budget-of: {exc.problem}", path=exc.path or str(p)) from None
     if not files:
         raise WorkbenchError("--budget-of: an mlx-lm folder with no .safetensors files",
                              path=str(p))

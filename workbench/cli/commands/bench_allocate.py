@@ -28,28 +28,18 @@ def register(sub) -> None:
                    help="a float Hugging Face folder: time the default allocate + export against "
                         "llama-imatrix + llama-quantize and judge every file with "
                         "llama-perplexity --kl-divergence")
-    g.add_argument("--calib", default=None, metavar="FILE",
-                   help="calibration text for llama-imatrix and allocate (default: "
-                        "resources/calibration.txt)")
-    g.add_argument("--held-out", default=None, metavar="FILE",
-                   help="the text KLD is measured on; required, and not the calibration text")
+    race_inputs(g, "llama-imatrix and allocate", "the text KLD is measured on; required, "
+                "and not the calibration text")
     g.add_argument("--types", default="Q4_K_M,Q3_K_M,IQ4_NL",
                    help="llama-quantize types made with the imatrix; the workbench allocates at "
                         "each one's file size (default Q4_K_M,Q3_K_M,IQ4_NL)")
     g.add_argument("--ctx", type=int, default=512, help="llama-imatrix / llama-perplexity "
                    "context (default 512)")
-    g.add_argument("--chunks", type=int, default=None,
-                   help="score at most N chunks of the held-out text (default: all)")
     g.add_argument("--threads", type=int, default=2,
                    help="threads of the llama.cpp tools (default 2)")
-    g.add_argument("--timeout", type=float, default=3600.0, metavar="S",
-                   help="stop any one step after S seconds (default 3600); a workbench step "
-                        "stopped is reported in its row")
-    g.add_argument("--workbench-args", default="", metavar="\"ARGS\"",
-                   help="more allocate options, one quoted string (e.g. \"--methods rtn\")")
-    g.add_argument("-o", "--output", default=None, metavar="DIR",
-                   help="a new (or empty) folder keeping every file and log (default: "
-                        "./vs-llama-NAME-TIME)")
+    race_options(g, 3600.0, "; a workbench step stopped is reported in its row",
+                 "more allocate options, one quoted string (e.g. \"--methods rtn\")",
+                 "every file and log", "./vs-llama-NAME-TIME")
     p.set_defaults(func=run)
 
 
@@ -75,20 +65,13 @@ def run(args) -> int:
 
 
 def run_vs_llama(args) -> int:
-    import time
-    from pathlib import Path
-
-    from workbench.bench.vs_llama import parse_types, split_args, table, vs_llama
+    from workbench.bench.vs_llama import parse_types, table, vs_llama
     from workbench.core.errors import WorkbenchError
     if not args.held_out:
         raise WorkbenchError("--vs-llama needs --held-out FILE: a text the calibration never "
                              "saw, a few thousand tokens long")
     types = parse_types(args.types)
-    extra = split_args(args.workbench_args)
-    calib = args.calib or str(Path(__file__).resolve().parents[3] / "resources" /
-                              "calibration.txt")
-    out = args.output or f"vs-llama-{Path(args.vs_llama).resolve().name}-" \
-                         f"{time.strftime('%Y%m%d-%H%M%S')}"
+    calib, out, extra = race_paths(args, "vs-llama", args.vs_llama)
     job = vs_llama(args.vs_llama, calib, args.held_out, out, types, ctx=args.ctx,
                    chunks=args.chunks, threads=args.threads, workbench_args=extra,
                    timeout=args.timeout)
@@ -98,6 +81,39 @@ def run_vs_llama(args) -> int:
     else:
         print(table(res))
     return 0
+
+
+def race_inputs(g, calib_for: str, held_out_help: str) -> None:
+    """--calib and --held-out, as the races (--vs-llama, bench-mlx) take them."""
+    g.add_argument("--calib", default=None, metavar="FILE",
+                   help=f"calibration text for {calib_for} (default: resources/calibration.txt)")
+    g.add_argument("--held-out", default=None, metavar="FILE", help=held_out_help)
+
+
+def race_options(g, timeout: float, timeout_note: str, args_help: str, keeps: str,
+                 default_out: str) -> None:
+    """--chunks, --timeout, --workbench-args and -o, as the races take them."""
+    g.add_argument("--chunks", type=int, default=None,
+                   help="score at most N chunks of the held-out text (default: all)")
+    g.add_argument("--timeout", type=float, default=timeout, metavar="S",
+                   help=f"stop any one step after S seconds (default {timeout:g}){timeout_note}")
+    g.add_argument("--workbench-args", default="", metavar="\"ARGS\"", help=args_help)
+    g.add_argument("-o", "--output", default=None, metavar="DIR",
+                   help=f"a new (or empty) folder keeping {keeps} (default: {default_out})")
+
+
+def race_paths(args, prefix: str, model) -> tuple[str, str, list[str]]:
+    """A race's calibration text (default resources/calibration.txt), output folder (default
+    ./PREFIX-NAME-TIME) and allocate's extra arguments."""
+    import time
+    from pathlib import Path
+
+    from workbench.bench.race import split_args
+    calib = args.calib or str(Path(__file__).resolve().parents[3] / "resources" /
+                              "calibration.txt")
+    out = args.output or f"{prefix}-{Path(model).resolve().name}-" \
+                         f"{time.strftime('%Y%m%d-%H%M%S')}"
+    return calib, out, split_args(args.workbench_args)
 
 
 def drive_lines(job, every: float = 10.0, stream=None):

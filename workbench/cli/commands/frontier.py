@@ -34,16 +34,12 @@ def register(sub) -> None:
 def run(args) -> int:
     from workbench import api
     from workbench.cli.common import drive, executor_of
-    schemes = api.parse_schemes(args.schemes, args.target)
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-    if recipes:
-        from workbench.planning.frontier import recipe_types
-        recipe_types(recipes)            # an unknown recipe is refused before the model opens
     model = open_model_arg(args)
     f = api.compute_frontier(model, from_bpw=args.from_bpw, to_bpw=args.to_bpw,
                              points=args.points, recipes=recipes, check=args.check,
                              check_samples=args.check_samples, held_out=args.held_out,
-                             schemes=schemes, measure=args.measure, calib=args.calib,
+                             schemes=args.schemes, measure=args.measure, calib=args.calib,
                              imatrix=args.imatrix, samples=args.samples, target=args.target,
                              executor=executor_of(args), use_cache=not args.no_cache,
                              driver=lambda job: drive(job, quiet=args.json), say=say)
@@ -57,7 +53,7 @@ def run(args) -> int:
         print_json({"measure": table.measure, "measure_reason": table.measure_reason,
                     "predicted_unit": unit,
                     "target": table.runtime, "params": table.params,
-                    "schemes": schemes, "seconds": secs,
+                    "schemes": f.schemes, "seconds": secs,
                     "points": [p.to_dict(with_assignment=True) for p in points]})
         return 0
     print(f"frontier: {table.measure} measure, target {table.runtime}, {len(table.names)} tensors; "

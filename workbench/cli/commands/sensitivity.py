@@ -100,6 +100,7 @@ def run_correlate(args, model, schemes) -> int:
         t0 = time.perf_counter()
         tables[m] = table_from_args(args, model, schemes, quiet=args.json)
         secs[m] = time.perf_counter() - t0
+    schemes = tables[reference].schemes
     rho = {s: {m: rank_agreement(tables[m], tables[reference], s) for m in preds}
            for s in schemes}
     n = {}
@@ -122,14 +123,13 @@ def run_correlate(args, model, schemes) -> int:
 
 def run(args) -> int:
     import time
-    from workbench.api import parse_schemes
-    schemes = parse_schemes(args.schemes)
     model = open_model_arg(args)
     if args.correlate:
-        return run_correlate(args, model, schemes)
+        return run_correlate(args, model, args.schemes)
     t0 = time.perf_counter()
-    table = table_from_args(args, model, schemes, quiet=args.json)
+    table = table_from_args(args, model, args.schemes, quiet=args.json)
     secs = time.perf_counter() - t0
+    schemes = table.schemes
     if args.json:
         d = table.to_dict()
         d["seconds"] = secs

@@ -108,3 +108,12 @@ def open_model(path: str | os.PathLike) -> Model:
     elif p.name.endswith(".index.json"):
         return open_torch_shards(p)
     return open_torch(p)
+
+
+def weight_files(folder) -> list[Path]:
+    """The .safetensors files a folder's model is read from, as the loader reads them: those
+    its model.safetensors.index.json lists (inside the folder; a subfolder's included), else the
+    folder's own; a stray file the index does not list is not part of it. What --budget-of an
+    mlx-lm folder counts."""
+    from workbench.formats.loaders.safetensors_format import _shard_files
+    return _shard_files(Path(folder))
