@@ -126,6 +126,16 @@ def test_auto_methods_by_measure_and_model_kind():
     assert default_methods("fisher", True, "causal-lm") == ["rtn"]
     assert default_methods("weight", True, "encoder") == ["rtn"]
     assert default_methods("fisher", False, "encoder") == ["rtn"]
+    # the mlx target: its rtn is mlx's min-max rounding, which the methods cut on a causal LM
+    assert default_methods("fisher", True, "causal-lm", "mlx") == ["rtn", "imatrix"]
+    assert default_methods("fisher", True, "encoder", "mlx") == list(DEFAULT_METHODS)
+    assert default_methods("fisher", True, "causal-lm", "llama.cpp") == ["rtn"]
+    assert default_methods("weight", True, "causal-lm", "mlx") == ["rtn"]
+
+
+def test_mlx_schemes_are_row_local():
+    from workbench.planning.allocate_methods import row_local
+    assert row_local("mlx-q3-g64") and row_local("mlx-nvfp4@bf16")
 
 
 def test_parse_methods():
@@ -244,7 +254,7 @@ def test_methods_are_weighed_again_where_the_solution_moves(monkeypatch):
     calls = []
 
     def fake_pairs(model, table, methods, calib=None, rw=None, target="any", only=None,
-                   stats=None, want_h=None):
+                   stats=None, want_h=None, diagonal=False):
         calls.append((tuple(methods), None if only is None else
                       {n: set(v) for n, v in only.items()}))
         yield from ()
@@ -274,3 +284,18 @@ def test_methods_are_weighed_again_where_the_solution_moves(monkeypatch):
     assert calls[2] == (("rtn", "imatrix", "gptq"), {"a": {"q8_0"}})
     assert len(calls) == 3 and res["near_pairs"] == 5
     assert solve(t) == {"a": "q8_0", "b": "q4_0"}
+
+
+def test_diagonal_held_out_error_is_the_full_one_with_a_diagonal_c():
+    """The mlx target's methods without gptq are judged on the held-out fold's E[x²] alone
+    (`method_pairs(diagonal=True)`: no Hessian passes): Σ_i a_i Σ_j ΔW_ij² d_j, the full
+    error with C = diag(d)."""
+    from workbench.planning.allocate_methods import held_c
+    rng = np.random.default_rng(5)
+    dw = rng.standard_normal((7, 12)).astype(np.float32)
+    d = rng.random(12) + 0.1
+    a = rng.random(7)
+    full = output_error(dw, np.diag(d).astype(np.float32), a)
+    assert output_error(dw, d, a) == pytest.approx(full, rel=1e-6)
+    assert output_error(dw, d, None) == pytest.approx(float((dw.astype(np.float64) ** 2 @ d).sum()))
+    np.testing.assert_array_equal(held_c(LayerStats.from_imatrix(d)), d)

@@ -466,7 +466,8 @@ def allocate_plan(model: "Model", budget: Budget, *, schemes: str | Sequence[str
         names = budget_candidates(model, names, budget, target, pins, say)
     if estimate and say is not None and table is None:
         drive = _said_first(drive, say, _cost_lines(model, names, measure, calib, imatrix,
-                                                    samples, methods, busy=notes))
+                                                    samples, methods, busy=notes,
+                                                    target=target))
     budgets.prefetch_file(model, budget) if table is None else None   # while the pass runs
     t0 = time.perf_counter()
     if table is None:

@@ -63,14 +63,14 @@ def _fit_for_later(model, plan, calib, imatrix, target, drive, say) -> None:
 
 
 def _cost_lines(model, names, measure, calib, imatrix, samples, methods,
-                busy: bool) -> list[str]:
+                busy: bool, target: str = "any") -> list[str]:
     """allocate's lines on what the allocation will cost (workbench.planning.allocate_cost),
     with `busy` the line that corrects the estimate for a busy machine (a progress line)."""
     from workbench.api import resolve_measure
     from workbench.planning.allocate_cost import allocation_cost, busy_line, lines, machine_load
     choice = resolve_measure(model, measure, calib, imatrix, samples)
     now, faster = allocation_cost(model, names, choice.measure, choice.samples, methods, calib,
-                                  imatrix)
+                                  imatrix, target=target)
     out = lines(now, faster)
     late = busy_line(now, machine_load()) if busy else None
     return [f"allocate: {line}" for line in out + ([late] if late else [])]

@@ -127,7 +127,8 @@ def count_samples(calib=None) -> int | None:
 
 
 def allocation_cost(model, schemes: list[str], measure: str, samples: int | None,
-                    methods_text: str, calib=None, imatrix=None) -> tuple[Cost, list]:
+                    methods_text: str, calib=None, imatrix=None,
+                    target: str = "any") -> tuple[Cost, list]:
     """(Cost, [(options, Cost)]) of an allocation, and of the faster ones the options make:
     `measure` and `samples` as resolved (workbench.api.resolve_measure), `methods_text` the
     --methods value."""
@@ -139,7 +140,8 @@ def allocation_cost(model, schemes: list[str], measure: str, samples: int | None
     linear = sum(i.numel for i in measured if is_linear(i))
     methods = parse_methods(methods_text)
     if methods is None:
-        methods = default_methods(measure, not imatrix and _runnable(model), _kind(model))
+        methods = default_methods(measure, not imatrix and _runnable(model), _kind(model),
+                                  target)
     total = count_samples(calib) or 64
     n = min(samples, total) if samples else total
     if imatrix and get_measure(measure).takes_imatrix:

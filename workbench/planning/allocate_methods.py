@@ -50,6 +50,11 @@ CHEAP_METHODS = ("rtn",)
 PAIR_METHODS = ("rtn", "imatrix", "gptq")
 #: rounds of weighing the costly methods around the solution of the table so far
 NEAR_ROUNDS = 4
+#: --methods auto on a causal LM for these targets (others: rtn; `default_methods`)
+CAUSAL_LM_METHODS = {"mlx": ("rtn", "imatrix")}
+#: targets whose methods, gptq not among them, are judged on the held-out fold's diagonal
+#: E[x²] rather than its full C (no Hessian passes: `method_pairs`' ``diagonal``)
+DIAGONAL_TARGETS = ("mlx",)
 
 
 def parse_methods(text: str | None) -> list[str] | None:
@@ -70,7 +75,8 @@ def parse_methods(text: str | None) -> list[str] | None:
     return list(dict.fromkeys(["rtn"] + out))
 
 
-def default_methods(measure: str, runnable: bool, kind: str | None = None) -> list[str]:
+def default_methods(measure: str, runnable: bool, kind: str | None = None,
+                    target: str = "any") -> list[str]:
     """--methods auto: rtn, imatrix and gptq (DEFAULT_METHODS) when the measure weighs the
     layer outputs (fisher, activation, output), the model runs on calibration text and is not
     a causal LM; rtn otherwise. The ``weight`` measure scores the weights themselves, where
@@ -79,10 +85,16 @@ def default_methods(measure: str, runnable: bool, kind: str | None = None) -> li
     them (even judged on a held-out fold of them) raised llama.cpp's KL divergence on held-out
     text: SmolLM2-135M at the bytes of llama.cpp's Q4_K_M, 0.0871 with gptq on 173 tensors
     and imatrix on 34 against 0.0635 with rtn (docs/methods.md); `--methods rtn,imatrix,gptq`
-    still weighs them."""
-    if runnable and get_measure(measure).reads_calibration and kind != "causal-lm":
+    still weighs them. The ``mlx`` target weighs rtn and imatrix on a causal LM
+    (CAUSAL_LM_METHODS): its rtn is mlx's min-max rounding (no scale search, unlike llama.cpp's
+    K-quants), which the weighted search cuts far more (SmolLM2-135M, held-out fold, output
+    error against rtn: imatrix 0.29-0.79x, gptq 0.33-1.02x at mlx-q2/q3/q4-g64 and nvfp4 on
+    three layers; docs/methods.md); gptq (its Hessians: minutes a fold) only when asked."""
+    if not (runnable and get_measure(measure).reads_calibration):
+        return ["rtn"]
+    if kind != "causal-lm":
         return list(DEFAULT_METHODS)
-    return ["rtn"]
+    return list(CAUSAL_LM_METHODS.get(target, ("rtn",)))
 
 
 def _kind(model) -> str | None:
@@ -113,12 +125,18 @@ def output_error(dw: np.ndarray, C: np.ndarray, a: np.ndarray | None) -> float:
     allocator passes a float32 C: half the time of float64, about 1e-7 relative), the rest
     in float64."""
     dw = np.asarray(dw)
+    if np.ndim(C) == 1:     # the diagonal of C (E[x²]): Σ_j ΔW_ij² C_jj
+        q = (np.asarray(dw, np.float64) ** 2 @ np.asarray(C, np.float64))
+        return float(q.sum() if a is None else q @ a)
     q = (np.asarray(dw @ C, np.float64) * dw).sum(1)
     return float(q.sum() if a is None else q @ a)
 
 
 def held_c(stats) -> np.ndarray:
-    """C = H / 2 of `stats` as float32, for `output_error`."""
+    """C = H / 2 of `stats` as float32, for `output_error`; statistics without a Hessian give
+    its diagonal E[x²] (1-D)."""
+    if getattr(stats, "H", None) is None:
+        return np.asarray(stats.d, np.float64)
     return (np.asarray(stats.H, np.float64) / 2.0).astype(np.float32)
 
 
@@ -166,7 +184,8 @@ def row_local(scheme) -> bool:
     from workbench.schemes.ggml.common import GGMLScheme
     from workbench.schemes.integer import IntAffine
     sch = get_scheme(scheme)
-    if isinstance(sch, GGMLScheme):
+    from workbench.schemes.mlx import MLXScheme
+    if isinstance(sch, (GGMLScheme, MLXScheme)):    # groups within a row
         return True
     if isinstance(sch, IntAffine):
         return type(sch.gran).__name__ != "PerTensor"
@@ -186,7 +205,7 @@ MIN_FOLD_SAMPLES = 4
 
 def method_pairs(model, table, methods, calib=None, row_weights: dict | None = None,
                  runtime: str = "any", only: dict | None = None, stats=None,
-                 want_h: bool | None = None):
+                 want_h: bool | None = None, diagonal: bool = False):
     """Job: fold the methods into `table` (a SensitivityTable, changed in place): for every
     Linear weight with calibration statistics and every candidate scheme a method supports,
     value(n, s) *= e_best / e_rtn and ``table.methods[(n, s)] = best``. Returns a summary
@@ -202,7 +221,10 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
 
     `only`: {tensor: schemes} to weigh (others keep what an earlier call gave them); `stats`:
     the (fit, held) statistics of an earlier call (returned as ``summary["stats"]``) instead of
-    two new passes; `want_h`: collect the fit fold's Hessians (default: when gptq is weighed).
+    two new passes; `want_h`: collect the fit fold's Hessians (default: when gptq is weighed);
+    `diagonal`: no Hessians at all, the held-out error is the diagonal one, Σ_i a_i Σ_j ΔW_ij²
+    E_held[x_j²] (imatrix's own objective; for methods without gptq, whose compensation only
+    the full C sees: a pass of E[x²] per fold instead of in x in matrices).
     A value is always the measure's rtn value times e_best / e_rtn, whichever call set it."""
     import time
 
@@ -219,7 +241,7 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
     if not hasattr(table, "rtn_values"):
         table.rtn_values = dict(table.values)
     # rtn alone with want_h: only the fold statistics, for a later call to weigh methods on
-    stats_only = methods == ["rtn"] and bool(want_h)
+    stats_only = methods == ["rtn"] and (bool(want_h) or (diagonal and want_h is not None))
     if not [m for m in methods if m != "rtn"] and not stats_only:
         return {"tensors": 0, "pairs": 0}
     t0 = time.perf_counter()
@@ -239,12 +261,12 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
     if only is not None:
         names = [n for n in names if n in only]
     if stats is None:
-        want_h = "gptq" in methods if want_h is None else want_h
+        want_h = ("gptq" in methods if want_h is None else want_h) and not diagonal
         half = 49 if stats_only else 14     # statistics only: they are the whole job
         fit = yield from subjob(collect_stats(model, calib, names=names, want_h=want_h,
                                               keep_rows=0, subset=slice(0, None, 2)), 1,
                                 half + 1, 100)
-        held = yield from subjob(collect_stats(model, calib, names=names, want_h=True,
+        held = yield from subjob(collect_stats(model, calib, names=names, want_h=not diagonal,
                                                keep_rows=0, subset=slice(1, None, 2)),
                                  half + 2, half, 100)
     else:
@@ -255,7 +277,7 @@ def method_pairs(model, table, methods, calib=None, row_weights: dict | None = N
         cols = model.info(n).matrix_shape[1]
         return all(n in st and getattr(st[n], f, None) is not None
                    and np.asarray(getattr(st[n], f)).shape[-1] == cols
-                   for st, f in ((fit, "d"), (held, "H")))
+                   for st, f in ((fit, "d"), (held, "d" if diagonal else "H")))
     todo = [] if stats_only else [n for n in names if usable(n)]
     pairs = 0
     won: dict[str, int] = {}
@@ -394,7 +416,7 @@ def weigh_methods(model, table, methods: str | None = "auto", measure: str = "we
     kind = None
     if auto:
         kind = _kind(model)
-        methods = default_methods(measure, not imatrix and _runnable(model), kind)
+        methods = default_methods(measure, not imatrix and _runnable(model), kind, target)
     if imatrix and len(methods) > 1:
         raise WorkbenchError("--methods other than rtn collect their statistics from the "
                              "calibration text: give --calib (or nothing), not --imatrix",
@@ -416,8 +438,10 @@ def weigh_methods(model, table, methods: str | None = "auto", measure: str = "we
             + ", each fitted on half the calibration samples and judged on the other half")
     rw = row_weights_from_fisher(model, calib, samples) if measure == "fisher" else None
     first = [m for m in methods if m in CHEAP_METHODS] if staged else methods
+    # mlx without gptq: judged on the held-out fold's E[x²] (no Hessians; DIAGONAL_TARGETS)
+    diagonal = target in DIAGONAL_TARGETS and "gptq" not in methods
     res = drive(method_pairs(model, table, first, calib, rw, target,
-                             want_h=True if staged else None))
+                             want_h=(not diagonal) if staged else None, diagonal=diagonal))
     if res.get("note") and not quiet:
         say(f"methods: {res['note']}")
     if staged and "stats" in res:
@@ -431,7 +455,7 @@ def weigh_methods(model, table, methods: str | None = "auto", measure: str = "we
             if not near:
                 break
             more = drive(method_pairs(model, table, methods, calib, rw, target, only=near,
-                                      stats=res["stats"]))
+                                      stats=res["stats"], diagonal=diagonal))
             res["pairs"] += more.get("pairs", 0)
             for n, v in near.items():
                 weighed.setdefault(n, set()).update(v)

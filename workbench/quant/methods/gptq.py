@@ -28,6 +28,9 @@ Computed in float64 (torch). How Q is defined per scheme family:
   quantizer; its decoded values are the q of its columns, and the sequential error updates
   carry the block's rounding error to the later blocks (the block-wise OBS update). Activation
   order is not available here (the blocks are fixed runs of columns).
+* MLX schemes: the same block-wise form over MLX's groups, each group's scale and bias (or
+  scale byte) from the importance-weighted search weighted by diag(H) (methods/mlx_gptq.py);
+  the stored arrays are the groups' own, so the result is in MLX's layout.
 
 Rows are independent given H, so the result of a row subset equals those rows of the result.
 """
@@ -264,9 +267,10 @@ class GPTQ(Method):
     description = "GPTQ: column-wise rounding with inverse-Hessian error compensation"
 
     def supports(self, scheme):
-        if intq.is_int(scheme) or isinstance(scheme, GGMLScheme):
+        from workbench.schemes.mlx import MLXScheme
+        if intq.is_int(scheme) or isinstance(scheme, (GGMLScheme, MLXScheme)):
             return None
-        return f"method gptq supports the integer and GGML schemes, not {scheme.name}"
+        return f"method gptq supports the integer, GGML and MLX schemes, not {scheme.name}"
 
     _factor_cache: tuple | None = None     # ((id of H, damp), weakref to H, (U, dead, hdiag))
 
@@ -337,6 +341,12 @@ class GPTQ(Method):
         if act_order:
             raise WorkbenchError(f"GPTQ act-order is not available for {scheme.name} (its "
                                  "blocks are fixed runs of columns)", tensor=tensor)
+        from workbench.schemes.mlx import MLXScheme
+        if isinstance(scheme, MLXScheme):      # groups by the weighted search (mlx_gptq)
+            from workbench.quant.methods.mlx_gptq import MlxColumns
+            cq = MlxColumns(scheme, rows, cols, hdiag)
+            gptq_columns(W, U, cq, None, block)
+            return cq.result(None, (rows, cols), meta)
         cq = _BlockColumns(scheme, rows, cols)
         gptq_columns(W, U, cq, None, block)
         qt = cq.result(None, (rows, cols), meta)
