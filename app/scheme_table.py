@@ -18,7 +18,8 @@ from workbench.api.plans import KEEP
 from workbench.api.plans import list_schemes
 
 from .commands import schemes_for, unavailable_for
-from .table_model import C_METHOD, C_NAME, C_NOTE, C_SCHEME, NAME_ROLE, SORT_ROLE, SchemeTableModel
+from .table_columns import ColumnFit
+from .table_model import C_METHOD, C_NAME, C_SCHEME, NAME_ROLE, SORT_ROLE, SchemeTableModel
 
 
 def fit_editor(editor, rect) -> None:
@@ -313,8 +314,14 @@ class SchemeTable(QWidget):
         self.view.setColumnWidth(C_METHOD, max(cell.horizontalAdvance("imatrix") + 20,
                                                fm.horizontalAdvance("Method") + 30))
         self.view.setTextElideMode(Qt.TextElideMode.ElideRight)
-        # the name column gives up width (down to NAME_MIN) so that the last column, the Note,
-        # stays in view whole; the viewport's resizes refit it
+        # the name column gives up width (down to NAME_MIN), then the least needed columns are
+        # hidden, so that the table never scrolls sideways (app.table_columns); the viewport's
+        # resizes refit it
+        from .fit_label import FitLabel, never_widens
+        self.hidden_label = never_widens(FitLabel(""))
+        self.hidden_label.setObjectName("Muted")
+        self.columns = ColumnFit(self.view, self.hidden_label, self.NAME_MIN, self.NAME_MAX)
+        self.columns.remember_widths()
         self.view.viewport().installEventFilter(self)
 
         from .scheme_picker import SchemeCombo, fill
@@ -351,7 +358,8 @@ class SchemeTable(QWidget):
         bar.addWidget(self.default_combo)
         bar.addWidget(self.rule_button)
         bar.addWidget(self.rules_button)
-        bar.addStretch(1)
+        bar.addSpacing(8)
+        bar.addWidget(self.hidden_label, 1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 4, 0, 0)
         lay.setSpacing(4)
@@ -389,15 +397,13 @@ class SchemeTable(QWidget):
 
     def fit_columns(self) -> None:
         """Tensor column = what the viewport leaves after the other columns and the Note's
-        header (NAME_MIN..NAME_MAX); the Note, the last section, stretches over the rest."""
-        hdr = self.view.horizontalHeader()
-        others = sum(hdr.sectionSize(c) for c in range(hdr.count())
-                     if c not in (C_NAME, C_NOTE) and not hdr.isSectionHidden(c))
-        note = hdr.fontMetrics().horizontalAdvance(
-            self.model.headerData(C_NOTE, Qt.Orientation.Horizontal)) + 30
-        room = self.view.viewport().width() - others - note
-        hdr.resizeSection(C_NOTE, note)   # its floor when stretched (else the default 100 px)
-        hdr.resizeSection(C_NAME, max(self.NAME_MIN, min(self.NAME_MAX, room)))
+        header (NAME_MIN..NAME_MAX), columns hidden where even that does not fit; the Note,
+        the last section, stretches over the rest."""
+        self.columns.fit()
+
+    def set_column_shown(self, column: int, on: bool) -> None:
+        """Show or hide a column whatever the width (the header's context menu)."""
+        self.columns.set_shown(column, on)
 
     def _sort_requested(self, column: int, order) -> None:
         """The view asked the model itself to sort (a header click): show the sort proxy from
@@ -406,6 +412,7 @@ class SchemeTable(QWidget):
             return
         view, hdr = self.view, self.view.horizontalHeader()
         widths = [view.columnWidth(c) for c in range(self.model.columnCount())]
+        natural = dict(self.columns.natural)
         cur = view.currentIndex()
         cur_row, cur_col = (cur.row(), cur.column()) if cur.isValid() else (None, C_NAME)
         rows = sorted({i.row() for i in view.selectionModel().selectedRows()})
@@ -413,7 +420,10 @@ class SchemeTable(QWidget):
         view.setModel(self.proxy)
         old.deleteLater()
         for c, w in enumerate(widths):
-            view.setColumnWidth(c, w)
+            if w > 0:                    # a hidden column's width reads 0: fit_columns sets it
+                view.setColumnWidth(c, w)
+        self.columns.natural = natural   # the model swap's default widths are not the user's
+        self.fit_columns()
         hdr.blockSignals(True)
         hdr.setSortIndicator(column, order)
         hdr.blockSignals(False)

@@ -39,17 +39,41 @@ def row_order_key(m: np.ndarray) -> np.ndarray:
     return np.where(cnt > 0, tot / np.maximum(cnt, 1), -np.inf)
 
 
+def label_rows(n: int, height: float, label_h: float, y0: float = 0.0,
+               y1: float | None = None) -> list[int]:
+    """The rows 0..n-1 to label on a left axis `height` px tall showing rows y0..y1 (default
+    0..n): every k-th row so that labels `label_h` px tall never overlap, starting at the
+    first row whose centre lies half a label below the top, ending at the last one half a
+    label above the bottom, so that no label sticks out of the plot (the top one sat half off
+    it at 1280×800, clipped by the widget's edge). Each label stays on its own row."""
+    y1 = float(n) if y1 is None else y1
+    if n <= 0 or height <= 0 or y1 <= y0:
+        return []
+    px = height / (y1 - y0)                      # pixels per row
+    step = max(1, int(-(-(label_h + 1) // px)))  # rows per label, rounded up
+    half = label_h / 2.0
+    first = max(0, int(-(-(half / px - 0.5 + y0) // 1)))
+    rows = []
+    i = first
+    while i < n and (i + 0.5 - y0) * px <= height - half:
+        rows.append(i)
+        i += step
+    return rows
+
+
 def _row_labels(plot_item, names, font=None) -> list:
     """Left-axis labels of rows 0..n-1: every row's when they fit the plot's height, else
-    every k-th (a 1280x800 window drew 23 labels into 220 px, on top of each other)."""
+    every k-th (a 1280x800 window drew 23 labels into 220 px, on top of each other), each
+    whole inside the plot (label_rows)."""
     from PySide6.QtGui import QFontMetrics
     fm = QFontMetrics(font) if font is not None else QFontMetrics(pg.QtGui.QFont())
-    h = plot_item.getViewBox().height()
+    vb = plot_item.getViewBox()
+    h = vb.height()
+    y0, y1 = vb.viewRange()[1]
     if h < 20:
         h = 28 * (fm.height() + 1)     # not laid out yet: the next resize sets them again
-    fit = max(1, int(h // (fm.height() + 1)))
-    step = max(1, -(-len(names) // fit))
-    return [(i + 0.5, _short(n)) for i, n in enumerate(names) if i % step == 0]
+        y0, y1 = 0.0, float(len(names))
+    return [(i + 0.5, _short(names[i])) for i in label_rows(len(names), h, fm.height(), y0, y1)]
 
 
 class HeatMap(pg.PlotWidget):
@@ -107,9 +131,9 @@ class HeatMap(pg.PlotWidget):
             self.image.clear()
         self.image.setRect(0, 0, max(len(self.schemes), 1), max(len(self.names), 1))
         item = self.getPlotItem()
-        self._left_ticks()
         item.setXRange(0, max(len(self.schemes), 1), padding=0)
         item.setYRange(0, max(len(self.names), 1), padding=0)
+        self._left_ticks()          # after the range: the labels are placed in it
         xs, ys = [], []
         for i, n in enumerate(self.names):
             s = (assignment or {}).get(n)
@@ -200,10 +224,10 @@ class SortedBars(pg.PlotWidget):
         brushes = [pg.mkBrush("#ff5370" if n == current else "#4c9aff") for n in self.names]
         self.bars.setOpts(x0=np.zeros(len(self.names)), y=np.arange(len(self.names)) + 0.5,
                           height=0.8, width=self.share, brushes=brushes)
-        self._left_ticks()
         self.getPlotItem().setYRange(0, max(len(self.names), 1), padding=0.01)
         self.getPlotItem().setXRange(0, float(self.share.max()) if self.share.size else 1.0,
                                      padding=0.02)
+        self._left_ticks()          # after the range: the labels are placed in it
 
     def _left_ticks(self) -> None:
         self.getPlotItem().getAxis("left").setTicks(

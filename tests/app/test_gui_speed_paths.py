@@ -257,6 +257,7 @@ def test_scheme_table_unsorted_shows_its_model_then_sorts_by_header(window, qtbo
                                    | QItemSelectionModel.SelectionFlag.Rows)
     chosen = t.selected_names()
     assert set(chosen) == {cur, extra}
+    t.set_column_shown(C_PARAMS, True)   # a narrow window hides it (app.table_columns)
     t.view.setColumnWidth(C_PARAMS, 131)
     activated = []
     t.activated.connect(activated.append)
