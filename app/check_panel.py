@@ -27,6 +27,8 @@ QPushButton#CalibButton { padding: 1px 6px; font-size: 8pt; }
 BADGE = {"stale": "STALE · re-running", "fresh": "CURRENT", "error": "NOT RUN", "off": "OFF",
          "cancelled": "CANCELLED", "idle": "ON · nothing to check yet"}
 CHECK_TASK = "End-to-end check"
+#: the caption's phrase when the check models llama.cpp's activation rounding
+EMULATED = "llama.cpp rounding"
 
 
 def figures_text(fig: dict | None) -> str:
@@ -149,10 +151,15 @@ class CheckPanel(QFrame):
         kind = (fig or {}).get("model_kind", "")
         self._captions = ["END-TO-END CHECK"]
         if fig:
-            self._captions = [f"END-TO-END CHECK · {kind} · {fig['samples']} samples · "
-                              f"{fig['tokens']} tok",
-                              f"END-TO-END CHECK · {kind} · {fig['samples']} samples",
-                              f"END-TO-END CHECK · {kind}", "END-TO-END CHECK", "CHECK"]
+            # llama.cpp's activation rounding modelled (a plan for llama.cpp): said in the
+            # longer forms and the tooltip, the short forms as they were
+            emu = f" · {EMULATED}" if fig.get("emulate") == "llama.cpp" else ""
+            self._captions = list(dict.fromkeys([
+                f"END-TO-END CHECK · {kind}{emu} · {fig['samples']} samples · "
+                f"{fig['tokens']} tok",
+                f"END-TO-END CHECK · {kind}{emu} · {fig['samples']} samples",
+                f"END-TO-END CHECK · {kind} · {fig['samples']} samples",
+                f"END-TO-END CHECK · {kind}", "END-TO-END CHECK", "CHECK"]))
         self.caption.setToolTip(self._captions[0])
         if state in ("error", "cancelled"):
             self._values = None          # the message whole, wrapped (selectable; tooltip)
@@ -193,5 +200,8 @@ class CheckPanel(QFrame):
             "Causal LMs: KL divergence of next-token distributions (nats, mean and 99th "
             "percentile), same top token (fraction), perplexity of the planned and the original "
             "model on the calibration text. The same figures as `quant-workbench check --json`."
+            + (" A plan for llama.cpp: the planned model's activations rounded as llama.cpp's "
+               "CPU dot products round them (Q8_K / Q8_0 rows), as `check --target llama.cpp`."
+               if (fig or {}).get("emulate") == "llama.cpp" else "")
             + (" Grey while stale: these are the previous plan's figures." if state == "stale"
                else ""))

@@ -161,19 +161,40 @@ def allocation_job(model, budget_bpw=None, budget_bytes=None, schemes="auto",
     return a, notes, (src.back(a.plan) if src is not None else a.plan)
 
 
+#: llama.cpp's float tensor types: a plan of these alone is not bound to llama.cpp
+_FLOAT_TYPES = ("f32", "f16", "bf16")
+
+
+def llama_bound(model, plan) -> bool:
+    """Whether the window plans `model` for llama.cpp: llama.cpp stores every scheme the plan
+    asks, and the source is a GGUF or one scheme at least is a GGML block type (a plan of
+    q4_k / q6_k; not one of fp16 alone)."""
+    from workbench.api.plans import get_runtime, get_scheme
+    used = {s for s in plan.resolve(model).values() if s != KEEP}
+    if any(get_runtime("llama.cpp").unsupported(s) for s in used):
+        return False
+    return getattr(model, "format", None) == "gguf" or any(
+        get_scheme(s).llama_type not in _FLOAT_TYPES for s in used)
+
+
 def check_job(model, plan, calib, samples):
     """Job: the end-to-end check's figures, as `check --scoring lines` computes them
     (workbench.api.check_plan: the plan's methods fitted and applied, the fits cached); a GGUF
-    source runs as the CLI runs it, converted on the fly (app.gguf_source)."""
+    source runs as the CLI runs it, converted on the fly (app.gguf_source). A plan bound to
+    llama.cpp (:func:`llama_bound`) is checked with llama.cpp's activation rounding modelled
+    (``emulate="llama.cpp"``, as `check --target llama.cpp`; the figures then carry
+    "emulate")."""
     from workbench import api
 
     from .api_jobs import api_job
     from .gguf_source import live_source
+    emulate = "llama.cpp" if llama_bound(model, plan) else None
     src = yield from live_source(model)
     if src is not None:
         model, plan = src.live, src.plan(plan)
     return (yield from api_job(lambda d: api.check_plan(
-        model, plan, calib=calib, samples=samples, scoring="lines", driver=d)))
+        model, plan, calib=calib, samples=samples, scoring="lines", emulate=emulate,
+        driver=d)))
 
 
 def allocate_job(model, table: SensTable, budget_bytes=None, budget_bpw=None, pins=None):

@@ -63,6 +63,22 @@ def test_check_goes_stale_then_fresh_with_the_figures_check_computes(make_window
         assert after[k] == pytest.approx(headless[k], rel=1e-6, abs=1e-9)
 
 
+def test_the_check_models_llama_cpp_rounding_for_a_plan_of_llama_cpp_types():
+    """A plan of GGML block types is planned for llama.cpp: the end-to-end check asks for its
+    activation rounding (check_job's emulate, issue 49); a plan of a type llama.cpp has no
+    tensor type for, or of float types alone, is not."""
+    from app.effects_jobs import llama_bound
+    from workbench.api.plans import Plan
+    from workbench.formats.loaders import open_model
+    model = open_model(DEMO)
+    lin = [n for n in model.tensors if n.endswith("proj.weight")]
+    assert llama_bound(model, Plan(default="q4_k"))
+    assert llama_bound(model, Plan(default="fp16").with_assignments({lin[0]: "q6_k"}))
+    assert not llama_bound(model, Plan(default="int8-channel"))
+    assert not llama_bound(model, Plan(default="q4_k").with_assignments({lin[0]: "int8-channel"}))
+    assert not llama_bound(model, Plan(default="fp16"))
+
+
 def test_check_toggle_is_remembered_and_stops_the_runs(make_window, qtbot, tmp_path):
     from app import commands
     from app.effects import PlanEffects

@@ -196,7 +196,7 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     "int8" for W8A8 calibrated with `act_method`) or "llama.cpp" (the exported GGUF in
     llama-perplexity against an F16 GGUF). The dict is `check --json`'s, with "convention"
     when the plan followed one. `kld_driver` runs the chunked KL-divergence job (default
-    `driver`). `emulate` "llama.cpp" (torch runtime, chunked KLD): the quantized model's
+    `driver`). `emulate` "llama.cpp" (torch runtime, either scoring): the quantized model's
     Linear inputs rounded as llama.cpp's CPU dot products round them (docs/vs-llama.md);
     "auto" (the default): so when `target` is llama.cpp; None: never. `runtime` "mlx": the
     plan exported with ``export --format mlx`` (or the mlx-lm folder `mlx_folder`, then `plan`
@@ -254,15 +254,15 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
             from workbench.running.methods_apply import runner_weights
             weights = runner_weights(mm, plan, target)
         from workbench.running.runner_jobs import check
+        emul = ("llama.cpp" if target == "llama.cpp" else None) if emulate == "auto" \
+            else emulate
         if scoring == "chunks" and model_kind(read_config(model)) == "causal-lm":
             from workbench.running.kld import kld_check
             res = (kld_driver or drive)(kld_check(
                 model, plan, text, ctx=ctx, chunks=chunks or samples, weights=weights,
-                use_cache=use_cache, exact=kld_exact,
-                emulate=("llama.cpp" if target == "llama.cpp" else None) if emulate == "auto"
-                else emulate))
+                use_cache=use_cache, exact=kld_exact, emulate=emul))
         else:
-            res = drive(check(model, plan, text, samples, weights=weights))
+            res = drive(check(model, plan, text, samples, weights=weights, emulate=emul))
     if conv is not None:
         res = {**res, "convention": conv.to_dict()}
     return res

@@ -19,6 +19,7 @@ modules): the hooks skip them.
 
 from __future__ import annotations
 
+from workbench.core.errors import WorkbenchError
 from workbench.schemes.registry import llama_type_names
 
 #: ggml's vec_dot_type of each weight type (ggml-cpu.c); types not listed: the row as it is
@@ -119,3 +120,25 @@ def llama_cpu_hooks(runner, decisions):
             return (fake_round(args[0], _kind), *args[1:])
         handles.append(mod.register_forward_pre_hook(pre))
     return handles, switch
+
+
+def emulated_decisions(model, plan, emulate) -> dict | None:
+    """{workbench name: scheme applied} of `plan` for llama.cpp when `emulate` is
+    "llama.cpp", None when it is None; before any work: an unknown `emulate` or a scheme
+    llama.cpp cannot store is the one-line error."""
+    if emulate not in (None, "llama.cpp"):
+        raise WorkbenchError(f"emulate={emulate!r}: the only runtime emulated is 'llama.cpp'")
+    if emulate is None:
+        return None
+    from workbench.quant.runtimes import plan_decisions
+    return {n: d.applied for n, d in plan_decisions(model, plan, "llama.cpp").items()} \
+        if plan is not None else {}
+
+
+def emulation(runner, decisions):
+    """(hook handles, switch): :func:`llama_cpu_hooks` of `decisions`
+    (:func:`emulated_decisions`; None: no hooks, a switch nothing reads). The caller turns
+    ``switch["on"]`` on around the quantized passes only and removes the handles."""
+    if decisions is None:
+        return [], {"on": False}
+    return llama_cpu_hooks(runner, decisions)

@@ -304,8 +304,8 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
     from workbench.core.progress import Progress
     from workbench.running.runner_store import ActivationStore, new_budget
     from workbench.running.runner_passes import plan_override, runner_job
-    if emulate not in (None, "llama.cpp"):
-        raise WorkbenchError(f"emulate={emulate!r}: the only runtime emulated is 'llama.cpp'")
+    from workbench.running.act_emulate import emulated_decisions, emulation
+    emulating = emulated_decisions(model, plan, emulate)
     runner = yield from runner_job(model, device)
     if runner.kind != "causal-lm":
         raise WorkbenchError("KL-divergence scoring needs a causal LM", path=str(model.path))
@@ -340,7 +340,7 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
     base = None if (exact or not use_cache) else read_cache(key, n_rows, k + ns, vocab)
     cache_state = "hit" if base is not None else ("off" if not use_cache else "miss")
     quant = plan_override(model, plan, weights)
-    hooks, switch = _emulation(runner, model, plan, emulate)
+    hooks, switch = emulation(runner, emulating)
     data = list(grid)
     bsz = max(1, TOKENS_PER_BATCH // ctx)
     budget = new_budget()
@@ -403,17 +403,6 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
         res["kld"]["emulate"] = emulate
     yield Progress(100, 100, "done")
     return res
-
-
-def _emulation(runner, model, plan, emulate):
-    """(hook handles, switch) of `emulate` (None: no hooks, a switch nothing reads)."""
-    if emulate is None:
-        return [], {"on": False}
-    from workbench.quant.runtimes import plan_decisions
-    from workbench.running.act_emulate import llama_cpu_hooks
-    decisions = {n: d.applied for n, d in plan_decisions(model, plan, "llama.cpp").items()} \
-        if plan is not None else {}
-    return llama_cpu_hooks(runner, decisions)
 
 
 def _head(runner, batches, grid, fstore, qstore, quant, base, k, ns, first, n_pos, exact,

@@ -58,23 +58,30 @@ class _KLAcc:
 
 
 def check(model, plan, calib=None, samples: int | None = None, max_len: int = 128,
-          weights=None, device: str | None = None, batch_size: int = 16):
+          weights=None, device: str | None = None, batch_size: int = 16,
+          emulate: str | None = None):
     """Job: run the calibration inputs through the original and the plan-quantized model, block
     by block, float and quantized activations side by side (`weights`: {name: float array} or
     any mapping to load instead of the plan's own dequantized tensors — a method's output,
     workbench.running.methods_apply.runner_weights).
     Returns {"model_kind", "samples", "tokens", ...figures}: encoders cosine_mean/cosine_min of
     mean-pooled final hidden states; causal LMs kl_mean/kl_p99/kl_max (nats), top1_agree,
-    ppl_base, ppl — accumulated at the head in token chunks."""
+    ppl_base, ppl — accumulated at the head in token chunks. `emulate` "llama.cpp": the
+    quantized passes' Linear inputs rounded as llama.cpp's CPU dot products round them, as in
+    kld.kld_check (workbench/running/act_emulate.py; the float passes untouched; the figures
+    then carry "emulate")."""
     import torch
+    from workbench.running.act_emulate import emulated_decisions, emulation
     from workbench.running.calibration import calibration_samples
     from workbench.core.progress import Progress, subjob
+    emulating = emulated_decisions(model, plan, emulate)
     runner = yield from runner_job(model, device)
     data = yield from subjob(calibration_samples(model, calib, samples, max_len), 0, 5, 100)
     quant = plan_override(model, plan, weights)
     budget = new_budget()
     batches, fstore = runner.capture(data, batch_size, None, ActivationStore(budget))
     qstore = ActivationStore(budget)
+    hooks, switch = emulation(runner, emulating)
     try:
         _, q0 = runner.capture(data, batch_size, quant, qstore)
         L = len(runner.layers)
@@ -86,16 +93,22 @@ def check(model, plan, calib=None, samples: int | None = None, max_len: int = 12
             finally:
                 runner.release(runner.layer_params[i])
             runner.materialize(runner.layer_params[i], quant)
+            switch["on"] = True
             try:
                 runner.run_block(i, batches, qstore, qstore)
             finally:
+                switch["on"] = False
                 runner.release(runner.layer_params[i])
         yield Progress(90, 100, "head")
         n_tok = int(sum(len(s) for s in data))
         res = {"model_kind": runner.kind, "samples": len(data), "tokens": n_tok}
         if runner.kind == "encoder":
             base = final_outputs(runner, batches, fstore)
-            qout = final_outputs(runner, batches, qstore, quant)
+            switch["on"] = True
+            try:
+                qout = final_outputs(runner, batches, qstore, quant)
+            finally:
+                switch["on"] = False
             res.update(compare_outputs("encoder", base, qout, data))
         else:
             acc = _KLAcc()
@@ -115,15 +128,24 @@ def check(model, plan, calib=None, samples: int | None = None, max_len: int = 12
                         tt = torch.tensor([r[1] for r in rr])
                         with torch.no_grad():
                             lb = torch.log_softmax(runner.logits(hf[ii, tt]).double(), -1)
-                            lq = torch.log_softmax(runner.logits(hq[ii, tt], qhead).double(), -1)
+                            switch["on"] = True
+                            try:
+                                zq = runner.logits(hq[ii, tt], qhead)
+                            finally:
+                                switch["on"] = False
+                            lq = torch.log_softmax(zq.double(), -1)
                         nxt = np.array([b.ids[i, t + 1] for i, t in rr])
                         acc.add(lb.double().cpu().numpy(), lq.double().cpu().numpy(), nxt)
             finally:
                 runner.release(runner.head_params)
             res.update(acc.result())
     finally:
+        for h in hooks:
+            h.remove()
         fstore.close()
         qstore.close()
+    if emulate:
+        res["emulate"] = emulate
     yield Progress(100, 100, "done")
     return res
 
