@@ -79,6 +79,16 @@ def test_narrow_window_check_and_status_lines_fit(make_window, qtbot):
         room = label.contentsRect().width()
         assert label.fontMetrics().horizontalAdvance(shown) <= room, (label.text(), shown)
     assert "KL 0.1188" in panel.value.text()          # the fullest form stays the text
+    # llama.cpp's rounding modelled (issue 49): the caption's longer forms say so, and the
+    # panel still fits without widening
+    width = panel.width()
+    fx.figures = {**fx.figures, "emulate": "llama.cpp"}
+    panel.refresh()
+    qtbot.wait(20)
+    shown = panel.caption.shown_text()
+    assert panel.caption.fontMetrics().horizontalAdvance(shown) <= \
+        panel.caption.contentsRect().width(), shown
+    assert panel.width() == width and "llama.cpp rounding" in panel.caption.toolTip()
 
 
 def test_sensitivity_pane_without_table(window):
