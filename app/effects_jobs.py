@@ -161,20 +161,16 @@ def allocation_job(model, budget_bpw=None, budget_bytes=None, schemes="auto",
     return a, notes, (src.back(a.plan) if src is not None else a.plan)
 
 
-#: llama.cpp's float tensor types: a plan of these alone is not bound to llama.cpp
-_FLOAT_TYPES = ("f32", "f16", "bf16")
-
-
 def llama_bound(model, plan) -> bool:
     """Whether the window plans `model` for llama.cpp: llama.cpp stores every scheme the plan
-    asks, and the source is a GGUF or one scheme at least is a GGML block type (a plan of
-    q4_k / q6_k; not one of fp16 alone)."""
+    asks, and the source is a GGUF or one scheme at least is a block type (a plan of
+    q4_k / q6_k; not one of fp16 alone: the scheme's own block_size says which)."""
     from workbench.api.plans import get_runtime, get_scheme
     used = {s for s in plan.resolve(model).values() if s != KEEP}
     if any(get_runtime("llama.cpp").unsupported(s) for s in used):
         return False
     return getattr(model, "format", None) == "gguf" or any(
-        get_scheme(s).llama_type not in _FLOAT_TYPES for s in used)
+        get_scheme(s).block_size is not None for s in used)
 
 
 def check_job(model, plan, calib, samples):
