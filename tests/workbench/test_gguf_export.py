@@ -334,8 +334,10 @@ def test_row_chunks_decoded_into_a_reused_buffer_keep_every_byte(make_safetensor
     reused, q8_0 and fp16 between them)."""
     import torch
 
-    from workbench.export import gguf_tensor_data
+    from workbench.export import gguf_file, gguf_tensor_data
     monkeypatch.setattr(gguf_tensor_data, "CHUNK_ELEMENTS", 3 * 256)     # 3 rows a chunk
+    # three worker threads whatever numba's thread count (one in a pytest-xdist worker)
+    monkeypatch.setattr(gguf_file, "_workers", lambda: 3)
     rng = np.random.default_rng(5)
     t = {f"w{i}": rng.standard_normal((10 + i, 256)).astype(np.float32) for i in range(5)}
     if dtype == "bf16":
