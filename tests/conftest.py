@@ -25,6 +25,22 @@ if "QUANT_WORKBENCH_KLD_CACHE" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["QUANT_WORKBENCH_KLD_CACHE"], True)
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# A pytest-xdist worker (-n auto: one per core) gives torch's OpenMP and MKL pools and numba
+# their share of the cores, not every core each: two workers of two threads on two cores spin
+# in OpenMP barriers waiting for a thread the other worker has descheduled
+# (test_default_allocation: 148 s of CPU with two threads a worker, 56 s with one). Set before
+# torch or numba is imported (xdist sets PYTEST_XDIST_WORKER before it reads this file); an
+# explicit setting is kept; the commands the tests run inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _share = max(1, _cores() // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)))
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(_var, str(_share))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto` (pyproject.toml's addopts): one worker per core this process may run on, or
@@ -36,8 +52,8 @@ def pytest_xdist_auto_num_workers(config) -> int:
     files = [a for a in config.args if a.split("::")[0].endswith(".py")]
     if config.args and len(files) == len(config.args) and len(files) <= 3:
         return 0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return cores if (cores or 1) > 1 else 0
+    cores = _cores()
+    return cores if cores > 1 else 0
 
 
 def pytest_collection_modifyitems(config, items):

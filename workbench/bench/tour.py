@@ -29,7 +29,9 @@ What may differ between runs. Wall times ("solved in 11.1 ms", "218 pairs in 45.
 vary by nature: `normalise` replaces every duration by "<time>" before two outputs are
 compared; the README keeps the figure its last run printed. The MiniLM folder's absolute path
 is printed as `$MINILM`. The commands run with empty caches (XDG_CACHE_HOME in the folder), as
-on a first run: no GPTQ fit or other result kept from an earlier run.
+on a first run: no GPTQ fit or other result kept from an earlier run. They compute on one
+thread (ONE_THREAD), so a figure that the thread count moves in its last digit reads the same
+on any machine.
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ README = ROOT / "README.md"
 ELLIPSIS = "…"
 _SPEC_COMMENT = re.compile(r"^<!-- tour: (.*) -->$")
 _PROGRESS = re.compile(r"^[\w-]*:?\s*\d+\.\d% .*\(\d+m\d+s elapsed, ETA [^)]*\)$")
+#: the commands compute on one thread (torch's OpenMP and MKL, numba): the figures a thread
+#: count changes in their last digits (a fisher sum) are the same on any machine and in the
+#: test, which runs in a pytest-xdist worker of one thread (tests/conftest.py)
+ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                               "NUMBA_NUM_THREADS")}
 _TIME = re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s?(?:ms|s|min)\b|\b\d+m\d+s\b|\b\d+h\d+m\b")
 
 
@@ -199,7 +206,8 @@ def run(blocks: list[Block], folder: Path, timeout: float = 1800.0, log=None) ->
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env = dict(os.environ, MINILM=mini, QT_QPA_PLATFORM="offscreen", PYTHONPATH=path,
                COLUMNS="200", QUANT_WORKBENCH_PROGRESS_EVERY="1e9",
-               XDG_CACHE_HOME=str(folder / ".cache"))    # a first run: no fit kept from before
+               XDG_CACHE_HOME=str(folder / ".cache"),   # a first run: no fit kept from before
+               **ONE_THREAD)
     _links(folder)
     prelude = (f"cd {_q(str(folder))}\nquant-workbench() {{ {_q(sys.executable)} "
                f"{_q(str(ROOT / 'main.py'))} \"$@\"; }}\n")
