@@ -436,7 +436,8 @@ def weigh_methods(model, table, methods: str | None = "auto", measure: str = "we
             + (" (--methods auto)" if auto else "")
             + (f"; {', '.join(costly)} near the allocation" if staged else "")
             + ", each fitted on half the calibration samples and judged on the other half")
-    rw = row_weights_from_fisher(model, calib, samples) if measure == "fisher" else None
+    row_weights = get_measure(measure).row_weights
+    rw = row_weights(model, calib, samples) if row_weights is not None else None
     first = [m for m in methods if m in CHEAP_METHODS] if staged else methods
     # mlx without gptq: judged on the held-out fold's E[x²] (no Hessians; DIAGONAL_TARGETS)
     diagonal = target in DIAGONAL_TARGETS and "gptq" not in methods
