@@ -50,8 +50,8 @@ def test_a_measure_added_appears_everywhere(monkeypatch):
     from workbench.planning.sensitivity import predicted_unit
     assert "hessian" in args._measures()
     assert "hessian" in measure_names()
-    assert get_measure("hessian").refusal(None, "x.imatrix") == (
-        "--measure hessian runs the calibration inputs: give --calib, not --imatrix")
+    assert str(get_measure("hessian").refusal(None, "x.imatrix")) == (
+        "measure='hessian' runs the calibration inputs: give calib=, not imatrix=")
     assert get_measure("activation").refusal(None, "x.imatrix") is None
     # units: not an output measure on a model that does not run
     assert predicted_unit(object(), "weight") == "sensitivity"
@@ -62,8 +62,21 @@ def test_the_api_refuses_an_imatrix_for_a_network_measure(demo_model_path, monke
     from workbench import api
     monkeypatch.setattr(api, "_check_inputs", lambda *a, **k: None)   # the file's own checks
     model = qw.open_model(demo_model_path)
-    with pytest.raises(WorkbenchError, match="--measure fisher runs the calibration inputs"):
+    with pytest.raises(WorkbenchError, match="^measure='fisher' runs the calibration inputs: "
+                                             "give calib=, not imatrix=$"):
         qw.measure_sensitivity(model, "q4_0", measure="fisher", imatrix="x.imatrix")
+
+
+def test_the_cli_names_its_flags_in_the_refusal(demo_model_path, tmp_path, capsys, monkeypatch):
+    from workbench import api
+    from workbench.cli import main
+    monkeypatch.setattr(api, "_check_inputs", lambda *a, **k: None)   # the file's own checks
+    imatrix = tmp_path / "x.imatrix"
+    imatrix.write_bytes(b"not read: the measure refuses it first")
+    assert main(["sensitivity", str(demo_model_path), "--measure", "fisher", "--schemes",
+                 "q4_0", "--imatrix", str(imatrix)]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--measure fisher runs the calibration inputs: give --calib, not --imatrix")
 
 
 # ---- a measure added in one place: its Measure entry and its values job, nothing else --------

@@ -127,8 +127,8 @@ def runtime_target(runtime: str, target: str | None) -> str:
         raise WorkbenchError(f"runtime {runtime!r}: choose torch, onnxruntime, llama.cpp or "
                              "mlx")
     if runtime != "torch" and target not in (None, runtime):
-        raise WorkbenchError(f"--runtime {runtime} runs the rules of --target {runtime}, "
-                             f"not {target}")
+        raise WorkbenchError(f"runtime={runtime!r} runs the rules of target={runtime!r}, "
+                             f"not {target}", params=("runtime", "target"))
     return runtime if runtime != "torch" else (target or "any")
 
 
@@ -147,7 +147,8 @@ def with_methods(model: "Model", plan: Plan, *, method: str | None = None, calib
                                   imatrix, say, switch=method != "rtn")
     if plan.methods_used() == {"rtn"}:
         if imatrix:
-            raise WorkbenchError("--imatrix needs a method that reads it: --method imatrix")
+            raise WorkbenchError("imatrix= needs a method that reads it: method='imatrix'",
+                                 params=("imatrix", "method"))
         return plan, model
     mm = _driver(progress, cancel, driver)(prepare(model, plan, calib, imatrix, target,
                                                    use_cache=use_cache))
@@ -227,8 +228,9 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
         ctx, chunks = ctx or DEFAULT_CTX, chunks or samples
         kind = model_kind(read_config(model))
         if kind != "causal-lm":
-            raise WorkbenchError(f"--runtime llama.cpp measures next-token KL divergence: a "
-                                 f"causal LM, not a {kind}", path=model.path)
+            raise WorkbenchError(f"runtime='llama.cpp' measures next-token KL divergence: a "
+                                 f"causal LM, not a {kind}", path=model.path,
+                                 params=("runtime",))
     plan, conv = _resolve_plan(model, plan, target, quantize_all, convention)
     if activations:
         from workbench.running.methods_apply import activation_ranges
@@ -285,7 +287,8 @@ def format_runtime(fmt: str, target: str | None = None) -> str:
     formats that take any (a `target` other than a format's own runtime is an error)."""
     own = FORMAT_RUNTIME.get(fmt)
     if target and own and target != own:
-        raise WorkbenchError(f"--format {fmt} writes for --target {own}, not {target}")
+        raise WorkbenchError(f"fmt={fmt!r} writes for target={own!r}, not {target}",
+                             params=("fmt", "target"))
     return own or target or "any"
 
 
@@ -316,7 +319,8 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
     _check_inputs(model, calib, imatrix=imatrix, say=say)
     plan, conv = _resolve_plan(model, plan, runtime, quantize_all, convention)
     if accuracy_level is not None and fmt != "onnx":
-        raise WorkbenchError("--accuracy-level is an onnx option (MatMulNBits accuracy_level)")
+        raise WorkbenchError("accuracy_level= is an onnx option (MatMulNBits accuracy_level)",
+                             params=("accuracy_level",))
     if activations and not get_exporter(fmt).activations:
         from workbench.export import list_exporters
         raise WorkbenchError(f"activations={activations!r}: the {fmt} format stores no "
@@ -400,7 +404,7 @@ def measure_sensitivity(model: "Model", schemes: str | Sequence[str] = DEFAULT_S
     from workbench.planning.measures import get_measure
     refused = get_measure(choice.measure).refusal(calib, imatrix)
     if refused:
-        raise WorkbenchError(refused)
+        raise refused
     table = _driver(progress, cancel, driver)(sensitivity_table_job(
         model, names, choice.measure, calib, imatrix, choice.samples, target,
         dict(pins) if pins else None, list(extra), executor=executor, use_cache=use_cache))

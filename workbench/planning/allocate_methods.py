@@ -67,10 +67,11 @@ def parse_methods(text: str | None) -> list[str] | None:
         if not m:
             continue
         if m not in PAIR_METHODS:
-            extra = " (awq's fold couples the tensors sharing an input: use export --method " \
-                    "awq)" if m == "awq" else ""
-            raise WorkbenchError(f"--methods: unknown or unsupported method {m!r} (choose from "
-                                 f"{', '.join(PAIR_METHODS)}){extra}")
+            extra = " (awq's fold couples the tensors sharing an input: export with the " \
+                    "method awq)" if m == "awq" else ""
+            raise WorkbenchError(f"methods={text.strip()!r}: unknown or unsupported method "
+                                 f"{m!r} (choose from {', '.join(PAIR_METHODS)}){extra}",
+                                 params=("methods",))
         out.append(m)
     return list(dict.fromkeys(["rtn"] + out))
 
@@ -418,9 +419,9 @@ def weigh_methods(model, table, methods: str | None = "auto", measure: str = "we
         kind = _kind(model)
         methods = default_methods(measure, not imatrix and _runnable(model), kind, target)
     if imatrix and len(methods) > 1:
-        raise WorkbenchError("--methods other than rtn collect their statistics from the "
-                             "calibration text: give --calib (or nothing), not --imatrix",
-                             path=imatrix)
+        raise WorkbenchError("methods= other than rtn collect their statistics from the "
+                             "calibration text: give calib= (or nothing), not imatrix=",
+                             path=imatrix, params=("methods", "calib", "imatrix"))
     if len(methods) == 1:
         table.methods = {}
         if (auto and kind == "causal-lm" and not quiet

@@ -77,11 +77,12 @@ class Measure:
         """{stage: seconds} of its work in an allocation (workbench.planning.allocate_cost)."""
         return (self.cost or jobs.weight_cost)(params, tensors, schemes, samples)
 
-    def refusal(self, calib, imatrix) -> str | None:
-        """Why the inputs given cannot feed this measure (None: they can)."""
+    def refusal(self, calib, imatrix) -> WorkbenchError | None:
+        """The error saying why the inputs given cannot feed this measure, in the API's terms
+        (the CLI says its flags); None: they can."""
         if imatrix and self.reads_calibration and not self.takes_imatrix:
-            return (f"--measure {self.name} runs the calibration inputs: give --calib, not "
-                    "--imatrix")
+            return WorkbenchError(f"measure={self.name!r} runs the calibration inputs: give "
+                                  "calib=, not imatrix=", params=("measure", "calib", "imatrix"))
         return None
 
 

@@ -237,7 +237,8 @@ class SensitivityTable:
     def budget_bytes(self, budget_bytes: int | None = None, budget_bpw: float | None = None) -> int:
         if budget_bytes is None:
             if budget_bpw is None:
-                raise WorkbenchError("give --budget-bpw or --budget-bytes")
+                raise WorkbenchError("give budget_bpw= or budget_bytes=",
+                                     params=("budget_bpw", "budget_bytes"))
             budget_bytes = int(np.floor(budget_bpw * self.params / 8.0 + 1e-9))
         return int(budget_bytes)
 
