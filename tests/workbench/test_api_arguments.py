@@ -195,3 +195,28 @@ def test_methods_refused_by_the_api_and_by_the_cli(demo_model_path, tmp_path, ca
         "quant-workbench: error: --methods rtn,foo: unknown or unsupported method 'foo' "
         "(choose from rtn, imatrix, gptq)")
 
+
+
+def test_check_refuses_another_runtimes_options_by_either_door(demo_model_path, tmp_path,
+                                                                capsys):
+    from workbench.cli import main
+    model = qw.open_model(demo_model_path)
+    out = str(tmp_path / "kept.gguf")
+    for kw, api_says, argv, cli_says in (
+            ({"save_gguf": out}, "save_gguf= needs runtime='llama.cpp'",
+             ["--scheme", "q8_0", "--save-gguf", out], "--save-gguf needs --runtime llama.cpp"),
+            ({"accuracy_level": 0}, "accuracy_level=, activations= and save_onnx= need "
+             "runtime='onnxruntime'", ["--scheme", "q8_0", "--accuracy-level", "0"],
+             "--accuracy-level, --activations and --save-onnx need --runtime onnxruntime"),
+            ({"mlx_folder": str(tmp_path)}, "mlx_folder= needs runtime='mlx'",
+             ["--mlx-folder", str(tmp_path)], "--mlx-folder needs --runtime mlx"),
+            ({"runtime": "onnxruntime", "target": "vllm"},
+             "runtime='onnxruntime' runs the rules of target='onnxruntime', not vllm",
+             ["--scheme", "q8_0", "--runtime", "onnxruntime", "--target", "vllm"],
+             "--runtime onnxruntime runs the rules of --target onnxruntime, not vllm")):
+        with pytest.raises(WorkbenchError) as info:
+            qw.check_plan(model, "q8_0", driver=lambda job: pytest.fail("work started"), **kw)
+        assert str(info.value) == api_says
+        assert main(["check", str(demo_model_path), *argv]) == 2
+        assert capsys.readouterr().err.strip() == f"quant-workbench: error: {cli_says}"
+    assert not (tmp_path / "kept.gguf").exists()

@@ -30,8 +30,10 @@ from workbench.api._common import (AUTO, AUTO_FISHER_SAMPLES, AUTO_FISHER_SAMPLE
                                    DEFAULT_SCHEMES, CancelCheck, Driver, PlanLike,
                                    ProgressCallback, _check_inputs, _driver, _file_inputs)
 from workbench.api.files import calibrate, convert_gguf, diff_quantizations  # noqa: F401
+from workbench.api.maps import map_model  # noqa: F401
 from workbench.api.results import Allocation, Frontier, MeasureChoice
-from workbench.api._steps import _check_mlx, _cost_lines, _fit_for_later, _said_first
+from workbench.api._steps import (_check_mlx, _check_runtime_options, _cost_lines, _fit_for_later,
+                                  _said_first)
 from workbench.core.errors import Cancelled, WorkbenchError  # noqa: F401
 from workbench.core.progress import Progress  # noqa: F401
 from workbench.planning.budget import Budget
@@ -206,7 +208,9 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     from workbench.running.runner_config import model_kind, read_config
     from workbench.core.outputs import check_output
     drive = _driver(progress, cancel, driver)
-    target = runtime_target(runtime, target)
+    target = _check_runtime_options(runtime, target, mlx_folder=mlx_folder, save_gguf=save_gguf,
+                                    accuracy_level=accuracy_level, save_onnx=save_onnx,
+                                    activations=activations)
     _check_inputs(model, calib, held_out, imatrix, say=say,
                   check=(runtime, "chunks" if runtime == "mlx" else scoring))
     text = held_out or calib
@@ -217,8 +221,6 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                           quantize_all=quantize_all, convention=convention, method=method,
                           calib=calib, imatrix=imatrix, use_cache=use_cache, drive=drive,
                           say=say)
-    if mlx_folder is not None:
-        raise WorkbenchError("mlx_folder goes with runtime 'mlx'")
     for label, out in (("save_gguf", save_gguf), ("save_onnx", save_onnx)):
         if out is not None:     # before any work: never an input, its folder writable
             check_output(out, model=model, label=label, inputs=_file_inputs(
