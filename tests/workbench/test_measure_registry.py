@@ -136,3 +136,15 @@ def test_the_cli_offers_a_measure_added(demo_model_path, worst_case, capsys):
                  "--schemes", "q4_0", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["measure"] == worst_case and doc["tensors"]
+
+
+def test_the_automatic_choice_reads_the_ranks(demo_model_path, monkeypatch):
+    from workbench.formats.loaders import open_model
+    from workbench.planning.sensitivity import best_measure
+    model = open_model(demo_model_path)
+    monkeypatch.setitem(measures._REGISTRY, "worst-case", Measure(
+        "worst-case", "max |dW| x params", "a toy", values=_worst_case_values, auto_rank=9))
+    assert best_measure(model) == ("worst-case", "it reads the weights alone")
+    monkeypatch.setitem(measures._REGISTRY, "worst-case", Measure(
+        "worst-case", "max |dW| x params", "a toy", values=_worst_case_values))
+    assert best_measure(model, imatrix="x.imatrix") == ("activation", "an imatrix was given")

@@ -2,7 +2,11 @@
 (docs/methods.md, "Sensitivity and allocation"): each measure's name, what it needs (a runnable network, calibration
 inputs; whether an imatrix stands for them) and the units its values are in. Every list,
 table and message of measure names reads from here (the API's choices, the CLI's --measure,
-the app's menu and tooltips); workbench.planning.sensitivity computes each one's table.
+the app's menu and tooltips), and so does all that differs per measure: the job giving its
+values (workbench.planning.measure_jobs), its stages in allocate's expected cost, the rows'
+weights its methods are judged with, whether it sees a mixture's routing and its rank in the
+automatic choice. workbench.planning.sensitivity builds the table from them; no module
+compares a measure's name.
 
 Units: a measure whose values estimate the network's output change (``output_units``) is in
 the units `check` measures: mean KL divergence per token (nats) on a causal LM, mean 1 - cosine
