@@ -17,7 +17,7 @@ _API = frozenset({
     "Cancelled", "DEFAULT_SCHEMES", "Frontier", "MeasureChoice", "Plan", "Progress", "Rule", "WorkbenchError",
     "allocate_plan", "calibrate", "check_plan", "compute_frontier", "convert_gguf", "demo_model_path",
     "diff_quantizations", "evaluate_plan", "export_formats", "export_plan", "get_scheme",
-    "list_schemes", "make_plan",
+    "list_schemes", "make_plan", "map_model",
     "measure_sensitivity", "open_model", "parse_schemes", "resolve_measure", "statistics",
     "with_methods",
 })

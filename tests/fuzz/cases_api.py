@@ -42,6 +42,7 @@ FUNCTIONS = {
     "compute_frontier": ["model", "from_bpw", "to_bpw", "points", "recipes",   # (check=K:
                          "check_samples", "schemes", "measure", "samples", "target"],   # runs)
     "diff_quantizations": ["a", "b", "source", "samples"],     # (check=True: runs both)
+    "map_model": ["model", "plan", "overlay"],
     "convert_gguf": ["source", "to", "output", "dtype", "off_grid"],
     "Budget.bits_per_weight": ["value", "over"],
     "Budget.tensor_bytes": ["value"],

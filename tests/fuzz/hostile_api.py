@@ -85,6 +85,7 @@ def _baseline(fn: str, d: Path):
         "compute_frontier": ((m,), {"schemes": "q8_0,q4_0", "measure": "weight",
                                     "recipes": [], "points": 2}),
         "diff_quantizations": ((str(plan), str(d / "b.json")), {"source": m, "check": False}),
+        "map_model": ((m,), {"plan": "q8_0", "overlay": "bits"}),
         "convert_gguf": ((), {"source": str(_tiny_gguf()), "to": "gguf",
                               "output": str(d / "c.gguf")}),
         "Budget.bits_per_weight": ((), {"value": 4.5}),

@@ -165,3 +165,58 @@ def test_fuzz_findings_a_long_name_and_an_empty_plan(demo, tmp_path):
     assert not (tmp_path / "p.json").exists()
     _refused(lambda: qw.diff_quantizations("x" * 5000, "b.json"), "a", ValueError,
              "longer than a file name can be")
+
+
+# ---- library errors in the API's terms; the CLI says its flags ------------------------------
+def test_an_error_names_parameters_and_the_cli_tells_them_as_flags():
+    import pickle
+    e = WorkbenchError("measure='fisher' runs the calibration inputs: give calib=, not "
+                       "imatrix=; ctx=4096 is too long; strict=True: 2 tensors; calibrate=3",
+                       path="m.gguf", params=("measure", "calib", "imatrix", "ctx", "strict"))
+    flags = {"measure": "--measure", "calib": "--calib", "ctx": "--ctx", "strict": "--strict"}
+    told = pickle.loads(pickle.dumps(e)).flagged(flags.get)   # (a cluster worker's error)
+    assert str(told) == ("m.gguf: --measure fisher runs the calibration inputs: give --calib, "
+                         "not imatrix=; --ctx 4096 is too long; --strict: 2 tensors; "
+                         "calibrate=3")              # no flag: as it was; a longer name: kept
+    assert str(e.with_context(tensor="t").flagged(flags.get)).startswith(
+        "m.gguf: tensor 't': --measure fisher")
+    assert WorkbenchError("plain", params=()).flagged(flags.get).problem == "plain"
+
+
+def test_methods_refused_by_the_api_and_by_the_cli(demo_model_path, tmp_path, capsys):
+    from workbench.cli import main
+    model = qw.open_model(demo_model_path)
+    with pytest.raises(WorkbenchError, match=r"^methods='rtn,foo': unknown or unsupported "
+                                             r"method 'foo' \(choose from rtn, imatrix, gptq\)$"):
+        qw.allocate_plan(model, qw.Budget.bits_per_weight(5.0), methods="rtn,foo")
+    assert main(["allocate", str(demo_model_path), "--budget-bpw", "5", "--methods", "rtn,foo",
+                 "-o", str(tmp_path / "p.json")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "quant-workbench: error: --methods rtn,foo: unknown or unsupported method 'foo' "
+        "(choose from rtn, imatrix, gptq)")
+
+
+
+def test_check_refuses_another_runtimes_options_by_either_door(demo_model_path, tmp_path,
+                                                                capsys):
+    from workbench.cli import main
+    model = qw.open_model(demo_model_path)
+    out = str(tmp_path / "kept.gguf")
+    for kw, api_says, argv, cli_says in (
+            ({"save_gguf": out}, "save_gguf= needs runtime='llama.cpp'",
+             ["--scheme", "q8_0", "--save-gguf", out], "--save-gguf needs --runtime llama.cpp"),
+            ({"accuracy_level": 0}, "accuracy_level=, activations= and save_onnx= need "
+             "runtime='onnxruntime'", ["--scheme", "q8_0", "--accuracy-level", "0"],
+             "--accuracy-level, --activations and --save-onnx need --runtime onnxruntime"),
+            ({"mlx_folder": str(tmp_path)}, "mlx_folder= needs runtime='mlx'",
+             ["--mlx-folder", str(tmp_path)], "--mlx-folder needs --runtime mlx"),
+            ({"runtime": "onnxruntime", "target": "vllm"},
+             "runtime='onnxruntime' runs the rules of target='onnxruntime', not vllm",
+             ["--scheme", "q8_0", "--runtime", "onnxruntime", "--target", "vllm"],
+             "--runtime onnxruntime runs the rules of --target onnxruntime, not vllm")):
+        with pytest.raises(WorkbenchError) as info:
+            qw.check_plan(model, "q8_0", driver=lambda job: pytest.fail("work started"), **kw)
+        assert str(info.value) == api_says
+        assert main(["check", str(demo_model_path), *argv]) == 2
+        assert capsys.readouterr().err.strip() == f"quant-workbench: error: {cli_says}"
+    assert not (tmp_path / "kept.gguf").exists()

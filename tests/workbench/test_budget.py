@@ -144,7 +144,7 @@ def test_from_flags_defaults():
     assert from_flags(budget_file_bytes=10) == Budget.file_bytes(10) == \
         Budget("file", 10.0, over="file", format="gguf")
     assert Budget.tensor_bytes(7) == Budget("bytes", 7.0)
-    with pytest.raises(WorkbenchError, match="--bpw-over goes with --budget-bpw"):
+    with pytest.raises(WorkbenchError, match="^bpw_over= goes with budget_bpw=$"):
         from_flags(budget_bytes=10, bpw_over="all")
 
 

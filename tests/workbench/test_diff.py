@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from workbench.cli import main
+from workbench.core.errors import WorkbenchError
 from workbench.planning.diff import diff, same_type
 from workbench.quant.evaluate import evaluate
 from workbench.export import export
@@ -120,7 +121,11 @@ def test_cli_json_contract_and_errors(demo_model_path, tmp_path, capsys):
     # a plan without the float model: one line naming the file, exit 2
     rc = main(["diff", str(a), str(b)])
     err = capsys.readouterr().err
-    assert rc == 2 and str(a) in err and "--source" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and str(a) in err and len(err.strip().splitlines()) == 1
+    assert err.strip().endswith("add --source FLOAT")
+    import workbench as qw                      # the API says its own parameter
+    with pytest.raises(WorkbenchError, match=r"add source=FLOAT$"):
+        qw.diff_quantizations(str(a), str(b), check=False)
     rc = main(["diff", str(tmp_path / "nope.gguf"), str(b), "--source", str(demo_model_path)])
     err = capsys.readouterr().err
     assert rc == 2 and "nope.gguf" in err and "not found" in err

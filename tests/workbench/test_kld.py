@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from workbench.cli import main  # noqa: E402
+from workbench.core.errors import WorkbenchError  # noqa: E402
 from workbench.running.kld import (kld_check, make_chunks, median, percentile,  # noqa: E402
                            scored_positions, text_stream)
 from workbench.formats.loaders import open_model  # noqa: E402
@@ -134,4 +135,15 @@ def test_short_text_is_one_shorter_chunk_and_too_long_ctx_is_refused(tmp_path, c
     k = json.loads(capsys.readouterr().out)["kld"]
     assert k["chunks"] == 1 and k["ctx"] < 512 and "one chunk" in k["note"]
     assert main(["check", str(DEMO), "--scheme", "q8_0", "--ctx", "4096"]) == 2
-    assert "longer than the model's 512 positions" in capsys.readouterr().err
+    assert capsys.readouterr().err.strip().endswith(
+        ": --ctx 4096 is longer than the model's 512 positions (config.json): choose a "
+        "smaller --ctx")
+
+
+def test_the_api_refuses_a_long_ctx_in_its_own_terms():
+    import workbench as qw
+    model = qw.open_model(DEMO)
+    with pytest.raises(WorkbenchError, match=r": ctx=4096 is longer than the model's 512 "
+                                             r"positions \(config.json\): choose a smaller "
+                                             r"ctx=$"):
+        qw.check_plan(model, "q8_0", ctx=4096, progress=False)

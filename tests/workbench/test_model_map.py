@@ -96,6 +96,29 @@ def test_map_command_json(demo_model_path, capsys):
     assert k["model.layers.0.self_attn.q_proj.weight"] == pytest.approx(want)
 
 
+def test_the_map_command_is_the_api_call(demo_model_path, capsys):
+    import workbench as qw
+    from workbench.core.errors import WorkbenchError
+    model = qw.open_model(demo_model_path)
+    assert main(["map", str(demo_model_path), "--scheme", "q4_0", "--overlay", "sqnr",
+                 "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    api = qw.map_model(model, "q4_0", overlay="sqnr", progress=False)
+    finite = {n: (v if v is not None and math.isfinite(v) else None)   # JSON: inf is null
+              for n, v in api["values"].items()}
+    assert {**api, "values": finite} == cli
+    name = "model.layers.0.mlp.down_proj.weight"
+    r = run(evaluate(model, Plan(default="q4_0"), names=[name])).tensors[name]
+    assert api["values"][name] == pytest.approx(r.error.sqnr_db)
+    assert api["schemes"][name] == "q4_0" and api["overlay"] == "sqnr"
+    default = qw.map_model(model, progress=False)          # the window's default plan
+    assert default["schemes"][name] == Plan().resolve(model)[name]
+    with pytest.raises(ValueError, match="^overlay "):      # an ArgumentError, before work
+        qw.map_model(model, overlay="sensitivity")
+    with pytest.raises(WorkbenchError, match="unknown scheme 'bogus'"):
+        qw.map_model(model, "bogus")
+
+
 def test_generated_catalog_for_bench_gui_has_exactly_n_tensors():
     pytest.importorskip("PySide6")
     from app.bench_catalog import make_catalog

@@ -30,8 +30,10 @@ from workbench.api._common import (AUTO, AUTO_FISHER_SAMPLES, AUTO_FISHER_SAMPLE
                                    DEFAULT_SCHEMES, CancelCheck, Driver, PlanLike,
                                    ProgressCallback, _check_inputs, _driver, _file_inputs)
 from workbench.api.files import calibrate, convert_gguf, diff_quantizations  # noqa: F401
+from workbench.api.maps import map_model  # noqa: F401
 from workbench.api.results import Allocation, Frontier, MeasureChoice
-from workbench.api._steps import _check_mlx, _cost_lines, _fit_for_later, _said_first
+from workbench.api._steps import (_check_mlx, _check_runtime_options, _cost_lines, _fit_for_later,
+                                  _said_first)
 from workbench.core.errors import Cancelled, WorkbenchError  # noqa: F401
 from workbench.core.progress import Progress  # noqa: F401
 from workbench.planning.budget import Budget
@@ -127,8 +129,8 @@ def runtime_target(runtime: str, target: str | None) -> str:
         raise WorkbenchError(f"runtime {runtime!r}: choose torch, onnxruntime, llama.cpp or "
                              "mlx")
     if runtime != "torch" and target not in (None, runtime):
-        raise WorkbenchError(f"--runtime {runtime} runs the rules of --target {runtime}, "
-                             f"not {target}")
+        raise WorkbenchError(f"runtime={runtime!r} runs the rules of target={runtime!r}, "
+                             f"not {target}", params=("runtime", "target"))
     return runtime if runtime != "torch" else (target or "any")
 
 
@@ -147,7 +149,8 @@ def with_methods(model: "Model", plan: Plan, *, method: str | None = None, calib
                                   imatrix, say, switch=method != "rtn")
     if plan.methods_used() == {"rtn"}:
         if imatrix:
-            raise WorkbenchError("--imatrix needs a method that reads it: --method imatrix")
+            raise WorkbenchError("imatrix= needs a method that reads it: method='imatrix'",
+                                 params=("imatrix", "method"))
         return plan, model
     mm = _driver(progress, cancel, driver)(prepare(model, plan, calib, imatrix, target,
                                                    use_cache=use_cache))
@@ -205,7 +208,9 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
     from workbench.running.runner_config import model_kind, read_config
     from workbench.core.outputs import check_output
     drive = _driver(progress, cancel, driver)
-    target = runtime_target(runtime, target)
+    target = _check_runtime_options(runtime, target, mlx_folder=mlx_folder, save_gguf=save_gguf,
+                                    accuracy_level=accuracy_level, save_onnx=save_onnx,
+                                    activations=activations)
     _check_inputs(model, calib, held_out, imatrix, say=say,
                   check=(runtime, "chunks" if runtime == "mlx" else scoring))
     text = held_out or calib
@@ -216,8 +221,6 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
                           quantize_all=quantize_all, convention=convention, method=method,
                           calib=calib, imatrix=imatrix, use_cache=use_cache, drive=drive,
                           say=say)
-    if mlx_folder is not None:
-        raise WorkbenchError("mlx_folder goes with runtime 'mlx'")
     for label, out in (("save_gguf", save_gguf), ("save_onnx", save_onnx)):
         if out is not None:     # before any work: never an input, its folder writable
             check_output(out, model=model, label=label, inputs=_file_inputs(
@@ -227,8 +230,9 @@ def check_plan(model: "Model", plan: PlanLike, *, calib=None, held_out=None,
         ctx, chunks = ctx or DEFAULT_CTX, chunks or samples
         kind = model_kind(read_config(model))
         if kind != "causal-lm":
-            raise WorkbenchError(f"--runtime llama.cpp measures next-token KL divergence: a "
-                                 f"causal LM, not a {kind}", path=model.path)
+            raise WorkbenchError(f"runtime='llama.cpp' measures next-token KL divergence: a "
+                                 f"causal LM, not a {kind}", path=model.path,
+                                 params=("runtime",))
     plan, conv = _resolve_plan(model, plan, target, quantize_all, convention)
     if activations:
         from workbench.running.methods_apply import activation_ranges
@@ -285,7 +289,8 @@ def format_runtime(fmt: str, target: str | None = None) -> str:
     formats that take any (a `target` other than a format's own runtime is an error)."""
     own = FORMAT_RUNTIME.get(fmt)
     if target and own and target != own:
-        raise WorkbenchError(f"--format {fmt} writes for --target {own}, not {target}")
+        raise WorkbenchError(f"fmt={fmt!r} writes for target={own!r}, not {target}",
+                             params=("fmt", "target"))
     return own or target or "any"
 
 
@@ -316,7 +321,8 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
     _check_inputs(model, calib, imatrix=imatrix, say=say)
     plan, conv = _resolve_plan(model, plan, runtime, quantize_all, convention)
     if accuracy_level is not None and fmt != "onnx":
-        raise WorkbenchError("--accuracy-level is an onnx option (MatMulNBits accuracy_level)")
+        raise WorkbenchError("accuracy_level= is an onnx option (MatMulNBits accuracy_level)",
+                             params=("accuracy_level",))
     if activations and not get_exporter(fmt).activations:
         from workbench.export import list_exporters
         raise WorkbenchError(f"activations={activations!r}: the {fmt} format stores no "
@@ -400,7 +406,7 @@ def measure_sensitivity(model: "Model", schemes: str | Sequence[str] = DEFAULT_S
     from workbench.planning.measures import get_measure
     refused = get_measure(choice.measure).refusal(calib, imatrix)
     if refused:
-        raise WorkbenchError(refused)
+        raise refused
     table = _driver(progress, cancel, driver)(sensitivity_table_job(
         model, names, choice.measure, calib, imatrix, choice.samples, target,
         dict(pins) if pins else None, list(extra), executor=executor, use_cache=use_cache))

@@ -10,6 +10,25 @@ from typing import Callable
 from workbench.core.errors import WorkbenchError
 
 
+def _check_runtime_options(runtime, target, *, mlx_folder=None, save_gguf=None,
+                           accuracy_level=None, save_onnx=None, activations=None) -> str:
+    """check_plan's options that belong to one runtime, refused on another before any work
+    (none is dropped), then the rules `runtime` runs (workbench.api.runtime_target)."""
+    from workbench.api import runtime_target
+    if mlx_folder is not None and runtime != "mlx":
+        raise WorkbenchError("mlx_folder= needs runtime='mlx'", params=("mlx_folder", "runtime"))
+    if save_gguf is not None and runtime != "llama.cpp":
+        raise WorkbenchError("save_gguf= needs runtime='llama.cpp'",
+                             params=("save_gguf", "runtime"))
+    target = runtime_target(runtime, target)
+    if runtime != "onnxruntime" and (accuracy_level is not None or save_onnx is not None
+                                     or activations):
+        raise WorkbenchError("accuracy_level=, activations= and save_onnx= need "
+                             "runtime='onnxruntime'",
+                             params=("accuracy_level", "activations", "save_onnx", "runtime"))
+    return target
+
+
 def _check_mlx(model, plan, text, *, ctx, chunks, mlx_folder, mlx_chunks, mlx_ctx, target,
                quantize_all, convention, method, calib, imatrix, use_cache, drive, say) -> dict:
     """check_plan's runtime "mlx" (workbench.export.mlx_check)."""

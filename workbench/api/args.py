@@ -147,6 +147,11 @@ def _act_methods():
     return list(METHODS)
 
 
+def _map_overlays():
+    from workbench.planning.model_map import MAP_OVERLAYS
+    return list(MAP_OVERLAYS)
+
+
 def _path(none=False):
     return lambda n, v: c.check_path(n, v, none=none)
 
@@ -206,7 +211,7 @@ RULES = {
     "estimate": _BOOL,
     "notes": _BOOL, "overwrite": _BOOL, "executor": _executor,
     "progress": _progress, "cancel": _CALLABLE, "driver": _CALLABLE, "kld_driver": _CALLABLE,
-    "say": _CALLABLE, "variants": _BOOL, "name": _text(),
+    "say": _CALLABLE, "variants": _BOOL, "name": _text(), "overlay": _choices_of(_map_overlays),
 }
 
 #: where a name means something else in one function
@@ -222,6 +227,7 @@ PER_FUNCTION = {
                    "target": _choices_of(_runtimes, none=True)},
     "export_plan": {"activations": lambda n, v: c.check_choice(
         n, v, ["int8", *_act_methods()], none=True), "target": _choices_of(_runtimes, none=True)},
+    "map_model": {"plan": lambda n, v: None if v is None else _plan_like(n, v)},
     "convert_gguf": {"source": lambda n, v: _source_model_or_path(n, v) if v is not None
                      else c.check_path(n, v)},      # a GGUF's Model: its file
 }

@@ -139,21 +139,28 @@ def main(argv: list[str] | None = None, packages: tuple[str, ...] = DOMAIN_COMMA
 
 
 def flag_named(exc: WorkbenchError, parser, args) -> WorkbenchError:
-    """An API argument's refusal (workbench.core.checks.ArgumentError, naming the parameter)
-    told under the command's flag for it: the option whose destination is the parameter
-    (``samples`` -> ``--samples``, ``from_bpw`` -> ``--from-bpw``); a command whose flag
-    feeds a parameter of another name says so in ``set_defaults(flags={param: flag})``."""
+    """A library error told under the command's flags: an API argument's refusal
+    (workbench.core.checks.ArgumentError, naming the parameter) under the flag for it, and the
+    parameters another error names (``calib=``, ``ctx=3``: its ``params``) as flags
+    (``--calib``, ``--ctx 3``). A parameter's flag is the option whose destination is the
+    parameter (``samples`` -> ``--samples``, ``from_bpw`` -> ``--from-bpw``); a command whose
+    flag feeds a parameter of another name says so in ``set_defaults(flags={param: flag})``."""
     from workbench.core.checks import ArgumentError
-    if not isinstance(exc, ArgumentError) or args is None:
+    if args is None:
         return exc
-    flag = (getattr(args, "flags", None) or {}).get(exc.param)
-    if flag is None:
-        sub = _commands(parser).get(getattr(args, "command", None))
-        for action in getattr(sub, "_actions", ()):   # noqa: SLF001 (argparse has no API)
-            if action.dest == exc.param and action.option_strings:
-                flag = max(action.option_strings, key=len)
-                break
-    return exc.named(flag) if flag else exc
+
+    def flag_of(param: str) -> str | None:
+        flag = (getattr(args, "flags", None) or {}).get(param)
+        if flag is None:
+            sub = _commands(parser).get(getattr(args, "command", None))
+            for action in getattr(sub, "_actions", ()):   # noqa: SLF001 (argparse has no API)
+                if action.dest == param and action.option_strings:
+                    return max(action.option_strings, key=len)
+        return flag
+    if isinstance(exc, ArgumentError):
+        flag = flag_of(exc.param)
+        return exc.named(flag) if flag else exc
+    return exc.flagged(flag_of)
 
 
 def log_dir() -> Path:

@@ -241,9 +241,9 @@ def check_output(path, *, kind: str = "file", model=None, inputs: dict | None = 
                     f"output folder exists and holds {what} ({', '.join(names)}"
                     f"{f' and {n - len(names)} more' if n > len(names) else ''}): "
                     "choose a new or empty folder" + ("" if overwrite is None else
-                                                      ", or allow replacing it (overwrite=True, "
-                                                      "--overwrite)")
-                    + "; nothing was written", path=str(out))
+                                                      ", or allow replacing it "
+                                                      "(overwrite=True)")
+                    + "; nothing was written", path=str(out), params=("overwrite",))
     elif out.is_symlink():
         raise WorkbenchError("is a symbolic link to nothing: name a real path; nothing was "
                              "written", path=str(out))

@@ -90,8 +90,8 @@ def check_float_model(model) -> Path:
     try:
         from mlx_lm.utils import MODEL_REMAPPING
     except ImportError:
-        raise WorkbenchError("--runtime mlx needs mlx and mlx-lm (pip install -e .[mlx])") \
-            from None
+        raise WorkbenchError("runtime='mlx' needs mlx and mlx-lm (pip install -e .[mlx])",
+                             params=("runtime",)) from None
     name = MODEL_REMAPPING.get(model_type, model_type)
     if not isinstance(name, str) or importlib.util.find_spec(f"mlx_lm.models.{name}") is None:
         raise WorkbenchError(f"mlx-lm has no model class for model_type {model_type!r}",

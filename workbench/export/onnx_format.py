@@ -59,8 +59,8 @@ def _dq_form(scheme, qt):
 def _act_scale(name: str, entry: dict) -> float:
     if entry.get("type", "int") != "int" or int(entry.get("num_bits", 8)) != 8:
         raise WorkbenchError(f"ONNX export takes int8 activations; the plan gives "
-                             f"{entry.get('type')}{entry.get('num_bits')} (use --act-bits 8 "
-                             "--act-type int)", tensor=name)
+                             f"{entry.get('type')}{entry.get('num_bits')} (use act_bits=8 "
+                             "act_type=int)", tensor=name, params=("act_bits", "act_type"))
     s = float(entry.get("scale") or 0.0)
     if not (s > 0 and np.isfinite(s)):
         s = float(entry.get("amax") or 0.0) / 127.0
@@ -138,7 +138,8 @@ def build_onnx(model, plan, out_path, *, accuracy_level: int = DEFAULT_ACCURACY_
     from workbench.export.onnx_layout import matmulnbits_arrays
     onnx, ort = import_onnx()
     if accuracy_level not in ACCURACY_LEVELS:
-        raise WorkbenchError(f"--accuracy-level must be one of 0..4, got {accuracy_level}")
+        raise WorkbenchError(f"accuracy_level={accuracy_level!r}: choose one of 0..4",
+                             params=("accuracy_level",))
     out = Path(out_path)          # checked by the export door (workbench.core.outputs)
     yield Progress(0, 100, "building the float network")
     decisions = plan_decisions(model, plan, "onnxruntime")

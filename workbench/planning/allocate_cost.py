@@ -78,20 +78,7 @@ def estimate(params: int, linear_params: int, tensors: int, schemes: int, measur
     costly = [m for m in methods if m != "rtn"]
     if get_measure(measure).reads_calibration or costly:
         c.stages["building the network"] = BUILD
-    if measure == "fisher":
-        pass_s = c.stages[f"fisher pass over {samples} samples"] = PASS_FISHER * params * samples
-        errors = ERRORS_SAMPLED * params * schemes
-        c.stages[f"{schemes} schemes' errors"] = max(errors - ERRORS_OVERLAP * pass_s,
-                                                     0.25 * errors)
-    elif measure == "activation":
-        if samples:
-            c.stages[f"activation pass over {samples} samples"] = PASS_FORWARD * params * samples
-        c.stages[f"{schemes} schemes' errors"] = ERRORS_FULL * params * schemes
-    elif measure == "output":
-        c.stages[f"output change of {tensors} tensors x {schemes} schemes"] = \
-            PASS_FORWARD * params * samples * tensors * schemes / 2
-    else:
-        c.stages[f"{schemes} schemes' errors"] = ERRORS_FULL * params * schemes
+    c.stages.update(get_measure(measure).stages(params, tensors, schemes, samples))
     if costly:
         c.stages[f"methods {','.join(costly)}"] = \
             METHODS_PASS * linear_params * samples + METHODS * linear_params

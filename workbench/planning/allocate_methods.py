@@ -67,10 +67,11 @@ def parse_methods(text: str | None) -> list[str] | None:
         if not m:
             continue
         if m not in PAIR_METHODS:
-            extra = " (awq's fold couples the tensors sharing an input: use export --method " \
-                    "awq)" if m == "awq" else ""
-            raise WorkbenchError(f"--methods: unknown or unsupported method {m!r} (choose from "
-                                 f"{', '.join(PAIR_METHODS)}){extra}")
+            extra = " (awq's fold couples the tensors sharing an input: export with the " \
+                    "method awq)" if m == "awq" else ""
+            raise WorkbenchError(f"methods={text.strip()!r}: unknown or unsupported method "
+                                 f"{m!r} (choose from {', '.join(PAIR_METHODS)}){extra}",
+                                 params=("methods",))
         out.append(m)
     return list(dict.fromkeys(["rtn"] + out))
 
@@ -418,9 +419,9 @@ def weigh_methods(model, table, methods: str | None = "auto", measure: str = "we
         kind = _kind(model)
         methods = default_methods(measure, not imatrix and _runnable(model), kind, target)
     if imatrix and len(methods) > 1:
-        raise WorkbenchError("--methods other than rtn collect their statistics from the "
-                             "calibration text: give --calib (or nothing), not --imatrix",
-                             path=imatrix)
+        raise WorkbenchError("methods= other than rtn collect their statistics from the "
+                             "calibration text: give calib= (or nothing), not imatrix=",
+                             path=imatrix, params=("methods", "calib", "imatrix"))
     if len(methods) == 1:
         table.methods = {}
         if (auto and kind == "causal-lm" and not quiet
@@ -436,7 +437,8 @@ def weigh_methods(model, table, methods: str | None = "auto", measure: str = "we
             + (" (--methods auto)" if auto else "")
             + (f"; {', '.join(costly)} near the allocation" if staged else "")
             + ", each fitted on half the calibration samples and judged on the other half")
-    rw = row_weights_from_fisher(model, calib, samples) if measure == "fisher" else None
+    row_weights = get_measure(measure).row_weights
+    rw = row_weights(model, calib, samples) if row_weights is not None else None
     first = [m for m in methods if m in CHEAP_METHODS] if staged else methods
     # mlx without gptq: judged on the held-out fold's E[x²] (no Hessians; DIAGONAL_TARGETS)
     diagonal = target in DIAGONAL_TARGETS and "gptq" not in methods

@@ -142,7 +142,7 @@ def from_flags(budget_bpw: float | None = None, budget_bytes: int | None = None,
     """The budget `allocate`'s flags ask for (exactly one of the four budgets given; `bpw_over`
     only with `budget_bpw`)."""
     if bpw_over is not None and budget_bpw is None:
-        raise WorkbenchError("--bpw-over goes with --budget-bpw")
+        raise WorkbenchError("bpw_over= goes with budget_bpw=", params=("bpw_over", "budget_bpw"))
     if budget_bpw is not None:
         return Budget("bpw", _number("budget_bpw", budget_bpw), bpw_over or "all")
     if budget_bytes is not None:
@@ -213,12 +213,13 @@ def file_target(budget: Budget, target: str) -> str:
         return target
     if budget.format == "mlx" or (target == "mlx" and budget.source is None):
         if target not in ("any", "mlx"):
-            raise WorkbenchError(f"an mlx file budget counts an MLX export: use --target mlx, "
-                                 f"not {target}")
+            raise WorkbenchError(f"an mlx file budget counts an MLX export: use target='mlx', "
+                                 f"not {target}", params=("target",))
         return "mlx"
     if target not in ("any", "llama.cpp"):
         raise WorkbenchError(f"a {budget.format} file budget counts a GGUF export, which "
-                             f"follows llama.cpp's rules: use --target llama.cpp, not {target}")
+                             f"follows llama.cpp's rules: use target='llama.cpp', not {target}",
+                             params=("target",))
     return "llama.cpp"
 
 

@@ -230,8 +230,8 @@ def diff(a_path: str, b_path: str, source_path: str | None = None, check: bool =
         src = open_model(source_path)
     for side in (a, b):
         if side.kind == "plan" and src is None:
-            raise WorkbenchError("a plan needs the float model it applies to: add --source FLOAT",
-                                 path=side.path)
+            raise WorkbenchError("a plan needs the float model it applies to: add source=FLOAT",
+                                 path=side.path, params=("source",))
     ref = src if src is not None else (a.model if a.model is not None else b.model)
     keys = list(ref.tensors)
     decisions = {}

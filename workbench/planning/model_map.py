@@ -309,5 +309,38 @@ def summary(model, plan) -> dict:
             "schemes": {n: assignment.get(n) for n in model.tensors}}
 
 
+#: the overlays `map` computes without the window (sensitivity and output: `sensitivity`)
+MAP_OVERLAYS = ("bits", "sqnr", "kurtosis", "outliers")
+
+
+def map_values_job(model, plan, overlay: str = "bits"):
+    """Job: {tensor: the overlay's value} for `map`: bits per weight (from the plan's sizes,
+    None for an empty tensor), SQNR dB (the plan evaluated under runtime "any"), excess
+    kurtosis or outlier fraction (every tensor read)."""
+    from workbench.core.errors import WorkbenchError
+    from workbench.core.progress import Progress
+    if overlay not in MAP_OVERLAYS:
+        raise WorkbenchError(f"overlay={overlay!r}: choose {', '.join(MAP_OVERLAYS)}",
+                             params=("overlay",))
+    if overlay == "bits":
+        bytes_of, _ = plan_bytes_of(model, plan)
+        return {n: (8.0 * bytes_of(n) / i.numel if i.numel else None)
+                for n, i in model.tensors.items()}
+    names = list(model.tensors)
+    out = {}
+    for i, n in enumerate(names):
+        yield Progress(i, len(names), f"{overlay} of {n}")
+        if overlay == "sqnr":
+            from workbench.quant.evaluate import evaluate_tensor
+            from workbench.quant.runtimes import plan_decisions
+            d = plan_decisions(model, plan, "any", [n])[n]
+            out[n] = evaluate_tensor(model, n, d.requested, decision=d).error.sqnr_db
+        else:
+            from workbench.quant.stats import tensor_stats
+            st = yield from tensor_stats(model, n)
+            out[n] = st.kurtosis if overlay == "kurtosis" else st.outlier_frac
+    return out
+
+
 def finite_or_none(x: float):
     return x if isinstance(x, float) and math.isfinite(x) else None

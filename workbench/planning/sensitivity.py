@@ -41,10 +41,7 @@ from workbench.quant.plan import KEEP
 from workbench.quant.runtimes import runtime_and_names
 from workbench.core.progress import Progress, run as run_job
 from workbench.quant.streaming import activation_error
-from workbench.running.imatrix import second_moments
-from workbench.planning.fisher import EarlyFisherErrors, fisher_diagonals, fisher_errors
-from workbench.planning.output_measure import output_errors_job
-from workbench.planning.measures import get_measure, measure_names
+from workbench.planning.measures import get_measure, list_measures, measure_names
 from workbench.planning.sizes import _bytes_as, below_smallest_message
 
 #: the measures' names (workbench.planning.measures holds their facts)
@@ -154,12 +151,31 @@ def predicted_unit(model, measure: str) -> str:
 
 
 def best_measure(model, calib=None, imatrix=None) -> tuple[str, str]:
-    """(measure, why): the best sensitivity measure the inputs allow. fisher (an estimate of
-    the output change, rank correlation 0.99 with it on MiniLM) when the model is runnable: a
+    """(measure, why): the best sensitivity measure the inputs allow, the one of highest
+    ``auto_rank`` (workbench.planning.measures) they can feed: fisher (an estimate of the
+    output change, rank correlation 0.99 with it on MiniLM) when the model is runnable: a
     config.json of a supported architecture, the [model] extra installed and calibration
     inputs that tokenize; activation with an imatrix; weight otherwise."""
-    if imatrix:
-        return "activation", "an imatrix was given"
+    ranked = sorted((m for m in list_measures() if m.auto_rank is not None),
+                    key=lambda m: -m.auto_rank)
+    why_not = None                     # why the model does not run ("" once it ran)
+    for m in ranked:
+        if m.refusal(calib, imatrix):
+            continue
+        if imatrix and m.takes_imatrix:
+            return m.name, "an imatrix was given"
+        if not m.runs_network(imatrix):
+            return m.name, (f"the model is not runnable: {why_not}" if why_not
+                            else "it reads the weights alone")
+        if why_not is None:
+            why_not = _not_runnable(model, calib)
+        if not why_not:
+            return m.name, "the model is runnable"
+    raise WorkbenchError("no sensitivity measure takes these inputs")
+
+
+def _not_runnable(model, calib) -> str:
+    """Why the model cannot run on the calibration inputs, "" when it can."""
     if calib:       # a bad file given is refused, never taken as "not runnable"
         from workbench.running.inputs import validate_calibration_inputs
         validate_calibration_inputs(model, calib)
@@ -170,8 +186,8 @@ def best_measure(model, calib=None, imatrix=None) -> tuple[str, str]:
         _import_transformers()
         run_job(calibration_samples(model, calib, 1))
     except WorkbenchError as exc:
-        return "weight", f"the model is not runnable: {one_line(str(exc))}"
-    return "fisher", "the model is runnable"
+        return one_line(str(exc)) or "it cannot run"
+    return ""
 
 
 # ---- the table --------------------------------------------------------------------------------
@@ -221,7 +237,8 @@ class SensitivityTable:
     def budget_bytes(self, budget_bytes: int | None = None, budget_bpw: float | None = None) -> int:
         if budget_bytes is None:
             if budget_bpw is None:
-                raise WorkbenchError("give --budget-bpw or --budget-bytes")
+                raise WorkbenchError("give budget_bpw= or budget_bytes=",
+                                     params=("budget_bpw", "budget_bytes"))
             budget_bytes = int(np.floor(budget_bpw * self.params / 8.0 + 1e-9))
         return int(budget_bytes)
 
@@ -456,40 +473,19 @@ def sensitivity_table_job(model, schemes, measure: str = "weight", calib=None, i
     (workbench.jobs.cluster): the per-tensor weight and activation work runs on its workers.
     `use_cache` False: the output measure's cache is neither read nor written."""
     from workbench.core.progress import subjob
+    from workbench.planning.measure_jobs import MeasureInputs
     from workbench.schemes import get_scheme
     schemes = [get_scheme(s).name for s in schemes]
-    get_measure(measure)               # an unknown name: refused, the measures listed
+    m = get_measure(measure)           # an unknown name: refused, the measures listed
     extra = [get_scheme(s).name for s in extra]
     cands = list(dict.fromkeys(list(schemes) + extra + list((pins or {}).values())))
     errors, scale = None, 1.0
-    if measure == "activation":
-        mom = yield from subjob(second_moments(model, calib, imatrix, samples), 0, 30, 100)
-        try:
-            usage = yield from subjob(embedding_usage(model, calib, samples), 30, 5, 100)
-        except WorkbenchError:
-            usage = {}   # an imatrix without a runnable model: linear weights only
-        errors = yield from subjob(activation_errors(model, cands, mom, usage, runtime,
-                                                     executor), 35, 45, 100)
-        if mom:
-            scale = float(np.mean([np.mean(v) for v in mom.values()]))
-    elif measure == "fisher":
-        early = EarlyFisherErrors(model, cands, runtime)
-        try:
-            diag, count = yield from subjob(fisher_diagonals(model, calib, samples,
-                                                             early=early), 0, 45, 100)
-            errors = yield from subjob(fisher_errors(model, cands, diag, count, runtime,
-                                                     early=early), 45, 35, 100)
-        finally:
-            early.close()
-        scale = 0.0
-    elif measure == "output":
-        errors = yield from subjob(output_errors_job(model, cands, calib, samples,
-                                                     runtime=runtime, use_cache=use_cache),
-                                   0, 80, 100)
-        scale = 0.0
+    if m.values is not None:
+        errors, scale = yield from subjob(m.values(MeasureInputs(
+            model, cands, calib, imatrix, samples, runtime, executor, use_cache)), 0, 80, 100)
     start = 0 if errors is None else 80
     if expert_weighting is None:
-        expert_weighting = measure == "activation" or (measure == "weight" and calib is not None)
+        expert_weighting = m.weighs_experts(calib)
     usage = {}
     if expert_weighting and not imatrix and _has_experts(model):
         usage = yield from subjob(routing_usage(model, calib, samples), start, 5, 100)

@@ -576,6 +576,6 @@ def check_strict(decisions, path=None) -> None:
            or (d.kind == "kept" and d.note and d.requested != KEEP and ": kept in " in d.note)]
     if bad:
         raise WorkbenchError(
-            f"--strict: {len(bad)} tensors would not get the scheme the plan asks for: "
+            f"strict=True: {len(bad)} tensors would not get the scheme the plan asks for: "
             + "; ".join(f"{d.name}: {d.note}" for d in bad[:4]) + (" ..." if len(bad) > 4 else ""),
-            path=path)
+            path=path, params=("strict",))

@@ -313,17 +313,19 @@ def kld_check(model, plan, text=None, ctx: int | None = None, chunks: int | None
     if ctx is None:
         ctx = min(DEFAULT_CTX, limit) if limit else DEFAULT_CTX
     elif ctx < 4:
-        raise WorkbenchError(f"--ctx {ctx}: a chunk needs at least 4 tokens")
+        raise WorkbenchError(f"ctx={ctx}: a chunk needs at least 4 tokens", params=("ctx",))
     elif limit and ctx > limit:
-        raise WorkbenchError(f"--ctx {ctx} is longer than the model's {limit} positions "
-                             "(config.json): choose a smaller --ctx", path=str(model.path))
+        raise WorkbenchError(f"ctx={ctx} is longer than the model's {limit} positions "
+                             "(config.json): choose a smaller ctx=", path=str(model.path),
+                             params=("ctx",))
     yield Progress(0, 100, "tokenizing")
     ids, bos = text_stream(model, text, ctx * chunks + 1 if chunks else None)
     note = None
     if len(ids) < ctx:
         if len(ids) < 8:
             raise WorkbenchError(f"the text has {len(ids)} tokens: too short to score (a chunk "
-                                 f"needs {ctx}, see --ctx)", path=str(text or "calibration"))
+                                 f"needs {ctx}, see ctx=)", path=str(text or "calibration"),
+                                 params=("ctx",))
         note = (f"the text has {len(ids)} tokens, fewer than --ctx {ctx}: scored as one chunk "
                 f"of {len(ids)} tokens")
         ctx = len(ids)

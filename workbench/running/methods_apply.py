@@ -429,18 +429,18 @@ def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples
     stats = {n: st for n, st in (stats or {}).items() if n in todo}
     heavy = sorted(methods - {"imatrix"})
     if imatrix and not given and heavy and not calib:
-        raise WorkbenchError(f"method {heavy[0]} needs calibration inputs (--calib FILE); an "
-                             "imatrix holds only E[x^2], enough for --method imatrix",
-                             path=str(imatrix))
+        raise WorkbenchError(f"method {heavy[0]} needs calibration inputs (calib=FILE); an "
+                             "imatrix holds only E[x^2], enough for method='imatrix'",
+                             path=str(imatrix), params=("calib", "method"))
     calibrates = not given and bool(calib or heavy or not imatrix)
     if calibrates and calib is None:
         from workbench.running.calibration import DEFAULT_CALIB
         from workbench.formats.llama_names import model_folder
         if not (model_folder(model) / "config.json").is_file():
             raise WorkbenchError(f"method {sorted(methods)[0]} needs calibration data: give "
-                                 "--calib FILE (text/JSONL/token ids; the model must be "
-                                 "runnable) or --imatrix FILE (imatrix only)",
-                                 path=str(model.path))
+                                 "calib=FILE (text/JSONL/token ids; the model must be "
+                                 "runnable) or imatrix=FILE (imatrix only)",
+                                 path=str(model.path), params=("calib", "imatrix"))
         notes.append(f"calibration: the shipped {Path(DEFAULT_CALIB).name} (no --calib given)")
     source = None
     from workbench.running.method_fits import CACHED_METHODS, calib_source, kept_fit

@@ -34,7 +34,8 @@ def expand_pins(model, pins) -> dict[str, str]:
             continue
         hit = [t for t in model.tensors if parse_selector(n).matches(t)]
         if not hit:
-            raise WorkbenchError(f"--pin {n}: no tensor of the model matches", path=model.path)
+            raise WorkbenchError(f"pins={n!r}: no tensor of the model matches", path=model.path,
+                                 params=("pins",))
         for t in hit:
             out.setdefault(t, s)
     for p in out:

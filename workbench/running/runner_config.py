@@ -96,10 +96,10 @@ def set_device(name: str | None) -> str:
     if name in (None, "", "auto"):
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name not in ("cpu", "cuda"):
-        raise WorkbenchError(f"--device {name}: choose cpu or cuda")
+        raise WorkbenchError(f"device={name!r}: choose cpu or cuda", params=("device",))
     if name == "cuda" and not torch.cuda.is_available():
-        raise WorkbenchError("--device cuda: torch sees no CUDA GPU (torch "
-                             f"{torch.__version__}); use --device cpu")
+        raise WorkbenchError("device='cuda': torch sees no CUDA GPU (torch "
+                             f"{torch.__version__}); use device='cpu'", params=("device",))
     _DEVICE[0] = name
     return name
 

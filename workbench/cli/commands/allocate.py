@@ -45,7 +45,7 @@ def register(sub) -> None:
                         "allocation's), else rtn; 'rtn' gives the scheme-only plan")
     p.add_argument("-o", "--output", required=True, help="plan JSON to write")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, flags={"pins": "--pin"})
 
 
 def run(args) -> int:

@@ -31,14 +31,14 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from workbench.api import parse_schemes
     from workbench.bench.cluster import measure_in_subprocess
     from workbench.core.errors import WorkbenchError
     from workbench.core.optional import require
-    from workbench.schemes import get_scheme
     require("distributed", "cluster")
     if args.layers < 1 or args.noop_tasks < 1 or args.repeats < 1:
         raise WorkbenchError("--layers, --noop-tasks and --repeats must be at least 1")
-    schemes = [get_scheme(s.strip()).name for s in args.schemes.split(",") if s.strip()]
+    schemes = parse_schemes(args.schemes)
     folder = tempfile.mkdtemp(prefix="qwb-bench-cluster-")
     try:
         print(f"generating {args.layers} blocks; sweeping {len(schemes)} schemes in process, "

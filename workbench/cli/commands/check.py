@@ -103,19 +103,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from workbench.api import check_plan, runtime_target
-    from workbench.core.errors import WorkbenchError
-    if args.mlx_folder and args.runtime != "mlx":
-        raise WorkbenchError("--mlx-folder needs --runtime mlx")
+    from workbench.api import check_plan
     plan = None if args.mlx_folder else plan_from_args(args)
     model = open_model_arg(args)
-    onnx = args.runtime == "onnxruntime"
-    if args.save_gguf and args.runtime != "llama.cpp":
-        raise WorkbenchError("--save-gguf needs --runtime llama.cpp")
-    runtime_target(args.runtime, args.target)
-    if not onnx and (args.accuracy_level is not None or args.save_onnx or args.activations):
-        raise WorkbenchError("--accuracy-level, --activations and --save-onnx need --runtime "
-                             "onnxruntime")
     res = check_plan(model, plan, calib=args.calib, held_out=args.held_out,
                      samples=args.samples, target=args.target, runtime=args.runtime,
                      scoring=args.scoring, ctx=args.ctx, chunks=args.chunks,

@@ -54,7 +54,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.add_argument("--verbose", action="store_true",
                    help="list every tensor's note (default: one line per kind of note, counted)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, flags={"fmt": "--format"})
 
 
 def run(args) -> int:

@@ -26,48 +26,13 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _values(model, plan, overlay: str, quiet: bool):
-    from workbench.core.progress import Progress
-    names = list(model.tensors)
-
-    def job():
-        out = {}
-        for i, n in enumerate(names):
-            yield Progress(i, len(names), f"{overlay} of {n}")
-            if overlay == "sqnr":
-                from workbench.quant.evaluate import evaluate_tensor
-                from workbench.quant.runtimes import plan_decisions
-                d = plan_decisions(model, plan, "any", [n])[n]
-                out[n] = evaluate_tensor(model, n, d.requested, decision=d).error.sqnr_db
-            else:
-                from workbench.quant.stats import tensor_stats
-                st = yield from tensor_stats(model, n)
-                out[n] = st.kurtosis if overlay == "kurtosis" else st.outlier_frac
-        return out
-    return drive(job(), quiet=quiet)
-
-
 def run(args) -> int:
-    from workbench.planning.model_map import summary
-    from workbench.quant.plan import Plan
+    from workbench.api import make_plan, map_model
     model = open_model_arg(args)
-    if args.plan:
-        plan = Plan.load(args.plan)
-    elif args.scheme:
-        from workbench.schemes import get_scheme
-        plan = Plan(default=get_scheme(args.scheme).name)
-    else:
-        plan = Plan()
-    res = summary(model, plan)
-    from workbench.planning.model_map import plan_bytes_of
-    if args.overlay == "bits":
-        bytes_of, _ = plan_bytes_of(model, plan)
-        vals = {n: (8.0 * bytes_of(n) / i.numel if i.numel else None)
-                for n, i in model.tensors.items()}
-    else:
-        vals = _values(model, plan, args.overlay, args.json)
-    res["overlay"] = args.overlay
-    res["values"] = vals
+    plan = make_plan(path=args.plan) if args.plan else args.scheme
+    res = map_model(model, plan, overlay=args.overlay,
+                    driver=lambda job: drive(job, quiet=args.json))
+    vals = res["values"]
     if args.json:
         print_json(res)
         return 0

@@ -34,10 +34,8 @@ def add_table_args(p, schemes: str = DEFAULT_SCHEMES) -> None:
                          f"{AUTO_FISHER_SAMPLES_LM} for a causal LM, "
                          "unless --samples), activation with --imatrix, weight otherwise; "
                          if auto else "default weight; ")
-                   + "weight: squared weight error; activation: imatrix-weighted error; "
-                     "fisher: activation- and output-gradient-weighted error (a second-order "
-                     "estimate of the output measure from one calibration pass); "
-                     "output: measured KL / 1-cosine with only that tensor quantized")
+                   + "; ".join(f"{m.name}: {m.summary or m.description}"
+                               for m in list_measures()))
     p.add_argument("--samples", type=int, default=None, help="use the first N calibration samples")
     p.add_argument("--no-cache", action="store_true",
                    help="--measure output: neither read nor write the cached measured values "

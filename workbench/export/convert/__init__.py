@@ -81,9 +81,10 @@ def convert(src, to: str, output, dtype: str | None = DEFAULT_DTYPE,
     from workbench.export.convert.off_grid import off_grid, on_source_grid
     from workbench.export.convert.source import FloatView
     if to not in TARGETS:
-        raise WorkbenchError(f"--to {to!r}: choose hf or gguf")
+        raise WorkbenchError(f"to={to!r}: choose hf or gguf", params=("to",))
     if dtype is not None and dtype not in DTYPES:
-        raise WorkbenchError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        raise WorkbenchError(f"dtype={dtype!r}: choose one of {', '.join(DTYPES)}",
+                             params=("dtype",))
     out = Path(output)
     if _is_mlx(src):
         return (yield from convert_mlx(src, to, out, dtype, off_grid_seed))

@@ -184,8 +184,8 @@ def cast(w: np.ndarray, dtype: str, name: str) -> np.ndarray:
     with np.errstate(over="ignore"):
         h = np.asarray(w, np.float32).astype(np.float16)
     if not np.isfinite(h).all() and np.isfinite(w).all():
-        raise WorkbenchError("values beyond float16's range (65504): use --dtype bf16 or f32",
-                             tensor=name)
+        raise WorkbenchError("values beyond float16's range (65504): use dtype=bf16 or f32",
+                             tensor=name, params=("dtype",))
     return h
 
 
@@ -197,7 +197,7 @@ def user_paths(exc: WorkbenchError, folder: str, whole: str, inside) -> Workbenc
         return exc
     what = os.path.relpath(path, folder)
     new = WorkbenchError(exc.problem, path=whole if what == "." else inside(what),
-                         tensor=exc.tensor)
+                         tensor=exc.tensor, params=getattr(exc, "params", ()))
     new.__cause__ = exc.__cause__
     return new
 

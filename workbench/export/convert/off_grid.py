@@ -90,8 +90,8 @@ def _meta_int(md: dict, key: str, layer: int, path: str):
     if isinstance(v, list):
         v = v[layer] if layer < len(v) else None
     if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
-        raise WorkbenchError(f"--off-grid: metadata {key} missing or not a positive integer",
-                             path=path)
+        raise WorkbenchError(f"off_grid=: metadata {key} missing or not a positive integer",
+                             path=path, params=("off_grid",))
     return int(v)
 
 
@@ -100,10 +100,12 @@ def off_grid(model, seed: int = 0) -> OffGrid:
     md, path = model.metadata, model.path
     arch = md.get("general.architecture")
     if arch not in ARCHS:
-        raise WorkbenchError(f"--off-grid knows the block structure of {', '.join(sorted(ARCHS))} "
-                             f"GGUFs, not {arch!r}: convert without --off-grid", path=path)
+        raise WorkbenchError(f"off_grid= knows the block structure of {', '.join(sorted(ARCHS))} "
+                             f"GGUFs, not {arch!r}: convert without off_grid=", path=path,
+                             params=("off_grid",))
     if seed < 0:
-        raise WorkbenchError("--off-grid SEED must be a non-negative integer")
+        raise WorkbenchError(f"off_grid={seed}: the seed must be a non-negative integer",
+                             params=("off_grid",))
     names = set(model.tensors)
     n_layers = _meta_int(md, f"{arch}.block_count", 0, path)
     og = OffGrid(seed)
@@ -113,8 +115,9 @@ def off_grid(model, seed: int = 0) -> OffGrid:
         info = model.info(name)
         n = info.rows if key == "rows" else info.cols
         if vec.shape != (n,):
-            raise WorkbenchError(f"--off-grid: {len(vec)} factors for {key} of a "
-                                 f"{info.rows}x{info.cols} tensor", path=path, tensor=name)
+            raise WorkbenchError(f"off_grid=: {len(vec)} factors for {key} of a "
+                                 f"{info.rows}x{info.cols} tensor", path=path, tensor=name,
+                                 params=("off_grid",))
         d = acc.setdefault(name, {})
         d[key] = vec if key not in d else d[key] * vec
 
@@ -125,8 +128,9 @@ def off_grid(model, seed: int = 0) -> OffGrid:
 
     def fold(norm: str, into: list[str], layer: int, kind: int) -> None:
         if norm + ".bias" in names:
-            raise WorkbenchError("--off-grid: a norm with a bias (LayerNorm) cannot be folded "
-                                 "into the layers it feeds", path=path, tensor=norm + ".weight")
+            raise WorkbenchError("off_grid=: a norm with a bias (LayerNorm) cannot be folded "
+                                 "into the layers it feeds", path=path, tensor=norm + ".weight",
+                                 params=("off_grid",))
         if mode == "factor":          # diag(g) = diag(g / r) diag(r)
             r = factors(seed, layer, kind, model.info(norm + ".weight").numel)
             for t in into:
@@ -146,8 +150,9 @@ def off_grid(model, seed: int = 0) -> OffGrid:
                                             "attn_output", "ffn_norm", "ffn_up", "ffn_down")]
         missing = [t for t in need if t not in names]
         if missing:
-            raise WorkbenchError(f"--off-grid: block {i} has no {missing[0]} (fused or "
-                                 "mixture-of-experts layers are not supported)", path=path)
+            raise WorkbenchError(f"off_grid=: block {i} has no {missing[0]} (fused or "
+                                 "mixture-of-experts layers are not supported)", path=path,
+                                 params=("off_grid",))
         fold(b + "attn_norm", [b + "attn_q", b + "attn_k", b + "attn_v"], i, 2)
         gate = [b + "ffn_gate"] if b + "ffn_gate.weight" in names else []
         fold(b + "ffn_norm", gate + [b + "ffn_up"], i, 3)
@@ -159,9 +164,9 @@ def off_grid(model, seed: int = 0) -> OffGrid:
         v, o = b + "attn_v.weight", b + "attn_output.weight"
         v_rows, o_cols = model.info(v).rows, model.info(o).cols
         if n_head % n_kv or v_rows % n_kv or o_cols != n_head * (v_rows // n_kv):
-            raise WorkbenchError(f"--off-grid: block {i}: attn_v ({v_rows} rows) and attn_output "
+            raise WorkbenchError(f"off_grid=: block {i}: attn_v ({v_rows} rows) and attn_output "
                                  f"({o_cols} columns) do not fit {n_head} heads over {n_kv} kv "
-                                 "heads", path=path)
+                                 "heads", path=path, params=("off_grid",))
         hd, group = v_rows // n_kv, n_head // n_kv
         s = factors(seed, i, 0, v_rows)
         scale(v, "rows", s)

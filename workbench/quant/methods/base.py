@@ -55,7 +55,8 @@ class Method:
         if self.needs:
             if stats is None:
                 raise WorkbenchError(f"method {self.name} needs calibration statistics "
-                                     "(--calib FILE or --imatrix FILE)", tensor=tensor)
+                                     "(calib=FILE or imatrix=FILE)", tensor=tensor,
+                                     params=("calib", "imatrix"))
             stats.check(w.shape[1], self.needs, tensor)
         scheme.check_range(w, tensor)
         return self._quantize(w, scheme, stats, tensor=tensor, **opts)

@@ -64,7 +64,8 @@ class LayerStats:
             v = getattr(self, f)
             if v is None:
                 raise WorkbenchError(f"the calibration statistics lack '{f}' (an imatrix holds "
-                                     "only E[x^2]: GPTQ and AWQ need --calib)", tensor=tensor)
+                                     "only E[x^2]: GPTQ and AWQ need calib=)", tensor=tensor,
+                                     params=("calib",))
             if v.shape[-1] != cols:
                 raise WorkbenchError(f"calibration statistics '{f}' have {v.shape[-1]} input "
                                      f"channels, the weight has {cols}", tensor=tensor)
