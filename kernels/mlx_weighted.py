@@ -106,41 +106,59 @@ def _to_u8(v):
 
 
 @njit(inline="always", **_J)
-def _affine_error(x, q, o, gs, cc, ss, sb, dt, f16tab, tab, small, acc):
-    """Σ_j d_j (x_j − ŵ_j)² of codes cc (numpy's summation order; module doc)."""
-    if small:
-        for k in range(tab.shape[0]):
-            tab[k] = round_to(round_to(ss * np.float32(k), dt, f16tab) + sb, dt, f16tab)
+def _mlx_error(x, q, o, gs, cc, ss, sb, dt, f16tab, acc):
+    """The weighted error of codes cc under the stored (ss, sb) (numpy's summation order)."""
     for t in range(8):
         acc[t] = 0.0
     for j in range(gs):
-        if small:
-            v = tab[cc[j]]
-        else:
-            v = round_to(round_to(ss * np.float32(cc[j]), dt, f16tab) + sb, dt, f16tab)
+        v = round_to(round_to(ss * np.float32(cc[j]), dt, f16tab) + sb, dt, f16tab)
         d = np.float64(np.float32(x[o + j] - v))
         acc[j & 7] += d * d * np.float64(q[o + j])
     return _sum8_close(acc)
 
 
 @njit(inline="always", **_J)
-def _stored_codes(x, o, gs, ss, sb, nbf, cc):
-    """cc = clip(rint((x − sb)/ss), 0, nb) as uint8, 0 where ss is 0."""
-    for j in range(gs):
-        if ss != F0:
-            v = _clip_code(np.float32(np.rint(np.float32(np.float32(x[o + j] - sb) / ss))), nbf)
-            cc[j] = _to_u8(v)
-        else:
+def _affine_candidate(x, q, o, gs, ss, sb, nbf, dt, f16tab, tab, small, acc, cc, best, early):
+    """Codes cc = clip(rint((x − sb)/ss), 0, nb) (0 where ss is 0) and their weighted error
+    Σ_j d_j (x_j − ŵ_j)² (numpy's summation order; module doc). `early` (every d_j >= 0):
+    the sum is given up, returning a partial sum >= `best` (or NaN), once it cannot end below
+    `best` (every partial sum only grows), when such a candidate could not win anyway."""
+    if ss != F0:
+        for j in range(gs):
+            cc[j] = _to_u8(_clip_code(np.float32(np.rint(
+                np.float32(np.float32(x[o + j] - sb) / ss))), nbf))
+    else:
+        for j in range(gs):
             cc[j] = 0
+    if small:
+        for k in range(tab.shape[0]):
+            tab[k] = round_to(round_to(ss * np.float32(k), dt, f16tab) + sb, dt, f16tab)
+    for t in range(8):
+        acc[t] = 0.0
+    for k0 in range(0, gs, 8):
+        for t in range(8):
+            j = k0 + t
+            c = cc[j]
+            if small:
+                v = tab[c]
+            else:
+                v = round_to(round_to(ss * np.float32(c), dt, f16tab) + sb, dt, f16tab)
+            d = np.float64(np.float32(x[o + j] - v))
+            acc[t] += d * d * np.float64(q[o + j])
+        if early:
+            part = _sum8_close(acc)
+            if not part < best:
+                return part
+    return _sum8_close(acc)
 
 
 @njit(**_P)
-def affine_search(x, imp, s0, b0, bits, gs, dt, f16tab, shrink, codes, bs, bb):
+def affine_search(x, imp, s0, b0, bits, gs, dt, f16tab, shrink, early, codes, bs, bb):
     """The weighted search of every group of float32 x (rows, cols) (module doc): codes
     (rows, cols) uint8, bs / bb (rows, cols/gs) the winners' stored scale and bias (float32
     values of dtype dt). imp (cols,) float32; s0 / b0 (rows, cols/gs) float32: mlx's own
     unrounded parameters (workbench.schemes.mlx.reference.affine_params); shrink: the
-    fractions."""
+    fractions; early: every importance is >= 0 (a losing candidate's sum may stop early)."""
     rows, cols = x.shape
     ng = cols // gs
     nb = (1 << bits) - 1
@@ -176,7 +194,7 @@ def affine_search(x, imp, s0, b0, bits, gs, dt, f16tab, shrink, codes, bs, bb):
                 cc[j] = _to_u8(v)
             ss = round_to(s, dt, f16tab)
             sb = round_to(b, dt, f16tab)
-            best = _affine_error(xr, imp, o, gs, cc, ss, sb, dt, f16tab, tab, small, acc)
+            best = _mlx_error(xr, imp, o, gs, cc, ss, sb, dt, f16tab, acc)
             for j in range(gs):
                 best_c[o + j] = cc[j]
             bs[r, g] = ss
@@ -229,9 +247,8 @@ def affine_search(x, imp, s0, b0, bits, gs, dt, f16tab, shrink, codes, bs, bb):
                                 bf = np.float32(mw - np.float32(sf * mq))
                         ss = round_to(sf, dt, f16tab)
                         sb = round_to(bf, dt, f16tab)
-                        _stored_codes(xr, o, gs, ss, sb, nbf, cc)
-                        e = _affine_error(xr, imp, o, gs, cc, ss, sb, dt, f16tab, tab, small,
-                                          acc)
+                        e = _affine_candidate(xr, imp, o, gs, ss, sb, nbf, dt, f16tab, tab,
+                                              small, acc, cc, best, early)
                         if np.isfinite(e) and e < best:
                             best = e
                             for j in range(gs):
@@ -241,41 +258,45 @@ def affine_search(x, imp, s0, b0, bits, gs, dt, f16tab, shrink, codes, bs, bb):
 
 
 @njit(inline="always", **_J)
-def _fp_codes(w, o, gs, sv, mode, dt, f16tab, cc):
-    """cc = the E2M1 (mode 1, 2) or E4M3 (mode 3) codes of w / sv, rounded to dtype dt."""
-    for j in range(gs):
-        y = np.float32(w[o + j] / sv) if sv > F0 else F0
-        y = round_to(y, dt, f16tab)
-        if mode == 3:
-            cc[j] = np.uint8(_fp8_code(y, 3, 7, 126))
-        else:
-            a = abs(y)
-            c = 0
-            for t in range(7):
-                if a > _E2M1_MIDS[t]:
-                    c += 1
-            if c > 0 and np.float32(y).view(np.int32) < 0:
-                c |= 8
-            cc[j] = np.uint8(c)
-
-
-@njit(inline="always", **_J)
-def _fp_error(w, q, o, gs, cc, sv, lut, acc):
+def _fp_candidate(w, q, o, gs, sv, mode, dt, f16tab, lut, acc, cc, best, early):
+    """cc = the E2M1 (mode 1, 2) or E4M3 (mode 3) codes of w / sv (rounded to dtype dt) and
+    their weighted error, given up as `_affine_candidate`'s when `early`."""
     for t in range(8):
         acc[t] = 0.0
-    for j in range(gs):
-        d = np.float64(np.float32(w[o + j] - np.float32(lut[cc[j]] * sv)))
-        acc[j & 7] += d * d * np.float64(q[o + j])
+    for k0 in range(0, gs, 8):
+        for t in range(8):
+            j = k0 + t
+            y = np.float32(w[o + j] / sv) if sv > F0 else F0
+            y = round_to(y, dt, f16tab)
+            if mode == 3:
+                c = np.uint8(_fp8_code(y, 3, 7, 126))
+            else:
+                a = abs(y)
+                m = 0
+                for u in range(7):
+                    if a > _E2M1_MIDS[u]:
+                        m += 1
+                if m > 0 and np.float32(y).view(np.int32) < 0:
+                    m |= 8
+                c = np.uint8(m)
+            cc[j] = c
+            d = np.float64(np.float32(w[o + j] - np.float32(lut[c] * sv)))
+            acc[t] += d * d * np.float64(q[o + j])
+        if early:
+            part = _sum8_close(acc)
+            if not part < best:
+                return part
     return _sum8_close(acc)
 
 
 @njit(**_P)
-def fp_search(w, imp, s0, mode, gs, dt, f16tab, scale_vals, lut, steps, top, codes, s_out):
+def fp_search(w, imp, s0, mode, gs, dt, f16tab, scale_vals, lut, steps, top, early, codes,
+              s_out):
     """The weighted scale-byte search of mxfp4 / nvfp4 / mxfp8 (modes 1, 2, 3) over float32 w
     (rows, cols) already in dtype dt: codes (rows, cols) uint8 (an E2M1 code or an E4M3 byte
     each), s_out (rows, cols/gs) the winning scale bytes. s0: mlx's own bytes
     (reference.fp_scales); scale_vals: each byte's float32 scale; lut: each code's value;
-    steps: the byte moves tried after s0, each clipped to 0..top."""
+    steps: the byte moves tried after s0, each clipped to 0..top; early: as affine_search's."""
     rows, cols = w.shape
     ng = cols // gs
     for r in prange(rows):
@@ -286,16 +307,15 @@ def fp_search(w, imp, s0, mode, gs, dt, f16tab, scale_vals, lut, steps, top, cod
         for g in range(ng):
             o = g * gs
             sb0 = np.int64(s0[r, g])
-            _fp_codes(wr, o, gs, scale_vals[sb0], mode, dt, f16tab, cc)
-            best = _fp_error(wr, imp, o, gs, cc, scale_vals[sb0], lut, acc)
+            best = _fp_candidate(wr, imp, o, gs, scale_vals[sb0], mode, dt, f16tab, lut, acc, cc,
+                                 np.inf, False)
             for j in range(gs):
                 best_c[o + j] = cc[j]
             s_out[r, g] = np.uint8(sb0)
             for k in range(steps.shape[0]):
                 sb = min(max(sb0 + steps[k], 0), top)
                 sv = scale_vals[sb]
-                _fp_codes(wr, o, gs, sv, mode, dt, f16tab, cc)
-                e = _fp_error(wr, imp, o, gs, cc, sv, lut, acc)
+                e = _fp_candidate(wr, imp, o, gs, sv, mode, dt, f16tab, lut, acc, cc, best, early)
                 if np.isfinite(e) and e < best:
                     best = e
                     for j in range(gs):

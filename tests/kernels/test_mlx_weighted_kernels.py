@@ -63,7 +63,9 @@ def _importances(cols: int):
     rng = np.random.default_rng(3)
     dead = np.full(cols, 1.0, F)
     dead[::3] = 1e-6                                   # dead channels (importance's floor)
-    return [rng.lognormal(0, 3, cols).astype(F), np.ones(cols, F), dead]
+    signed = (rng.lognormal(0, 1, cols) * rng.choice([-1, 1], cols)).astype(F)
+    # the last: no early end of a losing candidate's sum (it needs every importance >= 0)
+    return [rng.lognormal(0, 3, cols).astype(F), np.ones(cols, F), dead, signed]
 
 
 def _same(a, b) -> bool:

@@ -136,6 +136,12 @@ def kernels():
     return mlx_weighted
 
 
+def _early(imp) -> bool:
+    """Whether the kernels may give up a candidate's error sum once it cannot win: every
+    importance >= 0 (so every partial sum only grows; kernels/mlx_weighted.py)."""
+    return bool(np.all(np.asarray(imp) >= 0))
+
+
 def _affine_kernel(k, scheme, x, imp):
     """`affine_ref`'s result from the kernel."""
     from kernels.tables import f16_table
@@ -147,7 +153,7 @@ def _affine_kernel(k, scheme, x, imp):
     bb = np.empty(s0.shape, F)
     k.affine_search(x, np.ascontiguousarray(imp, F), np.ascontiguousarray(s0, F),
                     np.ascontiguousarray(b0, F), scheme.bits, scheme.group,
-                    DT[scheme.scale_dtype], f16_table(), SHRINK, codes, bs, bb)
+                    DT[scheme.scale_dtype], f16_table(), SHRINK, _early(imp), codes, bs, bb)
     return codes, bs, bb
 
 
@@ -165,7 +171,7 @@ def _fp_kernel(k, scheme, w, imp):
                 f16_table(), np.ascontiguousarray(
                     ref.fp_scale_values(np.arange(256, dtype=np.uint8), mode), F),
                 np.ascontiguousarray(table, F), np.array(FP_STEPS[mode], np.int64),
-                254 if mode != "nvfp4" else 126, codes, s)
+                254 if mode != "nvfp4" else 126, _early(imp), codes, s)
     return codes, s
 
 
