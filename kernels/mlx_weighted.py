@@ -32,11 +32,11 @@ from . import _numba_prelude  # noqa: F401  (before numba: cheaper start)
 import numpy as np
 from numba import njit, prange
 
-from .cpu_common import _J, _P, _f32_to_f16_bits, _fp8_code
+from .cpu_common import _J, _P, _f32_to_f16_bits
+from .cpu_mlx import fp_code
 
 F0 = np.float32(0.0)
 EPS = np.float32(1e-7)
-_E2M1_MIDS = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
 
 
 @njit(inline="always", **_J)
@@ -83,6 +83,13 @@ def round_array(x, dt, f16tab, out):
 @njit(inline="always", **_J)
 def _sum8_close(r):
     return ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+
+
+@njit(inline="always", **_J)
+def _beaten(acc, best):
+    """Whether partial sums `acc` already end at or above `best` (or at NaN): they only grow
+    (every term >= 0), so the candidate cannot win; its sum is given up."""
+    return not _sum8_close(acc) < best
 
 
 @njit(inline="always", **_J)
@@ -145,10 +152,8 @@ def _affine_candidate(x, q, o, gs, ss, sb, nbf, dt, f16tab, tab, small, acc, cc,
                 v = round_to(round_to(ss * np.float32(c), dt, f16tab) + sb, dt, f16tab)
             d = np.float64(np.float32(x[o + j] - v))
             acc[t] += d * d * np.float64(q[o + j])
-        if early:
-            part = _sum8_close(acc)
-            if not part < best:
-                return part
+        if early and _beaten(acc, best):
+            break
     return _sum8_close(acc)
 
 
@@ -267,25 +272,12 @@ def _fp_candidate(w, q, o, gs, sv, mode, dt, f16tab, lut, acc, cc, best, early):
         for t in range(8):
             j = k0 + t
             y = np.float32(w[o + j] / sv) if sv > F0 else F0
-            y = round_to(y, dt, f16tab)
-            if mode == 3:
-                c = np.uint8(_fp8_code(y, 3, 7, 126))
-            else:
-                a = abs(y)
-                m = 0
-                for u in range(7):
-                    if a > _E2M1_MIDS[u]:
-                        m += 1
-                if m > 0 and np.float32(y).view(np.int32) < 0:
-                    m |= 8
-                c = np.uint8(m)
+            c = np.uint8(fp_code(round_to(y, dt, f16tab), mode))
             cc[j] = c
             d = np.float64(np.float32(w[o + j] - np.float32(lut[c] * sv)))
             acc[t] += d * d * np.float64(q[o + j])
-        if early:
-            part = _sum8_close(acc)
-            if not part < best:
-                return part
+        if early and _beaten(acc, best):
+            break
     return _sum8_close(acc)
 
 

@@ -30,17 +30,22 @@ def caches(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.fixture
-def fits(monkeypatch):
-    """The number of GPTQ fits made (GPTQ._quantize called), as a one-item list."""
+def _counted(monkeypatch, method_class) -> list:
+    """The number of fits `method_class` makes (its _quantize called), as a one-item list."""
     count = [0]
-    real = GPTQ._quantize
+    real = method_class._quantize
 
     def counted(self, *a, **k):
         count[0] += 1
         return real(self, *a, **k)
-    monkeypatch.setattr(GPTQ, "_quantize", counted)
+    monkeypatch.setattr(method_class, "_quantize", counted)
     return count
+
+
+@pytest.fixture
+def fits(monkeypatch):
+    """The number of GPTQ fits made, as a one-item list."""
+    return _counted(monkeypatch, GPTQ)
 
 
 def _calib(tmp_path, lines=slice(0, 24, 2), name="calib.txt"):
@@ -183,16 +188,9 @@ def test_cache_bytes_bound_evicts_least_recently_used(tmp_path):
 
 @pytest.fixture
 def imatrix_fits(monkeypatch):
-    """The number of imatrix fits made (Imatrix._quantize called), as a one-item list."""
+    """The number of imatrix fits made, as a one-item list."""
     from workbench.quant.methods.imatrix import Imatrix
-    count = [0]
-    real = Imatrix._quantize
-
-    def counted(self, *a, **k):
-        count[0] += 1
-        return real(self, *a, **k)
-    monkeypatch.setattr(Imatrix, "_quantize", counted)
-    return count
+    return _counted(monkeypatch, Imatrix)
 
 
 def test_mlx_imatrix_fits_kept_from_allocate_to_export(tmp_path, imatrix_fits, capsys):
