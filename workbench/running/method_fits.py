@@ -39,9 +39,9 @@ import numpy as np
 from workbench.core.cache import Cache, file_key, make_key
 
 #: the methods whose fits may be kept (`keeps_fit` says on which schemes): GPTQ's on every
-#: scheme; imatrix's on the MLX schemes (its search tries 98 candidates a group: about a
-#: minute for SmolLM2's Linear weights, besides the calibration pass its statistics need),
-#: not on the others, whose searches refit in milliseconds
+#: scheme; imatrix's on the MLX schemes (its search tries 98 candidates a group: 20-30 s for
+#: SmolLM2's Linear weights on 2 busy cores in its numba kernel, besides the calibration pass
+#: its statistics need), not on the others, whose searches refit in milliseconds
 CACHED_METHODS = ("gptq", "imatrix")
 FIT_KEEP = 8192
 FIT_BYTES = 8 << 30
