@@ -182,6 +182,23 @@ def _ceil_log2(x):
     return e - 127 + (0 if m == 0 else 1)
 
 
+@njit(inline="always", **_J)
+def fp_code(y, mode):
+    """The code of float32 y: its E4M3 byte (mode 3, mxfp8; ties to even, saturating) or its
+    E2M1 code (modes 1, 2: the nearest magnitude, a tie to the smaller, saturating at 6;
+    magnitude index | sign << 3, no -0)."""
+    if mode == 3:
+        return _fp8_code(y, 3, 7, 126)
+    a = abs(y)
+    c = 0
+    for t in range(7):
+        if a > _E2M1_MIDS[t]:
+            c += 1
+    if c > 0 and np.float32(y).view(np.int32) < 0:
+        c |= 8
+    return c
+
+
 @njit(**_P)
 def mlx_quant_fp(w, mode, gs, dt, f16tab, scale_vals, codes, s_out):
     """mxfp4 / nvfp4 / mxfp8 (modes 1, 2, 3; the weights rounded to dtype dt first): the scale
@@ -214,16 +231,6 @@ def mlx_quant_fp(w, mode, gs, dt, f16tab, scale_vals, codes, s_out):
                 for j in range(per):
                     v = row[o + per * k + j]
                     y = np.float32(v / sv) if sv > 0 else F0
-                    y = _round(y, dt, f16tab)
-                    if mode == 3:
-                        c = _fp8_code(y, 3, 7, 126)
-                    else:
-                        a = abs(y)
-                        c = 0
-                        for t in range(7):
-                            if a > _E2M1_MIDS[t]:
-                                c += 1
-                        if c > 0 and np.float32(y).view(np.int32) < 0:
-                            c |= 8
+                    c = fp_code(_round(y, dt, f16tab), mode)
                     acc |= np.uint64(c) << np.uint64(j * bits)
                 _put(out, (o + per * k) * bits // 8, acc, 4)

@@ -30,17 +30,22 @@ def caches(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.fixture
-def fits(monkeypatch):
-    """The number of GPTQ fits made (GPTQ._quantize called), as a one-item list."""
+def _counted(monkeypatch, method_class) -> list:
+    """The number of fits `method_class` makes (its _quantize called), as a one-item list."""
     count = [0]
-    real = GPTQ._quantize
+    real = method_class._quantize
 
     def counted(self, *a, **k):
         count[0] += 1
         return real(self, *a, **k)
-    monkeypatch.setattr(GPTQ, "_quantize", counted)
+    monkeypatch.setattr(method_class, "_quantize", counted)
     return count
+
+
+@pytest.fixture
+def fits(monkeypatch):
+    """The number of GPTQ fits made, as a one-item list."""
+    return _counted(monkeypatch, GPTQ)
 
 
 def _calib(tmp_path, lines=slice(0, 24, 2), name="calib.txt"):
@@ -179,3 +184,43 @@ def test_cache_bytes_bound_evicts_least_recently_used(tmp_path):
     c.put_bytes("k9" * 8, bytes(1000))
     kept = {k for k in ("k0", "k1", "k2", "k3", "k9") if c.record(k * 8).exists()}
     assert kept == {"k9", "k0"}
+
+
+@pytest.fixture
+def imatrix_fits(monkeypatch):
+    """The number of imatrix fits made, as a one-item list."""
+    from workbench.quant.methods.imatrix import Imatrix
+    return _counted(monkeypatch, Imatrix)
+
+
+def test_mlx_imatrix_fits_kept_from_allocate_to_export(tmp_path, imatrix_fits, capsys):
+    """imatrix under an MLX scheme (a 98-candidate search a group) is kept like GPTQ: allocate
+    fits the plan's tensors on the whole calibration text, export reads them (no fit, no
+    calibration pass) and writes the bytes a fit without the cache writes; imatrix under a
+    GGML scheme (milliseconds) keeps nothing."""
+    calib = _calib(tmp_path)
+    plan = tmp_path / "plan.json"
+    assert main(["allocate", str(DEMO_DIR), "--target", "mlx", "--budget-bpw", "4.5",
+                 "--measure", "weight", "--methods", "rtn,imatrix", "--schemes", "mlx-q3-g64,mlx-q4-g64,mlx-q6-g64",
+                 "--calib", str(calib),
+                 "-o", str(plan)]) == 0
+    said = capsys.readouterr()
+    p = Plan.load(str(plan))
+    assert "imatrix" in p.methods_used()
+    assert "imatrix fitted on the whole calibration text" in said.out + said.err
+    made = imatrix_fits[0]
+    kept = len(_entries(tmp_path))
+    assert made > 0 and kept > 0
+    args = [str(DEMO_DIR), "--plan", str(plan), "--format", "mlx", "--calib", str(calib)]
+    assert main(["export", *args, "-o", str(tmp_path / "a")]) == 0
+    assert imatrix_fits[0] == made                        # read, not fitted
+    said = capsys.readouterr()
+    assert "read from the cache" in said.out + said.err
+    assert main(["export", *args, "-o", str(tmp_path / "b"), "--no-cache"]) == 0
+    assert imatrix_fits[0] > made                         # fitted again: the same bytes
+    a, b = ((tmp_path / d / "model.safetensors").read_bytes() for d in ("a", "b"))
+    assert a == b
+    # imatrix on a GGML scheme: nothing kept
+    assert main(["export", str(DEMO_DIR), "--scheme", "q4_k", "--method", "imatrix", "--calib",
+                 str(calib), "--format", "gguf", "-o", str(tmp_path / "c.gguf")]) == 0
+    assert len(_entries(tmp_path)) == kept

@@ -64,13 +64,13 @@ def _check_mlx(model, plan, text, *, ctx, chunks, mlx_folder, mlx_chunks, mlx_ct
 
 
 def _fit_for_later(model, plan, calib, imatrix, target, drive, say) -> None:
-    """The plan's GPTQ fits on the whole calibration text, made now and kept in the fit cache,
-    so `check` and `export` of this plan (the same calibration input) read them and run no
-    calibration pass (workbench.running.method_fits)."""
+    """The plan's kept fits (GPTQ's; imatrix's on MLX schemes) on the whole calibration text,
+    made now and kept in the fit cache, so `check` and `export` of this plan (the same
+    calibration input) read them and run no calibration pass (workbench.running.method_fits).
+    allocate's own fits judged the methods (half the samples, a sample of rows): not these."""
     from workbench.api import with_methods
-    from workbench.running.method_fits import CACHED_METHODS
-    from workbench.running.methods_apply import fit_kept
-    kept = plan.methods_used() & set(CACHED_METHODS)
+    from workbench.running.methods_apply import fit_kept, kept_tensors
+    kept = {plan.method_for(n) for n, _s in kept_tensors(model, plan, target)}
     if not kept:
         return
     _plan, mm = with_methods(model, plan, calib=calib, imatrix=imatrix, target=target,

@@ -1,5 +1,6 @@
-"""Fitted methods kept on disk: a GPTQ fit of a tensor is made once for a given input and
-reused by every later `allocate`, `check`, `export` and app job that asks for the same one.
+"""Fitted methods kept on disk: a GPTQ fit of a tensor (and an imatrix fit under an MLX
+scheme: `keeps_fit`) is made once for a given input and reused by every later `allocate`,
+`check`, `export` and app job that asks for the same one.
 
 A fit's key (workbench.core.cache's rule: content, never paths or mtimes) holds everything the
 result depends on, and nothing that takes a calibration pass to know, so a hit needs none
@@ -37,11 +38,29 @@ import numpy as np
 
 from workbench.core.cache import Cache, file_key, make_key
 
-#: the methods whose fits are kept (the costly ones; rtn and imatrix refit in milliseconds)
-CACHED_METHODS = ("gptq",)
+#: the methods whose fits may be kept (`keeps_fit` says on which schemes): GPTQ's on every
+#: scheme; imatrix's on the MLX schemes (its search tries 98 candidates a group: 20-30 s for
+#: SmolLM2's Linear weights on 2 busy cores in its numba kernel, besides the calibration pass
+#: its statistics need), not on the others, whose searches refit in milliseconds
+CACHED_METHODS = ("gptq", "imatrix")
 FIT_KEEP = 8192
 FIT_BYTES = 8 << 30
 FIT_FORMAT = "quant-workbench-method-fit"
+
+
+def keeps_fit(method_name: str, scheme_name: str) -> bool:
+    """Whether a fit of `method_name` under `scheme_name` is kept (CACHED_METHODS)."""
+    if method_name == "gptq":
+        return True
+    if method_name != "imatrix":
+        return False
+    from workbench.core.errors import WorkbenchError
+    from workbench.schemes import get_scheme
+    from workbench.schemes.mlx import MLXScheme
+    try:
+        return isinstance(get_scheme(scheme_name), MLXScheme)
+    except WorkbenchError:
+        return False
 
 
 def fit_cache() -> Cache:
@@ -155,7 +174,7 @@ def kept_fit(method_name: str, w: np.ndarray, scheme_name: str, *, tensor: str, 
     None where it would fit: known without the statistics."""
     from workbench.quant.methods.base import get_method
     method = get_method(method_name)
-    if method.name not in CACHED_METHODS or source is None:
+    if not keeps_fit(method.name, scheme_name) or source is None:
         return None
     w = np.ascontiguousarray(np.asarray(w, np.float32))
     key = fit_key(method, scheme_name, w, None, tensor, opts, source)
@@ -170,7 +189,7 @@ def fitted(method_name: str, w: np.ndarray, scheme_name: str, stats, *, tensor: 
     bytes); `stats` may be a callable giving them, called only for a fit that is made."""
     from workbench.quant.methods.base import get_method
     method = get_method(method_name)
-    if not use_cache or method.name not in CACHED_METHODS:
+    if not use_cache or not keeps_fit(method.name, scheme_name):
         return method.quantize(w, scheme_name, stats() if callable(stats) else stats,
                                tensor=tensor, **opts)
     w = np.ascontiguousarray(np.asarray(w, np.float32))
@@ -196,7 +215,7 @@ def remember_unfitted(method_name: str, w: np.ndarray, scheme_name: str, *, tens
     is rounded to nearest): :func:`kept_fit` then answers NOT_FITTED without a pass."""
     from workbench.quant.methods.base import get_method
     method = get_method(method_name)
-    if method.name not in CACHED_METHODS or source is None:
+    if not keeps_fit(method.name, scheme_name) or source is None:
         return
     w = np.ascontiguousarray(np.asarray(w, np.float32))
     key = fit_key(method, scheme_name, w, None, tensor, opts, source)

@@ -443,12 +443,13 @@ def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples
                                  path=str(model.path), params=("calib", "imatrix"))
         notes.append(f"calibration: the shipped {Path(DEFAULT_CALIB).name} (no --calib given)")
     source = None
-    from workbench.running.method_fits import CACHED_METHODS, calib_source, kept_fit
-    if use_cache and not given and methods & set(CACHED_METHODS):
+    from workbench.running.method_fits import calib_source, keeps_fit, kept_fit
+    kept = {n for n in todo if keeps_fit(plan.method_for(n), decisions[n].applied)}
+    if use_cache and not given and kept:
         from workbench.core.cache import file_key, model_key
         source = [model_key(model), calib_source(calib, samples, 128),
                   file_key(imatrix) if imatrix else None]
-    if source is not None and not imatrix and methods <= set(CACHED_METHODS):
+    if source is not None and not imatrix and kept == todo:
         # every fit kept (probed by key, which needs no statistics): no calibration pass
         yield Progress(0, 1, "looking for kept fits")
         if all(kept_fit(plan.method_for(n), model.read_matrix(n), decisions[n].applied,
@@ -493,17 +494,22 @@ def prepare(model, plan, calib=None, imatrix=None, runtime: str = "any", samples
                        source=source)
 
 
+def kept_tensors(model, plan, runtime: str = "any") -> list[tuple[str, str]]:
+    """[(tensor, applied scheme)] of `plan` whose fits are kept (method_fits.keeps_fit)."""
+    from workbench.quant.runtimes import plan_decisions
+    from workbench.running.method_fits import keeps_fit
+    return [(n, d.applied) for n, d in sorted(plan_decisions(model, plan, runtime).items())
+            if d.applied != KEEP and model.info(n).ndim >= 2
+            and keeps_fit(plan.method_for(n), d.applied)]
+
+
 def fit_kept(mm, plan, runtime: str = "any"):
     """Job: fit every tensor of `mm` (a MethodModel) whose method's fits are kept
     (method_fits.CACHED_METHODS), so a later `check` / `export` of `plan` reads them. Returns
     the number of tensors."""
-    from workbench.quant.runtimes import plan_decisions
-    from workbench.running.method_fits import CACHED_METHODS
     if not hasattr(mm, "quantize_tensor"):
         return 0
-    todo = [(n, d.applied) for n, d in sorted(plan_decisions(mm, plan, runtime).items())
-            if d.applied != KEEP and mm.info(n).ndim >= 2
-            and plan.method_for(n) in CACHED_METHODS]
+    todo = kept_tensors(mm, plan, runtime)
     for i, (n, applied) in enumerate(todo):
         yield Progress(i, len(todo), f"fitting {plan.method_for(n)} {i + 1}/{len(todo)} {n}")
         mm.quantize_tensor(n, mm.read_matrix(n), applied)

@@ -10,9 +10,18 @@ shrunk range, clipped), each also refitted by weighted least squares of w on its
 (scale and bias); the candidate whose *dequantized* group has the least weighted error wins.
 Microscaling: the scale byte mlx picks and its neighbours (E8M0: ±1, ±2 exponents; E4M3: ±1..4
 codes), codes the nearest values; the least weighted error wins.
+
+The search runs in the numba kernels of kernels/mlx_weighted.py (per group, no temporaries,
+rows in parallel), which give exactly the bytes of the numpy reference here (`affine_ref`,
+`fp_ref`; tests/kernels/test_mlx_weighted_kernels.py); the reference runs only where numba is
+not installed, with a warning.
 """
 
 from __future__ import annotations
+
+import functools
+import importlib.util
+import warnings
 
 import numpy as np
 
@@ -36,8 +45,9 @@ def _werr(w, deq, imp):
     return (d * d * imp).sum(axis=1)
 
 
-def _affine(scheme, w, imp):
-    """(codes (rows, cols) uint8, scales, biases stored) of the weighted search."""
+def affine_ref(scheme, w, imp):
+    """numpy reference: (codes (rows, cols) uint8, scales, biases: float32 values of the stored
+    dtype) of the weighted search of `w` (already in the scheme's dtype)."""
     rows, cols = w.shape
     bits, g, dt = scheme.bits, scheme.group, scheme.scale_dtype
     nb = (1 << bits) - 1
@@ -82,7 +92,8 @@ def _affine(scheme, w, imp):
     return best_c.reshape(rows, cols), bs.reshape(rows, -1), bb.reshape(rows, -1)
 
 
-def _fp(scheme, w, imp):
+def fp_ref(scheme, w, imp):
+    """numpy reference: (codes (rows, cols) uint8, scale bytes) of the microscaling search."""
     rows, cols = w.shape
     mode, g = scheme.mode, scheme.group
     w = ref.round_to(w, scheme.dtype) if scheme.dtype != "F32" else w
@@ -108,16 +119,74 @@ def _fp(scheme, w, imp):
     return best_c, best_s
 
 
+#: the kernels' number of a float dtype (kernels/mlx_weighted.py)
+DT = {"F32": 0, "F16": 1, "BF16": 2}
+#: the microscaling modes' numbers (kernels.spec.MLX_MODES)
+FP_NUMBER = {"mxfp4": 1, "nvfp4": 2, "mxfp8": 3}
+
+
+@functools.lru_cache(maxsize=1)
+def kernels():
+    """kernels.mlx_weighted, None (with a warning, once) where numba is not installed."""
+    if importlib.util.find_spec("numba") is None:
+        warnings.warn("numba is not installed: the MLX importance-weighted search runs in its "
+                      "numpy reference (the same bytes, many times slower)", stacklevel=3)
+        return None
+    from kernels import mlx_weighted
+    return mlx_weighted
+
+
+def _early(imp) -> bool:
+    """Whether the kernels may give up a candidate's error sum once it cannot win: every
+    importance >= 0 (so every partial sum only grows; kernels/mlx_weighted.py)."""
+    return bool(np.all(np.asarray(imp) >= 0))
+
+
+def _affine_kernel(k, scheme, x, imp):
+    """`affine_ref`'s result from the kernel."""
+    from kernels.tables import f16_table
+    rows, cols = x.shape
+    x = np.ascontiguousarray(x, F)
+    s0, b0 = ref.affine_params(x, scheme.bits, scheme.group)
+    codes = np.empty((rows, cols), np.uint8)
+    bs = np.empty(s0.shape, F)
+    bb = np.empty(s0.shape, F)
+    k.affine_search(x, np.ascontiguousarray(imp, F), np.ascontiguousarray(s0, F),
+                    np.ascontiguousarray(b0, F), scheme.bits, scheme.group,
+                    DT[scheme.scale_dtype], f16_table(), SHRINK, _early(imp), codes, bs, bb)
+    return codes, bs, bb
+
+
+def _fp_kernel(k, scheme, w, imp):
+    """`fp_ref`'s result from the kernel."""
+    from kernels.tables import f16_table
+    rows, cols = w.shape
+    mode, g = scheme.mode, scheme.group
+    w = np.ascontiguousarray(ref.round_to(w, scheme.dtype) if scheme.dtype != "F32" else w, F)
+    s0 = ref.fp_scales(w, mode, g)
+    table = ref.FP8_E4M3_TABLE if mode == "mxfp8" else ref.E2M1_VALUES
+    codes = np.empty((rows, cols), np.uint8)
+    s = np.empty(s0.shape, np.uint8)
+    k.fp_search(w, np.ascontiguousarray(imp, F), s0, FP_NUMBER[mode], g, DT[scheme.dtype],
+                f16_table(), np.ascontiguousarray(
+                    ref.fp_scale_values(np.arange(256, dtype=np.uint8), mode), F),
+                np.ascontiguousarray(table, F), np.array(FP_STEPS[mode], np.int64),
+                254 if mode != "nvfp4" else 126, _early(imp), codes, s)
+    return codes, s
+
+
 def weighted_quantize(scheme, w: np.ndarray, imp: np.ndarray, method: str) -> QuantizedTensor:
     """QuantizedTensor of 2-D float32 `w` under MLX `scheme`, weighted by `imp` (cols,)."""
     rows, cols = w.shape
+    k = kernels()
     if scheme.mode == "affine":
         x = ref.round_to(w, scheme.dtype) if scheme.dtype != "F32" else w
-        codes, s, b = _affine(scheme, x, imp)
+        codes, s, b = (affine_ref(scheme, x, imp) if k is None else
+                       _affine_kernel(k, scheme, x, imp))
         arrays = {"weight": ref.pack_words(codes, scheme.bits),
                   "scales": ref.store(s, scheme.scale_dtype),
                   "biases": ref.store(b, scheme.scale_dtype)}
     else:
-        codes, s = _fp(scheme, w, imp)
+        codes, s = fp_ref(scheme, w, imp) if k is None else _fp_kernel(k, scheme, w, imp)
         arrays = {"weight": ref.pack_words(codes, scheme.bits), "scales": s}
     return QuantizedTensor(scheme.name, (rows, cols), arrays, {"method": method})
