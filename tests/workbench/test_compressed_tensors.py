@@ -163,7 +163,7 @@ def test_split_fused_qkv_and_strict_are_refused(minilm_folder, demo_model_path, 
     split = Plan(default="int4-g64", rules=[{"match": "re:k_proj", "scheme": "int8-channel"}])
     with pytest.raises(WorkbenchError, match="vLLM fuses"):
         run(export(src, split, "compressed-tensors", tmp_path / "x"))
-    with pytest.raises(WorkbenchError, match="--strict"):
+    with pytest.raises(WorkbenchError, match="strict=True"):
         run(export(src, Plan(default="q4_k"), "compressed-tensors", tmp_path / "y", strict=True))
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
     with pytest.raises(WorkbenchError, match="overwrite the source"):

@@ -81,7 +81,7 @@ def test_summary_counts_shares_and_line():
     assert s.share("fallback") == pytest.approx(3840 / (3840 + 15360 + 384))
     assert s.moves == {"q4_k->q5_0": 1}
     assert "1 tensors fell back" in str(s) and "q4_k->q5_0 x1" in str(s)
-    with pytest.raises(WorkbenchError, match="--strict"):
+    with pytest.raises(WorkbenchError, match="strict=True"):
         check_strict(ds)
     check_strict([ds[1]])  # nothing to complain about
 
@@ -96,7 +96,7 @@ def test_evaluate_q4_k_minilm_falls_back_not_silently_kept(minilm):
     d = ev.to_dict()["fallbacks"]
     assert d["fallbacks"]["q4_k->q5_0"] == len(fell)
     assert ev.totals.bits_per_weight < 6.0
-    with pytest.raises(WorkbenchError, match="--strict"):
+    with pytest.raises(WorkbenchError, match="strict=True"):
         run(evaluate(minilm, Plan(default="q4_k"), cache=None, strict=True))
 
 
