@@ -8,14 +8,14 @@ prints the same blocks and totals)."""
 from __future__ import annotations
 
 import numpy as np
-from PySide6.QtCore import QRectF, QSize, Qt, QTimer
+from PySide6.QtCore import QRectF, QSize, QTimer
 from PySide6.QtGui import QColor, QPainter
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QPushButton,
                                QScrollArea, QVBoxLayout, QWidget)
 
 from workbench.core.atomic import atomic_write
 from workbench.core.errors import WorkbenchError
-from workbench.api.choices import (HIGHER_IS_BETTER, OVERLAY_TEXT, OVERLAYS,
+from workbench.api.choices import (HIGHER_IS_BETTER, OVERLAY_TEXT, OVERLAYS, list_measures,
                                   colour_range, layout, layout_job, normalise, overlay_values)
 from workbench.core.progress import Progress, run
 from workbench.api.plans import KEEP
@@ -25,6 +25,9 @@ from .colour_scale import ColourLegend, rgb
 from .format import fmt_bytes, fmt_float
 from .map_canvas import MapCanvas, map_geometry
 from .theme import BACKGROUND
+
+#: the measure the "output" overlay shows: the one measured directly, not predicted
+MEASURED = next(m.name for m in list_measures() if m.measured)
 
 LEGEND_H = 50
 
@@ -223,7 +226,7 @@ class ModelMapView(QWidget):
             params=lambda n: tensors[n].numel if tensors[n].is_float else 0,
             sqnr=doc.sqnr, stats=doc.stats,
             sensitivity=sens(fx.measure) if fx is not None and overlay == "sensitivity" else None,
-            output=sens("output") if overlay == "output" else None)
+            output=sens(MEASURED) if overlay == "output" else None)
 
     def refresh(self) -> None:
         """Colours, legend and block totals from the held values and sizes (numpy only)."""
@@ -237,7 +240,7 @@ class ModelMapView(QWidget):
             and self.overlay != "bits" else ""
         if self.overlay in ("sensitivity", "output") and known == 0:
             note = "computed in the Sensitivity & Budget tab" if self.overlay == "sensitivity" \
-                else "needs the output measure in the Sensitivity & Budget tab"
+                else f"needs the {MEASURED} measure in the Sensitivity & Budget tab"
         self.legend.set_scale(OVERLAY_TEXT[self.overlay], lo, hi, log, reverse, note)
         nb = len(self.blocks)
         bsum = np.bincount(self.block_of, self.nbytes, nb) if nb else np.zeros(0)

@@ -69,7 +69,7 @@ def _llama_cpp(args, stream: bool = False):
 def log_flush_shim() -> Path:
     """workbench/llama_log_flush.c compiled (once, cached): preloaded into every tool so that
     its asynchronous log is printed entirely before it exits (see the file's comment)."""
-    from workbench.export.llama_kld import SHIM_SOURCE, log_flush_shim as shim
+    from workbench.export.llama_tools import SHIM_SOURCE, log_flush_shim as shim
     path = shim()
     if path is None:
         raise AssertionError(f"cannot compile {SHIM_SOURCE} (no C compiler?)")

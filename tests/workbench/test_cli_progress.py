@@ -180,9 +180,33 @@ def test_allocate_fast_options_from_the_model(capsys, tmp_path, monkeypatch):
     now, options = allocation_cost(model, parse_schemes("auto", "any"), "fisher", 64,
                                    "rtn,imatrix,gptq")
     argv = [" ".join(o) for o, _ in options]
-    assert argv[0].startswith("--schemes q3_k,q4_0,q4_k")
+    assert any(a.startswith("--schemes q3_k,q4_0,q4_k") for a in argv), argv
     assert all(c.seconds < 0.8 * now.seconds for _, c in options)
     assert options[-1][1].seconds == min(c.seconds for _, c in options)   # all together
+
+
+def test_allocate_cost_counts_the_kept_fits():
+    """allocate's last stage fits the kept methods (GPTQ on any scheme, imatrix on the MLX
+    schemes) again on the whole calibration text: its pass and its fits are in the estimate,
+    and nothing for the methods that refit in milliseconds (imatrix on a GGML scheme)."""
+    from workbench.formats.loaders import open_model
+    from workbench.planning.allocate_cost import METHODS_PASS, allocation_cost, count_samples
+    from workbench.planning.budget import is_linear
+    from workbench.quant.runtimes import parse_schemes
+    model = open_model(DEMO)
+    linear = sum(i.numel for i in map(model.info, model.tensors)
+                 if i.ndim >= 2 and i.is_float and is_linear(i))
+    mlx = parse_schemes("auto", "mlx")
+    now, _ = allocation_cost(model, mlx, "fisher", 8, "rtn,imatrix", target="mlx")
+    kept = now.stages["kept fits imatrix"]
+    # the whole text's pass (not the measure's 8 samples) and the fit on every Linear weight
+    assert kept > METHODS_PASS * linear * count_samples() > METHODS_PASS * linear * 8
+    ggml, _ = allocation_cost(model, parse_schemes("auto", "any"), "fisher", 8, "rtn,imatrix")
+    assert not any(k.startswith("kept fits") for k in ggml.stages)
+    gptq, _ = allocation_cost(model, parse_schemes("auto", "any"), "fisher", 8, "rtn,gptq")
+    assert "kept fits gptq" in gptq.stages
+    rtn, _ = allocation_cost(model, mlx, "fisher", 8, "rtn", target="mlx")
+    assert not any(k.startswith("kept fits") for k in rtn.stages)
 
 
 def test_frontier(capsys, slow_events):

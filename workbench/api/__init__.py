@@ -38,6 +38,7 @@ from workbench.core.errors import Cancelled, WorkbenchError  # noqa: F401
 from workbench.core.progress import Progress  # noqa: F401
 from workbench.planning.budget import Budget
 from workbench.quant.plan import Plan, Rule
+from workbench.quant.runtimes import parse_schemes  # noqa: F401
 
 if TYPE_CHECKING:   # the heavy types, for annotations only
     from workbench.formats.model import Model
@@ -357,13 +358,6 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
 
 
 # ---- sensitivity, allocation, frontier --------------------------------------------------------
-def parse_schemes(text: str | Sequence[str], target: str = "any") -> list[str]:
-    """Scheme names (a list, or comma-separated text; aliases resolved, repeats dropped), or
-    "auto": every scheme `target` runs and exports (workbench.quant.runtimes.candidate_schemes)."""
-    from workbench.quant.runtimes import parse_schemes as _parse
-    return _parse(text if isinstance(text, str) else ",".join(text), target)
-
-
 def resolve_measure(model: "Model", measure: str = AUTO, calib=None, imatrix=None,
                     samples: int | None = None) -> MeasureChoice:
     """"auto": fisher when the model is runnable (on AUTO_FISHER_SAMPLES samples unless

@@ -322,7 +322,7 @@ def _peak_rss_kib() -> int:
 
 def last_line(log: Path) -> str:
     """The last non-empty line of a child's log (its own progress line, with its ETA), or ''."""
-    from workbench.export.llama_kld import last_line as log_last_line
+    from workbench.export.llama_tools import last_line as log_last_line
     return log_last_line(log)
 
 

@@ -20,7 +20,6 @@ import gc
 import json
 import math
 import os
-import re
 import struct
 
 import numpy as np

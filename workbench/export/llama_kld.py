@@ -38,11 +38,8 @@ from pathlib import Path
 from workbench.core.cache import Cache, cache_root, file_key, make_key, model_key
 from workbench.core.errors import WorkbenchError
 from workbench.core.progress import Progress
-# the tools themselves (names kept here for the callers of this module)
-from workbench.export.llama_tools import (DEFAULT_TIMEOUT, REPACK_ENV, SHIM_SOURCE,  # noqa: F401
-                                          LogScanner, kill_group, last_line, llama_bin,
-                                          log_flush_shim, log_tail, run_child, tool_env,
-                                          usable)
+from workbench.export.llama_tools import (DEFAULT_TIMEOUT, REPACK_ENV, LogScanner, llama_bin,
+                                          run_child, tool_env)
 
 DEFAULT_CTX = 512
 DEFAULT_THREADS = 2

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from pathlib import Path
 
 import numpy as np
 

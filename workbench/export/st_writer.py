@@ -14,7 +14,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np

@@ -9,7 +9,6 @@ would write. The architecture comes from the model folder's ``config.json``
 from __future__ import annotations
 
 import functools
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path

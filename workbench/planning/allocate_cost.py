@@ -16,7 +16,10 @@ MiniLM's README tour and SmolLM2 with --methods rtn,imatrix,gptq, 27 Nov 2026):
   every tensor and scheme;
 - the methods (imatrix, gptq): a statistics pass over every sample, then both weighed on the
   pairs near the allocation (a few schemes a tensor, whatever the candidates);
-- the allocated plan's evaluation (every weight quantized once more).
+- the allocated plan's evaluation (every weight quantized once more);
+- the kept fits (GPTQ's; imatrix's on the MLX schemes: workbench.running.method_fits): a
+  statistics pass over the whole calibration text, then each kept method fitted once on the
+  plan's tensors, so that `check` and `export` read them.
 
 Cached errors (workbench.quant.evaluate's cache) make a second run faster; a busy machine slower.
 It is an order of magnitude, not a promise: the progress lines' ETA follows the real rate.
@@ -54,6 +57,10 @@ METHODS_PASS = 1.6e-8
 #: seconds per Linear weight: imatrix and GPTQ on the pairs near the allocation (a few schemes
 #: a tensor whatever the candidates): MiniLM 12 s, SmolLM2 35 s
 METHODS = 6.0e-7
+#: seconds per Linear weight: a kept method fitted once on every Linear weight (an upper
+#: bound: only the plan's tensors that chose it are fitted). SmolLM2-135M, imatrix under the
+#: MLX schemes in its numba kernel, quiet: FIT_KEPT_SMOLLM2
+FIT_KEPT = 1.0e-7
 #: candidate schemes the `faster` line offers (those of them the target allows)
 FEW_SCHEMES = ("q3_k", "q4_0", "q4_k", "q5_0", "q5_k", "q6_k", "q8_0")
 #: calibration samples the `faster` line offers
@@ -70,10 +77,11 @@ class Cost:
 
 
 def estimate(params: int, linear_params: int, tensors: int, schemes: int, measure: str,
-             samples: int, methods) -> Cost:
+             samples: int, methods, kept=(), whole: int | None = None) -> Cost:
     """The stages of an allocation of a model of `params` weights (`linear_params` of them in
     Linear weights, `tensors` tensors measured) over `schemes` candidates, measured by
-    `measure` on `samples` calibration samples, weighing `methods`."""
+    `measure` on `samples` calibration samples, weighing `methods`, `kept` of them fitted
+    again on the `whole` calibration text (default `samples`) and kept."""
     c = Cost()
     costly = [m for m in methods if m != "rtn"]
     if get_measure(measure).reads_calibration or costly:
@@ -83,6 +91,11 @@ def estimate(params: int, linear_params: int, tensors: int, schemes: int, measur
         c.stages[f"methods {','.join(costly)}"] = \
             METHODS_PASS * linear_params * samples + METHODS * linear_params
     c.stages["the plan's evaluation"] = EVALUATE * params
+    kept = [m for m in kept if m in costly]
+    if kept:
+        passes = samples if whole is None else whole
+        c.stages[f"kept fits {','.join(kept)}"] = \
+            METHODS_PASS * linear_params * passes + FIT_KEPT * linear_params * len(kept)
     return c
 
 
@@ -134,8 +147,12 @@ def allocation_cost(model, schemes: list[str], measure: str, samples: int | None
     if imatrix and get_measure(measure).takes_imatrix:
         n = 0                                   # the imatrix replaces the pass
 
+    from workbench.running.method_fits import keeps_fit
+    kept = [m for m in methods if any(keeps_fit(m, s) for s in schemes)]
+
     def cost(schemes_n, samples_n, meths):
-        return estimate(params, linear, len(measured), schemes_n, measure, samples_n, meths)
+        return estimate(params, linear, len(measured), schemes_n, measure, samples_n, meths,
+                        kept, 0 if imatrix else total)     # an imatrix: no pass
     now = cost(len(schemes), n, methods)
     few = [s for s in FEW_SCHEMES if s in schemes]
     cut = {}           # option -> (schemes, samples, methods) it changes

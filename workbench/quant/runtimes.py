@@ -377,11 +377,13 @@ def candidate_schemes(runtime: str = "any") -> list[str]:
     return [s for s in list_schemes() if s != "fp32" and rt.unsupported(s) is None]
 
 
-def parse_schemes(text: str, target: str = "any") -> list[str]:
-    """A comma-separated list of scheme names (aliases resolved, repeats dropped, an unknown
-    name a WorkbenchError), or "auto": every candidate scheme of `target`
+def parse_schemes(text, target: str = "any") -> list[str]:
+    """Scheme names, as a list or comma-separated text (aliases resolved, repeats dropped, an
+    unknown name a WorkbenchError), or "auto": every candidate scheme of `target`
     (:func:`candidate_schemes`)."""
     from workbench.schemes import get_scheme
+    if not isinstance(text, str):
+        text = ",".join(text)
     if text == "auto":
         return candidate_schemes(target)
     out = [get_scheme(s.strip()).name for s in text.split(",") if s.strip()]

@@ -353,7 +353,7 @@ def reference_stats(w: np.ndarray, name: str = "", bins: int = BINS) -> TensorSt
     lo, hi = float(v.min()), float(v.max())
     mean = float(v.mean())
     d = v - mean
-    m2, m3, m4 = float((d ** 2).mean()), float((d ** 3).mean()), float((d ** 4).mean())
+    m2, m4 = float((d ** 2).mean()), float((d ** 4).mean())
     var_est = max(float((v * v).mean()) - mean * mean, 0.0)
     outl = int((np.abs(d) > OUTLIER_SIGMA * math.sqrt(var_est)).sum())
     edges = np.linspace(lo, hi, bins + 1) if hi > lo else np.linspace(lo - 0.5, hi + 0.5, bins + 1)

@@ -34,7 +34,6 @@ import numpy as np
 from workbench.core.errors import WorkbenchError
 from workbench.quant.plan import KEEP
 from workbench.core.progress import Progress
-from workbench.quant.methods.base import get_method
 from workbench.quant.methods.stats import Accumulator, LayerStats
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from workbench.cli.common import (add_method_args, add_model_arg, add_runtime_args, add_scheme_or_plan,
                       apply_convention, apply_methods, drive, fmt_bytes, open_model_arg,
-                      plan_from_args, print_convention, print_fallback_summary, print_json)
+                      plan_from_args, print_convention, print_json)
 
 
 def register(sub) -> None:

@@ -35,7 +35,7 @@ import numpy as np
 from workbench.core.errors import WorkbenchError
 from workbench.formats.model import Model, TensorInfo
 # the decoding is the MLX schemes' numpy reference (one implementation of mx.dequantize)
-from workbench.schemes.mlx.reference import dequantize, unpack_codes  # noqa: F401
+from workbench.schemes.mlx.reference import dequantize
 
 #: mode -> (allowed bits, allowed group sizes, mlx's defaults (group, bits))
 MODES = {"affine": ((1, 2, 3, 4, 5, 6, 8), (32, 64, 128), (64, 4)),

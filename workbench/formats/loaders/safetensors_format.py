@@ -10,7 +10,6 @@ end of the header, contiguous, non-overlapping, sizes = numel * itemsize).
 
 from __future__ import annotations
 
-import json
 import math
 import mmap
 import os

@@ -271,7 +271,6 @@ def open_torch(path: str | os.PathLike) -> Model:
 
 def open_torch_shards(index_path: str | os.PathLike) -> Model:
     """A sharded PyTorch checkpoint (`pytorch_model.bin.index.json` + its shard files)."""
-    import json
     idx = Path(index_path)
     try:
         from workbench.core.limits import load_sidecar_json

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.schemes.base import QuantizedTensor
-from workbench.schemes.granularity import PerAxis, PerGroup, PerTensor, as_blocks
+from workbench.schemes.granularity import PerGroup, as_blocks
 from workbench.schemes.integer import IntAffine, _safe_inv
 from workbench.schemes.packing import pack_bits
 

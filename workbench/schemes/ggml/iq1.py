@@ -245,7 +245,7 @@ def repick(xs, qs, gi, sg, sf, units):
     both shift signs, kept where the unit's error drops. xs, qs (m, S), gi (m, G), sg (m,
     units), sf (m,) -> (gi, sg)."""
     m, S = xs.shape
-    G, U = S // 8, S // units
+    U = S // units
     gpu = U // 8
     live = sf > 0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
