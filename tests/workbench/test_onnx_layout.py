@@ -135,3 +135,28 @@ def test_unsupported_reason(name, expressible):
     assert (unsupported_reason(name) is None) == expressible
     assert unsupported_reason("int2-channel", (64, 384)) is not None   # 2-bit block > 256
     assert unsupported_reason("int4-channel", (64, 384)) is None
+
+
+def test_session_threads_follow_omp_num_threads(tmp_path, monkeypatch):
+    """onnxruntime reads no thread variable and takes every core; the workbench's sessions take
+    $OMP_NUM_THREADS as torch and numpy do, an explicit `threads` first."""
+    from onnx import TensorProto, helper
+
+    from workbench.export.onnx_check import session
+    node = helper.make_node("Relu", ["A"], ["Y"])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "relu.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+                     .SerializeToString())
+
+    def threads(**kw):
+        return session(path, **kw).get_session_options().intra_op_num_threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert threads() == 1 and threads(threads=3) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "not a number")
+    assert threads() == 0                               # onnxruntime's own default: every core
+    out = session(path).run(None, {"A": np.array([-1.0, 2.0], np.float32)})[0]
+    assert out.tolist() == [0.0, 2.0]

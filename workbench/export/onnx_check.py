@@ -11,6 +11,7 @@ distributions).
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -21,11 +22,16 @@ from workbench.core.progress import Progress
 
 
 def session(path, threads: int | None = None, optimized_path=None):
-    """An onnxruntime InferenceSession on the CPU execution provider."""
+    """An onnxruntime InferenceSession on the CPU execution provider, on `threads` threads
+    (default: $OMP_NUM_THREADS when set, as torch and numpy take it; onnxruntime itself reads
+    no variable and takes every core)."""
     from workbench.running.onnx_graph import import_onnx
     _, ort = import_onnx()
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if not threads:
+        env = os.environ.get("OMP_NUM_THREADS", "").strip()
+        threads = int(env) if env.isdigit() and int(env) > 0 else None
     if threads:
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
