@@ -190,7 +190,8 @@ def test_allocate_cost_counts_the_kept_fits():
     schemes) again on the whole calibration text: its pass and its fits are in the estimate,
     and nothing for the methods that refit in milliseconds (imatrix on a GGML scheme)."""
     from workbench.formats.loaders import open_model
-    from workbench.planning.allocate_cost import METHODS_PASS, allocation_cost, count_samples
+    from workbench.planning.allocate_cost import (FIT_KEPT, KEPT_PASS, KEPT_PASS_HESSIAN,
+                                                  allocation_cost, count_samples)
     from workbench.planning.budget import is_linear
     from workbench.quant.runtimes import parse_schemes
     model = open_model(DEMO)
@@ -198,13 +199,19 @@ def test_allocate_cost_counts_the_kept_fits():
                  if i.ndim >= 2 and i.is_float and is_linear(i))
     mlx = parse_schemes("auto", "mlx")
     now, _ = allocation_cost(model, mlx, "fisher", 8, "rtn,imatrix", target="mlx")
-    kept = now.stages["kept fits imatrix"]
-    # the whole text's pass (not the measure's 8 samples) and the fit on every Linear weight
-    assert kept > METHODS_PASS * linear * count_samples() > METHODS_PASS * linear * 8
+    # a pass over the whole text (298 samples, not the measure's 8) and the fit on every
+    # Linear weight
+    assert count_samples() == 298
+    assert now.stages["kept fits imatrix"] == pytest.approx(
+        linear * (KEPT_PASS * 298 + FIT_KEPT["imatrix"]))
+    assert now.seconds == pytest.approx(sum(now.stages.values()))
     ggml, _ = allocation_cost(model, parse_schemes("auto", "any"), "fisher", 8, "rtn,imatrix")
     assert not any(k.startswith("kept fits") for k in ggml.stages)
+    # GPTQ's pass collects Hessians
     gptq, _ = allocation_cost(model, parse_schemes("auto", "any"), "fisher", 8, "rtn,gptq")
-    assert "kept fits gptq" in gptq.stages
+    assert gptq.stages["kept fits gptq"] == pytest.approx(
+        linear * (KEPT_PASS_HESSIAN * 298 + FIT_KEPT["gptq"]))
+    assert gptq.stages["kept fits gptq"] > now.stages["kept fits imatrix"]
     rtn, _ = allocation_cost(model, mlx, "fisher", 8, "rtn", target="mlx")
     assert not any(k.startswith("kept fits") for k in rtn.stages)
 

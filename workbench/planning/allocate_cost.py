@@ -18,8 +18,8 @@ MiniLM's README tour and SmolLM2 with --methods rtn,imatrix,gptq, 27 Nov 2026):
   pairs near the allocation (a few schemes a tensor, whatever the candidates);
 - the allocated plan's evaluation (every weight quantized once more);
 - the kept fits (GPTQ's; imatrix's on the MLX schemes: workbench.running.method_fits): a
-  statistics pass over the whole calibration text, then each kept method fitted once on the
-  plan's tensors, so that `check` and `export` read them.
+  statistics pass over the whole calibration text (whatever --samples), then each kept
+  method fitted once on the plan's tensors, so that `check` and `export` read them.
 
 Cached errors (workbench.quant.evaluate's cache) make a second run faster; a busy machine slower.
 It is an order of magnitude, not a promise: the progress lines' ETA follows the real rate.
@@ -57,10 +57,17 @@ METHODS_PASS = 1.6e-8
 #: seconds per Linear weight: imatrix and GPTQ on the pairs near the allocation (a few schemes
 #: a tensor whatever the candidates): MiniLM 12 s, SmolLM2 35 s
 METHODS = 6.0e-7
-#: seconds per Linear weight: a kept method fitted once on every Linear weight (an upper
-#: bound: only the plan's tensors that chose it are fitted). SmolLM2-135M, imatrix under the
-#: MLX schemes in its numba kernel, quiet: FIT_KEPT_SMOLLM2
-FIT_KEPT = 1.0e-7
+#: the kept fits (allocate's last stage; 2 Dec 2026, 2 cores, fresh caches): the pass over the
+#: whole calibration text (298 samples) and the fits. Gemma 3 270M (100 M Linear weights),
+#: imatrix under the MLX schemes, 126 tensors, nothing else running: the inputs' E[x²] 16 s,
+#: the fits in the numba kernel 18 s. MiniLM (10.6 M), GPTQ on 36 tensors, beside another
+#: job of 2 threads (so about twice the quiet time): the pass with Hessians 23 s, the fits 11 s.
+#: Seconds per Linear weight and sample of that pass: E[x²] only, and with Hessians (GPTQ)
+KEPT_PASS = 5.4e-10
+KEPT_PASS_HESSIAN = 4.0e-9
+#: seconds per Linear weight of each kept method's fits (an upper bound: only the plan's
+#: tensors that chose the method are fitted)
+FIT_KEPT = {"imatrix": 1.8e-7, "gptq": 5.0e-7}
 #: candidate schemes the `faster` line offers (those of them the target allows)
 FEW_SCHEMES = ("q3_k", "q4_0", "q4_k", "q5_0", "q5_k", "q6_k", "q8_0")
 #: calibration samples the `faster` line offers
@@ -77,11 +84,11 @@ class Cost:
 
 
 def estimate(params: int, linear_params: int, tensors: int, schemes: int, measure: str,
-             samples: int, methods, kept=(), whole: int | None = None) -> Cost:
+             samples: int, methods, kept=(), whole: int = 0) -> Cost:
     """The stages of an allocation of a model of `params` weights (`linear_params` of them in
     Linear weights, `tensors` tensors measured) over `schemes` candidates, measured by
     `measure` on `samples` calibration samples, weighing `methods`, `kept` of them fitted
-    again on the `whole` calibration text (default `samples`) and kept."""
+    again at the end and kept, after a pass over the `whole` calibration text's samples."""
     c = Cost()
     costly = [m for m in methods if m != "rtn"]
     if get_measure(measure).reads_calibration or costly:
@@ -93,9 +100,9 @@ def estimate(params: int, linear_params: int, tensors: int, schemes: int, measur
     c.stages["the plan's evaluation"] = EVALUATE * params
     kept = [m for m in kept if m in costly]
     if kept:
-        passes = samples if whole is None else whole
+        rate = KEPT_PASS_HESSIAN if "gptq" in kept else KEPT_PASS
         c.stages[f"kept fits {','.join(kept)}"] = \
-            METHODS_PASS * linear_params * passes + FIT_KEPT * linear_params * len(kept)
+            linear_params * (rate * whole + sum(FIT_KEPT[m] for m in kept))
     return c
 
 
@@ -152,7 +159,7 @@ def allocation_cost(model, schemes: list[str], measure: str, samples: int | None
 
     def cost(schemes_n, samples_n, meths):
         return estimate(params, linear, len(measured), schemes_n, measure, samples_n, meths,
-                        kept, 0 if imatrix else total)     # an imatrix: no pass
+                        kept, 0 if imatrix else total)      # an imatrix file: no pass
     now = cost(len(schemes), n, methods)
     few = [s for s in FEW_SCHEMES if s in schemes]
     cut = {}           # option -> (schemes, samples, methods) it changes
