@@ -41,6 +41,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault(_var, str(_share))
 
 
+# Hypothesis draws the same examples on every run (derandomize: the seed is each test's own), so
+# the suite's verdict is the code's, not the draw's; HYPOTHESIS_PROFILE=explore draws new ones
+# each run (as `python -m tests.fuzz` attacks the parsers with new cases under its own seed).
+from hypothesis import settings as _hypothesis  # noqa: E402
+
+_hypothesis.register_profile("suite", derandomize=True)
+_hypothesis.register_profile("explore", derandomize=False)
+_hypothesis.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto` (pyproject.toml's addopts): one worker per core this process may run on, or

@@ -145,7 +145,7 @@ def test_allocate_cost_names_the_fast_options():
     candidates); --methods rtn brings it to under 2 min (86 s measured with 43 candidates
     at load 4, 27 Nov 2026)."""
     from workbench.planning.allocate_cost import estimate, lines
-    from workbench.quant.runtimes import parse_schemes
+    from workbench.api import parse_schemes
     schemes = parse_schemes("auto", "any")
     now = estimate(134_515_008, 106_000_000, 211, len(schemes), "fisher", 64,
                    ["rtn", "imatrix", "gptq"])
@@ -163,7 +163,7 @@ def test_allocate_cost_names_the_fast_options():
 def test_allocate_fast_options_from_the_model(capsys, tmp_path, monkeypatch):
     from workbench.planning.allocate_cost import allocation_cost
     from workbench.formats.loaders import open_model
-    from workbench.quant.runtimes import parse_schemes
+    from workbench.api import parse_schemes
     model = open_model(DEMO)
     now, options = allocation_cost(model, parse_schemes("auto", "any"), "fisher", 64,
                                    "rtn,imatrix,gptq")
@@ -193,7 +193,7 @@ def test_allocate_cost_counts_the_kept_fits():
     from workbench.planning.allocate_cost import (FIT_KEPT, KEPT_PASS, KEPT_PASS_HESSIAN,
                                                   allocation_cost, count_samples)
     from workbench.planning.budget import is_linear
-    from workbench.quant.runtimes import parse_schemes
+    from workbench.api import parse_schemes
     model = open_model(DEMO)
     linear = sum(i.numel for i in map(model.info, model.tensors)
                  if i.ndim >= 2 and i.is_float and is_linear(i))

@@ -38,7 +38,6 @@ from workbench.core.errors import Cancelled, WorkbenchError  # noqa: F401
 from workbench.core.progress import Progress  # noqa: F401
 from workbench.planning.budget import Budget
 from workbench.quant.plan import Plan, Rule
-from workbench.quant.runtimes import parse_schemes  # noqa: F401
 
 if TYPE_CHECKING:   # the heavy types, for annotations only
     from workbench.formats.model import Model
@@ -358,6 +357,20 @@ def export_plan(model: "Model", plan: PlanLike, fmt: str, output: str | os.PathL
 
 
 # ---- sensitivity, allocation, frontier --------------------------------------------------------
+def parse_schemes(text: str | Sequence[str], target: str = "any") -> list[str]:
+    """Scheme names, as a list or comma-separated text (aliases resolved, repeats dropped, an
+    unknown name a WorkbenchError), or "auto": every scheme `target` runs and exports
+    (workbench.quant.runtimes.candidate_schemes)."""
+    from workbench.quant.runtimes import candidate_schemes
+    from workbench.schemes import get_scheme
+    if not isinstance(text, str):
+        text = ",".join(text)
+    if text == "auto":
+        return candidate_schemes(target)
+    out = [get_scheme(s.strip()).name for s in text.split(",") if s.strip()]
+    return list(dict.fromkeys(out))
+
+
 def resolve_measure(model: "Model", measure: str = AUTO, calib=None, imatrix=None,
                     samples: int | None = None) -> MeasureChoice:
     """"auto": fisher when the model is runnable (on AUTO_FISHER_SAMPLES samples unless

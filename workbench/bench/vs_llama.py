@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 
 from workbench.export import llama_kld as lk
+from workbench.export.llama_tools import usable
 from workbench.core.errors import WorkbenchError
 from workbench.bench.race import Race, fmt, fmt_load, prepare_out_dir, workbench_command
 
@@ -63,7 +64,7 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
                              "calibration never saw", path=str(held_out))
     bin_dir = lk.llama_bin("llama-perplexity")
     for tool in ("llama-imatrix", "llama-quantize"):
-        if not lk.usable(bin_dir / tool, tool):        # (not executable: an error saying so)
+        if not usable(bin_dir / tool, tool):        # (not executable: an error saying so)
             raise WorkbenchError(f"no {tool} in {bin_dir}: build the tools with "
                                  "`bash .ci/llama-cpp`")
     out = prepare_out_dir(out_dir)

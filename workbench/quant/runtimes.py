@@ -377,19 +377,6 @@ def candidate_schemes(runtime: str = "any") -> list[str]:
     return [s for s in list_schemes() if s != "fp32" and rt.unsupported(s) is None]
 
 
-def parse_schemes(text, target: str = "any") -> list[str]:
-    """Scheme names, as a list or comma-separated text (aliases resolved, repeats dropped, an
-    unknown name a WorkbenchError), or "auto": every candidate scheme of `target`
-    (:func:`candidate_schemes`)."""
-    from workbench.schemes import get_scheme
-    if not isinstance(text, str):
-        text = ",".join(text)
-    if text == "auto":
-        return candidate_schemes(target)
-    out = [get_scheme(s.strip()).name for s in text.split(",") if s.strip()]
-    return list(dict.fromkeys(out))
-
-
 def fused_groups(names, runtime: str = "any") -> list[list[str]]:
     """Tensors among `names` that `runtime` stores as one fused layer and so must share one
     scheme (vLLM: q/k/v, gate/up; MLX: the experts of one projection of a layer, stacked into
