@@ -1,8 +1,8 @@
 """CUDA kernels through numba's simulator, against the numpy references.
 
 Run in a fresh process (``NUMBA_ENABLE_CUDASIM=1`` must be set before numba is imported);
-``test_cuda_simulator.py`` does that. Small arrays: simulated threads cost microseconds; their
-``cuda.syncthreads()`` is a blocking barrier (cudasim_barrier.py), not the stock busy poll.
+``test_cuda_simulator.py`` does that. Small arrays: a simulated thread runs the kernel's
+Python code; each is a greenlet (cudasim_blocks.py), not an OS thread polled at every barrier.
 Covers every base scheme family of the registry: dequantize, fused error, and quantize for
 the integer, NF4 and FP8 schemes; plus every GGML format against gguf on random blocks.
 Prints one line per failure and exits non-zero if any.
@@ -25,9 +25,9 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 import numpy as np  # noqa: E402
 
-if not REAL:                # a blocking syncthreads: the stock simulator polls for it
-    import cudasim_barrier  # noqa: E402
-    BARRIER = cudasim_barrier.install()
+if not REAL:                # greenlet thread blocks: the stock simulator's OS threads poll
+    import cudasim_blocks  # noqa: E402
+    BLOCKS = cudasim_blocks.install()
 import kernels  # noqa: E402
 from workbench.quant import accel  # noqa: E402
 from kernel_testutil import same_bits, same_qt, weights  # noqa: E402
@@ -135,9 +135,8 @@ def main() -> int:
             failures.append(f"gguf {tname}")
     for f in failures:
         print("FAIL", f)
-    if not REAL and not BARRIER:
-        print("note: numba's stock simulator block manager (cudasim_barrier.py does not know "
-              "this numba): slower, the same checks")
+    if not REAL:
+        print(f"simulator thread blocks: {BLOCKS or 'stock (cudasim_blocks.py does not know this numba)'}")
     print(f"{'cuda' if REAL else 'cudasim'}: {len(names)} schemes checked, "
           f"{len(failures)} failure(s)")
     return 1 if failures else 0
