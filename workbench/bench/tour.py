@@ -7,7 +7,9 @@ block with what the command printed.
 What is run. The tour is README.md from "## A tour" to the next "## " heading. A ```sh block
 there is shell lines run for their effect (`MINILM=...`); a ``` block whose first line starts
 with "$ " is a session: each "$ " line is a command (run by bash in one empty folder, in
-order, `quant-workbench` being this checkout's `main.py`, `$MINILM` the real MiniLM), and the
+order, `quant-workbench` being this checkout's `main.py`, `$MINILM` the real MiniLM; a plain
+`quant-workbench ARGS` line, its arguments expanded by bash, runs as a fork of one process that
+imported torch and transformers once, workbench/bench/forked.py), and the
 lines under it up to the next "$ " line are its output (stdout and stderr, as a terminal shows
 them, less the progress bar a terminal erases). A "# ..." at the end of a command line is a remark for the reader (bash ignores it).
 
@@ -45,6 +47,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench.bench import forked
 from workbench.core.errors import WorkbenchError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,6 +214,15 @@ def run(blocks: list[Block], folder: Path, timeout: float = 1800.0, log=None) ->
     _links(folder)
     prelude = (f"cd {_q(str(folder))}\nquant-workbench() {{ {_q(sys.executable)} "
                f"{_q(str(ROOT / 'main.py'))} \"$@\"; }}\n")
+    shell = _Shell(prelude, folder, timeout, forked.Server(env, str(ROOT))
+                   if forked.available() else None)
+    try:
+        return _run(blocks, folder, timeout, log, mini, env, shell)
+    finally:
+        shell.close()
+
+
+def _run(blocks, folder, timeout, log, mini, env, shell) -> Run:
     llama = None
     outputs: list[list[list[str] | None] | None] = []
     skipped: dict[int, str] = {}
@@ -218,7 +230,7 @@ def run(blocks: list[Block], folder: Path, timeout: float = 1800.0, log=None) ->
     for k, b in enumerate(blocks):
         if b.shell:
             for s in b.lines:
-                _bash(prelude + s, env, timeout, s, allow_error=False)
+                shell.run(s, env, allow_error=False)
             # a shell line such as MINILM=$(...) sets a variable: MINILM is set already
             outputs.append([])
             continue
@@ -236,7 +248,7 @@ def run(blocks: list[Block], folder: Path, timeout: float = 1800.0, log=None) ->
             skipped[k] = "llama.cpp's tools are not built (bash .ci/llama-cpp)"
             continue
         try:
-            outputs.append(_session_outputs(b, prelude, env, timeout, llama, mini, folder, log))
+            outputs.append(_session_outputs(b, shell, env, llama, mini, folder, log))
         except (TourError, subprocess.TimeoutExpired) as e:   # the next blocks still run
             outputs.append(None)
             failed[k] = str(e)
@@ -245,17 +257,17 @@ def run(blocks: list[Block], folder: Path, timeout: float = 1800.0, log=None) ->
     return Run(outputs, skipped, failed)
 
 
-def _session_outputs(b: Block, prelude: str, env: dict, timeout: float, llama, mini: str,
+def _session_outputs(b: Block, shell: "_Shell", env: dict, llama, mini: str,
                      folder: Path, log) -> list[list[str] | None]:
     for s in b.before:
-        _bash(prelude + s, env, timeout, s, allow_error=False)
+        shell.run(s, env, allow_error=False)
     outs: list[list[str] | None] = []
     for c in b.commands:
         if c.needs and not llama:
             outs.append(None)               # shown as it is, not checked
             continue
         t0 = time.monotonic()
-        out = _bash(prelude + c.line, env, timeout, c.line, allow_error=True)
+        out = shell.run(c.line, env, allow_error=True)
         if log:
             log(f"$ {c.line}  ({time.monotonic() - t0:.1f} s)")
         outs.append([s.replace(mini, "$MINILM").replace(str(folder) + os.sep, "") for s in out])
@@ -275,15 +287,53 @@ def _q(s: str) -> str:
     return shlex.quote(s)
 
 
-def _bash(script: str, env: dict, timeout: float, what: str, allow_error: bool) -> list[str]:
-    r = subprocess.run(["bash", "-c", script], env=env, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    # a terminal shows the last state of a line rewritten with \r (progress lines)
-    lines = [s.rsplit("\r", 1)[-1] for s in r.stdout.rstrip("\n").split("\n")] if r.stdout else []
-    if r.returncode not in (0, 2) or (r.returncode == 2 and not allow_error):
-        raise TourError(f"`{what}` exited {r.returncode}:\n" + "\n".join(lines[-20:]))
-    # progress lines (a pipe's; a terminal's bar is erased when the work ends) are not output
-    return [s.rstrip() for s in lines if not _PROGRESS.match(s.strip())]
+_SHELL_SYNTAX = re.compile(r"[|&;<>()`]")
+
+
+class _Shell:
+    """Runs a tour line as bash would in the tour's folder. A plain `quant-workbench ARGS`
+    line (no pipe, redirection or list) has its arguments expanded by bash (variables, quotes,
+    the trailing remark) and runs as a fork of `forked.Server` (workbench/bench/forked.py: the
+    libraries imported once, not once a command); any other line runs in bash."""
+
+    def __init__(self, prelude: str, folder: Path, timeout: float, server):
+        self.prelude, self.folder, self.timeout, self.server = prelude, folder, timeout, server
+
+    def run(self, line: str, env: dict, allow_error: bool) -> list[str]:
+        if self.server is not None and line.startswith("quant-workbench ") \
+                and not _SHELL_SYNTAX.search(line.split(" #", 1)[0]):
+            argv = self._expand(line[len("quant-workbench "):], env)
+            fd, out = tempfile.mkstemp(prefix="qw-tour-", suffix=".out")   # not in the folder
+            os.close(fd)
+            try:
+                rc = self.server.run(str(ROOT / "main.py"), argv, str(self.folder), env, out,
+                                     self.timeout)
+                text = Path(out).read_text(encoding="utf-8", errors="replace")
+            finally:
+                os.unlink(out)
+        else:
+            r = subprocess.run(["bash", "-c", self.prelude + line], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               timeout=self.timeout)
+            rc, text = r.returncode, r.stdout
+        # a terminal shows the last state of a line rewritten with \r (progress lines)
+        lines = [s.rsplit("\r", 1)[-1] for s in text.rstrip("\n").split("\n")] if text else []
+        if rc not in (0, 2) or (rc == 2 and not allow_error):
+            raise TourError(f"`{line}` exited {rc}:\n" + "\n".join(lines[-20:]))
+        # progress lines (a pipe's; a terminal's bar is erased when the work ends) are not output
+        return [s.rstrip() for s in lines if not _PROGRESS.match(s.strip())]
+
+    def _expand(self, args: str, env: dict) -> list[str]:
+        r = subprocess.run(["bash", "-c", f"cd {_q(str(self.folder))}\nprintf '%s\\0' {args}"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        if r.returncode:
+            raise TourError(f"`quant-workbench {args}`: bash could not expand it: "
+                            f"{r.stderr.decode(errors='replace').strip()}")
+        return r.stdout.decode().split("\0")[:-1]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
 
 
 def render(lines: list[str], blocks: list[Block], result: Run) -> str:
