@@ -127,11 +127,18 @@ def predicted_error(table: SensTable, assignment: dict) -> float | None:
     return total
 
 
-def plan_bytes(model, assignment: dict) -> int:
-    """Total bytes of an assignment as evaluate counts them (cached per tensor)."""
+def plan_bytes(model, assignment: dict, table: SensTable | None = None) -> int:
+    """Total bytes of an assignment as evaluate counts them: a (tensor, scheme) the table
+    measured has the bytes the API counted for it (nothing quantized again); any other is
+    evaluated (cached per tensor)."""
     from workbench.api.tensors import evaluate_tensor
-    return int(sum(evaluate_tensor(model, n, assignment.get(n, KEEP)).bytes
-                   for n in model.tensors))
+    known = table.nbytes if table is not None else {}
+    total = 0
+    for n in model.tensors:
+        s = assignment.get(n, KEEP)
+        b = known.get((n, s))
+        total += b if b is not None else evaluate_tensor(model, n, s).bytes
+    return int(total)
 
 
 def allocation_job(model, budget_bpw=None, budget_bytes=None, schemes="auto",
@@ -206,7 +213,7 @@ def _point(model, table, kind, label, assignment, budget_bpw=None) -> Point | No
     pred = predicted_error(table, assignment)
     if pred is None:
         return None
-    nb = plan_bytes(model, assignment)
+    nb = plan_bytes(model, assignment, table)
     return Point(kind, label, nb, 8.0 * nb / max(table.params, 1), pred, assignment, budget_bpw)
 
 

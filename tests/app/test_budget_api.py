@@ -51,6 +51,14 @@ def test_budget_apply_gives_the_plan_allocate_writes(make_window, qtbot, tmp_pat
     assert fx.measure == "auto" and table.measure == choice.measure == "fisher"
     assert len(table.candidates) == len(qw.parse_schemes("auto")) > 20
     assert "measure fisher (the model is runnable" in panel.choice.text()
+    # the frontier's sizes are the table's bytes: what evaluate counts (a lattice i-quant, a
+    # K-quant, a legacy block and an integer group scheme checked against evaluate itself)
+    from app.effects_jobs import plan_bytes
+    uniform = {p.label: p for p in fx.frontier if p.kind == "uniform"}
+    picked = [s for s in ("iq2_xxs", "q4_k", "q5_0", "int4-g32") if s in uniform]
+    assert len(picked) >= 3, sorted(uniform)
+    for s in picked:
+        assert plan_bytes(win.doc.model, uniform[s].assignment) == uniform[s].bytes, s
     bpw = 5.0
     depth = win.undo_stack.count()
     _apply(win, qtbot, bpw)
