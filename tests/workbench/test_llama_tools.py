@@ -46,7 +46,7 @@ if os.path.basename(sys.argv[0]) != "llama-perplexity":
 elif "--kl-divergence" in args:
     if mode == "huge":
         sys.stdout.flush()
-        os.lseek(1, 1536 << 20, os.SEEK_CUR)        # 1.5 GB of NUL bytes: one long line
+        os.lseek(1, 640 << 20, os.SEEK_CUR)         # 640 MB of NUL bytes: one long line
         line = "0.00.053.200 I llama_perplexity: a line of noise " + "x" * 40 + "\n"
         sys.stdout.write(line * 400000)                # and 36 MB of short lines
     sys.stdout.write(open(os.environ["FAKE_OUTPUT"]).read())
@@ -267,7 +267,7 @@ def test_log_scanner_is_bounded(tmp_path):
 
 
 def test_a_huge_tool_log_is_read_in_bounded_memory(tools, tmp_path):
-    """llama-perplexity printing 1.5 GB (a NUL run from a seek, then 36 MB of short lines)
+    """llama-perplexity printing 676 MB (a NUL run from a seek, then 36 MB of short lines)
     before its figures: scored under a 300 MB address-space limit."""
     code = textwrap.dedent("""
         import json, resource, sys
