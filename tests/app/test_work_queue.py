@@ -235,7 +235,7 @@ def test_waiting_panels_say_what_they_wait_for(make_window, qtbot):
 
 
 def test_a_cancelled_table_offers_compute_and_the_check_says_cancelled(make_window, qtbot):
-    win = make_window()
+    win = make_window(values={"effects/sensitivity_samples": 4})     # a quick table once asked
     fx = win.effects
     blocker, go = _blocker(win.runner, "Blocking job")
     try:
