@@ -201,7 +201,11 @@ def test_the_ready_line_comes_once_the_first_stage_is_done(monkeypatch, capsys):
     first = warm.first_stage() + [warm.STATS]
     tasks = warm._tasks([first, [n for n in list_schemes() if n not in first]])
     stage1 = sum(t["stage"] == 0 for t in tasks)
-    assert f"({stage1} CPU s in the workers)" in out[at[0]], out[at[0]]   # 1 CPU s a task
+    # 1 CPU s a task: the first stage's, and at most one later task a process took while the
+    # first stage's last tasks waited on their dependencies
+    import re
+    cpu = int(re.search(r"\((\d+) CPU s in the workers\)", out[at[0]]).group(1))
+    assert stage1 <= cpu <= stage1 + 1, (stage1, out[at[0]])      # two processes
     before = " ".join(out[:at[0]])
     assert all(f"kernels: {s} ready" in before for s in warm.first_stage())
     assert "statistics" in before

@@ -34,21 +34,24 @@ import time
 #: CPU seconds of a whole warm-up on the project's 2-core machine, idle (28 Nov 2026, with the
 #: lattice i-quants' decoders a kernel apart: 132-143 s; with the packed-code kernels' two
 #: entries merged: 152-155 s; with the tasks below before that: 158-191 s; with a process per
-#: share of whole families: 192-196 s, 275 s the day before on another machine): the header's
-#: estimate
-WARM_CPU_S = 145
+#: share of whole families: 192-196 s, 275 s the day before on another machine), plus 55 s for
+#: the MLX weighted searches in the STATS task (2 Dec 2026, compiled alone; the whole warm-up
+#: took 210 CPU s without them and 282 with them that afternoon, on a slower host): the
+#: header's estimate
+WARM_CPU_S = 200
 #: CPU seconds of the first stage (first_stage()), both processes together (28 Nov 2026,
 #: afternoon: 105-113 s, the decoders split or not; 109 s with cpu_sym_rows, 101-103 s without
 #: in the same hour; 121-126 s in the morning, 132-137 s before the merge in the same hour;
-#: 155-196 s before the tasks): the header's estimate
-FIRST_CPU_S = 112
+#: 155-196 s before the tasks; + 55 s with the MLX weighted searches, 2 Dec): the header's
+#: estimate
+FIRST_CPU_S = 167
 STATS = "@stats"        # a task's token for the statistics / widening / weighted-search kernels
 #: CPU seconds of each task on the project's 2-core machine (idle, cold cache, 28 Nov 2026;
 #: ``--task-times``; "int8-channel" 25 since the row-wise search of small blocks came in,
-#: cpu_sym_rows): a GGML family's encoders (named by the family), "decode" / "decode-iq"
+#: cpu_sym_rows; STATS 64 since it compiles the MLX weighted searches, 2 Dec 2026): a GGML family's encoders (named by the family), "decode" / "decode-iq"
 #: the GGML decoders, "int8-channel" the packed-code kernels, STATS. The workers take the costliest first.
 TASK_CPU_S = {"q4_k": 22.0, "decode": 12.0, "decode-iq": 4.5, "q3_k": 20.0, "int8-channel": 25.0, "q2_k": 12.0,
-              STATS: 9.0, "iq4_nl": 8.0, "q4_0": 8.0, "mxfp4": 5.0, "q4_1": 4.0,
+              STATS: 64.0, "iq4_nl": 8.0, "q4_0": 8.0, "mxfp4": 5.0, "q4_1": 4.0,
               "iq4_xs": 4.0, "iq1_s": 12.0, "iq2_xxs": 12.0, "iq3_xxs": 6.0, "fp16": 3.0,
               "fp32": 2.0}
 #: the families of the lattice i-quants, whose decoders are a kernel of their own
@@ -135,13 +138,21 @@ def warm_convert() -> None:
 
 def warm_methods() -> None:
     """The importance-weighted scale search of the integer schemes (imatrix on int4/int8:
-    kernels/weighted_search.py), with and without the least-squares sums."""
+    kernels/weighted_search.py), with and without the least-squares sums, and the MLX
+    schemes' (imatrix on mlx-*: kernels/mlx_weighted.py)."""
     import numpy as np
     from kernels.weighted_search import candidate_errors
     x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
     s = np.full((2, 3), 0.1, np.float32)
     for lsq in (False, True):
         candidate_errors(x, np.ones_like(x), s, np.zeros_like(s), -8, 7, lsq)
+    # the MLX importance-weighted searches (kernels/mlx_weighted.py: one specialisation each,
+    # the bits, group, dtypes and early end are arguments): about 45 CPU s of compile
+    from workbench.quant.methods.mlx_weighted import weighted_quantize
+    from workbench.schemes import get_scheme
+    w = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)
+    for name in ("mlx-q4-g64", "mlx-mxfp4"):
+        weighted_quantize(get_scheme(name), w, np.ones(64, np.float32), "imatrix")
 
 
 def warm_stats() -> None:
