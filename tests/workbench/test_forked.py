@@ -74,6 +74,15 @@ def test_a_timeout_kills_the_command_and_the_server_goes_on(server, tmp_path):
     assert _run(server, tmp_path, "exit", "3")[0] == 3
 
 
+def test_slow_imports_are_not_a_commands_time(tmp_path):
+    """The server's imports may take longer than a command's timeout (a loaded machine): the
+    first command still gets its whole timeout."""
+    (tmp_path / "qw_slow_import.py").write_text("import time\ntime.sleep(2)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.getcwd()]))
+    with forked.Server(env, os.getcwd(), preload=("qw_slow_import",)) as s:
+        assert _run(s, tmp_path, "exit", "4", timeout=1)[0] == 4
+
+
 def test_the_server_ends_with_its_stdin():
     s = forked.Server(dict(os.environ), os.getcwd(), preload=())
     s.close()

@@ -15,8 +15,10 @@ commands' own at start-up (the thread counts that torch and numba read on import
 each child then takes the environment its request gives.
 
 Protocol (the server's stdin and a dedicated reply pipe, one JSON object a line): a request
-``{"script": FILE, "argv": [...], "cwd": DIR, "env": {...}, "out": FILE}``; replies ``{"pid": N}`` once the
-child is forked and ``{"rc": N}`` when it has ended (a negative N: the signal that killed it,
+``{"script": FILE, "argv": [...], "cwd": DIR, "env": {...}, "out": FILE}``; replies ``{"ready": true}`` once
+the imports are done (the first request is sent only then, and the wait is not the command's
+time: on a loaded machine the imports alone can take minutes), ``{"pid": N}`` once the child is forked
+and ``{"rc": N}`` when it has ended (a negative N: the signal that killed it,
 as subprocess reports it). POSIX only: `available()` says whether it can run here.
 """
 
@@ -39,6 +41,11 @@ PRELOAD = ("numpy", "torch", "numba", "transformers", "transformers.modeling_uti
            "workbench.cli", "workbench.api", "workbench.running.runner", "workbench.export")
 
 
+#: the longest wait for the server's imports (a loaded machine: minutes), whatever a command's
+#: own timeout
+READY_S = 600.0
+
+
 def available() -> bool:
     return hasattr(os, "fork") and sys.platform != "win32"
 
@@ -55,6 +62,7 @@ class Server:
                                       cwd=root, env=env, stdin=subprocess.PIPE, text=True,
                                       pass_fds=(w,), stdout=subprocess.DEVNULL)
         os.close(w)
+        self._ready = False
 
     def _read(self, timeout: float | None) -> dict:
         if timeout is not None:
@@ -68,11 +76,17 @@ class Server:
 
     def run(self, script: str, argv: list[str], cwd: str, env: dict, out: str,
             timeout: float) -> int:
+        if not self._ready:              # the imports: not the command's time, no request sent yet
+            try:
+                self._ready = self._read(max(timeout, READY_S))["ready"]
+            except subprocess.TimeoutExpired:
+                raise OSError(f"the command server's imports took over "
+                              f"{max(timeout, READY_S):.0f} s") from None
         self._proc.stdin.write(json.dumps({"script": script, "argv": argv, "cwd": cwd,
                                            "env": env, "out": out}) + "\n")
         self._proc.stdin.flush()
-        pid = self._read(60)["pid"]
         end = time.monotonic() + timeout
+        pid = self._read(60)["pid"]
         try:
             return self._read(end - time.monotonic())["rc"]
         except subprocess.TimeoutExpired:
@@ -142,6 +156,8 @@ def serve(reply_fd: int, preload: list[str]) -> None:
         except ImportError:
             pass
     reply = os.fdopen(reply_fd, "w")
+    reply.write(json.dumps({"ready": True}) + "\n")
+    reply.flush()
     for line in sys.stdin:
         req = json.loads(line)
         sys.stdout.flush()

@@ -217,12 +217,12 @@ def run(blocks: list[Block], folder: Path, timeout: float = 1800.0, log=None) ->
     shell = _Shell(prelude, folder, timeout, forked.Server(env, str(ROOT))
                    if forked.available() else None)
     try:
-        return _run(blocks, folder, timeout, log, mini, env, shell)
+        return _run(blocks, folder, log, mini, env, shell)
     finally:
         shell.close()
 
 
-def _run(blocks, folder, timeout, log, mini, env, shell) -> Run:
+def _run(blocks, folder: Path, log, mini: str, env: dict, shell: "_Shell") -> Run:
     llama = None
     outputs: list[list[list[str] | None] | None] = []
     skipped: dict[int, str] = {}
