@@ -32,6 +32,8 @@ from __future__ import annotations
 import sys
 import threading
 
+import numpy as np
+
 
 class _Barrier:
     """A barrier for a changing number of parties: `leave` is a thread that has returned."""
@@ -100,7 +102,6 @@ def _shared_by_frame(api) -> None:
             return stock(self, shape, dtype)
         from numba.core import types
         from numba.np import numpy_support
-        import numpy as np
         if isinstance(dtype, types.Type):
             dtype = numpy_support.as_dtype(dtype)
         f = sys._getframe(1)
@@ -129,7 +130,6 @@ def _threads(sim) -> None:
             self._barrier.wait()
 
     def run(self, grid_point, *args):
-        import numpy as np
         points = list(np.ndindex(*self._block_dim))
         barrier = _Barrier(len(points))
 
@@ -172,15 +172,12 @@ def _greenlets(sim, api, greenlet) -> None:
             return out
 
         def syncthreads_count(self, value):
-            import numpy as np
             return self._reduce(value, np.count_nonzero)
 
         def syncthreads_and(self, value):
-            import numpy as np
             return self._reduce(value, lambda s: 1 if np.all(s) else 0)
 
         def syncthreads_or(self, value):
-            import numpy as np
             return self._reduce(value, lambda s: 1 if np.any(s) else 0)
 
     real = threading.current_thread
@@ -196,7 +193,6 @@ def _greenlets(sim, api, greenlet) -> None:
             return getattr(greenlet.getcurrent(), "sim_thread", None) or real()
 
     def run(self, grid_point, *args):
-        import numpy as np
         scheduler = greenlet.getcurrent()
         live = []
         for point in np.ndindex(*self._block_dim):
