@@ -1,5 +1,6 @@
 """`python -m workbench.bench.warm` compiles the kernels a scheme needs ahead of use (.ci/setup runs it)."""
 
+import re
 import subprocess
 import sys
 
@@ -203,7 +204,6 @@ def test_the_ready_line_comes_once_the_first_stage_is_done(monkeypatch, capsys):
     stage1 = sum(t["stage"] == 0 for t in tasks)
     # 1 CPU s a task: the first stage's, and at most one later task a process took while the
     # first stage's last tasks waited on their dependencies
-    import re
     cpu = int(re.search(r"\((\d+) CPU s in the workers\)", out[at[0]]).group(1))
     assert stage1 <= cpu <= stage1 + 1, (stage1, out[at[0]])      # two processes
     before = " ".join(out[:at[0]])

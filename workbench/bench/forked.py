@@ -15,11 +15,12 @@ commands' own at start-up (the thread counts that torch and numba read on import
 each child then takes the environment its request gives.
 
 Protocol (the server's stdin and a dedicated reply pipe, one JSON object a line): a request
-``{"script": FILE, "argv": [...], "cwd": DIR, "env": {...}, "out": FILE}``; replies ``{"ready": true}`` once
-the imports are done (the first request is sent only then, and the wait is not the command's
-time: on a loaded machine the imports alone can take minutes), ``{"pid": N}`` once the child is forked
-and ``{"rc": N}`` when it has ended (a negative N: the signal that killed it,
-as subprocess reports it). POSIX only: `available()` says whether it can run here.
+``{"script": FILE, "argv": [...], "cwd": DIR, "env": {...}, "out": FILE}``; replies
+``{"ready": true}`` once the imports are done (the first request is sent only then, and the
+wait is not the command's time: on a loaded machine the imports alone can take minutes),
+``{"pid": N}`` once the child is forked and ``{"rc": N}`` when it has ended (a negative N: the
+signal that killed it, as subprocess reports it). POSIX only: `available()` says whether it can
+run here.
 """
 
 from __future__ import annotations

@@ -48,8 +48,9 @@ FIRST_CPU_S = 167
 STATS = "@stats"        # a task's token for the statistics / widening / weighted-search kernels
 #: CPU seconds of each task on the project's 2-core machine (idle, cold cache, 28 Nov 2026;
 #: ``--task-times``; "int8-channel" 25 since the row-wise search of small blocks came in,
-#: cpu_sym_rows; STATS 64 since it compiles the MLX weighted searches, 2 Dec 2026): a GGML family's encoders (named by the family), "decode" / "decode-iq"
-#: the GGML decoders, "int8-channel" the packed-code kernels, STATS. The workers take the costliest first.
+#: cpu_sym_rows; STATS 64 since it compiles the MLX weighted searches, 2 Dec 2026): a GGML
+#: family's encoders (named by the family), "decode" / "decode-iq" the GGML decoders,
+#: "int8-channel" the packed-code kernels, STATS. The workers take the costliest first.
 TASK_CPU_S = {"q4_k": 22.0, "decode": 12.0, "decode-iq": 4.5, "q3_k": 20.0, "int8-channel": 25.0, "q2_k": 12.0,
               STATS: 64.0, "iq4_nl": 8.0, "q4_0": 8.0, "mxfp4": 5.0, "q4_1": 4.0,
               "iq4_xs": 4.0, "iq1_s": 12.0, "iq2_xxs": 12.0, "iq3_xxs": 6.0, "fp16": 3.0,
