@@ -97,6 +97,17 @@ def install_crash_handler(win) -> None:
     sys.excepthook = hook
 
 
+def install_interrupt(win) -> None:
+    """Ctrl-C in the terminal that started the app closes the window as its close button does
+    (unsaved edits asked about, the session autosaved, the workers stopped). Without it the
+    KeyboardInterrupt is raised inside whichever Qt slot runs next, reported as a crash, and
+    the app goes on. The handler runs at the next Python bytecode, the GUI thread's gc timer
+    (app/gc_guard.py) at the latest; the close is queued so that it runs from the event loop."""
+    import signal
+    from PySide6.QtCore import QTimer
+    signal.signal(signal.SIGINT, lambda signum, frame: QTimer.singleShot(0, win.close))
+
+
 def run_gui(args) -> int:
     app = create_app()
     from .gc_guard import install
@@ -104,6 +115,7 @@ def run_gui(args) -> int:
     win = build_window(getattr(args, "model", None), getattr(args, "plan", None),
                        getattr(args, "session", None))
     install_crash_handler(win)
+    install_interrupt(win)
     win.show()
     win.analyzer.warmup()
     from PySide6.QtCore import QTimer

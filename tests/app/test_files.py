@@ -87,6 +87,33 @@ def test_quit_with_unsaved_edits_asks(make_window, qtbot, tmp_path):
     assert Session.load(tmp_path / "kept.json").plan.scheme_for(Q) == "int3-g64"
 
 
+def test_ctrl_c_in_the_terminal_closes_the_window_as_its_close_button_does(make_window, qtbot,
+                                                                           tmp_path):
+    """SIGINT (Ctrl-C where the app was started) asks about unsaved edits as a close does, and
+    Cancel keeps the window: no KeyboardInterrupt reported as a crash."""
+    import os
+    import signal
+    from app.main import install_interrupt
+    win = make_window()
+    win.push(commands.assign(win.doc, [Q], "int3-g64"))
+    before = signal.getsignal(signal.SIGINT)
+    hooked = sys.excepthook
+    try:
+        install_interrupt(win)
+        win.messages.save_answer = "cancel"
+        os.kill(os.getpid(), signal.SIGINT)
+        qtbot.waitUntil(lambda: len(win.messages.questions) == 1, timeout=5000)
+        assert "unsaved" in win.messages.questions[-1][1] and win.isVisible()
+        win.messages.save_answer = "save"
+        win.session_path = str(tmp_path / "kept.json")
+        os.kill(os.getpid(), signal.SIGINT)
+        qtbot.waitUntil(lambda: not win.isVisible(), timeout=5000)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert sys.excepthook is hooked and not win.messages.errors
+    assert Session.load(tmp_path / "kept.json").plan.scheme_for(Q) == "int3-g64"
+
+
 def test_export_dialog_asks_before_overwriting_and_remembers_folder(make_window, qtbot,
                                                                    tmp_path):
     win = make_window()
