@@ -20,6 +20,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _threads() -> str:
+    from workbench.export.llama_tools import tool_threads
+    return str(tool_threads())
+
+
+#: the tools' threads (-t, llama-quantize's nthread): this worker's share of the cores
+#: (tests/conftest.py sets OMP_NUM_THREADS under xdist), as the workbench runs them: ggml's
+#: threads spin at each barrier, and two threads a worker on two cores made llama-perplexity
+#: on the demo model 2.5x slower while the other worker ran (16.8 s against 6.8 s for
+#: test_llama_quantize_bytes_equal_and_export_runs beside one busy core)
+THREADS = _threads()
+
+
 @pytest.fixture(scope="session")
 def llama_bin(request) -> Path:
     """The llama.cpp tools' bin directory. $QW_LLAMA_BIN (what .ci/run built before the tests)
@@ -100,7 +113,7 @@ def run_tool(llama_bin: Path, tool: str, *args, timeout=300) -> subprocess.Compl
 
 def llama_embeddings(llama_bin: Path, gguf_path: Path, lines_file: Path) -> np.ndarray:
     r = run_tool(llama_bin, "llama-embedding", "-m", gguf_path, "-f", lines_file, "--pooling",
-                 "mean", "--embd-normalize", "2", "--embd-output-format", "json", "-t", "2")
+                 "mean", "--embd-normalize", "2", "--embd-output-format", "json", "-t", THREADS)
     data = json.loads(r.stdout[r.stdout.index("{"):])
     return np.array([d["embedding"] for d in data["data"]], dtype=np.float64)
 
@@ -142,7 +155,7 @@ def perplexity(llama_bin: Path, gguf_path: Path, text: Path, ctx: int = 128) -> 
     asynchronous log: complete since run_tool drains the log before the tool exits."""
     from workbench.export.llama_kld import parse_final_ppl
     r = run_tool(llama_bin, "llama-perplexity", "-m", gguf_path, "-f", text, "-c", ctx, "-b",
-                 ctx, "-t", "2")
+                 ctx, "-t", THREADS)
     out = r.stdout + r.stderr
     ppl = parse_final_ppl(out)
     assert ppl is not None, f"llama-perplexity printed no final estimate:\n{out[-1500:]}"

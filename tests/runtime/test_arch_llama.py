@@ -34,7 +34,7 @@ from workbench.formats.loaders import open_model
 from workbench.quant.plan import Plan
 from workbench.core.progress import run
 
-from .conftest import run_tool
+from .conftest import THREADS, run_tool
 
 pytestmark = pytest.mark.runtime
 
@@ -136,7 +136,7 @@ def _hf_reference(folder: Path, encoder: bool, moe: bool):
 def _llama_hidden(llama_bin, gguf_path: Path, prompt: str) -> np.ndarray:
     """llama-embedding's final hidden state of every prompt token (pooling none), (T, H)."""
     r = run_tool(llama_bin, "llama-embedding", "-m", gguf_path, "-p", prompt, "--pooling",
-                 "none", "--embd-normalize", "-1", "--embd-output-format", "json", "-t", "2",
+                 "none", "--embd-normalize", "-1", "--embd-output-format", "json", "-t", THREADS,
                  "-c", "256")
     data = json.loads(r.stdout[r.stdout.index("{"):])
     return np.array([d["embedding"] for d in data["data"]], dtype=np.float64)
@@ -176,7 +176,8 @@ def test_q4_k_runs_close_to_transformers(llama_bin, exported, reference, arch, t
     prompt, ids, ref, _ = reference(arch)
     cos = _cosines(_llama_hidden(llama_bin, path, prompt), ref)
     theirs = tmp_path / "llama-quantize-q4_k_s.gguf"
-    run_tool(llama_bin, "llama-quantize", "--pure", exported(arch, "fp16"), theirs, "Q4_K_S", "2")
+    run_tool(llama_bin, "llama-quantize", "--pure", exported(arch, "fp16"), theirs, "Q4_K_S",
+             THREADS)
     cos_llama = _cosines(_llama_hidden(llama_bin, theirs, prompt), ref)
     assert cos.min() >= Q4K_MIN_COS, (arch, cos.round(4).tolist())
     assert cos.mean() >= cos_llama.mean() - Q4K_VS_LLAMA, (arch, cos.mean(), cos_llama.mean())
@@ -226,5 +227,5 @@ def test_converter_moe_gguf_retyped_runs(llama_bin, tiny_arch, reference, tmp_pa
     assert "ffn_up_exps" in types_file.read_text()
     theirs = tmp_path / "llama-quantize.gguf"
     run_tool(llama_bin, "llama-quantize", "--tensor-type-file", types_file, f16, theirs, "Q8_0",
-             "2")
+             THREADS)
     assert {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(theirs)).tensors} == types

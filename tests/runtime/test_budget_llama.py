@@ -19,7 +19,7 @@ from workbench.quant.plan import Plan
 from workbench.core.progress import run
 from workbench.quant.runtimes import plan_decisions
 
-from .conftest import ROOT, llama_embeddings, run_tool
+from .conftest import ROOT, THREADS, llama_embeddings, run_tool
 from .test_recipes_llama import dry_run_types
 
 
@@ -55,7 +55,7 @@ def test_budget_of_a_llama_quantize_file(llama_bin, minilm_folder, tmp_path, tmp
     model = open_model(minilm_folder)
     q40 = tmp_path / "minilm-Q4_0.gguf"
     run_tool(llama_bin, "llama-quantize", _f32(model, tmp_path_factory, "minilm"), q40, "Q4_0",
-             "2")
+             THREADS)
     plan = tmp_path / "plan.json"
     assert main(["allocate", str(minilm_folder), "--budget-of", str(q40), "--measure", "weight",
                  "--schemes", "q4_0,q4_1,q5_0,q5_1,q8_0", "-o", str(plan), "--json"]) == 0

@@ -28,7 +28,7 @@ from workbench.quant.plan import Plan
 from workbench.core.progress import run
 
 from tests.tiny_archs import ROOT, make_tiny, write_spm_tokenizer
-from .conftest import run_tool
+from .conftest import THREADS, run_tool
 
 pytestmark = pytest.mark.runtime
 
@@ -80,7 +80,7 @@ def case(request, tmp_path_factory):
 def _llama(llama_bin, path, text):
     """(token ids, final hidden states (T, H)) from llama-embedding, pooling none."""
     r = run_tool(llama_bin, "llama-embedding", "-m", path, "-p", text, "--pooling", "none",
-                 "--embd-normalize", "-1", "--embd-output-format", "json", "-t", "2", "-c",
+                 "--embd-normalize", "-1", "--embd-output-format", "json", "-t", THREADS, "-c",
                  "512", "--verbose-prompt")
     start = r.stdout.index("{")
     # --verbose-prompt prints "  ID -> 'piece'" per prompt token on stdout, before the JSON

@@ -17,7 +17,7 @@ from workbench.quant.evaluate import quantize
 from workbench.quant.plan import Plan
 from workbench.core.progress import run
 
-from .conftest import ROOT, generates_with_finite_perplexity, perplexity, run_tool
+from .conftest import ROOT, THREADS, generates_with_finite_perplexity, perplexity, run_tool
 
 pytestmark = pytest.mark.runtime
 
@@ -82,7 +82,7 @@ def test_llama_quantize_bytes_equal_and_export_runs(llama_bin, demo_f32, tmp_pat
     finite perplexity in llama.cpp."""
     theirs = tmp_path / f"lq-{name}.gguf"
     run_tool(llama_bin, "llama-quantize", "--pure", *LLAMA_ARGS.get(name, ()), demo_f32, theirs,
-             LLAMA_FTYPE[name], "2")
+             LLAMA_FTYPE[name], THREADS)
     ours = tmp_path / f"wb-{name}.gguf"
     info = run(export(open_model(demo_f32), Plan(default=name), "gguf", ours))
     assert info["runnable_by_llama_cpp"]
@@ -112,10 +112,10 @@ def test_iq4_xs_bytes_equal_with_the_same_imatrix(llama_bin, ggml, demo_f32, tmp
     imat = tmp_path / "imatrix.gguf"
     run_tool(llama_bin, "llama-imatrix", "-m", demo_f32, "-f",
              ROOT / "resources" / "calibration.txt", "-o", imat, "-c", "128", "--chunks", "8",
-             "-t", "2")
+             "-t", THREADS)
     theirs = tmp_path / "lq-iq4_xs-imatrix.gguf"
     run_tool(llama_bin, "llama-quantize", "--pure", "--imatrix", imat, demo_f32, theirs,
-             "IQ4_XS", "2")
+             "IQ4_XS", THREADS)
     e = read_imatrix(imat)
     src, out = _tensors(demo_f32), _tensors(theirs)
     s = get_scheme("iq4_xs")
@@ -167,10 +167,10 @@ def test_lattice_export_runs_and_reads_back(llama_bin, ggml, demo_f32, tmp_path,
     imat = tmp_path / "imatrix.gguf"
     run_tool(llama_bin, "llama-imatrix", "-m", demo_f32, "-f",
              ROOT / "resources" / "calibration.txt", "-o", imat, "-c", "128", "--chunks", "8",
-             "-t", "2")
+             "-t", THREADS)
     theirs = tmp_path / f"lq-{name}-imatrix.gguf"
     run_tool(llama_bin, "llama-quantize", "--pure", "--imatrix", imat, demo_f32, theirs,
-             name.upper(), "2")
+             name.upper(), THREADS)
     e, t = read_imatrix(imat), _tensors(theirs)
     e_o = e_g = 0.0
     for n in typed:

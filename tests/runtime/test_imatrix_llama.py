@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from .conftest import ROOT, run_tool
+from .conftest import ROOT, THREADS, run_tool
 
 
 def test_llama_quantize_loads_our_imatrix(llama_bin, tmp_path):
@@ -16,7 +16,7 @@ def test_llama_quantize_loads_our_imatrix(llama_bin, tmp_path):
         r = subprocess.run([sys.executable, str(ROOT / "main.py"), *args], capture_output=True,
                            text=True, timeout=600)
         assert r.returncode == 0, r.stderr
-    r = run_tool(llama_bin, "llama-quantize", "--imatrix", imat, f16, out, "Q4_K_M", "2")
+    r = run_tool(llama_bin, "llama-quantize", "--imatrix", imat, f16, out, "Q4_K_M", THREADS)
     log = r.stdout + r.stderr
     m = re.search(r"loaded (\d+) importance matrix entries .* computed on (\d+) chunks", log)
     assert m, log[-2000:]

@@ -14,7 +14,7 @@ from workbench.formats.loaders import open_model
 from workbench.quant.plan import Plan
 from workbench.core.progress import run
 
-from .conftest import ROOT, llama_embeddings, perplexity, run_tool
+from .conftest import ROOT, THREADS, llama_embeddings, perplexity, run_tool
 
 pytestmark = pytest.mark.runtime
 
@@ -91,7 +91,7 @@ def test_llama_quantize_takes_our_f16_gguf(llama_bin, minilm_folder, sentences, 
     f16 = tmp_path / "minilm-f16.gguf"
     run(export(open_model(minilm_folder), Plan(default="fp16"), "gguf", f16))
     out = tmp_path / "minilm-lq-q4k.gguf"
-    r = run_tool(llama_bin, "llama-quantize", f16, out, "Q4_K_M", "2")
+    r = run_tool(llama_bin, "llama-quantize", f16, out, "Q4_K_M", THREADS)
     assert out.is_file()
     assert "falling back" in r.stdout + r.stderr      # llama-quantize says so, as we do
     cos = cosines(llama_embeddings(llama_bin, out, sentences[1]), minilm_reference)

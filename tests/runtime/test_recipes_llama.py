@@ -14,14 +14,14 @@ from workbench.formats.loaders import open_model
 from workbench.quant.plan import Plan
 from workbench.core.progress import run
 
-from .conftest import ROOT, run_tool
+from .conftest import ROOT, THREADS, run_tool
 
 LINE = re.compile(r"^\[\s*\d+/\s*\d+\]\s+(\S+)\s+- \[.*?\], type =\s*(\S+), size = .*?"
                   r"(?:-> .*\((\S+)\))?\s*$")
 
 
 def dry_run_types(llama_bin, gguf_path, ftype) -> dict[str, str]:
-    r = run_tool(llama_bin, "llama-quantize", "--dry-run", gguf_path, ftype, "2")
+    r = run_tool(llama_bin, "llama-quantize", "--dry-run", gguf_path, ftype, THREADS)
     out = {}
     for line in (r.stdout + r.stderr).splitlines():
         m = LINE.match(line.strip())

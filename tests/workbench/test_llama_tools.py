@@ -133,6 +133,29 @@ def test_every_tool_runs_with_repacking_off(tools, tmp_path):
         del os.environ["LLAMA_ARG_REPACK"]
 
 
+def test_the_tools_threads_follow_omp_num_threads(tools, tmp_path, monkeypatch):
+    """llama-perplexity's -t: an explicit `threads` first, else $OMP_NUM_THREADS (the share of
+    the cores the caller gave this process), else 2; a variable that is no whole number of at
+    least 1 is not a count."""
+    b, rec = tools
+    f16, text = _f16(tmp_path), _text(tmp_path)
+
+    def t_flag(**kw):
+        rec.unlink(missing_ok=True)
+        run(lk.base_logits(f16, text, CTX, use_cache=False, **kw))
+        argv = _records(rec)[-1]["argv"]
+        return argv[argv.index("-t") + 1]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert t_flag() == "1" and t_flag(threads=3) == "3"
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert t_flag() == "5" and lt.tool_threads() == 5
+    for bad in ("0", "-1", "two", ""):
+        monkeypatch.setenv("OMP_NUM_THREADS", bad)
+        assert t_flag() == "2", bad
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert t_flag() == "2" and lt.tool_threads(4) == 4
+
+
 def test_the_shim_hides_the_extra_buffer_types_while_repacking_is_off(tmp_path):
     """The preloaded shim answers NULL for ggml_backend_dev_get_extra_bufts (every other name
     forwarded) while LLAMA_ARG_REPACK is false: a stand-in for libggml-base shows it."""

@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 
 from workbench.export import llama_kld as lk
-from workbench.export.llama_tools import usable
+from workbench.export.llama_tools import tool_threads, usable
 from workbench.core.errors import WorkbenchError
 from workbench.bench.race import Race, fmt, fmt_load, prepare_out_dir, workbench_command
 
@@ -43,7 +43,7 @@ def parse_types(text: str) -> list[str]:
 
 
 def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk.DEFAULT_CTX,
-             chunks: int | None = None, threads: int = lk.DEFAULT_THREADS,
+             chunks: int | None = None, threads: int | None = None,
              workbench_args: list[str] | None = None, timeout: float = lk.DEFAULT_TIMEOUT):
     """The job (see the module docstring): yields Progress('[i/N] stage ...') at least every 2
     s; returns the results (also written to OUT/results.json). `out_dir` must be new or
@@ -51,6 +51,7 @@ def vs_llama(model, calib, held_out, out_dir, types=DEFAULT_TYPES, ctx: int = lk
     from workbench.core import checks
     checks.check_int("ctx", ctx, checks.MIN_CTX, checks.MAX_CTX)
     checks.check_int("chunks", chunks, 1, checks.MAX_CHUNKS, none=True)
+    threads = tool_threads(threads)                 # (None: $OMP_NUM_THREADS, else 2)
     checks.check_int("threads", threads, 1, checks.MAX_THREADS)
     checks.check_float("timeout", timeout, 0.0, 1e7, lo_open=True, unit=" seconds")
     model, calib, held_out = Path(model), Path(calib), Path(held_out)

@@ -39,10 +39,9 @@ from workbench.core.cache import Cache, cache_root, file_key, make_key, model_ke
 from workbench.core.errors import WorkbenchError
 from workbench.core.progress import Progress
 from workbench.export.llama_tools import (DEFAULT_TIMEOUT, REPACK_ENV, LogScanner, llama_bin,
-                                          run_child, tool_env)
+                                          run_child, tool_env, tool_threads)
 
 DEFAULT_CTX = 512
-DEFAULT_THREADS = 2
 #: base logits files kept in the cache (the newest; each is chunks x ctx/2 x vocab x 2 bytes)
 CACHE_KEEP = 6
 
@@ -218,7 +217,7 @@ def cached_base(key: str, cache_dir=None) -> Path | None:
 
 
 def base_logits(f16, text, ctx: int = DEFAULT_CTX, *, chunks: int | None = None,
-                threads: int = DEFAULT_THREADS, key: str | None = None, cache_dir=None,
+                threads: int | None = None, key: str | None = None, cache_dir=None,
                 out_path=None, log=None, timeout: float = DEFAULT_TIMEOUT,
                 label: str = "llama-perplexity (float model, base logits)",
                 use_cache: bool = True, scratch=None):
@@ -252,7 +251,8 @@ def base_logits(f16, text, ctx: int = DEFAULT_CTX, *, chunks: int | None = None,
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     own_log = log is None
     log = Path(log) if log else tmp.with_suffix(".data")     # (a stale one: clean_stale_temps)
-    cmd = [bin_dir / "llama-perplexity", "-m", f16, "-f", text, "-c", ctx, "-t", threads,
+    cmd = [bin_dir / "llama-perplexity", "-m", f16, "-f", text, "-c", ctx,
+           "-t", tool_threads(threads),
            "--kl-divergence-base", tmp]
     if chunks:
         cmd += ["--chunks", chunks]
@@ -288,7 +288,7 @@ def base_logits(f16, text, ctx: int = DEFAULT_CTX, *, chunks: int | None = None,
             "cached": False}
 
 
-def score(quant, base, ctx: int = DEFAULT_CTX, *, threads: int = DEFAULT_THREADS, log=None,
+def score(quant, base, ctx: int = DEFAULT_CTX, *, threads: int | None = None, log=None,
           timeout: float = DEFAULT_TIMEOUT, label: str | None = None):
     """Job: ``llama-perplexity --kl-divergence`` of the GGUF `quant` against the base logits
     `base`. Returns parse_kld's figures plus "seconds" (the tool's wall time) and "bytes"."""
@@ -296,7 +296,7 @@ def score(quant, base, ctx: int = DEFAULT_CTX, *, threads: int = DEFAULT_THREADS
     bin_dir = llama_bin()
     own_log = log is None
     log = Path(log) if log else Path(tempfile.mkstemp(prefix="qw-kld-", suffix=".log")[1])
-    cmd = [bin_dir / "llama-perplexity", "-m", quant, "-c", ctx, "-t", threads,
+    cmd = [bin_dir / "llama-perplexity", "-m", quant, "-c", ctx, "-t", tool_threads(threads),
            "--kl-divergence-base", base, "--kl-divergence"]
     try:
         rc, dt = yield from run_child(cmd, log, label or f"llama-perplexity KLD {quant.name}",
@@ -321,7 +321,7 @@ def score(quant, base, ctx: int = DEFAULT_CTX, *, threads: int = DEFAULT_THREADS
 # ----------------------------------------------------------------------------- check
 
 def check_llama(model, plan, text, ctx: int = DEFAULT_CTX, *, chunks: int | None = None,
-                threads: int = DEFAULT_THREADS, keep_path=None, cache_dir=None,
+                threads: int | None = None, keep_path=None, cache_dir=None,
                 timeout: float = DEFAULT_TIMEOUT, quant_model=None, use_cache: bool = True):
     """Job for ``check --runtime llama.cpp``: the plan exported to GGUF (the project's
     exporter; from `quant_model` when given: the model with the plan's methods applied) and an

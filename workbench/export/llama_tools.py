@@ -41,9 +41,23 @@ BLOCK = 1 << 20            # bytes read at a time
 LINE_LIMIT = 1 << 16       # a longer line keeps its last LINE_LIMIT bytes
 MAX_KEPT = 4096            # matching lines kept (the newest)
 TAIL_LINES = 20
+#: threads a tool runs on when neither the caller nor $OMP_NUM_THREADS says (tool_threads)
+DEFAULT_THREADS = 2
 
 
 # ----------------------------------------------------------------------------- the tools
+
+def tool_threads(threads: int | None = None) -> int:
+    """The threads a llama.cpp tool runs on (its ``-t``): `threads` when given, else
+    $OMP_NUM_THREADS when it is a whole number of at least 1 (the share of the cores the
+    caller gave this process's thread pools: torch and the workbench's onnxruntime sessions
+    take it too; ggml's threads spin at each barrier, so a tool on more threads than its share
+    waits for ones another process has descheduled), else DEFAULT_THREADS."""
+    if threads is not None:
+        return threads
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(env) if env.isdigit() and int(env) >= 1 else DEFAULT_THREADS
+
 
 def usable(path: Path, tool: str) -> bool:
     """Whether `path` is the tool; a file without the execute bit is an error saying so."""

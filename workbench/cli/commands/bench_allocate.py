@@ -2,7 +2,7 @@
 the allocator (workbench.planning.allocate.solve_detailed) on synthetic tables.
 
 `quant-workbench bench-allocate --vs-llama MODEL [--calib F] --held-out F [--types Q4_K_M,..]
-[--ctx 512] [--chunks N] [--threads 2] [--timeout S] [--workbench-args "..."] [-o DIR] [--json]`:
+[--ctx 512] [--chunks N] [--threads N] [--timeout S] [--workbench-args "..."] [-o DIR] [--json]`:
 the default `allocate` + `export` against llama.cpp's imatrix + quantize on the same float model
 and calibration text, every file judged by llama-perplexity's KL divergence on held-out text
 (workbench.bench.vs_llama)."""
@@ -35,8 +35,9 @@ def register(sub) -> None:
                         "each one's file size (default Q4_K_M,Q3_K_M,IQ4_NL)")
     g.add_argument("--ctx", type=int, default=512, help="llama-imatrix / llama-perplexity "
                    "context (default 512)")
-    g.add_argument("--threads", type=int, default=2,
-                   help="threads of the llama.cpp tools (default 2)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="threads of the llama.cpp tools (default: $OMP_NUM_THREADS when set, "
+                        "else 2)")
     race_options(g, 3600.0, "; a workbench step stopped is reported in its row",
                  "more allocate options, one quoted string (e.g. \"--methods rtn\")",
                  "every file and log", "./vs-llama-NAME-TIME")
