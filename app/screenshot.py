@@ -125,6 +125,17 @@ def export_dialog_png(app, win, out_path) -> None:
     dlg.close()
 
 
+def _check_layer(model_path, layer: str) -> None:
+    """A WorkbenchError unless `layer` names a tensor or an expert group of the model (its
+    header read, no tensor)."""
+    from workbench.api import open_model
+    from workbench.api.models import expert_groups
+    model = open_model(str(model_path))
+    if layer not in model.tensors and layer not in expert_groups(model):
+        raise WorkbenchError("no such tensor or expert group in this model",
+                             path=str(model_path), tensor=layer)
+
+
 def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), tab="table",
            compare: bool = False, methods=(), scope: str = "pareto", busy: bool = False,
            dialog: str | None = None) -> None:
@@ -135,6 +146,8 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
     the window, once its format check is done."""
     from .main import create_app, build_window
     from .messages import RecordedMessages
+    if layer:
+        _check_layer(model_path, layer)      # before the window opens and starts its jobs
     app = create_app(offscreen=True)
     msgs = RecordedMessages()
     win = build_window(model_path, plan_path, messages=msgs, autosave=False)
@@ -168,9 +181,6 @@ def render(model_path, out_path, plan_path=None, layer=None, size=(1600, 1000), 
                 wait_idle(app, win)
                 if not win.browser.show_group(layer):
                     win.select_expert_group(layer)
-            elif layer not in win.doc.model.tensors:
-                raise WorkbenchError("no such tensor or expert group in this model",
-                                     path=str(model_path), tensor=layer)
             else:
                 win.select(layer)
         win.tabs.setCurrentIndex(win.effects_tab_index if tab == "budget" else

@@ -204,6 +204,25 @@ def test_screenshot_command(tmp_path, plan_file):
     assert not (tmp_path / "x.png").exists()
 
 
+def test_a_screenshot_of_no_such_layer_fails_before_the_window_opens(tmp_path, monkeypatch):
+    """The layer is checked on the model's header first: no window is built, no job runs
+    (the window had loaded the model and run its checks for 8 s before the error)."""
+    from workbench.core.errors import WorkbenchError
+    from app import main as app_main
+    from app import screenshot
+
+    def no_window(*a, **k):
+        raise AssertionError("a window was built for a layer the model does not have")
+    monkeypatch.setattr(app_main, "build_window", no_window)
+    out = tmp_path / "x.png"
+    with pytest.raises(WorkbenchError) as e:
+        screenshot.render(DEMO, out, layer="model.layers.9.nope.weight")
+    assert "no such tensor or expert group" in str(e.value) and str(DEMO) in str(e.value)
+    assert not out.exists()
+    with pytest.raises(AssertionError, match="a window was built"):  # a real layer goes on
+        screenshot.render(DEMO, out, layer=Q)
+
+
 def test_report_command(tmp_path, plan_file):
     out = tmp_path / "report.html"
     res = _cli("report", "--plan", str(plan_file), "-o", str(out))
