@@ -274,6 +274,7 @@ def searched_sym(spec: Spec) -> bool:
 def _sym_qparams_kernel(spec: Spec, w2d: np.ndarray):
     """Symmetric searched qparams in a kernel (same values as scheme.choose_qparams); None
     when a block holds NaN/Inf or a float32 scale whose inverse overflows."""
+    w2d = host.readonly(w2d)
     rows, cols = w2d.shape
     gs, bpr = spec.geometry(rows, cols)
     nb = rows * bpr

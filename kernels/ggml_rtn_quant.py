@@ -231,6 +231,7 @@ def rtn_encode(w, kind, kv, e8, f16, ue4h, mids, blocks, flags):
 def encode_blocks(name: str, w2d: np.ndarray, blocks: np.ndarray, flags: np.ndarray) -> None:
     """Fill blocks (rows, bytes per row) and flags (rows,) from float32 w2d for GGML type
     `name` (a KINDS key)."""
+    from .host import readonly
     from .tables import f16_table, ue4m3_half_table
-    rtn_encode(w2d, KINDS[name], FP4_VALUES, E8M0_HALF, f16_table(), ue4m3_half_table(),
+    rtn_encode(readonly(w2d), KINDS[name], FP4_VALUES, E8M0_HALF, f16_table(), ue4m3_half_table(),
                FP4_MIDS, blocks, flags)

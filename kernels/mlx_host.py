@@ -50,6 +50,7 @@ def dequant_args(spec: Spec, arrays) -> tuple:
 def quantize(spec: Spec, w2d: np.ndarray, k) -> dict:
     """The scheme's arrays of float32 w2d (rows, cols) from the quantize kernels (`k`:
     kernels.cpu)."""
+    w2d = readonly(w2d)
     rows, cols = w2d.shape
     gs = int(spec.gran)
     codes = np.empty((rows, cols * spec.bits // 8), np.uint8)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kernels import cpu_ops
+from kernels.host import readonly
 from kernels.kquant_sym import KINDS, sym_k_encode
 from workbench.quant import accel
 from workbench.core.errors import WorkbenchError
@@ -26,7 +27,8 @@ def _kernel(name, w, qw=None):
     blocks = np.empty((rows, cols // 256 * s.type_size), np.uint8)
     flags = np.empty(rows, np.uint8)
     q = np.ones((1, 1), np.float32) if qw is None else np.ascontiguousarray(qw, np.float32)
-    sym_k_encode(w, q, qw is not None, KINDS[spec.ggml_name], np.array(cands, np.float32),
+    # read-only, as kernels.cpu_ops passes them: the variant the warm-up compiled
+    sym_k_encode(readonly(np.ascontiguousarray(w)), readonly(q), qw is not None, KINDS[spec.ggml_name], np.array(cands, np.float32),
                  np.array(divs, np.float32), iters, rounds, blocks, flags)
     return blocks, flags
 

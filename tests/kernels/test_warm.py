@@ -139,6 +139,46 @@ def test_every_kernel_takes_its_inputs_read_only_and_compiles_once():
     assert kinds == [[True]] * 4
 
 
+def test_statistics_and_rtn_encoders_take_writable_inputs_read_only(tmp_path):
+    """The entries numba had compiled a writable variant of on first use, beside the read-only
+    one the warm-up compiles: the statistics of rows decoded in memory (an FP8 tensor's,
+    writable float32; beside a checkpoint's float32 and int8 tensors), MXFP4's
+    round-to-nearest encoder and MLX's quantize given writable weights. In a fresh process:
+    every variant it has is one it compiled or loaded there."""
+    import torch
+    path = tmp_path / "m.pt"
+    g = torch.Generator().manual_seed(0)
+    torch.save({"a.weight": torch.randn(16, 64, generator=g),
+                "b.weight": torch.randint(-128, 128, (16, 64), dtype=torch.int8, generator=g),
+                "c.weight": torch.randn(16, 64, generator=g).to(torch.float8_e4m3fn)}, path)
+    code = (
+        "import json, sys\n"
+        "import numpy as np\n"
+        "from kernels import cpu_mlx, ggml_rtn_quant, stats_kernels\n"
+        "from workbench.core.progress import run\n"
+        "from workbench.formats.loaders import open_model\n"
+        "from workbench.quant import accel\n"
+        "from workbench.quant.stats import model_stats\n"
+        "from workbench.schemes import get_scheme\n"
+        "m = open_model(sys.argv[1])\n"
+        "run(model_stats(m, cache=None))\n"
+        "w = np.random.default_rng(1).standard_normal((64, 512)).astype(np.float32)\n"
+        "for n in ('mxfp4', 'mlx-mxfp4'):\n"
+        "    accel.quantize(get_scheme(n), w, backend='cpu')\n"
+        "ks = (stats_kernels.row_moments, stats_kernels.hist_central,\n"
+        "      ggml_rtn_quant.rtn_encode, cpu_mlx.mlx_quant_fp)\n"
+        "print(json.dumps([sorted({(str(s[0].dtype), s[0].mutable) for s in k.signatures})\n"
+        "                  for k in ks]))\n")
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+    kinds = json.loads(r.stdout.strip().splitlines()[-1])
+    moments, hist, rtn, mlx = kinds
+    assert moments == hist == [["float32", False], ["int8", False]], kinds
+    assert rtn == mlx == [["float32", False]], kinds
+
+
 class _FakeWorker:
     """A worker that answers each task at once (nothing compiles), one CPU second each."""
     made: list = []

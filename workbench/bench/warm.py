@@ -157,8 +157,10 @@ def warm_methods() -> None:
 
 
 def warm_stats() -> None:
-    """Compile the statistics kernels (histograms, per-channel ranges) on a tiny F32/F16
-    safetensors file, read the way a model is opened (memory-mapped, read-only)."""
+    """Compile the statistics kernels (histograms, per-channel ranges) on a tiny safetensors
+    file of every storage they read apart (F32; F16, whose 16-bit path BF16 shares; I8 and
+    U8, which an integer checkpoint's tensors had compiled on first open), read the way a
+    model is opened (memory-mapped, read-only)."""
     import tempfile
     import numpy as np
     from workbench.export.st_writer import StreamingSafetensorsWriter
@@ -171,6 +173,8 @@ def warm_stats() -> None:
         w = StreamingSafetensorsWriter(path)
         w.add("a.weight", rng.standard_normal((8, 64)).astype(np.float32))
         w.add("b.weight", rng.standard_normal((8, 64)).astype(np.float16))
+        w.add("c.weight", rng.integers(-128, 128, (8, 64)).astype(np.int8))
+        w.add("d.weight", rng.integers(0, 256, (8, 64)).astype(np.uint8))
         w.finish()
         model = open_model(path)
         try:

@@ -90,7 +90,11 @@ def _storage_kind(raw: np.ndarray, dtype: str) -> tuple[np.ndarray, int]:
 
 
 def _chunks(model, name: str):
-    """Yield (row_start, 2-D array for the kernel, kind) in bounded chunks."""
+    """Yield (row_start, 2-D array for the kernel, kind) in bounded chunks, read-only as every
+    kernel takes its inputs (kernels.host.readonly: numba compiles a writable array's variant
+    apart, and an in-memory model's or a decoded chunk's had compiled every statistics kernel
+    again on first use)."""
+    from kernels.host import readonly
     info = model.info(name)
     rows, cols = info.matrix_shape
     raw = model.raw(name)
@@ -99,10 +103,10 @@ def _chunks(model, name: str):
     for r0 in range(0, rows, step):
         part = raw[r0:r0 + step]   # read here when raw is a loaders.region.Region
         if arr is not None:
-            yield r0, np.ascontiguousarray(part), kind
+            yield r0, readonly(np.ascontiguousarray(part)), kind
         else:
             from workbench.formats.dtypes import decode_rows
-            yield r0, decode_rows(part, info), 0
+            yield r0, readonly(decode_rows(part, info)), 0
         release(part)
 
 
