@@ -25,6 +25,8 @@ from . import _numba_prelude  # noqa: F401  (before numba: cheaper start)
 import numba as nb
 import numpy as np
 
+from .host import readonly
+
 
 @nb.njit(cache=True)
 def _block(x, w, iv, s, z, lo, hi, lsq, e, n, d):
@@ -106,10 +108,10 @@ def candidate_errors(blocks, imp, scales, zeros, qmin: int, qmax: int, lsq: bool
     values, already as stored) and `zeros` (blocks, K; float32, all 0 for a symmetric scheme:
     `lsq` ignores them) on `blocks` (blocks, g) float32 weighted by `imp` (blocks, g) float32.
     num and den are zeros unless `lsq`. See the module's docstring."""
-    blocks = np.ascontiguousarray(blocks, np.float32)
-    imp = np.ascontiguousarray(imp, np.float32)
-    st = np.ascontiguousarray(scales, np.float32)
-    zt = np.ascontiguousarray(zeros, np.float32)
+    blocks = readonly(np.ascontiguousarray(blocks, np.float32))
+    imp = readonly(np.ascontiguousarray(imp, np.float32))
+    st = readonly(np.ascontiguousarray(scales, np.float32))
+    zt = readonly(np.ascontiguousarray(zeros, np.float32))
     nbk, K = st.shape
     err = np.zeros((nbk, K))
     num = np.zeros((nbk, K))

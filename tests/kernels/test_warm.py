@@ -1,5 +1,6 @@
 """`python -m workbench.bench.warm` compiles the kernels a scheme needs ahead of use (.ci/setup runs it)."""
 
+import json
 import re
 import subprocess
 import sys
@@ -132,7 +133,6 @@ def test_every_kernel_takes_its_inputs_read_only_and_compiles_once():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
-    import json
     before, after, kinds = json.loads(r.stdout.strip().splitlines()[-1])
     # quant_rows serves quantize and quantize_error both: still one variant
     assert before == [1] * 4 and after == before
@@ -172,11 +172,35 @@ def test_statistics_and_rtn_encoders_take_writable_inputs_read_only(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
-    import json
     kinds = json.loads(r.stdout.strip().splitlines()[-1])
     moments, hist, rtn, mlx = kinds
     assert moments == hist == [["float32", False], ["int8", False]], kinds
     assert rtn == mlx == [["float32", False]], kinds
+
+
+def test_warm_up_compiles_each_kernel_a_scheme_family_reaches():
+    """accel.warmup's one call per kind of scheme reaches the integer qparams kernels of a
+    width the one-pass kernel does not take (sym_qparams) and of a per-tensor asymmetric
+    scheme (int_qparams), and MLX's microscaling quantize beside its affine one; warm_stats
+    the fisher measure's weighted errors. Each had compiled on first use (a default
+    allocation's fisher errors, an odd-width tensor). In a fresh process: every variant it has
+    is one it compiled or loaded there."""
+    code = (
+        "import json\n"
+        "from kernels import cpu_affine_quant, cpu_mlx, stats_kernels\n"
+        "from workbench.bench.warm import warm_stats\n"
+        "from workbench.quant import accel\n"
+        "accel.warmup(['int8-channel', 'int4-tensor-asym', 'mlx-q4-g64', 'mlx-mxfp4'],\n"
+        "             backend='cpu')\n"
+        "warm_stats()\n"
+        "ks = (cpu_affine_quant.sym_qparams, cpu_affine_quant.int_qparams,\n"
+        "      cpu_mlx.mlx_quant_affine, cpu_mlx.mlx_quant_fp,\n"
+        "      stats_kernels._weighted_sq_err_rows, stats_kernels._cast_sq_err_rows)\n"
+        "print(json.dumps([len(k.signatures) for k in ks]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [1] * 6
 
 
 class _FakeWorker:

@@ -183,6 +183,11 @@ def warm_stats() -> None:
             close = getattr(model, "close", None)
             if close is not None:
                 close()
+    # the fisher measure's weighted errors (planning.fisher: every default allocation)
+    from kernels.stats_kernels import cast_sq_err, weighted_sq_err
+    a, f = rng.standard_normal((2, 8, 64)).astype(np.float32)
+    weighted_sq_err(f, a, a)
+    cast_sq_err(f, a, "bf16")
 
 
 def _say(line: str) -> None:

@@ -271,18 +271,26 @@ def warmup(schemes=None, backend: str = "auto") -> list[str]:
         spec = spec_for(scheme)
         if spec is None:
             continue
-        # every GGML type has kernels of its own (all of them have spec.quant "ggml")
-        key = (spec.family, spec.quant, spec.ggml_name, getattr(scheme, "clip", None))
+        # every GGML type has kernels of its own (all of them have spec.quant "ggml"); an
+        # integer scheme's qparams kernel follows its symmetry and granularity, an MLX
+        # scheme's quantize its mode (affine or a microscaling float)
+        key = (spec.family, spec.quant, spec.ggml_name, getattr(scheme, "clip", None),
+               spec.asym, spec.gran == "tensor", getattr(spec, "mlx_mode", None))
         cols = int(scheme.block_size or 1) * 2 if scheme.block_size else 64
         cols = max(cols, 256) if spec.family == "ggml" else cols
-        w = rng.standard_normal((2, cols)).astype(np.float32)
+        shapes = [(2, cols)]
+        if spec.quant == "int" and not scheme.ineligible_reason((2, 60)):
+            shapes.append((2, 60))   # a width the one-pass kernel does not take (60 % 8)
         if key not in seen:
-            # the kernels take every input read-only (kernels.host.readonly), so one call
-            # each compiles what both a file's read-only maps and in-memory arrays use
-            qt = quantize(scheme, w, backend=b)
-            dequantize(qt, backend=b)
-            dequant_error(w, qt, backend=b)
-            quantize_error(scheme, w, backend=b)     # the one-pass error (where it applies)
+            for shape in shapes:
+                w = rng.standard_normal(shape).astype(np.float32)
+                # the kernels take every input read-only (kernels.host.readonly), so one
+                # call each compiles what both a file's read-only maps and in-memory arrays
+                # use
+                qt = quantize(scheme, w, backend=b)
+                dequantize(qt, backend=b)
+                dequant_error(w, qt, backend=b)
+                quantize_error(scheme, w, backend=b)  # the one-pass error (where it applies)
             seen.add(key)
         done.append(scheme.name if hasattr(scheme, "name") else str(name))
     return done
