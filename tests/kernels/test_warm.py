@@ -101,6 +101,15 @@ def test_accel_warmup_runs_every_ggml_type_not_only_the_first():
     assert ggml_legacy_quant.legacy_encode.signatures and iq4nl_quant.iq4nl_encode.signatures
 
 
+def _fresh_process(code: str, *args) -> object:
+    """The JSON `code` prints last, run in a new Python process (no kernel variant compiled or
+    loaded by another test)."""
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def test_every_kernel_takes_its_inputs_read_only_and_compiles_once():
     """numba compiles a kernel once per argument type, and a read-only array is a type of its
     own: weights from a file are read-only maps, those made in memory writable. Every input
@@ -130,10 +139,7 @@ def test_every_kernel_takes_its_inputs_read_only_and_compiles_once():
         "                            str(getattr(t, 'dtype', '')) == 'float32').mutable\n"
         "                   for sig in kernel.signatures})\n"
         "print(json.dumps([before, [len(k.signatures) for k in ks], [readonly(k) for k in ks]]))\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
-    before, after, kinds = json.loads(r.stdout.strip().splitlines()[-1])
+    before, after, kinds = _fresh_process(code)
     # quant_rows serves quantize and quantize_error both: still one variant
     assert before == [1] * 4 and after == before
     assert kinds == [[True]] * 4
@@ -169,10 +175,7 @@ def test_statistics_and_rtn_encoders_take_writable_inputs_read_only(tmp_path):
         "      ggml_rtn_quant.rtn_encode, cpu_mlx.mlx_quant_fp)\n"
         "print(json.dumps([sorted({(str(s[0].dtype), s[0].mutable) for s in k.signatures})\n"
         "                  for k in ks]))\n")
-    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
-    kinds = json.loads(r.stdout.strip().splitlines()[-1])
+    kinds = _fresh_process(code, str(path))
     moments, hist, rtn, mlx = kinds
     assert moments == hist == [["float32", False], ["int8", False]], kinds
     assert rtn == mlx == [["float32", False]], kinds
@@ -197,10 +200,7 @@ def test_warm_up_compiles_each_kernel_a_scheme_family_reaches():
         "      cpu_mlx.mlx_quant_affine, cpu_mlx.mlx_quant_fp,\n"
         "      stats_kernels._weighted_sq_err_rows, stats_kernels._cast_sq_err_rows)\n"
         "print(json.dumps([len(k.signatures) for k in ks]))\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == [1] * 6
+    assert _fresh_process(code) == [1] * 6
 
 
 class _FakeWorker:
