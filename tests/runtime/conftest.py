@@ -89,7 +89,7 @@ def log_flush_shim() -> Path:
     return path
 
 
-def run_tool(llama_bin: Path, tool: str, *args, timeout=300) -> subprocess.CompletedProcess:
+def run_tool(llama_bin: Path, tool: str, *args, timeout=120) -> subprocess.CompletedProcess:
     """Run one of llama.cpp's tools; its whole output (the logger drained before exit by the
     preloaded shim) in stdout/stderr. Fails the test on a non-zero exit. The environment is
     the project's (workbench.export.llama_tools.tool_env: repacking off, so a host that traps
@@ -104,7 +104,9 @@ def run_tool(llama_bin: Path, tool: str, *args, timeout=300) -> subprocess.Compl
     except subprocess.TimeoutExpired:
         # a tool that did its work and then never exited (seen once in a full run: a tiny
         # model's llama-embedding, its JSON printed, hung 300 s; not reproduced in 12 runs
-        # of the same command): run it once more, as a user would
+        # of the same command; again on 3 Dec 2026, Gemma 2's llama-embedding: 300 s of a
+        # 696 s run, when the limit was 300 s; every tool here takes seconds): run it once
+        # more, as a user would
         r = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
                            timeout=timeout, env=env)
     assert r.returncode == 0, f"{tool} failed ({r.returncode}):\n{r.stderr[-3000:]}"
