@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from .cpu_common import _f32_to_f16_bits, _row_flag
+from .host import readonly
 
 _J = dict(cache=True, nogil=True)
 _P = dict(cache=True, nogil=True, parallel=True)
@@ -231,7 +232,6 @@ def rtn_encode(w, kind, kv, e8, f16, ue4h, mids, blocks, flags):
 def encode_blocks(name: str, w2d: np.ndarray, blocks: np.ndarray, flags: np.ndarray) -> None:
     """Fill blocks (rows, bytes per row) and flags (rows,) from float32 w2d for GGML type
     `name` (a KINDS key)."""
-    from .host import readonly
     from .tables import f16_table, ue4m3_half_table
-    rtn_encode(readonly(w2d), KINDS[name], FP4_VALUES, E8M0_HALF, f16_table(), ue4m3_half_table(),
-               FP4_MIDS, blocks, flags)
+    rtn_encode(readonly(w2d), KINDS[name], FP4_VALUES, E8M0_HALF, f16_table(),
+               ue4m3_half_table(), FP4_MIDS, blocks, flags)

@@ -92,8 +92,8 @@ def _storage_kind(raw: np.ndarray, dtype: str) -> tuple[np.ndarray, int]:
 def _chunks(model, name: str):
     """Yield (row_start, 2-D array for the kernel, kind) in bounded chunks, read-only as every
     kernel takes its inputs (kernels.host.readonly: numba compiles a writable array's variant
-    apart, and an in-memory model's or a decoded chunk's had compiled every statistics kernel
-    again on first use)."""
+    apart, and a decoded chunk, an FP8 tensor's rows widened to float32, had compiled the
+    statistics kernels again on first use)."""
     from kernels.host import readonly
     info = model.info(name)
     rows, cols = info.matrix_shape
